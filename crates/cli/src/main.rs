@@ -1,0 +1,4 @@
+//! The `gpumem` command-line tool.
+fn main() {
+    println!("gpumem");
+}

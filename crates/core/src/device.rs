@@ -1,0 +1,202 @@
+//! The device interface the allocators drive: plain segments (cuMemAlloc/cuMemFree) and
+//! CUDA virtual memory management (cuMemAddressReserve, cuMemCreate, cuMemMap,
+//! cuMemSetAccess, cuMemUnmap, cuMemRelease, cuMemAddressFree).
+//!
+//! Implemented by [`crate::sim::SimDevice`] (any machine) and by the CUDA backend in the
+//! `gpumem` crate (real GPU, through cudarc).
+use serde::Serialize;
+
+/// A physical memory handle (cuMemCreate's `CUmemGenericAllocationHandle`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct PhysHandle(pub u64);
+
+/// The kinds of driver call counted by a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DriverCall {
+    /// cuMemAlloc (cudaMalloc).
+    Alloc,
+    /// cuMemFree (cudaFree).
+    Free,
+    /// cuMemAddressReserve.
+    Reserve,
+    /// cuMemCreate.
+    Create,
+    /// cuMemMap.
+    Map,
+    /// cuMemSetAccess.
+    SetAccess,
+    /// cuMemUnmap.
+    Unmap,
+    /// cuMemRelease.
+    Release,
+    /// cuMemAddressFree.
+    AddressFree,
+}
+
+impl DriverCall {
+    /// Every kind, in a fixed order.
+    pub const ALL: [DriverCall; 9] = [
+        DriverCall::Alloc,
+        DriverCall::Free,
+        DriverCall::Reserve,
+        DriverCall::Create,
+        DriverCall::Map,
+        DriverCall::SetAccess,
+        DriverCall::Unmap,
+        DriverCall::Release,
+        DriverCall::AddressFree,
+    ];
+
+    /// The CUDA driver function this kind stands for.
+    pub fn cuda_name(self) -> &'static str {
+        match self {
+            DriverCall::Alloc => "cuMemAlloc",
+            DriverCall::Free => "cuMemFree",
+            DriverCall::Reserve => "cuMemAddressReserve",
+            DriverCall::Create => "cuMemCreate",
+            DriverCall::Map => "cuMemMap",
+            DriverCall::SetAccess => "cuMemSetAccess",
+            DriverCall::Unmap => "cuMemUnmap",
+            DriverCall::Release => "cuMemRelease",
+            DriverCall::AddressFree => "cuMemAddressFree",
+        }
+    }
+
+    /// Short lower-case name used in reports (`alloc`, `set_access`, ...).
+    pub fn short_name(self) -> &'static str {
+        match self {
+            DriverCall::Alloc => "alloc",
+            DriverCall::Free => "free",
+            DriverCall::Reserve => "reserve",
+            DriverCall::Create => "create",
+            DriverCall::Map => "map",
+            DriverCall::SetAccess => "set_access",
+            DriverCall::Unmap => "unmap",
+            DriverCall::Release => "release",
+            DriverCall::AddressFree => "address_free",
+        }
+    }
+}
+
+/// Counts of driver calls by kind, and the modelled or measured time they took.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct DriverCounters {
+    /// Calls per kind, indexed like [`DriverCall::ALL`].
+    pub calls: [u64; 9],
+    /// Seconds spent in driver calls (modelled on the simulated device, measured on CUDA).
+    pub seconds: f64,
+}
+
+impl DriverCounters {
+    /// Calls of one kind.
+    pub fn get(&self, call: DriverCall) -> u64 {
+        self.calls[call as usize]
+    }
+    /// Adds one call of `call` that took `seconds`.
+    pub fn record(&mut self, call: DriverCall, seconds: f64) {
+        self.calls[call as usize] += 1;
+        self.seconds += seconds;
+    }
+    /// All calls together.
+    pub fn total(&self) -> u64 {
+        self.calls.iter().sum()
+    }
+}
+
+/// Why the device refused a call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceError {
+    /// Not enough physical memory (CUDA_ERROR_OUT_OF_MEMORY).
+    #[error("device out of memory: requested {requested_bytes} B, {free_bytes} B free of {capacity_bytes} B")]
+    OutOfMemory {
+        /// Bytes asked for.
+        requested_bytes: u64,
+        /// Physical bytes still free on the device.
+        free_bytes: u64,
+        /// Device capacity in bytes.
+        capacity_bytes: u64,
+    },
+    /// A driver call failed for another reason.
+    #[error("{call} failed: {name}")]
+    Driver {
+        /// The CUDA function, e.g. `cuMemMap`.
+        call: &'static str,
+        /// The CUDA error name, e.g. `CUDA_ERROR_INVALID_VALUE`.
+        name: String,
+    },
+    /// The arguments broke the call's contract (unaligned size, unknown address or handle).
+    #[error("{call}: invalid argument: {detail}")]
+    Invalid {
+        /// The CUDA function.
+        call: &'static str,
+        /// What was wrong.
+        detail: String,
+    },
+    /// The operation is not supported by this device (e.g. VMM on an old GPU).
+    #[error("not supported: {0}")]
+    Unsupported(String),
+}
+
+/// A GPU as seen by an allocator. Addresses are device virtual addresses; sizes are bytes.
+///
+/// VMM calls follow the CUDA rules: `reserve_va`, `create_physical`, `map`, `set_access` and
+/// `unmap` sizes must be multiples of [`Device::granularity_bytes`], and VA ranges aligned to it.
+pub trait Device: Send {
+    /// Total device memory in bytes.
+    fn capacity_bytes(&self) -> u64;
+    /// Physical page size for VMM (cuMemGetAllocationGranularity, 2 MiB on Hopper).
+    fn granularity_bytes(&self) -> u64;
+    /// Physical bytes currently taken from the device by this process (segments + handles).
+    fn used_bytes(&self) -> u64;
+    /// Driver calls so far.
+    fn counters(&self) -> DriverCounters;
+
+    /// cuMemAlloc: a new segment of `bytes`; returns its address (256-byte aligned at least).
+    ///
+    /// # Errors
+    /// [`DeviceError::OutOfMemory`] when `bytes` more would exceed the capacity.
+    fn alloc_segment(&mut self, bytes: u64) -> Result<u64, DeviceError>;
+    /// cuMemFree of a segment returned by [`Device::alloc_segment`].
+    ///
+    /// # Errors
+    /// [`DeviceError::Invalid`] for an unknown address.
+    fn free_segment(&mut self, addr: u64) -> Result<(), DeviceError>;
+
+    /// cuMemAddressReserve: reserves `bytes` of virtual address space, no physical memory.
+    ///
+    /// # Errors
+    /// [`DeviceError::Invalid`] if `bytes` is not a multiple of the granularity.
+    fn reserve_va(&mut self, bytes: u64) -> Result<u64, DeviceError>;
+    /// cuMemAddressFree of a whole range from [`Device::reserve_va`] (must be unmapped).
+    ///
+    /// # Errors
+    /// [`DeviceError::Invalid`] for an unknown range or one still mapped.
+    fn free_va(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError>;
+    /// cuMemCreate: `bytes` of physical memory (a multiple of the granularity).
+    ///
+    /// # Errors
+    /// [`DeviceError::OutOfMemory`] past the capacity.
+    fn create_physical(&mut self, bytes: u64) -> Result<PhysHandle, DeviceError>;
+    /// cuMemRelease of a handle (its memory is freed once it is unmapped everywhere).
+    ///
+    /// # Errors
+    /// [`DeviceError::Invalid`] for an unknown handle.
+    fn release_physical(&mut self, handle: PhysHandle) -> Result<(), DeviceError>;
+    /// cuMemMap: maps the whole of `handle` (of `bytes`) at `va`, inside a reserved range.
+    ///
+    /// # Errors
+    /// [`DeviceError::Invalid`] if the range is not reserved, already mapped, or sizes differ.
+    fn map(&mut self, va: u64, bytes: u64, handle: PhysHandle) -> Result<(), DeviceError>;
+    /// cuMemSetAccess (read-write for this device) over `[va, va + bytes)`, which must be
+    /// mapped; one call may span several neighbouring mappings.
+    ///
+    /// # Errors
+    /// [`DeviceError::Invalid`] if part of the range is not mapped.
+    fn set_access(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError>;
+    /// cuMemUnmap of `[va, va + bytes)`, which must cover whole mappings.
+    ///
+    /// # Errors
+    /// [`DeviceError::Invalid`] if the range splits a mapping or is not mapped.
+    fn unmap(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError>;
+}

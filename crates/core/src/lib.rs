@@ -1,0 +1,102 @@
+//! # gpumem-core
+//!
+//! Pure allocation algorithms for GPU memory. Nothing here touches a driver, a file or
+//! `unsafe`: algorithms work on `u64` byte offsets and addresses, and talk to "the device"
+//! only through the [`Device`] trait, which the simulated device ([`sim::SimDevice`]) and the
+//! CUDA backend (crate `gpumem`) implement.
+//!
+//! Two layers:
+//! - [`Arena`]: a sub-allocator over one contiguous range of `capacity_bytes`
+//!   ([`buddy::Buddy`], [`tlsf::Tlsf`], [`best_fit::BestFit`]).
+//! - [`Allocator`]: a device-level pool that obtains segments or physical pages from a
+//!   [`Device`] and hands out blocks ([`segmented::SegmentedPool`] over any arena,
+//!   [`torch::TorchCaching`], [`paged::Paged`]). Build one by name with [`registry::build`].
+#![forbid(unsafe_code)]
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+#![warn(missing_docs)]
+
+pub mod align;
+pub mod arena;
+pub mod best_fit;
+pub mod buddy;
+pub mod device;
+pub mod error;
+pub mod paged;
+pub mod registry;
+pub mod segmented;
+pub mod sim;
+pub mod stats;
+pub mod tlsf;
+pub mod torch;
+
+pub use arena::Arena;
+pub use device::{Device, DeviceError, DriverCall, DriverCounters, PhysHandle};
+pub use error::AllocError;
+pub use stats::{Counter, Stats, StatsTracker};
+
+/// One block handed to a user by an [`Allocator`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Block {
+    /// Device address of the first byte (aligned as requested).
+    pub addr: u64,
+    /// Bytes the user asked for.
+    pub requested_bytes: u64,
+    /// Bytes the allocator set aside for the block (≥ `requested_bytes`; the difference is
+    /// internal fragmentation).
+    pub allocated_bytes: u64,
+}
+
+/// Default alignment of a block, in bytes (cudaMalloc guarantees 256).
+pub const DEFAULT_ALIGN: u64 = 256;
+
+/// A device-level allocator (a pool): obtains memory from a [`Device`] and sub-allocates it.
+///
+/// Contract every implementation keeps:
+/// - `allocate` honours `align` (any power of two up to the device granularity), returns
+///   out-of-memory as [`AllocError::OutOfMemory`] and never panics on any input sequence;
+/// - when the device refuses memory, `allocate` first gives back what it caches but does not
+///   use ([`Allocator::release_cached`]), then retries once, and only then reports OOM;
+/// - a failed call changes nothing observable (stats, live blocks);
+/// - `deallocate` of an unknown or already freed address is [`AllocError::UnknownBlock`] and
+///   changes nothing.
+pub trait Allocator: Send {
+    /// Short name as used on the command line (`buddy`, `tlsf`, `best-fit`, `torch`, `paged`).
+    fn name(&self) -> &'static str;
+
+    /// Allocates `size_bytes` (0 is allowed and takes the smallest block) aligned to `align`
+    /// bytes for use on `stream`.
+    ///
+    /// # Errors
+    /// [`AllocError::OutOfMemory`] when neither the cache nor the device can supply the block,
+    /// [`AllocError::InvalidAlignment`], [`AllocError::Overflow`], or a device error.
+    fn allocate(
+        &mut self,
+        dev: &mut dyn Device,
+        size_bytes: u64,
+        align: u64,
+        stream: u64,
+    ) -> Result<Block, AllocError>;
+
+    /// Returns the block starting at `addr` to the pool.
+    ///
+    /// # Errors
+    /// [`AllocError::UnknownBlock`] if `addr` is not a live block (nothing changes).
+    fn deallocate(&mut self, dev: &mut dyn Device, addr: u64) -> Result<(), AllocError>;
+
+    /// Gives every cached but unused segment or page back to the device
+    /// (`torch.cuda.empty_cache()`). Returns the bytes released.
+    ///
+    /// # Errors
+    /// A device error from the free/unmap/release call that failed.
+    fn release_cached(&mut self, dev: &mut dyn Device) -> Result<u64, AllocError>;
+
+    /// Current and peak figures. Must be cheap (O(1) or O(log n)) for the
+    /// `requested/allocated/reserved` counters; `largest_free_bytes` may cost O(free blocks).
+    fn stats(&self) -> Stats;
+
+    /// Walks every internal structure and checks the invariants.
+    ///
+    /// # Errors
+    /// [`AllocError::Internal`] describing the first broken invariant.
+    fn validate(&self) -> Result<(), AllocError>;
+}

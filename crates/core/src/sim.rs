@@ -1,0 +1,592 @@
+//! A simulated GPU: capacity, VMM granularity, an address space, driver-call counts and a
+//! driver-time model taken from calls measured on an H200 (CUDA 13.0, driver 580).
+//!
+//! It enforces the same rules the CUDA driver does (granularity multiples, mapping only inside
+//! reserved ranges, no double map, access only on mapped ranges), so an allocator that runs
+//! clean here makes legal calls on a real GPU. Faults can be injected at any call to test
+//! that allocators unwind exactly what they did.
+use std::collections::{BTreeMap, HashMap};
+
+use crate::device::{Device, DeviceError, DriverCall, DriverCounters, PhysHandle};
+
+/// 2 MiB, the VMM granularity of current NVIDIA data-centre GPUs.
+pub const DEFAULT_GRANULARITY: u64 = 2 << 20;
+/// 141 GB (the H200's marketed capacity), in bytes.
+pub const DEFAULT_CAPACITY: u64 = 141_000_000_000;
+/// Where the simulated address space starts (looks like a CUDA device address).
+pub const DEFAULT_BASE: u64 = 0x7f00_0000_0000;
+
+const MIB: f64 = (1u64 << 20) as f64;
+
+/// Driver-call time in seconds for a call of `bytes`, interpolated log-linearly between
+/// measured points `(bytes, microseconds)`; clamped outside.
+fn interp(points: &[(f64, f64)], bytes: u64) -> f64 {
+    let x = (bytes.max(1) as f64).ln();
+    let first = points[0];
+    let last = points[points.len() - 1];
+    if x <= first.0.ln() {
+        return first.1 * 1e-6;
+    }
+    for w in points.windows(2) {
+        let (x0, y0) = (w[0].0.ln(), w[0].1);
+        let (x1, y1) = (w[1].0.ln(), w[1].1);
+        if x <= x1 {
+            let t = (x - x0) / (x1 - x0);
+            return (y0 + t * (y1 - y0)) * 1e-6;
+        }
+    }
+    // Beyond the last point: grow linearly with size from the last point.
+    last.1 * 1e-6 * (bytes as f64 / last.0)
+}
+
+/// Modelled H200 cost of one driver call, in seconds (`../shared/anchors/H200.md`:
+/// cudaMalloc/cudaFree medians and the VMM step table).
+pub fn h200_call_seconds(call: DriverCall, bytes: u64) -> f64 {
+    let p: &[(f64, f64)] = match call {
+        DriverCall::Alloc => &[
+            (16.0 * MIB, 45.0),
+            (256.0 * MIB, 81.0),
+            (1024.0 * MIB, 184.0),
+        ],
+        DriverCall::Free => &[
+            (16.0 * MIB, 43.0),
+            (256.0 * MIB, 173.0),
+            (1024.0 * MIB, 585.0),
+        ],
+        DriverCall::Reserve => &[(2.0 * MIB, 0.5), (64.0 * MIB, 2.9), (1024.0 * MIB, 6.0)],
+        DriverCall::Create => &[(2.0 * MIB, 10.0), (64.0 * MIB, 13.0), (1024.0 * MIB, 36.0)],
+        DriverCall::Map => &[(2.0 * MIB, 0.9), (64.0 * MIB, 1.0), (1024.0 * MIB, 2.1)],
+        DriverCall::SetAccess => &[(2.0 * MIB, 24.0), (64.0 * MIB, 51.0), (1024.0 * MIB, 93.0)],
+        DriverCall::Unmap => &[(2.0 * MIB, 17.0), (64.0 * MIB, 26.0), (1024.0 * MIB, 40.0)],
+        DriverCall::Release => &[(2.0 * MIB, 12.0), (64.0 * MIB, 51.0), (1024.0 * MIB, 490.0)],
+        DriverCall::AddressFree => &[(2.0 * MIB, 0.6), (64.0 * MIB, 3.5), (1024.0 * MIB, 7.7)],
+    };
+    interp(p, bytes)
+}
+
+#[derive(Debug, Clone)]
+struct Handle {
+    bytes: u64,
+    released: bool,
+    mapped_at: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+struct Mapping {
+    bytes: u64,
+    handle: PhysHandle,
+    access: bool,
+}
+
+/// The simulated device. Cheap to clone (for bisection over capacities).
+#[derive(Debug, Clone)]
+pub struct SimDevice {
+    capacity: u64,
+    granularity: u64,
+    used: u64,
+    peak_used: u64,
+    counters: DriverCounters,
+    /// Free virtual address ranges: start -> length.
+    free_va: BTreeMap<u64, u64>,
+    /// Live cuMemAlloc segments: addr -> bytes (rounded to the granularity).
+    segments: BTreeMap<u64, u64>,
+    /// Live reserved VA ranges: start -> bytes.
+    reserved: BTreeMap<u64, u64>,
+    /// Live mappings: va -> mapping.
+    mappings: BTreeMap<u64, Mapping>,
+    handles: HashMap<u64, Handle>,
+    next_handle: u64,
+    calls_made: u64,
+    fault_at: Option<u64>,
+}
+
+impl Default for SimDevice {
+    fn default() -> Self {
+        Self::new(DEFAULT_CAPACITY)
+    }
+}
+
+impl SimDevice {
+    /// A device of `capacity_bytes` with 2 MiB granularity.
+    pub fn new(capacity_bytes: u64) -> Self {
+        Self::with_granularity(capacity_bytes, DEFAULT_GRANULARITY)
+    }
+
+    /// A device of `capacity_bytes` and the given VMM granularity (a power of two).
+    pub fn with_granularity(capacity_bytes: u64, granularity_bytes: u64) -> Self {
+        let granularity = if crate::align::is_pow2(granularity_bytes) {
+            granularity_bytes
+        } else {
+            DEFAULT_GRANULARITY
+        };
+        let mut free_va = BTreeMap::new();
+        // 64 TiB of address space, like a real GPU's 47+ bits.
+        free_va.insert(DEFAULT_BASE, 1u64 << 46);
+        SimDevice {
+            capacity: capacity_bytes,
+            granularity,
+            used: 0,
+            peak_used: 0,
+            counters: DriverCounters::default(),
+            free_va,
+            segments: BTreeMap::new(),
+            reserved: BTreeMap::new(),
+            mappings: BTreeMap::new(),
+            handles: HashMap::new(),
+            next_handle: 1,
+            calls_made: 0,
+            fault_at: None,
+        }
+    }
+
+    /// Makes the driver call with 0-based index `call_index` (counting every call from the
+    /// start of the device) fail with `CUDA_ERROR_UNKNOWN`; `None` clears it.
+    pub fn inject_fault_at(&mut self, call_index: Option<u64>) {
+        self.fault_at = call_index;
+    }
+
+    /// Calls made so far (including failed ones).
+    pub fn calls_made(&self) -> u64 {
+        self.calls_made
+    }
+
+    /// Highest physical usage seen, in bytes.
+    pub fn peak_used_bytes(&self) -> u64 {
+        self.peak_used
+    }
+
+    /// Live segments, reserved ranges, mappings and unreleased handles; all zero means
+    /// nothing leaked.
+    pub fn live_objects(&self) -> (usize, usize, usize, usize) {
+        let live_handles = self.handles.values().filter(|h| !h.released).count();
+        (
+            self.segments.len(),
+            self.reserved.len(),
+            self.mappings.len(),
+            live_handles,
+        )
+    }
+
+    fn begin(&mut self, call: DriverCall, bytes: u64) -> Result<(), DeviceError> {
+        let idx = self.calls_made;
+        self.calls_made += 1;
+        if self.fault_at == Some(idx) {
+            return Err(DeviceError::Driver {
+                call: call.cuda_name(),
+                name: "CUDA_ERROR_UNKNOWN (injected fault)".into(),
+            });
+        }
+        self.counters.record(call, h200_call_seconds(call, bytes));
+        Ok(())
+    }
+
+    fn take_physical(&mut self, bytes: u64) -> Result<(), DeviceError> {
+        match self.used.checked_add(bytes) {
+            Some(n) if n <= self.capacity => {
+                self.used = n;
+                self.peak_used = self.peak_used.max(n);
+                Ok(())
+            }
+            _ => Err(DeviceError::OutOfMemory {
+                requested_bytes: bytes,
+                free_bytes: self.capacity.saturating_sub(self.used),
+                capacity_bytes: self.capacity,
+            }),
+        }
+    }
+
+    fn take_va(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+        let found = self
+            .free_va
+            .iter()
+            .find(|(_, &len)| len >= bytes)
+            .map(|(&s, &l)| (s, l));
+        let (start, len) = found.ok_or(DeviceError::OutOfMemory {
+            requested_bytes: bytes,
+            free_bytes: 0,
+            capacity_bytes: self.capacity,
+        })?;
+        self.free_va.remove(&start);
+        if len > bytes {
+            self.free_va.insert(start + bytes, len - bytes);
+        }
+        Ok(start)
+    }
+
+    fn give_va(&mut self, start: u64, bytes: u64) {
+        let mut s = start;
+        let mut l = bytes;
+        if let Some((&ps, &pl)) = self.free_va.range(..s).next_back() {
+            if ps + pl == s {
+                self.free_va.remove(&ps);
+                s = ps;
+                l += pl;
+            }
+        }
+        if let Some(&nl) = self.free_va.get(&(s + l)) {
+            self.free_va.remove(&(s + l));
+            l += nl;
+        }
+        self.free_va.insert(s, l);
+    }
+
+    fn check_granular(&self, call: DriverCall, v: u64) -> Result<(), DeviceError> {
+        if v == 0 || v % self.granularity != 0 {
+            return Err(DeviceError::Invalid {
+                call: call.cuda_name(),
+                detail: format!(
+                    "{v} is not a non-zero multiple of the granularity {}",
+                    self.granularity
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn invalid(call: DriverCall, detail: String) -> DeviceError {
+        DeviceError::Invalid {
+            call: call.cuda_name(),
+            detail,
+        }
+    }
+
+    /// Whether `[va, va+bytes)` lies inside one reserved range.
+    fn in_reserved(&self, va: u64, bytes: u64) -> bool {
+        self.reserved
+            .range(..=va)
+            .next_back()
+            .is_some_and(|(&s, &l)| va >= s && va.checked_add(bytes).is_some_and(|e| e <= s + l))
+    }
+}
+
+impl Device for SimDevice {
+    fn capacity_bytes(&self) -> u64 {
+        self.capacity
+    }
+    fn granularity_bytes(&self) -> u64 {
+        self.granularity
+    }
+    fn used_bytes(&self) -> u64 {
+        self.used
+    }
+    fn counters(&self) -> DriverCounters {
+        self.counters
+    }
+
+    fn alloc_segment(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+        let c = DriverCall::Alloc;
+        if bytes == 0 {
+            return Err(Self::invalid(c, "size 0".into()));
+        }
+        let rounded = crate::align::align_up(bytes, self.granularity)
+            .ok_or_else(|| Self::invalid(c, format!("size {bytes} overflows")))?;
+        self.begin(c, bytes)?;
+        self.take_physical(rounded)?;
+        match self.take_va(rounded) {
+            Ok(addr) => {
+                self.segments.insert(addr, rounded);
+                Ok(addr)
+            }
+            Err(e) => {
+                self.used -= rounded;
+                Err(e)
+            }
+        }
+    }
+
+    fn free_segment(&mut self, addr: u64) -> Result<(), DeviceError> {
+        let c = DriverCall::Free;
+        let bytes = *self
+            .segments
+            .get(&addr)
+            .ok_or_else(|| Self::invalid(c, format!("{addr:#x} is not a live segment")))?;
+        self.begin(c, bytes)?;
+        self.segments.remove(&addr);
+        self.used -= bytes;
+        self.give_va(addr, bytes);
+        Ok(())
+    }
+
+    fn reserve_va(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+        let c = DriverCall::Reserve;
+        self.check_granular(c, bytes)?;
+        self.begin(c, bytes)?;
+        let va = self.take_va(bytes)?;
+        self.reserved.insert(va, bytes);
+        Ok(va)
+    }
+
+    fn free_va(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
+        let c = DriverCall::AddressFree;
+        if self.reserved.get(&va) != Some(&bytes) {
+            return Err(Self::invalid(
+                c,
+                format!("{va:#x}+{bytes} is not a reserved range"),
+            ));
+        }
+        if self.mappings.range(va..va + bytes).next().is_some() {
+            return Err(Self::invalid(
+                c,
+                format!("{va:#x}+{bytes} still has mappings"),
+            ));
+        }
+        self.begin(c, bytes)?;
+        self.reserved.remove(&va);
+        self.give_va(va, bytes);
+        Ok(())
+    }
+
+    fn create_physical(&mut self, bytes: u64) -> Result<PhysHandle, DeviceError> {
+        let c = DriverCall::Create;
+        self.check_granular(c, bytes)?;
+        self.begin(c, bytes)?;
+        self.take_physical(bytes)?;
+        let h = self.next_handle;
+        self.next_handle += 1;
+        self.handles.insert(
+            h,
+            Handle {
+                bytes,
+                released: false,
+                mapped_at: None,
+            },
+        );
+        Ok(PhysHandle(h))
+    }
+
+    fn release_physical(&mut self, handle: PhysHandle) -> Result<(), DeviceError> {
+        let c = DriverCall::Release;
+        let h = match self.handles.get(&handle.0) {
+            Some(h) if !h.released => h.clone(),
+            _ => return Err(Self::invalid(c, format!("handle {} is not live", handle.0))),
+        };
+        self.begin(c, h.bytes)?;
+        if h.mapped_at.is_none() {
+            self.handles.remove(&handle.0);
+            self.used -= h.bytes;
+        } else if let Some(e) = self.handles.get_mut(&handle.0) {
+            e.released = true;
+        }
+        Ok(())
+    }
+
+    fn map(&mut self, va: u64, bytes: u64, handle: PhysHandle) -> Result<(), DeviceError> {
+        let c = DriverCall::Map;
+        self.check_granular(c, bytes)?;
+        if va % self.granularity != 0 {
+            return Err(Self::invalid(
+                c,
+                format!("{va:#x} is not aligned to the granularity"),
+            ));
+        }
+        let h = match self.handles.get(&handle.0) {
+            Some(h) if !h.released => h.clone(),
+            _ => return Err(Self::invalid(c, format!("handle {} is not live", handle.0))),
+        };
+        if h.bytes != bytes {
+            return Err(Self::invalid(
+                c,
+                format!("handle {} has {} B, not {bytes}", handle.0, h.bytes),
+            ));
+        }
+        if h.mapped_at.is_some() {
+            return Err(Self::invalid(
+                c,
+                format!("handle {} is already mapped", handle.0),
+            ));
+        }
+        if !self.in_reserved(va, bytes) {
+            return Err(Self::invalid(
+                c,
+                format!("{va:#x}+{bytes} is not inside a reserved range"),
+            ));
+        }
+        let overlaps_prev = self
+            .mappings
+            .range(..va)
+            .next_back()
+            .is_some_and(|(&s, m)| s + m.bytes > va);
+        if overlaps_prev || self.mappings.range(va..va + bytes).next().is_some() {
+            return Err(Self::invalid(
+                c,
+                format!("{va:#x}+{bytes} overlaps a mapping"),
+            ));
+        }
+        self.begin(c, bytes)?;
+        self.mappings.insert(
+            va,
+            Mapping {
+                bytes,
+                handle,
+                access: false,
+            },
+        );
+        if let Some(e) = self.handles.get_mut(&handle.0) {
+            e.mapped_at = Some(va);
+        }
+        Ok(())
+    }
+
+    fn set_access(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
+        let c = DriverCall::SetAccess;
+        self.check_granular(c, bytes)?;
+        // The range must be covered by contiguous mappings starting exactly at va.
+        let mut at = va;
+        let end = va + bytes;
+        let mut keys = Vec::new();
+        while at < end {
+            match self.mappings.get(&at) {
+                Some(m) => {
+                    keys.push(at);
+                    at += m.bytes;
+                }
+                None => return Err(Self::invalid(c, format!("{at:#x} is not mapped"))),
+            }
+        }
+        if at != end {
+            return Err(Self::invalid(c, "range ends inside a mapping".into()));
+        }
+        self.begin(c, bytes)?;
+        for k in keys {
+            if let Some(m) = self.mappings.get_mut(&k) {
+                m.access = true;
+            }
+        }
+        Ok(())
+    }
+
+    fn unmap(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
+        let c = DriverCall::Unmap;
+        self.check_granular(c, bytes)?;
+        let mut at = va;
+        let end = va + bytes;
+        let mut keys = Vec::new();
+        while at < end {
+            match self.mappings.get(&at) {
+                Some(m) => {
+                    keys.push(at);
+                    at += m.bytes;
+                }
+                None => return Err(Self::invalid(c, format!("{at:#x} is not mapped"))),
+            }
+        }
+        if at != end {
+            return Err(Self::invalid(c, "range ends inside a mapping".into()));
+        }
+        self.begin(c, bytes)?;
+        for k in keys {
+            if let Some(m) = self.mappings.remove(&k) {
+                let drop_it = match self.handles.get_mut(&m.handle.0) {
+                    Some(h) => {
+                        h.mapped_at = None;
+                        h.released
+                    }
+                    None => false,
+                };
+                if drop_it {
+                    if let Some(h) = self.handles.remove(&m.handle.0) {
+                        self.used -= h.bytes;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl SimDevice {
+    /// Whether every byte of `[va, va+bytes)` is mapped with access granted (what a kernel
+    /// touching the block needs). Used by tests and the replay's checks.
+    pub fn is_accessible(&self, va: u64, bytes: u64) -> bool {
+        if bytes == 0 {
+            return true;
+        }
+        // Inside a plain segment?
+        if let Some((&s, &l)) = self.segments.range(..=va).next_back() {
+            if va >= s && va + bytes <= s + l {
+                return true;
+            }
+        }
+        let mut at = va;
+        let end = va.saturating_add(bytes);
+        // Find the mapping containing `at`.
+        while at < end {
+            match self.mappings.range(..=at).next_back() {
+                Some((&s, m)) if at < s + m.bytes && m.access => at = s + m.bytes,
+                _ => return false,
+            }
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const G: u64 = DEFAULT_GRANULARITY;
+
+    #[test]
+    fn segments_count_against_capacity_and_are_rounded() {
+        let mut d = SimDevice::new(10 * G);
+        let a = d.alloc_segment(1).unwrap();
+        assert_eq!(d.used_bytes(), G);
+        let err = d.alloc_segment(10 * G).unwrap_err();
+        assert!(matches!(err, DeviceError::OutOfMemory { free_bytes, .. } if free_bytes == 9 * G));
+        d.free_segment(a).unwrap();
+        assert_eq!(d.used_bytes(), 0);
+        assert!(d.free_segment(a).is_err());
+        assert_eq!(d.counters().get(DriverCall::Alloc), 1);
+        assert_eq!(d.counters().get(DriverCall::Free), 1);
+        assert!(d.counters().seconds > 80e-6);
+    }
+
+    #[test]
+    fn vmm_rules_are_enforced() {
+        let mut d = SimDevice::new(8 * G);
+        let va = d.reserve_va(4 * G).unwrap();
+        let h = d.create_physical(G).unwrap();
+        assert!(d.map(va + 1, G, h).is_err(), "unaligned va");
+        assert!(d.map(va + 4 * G, G, h).is_err(), "outside the reservation");
+        d.map(va, G, h).unwrap();
+        assert!(d.map(va, G, h).is_err(), "double map");
+        assert!(!d.is_accessible(va, 16));
+        assert!(d.set_access(va, 2 * G).is_err(), "second page unmapped");
+        d.set_access(va, G).unwrap();
+        assert!(d.is_accessible(va, G));
+        assert!(d.free_va(va, 4 * G).is_err(), "still mapped");
+        d.release_physical(h).unwrap();
+        assert_eq!(d.used_bytes(), G, "memory lives until unmapped");
+        d.unmap(va, G).unwrap();
+        assert_eq!(d.used_bytes(), 0);
+        d.free_va(va, 4 * G).unwrap();
+        assert_eq!(d.live_objects(), (0, 0, 0, 0));
+    }
+
+    #[test]
+    fn injected_fault_fails_exactly_that_call() {
+        let mut d = SimDevice::new(8 * G);
+        d.inject_fault_at(Some(1));
+        d.reserve_va(G).unwrap();
+        let e = d.create_physical(G).unwrap_err();
+        assert!(matches!(
+            e,
+            DeviceError::Driver {
+                call: "cuMemCreate",
+                ..
+            }
+        ));
+        assert_eq!(d.used_bytes(), 0);
+        d.create_physical(G).unwrap();
+    }
+
+    #[test]
+    fn time_model_matches_anchor_points() {
+        let t = h200_call_seconds(DriverCall::SetAccess, 2 << 20);
+        assert!((t - 24e-6).abs() < 1e-9);
+        let t = h200_call_seconds(DriverCall::Alloc, 1 << 30);
+        assert!((t - 184e-6).abs() < 1e-9);
+        let mid = h200_call_seconds(DriverCall::Alloc, 128 << 20);
+        assert!(mid > 45e-6 && mid < 81e-6);
+    }
+}

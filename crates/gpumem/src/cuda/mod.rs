@@ -1,0 +1,1 @@
+//! The CUDA backend (cudarc, driver API loaded at run time).

@@ -1,0 +1,1 @@
+//! Pinned (page-locked) host memory.

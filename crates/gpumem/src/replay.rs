@@ -1,0 +1,1 @@
+//! Replay of traces through allocators.

@@ -1,0 +1,179 @@
+//! Allocation traces: the event model shared by every reader, and format detection.
+//!
+//! Readers (one module each) turn a file into a [`Trace`]: a flat, time-ordered list of
+//! [`Event`]s. Memory returns to the pool at PyTorch's `free_completed` (not
+//! `free_requested`), so a reader emits [`Action::Free`] there.
+use serde::Serialize;
+
+/// What happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// A block of `size_bytes` at `addr` was handed out.
+    Alloc,
+    /// The block at `addr` went back to the allocator.
+    Free,
+    /// The allocator took a segment from the driver (PyTorch `segment_alloc`, informational).
+    SegmentAlloc,
+    /// The allocator gave a segment back (`segment_free`, informational).
+    SegmentFree,
+    /// Expandable segments mapped pages (`segment_map`, informational).
+    SegmentMap,
+    /// Expandable segments unmapped pages (`segment_unmap`, informational).
+    SegmentUnmap,
+    /// The allocator ran out of memory (`oom`, informational; `size_bytes` is the request).
+    Oom,
+    /// A snapshot was taken (`snapshot`, informational).
+    Snapshot,
+}
+
+/// One trace event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Event {
+    /// What happened.
+    pub action: Action,
+    /// Device address (or, for gpumem JSON lines, any unique id) of the block or segment.
+    pub addr: u64,
+    /// Requested bytes for `Alloc`; for `Free` the size of the block freed (0 when unknown);
+    /// segment size for segment events.
+    pub size_bytes: u64,
+    /// CUDA stream handle (0 = default stream).
+    pub stream: u64,
+    /// Device ordinal.
+    pub device: u32,
+    /// Microseconds since an arbitrary epoch, when the file had it.
+    pub time_us: Option<i64>,
+    /// Requested alignment in bytes (gpumem JSON lines only; default 256).
+    pub align: Option<u64>,
+}
+
+/// A block that was already live when recording started: freed in the trace, never allocated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PreexistingBlock {
+    /// Address of the block.
+    pub addr: u64,
+    /// Its size in bytes, when the free event or the snapshot's segments told it.
+    pub size_bytes: u64,
+    /// Device ordinal.
+    pub device: u32,
+}
+
+/// The file formats gpumem reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Format {
+    /// `torch.cuda.memory._dump_snapshot` pickle, optionally gzip'd.
+    TorchSnapshot,
+    /// RMM `logging_resource_adaptor` CSV.
+    RmmCsv,
+    /// gpumem JSON lines.
+    JsonLines,
+}
+
+/// A block recorded in a snapshot's `segments` (state, not trace).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SnapshotBlock {
+    /// Bytes of the block.
+    pub size_bytes: u64,
+    /// Bytes requested for it (0 if free).
+    pub requested_bytes: u64,
+    /// `active_allocated`, `active_pending_free` or `inactive`.
+    pub state: String,
+}
+
+/// A segment recorded in a snapshot's `segments`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SnapshotSegment {
+    /// Device ordinal.
+    pub device: u32,
+    /// Address of the segment.
+    pub address: u64,
+    /// Bytes of the segment.
+    pub total_size_bytes: u64,
+    /// Bytes allocated in it.
+    pub allocated_size_bytes: u64,
+    /// Stream handle.
+    pub stream: u64,
+    /// `small` or `large` pool.
+    pub segment_type: String,
+    /// Whether it was an expandable segment.
+    pub is_expandable: bool,
+    /// Its blocks in address order.
+    pub blocks: Vec<SnapshotBlock>,
+}
+
+/// A whole trace.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Trace {
+    /// The format it was read from, if any.
+    pub format: Option<Format>,
+    /// Events in order.
+    pub events: Vec<Event>,
+    /// Blocks live before recording started (frees of never-allocated addresses).
+    pub preexisting: Vec<PreexistingBlock>,
+    /// Segments the snapshot recorded (its state at dump time); empty for other formats.
+    pub segments: Vec<SnapshotSegment>,
+    /// Bad events skipped under `--lenient`, with the reason for each (first 100 kept).
+    pub skipped: Vec<String>,
+    /// How many events were skipped in total.
+    pub skipped_count: u64,
+}
+
+/// A reader error: which file, which event, what was expected.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not a trace (an LFS pointer, HTML, an empty file, ...).
+    #[error("{path}: not an allocation trace: {what}")]
+    NotATrace {
+        /// The file.
+        path: String,
+        /// What it looks like instead.
+        what: String,
+    },
+    /// An event or structure is malformed.
+    #[error("{path}: event {index}: {message}")]
+    Malformed {
+        /// The file.
+        path: String,
+        /// 0-based index of the event (or line number − 1 for text formats).
+        index: u64,
+        /// What was found and what was expected.
+        message: String,
+    },
+    /// The file asked for something a reader must never do (a pickle global/class).
+    #[error("{path}: refused: {message}")]
+    Refused {
+        /// The file.
+        path: String,
+        /// What was refused.
+        message: String,
+    },
+}
+
+/// Reading options.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReadOptions {
+    /// Skip and count malformed events instead of failing.
+    pub lenient: bool,
+}
+
+/// Reads a trace, detecting the format from the content.
+///
+/// # Errors
+/// [`TraceError`] naming the file, the event and what was expected.
+pub fn read_path(path: &std::path::Path, options: ReadOptions) -> Result<Trace, TraceError> {
+    let _ = options;
+    Err(TraceError::NotATrace {
+        path: path.display().to_string(),
+        what: "readers not implemented yet".into(),
+    })
+}
