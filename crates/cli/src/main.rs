@@ -1,4 +1,61 @@
 //! The `gpumem` command-line tool.
+use clap::{Parser, Subcommand};
+
+mod cmd_cuda;
+mod cmd_pinned;
+mod cmd_replay;
+mod units;
+
+/// GPU memory toolkit: replay allocation traces through allocators, inspect and benchmark
+/// device and pinned host memory.
+#[derive(Parser)]
+#[command(name = "gpumem", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Replay an allocation trace through allocators and report reserved memory and fragmentation.
+    Replay(cmd_replay::ReplayArgs),
+    /// Devices, memory, granularity and pool figures (needs a CUDA driver).
+    Info(cmd_cuda::InfoArgs),
+    /// Allocate blocks and show each pointer as the driver and the pool see it (needs CUDA).
+    Inspect(cmd_cuda::InspectArgs),
+    /// Print the page table of a live VMM arena (needs CUDA).
+    Vmm(cmd_cuda::VmmArgs),
+    /// Benchmarks: device allocation, host<->device transfers, pinned allocation.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+    /// Recommend pageable, pinned, staged or mapped memory for a transfer pattern.
+    Advise(cmd_pinned::AdviseArgs),
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Alloc+free latency and throughput of each strategy against cuMemAlloc and cuMemAllocAsync.
+    Alloc(cmd_cuda::BenchAllocArgs),
+    /// Host<->device bandwidth for pageable, pinned, write-combined, mapped and staged memory.
+    Transfer(cmd_pinned::BenchTransferArgs),
+    /// Allocation latency of pinned host memory: cuMemHostAlloc, cuMemHostRegister, malloc, pool.
+    Pinned(cmd_pinned::BenchPinnedArgs),
+}
+
 fn main() {
-    println!("gpumem");
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Replay(a) => cmd_replay::run(a),
+        Command::Info(a) => cmd_cuda::info(a),
+        Command::Inspect(a) => cmd_cuda::inspect(a),
+        Command::Vmm(a) => cmd_cuda::vmm(a),
+        Command::Bench(BenchCommand::Alloc(a)) => cmd_cuda::bench_alloc(a),
+        Command::Bench(BenchCommand::Transfer(a)) => cmd_pinned::bench_transfer(a),
+        Command::Bench(BenchCommand::Pinned(a)) => cmd_pinned::bench_pinned(a),
+        Command::Advise(a) => cmd_pinned::advise(a),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
 }

@@ -199,4 +199,27 @@ pub trait Device: Send {
     /// # Errors
     /// [`DeviceError::Invalid`] if the range splits a mapping or is not mapped.
     fn unmap(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError>;
+
+    /// Fills `[addr, addr + bytes)` with the 32-bit `pattern` (cuMemsetD32; `bytes` is rounded
+    /// down to a multiple of 4). Used by the canary check of a replay.
+    ///
+    /// # Errors
+    /// [`DeviceError::Unsupported`] on devices without memory contents (the simulated one).
+    fn fill_pattern(&mut self, addr: u64, bytes: u64, pattern: u32) -> Result<(), DeviceError> {
+        let _ = (addr, bytes, pattern);
+        Err(DeviceError::Unsupported(
+            "this device keeps no memory contents".into(),
+        ))
+    }
+
+    /// Whether every 32-bit word of `[addr, addr + bytes)` still holds `pattern`.
+    ///
+    /// # Errors
+    /// [`DeviceError::Unsupported`] on devices without memory contents (the simulated one).
+    fn check_pattern(&mut self, addr: u64, bytes: u64, pattern: u32) -> Result<bool, DeviceError> {
+        let _ = (addr, bytes, pattern);
+        Err(DeviceError::Unsupported(
+            "this device keeps no memory contents".into(),
+        ))
+    }
 }

@@ -536,7 +536,11 @@ mod tests {
         d.free_segment(a).unwrap();
         assert_eq!(d.used_bytes(), 0);
         assert!(d.free_segment(a).is_err());
-        assert_eq!(d.counters().get(DriverCall::Alloc), 2, "a refused cuMemAlloc is still a call");
+        assert_eq!(
+            d.counters().get(DriverCall::Alloc),
+            2,
+            "a refused cuMemAlloc is still a call"
+        );
         assert_eq!(d.counters().get(DriverCall::Free), 1);
         assert!(d.counters().seconds > 80e-6);
     }

@@ -1,0 +1,45 @@
+//! `gpumem info`, `inspect`, `vmm`, `bench alloc` (CUDA backend). STUB.
+use anyhow::{bail, Result};
+use clap::Args;
+
+/// Arguments of `gpumem info`.
+#[derive(Args)]
+pub struct InfoArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+/// Arguments of `gpumem inspect`.
+#[derive(Args)]
+pub struct InspectArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+/// Arguments of `gpumem vmm`.
+#[derive(Args)]
+pub struct VmmArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+/// Arguments of `gpumem bench alloc`.
+#[derive(Args)]
+pub struct BenchAllocArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn info(_a: InfoArgs) -> Result<()> {
+    bail!("not implemented yet")
+}
+pub fn inspect(_a: InspectArgs) -> Result<()> {
+    bail!("not implemented yet")
+}
+pub fn vmm(_a: VmmArgs) -> Result<()> {
+    bail!("not implemented yet")
+}
+pub fn bench_alloc(_a: BenchAllocArgs) -> Result<()> {
+    bail!("not implemented yet")
+}
