@@ -378,7 +378,7 @@ impl CudaDevice {
                 self.ordinal
             )));
         }
-        if bytes == 0 || bytes % g != 0 {
+        if bytes == 0 || !bytes.is_multiple_of(g) {
             return Err(Self::invalid(
                 call,
                 format!("{bytes} B is not a positive multiple of the granularity {g} B"),

@@ -775,28 +775,30 @@ mod tests {
 
     #[test]
     fn size_classes_round_trip() {
-        let mut last_class = 0;
-        let mut last_index = 0;
+        let mut xs = Vec::new();
         let mut s = 1u64;
         while s < (1 << 31) {
-            for d in [0u64, 1, 7, 63] {
-                let x = s + d;
-                let c = class_bytes(x);
-                assert!(c >= x, "{x}");
-                assert_eq!(class_bytes(c), c, "{x}");
-                assert!(c - x <= x / 4 + 256, "waste {x} -> {c}");
-                assert_eq!(c % 64, 0);
-                let i = class_index(x);
-                assert_eq!(i, class_index(c));
-                if c > last_class {
-                    assert!(i > last_index || last_class == 0, "{x}");
-                } else {
-                    assert_eq!(i, last_index);
-                }
-                last_class = last_class.max(c);
-                last_index = last_index.max(i);
-            }
+            xs.extend([s, s + 1, s + 7, s + 63]);
             s = s * 9 / 8 + 1;
+        }
+        xs.sort_unstable();
+        xs.dedup();
+        let (mut last_class, mut last_index) = (0, 0);
+        for x in xs {
+            let c = class_bytes(x);
+            assert!(c >= x, "{x}");
+            assert_eq!(class_bytes(c), c, "{x}");
+            assert!(c - x <= x / 4 + 256, "waste {x} -> {c}");
+            assert_eq!(c % 64, 0);
+            let i = class_index(x);
+            assert_eq!(i, class_index(c));
+            if c > last_class && last_class > 0 {
+                assert_eq!(i, last_index + 1, "classes are consecutive at {x}");
+            } else if last_class > 0 {
+                assert_eq!(i, last_index);
+            }
+            last_class = c;
+            last_index = i;
         }
         assert_eq!(class_bytes(256), 256);
         assert_eq!(class_bytes(257), 320);

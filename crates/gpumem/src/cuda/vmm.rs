@@ -418,6 +418,7 @@ pub fn teardown(dev: &mut dyn Device, book: &VmmBook, va: u64) -> Result<(), Dev
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
     use gpumem_core::sim::SimDevice;
@@ -459,7 +460,8 @@ mod tests {
         assert!(text.contains("8 MiB") || text.contains("16 MiB"), "{text}");
         assert!(d.book.is_mapped(va, G));
         assert!(!d.book.is_mapped(va, 2 * G));
-        teardown(&mut d, &d.book.clone(), va).expect("teardown");
+        let book = d.book.clone();
+        teardown(&mut d, &book, va).expect("teardown");
         assert_eq!(d.inner.used_bytes(), 0);
         assert!(d.book.reservations.is_empty());
         assert!(d.book.mappings.is_empty());
