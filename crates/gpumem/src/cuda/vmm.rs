@@ -279,6 +279,8 @@ pub struct Tracked<D> {
     pub inner: D,
     /// What was reserved and mapped through it.
     pub book: VmmBook,
+    /// Live segments (cuMemAlloc) made through it: addr -> bytes.
+    pub segments: BTreeMap<u64, u64>,
 }
 
 impl<D: Device> Tracked<D> {
@@ -287,6 +289,7 @@ impl<D: Device> Tracked<D> {
         Tracked {
             inner,
             book: VmmBook::default(),
+            segments: BTreeMap::new(),
         }
     }
 }
@@ -305,10 +308,14 @@ impl<D: Device> Device for Tracked<D> {
         self.inner.counters()
     }
     fn alloc_segment(&mut self, bytes: u64) -> Result<u64, DeviceError> {
-        self.inner.alloc_segment(bytes)
+        let a = self.inner.alloc_segment(bytes)?;
+        self.segments.insert(a, bytes);
+        Ok(a)
     }
     fn free_segment(&mut self, addr: u64) -> Result<(), DeviceError> {
-        self.inner.free_segment(addr)
+        self.inner.free_segment(addr)?;
+        self.segments.remove(&addr);
+        Ok(())
     }
     fn reserve_va(&mut self, bytes: u64) -> Result<u64, DeviceError> {
         let va = self.inner.reserve_va(bytes)?;
