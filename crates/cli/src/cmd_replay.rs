@@ -122,7 +122,9 @@ fn open_device(target: &Target, capacity: u64) -> Result<Box<dyn Device>> {
 fn progress_bar(total: u64, enabled: bool) -> ProgressBar {
     let pb = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::hidden());
     if enabled {
-        if let Ok(style) = ProgressStyle::with_template("{msg:>10} [{bar:40}] {pos}/{len} events ({per_sec}, eta {eta})") {
+        if let Ok(style) = ProgressStyle::with_template(
+            "{msg:>10} [{bar:40}] {pos}/{len} events ({per_sec}, eta {eta})",
+        ) {
             pb.set_style(style.progress_chars("=> "));
         }
     }
@@ -139,13 +141,22 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     let trace = trace::read_path(&a.trace, ReadOptions { lenient: a.lenient })?;
     let read_seconds = read_started.elapsed().as_secs_f64();
     let devices = replay::devices(&trace);
-    let has_blocks = trace.events.iter().any(|e| matches!(e.action, trace::Action::Alloc | trace::Action::Free));
+    let has_blocks = trace
+        .events
+        .iter()
+        .any(|e| matches!(e.action, trace::Action::Alloc | trace::Action::Free));
     if !has_blocks {
         return crate::cmd_analyze::print_state(&a.trace, &trace, a.json);
     }
     let capacity = a.capacity.unwrap_or(DEFAULT_CAPACITY);
-    let config = Config { segment_bytes: a.segment_size, ..Config::default() };
-    let summaries: Vec<(u32, TraceSummary)> = devices.iter().map(|&d| (d, replay::summarize(&trace, d))).collect();
+    let config = Config {
+        segment_bytes: a.segment_size,
+        ..Config::default()
+    };
+    let summaries: Vec<(u32, TraceSummary)> = devices
+        .iter()
+        .map(|&d| (d, replay::summarize(&trace, d)))
+        .collect();
     let total_events: u64 = summaries.iter().map(|(_, s)| s.events).sum();
     let show_progress = !a.json && std::io::stderr().is_terminal();
     if !a.json {
@@ -155,7 +166,11 @@ pub fn run(a: ReplayArgs) -> Result<()> {
             trace.format.unwrap_or(trace::Format::JsonLines),
             trace.events.len(),
             read_seconds,
-            if trace.skipped_count > 0 { format!(", {} bad events skipped", trace.skipped_count) } else { String::new() }
+            if trace.skipped_count > 0 {
+                format!(", {} bad events skipped", trace.skipped_count)
+            } else {
+                String::new()
+            }
         );
         for s in trace.skipped.iter().take(5) {
             eprintln!("  skipped: {s}");
@@ -192,26 +207,43 @@ pub fn run(a: ReplayArgs) -> Result<()> {
                 pb.set_position(done_before + n);
             };
             let r = replay::replay(&trace, alloc.as_mut(), dev.as_mut(), &opts, &mut cb)
-                .with_context(|| format!("replaying {} with {name} on device {d}", a.trace.display()))?;
+                .with_context(|| {
+                    format!("replaying {} with {name} on device {d}", a.trace.display())
+                })?;
             done_before += s.events;
             per_dev.push(r);
         }
         pb.finish_and_clear();
         let min_cap = if a.min_capacity {
             if !matches!(target, Target::Sim) {
-                bail!("--min-capacity runs many replays and is only offered on the simulated device");
+                bail!(
+                    "--min-capacity runs many replays and is only offered on the simulated device"
+                );
             }
             let mut total = 0u64;
             for (i, &(d, _)) in summaries.iter().enumerate() {
-                let upper = per_dev[i].peak_reserved_bytes.max(1).saturating_mul(2).max(1 << 30);
+                let upper = per_dev[i]
+                    .peak_reserved_bytes
+                    .max(1)
+                    .saturating_mul(2)
+                    .max(1 << 30);
                 let cfg = config;
                 let n = *name;
-                let mut make = || -> Box<dyn Allocator> { registry::build(n, &cfg).expect("allocator names were validated") };
+                let mut make = || -> Box<dyn Allocator> {
+                    registry::build(n, &cfg).expect("allocator names were validated")
+                };
                 let mut make_dev = |c: u64| -> Box<dyn Device> { Box::new(SimDevice::new(c)) };
-                let opts = ReplayOptions { device: d, ..ReplayOptions::default() };
-                match replay::min_capacity(&trace, &mut make, &mut make_dev, upper, 2 << 20, &opts)? {
+                let opts = ReplayOptions {
+                    device: d,
+                    ..ReplayOptions::default()
+                };
+                match replay::min_capacity(&trace, &mut make, &mut make_dev, upper, 2 << 20, &opts)?
+                {
                     Some(c) => total += c,
-                    None => bail!("{name}: the trace does not complete even with {}", human_bytes(upper)),
+                    None => bail!(
+                        "{name}: the trace does not complete even with {}",
+                        human_bytes(upper)
+                    ),
                 }
             }
             Some(total)
@@ -231,7 +263,11 @@ pub fn run(a: ReplayArgs) -> Result<()> {
             alloc_events: summaries.iter().map(|(_, s)| s.allocs).sum(),
             free_events: summaries.iter().map(|(_, s)| s.frees).sum(),
             peak_requested_bytes: peak_requested,
-            largest_request_bytes: summaries.iter().map(|(_, s)| s.largest_request_bytes).max().unwrap_or(0),
+            largest_request_bytes: summaries
+                .iter()
+                .map(|(_, s)| s.largest_request_bytes)
+                .max()
+                .unwrap_or(0),
             preexisting_blocks: trace.preexisting.len() as u64,
             skipped_events: trace.skipped_count,
             devices: devices.clone(),
@@ -255,7 +291,12 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     Ok(())
 }
 
-fn json_allocator(name: &str, per_dev: &[ReplayReport], summaries: &[(u32, TraceSummary)], min_cap: Option<u64>) -> JsonAllocator {
+fn json_allocator(
+    name: &str,
+    per_dev: &[ReplayReport],
+    summaries: &[(u32, TraceSummary)],
+    min_cap: Option<u64>,
+) -> JsonAllocator {
     let sum = |f: &dyn Fn(&ReplayReport) -> u64| per_dev.iter().map(f).sum::<u64>();
     let peak_requested: u64 = summaries.iter().map(|(_, s)| s.peak_requested_bytes).sum();
     let peak_reserved = sum(&|r| r.peak_reserved_bytes);
@@ -270,15 +311,32 @@ fn json_allocator(name: &str, per_dev: &[ReplayReport], summaries: &[(u32, Trace
         name: name.to_string(),
         peak_reserved_bytes: peak_reserved,
         peak_allocated_bytes: sum(&|r| r.peak_allocated_bytes),
-        reserved_over_requested: if peak_requested == 0 { 0.0 } else { peak_reserved as f64 / peak_requested as f64 },
-        peak_external_fragmentation: per_dev.iter().map(|r| r.peak_external_fragmentation).fold(0.0, f64::max),
-        external_fragmentation_at_peak: per_dev.iter().map(|r| r.external_fragmentation_at_peak).fold(0.0, f64::max),
-        internal_fragmentation_at_peak: per_dev.iter().map(|r| r.internal_fragmentation_at_peak).fold(0.0, f64::max),
+        reserved_over_requested: if peak_requested == 0 {
+            0.0
+        } else {
+            peak_reserved as f64 / peak_requested as f64
+        },
+        peak_external_fragmentation: per_dev
+            .iter()
+            .map(|r| r.peak_external_fragmentation)
+            .fold(0.0, f64::max),
+        external_fragmentation_at_peak: per_dev
+            .iter()
+            .map(|r| r.external_fragmentation_at_peak)
+            .fold(0.0, f64::max),
+        internal_fragmentation_at_peak: per_dev
+            .iter()
+            .map(|r| r.internal_fragmentation_at_peak)
+            .fold(0.0, f64::max),
         oom_count: sum(&|r| r.oom_count),
         driver_calls_total: sum(&|r| r.driver_calls.total()),
         driver_calls: calls,
         modelled_driver_seconds: per_dev.iter().map(|r| r.modelled_driver_seconds).sum(),
-        events_per_second: if secs > 0.0 { events as f64 / secs } else { 0.0 },
+        events_per_second: if secs > 0.0 {
+            events as f64 / secs
+        } else {
+            0.0
+        },
         canary_errors: sum(&|r| r.canary_errors),
         min_capacity_bytes: min_cap,
         per_device: if per_dev.len() > 1 {
@@ -313,13 +371,34 @@ fn print_table(j: &JsonOut, capacity: u64) {
         human_bytes(t.peak_requested_bytes),
         human_bytes(t.largest_request_bytes)
     );
-    println!("device {} with capacity {}{}", j.device, human_bytes(capacity), if t.devices.len() > 1 { format!(", {} devices in the trace (figures summed)", t.devices.len()) } else { String::new() });
+    println!(
+        "device {} with capacity {}{}",
+        j.device,
+        human_bytes(capacity),
+        if t.devices.len() > 1 {
+            format!(
+                ", {} devices in the trace (figures summed)",
+                t.devices.len()
+            )
+        } else {
+            String::new()
+        }
+    );
     println!();
     let has_min = j.allocators.iter().any(|a| a.min_capacity_bytes.is_some());
     let has_canary = j.device != "sim";
     print!(
         "{:<9} {:>12} {:>12} {:>9} {:>9} {:>9} {:>5} {:>12} {:>11} {:>11}",
-        "allocator", "peak reserv.", "peak alloc.", "res/req", "ext.frag", "frag@pk", "OOMs", "driver calls", "driver time", "events/s"
+        "allocator",
+        "peak reserv.",
+        "peak alloc.",
+        "res/req",
+        "ext.frag",
+        "frag@pk",
+        "OOMs",
+        "driver calls",
+        "driver time",
+        "events/s"
     );
     if has_min {
         print!(" {:>12}", "min capacity");
@@ -348,7 +427,14 @@ fn print_table(j: &JsonOut, capacity: u64) {
             print!(" {:>12}", "-");
         }
         if has_canary {
-            print!(" {:>7}", if a.canary_errors == 0 { "ok".to_string() } else { format!("{} BAD", a.canary_errors) });
+            print!(
+                " {:>7}",
+                if a.canary_errors == 0 {
+                    "ok".to_string()
+                } else {
+                    format!("{} BAD", a.canary_errors)
+                }
+            );
         }
         println!();
     }
@@ -389,7 +475,9 @@ fn timeline_chart(path: &std::path::Path, reports: &[(String, Vec<ReplayReport>)
         let mut res = Vec::with_capacity(n);
         for i in 0..n {
             let ev = per_dev[0].timeline[i].event as f64;
-            let s = |f: &dyn Fn(&replay::Sample) -> u64| per_dev.iter().map(|r| f(&r.timeline[i])).sum::<u64>() as f64 / gib;
+            let s = |f: &dyn Fn(&replay::Sample) -> u64| {
+                per_dev.iter().map(|r| f(&r.timeline[i])).sum::<u64>() as f64 / gib
+            };
             req.push((ev, s(&|x| x.requested_bytes)));
             all.push((ev, s(&|x| x.allocated_bytes)));
             res.push((ev, s(&|x| x.reserved_bytes)));
@@ -399,14 +487,34 @@ fn timeline_chart(path: &std::path::Path, reports: &[(String, Vec<ReplayReport>)
             format!("{name}: peak reserved {}", human_bytes(peak_res)),
             "GiB".to_string(),
             vec![
-                Series { label: "reserved".into(), color: PALETTE[3].into(), dashed: false, points: res },
-                Series { label: "allocated".into(), color: PALETTE[0].into(), dashed: false, points: all },
-                Series { label: "requested".into(), color: PALETTE[2].into(), dashed: true, points: req },
+                Series {
+                    label: "reserved".into(),
+                    color: PALETTE[3].into(),
+                    dashed: false,
+                    points: res,
+                },
+                Series {
+                    label: "allocated".into(),
+                    color: PALETTE[0].into(),
+                    dashed: false,
+                    points: all,
+                },
+                Series {
+                    label: "requested".into(),
+                    color: PALETTE[2].into(),
+                    dashed: true,
+                    points: req,
+                },
             ],
         ));
     }
     Chart {
-        title: format!("gpumem replay {}", path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default()),
+        title: format!(
+            "gpumem replay {}",
+            path.file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        ),
         x_label: "event".into(),
         log_x: false,
         panels,

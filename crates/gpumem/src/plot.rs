@@ -28,11 +28,15 @@ pub struct Chart {
 }
 
 /// Ten distinguishable colours (matplotlib's tab10).
-pub const PALETTE: [&str; 10] =
-    ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
+pub const PALETTE: [&str; 10] = [
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+    "#bcbd22", "#17becf",
+];
 
 fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 fn nice_step(range: f64, target_ticks: f64) -> f64 {
@@ -82,8 +86,19 @@ impl Chart {
             r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">"#
         );
         let _ = write!(o, r#"<rect width="100%" height="100%" fill="white"/>"#);
-        let _ = write!(o, r#"<text x="{}" y="24" font-size="16" text-anchor="middle">{}</text>"#, width / 2.0, esc(&self.title));
-        let tx = |x: f64| if self.log_x { x.max(f64::MIN_POSITIVE).log2() } else { x };
+        let _ = write!(
+            o,
+            r#"<text x="{}" y="24" font-size="16" text-anchor="middle">{}</text>"#,
+            width / 2.0,
+            esc(&self.title)
+        );
+        let tx = |x: f64| {
+            if self.log_x {
+                x.max(f64::MIN_POSITIVE).log2()
+            } else {
+                x
+            }
+        };
         for (pi, (ptitle, ylabel, series)) in self.panels.iter().enumerate() {
             let top = mt + pi as f64 * (panel_h + 40.0);
             let pw = width - ml - mr;
@@ -108,14 +123,33 @@ impl Chart {
             y1 = (y1 / ystep).ceil() * ystep;
             let sx = |x: f64| ml + (tx(x) - x0) / (x1 - x0) * pw;
             let sy = |y: f64| top + panel_h - y / y1 * panel_h;
-            let _ = write!(o, r#"<text x="{}" y="{}" font-size="13" text-anchor="middle">{}</text>"#, ml + pw / 2.0, top - 8.0, esc(ptitle));
-            let _ = write!(o, r##"<rect x="{ml}" y="{top}" width="{pw}" height="{panel_h}" fill="none" stroke="#888"/>"##);
+            let _ = write!(
+                o,
+                r#"<text x="{}" y="{}" font-size="13" text-anchor="middle">{}</text>"#,
+                ml + pw / 2.0,
+                top - 8.0,
+                esc(ptitle)
+            );
+            let _ = write!(
+                o,
+                r##"<rect x="{ml}" y="{top}" width="{pw}" height="{panel_h}" fill="none" stroke="#888"/>"##
+            );
             // y grid
             let mut y = 0.0;
             while y <= y1 + ystep * 0.01 {
                 let py = sy(y);
-                let _ = write!(o, r##"<line x1="{ml}" y1="{py}" x2="{}" y2="{py}" stroke="#eee"/>"##, ml + pw);
-                let _ = write!(o, r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#, ml - 6.0, py + 4.0, fmt_tick(y));
+                let _ = write!(
+                    o,
+                    r##"<line x1="{ml}" y1="{py}" x2="{}" y2="{py}" stroke="#eee"/>"##,
+                    ml + pw
+                );
+                let _ = write!(
+                    o,
+                    r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#,
+                    ml - 6.0,
+                    py + 4.0,
+                    fmt_tick(y)
+                );
                 y += ystep;
             }
             // x ticks
@@ -125,8 +159,17 @@ impl Chart {
                     let px = ml + (e - x0) / (x1 - x0) * pw;
                     if px >= ml - 0.5 {
                         let v = 2f64.powf(e);
-                        let _ = write!(o, r##"<line x1="{px}" y1="{top}" x2="{px}" y2="{}" stroke="#eee"/>"##, top + panel_h);
-                        let _ = write!(o, r#"<text x="{px}" y="{}" text-anchor="middle">{}</text>"#, top + panel_h + 16.0, esc(&crate::plot::human_pow2(v)));
+                        let _ = write!(
+                            o,
+                            r##"<line x1="{px}" y1="{top}" x2="{px}" y2="{}" stroke="#eee"/>"##,
+                            top + panel_h
+                        );
+                        let _ = write!(
+                            o,
+                            r#"<text x="{px}" y="{}" text-anchor="middle">{}</text>"#,
+                            top + panel_h + 16.0,
+                            esc(&crate::plot::human_pow2(v))
+                        );
                     }
                     e += 2.0;
                 }
@@ -135,7 +178,12 @@ impl Chart {
                 let mut x = (x0 / xs).ceil() * xs;
                 while x <= x1 {
                     let px = ml + (x - x0) / (x1 - x0) * pw;
-                    let _ = write!(o, r#"<text x="{px}" y="{}" text-anchor="middle">{}</text>"#, top + panel_h + 16.0, fmt_tick(x));
+                    let _ = write!(
+                        o,
+                        r#"<text x="{px}" y="{}" text-anchor="middle">{}</text>"#,
+                        top + panel_h + 16.0,
+                        fmt_tick(x)
+                    );
                     x += xs;
                 }
             }
@@ -149,17 +197,48 @@ impl Chart {
             for (si, s) in series.iter().enumerate() {
                 let mut d = String::new();
                 for (i, &(x, y)) in s.points.iter().enumerate() {
-                    let _ = write!(d, "{}{:.1},{:.1}", if i == 0 { "M" } else { " L" }, sx(x), sy(y));
+                    let _ = write!(
+                        d,
+                        "{}{:.1},{:.1}",
+                        if i == 0 { "M" } else { " L" },
+                        sx(x),
+                        sy(y)
+                    );
                 }
-                let dash = if s.dashed { r#" stroke-dasharray="6,4""# } else { "" };
-                let _ = write!(o, r#"<path d="{d}" fill="none" stroke="{}" stroke-width="1.6"{dash}/>"#, s.color);
+                let dash = if s.dashed {
+                    r#" stroke-dasharray="6,4""#
+                } else {
+                    ""
+                };
+                let _ = write!(
+                    o,
+                    r#"<path d="{d}" fill="none" stroke="{}" stroke-width="1.6"{dash}/>"#,
+                    s.color
+                );
                 let ly = top + 14.0 + si as f64 * 18.0;
                 let lx = ml + pw + 12.0;
-                let _ = write!(o, r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{}" stroke-width="2"{dash}/>"#, lx + 24.0, s.color);
-                let _ = write!(o, r#"<text x="{}" y="{}">{}</text>"#, lx + 30.0, ly + 4.0, esc(&s.label));
+                let _ = write!(
+                    o,
+                    r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{}" stroke-width="2"{dash}/>"#,
+                    lx + 24.0,
+                    s.color
+                );
+                let _ = write!(
+                    o,
+                    r#"<text x="{}" y="{}">{}</text>"#,
+                    lx + 30.0,
+                    ly + 4.0,
+                    esc(&s.label)
+                );
             }
         }
-        let _ = write!(o, r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#, ml + (width - ml - mr) / 2.0, height - 12.0, esc(&self.x_label));
+        let _ = write!(
+            o,
+            r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
+            ml + (width - ml - mr) / 2.0,
+            height - 12.0,
+            esc(&self.x_label)
+        );
         o.push_str("</svg>\n");
         o
     }
@@ -190,7 +269,12 @@ mod tests {
             panels: vec![(
                 "p".into(),
                 "GiB".into(),
-                vec![Series { label: "reserved".into(), color: PALETTE[0].into(), dashed: false, points: vec![(0.0, 1.0), (10.0, 3.0)] }],
+                vec![Series {
+                    label: "reserved".into(),
+                    color: PALETTE[0].into(),
+                    dashed: false,
+                    points: vec![(0.0, 1.0), (10.0, 3.0)],
+                }],
             )],
         };
         let svg = c.to_svg();
@@ -207,7 +291,16 @@ mod tests {
         assert_eq!(human_pow2(1073741824.0), "1 GiB");
         let c = Chart {
             log_x: true,
-            panels: vec![("p".into(), "GB/s".into(), vec![Series { label: "a".into(), color: "#000".into(), dashed: true, points: vec![(4096.0, 1.0), (1048576.0, 40.0)] }])],
+            panels: vec![(
+                "p".into(),
+                "GB/s".into(),
+                vec![Series {
+                    label: "a".into(),
+                    color: "#000".into(),
+                    dashed: true,
+                    points: vec![(4096.0, 1.0), (1048576.0, 40.0)],
+                }],
+            )],
             ..Chart::default()
         };
         let svg = c.to_svg();

@@ -34,7 +34,12 @@ pub struct ReplayOptions {
 
 impl Default for ReplayOptions {
     fn default() -> Self {
-        ReplayOptions { device: 0, default_align: gpumem_core::DEFAULT_ALIGN, timeline_points: 0, canary: false }
+        ReplayOptions {
+            device: 0,
+            default_align: gpumem_core::DEFAULT_ALIGN,
+            timeline_points: 0,
+            canary: false,
+        }
     }
 }
 
@@ -186,7 +191,12 @@ pub fn summarize(trace: &Trace, device: u32) -> TraceSummary {
 
 /// Devices that have events or pre-existing blocks in `trace`, ascending.
 pub fn devices(trace: &Trace) -> Vec<u32> {
-    let mut d: Vec<u32> = trace.events.iter().map(|e| e.device).chain(trace.preexisting.iter().map(|p| p.device)).collect();
+    let mut d: Vec<u32> = trace
+        .events
+        .iter()
+        .map(|e| e.device)
+        .chain(trace.preexisting.iter().map(|p| p.device))
+        .collect();
     d.sort_unstable();
     d.dedup();
     if d.is_empty() {
@@ -232,9 +242,18 @@ impl State<'_> {
             Ok(b) => {
                 if self.opts.canary && size >= 4 {
                     dev.fill_pattern(b.addr, size & !3, canary_pattern(trace_addr))
-                        .map_err(|source| ReplayError::Canary { event: index, source })?;
+                        .map_err(|source| ReplayError::Canary {
+                            event: index,
+                            source,
+                        })?;
                 }
-                self.live.insert(trace_addr, Live { addr: b.addr, bytes: size });
+                self.live.insert(
+                    trace_addr,
+                    Live {
+                        addr: b.addr,
+                        bytes: size,
+                    },
+                );
                 Ok(())
             }
             Err(e) if e.is_oom() => {
@@ -243,7 +262,11 @@ impl State<'_> {
                 self.dropped.insert(trace_addr);
                 Ok(())
             }
-            Err(source) => Err(ReplayError::Allocator { event: index, allocator: self.name.clone(), source }),
+            Err(source) => Err(ReplayError::Allocator {
+                event: index,
+                allocator: self.name.clone(),
+                source,
+            }),
         }
     }
 }
@@ -266,8 +289,17 @@ pub fn replay(
     let summary = summarize(trace, opts.device);
     let total = summary.events.max(1);
     let frag_every = (total / 1000).max(1);
-    let timeline_every = if opts.timeline_points == 0 { u64::MAX } else { (total / opts.timeline_points).max(1) };
-    let mut st = State { live: FxHashMap::default(), dropped: FxHashSet::default(), opts, name: name.clone() };
+    let timeline_every = if opts.timeline_points == 0 {
+        u64::MAX
+    } else {
+        (total / opts.timeline_points).max(1)
+    };
+    let mut st = State {
+        live: FxHashMap::default(),
+        dropped: FxHashSet::default(),
+        opts,
+        name: name.clone(),
+    };
     let mut report = ReplayReport {
         name: name.clone(),
         peak_reserved_bytes: 0,
@@ -292,7 +324,16 @@ pub fn replay(
     let started = Instant::now();
 
     for p in trace.preexisting.iter().filter(|p| p.device == opts.device) {
-        st.alloc(alloc, dev, &mut report, 0, p.addr, p.size_bytes, opts.default_align, 0)?;
+        st.alloc(
+            alloc,
+            dev,
+            &mut report,
+            0,
+            p.addr,
+            p.size_bytes,
+            opts.default_align,
+            0,
+        )?;
     }
 
     let mut index: u64 = 0;
@@ -303,32 +344,48 @@ pub fn replay(
                 if st.live.contains_key(&e.addr) {
                     // A duplicate live address can only come from a lenient read: free the old one.
                     if let Some(old) = st.live.remove(&e.addr) {
-                        alloc.deallocate(dev, old.addr).map_err(|source| ReplayError::Allocator {
-                            event: index,
-                            allocator: name.clone(),
-                            source,
+                        alloc.deallocate(dev, old.addr).map_err(|source| {
+                            ReplayError::Allocator {
+                                event: index,
+                                allocator: name.clone(),
+                                source,
+                            }
                         })?;
                     }
                 }
                 st.dropped.remove(&e.addr);
                 let align = e.align.unwrap_or(opts.default_align);
-                st.alloc(alloc, dev, &mut report, index, e.addr, e.size_bytes, align, e.stream)?;
+                st.alloc(
+                    alloc,
+                    dev,
+                    &mut report,
+                    index,
+                    e.addr,
+                    e.size_bytes,
+                    align,
+                    e.stream,
+                )?;
             }
             Action::Free => {
                 if let Some(l) = st.live.remove(&e.addr) {
                     if opts.canary && l.bytes >= 4 {
                         let ok = dev
                             .check_pattern(l.addr, l.bytes & !3, canary_pattern(e.addr))
-                            .map_err(|source| ReplayError::Canary { event: index, source })?;
+                            .map_err(|source| ReplayError::Canary {
+                                event: index,
+                                source,
+                            })?;
                         if !ok {
                             report.canary_errors += 1;
                         }
                     }
-                    alloc.deallocate(dev, l.addr).map_err(|source| ReplayError::Allocator {
-                        event: index,
-                        allocator: name.clone(),
-                        source,
-                    })?;
+                    alloc
+                        .deallocate(dev, l.addr)
+                        .map_err(|source| ReplayError::Allocator {
+                            event: index,
+                            allocator: name.clone(),
+                            source,
+                        })?;
                 } else {
                     st.dropped.remove(&e.addr);
                 }
@@ -345,7 +402,9 @@ pub fn replay(
                 report.external_fragmentation_at_peak = s.external_fragmentation();
             }
             if sample_frag {
-                report.peak_external_fragmentation = report.peak_external_fragmentation.max(s.external_fragmentation());
+                report.peak_external_fragmentation = report
+                    .peak_external_fragmentation
+                    .max(s.external_fragmentation());
             }
             if sample_timeline {
                 report.timeline.push(Sample {
@@ -381,16 +440,29 @@ pub fn replay(
         0.0
     } else {
         // Requested at the allocated peak is not tracked separately; use the peaks' ratio.
-        s.allocated_bytes.peak.saturating_sub(s.requested_bytes.peak) as f64 / s.allocated_bytes.peak as f64
+        s.allocated_bytes
+            .peak
+            .saturating_sub(s.requested_bytes.peak) as f64
+            / s.allocated_bytes.peak as f64
     };
-    report.peak_external_fragmentation = report.peak_external_fragmentation.max(s.external_fragmentation());
+    report.peak_external_fragmentation = report
+        .peak_external_fragmentation
+        .max(s.external_fragmentation());
     report.driver_calls = calls;
     report.modelled_driver_seconds = calls.seconds;
     report.device_peak_used_bytes = report.peak_reserved_bytes.max(dev.used_bytes());
     report.seconds = seconds;
-    report.events_per_second = if seconds > 0.0 { index as f64 / seconds } else { 0.0 };
+    report.events_per_second = if seconds > 0.0 {
+        index as f64 / seconds
+    } else {
+        0.0
+    };
     report.final_stats = s;
-    alloc.validate().map_err(|source| ReplayError::Invalid { event: index, allocator: name.clone(), source })?;
+    alloc.validate().map_err(|source| ReplayError::Invalid {
+        event: index,
+        allocator: name.clone(),
+        source,
+    })?;
     Ok(report)
 }
 
@@ -448,13 +520,25 @@ mod tests {
     use crate::trace::{Event, PreexistingBlock};
 
     fn ev(action: Action, addr: u64, size: u64) -> Event {
-        Event { action, addr, size_bytes: size, stream: 0, device: 0, time_us: None, align: None }
+        Event {
+            action,
+            addr,
+            size_bytes: size,
+            stream: 0,
+            device: 0,
+            time_us: None,
+            align: None,
+        }
     }
 
     #[test]
     fn summary_counts_peak_and_preexisting() {
         let mut t = Trace::default();
-        t.preexisting.push(PreexistingBlock { addr: 99, size_bytes: 10, device: 0 });
+        t.preexisting.push(PreexistingBlock {
+            addr: 99,
+            size_bytes: 10,
+            device: 0,
+        });
         t.events = vec![
             ev(Action::Alloc, 1, 100),
             ev(Action::Alloc, 2, 50),
