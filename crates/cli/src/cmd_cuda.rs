@@ -863,3 +863,9 @@ fn print_bench(o: &BenchOut) {
         eprintln!("error: {e}");
     }
 }
+
+/// Opens CUDA device `ordinal` for `gpumem replay --device cuda:N` (capacity is ignored:
+/// the real device has its own). STUB until the CUDA backend lands.
+pub fn open_replay_device(ordinal: usize, _capacity: u64) -> Result<Box<dyn gpumem::core::Device>> {
+    bail!("CUDA device {ordinal}: the CUDA backend is not built yet; use --device sim")
+}
