@@ -864,8 +864,9 @@ fn print_bench(o: &BenchOut) {
     }
 }
 
-/// Opens CUDA device `ordinal` for `gpumem replay --device cuda:N` (capacity is ignored:
-/// the real device has its own). STUB until the CUDA backend lands.
-pub fn open_replay_device(ordinal: usize, _capacity: u64) -> Result<Box<dyn gpumem::core::Device>> {
-    bail!("CUDA device {ordinal}: the CUDA backend is not built yet; use --device sim")
+/// Opens CUDA device `ordinal` for `gpumem replay --device cuda:N`, limited to `capacity`
+/// bytes (or the device's own memory if smaller), so OOM points match the trace's device.
+pub fn open_replay_device(ordinal: usize, capacity: u64) -> Result<Box<dyn gpumem::core::Device>> {
+    let dev = cuda::open(ordinal)?;
+    Ok(Box::new(gpumem::cuda::Capped::new(dev, capacity)))
 }

@@ -18,6 +18,7 @@ use std::sync::OnceLock;
 use gpumem_core::DeviceError;
 
 pub mod bench;
+pub mod capped;
 mod device;
 mod driver;
 mod events;
@@ -26,6 +27,7 @@ pub mod pitch;
 pub mod pool;
 pub mod vmm;
 
+pub use capped::Capped;
 pub use device::{CudaDevice, DeviceInfo, MemoryType, PointerInfo};
 pub use events::{CudaEvents, CudaStream, ManualEvents, StreamEvents};
 pub use managed::{
