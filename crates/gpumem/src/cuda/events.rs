@@ -5,7 +5,7 @@ use std::sync::Mutex;
 
 use gpumem_core::DeviceError;
 
-use super::driver::{self, CUcontext, CUevent, CUstream};
+use super::driver::{self, CUcontext, CUdevice, CUevent, CUstream};
 use super::CudaDevice;
 
 /// Stream events as the pool needs them. Streams and events are opaque `u64` ids (for CUDA,
@@ -122,8 +122,10 @@ impl StreamEvents for ManualEvents {
 }
 
 /// CUDA events of one device's context, created with CU_EVENT_DISABLE_TIMING and reused.
+/// Holds its own reference to the primary context (cuDevicePrimaryCtxRetain).
 #[derive(Debug)]
 pub struct CudaEvents {
+    dev: CUdevice,
     ctx: CUcontext,
     free: Mutex<Vec<usize>>,
 }
@@ -135,21 +137,23 @@ unsafe impl Send for CudaEvents {}
 unsafe impl Sync for CudaEvents {}
 
 impl CudaEvents {
-    /// Events for `device`'s context. The device must outlive them (the pool owns both and
-    /// drops the events first).
+    /// Events for `device`'s context.
     ///
     /// # Errors
-    /// Never at present; kept fallible for a context check.
+    /// A failed cuDevicePrimaryCtxRetain.
     pub fn new(device: &CudaDevice) -> Result<Self, DeviceError> {
+        let dev = device.device_raw();
+        // SAFETY: `dev` is a valid device; released once in Drop.
+        let ctx = unsafe { driver::primary_ctx_retain(dev)? };
         Ok(CudaEvents {
-            ctx: device.context_raw(),
+            dev,
+            ctx,
             free: Mutex::new(Vec::new()),
         })
     }
 
     fn bind(&self) -> Result<(), DeviceError> {
-        // SAFETY: the context is the device's retained primary context, alive while the
-        // device is (the pool drops events first).
+        // SAFETY: our retained primary context, released only in Drop.
         unsafe { driver::ctx_set_current(self.ctx) }
     }
 }
@@ -189,21 +193,24 @@ impl StreamEvents for CudaEvents {
 
 impl Drop for CudaEvents {
     fn drop(&mut self) {
-        if self.bind().is_err() {
-            return;
-        }
-        if let Ok(mut f) = self.free.lock() {
-            for e in f.drain(..) {
-                // SAFETY: each free-listed event is live and destroyed once here.
-                let _ = unsafe { driver::event_destroy(e as CUevent) };
+        if self.bind().is_ok() {
+            if let Ok(mut f) = self.free.lock() {
+                for e in f.drain(..) {
+                    // SAFETY: each free-listed event is live and destroyed once here.
+                    let _ = unsafe { driver::event_destroy(e as CUevent) };
+                }
             }
         }
+        // SAFETY: matches the retain in `new`.
+        let _ = unsafe { driver::primary_ctx_release(self.dev) };
     }
 }
 
-/// A non-blocking CUDA stream of one device (cuStreamCreate), destroyed on drop.
+/// A non-blocking CUDA stream of one device (cuStreamCreate), destroyed on drop. Holds its
+/// own reference to the primary context.
 #[derive(Debug)]
 pub struct CudaStream {
+    dev: CUdevice,
     ctx: CUcontext,
     stream: CUstream,
 }
@@ -219,11 +226,19 @@ impl CudaStream {
     /// # Errors
     /// A failed cuCtxSetCurrent or cuStreamCreate.
     pub fn new(device: &CudaDevice) -> Result<Self, DeviceError> {
-        device.bind()?;
-        Ok(CudaStream {
-            ctx: device.context_raw(),
-            stream: driver::stream_create()?,
-        })
+        let dev = device.device_raw();
+        // SAFETY: `dev` is a valid device; released once in Drop (or below on failure).
+        let ctx = unsafe { driver::primary_ctx_retain(dev)? };
+        // SAFETY: just retained.
+        let made = unsafe { driver::ctx_set_current(ctx) }.and_then(|()| driver::stream_create());
+        match made {
+            Ok(stream) => Ok(CudaStream { dev, ctx, stream }),
+            Err(e) => {
+                // SAFETY: matches the retain above.
+                let _ = unsafe { driver::primary_ctx_release(dev) };
+                Err(e)
+            }
+        }
     }
     /// The stream id to pass to the pool (the `CUstream` as an integer).
     pub fn id(&self) -> u64 {
@@ -244,11 +259,13 @@ impl CudaStream {
 
 impl Drop for CudaStream {
     fn drop(&mut self) {
-        // SAFETY: our stream, destroyed once; its context is current.
+        // SAFETY: our stream, destroyed once with its context current; then the context
+        // reference taken in `new` is released.
         unsafe {
             if driver::ctx_set_current(self.ctx).is_ok() {
                 let _ = driver::stream_destroy(self.stream);
             }
+            let _ = driver::primary_ctx_release(self.dev);
         }
     }
 }
