@@ -62,8 +62,20 @@ fn segment_pointer_attributes_and_canary() {
     assert_eq!(d.used_bytes(), MIB);
     d.free_segment(a).expect("free");
     assert_eq!(d.used_bytes(), 0);
+    // A large block is checked at its ends and at sampled windows: damage at either end shows.
+    let big = 64 * MIB;
+    let b = d.alloc_segment(big).expect("alloc");
+    d.fill_pattern(b, big, 0x0bad_f00d).expect("fill");
+    assert!(d.check_pattern(b, big, 0x0bad_f00d).expect("check"));
+    d.fill_pattern(b + big - 256, 256, 1).expect("damage tail");
+    assert!(!d.check_pattern(b, big, 0x0bad_f00d).expect("check"));
+    d.fill_pattern(b + big - 256, 256, 0x0bad_f00d)
+        .expect("repair");
+    d.fill_pattern(b + 4096, 4, 1).expect("damage head");
+    assert!(!d.check_pattern(b, big, 0x0bad_f00d).expect("check"));
+    d.free_segment(b).expect("free");
     let c = d.counters();
-    assert_eq!((c.get(DriverCall::Alloc), c.get(DriverCall::Free)), (1, 1));
+    assert_eq!((c.get(DriverCall::Alloc), c.get(DriverCall::Free)), (2, 2));
     assert!(c.seconds > 0.0);
     assert!(matches!(
         d.free_segment(a),
