@@ -17,7 +17,7 @@
 #         3. gpumem replay of every shipped trace with --device cuda --canary, all strategies
 #         4. gpumem bench alloc --device cuda (strategies vs cuMemAlloc and cuMemAllocAsync)
 #         5. (placeholder) the pinned-memory benchmarks, added by the pinned work
-#       Writes under $OUT if set (else ./gpu-check-out): gpu-check.log (everything),
+#       Writes under $OUT if set (else carry/out): gpu-check.log (everything),
 #       info.json, replay.jsonl, bench-alloc.json, summary.txt — few files, since the device
 #       tool brings back at most 8. Prints a summary table (step, status, seconds) last.
 #       Exit status 0 only if no step failed.
@@ -75,7 +75,7 @@ for line in sys.stdin:
 
 # ---------------------------------------------------------------- run
 
-OUTDIR=${OUT:-$ROOT/gpu-check-out}
+OUTDIR=${OUT:-$CARRY/out}
 LOG="$OUTDIR/gpu-check.log"
 START=$(date +%s)
 BUDGET=${GPU_CHECK_BUDGET_S:-500}
@@ -195,13 +195,15 @@ PY
 
   # Summary, last.
   local failed=0 i
+  for i in "${!STATUS[@]}"; do
+    case "${STATUS[$i]}" in FAIL*) failed=$((failed + 1)) ;; esac
+  done
   {
     echo
     echo "gpu-check summary ($(( $(date +%s) - START ))s in all; logs and JSON in $OUTDIR)"
     printf '%-44s %-22s %6s\n' "step" "status" "s"
     for i in "${!STEPS[@]}"; do
       printf '%-44s %-22s %6s\n' "${STEPS[$i]}" "${STATUS[$i]}" "${SECS[$i]}"
-      case "${STATUS[$i]}" in FAIL*) failed=$((failed + 1)) ;; esac
     done
     echo "$failed step(s) failed"
   } | tee "$OUTDIR/summary.txt" | tee -a "$LOG"
