@@ -27,7 +27,7 @@
 #
 # Tunables (environment): GPU_CHECK_BUDGET_S (default 500: steps that would start later are
 # skipped), GPU_CHECK_BENCH_MS (per-measurement time of bench alloc, default 40),
-# GPU_CHECK_REPLAY_TIMEOUT_S (per trace, default 100), GPU_CHECK_TEST_TIMEOUT_S (per test
+# GPU_CHECK_REPLAY_TIMEOUT_S (per trace, default 150), GPU_CHECK_TEST_TIMEOUT_S (per test
 # binary, default 180).
 set -u
 set -o pipefail
@@ -167,7 +167,7 @@ run() {
   # 3. replay every shipped trace on the GPU, every strategy, with canaries
   local tr
   while IFS= read -r tr; do
-    step "replay $(basename "$tr")" "${GPU_CHECK_REPLAY_TIMEOUT_S:-100}" replay_one "$tr"
+    step "replay $(basename "$tr")" "${GPU_CHECK_REPLAY_TIMEOUT_S:-150}" replay_one "$tr"
   done < <(find "$CARRY/traces" -name '*.pickle.gz' -o -name '*.jsonl' -o -name '*.csv' | sort)
 
   # 4. allocation benchmark: table into the log, JSON into bench-alloc.json
