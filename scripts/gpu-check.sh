@@ -42,7 +42,7 @@ build() {
   cargo build --release -p gpumem-cli
   rm -rf "$CARRY"
   mkdir -p "$CARRY/tests" "$CARRY/traces"
-  strip -o "$CARRY/gpumem" target/release/gpumem
+  strip -o "$CARRY/gpumem" "${CARGO_TARGET_DIR:-target}/release/gpumem"
   echo "== cargo test --release -p gpumem --no-run"
   local list
   list=$(cargo test --release -p gpumem --no-run --message-format=json 2>/dev/null |
