@@ -6,7 +6,8 @@
 #   scripts/gpu-check.sh build     (here, with cargo; no GPU needed)
 #       Builds the release `gpumem` CLI and the release test binaries of crate gpumem
 #       (`cargo test --release --no-run --message-format=json`, executables read from cargo's
-#       JSON), keeps those that hold ignored (= GPU) tests, strips everything and copies it,
+#       JSON), keeps the integration tests whose source holds tests ignored as "needs a CUDA
+#       device" (the house convention for GPU tests), strips everything and copies it,
 #       with the shipped traces, into the git-ignored folder carry/:
 #           carry/gpumem  carry/tests/<test-target>  carry/traces/...
 #
@@ -61,10 +62,15 @@ for line in open(sys.argv[1]):
         m = json.loads(line)
     except ValueError:
         continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m.get("profile", {}).get("test"):
-        kinds = m["target"]["kind"]
-        name = m["target"]["name"] + ("-lib" if "lib" in kinds else "")
-        print(name, m["executable"])
+    t = m.get("target", {})
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and "test" in t.get("kind", []):
+        # Integration tests whose source holds GPU tests (ignored as "needs a CUDA device").
+        try:
+            src = open(t["src_path"]).read()
+        except OSError:
+            continue
+        if "needs a CUDA device" in src:
+            print(t["name"], m["executable"])
 ' "$json") || die "cannot read cargo's JSON"
   rm -f "$json"
   local name exe n carried=0
