@@ -27,7 +27,7 @@
 #   run(command="scripts/gpu-check.sh run", carry=["carry"], timeout_s=600)
 #
 # Tunables (environment): GPU_CHECK_BUDGET_S (default 500: steps that would start later are
-# skipped), GPU_CHECK_BENCH_MS (per-measurement time of bench alloc, default 40),
+# skipped), GPU_CHECK_BENCH_MS (per-measurement time of bench alloc, default 100),
 # GPU_CHECK_REPLAY_TIMEOUT_S (per trace, default 150), GPU_CHECK_TEST_TIMEOUT_S (per test
 # binary, default 180).
 set -u
@@ -188,7 +188,7 @@ run() {
 
   # 4. allocation benchmark: table into the log, JSON into bench-alloc.json
   step "bench alloc" 240 json_to "$OUTDIR/bench-alloc.json" "$CARRY/gpumem" bench alloc --device cuda \
-    --time-ms "${GPU_CHECK_BENCH_MS:-40}" --json
+    --time-ms "${GPU_CHECK_BENCH_MS:-100}" --json
   if [ -s "$OUTDIR/bench-alloc.json" ] && command -v python3 >/dev/null; then
     python3 - "$OUTDIR/bench-alloc.json" >>"$LOG" 2>&1 <<'PY'
 import json, sys
