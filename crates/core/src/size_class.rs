@@ -63,6 +63,7 @@ pub fn bin_min_bytes(bin: u32) -> u64 {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -588,6 +588,7 @@ impl Arena for Tlsf {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
