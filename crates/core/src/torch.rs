@@ -601,10 +601,15 @@ impl Allocator for TorchCaching {
                     return bad(format!("block {at:#x}: prev link {:?} ≠ {prev:?}", b.prev));
                 }
                 if b.size == 0 || b.size % MIN_BLOCK_BYTES != 0 || at % MIN_BLOCK_BYTES != 0 {
-                    return bad(format!("block {at:#x}: size {} or address unaligned", b.size));
+                    return bad(format!(
+                        "block {at:#x}: size {} or address unaligned",
+                        b.size
+                    ));
                 }
                 if b.pool != seg.pool || b.stream != seg.stream {
-                    return bad(format!("block {at:#x}: pool/stream differ from its segment"));
+                    return bad(format!(
+                        "block {at:#x}: pool/stream differ from its segment"
+                    ));
                 }
                 if b.allocated {
                     allocated += b.size;
@@ -654,8 +659,7 @@ impl Allocator for TorchCaching {
                 self.small_free.len() + self.large_free.len()
             ));
         }
-        if free_blocks as u64 != self.free_sizes.values().sum::<u64>() || free != self.free_bytes
-        {
+        if free_blocks as u64 != self.free_sizes.values().sum::<u64>() || free != self.free_bytes {
             return bad("free size multiset or free bytes out of step".into());
         }
         if self.live.len() as u64 != live_blocks {
@@ -700,17 +704,16 @@ impl Allocator for TorchCaching {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
     use crate::sim::SimDevice;
+    use std::collections::BTreeMap;
 
     const MIB: u64 = 1 << 20;
 
     fn new() -> (TorchCaching, SimDevice) {
-        (
-            TorchCaching::new(&Config::default()),
-            SimDevice::default(),
-        )
+        (TorchCaching::new(&Config::default()), SimDevice::default())
     }
 
     fn alloc(t: &mut TorchCaching, d: &mut SimDevice, size: u64) -> Block {
@@ -866,7 +869,9 @@ mod tests {
         let a = alloc(&mut t, &mut d, 12 * MIB); // a 12 MiB segment
         let before = t.stats();
         // 8 MiB wants a 20 MiB segment: 12 + 20 > 24, nothing cached to release.
-        let e = t.allocate(&mut d, 8 * MIB, 512, 0).expect_err("must not fit");
+        let e = t
+            .allocate(&mut d, 8 * MIB, 512, 0)
+            .expect_err("must not fit");
         assert!(e.is_oom(), "{e}");
         t.validate().expect("valid");
         assert_eq!(t.torch_stats().num_ooms, 1);
@@ -882,7 +887,10 @@ mod tests {
         let b = alloc(&mut t, &mut d, 14 * MIB);
         assert_eq!(b.allocated_bytes, 14 * MIB);
         let ts = t.torch_stats();
-        assert_eq!((ts.num_alloc_retries, ts.num_device_free, ts.num_ooms), (2, 1, 1));
+        assert_eq!(
+            (ts.num_alloc_retries, ts.num_device_free, ts.num_ooms),
+            (2, 1, 1)
+        );
         assert_eq!(ts.num_device_alloc, 2);
         assert_eq!(t.stats().reserved_bytes.current, 14 * MIB);
         assert_eq!(t.stats().reserved_bytes.peak, 14 * MIB);
@@ -899,7 +907,10 @@ mod tests {
         // A large request needs cudaMalloc, which fails with a non-OOM error: reported at
         // once, no cache release, no retry (C10_CUDA_CHECK).
         let e = t.allocate(&mut d, 50 * MIB, 512, 0).expect_err("fault");
-        assert!(matches!(e, AllocError::Device(DeviceError::Driver { .. })), "{e}");
+        assert!(
+            matches!(e, AllocError::Device(DeviceError::Driver { .. })),
+            "{e}"
+        );
         assert!(!e.is_oom());
         t.validate().expect("valid");
         assert_eq!(t.stats(), before);
@@ -923,7 +934,10 @@ mod tests {
         // cudaMalloc (OOM) is the next call, then the cudaFree of the cached segment.
         d.inject_fault_at(Some(d.calls_made() + 1));
         let e = t.allocate(&mut d, 20 * MIB, 512, 0).expect_err("fault");
-        assert!(matches!(e, AllocError::Device(DeviceError::Driver { .. })), "{e}");
+        assert!(
+            matches!(e, AllocError::Device(DeviceError::Driver { .. })),
+            "{e}"
+        );
         t.validate().expect("valid");
         assert_eq!(t.stats().reserved_bytes.current, 12 * MIB);
         assert_eq!(t.stats().allocation_count.current, 0);
@@ -982,5 +996,93 @@ mod tests {
         ));
         assert_eq!(t.stats(), s);
         t.validate().expect("valid");
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Alloc {
+            size: u64,
+            stream: u64,
+            align_shift: u32,
+        },
+        Free(usize),
+        Release,
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            5 => (0u64..3 * MIB, 0u64..2, 0u32..13).prop_map(|(size, stream, a)| Op::Alloc {
+                size,
+                stream,
+                align_shift: a,
+            }),
+            2 => (3 * MIB..40 * MIB, 0u64..2).prop_map(|(size, stream)| Op::Alloc {
+                size,
+                stream,
+                align_shift: 9,
+            }),
+            5 => any::<usize>().prop_map(Op::Free),
+            1 => Just(Op::Release),
+        ]
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn random_operations_keep_every_invariant(ops in proptest::collection::vec(op(), 1..200)) {
+            let mut d = SimDevice::new(128 * MIB);
+            let mut t = TorchCaching::new(&Config::default());
+            // user address -> end of the user's bytes
+            let mut live: BTreeMap<u64, u64> = BTreeMap::new();
+            for o in ops {
+                match o {
+                    Op::Alloc { size, stream, align_shift } => {
+                        let align = 1u64 << align_shift;
+                        let before = t.stats();
+                        match t.allocate(&mut d, size, align, stream) {
+                            Ok(b) => {
+                                proptest::prop_assert_eq!(b.addr % align, 0);
+                                proptest::prop_assert!(b.allocated_bytes >= size);
+                                let end = b.addr + size.max(1);
+                                if let Some((_, &pe)) = live.range(..=b.addr).next_back() {
+                                    proptest::prop_assert!(pe <= b.addr, "overlap below");
+                                }
+                                if let Some((&na, _)) = live.range(b.addr..).next() {
+                                    proptest::prop_assert!(na >= end, "overlap above");
+                                }
+                                live.insert(b.addr, end);
+                            }
+                            Err(e) => {
+                                proptest::prop_assert!(e.is_oom(), "{}", e);
+                                let after = t.stats();
+                                proptest::prop_assert_eq!(after.allocated_bytes, before.allocated_bytes);
+                                proptest::prop_assert_eq!(after.requested_bytes, before.requested_bytes);
+                            }
+                        }
+                    }
+                    Op::Free(i) => {
+                        if !live.is_empty() {
+                            let k = *live.keys().nth(i % live.len()).unwrap();
+                            live.remove(&k);
+                            t.deallocate(&mut d, k).unwrap();
+                        }
+                    }
+                    Op::Release => {
+                        t.release_cached(&mut d).unwrap();
+                    }
+                }
+                t.validate().unwrap();
+                proptest::prop_assert_eq!(t.stats().reserved_bytes.current, d.used_bytes());
+            }
+            for k in live.keys() {
+                t.deallocate(&mut d, *k).unwrap();
+            }
+            t.validate().unwrap();
+            t.release_cached(&mut d).unwrap();
+            proptest::prop_assert_eq!(d.live_objects(), (0, 0, 0, 0));
+            proptest::prop_assert_eq!(t.stats().reserved_bytes.current, 0);
+            proptest::prop_assert_eq!(t.stats().free_bytes, 0);
+            proptest::prop_assert_eq!(t.torch_stats().num_device_alloc, t.torch_stats().num_device_free);
+        }
     }
 }
