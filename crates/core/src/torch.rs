@@ -172,6 +172,28 @@ struct SegmentRec {
 type FreeKey = (u64, u64, u64); // (stream, size, addr)
 
 /// The PyTorch caching allocator emulation (see the module documentation).
+///
+/// ```
+/// use gpumem_core::sim::SimDevice;
+/// use gpumem_core::torch::TorchCaching;
+/// use gpumem_core::Allocator;
+///
+/// let mut dev = SimDevice::default();
+/// let mut torch = TorchCaching::new(&Default::default());
+/// // 5 MiB is a "large" request between 1 and 10 MiB: PyTorch cudaMallocs 20 MiB.
+/// let a = torch.allocate(&mut dev, 5 << 20, 512, 0)?;
+/// assert_eq!(torch.stats().reserved_bytes.current, 20 << 20);
+/// // The 15 MiB remainder serves the next request without another cudaMalloc.
+/// let b = torch.allocate(&mut dev, 3 << 20, 512, 0)?;
+/// assert_eq!(b.addr, a.addr + (5 << 20));
+/// assert_eq!(torch.torch_stats().num_device_alloc, 1);
+/// torch.deallocate(&mut dev, a.addr)?;
+/// torch.deallocate(&mut dev, b.addr)?;
+/// // Both blocks merged back into one free segment, which empty_cache gives back.
+/// assert_eq!(torch.release_cached(&mut dev)?, 20 << 20);
+/// torch.validate()?;
+/// # Ok::<(), gpumem_core::AllocError>(())
+/// ```
 #[derive(Debug, Default)]
 pub struct TorchCaching {
     /// Every block, allocated or free, by its address.
