@@ -93,6 +93,17 @@ struct LiveBlock {
     requested: u64,
 }
 
+/// A freed block held in the quick-reuse list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct QuickBlock {
+    addr: u64,
+    /// Allocated bytes (multiple of [`UNIT_BYTES`]).
+    bytes: u64,
+}
+
+/// Freed blocks held for same-size reuse, at most (default of [`Paged::with_quick_slots`]).
+pub const QUICK_SLOTS: usize = 16;
+
 /// A mapped physical page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Page {
@@ -190,8 +201,16 @@ pub struct Paged {
     mapped_pages: u64,
     /// Mapped pages without a live block (left by a failed unwind).
     idle_pages: u64,
-    /// Set when a cuMemRelease failed and the cache went above its bound.
-    cache_over_bound: bool,
+    /// Set while the cache is above its bound (handles parked by a flush, or a failed
+    /// cuMemRelease); the next successful call trims it.
+    trim_pending: bool,
+    /// Recently freed blocks kept whole for reuse by a request of the same size (the O(1)
+    /// hit path), oldest first; their bytes stay out of the free map.
+    quick: Vec<QuickBlock>,
+    /// Bytes of the blocks in `quick`.
+    quick_bytes: u64,
+    /// Most blocks `quick` may hold.
+    quick_slots: usize,
     tracker: StatsTracker,
 }
 
@@ -209,7 +228,10 @@ impl Paged {
             cache: Vec::new(),
             mapped_pages: 0,
             idle_pages: 0,
-            cache_over_bound: false,
+            trim_pending: false,
+            quick: Vec::new(),
+            quick_bytes: 0,
+            quick_slots: QUICK_SLOTS,
             tracker: StatsTracker::default(),
         }
     }
@@ -219,6 +241,13 @@ impl Paged {
     /// [`VA_CAPACITY_FACTOR`] × the device capacity.
     pub fn with_va_chunk_bytes(mut self, bytes: u64) -> Self {
         self.va_chunk_bytes = bytes;
+        self
+    }
+
+    /// Sets how many freed blocks the quick-reuse list may hold (0 disables it: every free
+    /// then unmaps at once the pages no live block touches). Default [`QUICK_SLOTS`].
+    pub fn with_quick_slots(mut self, slots: usize) -> Self {
+        self.quick_slots = slots;
         self
     }
 
@@ -509,14 +538,30 @@ impl Paged {
         Ok((h, false))
     }
 
-    /// Gives back a handle freed by an unmap: to the cache while it has room, else
-    /// cuMemRelease.
-    fn return_handle(&mut self, dev: &mut dyn Device, h: PhysHandle) {
-        if (self.cache.len() as u64) < self.cache_limit {
-            self.cache.push(h);
+    /// Parks a handle freed by an unmap in the cache; [`Paged::trim_cache`] releases what
+    /// exceeds the bound at the end of the call.
+    fn return_handle(&mut self, h: PhysHandle) {
+        self.cache.push(h);
+        if self.cache.len() as u64 > self.cache_limit {
+            self.trim_pending = true;
+        }
+    }
+
+    /// Releases cached handles above the bound (cuMemRelease each); stops at the first
+    /// failure, leaving `trim_pending` set.
+    fn trim_cache(&mut self, dev: &mut dyn Device) {
+        if !self.trim_pending {
             return;
         }
-        self.release_handle(dev, h);
+        while self.cache.len() as u64 > self.cache_limit {
+            let Some(h) = self.cache.pop() else { break };
+            if dev.release_physical(h).is_err() {
+                self.cache.push(h);
+                return;
+            }
+            self.tracker.on_release(self.page_bytes);
+        }
+        self.trim_pending = false;
     }
 
     /// Gives back a handle taken by a failed allocation: to the cache if it came from there,
@@ -535,7 +580,7 @@ impl Paged {
             self.tracker.on_release(self.page_bytes);
         } else {
             self.cache.push(h);
-            self.cache_over_bound = true;
+            self.trim_pending = true;
         }
     }
 
@@ -729,9 +774,29 @@ impl Paged {
             requested_bytes: requested,
             allocated_bytes: bytes,
         };
+        if let Some(i) = self
+            .quick
+            .iter()
+            .rposition(|q| q.bytes == bytes && q.addr % align == 0)
+        {
+            let q = self.quick.remove(i);
+            self.quick_bytes -= q.bytes;
+            self.live.insert(q.addr, LiveBlock { bytes, requested });
+            self.tracker.on_alloc(requested, bytes);
+            return Ok(block(q.addr));
+        }
         if let Some(pl) = self.find_mapped_fit(bytes, align) {
             self.commit_block(pl, bytes, requested);
             return Ok(block(pl.addr));
+        }
+        // Pages will be mapped: first give the quick list's blocks back, so that no page is
+        // mapped while a block nobody uses holds another one (the peak stays exact).
+        if !self.quick.is_empty() {
+            self.flush_quick(dev);
+            if let Some(pl) = self.find_mapped_fit(bytes, align) {
+                self.commit_block(pl, bytes, requested);
+                return Ok(block(pl.addr));
+            }
         }
         let mut grown = None;
         let pl = match self.find_scored_fit(bytes, align) {
@@ -784,6 +849,119 @@ impl Paged {
             )));
         }
         Ok(())
+    }
+
+    /// Returns the span of a block (live or quick) to the free map: one cuMemUnmap over
+    /// the pages only it touched, whose handles go to the cache, then coalescing. If the
+    /// unmap fails nothing changes.
+    fn free_span(&mut self, dev: &mut dyn Device, addr: u64, bytes: u64) -> Result<(), AllocError> {
+        let p = self.page_bytes;
+
+        let ri = self
+            .res_of(addr)
+            .ok_or_else(|| AllocError::Internal(format!("block {addr:#x} outside VA")))?;
+        let base = self.reservations[ri].va;
+        let p0 = ((addr - base) / p) as usize;
+        let p1 = ((addr + bytes - 1 - base) / p) as usize;
+        // Pages only this block touches form one contiguous run.
+        let mut run: Option<(usize, usize)> = None;
+        for page in p0..=p1 {
+            match self.reservations[ri].pages.get(page).copied().flatten() {
+                Some(pg) if pg.refs == 1 => {
+                    run = Some(match run {
+                        None => (page, page),
+                        Some((a, _)) => (a, page),
+                    })
+                }
+                Some(_) => {}
+                None => {
+                    return Err(AllocError::Internal(format!(
+                        "page {page} under block {addr:#x} is not mapped"
+                    )))
+                }
+            }
+        }
+        if let Some((a, b)) = run {
+            dev.unmap(base + a as u64 * p, (b - a + 1) as u64 * p)?;
+        }
+        // Committed from here on.
+        let mut freed_handles = Vec::new();
+        for page in p0..=p1 {
+            if let Some(slot) = self.reservations[ri].pages.get_mut(page) {
+                if let Some(pg) = slot {
+                    pg.refs = pg.refs.saturating_sub(1);
+                    if pg.refs == 0 {
+                        freed_handles.push(pg.handle);
+                        *slot = None;
+                    }
+                }
+            }
+        }
+        self.mapped_pages -= freed_handles.len() as u64;
+        for h in freed_handles {
+            self.return_handle(h);
+        }
+        // Give the range back, coalescing within the reservation.
+        let mut st = addr;
+        let mut len = bytes;
+        let res_end = self.reservations[ri].end();
+        if st > base {
+            if let Some((&ps, &pl)) = self.free.range(..st).next_back() {
+                if ps + pl == st {
+                    self.free.remove(&ps);
+                    self.refresh_range(ri, ps, pl);
+                    st = ps;
+                    len += pl;
+                }
+            }
+        }
+        if st + len < res_end {
+            if let Some(nl) = self.free.remove(&(st + len)) {
+                self.refresh_range(ri, addr + bytes, nl);
+                len += nl;
+            }
+        }
+        self.free.insert(st, len);
+        self.refresh_range(ri, st, len);
+        self.refresh_range(ri, addr, bytes);
+        Ok(())
+    }
+
+    /// Truly frees every block of the quick list; a block whose unmap fails stays listed.
+    fn flush_quick(&mut self, dev: &mut dyn Device) {
+        let list = std::mem::take(&mut self.quick);
+        for q in list {
+            if self.free_span(dev, q.addr, q.bytes).is_ok() {
+                self.quick_bytes -= q.bytes;
+            } else {
+                self.quick.push(q);
+            }
+        }
+    }
+
+    /// [`Paged::try_allocate`], and on out-of-memory [`Allocator::release_cached`] and one
+    /// retry.
+    fn allocate_with_retry(
+        &mut self,
+        dev: &mut dyn Device,
+        bytes: u64,
+        align: u64,
+        size_bytes: u64,
+    ) -> Result<Block, AllocError> {
+        match self.try_allocate(dev, bytes, align, size_bytes) {
+            Err(e) if e.is_oom() => {
+                let released = self.release_cached(dev).unwrap_or(0);
+                if released == 0 {
+                    return Err(self.oom(size_bytes));
+                }
+                self.tracker.stats.alloc_retries += 1;
+                match self.try_allocate(dev, bytes, align, size_bytes) {
+                    Err(e) if e.is_oom() => Err(self.oom(size_bytes)),
+                    r => r,
+                }
+            }
+            r => r,
+        }
     }
 
     /// Unmaps and gives back idle pages (left by failed unwinds) to the cache.
@@ -841,101 +1019,55 @@ impl Allocator for Paged {
         let bytes = align_up(size_bytes.max(1), UNIT_BYTES)
             .filter(|b| b.checked_add(2 * self.page_bytes).is_some())
             .ok_or(AllocError::Overflow { size_bytes, align })?;
-        match self.try_allocate(dev, bytes, align, size_bytes) {
-            Err(e) if e.is_oom() => {
-                let released = self.release_cached(dev).unwrap_or(0);
-                if released == 0 {
-                    return Err(self.oom(size_bytes));
-                }
-                self.tracker.stats.alloc_retries += 1;
-                match self.try_allocate(dev, bytes, align, size_bytes) {
-                    Err(e) if e.is_oom() => Err(self.oom(size_bytes)),
-                    r => r,
-                }
-            }
-            r => r,
+        let result = self.allocate_with_retry(dev, bytes, align, size_bytes);
+        if result.is_ok() {
+            self.trim_cache(dev);
         }
+        result
     }
 
     fn deallocate(&mut self, dev: &mut dyn Device, addr: u64) -> Result<(), AllocError> {
         let Some(&blk) = self.live.get(&addr) else {
             return Err(AllocError::UnknownBlock { addr });
         };
-        let p = self.page_bytes;
-        let ri = self
-            .res_of(addr)
-            .ok_or_else(|| AllocError::Internal(format!("live block {addr:#x} outside VA")))?;
-        let base = self.reservations[ri].va;
-        let p0 = ((addr - base) / p) as usize;
-        let p1 = ((addr + blk.bytes - 1 - base) / p) as usize;
-        // Pages only this block touches form one contiguous run.
-        let mut run: Option<(usize, usize)> = None;
-        for page in p0..=p1 {
-            match self.reservations[ri].pages.get(page).copied().flatten() {
-                Some(pg) if pg.refs == 1 => {
-                    run = Some(match run {
-                        None => (page, page),
-                        Some((a, _)) => (a, page),
-                    })
+        let limit = self.cache_limit.saturating_mul(self.page_bytes);
+        if blk.bytes <= limit && self.quick_slots > 0 {
+            // Make room in the quick list by truly freeing its oldest blocks.
+            while self.quick.len() >= self.quick_slots || self.quick_bytes + blk.bytes > limit {
+                let Some(&old) = self.quick.first() else {
+                    break;
+                };
+                if self.free_span(dev, old.addr, old.bytes).is_err() {
+                    break;
                 }
-                Some(_) => {}
-                None => {
-                    return Err(AllocError::Internal(format!(
-                        "page {page} under live block {addr:#x} is not mapped"
-                    )))
-                }
+                self.quick.remove(0);
+                self.quick_bytes -= old.bytes;
+            }
+            if self.quick.len() < self.quick_slots && self.quick_bytes + blk.bytes <= limit {
+                self.live.remove(&addr);
+                self.tracker.on_free(blk.requested, blk.bytes);
+                self.quick.push(QuickBlock {
+                    addr,
+                    bytes: blk.bytes,
+                });
+                self.quick_bytes += blk.bytes;
+                self.trim_cache(dev);
+                return Ok(());
             }
         }
-        if let Some((a, b)) = run {
-            dev.unmap(base + a as u64 * p, (b - a + 1) as u64 * p)?;
-        }
-        // Committed from here on.
+        self.free_span(dev, addr, blk.bytes)?;
         self.live.remove(&addr);
         self.tracker.on_free(blk.requested, blk.bytes);
-        let mut freed_handles = Vec::new();
-        for page in p0..=p1 {
-            if let Some(slot) = self.reservations[ri].pages.get_mut(page) {
-                if let Some(pg) = slot {
-                    pg.refs = pg.refs.saturating_sub(1);
-                    if pg.refs == 0 {
-                        freed_handles.push(pg.handle);
-                        *slot = None;
-                    }
-                }
-            }
-        }
-        self.mapped_pages -= freed_handles.len() as u64;
-        for h in freed_handles {
-            self.return_handle(dev, h);
-        }
-        // Give the range back, coalescing within the reservation.
-        let mut st = addr;
-        let mut len = blk.bytes;
-        let res_end = self.reservations[ri].end();
-        if st > base {
-            if let Some((&ps, &pl)) = self.free.range(..st).next_back() {
-                if ps + pl == st {
-                    self.free.remove(&ps);
-                    self.refresh_range(ri, ps, pl);
-                    st = ps;
-                    len += pl;
-                }
-            }
-        }
-        if st + len < res_end {
-            if let Some(nl) = self.free.remove(&(st + len)) {
-                self.refresh_range(ri, addr + blk.bytes, nl);
-                len += nl;
-            }
-        }
-        self.free.insert(st, len);
-        self.refresh_range(ri, st, len);
-        self.refresh_range(ri, addr, blk.bytes);
+        self.trim_cache(dev);
         Ok(())
     }
-
     fn release_cached(&mut self, dev: &mut dyn Device) -> Result<u64, AllocError> {
         let p = self.page_bytes;
+        while let Some(&q) = self.quick.first() {
+            self.free_span(dev, q.addr, q.bytes)?;
+            self.quick.remove(0);
+            self.quick_bytes -= q.bytes;
+        }
         self.drop_idle_pages(dev)?;
         let mut released = 0;
         while let Some(h) = self.cache.pop() {
@@ -946,7 +1078,7 @@ impl Allocator for Paged {
             self.tracker.on_release(p);
             released += p;
         }
-        self.cache_over_bound = false;
+        self.trim_pending = false;
         // Reservations without a live block go back too.
         let mut ri = 0;
         while ri < self.reservations.len() {

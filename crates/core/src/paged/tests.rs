@@ -8,7 +8,7 @@ const MIB: u64 = 1 << 20;
 fn new_pair(capacity_pages: u64) -> (SimDevice, Paged) {
     (
         SimDevice::new(capacity_pages * G),
-        Paged::new(&Config::default()),
+        Paged::new(&Config::default()).with_quick_slots(0),
     )
 }
 
@@ -79,7 +79,8 @@ fn the_cache_is_bounded_by_config() {
     let mut a = Paged::new(&Config {
         page_cache_pages: 2,
         ..Config::default()
-    });
+    })
+    .with_quick_slots(0);
     let b = a.allocate(&mut d, 5 * G, 256, 0).unwrap();
     a.deallocate(&mut d, b.addr).unwrap();
     check(&a, &d);
@@ -232,7 +233,7 @@ fn oom_releases_the_cache_and_retries_once() {
 fn other_granularities_are_queried_not_assumed() {
     let g = 64 * 1024;
     let mut d = SimDevice::with_granularity(1 << 30, g);
-    let mut a = Paged::new(&Config::default());
+    let mut a = Paged::new(&Config::default()).with_quick_slots(0);
     let b = a.allocate(&mut d, 100_000, 256, 0).unwrap();
     assert_eq!(a.page_bytes(), g);
     assert_eq!(a.mapped_pages(), 2);
@@ -341,8 +342,10 @@ fn workload() -> Vec<Op> {
     ops
 }
 
-/// Runs the workload; returns the number of driver calls it made.
-fn run_workload(d: &mut SimDevice, a: &mut Paged) -> u64 {
+/// Runs the workload; returns the number of driver calls it made and of allocations
+/// refused for lack of memory.
+fn run_workload(d: &mut SimDevice, a: &mut Paged) -> (u64, u64) {
+    let mut ooms = 0;
     let mut live: Vec<u64> = Vec::new();
     for op in workload() {
         let before_stats = a.stats();
@@ -373,6 +376,7 @@ fn run_workload(d: &mut SimDevice, a: &mut Paged) -> u64 {
                 assert_eq!(s.allocated_bytes, before_stats.allocated_bytes);
                 assert_eq!(s.requested_bytes, before_stats.requested_bytes);
                 assert_eq!(s.allocation_count, before_stats.allocation_count);
+                ooms += u64::from(e.is_oom());
                 if e.is_oom() || s.alloc_retries > before_stats.alloc_retries {
                     // Out of memory first gives the cache back (the Allocator contract).
                     assert!(s.reserved_bytes.current <= before_reserved, "{op:?}");
@@ -396,32 +400,34 @@ fn run_workload(d: &mut SimDevice, a: &mut Paged) -> u64 {
     }
     a.validate().unwrap();
     a.check_device(d).unwrap();
-    d.calls_made()
+    (d.calls_made(), ooms)
 }
 
 #[test]
 fn a_fault_at_any_driver_call_is_unwound_exactly() {
-    let capacity = 16 * G;
-    let mk = || {
-        (
-            SimDevice::new(capacity),
-            Paged::new(&Config {
+    for slots in [0, QUICK_SLOTS] {
+        let mk = || {
+            let d = SimDevice::new(16 * G);
+            let a = Paged::new(&Config {
                 page_cache_pages: 3,
                 ..Config::default()
             })
-            .with_va_chunk_bytes(6 * G),
-        )
-    };
-    let (mut d, mut a) = mk();
-    let total = run_workload(&mut d, &mut a);
-    assert!(total > 100, "the workload makes {total} calls");
-    assert_eq!(d.live_objects(), (0, 0, 0, 0));
-    for f in 0..total {
+            .with_va_chunk_bytes(6 * G)
+            .with_quick_slots(slots);
+            (d, a)
+        };
         let (mut d, mut a) = mk();
-        d.inject_fault_at(Some(f));
-        run_workload(&mut d, &mut a);
-        assert_eq!(d.live_objects(), (0, 0, 0, 0), "fault at call {f} leaked");
-        assert_eq!(d.used_bytes(), 0, "fault at call {f}");
+        let (total, ooms) = run_workload(&mut d, &mut a);
+        assert!(total > 100, "the workload makes {total} calls");
+        assert!(ooms > 0, "the workload runs out of memory");
+        assert_eq!(d.live_objects(), (0, 0, 0, 0));
+        for f in 0..total {
+            let (mut d, mut a) = mk();
+            d.inject_fault_at(Some(f));
+            run_workload(&mut d, &mut a);
+            assert_eq!(d.live_objects(), (0, 0, 0, 0), "fault at call {f} leaked");
+            assert_eq!(d.used_bytes(), 0, "fault at call {f}");
+        }
     }
 }
 
@@ -463,4 +469,38 @@ fn random_workload_keeps_every_invariant() {
     let s = a.stats();
     assert_eq!(s.requested_bytes.peak, peak_req);
     assert_eq!(s.reserved_bytes.peak, d.peak_used_bytes());
+}
+
+#[test]
+fn quick_list_reuses_same_size_blocks_without_driver_calls() {
+    let mut d = SimDevice::new(4 * G);
+    let mut a = Paged::new(&Config::default());
+    let x = a.allocate(&mut d, 2 * G - 1000, 256, 0).unwrap();
+    let before = d.counters().total();
+    for _ in 0..10 {
+        a.deallocate(&mut d, x.addr).unwrap();
+        check(&a, &d);
+        assert_eq!(a.stats().allocated_bytes.current, 0);
+        assert_eq!(a.mapped_pages(), 2, "held by the quick list");
+        assert_eq!(
+            a.deallocate(&mut d, x.addr),
+            Err(AllocError::UnknownBlock { addr: x.addr })
+        );
+        let y = a.allocate(&mut d, 2 * G - 1000, 256, 0).unwrap();
+        assert_eq!(y.addr, x.addr);
+        check(&a, &d);
+    }
+    assert_eq!(d.counters().total(), before, "no driver call");
+    // A request that needs pages first flushes the list: 3 pages fit in a 4-page device
+    // only because the two held pages are unmapped and reused.
+    a.deallocate(&mut d, x.addr).unwrap();
+    let z = a.allocate(&mut d, 3 * G, 256, 0).unwrap();
+    check(&a, &d);
+    assert_eq!(a.mapped_pages(), 3);
+    assert_eq!(a.stats().reserved_bytes.peak, 3 * G);
+    assert_eq!(d.counters().get(DriverCall::Create), 3);
+    a.deallocate(&mut d, z.addr).unwrap();
+    a.release_cached(&mut d).unwrap();
+    assert_eq!(d.live_objects(), (0, 0, 0, 0));
+    check(&a, &d);
 }

@@ -1,6 +1,6 @@
 //! The full invariant walk behind [`Allocator::validate`](crate::Allocator::validate) for
 //! [`Paged`]: reservations, the free-range map, the live blocks tiling the VA with it, each
-//! page's reference count against the live blocks, the placement tree, the cache bound and
+//! page's reference count against the live blocks (and those held in the quick list), the placement tree, the cache bound and
 //! the byte counters. O(reserved pages + blocks · log blocks).
 use super::{Paged, UNIT_BYTES};
 
@@ -32,6 +32,20 @@ pub(super) fn run(a: &Paged) -> Result<(), String> {
     // Free ranges and live blocks tile every reservation exactly.
     let mut spans: Vec<(u64, u64, bool)> = a.free.iter().map(|(&s, &l)| (s, l, true)).collect();
     spans.extend(a.live.iter().map(|(&s, b)| (s, b.bytes, false)));
+    spans.extend(a.quick.iter().map(|q| (q.addr, q.bytes, false)));
+    if a.quick.len() > a.quick_slots
+        || a.quick.iter().map(|q| q.bytes).sum::<u64>() != a.quick_bytes
+        || a.quick_bytes > a.cache_limit.saturating_mul(p)
+    {
+        return Err(format!(
+            "quick list: {} blocks of {} B (recorded {} B), bound {} blocks / {} pages",
+            a.quick.len(),
+            a.quick.iter().map(|q| q.bytes).sum::<u64>(),
+            a.quick_bytes,
+            a.quick_slots,
+            a.cache_limit
+        ));
+    }
     spans.sort_unstable();
     let mut idx = 0;
     for r in &a.reservations {
@@ -83,9 +97,11 @@ pub(super) fn run(a: &Paged) -> Result<(), String> {
     let mut handles = std::collections::HashSet::new();
     for r in &a.reservations {
         let mut refs = vec![0u32; r.pages.len()];
-        for (&s, b) in a.live.iter().filter(|(&s, _)| s >= r.va && s < r.end()) {
+        let held = a.live.iter().map(|(&s, b)| (s, b.bytes));
+        let held = held.chain(a.quick.iter().map(|q| (q.addr, q.bytes)));
+        for (s, bytes) in held.filter(|&(s, _)| s >= r.va && s < r.end()) {
             let p0 = ((s - r.va) / p) as usize;
-            let p1 = ((s + b.bytes - 1 - r.va) / p) as usize;
+            let p1 = ((s + bytes - 1 - r.va) / p) as usize;
             for x in refs.iter_mut().take(p1 + 1).skip(p0) {
                 *x += 1;
             }
@@ -143,7 +159,7 @@ pub(super) fn run(a: &Paged) -> Result<(), String> {
             return Err(format!("cached handle {} also in use", h.0));
         }
     }
-    if a.cache.len() as u64 > a.cache_limit && !a.cache_over_bound {
+    if a.cache.len() as u64 > a.cache_limit && !a.trim_pending {
         return Err(format!(
             "{} cached pages, bound {}",
             a.cache.len(),
