@@ -43,3 +43,9 @@ pub fn vmm(_a: VmmArgs) -> Result<()> {
 pub fn bench_alloc(_a: BenchAllocArgs) -> Result<()> {
     bail!("not implemented yet")
 }
+
+/// Opens CUDA device `ordinal` for `gpumem replay --device cuda:N` (capacity is ignored:
+/// the real device has its own). STUB until the CUDA backend lands.
+pub fn open_replay_device(ordinal: usize, _capacity: u64) -> Result<Box<dyn gpumem::core::Device>> {
+    bail!("CUDA device {ordinal}: the CUDA backend is not built yet; use --device sim")
+}
