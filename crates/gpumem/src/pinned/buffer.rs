@@ -49,7 +49,9 @@ impl PinnedBuffer {
     /// (`CUDA_ERROR_OUT_OF_MEMORY` when the OS refuses to pin that much).
     pub fn new_cuda(host: &CudaHost, len: usize, flags: HostAllocFlags) -> Result<Self> {
         if len == 0 {
-            return Err(PinnedError::InvalidArgument("a pinned buffer of 0 B".into()));
+            return Err(PinnedError::InvalidArgument(
+                "a pinned buffer of 0 B".into(),
+            ));
         }
         host.bind()?;
         // SAFETY: cuMemHostAlloc with a current context; the memory is zeroed below before any
@@ -92,7 +94,9 @@ impl PinnedBuffer {
     /// [`PinnedError::Os`] if `mmap` fails.
     pub fn new_locked(len: usize) -> Result<Self> {
         if len == 0 {
-            return Err(PinnedError::InvalidArgument("a pinned buffer of 0 B".into()));
+            return Err(PinnedError::InvalidArgument(
+                "a pinned buffer of 0 B".into(),
+            ));
         }
         let (ptr, map_len) = map_locked(len)?;
         Ok(Self {
@@ -439,6 +443,7 @@ pub(crate) fn register_chunks(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 
@@ -515,7 +520,10 @@ mod tests {
         assert_eq!(unregistered, registered);
         let msg = err.into_error("cuMemHostRegister", 10 * PAGE).to_string();
         assert!(msg.contains("chunk 3 (offset 24576 B, 8192 B)"), "{msg}");
-        assert!(msg.contains("CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED"), "{msg}");
+        assert!(
+            msg.contains("CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED"),
+            "{msg}"
+        );
     }
 
     #[test]

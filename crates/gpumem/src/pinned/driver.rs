@@ -216,6 +216,23 @@ impl Stream {
         unsafe { result::stream::synchronize(self.raw) }.map_err(cuda_err("cuStreamSynchronize"))
     }
 
+    /// Makes later work on this stream wait for `event`'s last record (`cuStreamWaitEvent`).
+    ///
+    /// # Errors
+    /// [`PinnedError::Cuda`].
+    pub fn wait_event(&self, event: &Event) -> Result<()> {
+        self.host.bind()?;
+        // SAFETY: both handles are live and belong to this context.
+        unsafe {
+            result::stream::wait_event(
+                self.raw,
+                event.raw,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        }
+        .map_err(cuda_err("cuStreamWaitEvent"))
+    }
+
     /// Queues a host-to-device copy (`cuMemcpyHtoDAsync`).
     ///
     /// # Safety
@@ -536,6 +553,7 @@ impl Drop for CopyKernel {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 
@@ -546,7 +564,10 @@ mod tests {
             Err(e) => {
                 let msg = e.to_string();
                 assert!(msg.starts_with("no CUDA driver found"), "{msg}");
-                assert!(matches!(CudaHost::new(0), Err(PinnedError::NoDriver { .. })));
+                assert!(matches!(
+                    CudaHost::new(0),
+                    Err(PinnedError::NoDriver { .. })
+                ));
             }
         }
     }
@@ -563,6 +584,9 @@ mod tests {
     #[test]
     fn ptx_declares_the_kernel() {
         assert!(COPY16_PTX.contains(".visible .entry copy16("));
-        assert_eq!(COPY16_PTX.matches('{').count(), COPY16_PTX.matches('}').count());
+        assert_eq!(
+            COPY16_PTX.matches('{').count(),
+            COPY16_PTX.matches('}').count()
+        );
     }
 }

@@ -136,6 +136,7 @@ pub(crate) unsafe fn unmap_locked(ptr: std::ptr::NonNull<u8>, map_len: usize) {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 

@@ -35,6 +35,7 @@ pub mod transfer;
 pub use buffer::{HostRegistration, PinnedBuffer, DEFAULT_REGISTER_CHUNK_BYTES};
 pub use driver::{cuda_available, CudaHost, DeviceBuffer, Event, Stream};
 pub use locked::{memlock_limit, MemlockLimit};
+pub use pool::PinnedSource;
 pub use pool::{Fence, PinnedPool, PinnedPoolConfig, PinnedStats, PooledBuffer};
 pub use staging::{CopyKind, CopyPool, StagingConfig, StagingDma, StagingRing};
 

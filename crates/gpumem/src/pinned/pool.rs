@@ -505,6 +505,7 @@ impl Drop for PooledBuffer {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -563,7 +564,7 @@ mod tests {
             Err(e) => return assert!(lockable(&e), "{e}"),
         };
         drop(a); // 40 KiB cached
-        // 32 KiB does not fit beside the cached 40 KiB: the cache is released first.
+                 // 32 KiB does not fit beside the cached 40 KiB: the cache is released first.
         let b = p.alloc(32 << 10).unwrap();
         let s = p.stats();
         assert_eq!(s.released_blocks, 1);

@@ -71,6 +71,7 @@ pub fn index_bytes(index: u32) -> Option<u64> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
@@ -98,7 +99,11 @@ mod tests {
         let mut b = PAGE_BYTES;
         while b <= 64 << 20 {
             assert_eq!(class_index(b), Some(expected_index), "bytes {b}");
-            assert_eq!(index_bytes(expected_index), Some(b), "index {expected_index}");
+            assert_eq!(
+                index_bytes(expected_index),
+                Some(b),
+                "index {expected_index}"
+            );
             expected_index += 1;
             b = class_bytes(b + 1).unwrap();
         }

@@ -114,12 +114,7 @@ impl CopyPool {
                         // SAFETY: `CopyPool::copy` keeps both ranges borrowed and disjoint
                         // until every worker has answered on `done`.
                         unsafe {
-                            copy_bytes(
-                                job.dst as *mut u8,
-                                job.src as *const u8,
-                                job.len,
-                                job.kind,
-                            )
+                            copy_bytes(job.dst as *mut u8, job.src as *const u8, job.len, job.kind)
                         };
                         if done_tx.send(()).is_err() {
                             break;
@@ -559,6 +554,7 @@ impl StagingDma for CudaDma<'_> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 

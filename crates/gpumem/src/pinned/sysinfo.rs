@@ -54,10 +54,10 @@ pub fn default_pinned_cap_bytes() -> u64 {
     ram / 2
 }
 
-/// NUMA node of the page that holds `addr` (which must be touched), by
+/// NUMA node of the page that holds address `addr` (which must be touched), by
 /// `get_mempolicy(MPOL_F_NODE | MPOL_F_ADDR)`; `None` where the kernel does not say
 /// (no NUMA, a container that forbids the call).
-pub fn numa_node_of_address(addr: *const u8) -> Option<i32> {
+pub fn numa_node_of_address(addr: usize) -> Option<i32> {
     const MPOL_F_NODE: libc::c_ulong = 1;
     const MPOL_F_ADDR: libc::c_ulong = 2;
     let mut node: libc::c_int = -1;
@@ -69,7 +69,7 @@ pub fn numa_node_of_address(addr: *const u8) -> Option<i32> {
             &mut node as *mut libc::c_int,
             std::ptr::null_mut::<libc::c_ulong>(),
             0 as libc::c_ulong,
-            addr,
+            addr as *const libc::c_void,
             MPOL_F_NODE | MPOL_F_ADDR,
         )
     };
@@ -103,6 +103,7 @@ pub fn numa_node_count() -> usize {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 
@@ -137,7 +138,7 @@ mod tests {
     fn numa_node_of_a_touched_page() {
         let v = vec![1u8; 1 << 16];
         // Either the kernel answers with a node that exists, or (no NUMA support) nothing.
-        if let Some(n) = numa_node_of_address(v.as_ptr()) {
+        if let Some(n) = numa_node_of_address(v.as_ptr() as usize) {
             assert!((n as usize) < numa_node_count().max(64));
         }
         assert_eq!(numa_node_of_pci("ffff:ff:ff.7"), None);
