@@ -619,10 +619,15 @@ mod tests {
 
     #[test]
     fn concurrent_users_keep_the_books_straight() {
-        let p = pool(4 << 20);
-        if let Err(e) = p.alloc(4096) {
-            return assert!(lockable(&e), "{e}");
+        // Needs up to ≈2.2 MiB locked; unit tests run side by side under one RLIMIT_MEMLOCK.
+        let budget = match super::super::memlock_limit().unwrap() {
+            super::super::MemlockLimit::Unlimited => 4 << 20,
+            super::super::MemlockLimit::Bytes(b) => (b / 2).min(4 << 20),
+        };
+        if budget < 3 << 20 {
+            return; // too little lockable memory here; the other tests cover the error
         }
+        let p = pool(budget);
         let threads: Vec<_> = (0..4)
             .map(|t| {
                 let p = p.clone();
@@ -640,12 +645,12 @@ mod tests {
             t.join().unwrap();
         }
         let s = p.stats();
-        assert_eq!(s.alloc_calls, 801);
-        assert_eq!(s.free_calls, 801);
+        assert_eq!(s.alloc_calls, 800);
+        assert_eq!(s.free_calls, 800);
         assert_eq!(s.allocation_count.current, 0);
         assert!(s.allocation_count.peak <= 4);
-        assert_eq!(s.cache_hits + s.cache_misses, 801);
-        assert!(s.cache_misses <= 16 * 4 + 1, "misses {}", s.cache_misses);
+        assert_eq!(s.cache_hits + s.cache_misses, 800);
+        assert!(s.cache_misses <= 16 * 4, "misses {}", s.cache_misses);
         p.validate().unwrap();
     }
 
