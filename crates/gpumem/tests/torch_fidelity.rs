@@ -257,7 +257,6 @@ fn rel_err(mine: u64, torch: u64) -> f64 {
 }
 
 #[test]
-#[ignore = "needs gpumem::trace::read_path (branch readers); remove once merged"]
 fn recorded_addresses_reproduce_pytorch_exactly() {
     for name in TRACES {
         let (trace, stats) = load(name);
@@ -299,7 +298,6 @@ fn recorded_addresses_reproduce_pytorch_exactly() {
 }
 
 #[test]
-#[ignore = "needs gpumem::trace::read_path (branch readers); remove once merged"]
 fn top_down_sim_device_within_one_percent() {
     for name in TRACES {
         let (trace, stats) = load(name);
@@ -344,7 +342,6 @@ fn top_down_sim_device_within_one_percent() {
 /// equal 20 MiB segments) reserves about 5 % more. The bound here is therefore 10 %, and the
 /// figures are printed.
 #[test]
-#[ignore = "needs gpumem::trace::read_path (branch readers); remove once merged"]
 fn plain_sim_device() {
     for name in TRACES {
         let (trace, stats) = load(name);
