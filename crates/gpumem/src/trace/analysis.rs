@@ -13,7 +13,7 @@ use super::SnapshotSegment;
 use std::fmt;
 
 /// The state of one segment.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct SegmentState {
     /// Device ordinal.
     pub device: u32,
@@ -46,7 +46,7 @@ pub struct SegmentState {
 }
 
 /// Totals over all segments.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct StateTotals {
     /// Number of segments.
     pub segments: usize,
@@ -73,7 +73,7 @@ pub struct StateTotals {
 }
 
 /// The state of all recorded segments.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct StateAnalysis {
     /// One entry per segment, in the snapshot's order.
     pub segments: Vec<SegmentState>,
