@@ -166,6 +166,10 @@ struct Vm<'a> {
     containers: Vec<Container>,
     pool: Vec<Vec<Value>>,
     entries: Vec<Entry>,
+    /// Work list of [`Vm::recycle`], kept to avoid an allocation per entry.
+    todo: Vec<(u32, usize)>,
+    /// Items being appended by [`Vm::appends`], kept to avoid an allocation per batch.
+    scratch: Vec<Value>,
 }
 
 type VmResult<T> = Result<T, VmError>;
@@ -183,6 +187,8 @@ impl<'a> Vm<'a> {
             containers: Vec::with_capacity(data.len() / 64),
             pool: Vec::new(),
             entries: Vec::with_capacity(data.len() / 48),
+            todo: Vec::new(),
+            scratch: Vec::new(),
         }
     }
 
@@ -313,7 +319,8 @@ impl<'a> Vm<'a> {
         }
         let idx = self.new_container(kind, offset)?;
         let mut items = std::mem::take(&mut self.containers[idx as usize].items);
-        items.extend(self.stack.drain(mark..));
+        items.extend_from_slice(&self.stack[mark..]);
+        self.stack.truncate(mark);
         if kind == Kind::List {
             self.convert_entries(&items);
         }
@@ -330,7 +337,8 @@ impl<'a> Vm<'a> {
         let idx = self.new_container(Kind::Tuple, offset)?;
         let at = self.stack.len() - n;
         let c = &mut self.containers[idx as usize];
-        c.items.extend(self.stack.drain(at..));
+        c.items.extend_from_slice(&self.stack[at..]);
+        self.stack.truncate(at);
         self.stack.push(Value::Obj(idx));
         Ok(())
     }
@@ -357,15 +365,22 @@ impl<'a> Vm<'a> {
         }
         let target = self.target(mark, offset, "SETITEMS", &[Kind::Dict])?;
         let c = &mut self.containers[target as usize];
-        c.items.extend(self.stack.drain(mark..));
+        c.items.extend_from_slice(&self.stack[mark..]);
+        self.stack.truncate(mark);
         Ok(())
     }
 
     fn appends(&mut self, mark: usize, offset: usize, op: &str) -> VmResult<()> {
         let target = self.target(mark, offset, op, &[Kind::List, Kind::Set])?;
-        let items: Vec<Value> = self.stack.drain(mark..).collect();
+        let mut items = std::mem::take(&mut self.scratch);
+        items.clear();
+        items.extend_from_slice(&self.stack[mark..]);
+        self.stack.truncate(mark);
         self.convert_entries(&items);
-        self.containers[target as usize].items.extend(items);
+        self.containers[target as usize]
+            .items
+            .extend_from_slice(&items);
+        self.scratch = items;
         Ok(())
     }
 
@@ -394,7 +409,8 @@ impl<'a> Vm<'a> {
     /// Recycles the storage of converted entry `idx` and of the containers created after it
     /// that it holds (its `frames`, ...).
     fn recycle(&mut self, idx: u32, entry_idx: u32) {
-        let mut todo = vec![(idx, 0usize)];
+        let mut todo = std::mem::take(&mut self.todo);
+        todo.push((idx, 0usize));
         while let Some((i, depth)) = todo.pop() {
             let c = &mut self.containers[i as usize];
             c.state = if i == idx { entry_idx } else { DROPPED };
@@ -413,6 +429,7 @@ impl<'a> Vm<'a> {
                 self.pool.push(items);
             }
         }
+        self.todo = todo;
     }
 
     fn to_entry(&self, items: &[Value]) -> Entry {
@@ -715,7 +732,8 @@ impl<'a> Vm<'a> {
                     let at = self.stack.len() - 2;
                     let target = self.target(at, offset, "SETITEM", &[Kind::Dict])?;
                     let c = &mut self.containers[target as usize];
-                    c.items.extend(self.stack.drain(at..));
+                    c.items.extend_from_slice(&self.stack[at..]);
+                    self.stack.truncate(at);
                 }
                 b'e' => {
                     let mark = self.pop_mark(offset, "APPENDS")?;
@@ -1237,7 +1255,6 @@ fn build_trace(
     for (d, i) in order {
         let global = first[d as usize] + i as u64;
         let v = devices[d as usize][i];
-        let at = format!("event {global} (device {d} trace entry {i})");
         let result = match vm.entry_of(v).map(|e| &vm.entries[e]) {
             Some(Entry::Skip) => continue,
             Some(Entry::Event(ev)) => {
@@ -1252,6 +1269,7 @@ fn build_trace(
             )),
         };
         if let Err(e) = result {
+            let at = format!("event {global} (device {d} trace entry {i})");
             if options.lenient {
                 trace.skip(format!("{at}: {e}"));
             } else {
@@ -1260,19 +1278,27 @@ fn build_trace(
         }
     }
     // Blocks allocated at dump time at addresses no event touches: live all along.
+    // (Only the active blocks are looked up, so this costs a map of those, not of all events.)
+    let mut active: AddrMap<bool> = AddrMap::default();
     if !trace.events.is_empty() {
-        let mut touched: AddrMap<()> = AddrMap::default();
+        for s in &trace.segments {
+            for b in s.blocks.iter().filter(|b| b.state.starts_with("active")) {
+                active.insert((s.device, b.address), false);
+            }
+        }
+    }
+    if !active.is_empty() {
         for e in &trace.events {
             if matches!(e.action, Action::Alloc | Action::Free) {
-                touched.insert((e.device, e.addr), ());
+                if let Some(touched) = active.get_mut(&(e.device, e.addr)) {
+                    *touched = true;
+                }
             }
         }
         for s in &trace.segments {
             for b in &s.blocks {
-                if b.state.starts_with("active")
-                    && !touched.contains_key(&(s.device, b.address))
-                    && !live.is_live(s.device, b.address)
-                {
+                let key = (s.device, b.address);
+                if active.get(&key) == Some(&false) && !live.is_live(s.device, b.address) {
                     trace.preexisting.push(PreexistingBlock {
                         addr: b.address,
                         size_bytes: if b.requested_bytes > 0 {
