@@ -73,6 +73,24 @@ impl Liveness {
         size_hint: impl Fn(u32, u64) -> u64,
     ) -> Result<(), String> {
         let index = trace.events.len() as u64;
+        self.check(&mut event, index, &mut trace.preexisting, size_hint)?;
+        trace.events.push(event);
+        Ok(())
+    }
+
+    /// Checks `event`, to be appended at `index` of the events, against the live set and
+    /// records its effect (a free of a live block gets the block's size when it had none; a
+    /// pre-existing block goes to `preexisting`).
+    ///
+    /// # Errors
+    /// What is wrong with the event; the live set is unchanged.
+    pub(crate) fn check(
+        &mut self,
+        event: &mut Event,
+        index: u64,
+        preexisting: &mut Vec<PreexistingBlock>,
+        size_hint: impl Fn(u32, u64) -> u64,
+    ) -> Result<(), String> {
         let key = (event.device, event.addr);
         match event.action {
             Action::Alloc => {
@@ -101,7 +119,7 @@ impl Liveness {
                         if let Some(b) = self
                             .declared
                             .remove(&key)
-                            .and_then(|i| trace.preexisting.get_mut(i))
+                            .and_then(|i| preexisting.get_mut(i))
                         {
                             b.freed_at_event = Some(index);
                         }
@@ -119,7 +137,7 @@ impl Liveness {
                         if event.size_bytes == 0 {
                             event.size_bytes = size_hint(event.device, event.addr);
                         }
-                        trace.preexisting.push(PreexistingBlock {
+                        preexisting.push(PreexistingBlock {
                             addr: event.addr,
                             size_bytes: event.size_bytes,
                             device: event.device,
@@ -130,7 +148,6 @@ impl Liveness {
             },
             _ => {}
         }
-        trace.events.push(event);
         Ok(())
     }
 
