@@ -22,7 +22,8 @@
 //! actions become the informational variants. A free of an address the trace never allocated
 //! is a block that existed before recording started: it goes to [`Trace::preexisting`]. Blocks
 //! the segments show allocated at dump time at addresses no event touches are pre-existing too,
-//! live through the whole recording (`freed_at_event: None`). A root that is a list (very old
+//! live through the whole recording (`freed_at_event: None`). Several devices: their events are
+//! interleaved by `time_us` when every entry has one, else listed device by device. A root that is a list (very old
 //! PyTorch dumped only the segments) is read as segments without a trace.
 use super::live::{AddrMap, Liveness, UnknownFree};
 use super::{
@@ -71,6 +72,8 @@ struct Container {
     items: Vec<Value>,
     /// Serial number of the container in this slot (0: the slot is free).
     serial: u32,
+    /// Items already scanned for an `action` key (none was found).
+    scanned: usize,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -145,6 +148,8 @@ fn refused_name(op: u8) -> Option<&'static str> {
 /// Largest gap allowed between the memo's length and a `PUT` index (a hostile index must not
 /// make the VM allocate gigabytes).
 const MAX_MEMO_GAP: usize = 1 << 20;
+/// Most keys a segment or block dict may have (PyTorch writes about a dozen).
+const MAX_RECORD_KEYS: usize = 1024;
 /// Nesting depth beyond which the converter stops following containers.
 const MAX_DEPTH: usize = 64;
 
@@ -314,6 +319,7 @@ impl<'a> Vm<'a> {
             kind,
             items,
             serial: self.serial,
+            scanned: 0,
         };
         let idx = match self.free_slots.pop() {
             Some(i) => {
@@ -433,10 +439,15 @@ impl<'a> Vm<'a> {
             if c.kind != Kind::Dict {
                 continue;
             }
-            let is_entry = c.items.chunks_exact(2).any(|kv| {
+            // Only the items added since the last look are scanned, so that appending one big
+            // dict many times (through the memo) stays linear.
+            let from = c.scanned.min(c.items.len()) & !1;
+            let is_entry = c.items[from..].chunks_exact(2).any(|kv| {
                 matches!(kv[0], Value::Str(s) if self.strs[s as usize].known == Known::KeyAction)
             });
             if !is_entry {
+                let len = c.items.len();
+                self.containers[idx as usize].scanned = len;
                 continue;
             }
             let entry = self.to_entry(&c.items);
@@ -524,14 +535,8 @@ impl<'a> Vm<'a> {
             None => return Err("no 'action'".into()),
         };
         let needs_addr = !matches!(action, Action::Oom | Action::Snapshot);
-        let addr = match self.field_u64(addr, "addr", needs_addr) {
-            Ok(a) => a,
-            Err(e) => return Err(e),
-        };
-        let size_bytes = match self.field_u64(size, "size", needs_addr) {
-            Ok(s) => s,
-            Err(e) => return Err(e),
-        };
+        let addr = self.field_u64(addr, "addr", needs_addr)?;
+        let size_bytes = self.field_u64(size, "size", needs_addr)?;
         let stream = match stream {
             None | Some(Value::None) => 0,
             Some(Value::Int(i)) => i as u64, // a cudaStream_t stored as a signed int64
@@ -1000,10 +1005,23 @@ impl<'a> Vm<'a> {
         }
     }
 
+    /// Refuses dicts far larger than a segment or block dict (a dozen keys), so that a list
+    /// repeating one huge dict cannot make the key look-ups quadratic.
+    fn small_dict(&self, d: u32, what: &str) -> Result<u32, String> {
+        let n = self.containers[d as usize].items.len() / 2;
+        if n > MAX_RECORD_KEYS {
+            return Err(format!(
+                "{what} dict has {n} keys, expected at most {MAX_RECORD_KEYS}"
+            ));
+        }
+        Ok(d)
+    }
+
     fn segment(&self, v: Value) -> Result<SnapshotSegment, String> {
         let d = self
             .as_dict(v)
             .ok_or_else(|| format!("{}, expected a segment dict", self.describe(v)))?;
+        let d = self.small_dict(d, "segment")?;
         let address = self.get_u64(d, "address", None)?;
         let device = self.get_u64(d, "device", Some(0))?;
         let device = u32::try_from(device).map_err(|_| format!("'device' {device} too large"))?;
@@ -1039,6 +1057,7 @@ impl<'a> Vm<'a> {
                 let bd = self
                     .as_dict(b)
                     .ok_or_else(|| format!("block {j} is {}, expected a dict", self.describe(b)))?;
+                let bd = self.small_dict(bd, &format!("block {j}"))?;
                 let block = |e: String| format!("block {j}: {e}");
                 let size_bytes = self.get_u64(bd, "size", None).map_err(block)?;
                 let state = self.get_str(bd, "state").map_err(block)?;
@@ -1159,7 +1178,7 @@ pub fn read_snapshot(name: &str, data: &[u8], options: ReadOptions) -> Result<Tr
         Err(VmError::Truncated { offset, what }) => {
             return Err(malformed(
                 name,
-                vm.converted as u64,
+                vm.converted,
                 format!(
                     "pickle truncated at byte offset {offset} of {} ({what}), after {} trace \
                      entries",
@@ -1171,7 +1190,7 @@ pub fn read_snapshot(name: &str, data: &[u8], options: ReadOptions) -> Result<Tr
         Err(VmError::Malformed { offset, what }) => {
             return Err(malformed(
                 name,
-                vm.converted as u64,
+                vm.converted,
                 format!(
                     "corrupt pickle at byte offset {offset}: {what} (after {} trace entries)",
                     vm.converted
@@ -1452,5 +1471,33 @@ mod tests {
         assert_eq!(t.events[0].action, Action::Alloc);
         assert_eq!((t.events[0].addr, t.events[0].size_bytes), (512, 8));
         assert_eq!(t.events[0].time_us, None);
+    }
+
+    #[test]
+    fn one_huge_dict_repeated_stays_linear() {
+        // [d, d, d, ...] where d has 20,000 integer keys: appending it 20,000 times through the
+        // memo must not rescan it, and the segment reader refuses it instead of scanning it.
+        let n = 20_000u32;
+        let mut p = b"\x80\x04]}\x94(".to_vec();
+        for k in 0..n {
+            p.push(b'J');
+            p.extend_from_slice(&k.to_le_bytes());
+            p.extend_from_slice(b"K\x01");
+        }
+        p.extend_from_slice(b"ua");
+        for _ in 0..n {
+            p.extend_from_slice(b"h\x00a");
+        }
+        p.push(b'.');
+        let start = std::time::Instant::now();
+        let e = read(&p).unwrap_err();
+        assert!(e.to_string().contains("segment dict has 20000 keys"), "{e}");
+        let t = read_snapshot("t", &p, ReadOptions { lenient: true }).unwrap();
+        assert_eq!(t.skipped_count, u64::from(n) + 1);
+        assert!(
+            start.elapsed().as_secs() < 20,
+            "quadratic: {:?}",
+            start.elapsed()
+        );
     }
 }
