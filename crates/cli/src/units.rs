@@ -14,21 +14,22 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
             "`{s}`: expected a size such as 8GiB, 256MiB, 1.5GB or 4096"
         ));
     }
-    let mult: u64 =
-        match unit.trim().to_ascii_lowercase().as_str() {
-            "" | "b" => 1,
-            "kb" => 1_000,
-            "mb" => 1_000_000,
-            "gb" => 1_000_000_000,
-            "tb" => 1_000_000_000_000,
-            "k" | "kib" => 1 << 10,
-            "m" | "mib" => 1 << 20,
-            "g" | "gib" => 1 << 30,
-            "t" | "tib" => 1 << 40,
-            other => return Err(format!(
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        other => {
+            return Err(format!(
                 "`{s}`: unknown unit `{other}` (expected B, KB, MB, GB, TB, KiB, MiB, GiB or TiB)"
-            )),
-        };
+            ))
+        }
+    };
     if let Ok(n) = num.parse::<u64>() {
         return n
             .checked_mul(mult)

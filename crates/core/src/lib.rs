@@ -25,6 +25,7 @@ pub mod paged;
 pub mod registry;
 pub mod segmented;
 pub mod sim;
+pub mod size_class;
 pub mod stats;
 pub mod tlsf;
 pub mod torch;
