@@ -538,6 +538,7 @@ mod tests {
             addr: 99,
             size_bytes: 10,
             device: 0,
+            freed_at_event: Some(4),
         });
         t.events = vec![
             ev(Action::Alloc, 1, 100),

@@ -10,10 +10,11 @@
 //! one block, near 1 when they are scattered in small pieces. The totals use the largest free
 //! block of all segments over all free bytes.
 use super::SnapshotSegment;
+use serde::Serialize;
 use std::fmt;
 
 /// The state of one segment.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SegmentState {
     /// Device ordinal.
     pub device: u32,
@@ -46,7 +47,7 @@ pub struct SegmentState {
 }
 
 /// Totals over all segments.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct StateTotals {
     /// Number of segments.
     pub segments: usize,
@@ -72,8 +73,8 @@ pub struct StateTotals {
     pub inactive_split_bytes: u64,
 }
 
-/// The state of all recorded segments.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// The state of all recorded segments (serialises to JSON with serde).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct StateAnalysis {
     /// One entry per segment, in the snapshot's order.
     pub segments: Vec<SegmentState>,
