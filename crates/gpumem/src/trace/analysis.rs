@@ -122,29 +122,31 @@ pub fn analyze(segments: &[SnapshotSegment]) -> StateAnalysis {
         let split = s.blocks.len() > 1;
         for b in &s.blocks {
             if b.state.starts_with("active") {
-                st.allocated_bytes += b.size_bytes;
-                st.requested_bytes += b.requested_bytes;
+                st.allocated_bytes = st.allocated_bytes.saturating_add(b.size_bytes);
+                st.requested_bytes = st.requested_bytes.saturating_add(b.requested_bytes);
                 st.active_blocks += 1;
             } else {
-                st.free_bytes += b.size_bytes;
+                st.free_bytes = st.free_bytes.saturating_add(b.size_bytes);
                 st.largest_free_bytes = st.largest_free_bytes.max(b.size_bytes);
                 if split {
                     st.inactive_split_blocks += 1;
-                    st.inactive_split_bytes += b.size_bytes;
+                    st.inactive_split_bytes = st.inactive_split_bytes.saturating_add(b.size_bytes);
                 }
             }
         }
         st.external_fragmentation = fragmentation(st.largest_free_bytes, st.free_bytes);
         t.segments += 1;
-        t.reserved_bytes += st.size_bytes;
-        t.allocated_bytes += st.allocated_bytes;
-        t.requested_bytes += st.requested_bytes;
-        t.free_bytes += st.free_bytes;
+        t.reserved_bytes = t.reserved_bytes.saturating_add(st.size_bytes);
+        t.allocated_bytes = t.allocated_bytes.saturating_add(st.allocated_bytes);
+        t.requested_bytes = t.requested_bytes.saturating_add(st.requested_bytes);
+        t.free_bytes = t.free_bytes.saturating_add(st.free_bytes);
         t.largest_free_bytes = t.largest_free_bytes.max(st.largest_free_bytes);
         t.blocks += st.blocks;
         t.active_blocks += st.active_blocks;
         t.inactive_split_blocks += st.inactive_split_blocks;
-        t.inactive_split_bytes += st.inactive_split_bytes;
+        t.inactive_split_bytes = t
+            .inactive_split_bytes
+            .saturating_add(st.inactive_split_bytes);
         out.segments.push(st);
     }
     out.totals.external_fragmentation =

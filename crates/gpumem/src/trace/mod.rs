@@ -195,7 +195,10 @@ impl Trace {
                 .iter()
                 .filter(|b| b.freed_at_event.is_some())
                 .count();
-            let bytes: u64 = self.preexisting.iter().map(|b| b.size_bytes).sum();
+            let bytes = self
+                .preexisting
+                .iter()
+                .fold(0u64, |a, b| a.saturating_add(b.size_bytes));
             s.push_str(&format!(
                 "; {} blocks ({bytes} bytes) allocated before recording started: {freed} freed \
                  in the trace, {} live throughout",

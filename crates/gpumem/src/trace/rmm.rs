@@ -73,7 +73,11 @@ fn parse_time(s: &str) -> Result<i64, String> {
     let h: i64 = h.parse().map_err(|_| bad())?;
     let m: i64 = m.parse().map_err(|_| bad())?;
     let sec_us = sec_us.ok_or_else(bad)?;
-    Ok((h * 60 + m) * 60 * 1_000_000 + sec_us)
+    h.checked_mul(60)
+        .and_then(|x| x.checked_add(m))
+        .and_then(|x| x.checked_mul(60_000_000))
+        .and_then(|x| x.checked_add(sec_us))
+        .ok_or_else(bad)
 }
 
 /// Reads an RMM `logging_resource_adaptor` CSV log.
@@ -230,5 +234,7 @@ mod tests {
         assert!(parse_time("ab:cd").is_err());
         assert!(parse_time("1:2:3:4:5").is_err());
         assert!(parse_time("1.5x").is_err());
+        assert!(parse_time("9223372036854775807:00:00").is_err());
+        assert!(parse_time("9223372036854775807").is_err());
     }
 }
