@@ -113,10 +113,12 @@ impl Tlsf {
         t
     }
 
+    #[inline]
     fn n(&self, i: NodeIndex) -> &Node {
         &self.nodes[idx_to_pos(i)]
     }
 
+    #[inline]
     fn n_mut(&mut self, i: NodeIndex) -> &mut Node {
         &mut self.nodes[idx_to_pos(i)]
     }
@@ -157,6 +159,7 @@ impl Tlsf {
         self.spare_count += 1;
     }
 
+    #[inline]
     fn insert_free(&mut self, i: NodeIndex) {
         let size = self.n(i).size;
         let bin = bin_floor(size);
@@ -177,6 +180,7 @@ impl Tlsf {
         self.free_bytes += size;
     }
 
+    #[inline]
     fn remove_free(&mut self, i: NodeIndex) {
         let (size, prev, next) = {
             let n = self.n(i);
