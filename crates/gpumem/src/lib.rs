@@ -10,6 +10,7 @@
 
 pub mod cuda;
 pub mod pinned;
+pub mod plot;
 pub mod replay;
 pub mod trace;
 
