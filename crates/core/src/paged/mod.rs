@@ -183,6 +183,32 @@ struct Taken {
 }
 
 /// The page-mapped allocator (see the module documentation).
+///
+/// ```
+/// use gpumem_core::paged::{PageState, Paged};
+/// use gpumem_core::registry::Config;
+/// use gpumem_core::sim::SimDevice;
+/// use gpumem_core::{Allocator, Device};
+///
+/// let mut dev = SimDevice::new(1 << 30); // 1 GiB, 2 MiB pages
+/// let mut pool = Paged::new(&Config::default());
+/// let small = pool.allocate(&mut dev, 1 << 20, 256, 0)?; // 1 MiB: maps one page
+/// let big = pool.allocate(&mut dev, 5 << 20, 256, 0)?; // 5 MiB: shares that page, maps 2
+/// assert_eq!(big.addr, small.addr + (1 << 20));
+/// assert_eq!(pool.stats().reserved_bytes.current, 6 << 20);
+/// let mapped = pool
+///     .page_table()
+///     .iter()
+///     .filter(|row| matches!(row.state, PageState::Mapped { .. }))
+///     .count();
+/// assert_eq!(mapped, 3);
+/// pool.deallocate(&mut dev, big.addr)?;
+/// pool.deallocate(&mut dev, small.addr)?;
+/// pool.release_cached(&mut dev)?;
+/// assert_eq!(dev.used_bytes(), 0);
+/// pool.validate()?;
+/// # Ok::<(), gpumem_core::AllocError>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct Paged {
     cache_limit: u64,
@@ -342,7 +368,6 @@ impl Paged {
 
     /// Recomputes the two tree leaves of page `page` of reservation `ri` from the free map.
     fn refresh_page(&mut self, ri: usize, page: usize) {
-        let p = self.page_bytes;
         let Some(r) = self.reservations.get(ri) else {
             return;
         };
@@ -352,7 +377,6 @@ impl Paged {
         let (tail, head) = self.leaf_values(r, page);
         let to_units = |b: u64| u32::try_from(b / UNIT_BYTES).unwrap_or(u32::MAX);
         let (tail, head) = (to_units(tail), to_units(head));
-        let _ = p;
         if let Some(r) = self.reservations.get_mut(ri) {
             r.tree.set(2 * page, tail);
             r.tree.set(2 * page + 1, head);
@@ -756,7 +780,7 @@ impl Paged {
             }
             slot.refs += 1;
         }
-        self.idle_pages -= woke;
+        self.idle_pages = self.idle_pages.saturating_sub(woke);
         self.live.insert(pl.addr, LiveBlock { bytes, requested });
         self.tracker.on_alloc(requested, bytes);
     }
@@ -780,7 +804,7 @@ impl Paged {
             .rposition(|q| q.bytes == bytes && q.addr % align == 0)
         {
             let q = self.quick.remove(i);
-            self.quick_bytes -= q.bytes;
+            self.quick_bytes = self.quick_bytes.saturating_sub(q.bytes);
             self.live.insert(q.addr, LiveBlock { bytes, requested });
             self.tracker.on_alloc(requested, bytes);
             return Ok(block(q.addr));
@@ -897,7 +921,7 @@ impl Paged {
                 }
             }
         }
-        self.mapped_pages -= freed_handles.len() as u64;
+        self.mapped_pages = self.mapped_pages.saturating_sub(freed_handles.len() as u64);
         for h in freed_handles {
             self.return_handle(h);
         }
@@ -932,7 +956,7 @@ impl Paged {
         let list = std::mem::take(&mut self.quick);
         for q in list {
             if self.free_span(dev, q.addr, q.bytes).is_ok() {
-                self.quick_bytes -= q.bytes;
+                self.quick_bytes = self.quick_bytes.saturating_sub(q.bytes);
             } else {
                 self.quick.push(q);
             }
@@ -981,8 +1005,8 @@ impl Paged {
                 }
                 dev.unmap(base + page as u64 * p, p)?;
                 self.reservations[ri].pages[page] = None;
-                self.mapped_pages -= 1;
-                self.idle_pages -= 1;
+                self.mapped_pages = self.mapped_pages.saturating_sub(1);
+                self.idle_pages = self.idle_pages.saturating_sub(1);
                 self.cache.push(pg.handle);
             }
         }
@@ -1041,7 +1065,7 @@ impl Allocator for Paged {
                     break;
                 }
                 self.quick.remove(0);
-                self.quick_bytes -= old.bytes;
+                self.quick_bytes = self.quick_bytes.saturating_sub(old.bytes);
             }
             if self.quick.len() < self.quick_slots && self.quick_bytes + blk.bytes <= limit {
                 self.live.remove(&addr);
@@ -1066,7 +1090,7 @@ impl Allocator for Paged {
         while let Some(&q) = self.quick.first() {
             self.free_span(dev, q.addr, q.bytes)?;
             self.quick.remove(0);
-            self.quick_bytes -= q.bytes;
+            self.quick_bytes = self.quick_bytes.saturating_sub(q.bytes);
         }
         self.drop_idle_pages(dev)?;
         let mut released = 0;
