@@ -19,10 +19,19 @@
 //!   flush against its start or its end, and the lowest (pages, address) wins; this O(free
 //!   ranges) scan only runs when at least one cuMemMap follows (≥ 25 µs on an H200), or when
 //!   alignment above 256 bytes defeats the fast path.
-//! - **Page cache.** Handles of unmapped pages are kept (unmapped) up to
-//!   [`Config::page_cache_pages`] and remapped before any cuMemCreate. No further bound by a
-//!   fraction of usage is needed for the peak: cuMemCreate runs only when the cache is empty,
-//!   so the peak of `reserved_bytes` (mapped + cached) equals the peak of mapped bytes.
+//! - **Page cache.** Pages no block touches any more stay mapped where they are ("idle",
+//!   reused in place without a driver call), and handles of unmapped pages are kept; idle
+//!   pages and cached handles together stay within [`Config::page_cache_pages`] (beyond it a
+//!   freed run is unmapped with one call and the excess handles released). A new page takes
+//!   a cached handle first, then idle pages elsewhere (unmapped in runs, one call per run),
+//!   and only then cuMemCreate. No further bound by a fraction of usage is needed for the
+//!   peak: cuMemCreate runs only when nothing is cached or idle, so the peak of
+//!   `reserved_bytes` (mapped + cached) equals the peak of pages under live blocks.
+//! - **Quick reuse.** Up to [`QUICK_SLOTS`] freed blocks (at most
+//!   `page_cache_pages × page` bytes in all) are kept whole and handed out again to a request
+//!   of the same rounded size and a compatible alignment: the O(1) hit path (≈ 30 ns per
+//!   allocate + free pair). They are given back to the free map before any page is mapped,
+//!   so they never raise the peak either.
 //! - **Batching.** All pages a block newly maps form one run of neighbouring pages (they are
 //!   the interior of one free range), mapped one cuMemMap per page (one handle per page, so
 //!   each can be unmapped alone) and opened with **one** cuMemSetAccess over the whole run;
@@ -32,22 +41,28 @@
 //! - `allocated_bytes`: bytes of live blocks (requests rounded up to 256 bytes).
 //! - `reserved_bytes`: physical bytes held: mapped pages plus cached handles. Its peak also
 //!   records handles created by an allocation that later failed and was unwound.
-//! - `free_bytes`: bytes inside mapped pages not covered by a live block.
-//! - `largest_free_bytes`: the longest free run of bytes lying entirely in mapped pages
-//!   (the largest block that can be placed without mapping a page).
+//! - `free_bytes`: bytes inside mapped pages not covered by a live block (this includes
+//!   idle pages and blocks held for quick reuse).
+//! - `largest_free_bytes`: the longest free run of bytes lying entirely in pages that live
+//!   or quick-reuse blocks keep mapped (the largest block that can be placed there without a
+//!   driver call); idle pages and the quick-reuse blocks themselves are not counted.
 //! - `segment_count`: physical pages held (mapped + cached).
 //!
 //! # Failures
 //! Every allocation either completes or unwinds exactly the driver calls it made
-//! (reservations freed, pages unmapped, created handles released, cached handles returned).
-//! A free unmaps first (one call); if that call fails the block stays live and nothing
-//! changes. If a driver call *while unwinding* fails, the affected pages stay mapped without
-//! a block ("idle" pages, still counted as reserved) and are given back by
-//! [`Allocator::release_cached`]; if a cuMemRelease fails, the handle stays cached even above
-//! the bound until the next successful release.
+//! (reservations freed, pages unmapped, created handles released, cached handles returned);
+//! blocks, `requested`/`allocated` and `reserved_bytes` are then as before. Two things a
+//! failed allocation may leave changed, both invisible in those figures: blocks of the
+//! quick-reuse list returned to the free map, and idle pages turned into cached handles.
+//! On out-of-memory it gives back the cache as the [`Allocator`] contract asks, so
+//! `reserved_bytes` can drop. A free unmaps first (one call); if that call fails the block
+//! stays live and nothing changes. If a driver call *while unwinding* fails, the affected
+//! pages stay mapped as idle pages (still counted as reserved) and are given back by
+//! [`Allocator::release_cached`]; if a cuMemRelease fails, the handle stays cached, even
+//! above the bound, until a later call trims the cache.
 mod maxtree;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::align::{align_down, align_up, is_pow2};
@@ -225,8 +240,11 @@ pub struct Paged {
     cache: Vec<PhysHandle>,
     /// Pages currently mapped (including idle ones).
     mapped_pages: u64,
-    /// Mapped pages without a live block (left by a failed unwind).
-    idle_pages: u64,
+    /// Virtual addresses of idle pages: mapped, with access, but touched by no block; kept
+    /// mapped for reuse in place (lazy unmapping) or left by a failed unwind.
+    idle: BTreeSet<u64>,
+    /// Whether pages no block touches stay mapped (idle) while the page cache has room.
+    lazy_unmap: bool,
     /// Set while the cache is above its bound (handles parked by a flush, or a failed
     /// cuMemRelease); the next successful call trims it.
     trim_pending: bool,
@@ -253,7 +271,8 @@ impl Paged {
             live: AddrMap::default(),
             cache: Vec::new(),
             mapped_pages: 0,
-            idle_pages: 0,
+            idle: BTreeSet::new(),
+            lazy_unmap: true,
             trim_pending: false,
             quick: Vec::new(),
             quick_bytes: 0,
@@ -275,6 +294,21 @@ impl Paged {
     pub fn with_quick_slots(mut self, slots: usize) -> Self {
         self.quick_slots = slots;
         self
+    }
+
+    /// Whether a page that no block touches any more stays mapped, "idle", to be reused in
+    /// place without a driver call (default `true`), as long as idle pages and cached handles
+    /// together stay within [`Config::page_cache_pages`]; otherwise it is unmapped at once
+    /// (one cuMemUnmap per freed run of pages) and its handle cached. Idle pages are taken
+    /// (unmapped and remapped elsewhere) before any cuMemCreate, so they never raise the peak.
+    pub fn with_lazy_unmap(mut self, lazy: bool) -> Self {
+        self.lazy_unmap = lazy;
+        self
+    }
+
+    /// Idle pages: mapped, but touched by no live block.
+    pub fn idle_pages(&self) -> u64 {
+        self.idle.len() as u64
     }
 
     /// Page size in bytes (the device granularity); 0 before the first allocation.
@@ -553,6 +587,8 @@ impl Paged {
     }
 
     /// Takes a handle for one new page: from the cache, else cuMemCreate.
+    /// Takes a handle for one new page: from the cache, else cuMemCreate. The second member
+    /// is `true` when it came from the cache.
     fn take_handle(&mut self, dev: &mut dyn Device) -> Result<(PhysHandle, bool), DeviceError> {
         if let Some(h) = self.cache.pop() {
             return Ok((h, true));
@@ -562,13 +598,72 @@ impl Paged {
         Ok((h, false))
     }
 
+    /// Moves up to `want` idle pages lying outside `[lo, hi)` into the cache, highest
+    /// addresses first, one cuMemUnmap per run of neighbouring idle pages. Pages already
+    /// moved stay moved if a later unmap fails (the error is returned).
+    fn steal_idle(
+        &mut self,
+        dev: &mut dyn Device,
+        mut want: u64,
+        lo: u64,
+        hi: u64,
+    ) -> Result<(), DeviceError> {
+        let p = self.page_bytes;
+        while want > 0 {
+            let Some(&top) = self
+                .idle
+                .range(hi..)
+                .next_back()
+                .or_else(|| self.idle.range(..lo).next_back())
+            else {
+                return Ok(());
+            };
+            let Some(ri) = self.res_of(top) else {
+                self.idle.remove(&top);
+                continue;
+            };
+            let base = self.reservations[ri].va;
+            let mut first = top;
+            let mut n = 1;
+            while n < want
+                && first > base
+                && (first < lo || first - p >= hi)
+                && self.idle.contains(&(first - p))
+            {
+                first -= p;
+                n += 1;
+            }
+            dev.unmap(first, n * p)?;
+            for k in 0..n {
+                let va = first + k * p;
+                self.idle.remove(&va);
+                let page = ((va - base) / p) as usize;
+                if let Some(pg) = self.reservations[ri]
+                    .pages
+                    .get_mut(page)
+                    .and_then(Option::take)
+                {
+                    self.cache.push(pg.handle);
+                    self.mapped_pages = self.mapped_pages.saturating_sub(1);
+                }
+            }
+            want -= n;
+        }
+        Ok(())
+    }
+
     /// Parks a handle freed by an unmap in the cache; [`Paged::trim_cache`] releases what
     /// exceeds the bound at the end of the call.
     fn return_handle(&mut self, h: PhysHandle) {
         self.cache.push(h);
-        if self.cache.len() as u64 > self.cache_limit {
+        if self.held_free_pages() > self.cache_limit {
             self.trim_pending = true;
         }
+    }
+
+    /// Pages held without a block: cached handles plus idle pages.
+    fn held_free_pages(&self) -> u64 {
+        self.cache.len() as u64 + self.idle.len() as u64
     }
 
     /// Releases cached handles above the bound (cuMemRelease each); stops at the first
@@ -577,7 +672,7 @@ impl Paged {
         if !self.trim_pending {
             return;
         }
-        while self.cache.len() as u64 > self.cache_limit {
+        while self.held_free_pages() > self.cache_limit {
             let Some(h) = self.cache.pop() else { break };
             if dev.release_physical(h).is_err() {
                 self.cache.push(h);
@@ -585,7 +680,7 @@ impl Paged {
             }
             self.tracker.on_release(self.page_bytes);
         }
-        self.trim_pending = false;
+        self.trim_pending = self.held_free_pages() > self.cache_limit;
     }
 
     /// Gives back a handle taken by a failed allocation: to the cache if it came from there,
@@ -640,7 +735,8 @@ impl Paged {
                             access: false,
                         });
                         self.mapped_pages += 1;
-                        self.idle_pages += 1;
+                        self.idle.insert(base + t.page as u64 * p);
+                        self.trim_pending = true;
                     }
                 }
             }
@@ -667,6 +763,26 @@ impl Paged {
         let base = r.va;
         let p0 = ((addr - base) / p) as usize;
         let p1 = ((addr + bytes - 1 - base) / p) as usize;
+        let (lo, hi) = (base + p0 as u64 * p, base + (p1 as u64 + 1) * p);
+        // Idle pages elsewhere become cached handles before anything is created.
+        if !self.idle.is_empty() {
+            let unmapped = self
+                .reservations
+                .get(ri)
+                .map(|r| {
+                    r.pages
+                        .iter()
+                        .take(p1 + 1)
+                        .skip(p0)
+                        .filter(|s| s.is_none())
+                        .count() as u64
+                })
+                .unwrap_or(0);
+            let want = unmapped.saturating_sub(self.cache.len() as u64);
+            if want > 0 {
+                self.steal_idle(dev, want, lo, hi)?;
+            }
+        }
         let mut taken: Vec<Taken> = Vec::new();
         for page in p0..=p1 {
             let mapped = self
@@ -737,7 +853,6 @@ impl Paged {
             }
         }
         self.mapped_pages += taken.len() as u64;
-        self.idle_pages += taken.len() as u64;
         // Idle pages the block covers are now open.
         for page in p0..=p1 {
             if let Some(Some(pg)) = self
@@ -773,14 +888,15 @@ impl Paged {
         };
         let p0 = ((pl.addr - r.va) / p) as usize;
         let p1 = ((bend - 1 - r.va) / p) as usize;
-        let mut woke = 0;
-        for slot in r.pages.iter_mut().take(p1 + 1).skip(p0).flatten() {
-            if slot.refs == 0 {
-                woke += 1;
+        let base = r.va;
+        for (i, slot) in r.pages.iter_mut().enumerate().take(p1 + 1).skip(p0) {
+            if let Some(pg) = slot {
+                if pg.refs == 0 && !self.idle.is_empty() {
+                    self.idle.remove(&(base + i as u64 * p));
+                }
+                pg.refs += 1;
             }
-            slot.refs += 1;
         }
-        self.idle_pages = self.idle_pages.saturating_sub(woke);
         self.live.insert(pl.addr, LiveBlock { bytes, requested });
         self.tracker.on_alloc(requested, bytes);
     }
@@ -905,8 +1021,21 @@ impl Paged {
                 }
             }
         }
+        // Lazy unmapping keeps the first pages of the run mapped while the cache has room;
+        // the rest is unmapped with one call.
+        let mut keep_until = p0;
         if let Some((a, b)) = run {
-            dev.unmap(base + a as u64 * p, (b - a + 1) as u64 * p)?;
+            let room = if self.lazy_unmap {
+                self.cache_limit.saturating_sub(self.held_free_pages())
+            } else {
+                0
+            };
+            let n = (b - a + 1) as u64;
+            let kept = room.min(n);
+            keep_until = a + kept as usize;
+            if kept < n {
+                dev.unmap(base + keep_until as u64 * p, (n - kept) * p)?;
+            }
         }
         // Committed from here on.
         let mut freed_handles = Vec::new();
@@ -915,8 +1044,12 @@ impl Paged {
                 if let Some(pg) = slot {
                     pg.refs = pg.refs.saturating_sub(1);
                     if pg.refs == 0 {
-                        freed_handles.push(pg.handle);
-                        *slot = None;
+                        if page < keep_until {
+                            self.idle.insert(base + page as u64 * p);
+                        } else {
+                            freed_handles.push(pg.handle);
+                            *slot = None;
+                        }
                     }
                 }
             }
@@ -988,26 +1121,31 @@ impl Paged {
         }
     }
 
-    /// Unmaps and gives back idle pages (left by failed unwinds) to the cache.
+    /// Unmaps every idle page (one cuMemUnmap per run of neighbouring idle pages) and
+    /// caches its handle.
     fn drop_idle_pages(&mut self, dev: &mut dyn Device) -> Result<(), AllocError> {
-        if self.idle_pages == 0 {
-            return Ok(());
-        }
         let p = self.page_bytes;
-        for ri in 0..self.reservations.len() {
-            let base = self.reservations[ri].va;
-            for page in 0..self.reservations[ri].pages.len() {
-                let Some(pg) = self.reservations[ri].pages[page] else {
-                    continue;
-                };
-                if pg.refs != 0 {
-                    continue;
+        while let Some(&first) = self.idle.iter().next() {
+            let ri = self
+                .res_of(first)
+                .ok_or_else(|| AllocError::Internal(format!("idle page {first:#x} outside VA")))?;
+            let end = self.reservations[ri].end();
+            let mut last = first;
+            while last + p < end && self.idle.contains(&(last + p)) {
+                last += p;
+            }
+            dev.unmap(first, last + p - first)?;
+            let mut va = first;
+            while va <= last {
+                self.idle.remove(&va);
+                let page = ((va - self.reservations[ri].va) / p) as usize;
+                if let Some(slot) = self.reservations[ri].pages.get_mut(page) {
+                    if let Some(pg) = slot.take() {
+                        self.cache.push(pg.handle);
+                    }
                 }
-                dev.unmap(base + page as u64 * p, p)?;
-                self.reservations[ri].pages[page] = None;
                 self.mapped_pages = self.mapped_pages.saturating_sub(1);
-                self.idle_pages = self.idle_pages.saturating_sub(1);
-                self.cache.push(pg.handle);
+                va += p;
             }
         }
         Ok(())

@@ -8,7 +8,9 @@ const MIB: u64 = 1 << 20;
 fn new_pair(capacity_pages: u64) -> (SimDevice, Paged) {
     (
         SimDevice::new(capacity_pages * G),
-        Paged::new(&Config::default()).with_quick_slots(0),
+        Paged::new(&Config::default())
+            .with_quick_slots(0)
+            .with_lazy_unmap(false),
     )
 }
 
@@ -80,7 +82,8 @@ fn the_cache_is_bounded_by_config() {
         page_cache_pages: 2,
         ..Config::default()
     })
-    .with_quick_slots(0);
+    .with_quick_slots(0)
+    .with_lazy_unmap(false);
     let b = a.allocate(&mut d, 5 * G, 256, 0).unwrap();
     a.deallocate(&mut d, b.addr).unwrap();
     check(&a, &d);
@@ -233,7 +236,9 @@ fn oom_releases_the_cache_and_retries_once() {
 fn other_granularities_are_queried_not_assumed() {
     let g = 64 * 1024;
     let mut d = SimDevice::with_granularity(1 << 30, g);
-    let mut a = Paged::new(&Config::default()).with_quick_slots(0);
+    let mut a = Paged::new(&Config::default())
+        .with_quick_slots(0)
+        .with_lazy_unmap(false);
     let b = a.allocate(&mut d, 100_000, 256, 0).unwrap();
     assert_eq!(a.page_bytes(), g);
     assert_eq!(a.mapped_pages(), 2);
@@ -405,7 +410,12 @@ fn run_workload(d: &mut SimDevice, a: &mut Paged) -> (u64, u64) {
 
 #[test]
 fn a_fault_at_any_driver_call_is_unwound_exactly() {
-    for slots in [0, QUICK_SLOTS] {
+    for (slots, lazy) in [
+        (0, false),
+        (0, true),
+        (QUICK_SLOTS, false),
+        (QUICK_SLOTS, true),
+    ] {
         let mk = || {
             let d = SimDevice::new(16 * G);
             let a = Paged::new(&Config {
@@ -413,7 +423,8 @@ fn a_fault_at_any_driver_call_is_unwound_exactly() {
                 ..Config::default()
             })
             .with_va_chunk_bytes(6 * G)
-            .with_quick_slots(slots);
+            .with_quick_slots(slots)
+            .with_lazy_unmap(lazy);
             (d, a)
         };
         let (mut d, mut a) = mk();
@@ -503,4 +514,76 @@ fn quick_list_reuses_same_size_blocks_without_driver_calls() {
     a.release_cached(&mut d).unwrap();
     assert_eq!(d.live_objects(), (0, 0, 0, 0));
     check(&a, &d);
+}
+
+#[test]
+fn lazy_unmapping_keeps_idle_pages_mapped_and_takes_them_before_creating() {
+    let mut d = SimDevice::new(8 * G);
+    let mut a = Paged::new(&Config {
+        page_cache_pages: 3,
+        ..Config::default()
+    })
+    .with_quick_slots(0);
+    let x = a.allocate(&mut d, 4 * G, 256, 0).unwrap();
+    let pin = a.allocate(&mut d, 1000, 256, 0).unwrap(); // keeps the VA after x in use
+    assert_eq!(pin.addr, x.addr + 4 * G);
+    a.deallocate(&mut d, x.addr).unwrap();
+    check(&a, &d);
+    // Three pages stay mapped (the bound), the fourth is unmapped with one call.
+    assert_eq!(a.idle_pages(), 3);
+    assert_eq!(a.cached_handles().len(), 0);
+    assert_eq!(calls(&d, DriverCall::Unmap), 1);
+    assert_eq!(calls(&d, DriverCall::Release), 1);
+    assert_eq!(a.stats().reserved_bytes.current, 4 * G);
+    // The same place again: only the fourth page is mapped.
+    let before = d.counters();
+    let y = a.allocate(&mut d, 4 * G, 256, 0).unwrap();
+    check(&a, &d);
+    assert_eq!(y.addr, x.addr);
+    assert_eq!(
+        d.counters().get(DriverCall::Map) - before.get(DriverCall::Map),
+        1
+    );
+    assert_eq!(
+        d.counters().get(DriverCall::Create) - before.get(DriverCall::Create),
+        1
+    );
+    assert_eq!(a.idle_pages(), 0);
+    for b in [y, pin] {
+        a.deallocate(&mut d, b.addr).unwrap();
+    }
+    a.release_cached(&mut d).unwrap();
+    assert_eq!(d.live_objects(), (0, 0, 0, 0));
+    check(&a, &d);
+}
+
+#[test]
+fn idle_pages_elsewhere_are_taken_before_any_create() {
+    let mut d = SimDevice::new(8 * G);
+    let mut a = Paged::new(&Config::default()).with_quick_slots(0);
+    let x = a.allocate(&mut d, 2 * G, 256, 0).unwrap(); // pages 0, 1
+    let pin = a.allocate(&mut d, 1000, 256, 0).unwrap(); // page 2
+    a.deallocate(&mut d, x.addr).unwrap();
+    assert_eq!(a.idle_pages(), 2);
+    assert_eq!(a.stats().reserved_bytes.current, 3 * G);
+    // 3 pages do not fit in x's hole; after pin they span pages 2..=5, three of them new:
+    // two come from the idle pages (unmapped there with one call, mapped here), one is
+    // created.
+    let before = d.counters();
+    let b = a.allocate(&mut d, 3 * G, 256, 0).unwrap();
+    check(&a, &d);
+    assert_eq!(b.addr, pin.addr + 1024);
+    let delta = |c: DriverCall| d.counters().get(c) - before.get(c);
+    assert_eq!(delta(DriverCall::Unmap), 1);
+    assert_eq!(delta(DriverCall::Map), 3);
+    assert_eq!(delta(DriverCall::Create), 1);
+    assert_eq!(delta(DriverCall::SetAccess), 1);
+    assert_eq!(a.idle_pages(), 0);
+    assert_eq!(a.stats().reserved_bytes.peak, 4 * G);
+    assert_eq!(d.peak_used_bytes(), 4 * G);
+    for blk in [b, pin] {
+        a.deallocate(&mut d, blk.addr).unwrap();
+    }
+    a.release_cached(&mut d).unwrap();
+    assert_eq!(d.live_objects(), (0, 0, 0, 0));
 }
