@@ -587,3 +587,78 @@ fn idle_pages_elsewhere_are_taken_before_any_create() {
     a.release_cached(&mut d).unwrap();
     assert_eq!(d.live_objects(), (0, 0, 0, 0));
 }
+
+mod prop {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum POp {
+        Alloc { size: u64, align_shift: u32 },
+        Free(usize),
+        Release,
+    }
+
+    fn op() -> impl Strategy<Value = POp> {
+        prop_oneof![
+            6 => (0u64..5 * G, 0u32..22).prop_map(|(size, align_shift)| POp::Alloc { size, align_shift }),
+            2 => (0u64..4096).prop_map(|size| POp::Alloc { size, align_shift: 8 }),
+            5 => any::<usize>().prop_map(POp::Free),
+            1 => Just(POp::Release),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn any_sequence_keeps_invariants_and_leaks_nothing(
+            ops in proptest::collection::vec(op(), 1..80),
+            slots in prop_oneof![Just(0usize), Just(QUICK_SLOTS)],
+            lazy in any::<bool>(),
+            cache in 0u64..6,
+        ) {
+            let mut d = SimDevice::new(24 * G);
+            let mut a = Paged::new(&Config { page_cache_pages: cache, ..Config::default() })
+                .with_va_chunk_bytes(16 * G)
+                .with_quick_slots(slots)
+                .with_lazy_unmap(lazy);
+            let mut live: Vec<(u64, u64)> = Vec::new();
+            for o in ops {
+                match o {
+                    POp::Alloc { size, align_shift } => {
+                        let align = 1u64 << align_shift;
+                        match a.allocate(&mut d, size, align, 0) {
+                            Ok(b) => {
+                                prop_assert_eq!(b.addr % align, 0);
+                                prop_assert!(b.allocated_bytes >= size.max(1));
+                                for &(o, os) in &live {
+                                    prop_assert!(b.addr + b.allocated_bytes <= o || o + os <= b.addr);
+                                }
+                                live.push((b.addr, b.allocated_bytes));
+                            }
+                            Err(e) => prop_assert!(e.is_oom(), "{e}"),
+                        }
+                    }
+                    POp::Free(i) if !live.is_empty() => {
+                        let (addr, _) = live.swap_remove(i % live.len());
+                        a.deallocate(&mut d, addr).unwrap();
+                    }
+                    POp::Free(_) => {}
+                    POp::Release => {
+                        a.release_cached(&mut d).unwrap();
+                        prop_assert!(a.cached_handles().is_empty());
+                        prop_assert_eq!(a.idle_pages(), 0);
+                    }
+                }
+                a.validate().unwrap();
+                a.check_device(&d).unwrap();
+                prop_assert_eq!(a.stats().reserved_bytes.peak, d.peak_used_bytes());
+            }
+            for (addr, _) in live {
+                a.deallocate(&mut d, addr).unwrap();
+            }
+            a.release_cached(&mut d).unwrap();
+            prop_assert_eq!(d.live_objects(), (0, 0, 0, 0));
+        }
+    }
+}
