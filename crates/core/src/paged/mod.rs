@@ -60,7 +60,8 @@
 //! stays live and nothing changes. If a driver call *while unwinding* fails, the affected
 //! pages stay mapped as idle pages (still counted as reserved) and are given back by
 //! [`Allocator::release_cached`]; if a cuMemRelease fails, the handle stays cached, even
-//! above the bound, until a later call trims the cache.
+//! above the bound, until a later call trims the cache. Calls made while unwinding are
+//! retried once before falling back to that.
 mod maxtree;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -493,11 +494,12 @@ impl Paged {
         None
     }
 
-    /// Slow path: scores both ends of every free range by the pages the block would map.
-    /// Returns the best placement and its page count.
+    /// Slow path: scores both ends of every free range by the pages the block would map,
+    /// then by the bytes of those pages it would leave free (the waste it adds), then by
+    /// address. Returns the best placement and its page count.
     fn find_scored_fit(&self, bytes: u64, align: u64) -> Option<(Placement, u64)> {
         let p = self.page_bytes;
-        let mut best: Option<(u64, u64, Placement)> = None;
+        let mut best: Option<(u64, u64, u64, Placement)> = None;
         let mut ri = 0usize;
         for (&st, &len) in &self.free {
             while ri < self.reservations.len() && self.reservations[ri].end() <= st {
@@ -507,16 +509,23 @@ impl Paged {
             let b = st + len;
             let i0 = (st - r.va).div_ceil(p);
             let i1 = (b - r.va) / p;
-            let cost = |x: u64| -> u64 {
-                let p0 = (x - r.va) / p;
-                let p1 = (x + bytes - 1 - r.va) / p + 1;
-                p1.min(i1).saturating_sub(p0.max(i0))
+            // (pages newly mapped, bytes of them the block leaves free) for a block at `x`.
+            let cost = |x: u64| -> (u64, u64) {
+                let (xr, er) = (x - r.va, x - r.va + bytes);
+                let lo = (xr / p).max(i0);
+                let hi = ((er - 1) / p + 1).min(i1);
+                if hi <= lo {
+                    return (0, 0);
+                }
+                let covered = er.min(hi * p) - xr.max(lo * p);
+                ((hi - lo), (hi - lo) * p - covered)
             };
             let mut consider = |x: u64| {
-                let k = cost(x);
-                if best.is_none_or(|(bk, bx, _)| (k, x) < (bk, bx)) {
+                let (k, slack) = cost(x);
+                if best.is_none_or(|(bk, bs, bx, _)| (k, slack, x) < (bk, bs, bx)) {
                     best = Some((
                         k,
+                        slack,
                         x,
                         Placement {
                             res: ri,
@@ -537,7 +546,7 @@ impl Paged {
                 }
             }
         }
-        best.map(|(k, _, pl)| (pl, k))
+        best.map(|(k, _, _, pl)| (pl, k))
     }
 
     /// Reserves a new virtual range of at least `bytes` and makes it one free range.
@@ -581,7 +590,7 @@ impl Paged {
             return;
         };
         let (va, bytes) = (r.va, r.bytes);
-        if dev.free_va(va, bytes).is_ok() {
+        if dev.free_va(va, bytes).is_ok() || dev.free_va(va, bytes).is_ok() {
             self.free.remove(&va);
             self.reservations.remove(ri);
         }
@@ -694,9 +703,11 @@ impl Paged {
         }
     }
 
-    /// cuMemRelease; on failure the handle stays cached, even above the bound.
+    /// cuMemRelease, retried once; on a second failure the handle stays cached, even above
+    /// the bound.
     fn release_handle(&mut self, dev: &mut dyn Device, h: PhysHandle) {
-        if dev.release_physical(h).is_ok() {
+        // Unwinding retries a failed call once before leaving the handle cached.
+        if dev.release_physical(h).is_ok() || dev.release_physical(h).is_ok() {
             self.tracker.on_release(self.page_bytes);
         } else {
             self.cache.push(h);
@@ -705,7 +716,8 @@ impl Paged {
     }
 
     /// Unmaps the pages of `taken` (all in reservation `ri`, ascending and contiguous runs)
-    /// and returns their handles; pages whose unmap fails stay mapped as idle pages.
+    /// and returns their handles; a failed unmap is retried once, and pages whose unmap
+    /// fails twice stay mapped as idle pages.
     fn unwind_maps(&mut self, dev: &mut dyn Device, ri: usize, taken: &[Taken]) {
         let p = self.page_bytes;
         let Some(base) = self.reservations.get(ri).map(|r| r.va) else {
@@ -719,7 +731,8 @@ impl Paged {
             }
             let run = &taken[i..j];
             let va = base + run[0].page as u64 * p;
-            if dev.unmap(va, run.len() as u64 * p).is_ok() {
+            let bytes = run.len() as u64 * p;
+            if dev.unmap(va, bytes).is_ok() || dev.unmap(va, bytes).is_ok() {
                 for t in run {
                     self.untake_handle(dev, t.handle, t.from_cache);
                 }
