@@ -180,6 +180,43 @@ pub struct VaRangeView {
     pub state: PageState,
 }
 
+impl std::fmt::Display for VaRangeView {
+    /// One row of the seed's table: `virtual range | physical | page size | state`, e.g.
+    /// `0x7f0000000000 - 0x7f0000200000 | handle 3 | 2 MiB | mapped, 2 blocks`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let end = self.va.saturating_add(self.bytes);
+        let page = if self.page_bytes >= 1 << 20 && self.page_bytes.is_multiple_of(1 << 20) {
+            format!("{} MiB", self.page_bytes >> 20)
+        } else {
+            format!("{} KiB", self.page_bytes >> 10)
+        };
+        match self.state {
+            PageState::Mapped {
+                handle,
+                live_blocks,
+                access,
+            } => {
+                let what = match (live_blocks, access) {
+                    (0, _) => "mapped, idle".to_string(),
+                    (n, true) => format!("mapped, {n} block{}", if n == 1 { "" } else { "s" }),
+                    (n, false) => format!("mapped without access, {n} blocks"),
+                };
+                write!(
+                    f,
+                    "{:#x} - {end:#x} | handle {} | {page} | {what}",
+                    self.va, handle.0
+                )
+            }
+            PageState::ReservedUnmapped => write!(
+                f,
+                "{:#x} - {end:#x} | unmapped | {page} | reserved, {} pages",
+                self.va,
+                self.bytes / self.page_bytes.max(1)
+            ),
+        }
+    }
+}
+
 /// Where a new block goes.
 #[derive(Debug, Clone, Copy)]
 struct Placement {
@@ -436,6 +473,26 @@ impl Paged {
             head = head.max(self.usable_head(r.va, st, len));
         }
         (tail, head)
+    }
+
+    /// Refreshes the pages holding the given addresses (each once), after the free map
+    /// changed at those addresses; addresses at a reservation's end are skipped.
+    fn refresh_addrs<const N: usize>(&mut self, ri: usize, mut addrs: [u64; N]) {
+        let Some(r) = self.reservations.get(ri) else {
+            return;
+        };
+        let (base, p) = (r.va, self.page_bytes);
+        for a in &mut addrs {
+            *a = (*a - base) / p;
+        }
+        addrs.sort_unstable();
+        let mut last = u64::MAX;
+        for page in addrs {
+            if page != last {
+                self.refresh_page(ri, page as usize);
+                last = page;
+            }
+        }
     }
 
     /// Refreshes the head and tail pages of the range `[st, st+len)`.
@@ -887,8 +944,7 @@ impl Paged {
         if bend < end {
             self.free.insert(bend, end - bend);
         }
-        self.refresh_range(pl.res, st, len);
-        self.refresh_range(pl.res, pl.addr, bytes);
+        self.refresh_addrs(pl.res, [st, end, pl.addr, bend]);
         let Some(r) = self.reservations.get_mut(pl.res) else {
             return;
         };
@@ -1065,6 +1121,8 @@ impl Paged {
             self.return_handle(h);
         }
         // Give the range back, coalescing within the reservation.
+        // The merged range's ends are the only addresses whose pages can change besides the
+        // block's own ends (the old neighbours' far ends are the merged range's ends).
         let mut st = addr;
         let mut len = bytes;
         let res_end = self.reservations[ri].end();
@@ -1072,7 +1130,6 @@ impl Paged {
             if let Some((&ps, &pl)) = self.free.range(..st).next_back() {
                 if ps + pl == st {
                     self.free.remove(&ps);
-                    self.refresh_range(ri, ps, pl);
                     st = ps;
                     len += pl;
                 }
@@ -1080,13 +1137,11 @@ impl Paged {
         }
         if st + len < res_end {
             if let Some(nl) = self.free.remove(&(st + len)) {
-                self.refresh_range(ri, addr + bytes, nl);
                 len += nl;
             }
         }
         self.free.insert(st, len);
-        self.refresh_range(ri, st, len);
-        self.refresh_range(ri, addr, bytes);
+        self.refresh_addrs(ri, [st, st + len, addr, addr + bytes]);
         Ok(())
     }
 

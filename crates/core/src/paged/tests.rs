@@ -294,6 +294,12 @@ fn page_table_view_lists_mapped_and_unmapped_rows() {
     assert_eq!(rows[2].bytes, 6 * G);
     assert!(rows.iter().all(|r| r.page_bytes == G));
     assert_eq!(rows.iter().map(|r| r.bytes).sum::<u64>(), 8 * G);
+    let text = rows[0].to_string();
+    assert!(text.ends_with("| 2 MiB | mapped, 1 block"), "{text}");
+    assert!(text.starts_with(&format!("{:#x} - {:#x} | handle ", x.addr, x.addr + G)));
+    assert!(rows[2]
+        .to_string()
+        .ends_with("| unmapped | 2 MiB | reserved, 6 pages"));
 }
 
 #[test]
