@@ -38,6 +38,12 @@
 //!   cuMemSetAccess (24–93 µs) opens them all, spanning any already open page between them.
 //!   A free unmaps the run of pages only it touched with one cuMemUnmap.
 //!
+//! # Streams and devices
+//! The `stream` argument is ignored: a freed block is reusable at once, on any stream, as
+//! after PyTorch's `free_completed` (the caller frees only once the GPU is done with the
+//! block). One allocator serves one device: the page size is learnt from the first
+//! [`Device`] it is given.
+//!
 //! # Figures
 //! - `allocated_bytes`: bytes of live blocks (requests rounded up to 256 bytes).
 //! - `reserved_bytes`: physical bytes held: mapped pages plus cached handles. Its peak also
