@@ -1248,6 +1248,10 @@ impl Allocator for Paged {
         let bytes = align_up(size_bytes.max(1), UNIT_BYTES)
             .filter(|b| b.checked_add(2 * self.page_bytes).is_some())
             .ok_or(AllocError::Overflow { size_bytes, align })?;
+        // More pages than the device has can never be mapped: refuse before reserving VA.
+        if bytes.div_ceil(self.page_bytes) > dev.capacity_bytes() / self.page_bytes {
+            return Err(self.oom(size_bytes));
+        }
         let result = self.allocate_with_retry(dev, bytes, align, size_bytes);
         if result.is_ok() {
             self.trim_cache(dev);

@@ -218,17 +218,36 @@ fn out_of_memory_changes_nothing_and_leaks_nothing() {
 }
 
 #[test]
+fn a_request_above_the_capacity_is_refused_without_driver_calls() {
+    let (mut d, mut a) = new_pair(4);
+    for size in [4 * G + 1, 1 << 45, u64::MAX / 4] {
+        let e = a.allocate(&mut d, size, 256, 0).unwrap_err();
+        assert!(
+            matches!(e, AllocError::OutOfMemory { requested_bytes, .. } if requested_bytes == size)
+        );
+    }
+    assert_eq!(d.calls_made(), 0);
+    let b = a.allocate(&mut d, 4 * G, 256, 0).unwrap();
+    check(&a, &d);
+    a.deallocate(&mut d, b.addr).unwrap();
+}
+
+#[test]
 fn oom_releases_the_cache_and_retries_once() {
     let (mut d, mut a) = new_pair(4);
     let x = a.allocate(&mut d, 2 * G, 256, 0).unwrap();
+    let y = a.allocate(&mut d, G, 256, 0).unwrap();
     a.deallocate(&mut d, x.addr).unwrap();
     assert_eq!(a.cached_handles().len(), 2);
-    let e = a.allocate(&mut d, 5 * G, 256, 0).unwrap_err();
+    // 4 new pages: 2 cached + 1 created, then the device is full.
+    let e = a.allocate(&mut d, 4 * G, 256, 0).unwrap_err();
     assert!(e.is_oom());
     let s = a.stats();
     assert_eq!(s.alloc_retries, 1);
     assert_eq!(a.cached_handles().len(), 0, "the cache was given back");
-    assert_eq!(d.used_bytes(), 0);
+    assert_eq!(d.used_bytes(), G, "only y's page is left");
+    assert_eq!(s.reserved_bytes.current, G);
+    assert_eq!(a.live_blocks(), vec![(y.addr, G)]);
     check(&a, &d);
 }
 
