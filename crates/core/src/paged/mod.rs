@@ -48,11 +48,11 @@
 //! - `allocated_bytes`: bytes of live blocks (requests rounded up to 256 bytes).
 //! - `reserved_bytes`: physical bytes held: mapped pages plus cached handles. Its peak also
 //!   records handles created by an allocation that later failed and was unwound.
-//! - `free_bytes`: bytes inside mapped pages not covered by a live block (this includes
-//!   idle pages and blocks held for quick reuse).
-//! - `largest_free_bytes`: the longest free run of bytes lying entirely in pages that live
-//!   or quick-reuse blocks keep mapped (the largest block that can be placed there without a
-//!   driver call); idle pages and the quick-reuse blocks themselves are not counted.
+//! - `free_bytes`: bytes left free inside the pages that live blocks (or blocks held for
+//!   quick reuse) touch: the fragmentation that costs physical memory. Idle pages, cached
+//!   handles and quick-reuse blocks are not counted (they are `reserved − allocated − free`).
+//! - `largest_free_bytes`: the longest free run of bytes inside those same pages (the
+//!   largest block that can be placed without a driver call).
 //! - `segment_count`: physical pages held (mapped + cached).
 //!
 //! # Failures
@@ -1330,8 +1330,10 @@ impl Allocator for Paged {
 
     fn stats(&self) -> Stats {
         let mut s = self.tracker.stats;
-        let mapped = self.mapped_pages * self.page_bytes;
-        s.free_bytes = mapped.saturating_sub(s.allocated_bytes.current);
+        let in_use = self.mapped_pages.saturating_sub(self.idle.len() as u64) * self.page_bytes;
+        s.free_bytes = in_use
+            .saturating_sub(s.allocated_bytes.current)
+            .saturating_sub(self.quick_bytes);
         s.largest_free_bytes = self
             .reservations
             .iter()

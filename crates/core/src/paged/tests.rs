@@ -115,6 +115,14 @@ fn small_blocks_pack_into_one_page() {
     // Free a block in the middle: its 256 KiB is free inside a mapped page, and the next
     // small request lands exactly there without a driver call.
     a.deallocate(&mut d, v[3].addr).unwrap();
+    let s = a.stats();
+    assert_eq!(
+        s.free_bytes,
+        256 * 1024 + G - 256,
+        "the hole + the ninth block's page"
+    );
+    assert_eq!(s.largest_free_bytes, G - 256);
+    assert_eq!(s.reserved_bytes.current, 2 * G);
     let before = d.counters().total();
     let again = a.allocate(&mut d, 4096, 256, 0).unwrap();
     assert_eq!(again.addr, v[3].addr);
