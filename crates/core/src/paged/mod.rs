@@ -9,16 +9,18 @@
 //!   (rounded to the granularity; more ranges are reserved when no free range is long enough).
 //!   Blocks are placed anywhere in them, in 256-byte units; the VA is free to waste.
 //! - **Physical pages** of [`Device::granularity_bytes`] are mapped under a block when it needs
-//!   them and unmapped as soon as no live block touches them. A page therefore costs memory
-//!   only while a live block overlaps it, and blocks share pages freely: a small block and the
-//!   head of a 1 GiB block may sit in the same page.
+//!   them; once no live block touches a page it joins the bounded page cache (below). Blocks
+//!   share pages freely: a small block and the head of a 1 GiB block may sit in one page.
 //! - **Placement** minimises the pages a new block maps. The fast path finds, in O(log n),
 //!   the lowest-addressed free range whose *mapped* part (the free tail of the page before it,
 //!   or the free head of the page after it) holds the whole block: no driver call at all.
 //!   Otherwise every free range is scored by the pages the block would newly map when placed
-//!   flush against its start or its end, and the lowest (pages, address) wins; this O(free
-//!   ranges) scan only runs when at least one cuMemMap follows (≥ 25 µs on an H200), or when
-//!   alignment above 256 bytes defeats the fast path.
+//!   flush against its start or its end, then by the bytes of those new pages it would leave
+//!   free (the waste it adds), then by address; this O(free ranges) scan only runs when at
+//!   least one cuMemMap follows (≥ 25 µs on an H200), or when alignment above 256 bytes
+//!   defeats the fast path. On the three shipped PyTorch traces (`traces/`), peak reserved /
+//!   peak requested is 1.0016 (resnet_train), 1.0014 (gpt2_train) and 1.0110 (mixed_sizes),
+//!   against 1.115 / 1.213 / 1.714 for PyTorch's native allocator.
 //! - **Page cache.** Pages no block touches any more stay mapped where they are ("idle",
 //!   reused in place without a driver call), and handles of unmapped pages are kept; idle
 //!   pages and cached handles together stay within [`Config::page_cache_pages`] (beyond it a
@@ -131,7 +133,7 @@ pub const QUICK_SLOTS: usize = 16;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Page {
     handle: PhysHandle,
-    /// Live blocks touching the page (0 only for an idle page left by a failed unwind).
+    /// Live or quick-reuse blocks touching the page (0 for an idle page).
     refs: u32,
     /// Whether cuMemSetAccess succeeded over it.
     access: bool,
@@ -164,7 +166,7 @@ pub enum PageState {
     Mapped {
         /// The cuMemCreate handle mapped there.
         handle: PhysHandle,
-        /// Live blocks touching the page (0: an idle page left by a failed unwind).
+        /// Blocks touching the page, live or held for quick reuse (0: an idle page).
         live_blocks: u32,
         /// Whether cuMemSetAccess opened it to the device.
         access: bool,
@@ -271,6 +273,7 @@ struct Taken {
 /// ```
 #[derive(Debug, Clone)]
 pub struct Paged {
+    /// Bound on idle pages + cached handles, in pages ([`Config::page_cache_pages`]).
     cache_limit: u64,
     /// Virtual bytes per reservation; 0 = [`VA_CAPACITY_FACTOR`] × device capacity.
     va_chunk_bytes: u64,
@@ -280,6 +283,7 @@ pub struct Paged {
     reservations: Vec<Reservation>,
     /// Free virtual ranges: start → length in bytes; coalesced within a reservation.
     free: BTreeMap<u64, u64>,
+    /// Live blocks by address.
     live: AddrMap<LiveBlock>,
     /// Unmapped physical handles kept for reuse.
     cache: Vec<PhysHandle>,
@@ -300,6 +304,7 @@ pub struct Paged {
     quick_bytes: u64,
     /// Most blocks `quick` may hold.
     quick_slots: usize,
+    /// Figures in PyTorch's vocabulary.
     tracker: StatsTracker,
 }
 
