@@ -25,9 +25,15 @@ fn bench_replay(c: &mut Criterion) {
                 b.iter(|| {
                     let mut a = registry::build(name, &Config::default()).expect("known allocator");
                     let mut d = SimDevice::default();
-                    replay::replay(&trace, a.as_mut(), &mut d, &ReplayOptions::default(), &mut |_| {})
-                        .expect("replay runs")
-                        .peak_reserved_bytes
+                    replay::replay(
+                        &trace,
+                        a.as_mut(),
+                        &mut d,
+                        &ReplayOptions::default(),
+                        &mut |_| {},
+                    )
+                    .expect("replay runs")
+                    .peak_reserved_bytes
                 })
             });
         }

@@ -64,7 +64,7 @@ fn replay_checked(name: &str) -> (u64, u64) {
             _ => {}
         }
         n += 1;
-        if n % 5000 == 0 {
+        if n.is_multiple_of(5000) {
             alloc.validate().unwrap();
             alloc.check_device(&dev).unwrap();
         }
