@@ -10,6 +10,26 @@
 //!
 //! A block used by an asynchronous copy carries fences ([`PooledBuffer::record_stream`] or
 //! [`PooledBuffer::record_fence`]); it is handed out again only once they have completed.
+//!
+//! ```
+//! use gpumem::pinned::{PinnedError, PinnedPool, PinnedPoolConfig};
+//! // CUDA where a driver is present, else page-locked memory through mlock.
+//! let pool = PinnedPool::new(PinnedPoolConfig::auto(0));
+//! match pool.alloc(3 << 20) {
+//!     Ok(mut block) => {
+//!         block.fill(7); // a &mut [u8] of exactly 3 MiB
+//!         let addr = block.as_ptr();
+//!         drop(block); // back to the cache, not to the OS
+//!         let again = pool.alloc(3 << 20).unwrap(); // no driver call
+//!         assert_eq!(again.as_ptr(), addr);
+//!         let s = pool.stats();
+//!         assert_eq!((s.cache_hits, s.cache_misses), (1, 1));
+//!         assert!(s.pinned_over_requested() <= 1.05);
+//!     }
+//!     // An unprivileged process with a small RLIMIT_MEMLOCK and no CUDA.
+//!     Err(e) => assert!(matches!(e, PinnedError::MemlockLimit { .. })),
+//! }
+//! ```
 
 use super::driver::{CudaHost, Event, Stream};
 use super::size_class::class_bytes;
@@ -100,6 +120,11 @@ pub struct PinnedStats {
     pub alloc_retries: u64,
     /// Cached blocks skipped because a copy still used them (cumulative).
     pub busy_skips: u64,
+    /// Bytes leaked on purpose because a copy might still use them (a failed
+    /// [`PooledBuffer::release_after`]); they stay pinned and counted in `pinned_bytes`.
+    pub leaked_bytes: u64,
+    /// Blocks leaked so (counted in `segment_count`).
+    pub leaked_blocks: u64,
     /// The cap, in bytes.
     pub cap_bytes: u64,
 }
@@ -396,12 +421,12 @@ impl PinnedPool {
         };
         check(s.cached_bytes.current == cached, "cached bytes")?;
         check(
-            s.pinned_bytes.current == s.allocated_bytes.current + cached,
-            "pinned != allocated + cached",
+            s.pinned_bytes.current == s.allocated_bytes.current + cached + s.leaked_bytes,
+            "pinned != allocated + cached + leaked",
         )?;
         check(
-            s.segment_count.current == s.allocation_count.current + blocks,
-            "segments != live + cached blocks",
+            s.segment_count.current == s.allocation_count.current + blocks + s.leaked_blocks,
+            "segments != live + cached + leaked blocks",
         )?;
         check(s.pinned_bytes.current <= s.cap_bytes, "over the cap")?;
         check(
@@ -458,6 +483,34 @@ impl PooledBuffer {
         ev.record(stream)?;
         self.fences.push(Box::new(ev));
         Ok(())
+    }
+
+    /// Gives the block back once the work queued on `stream` so far is done: records an
+    /// event there and returns the block to the pool, which hands it out again only after
+    /// that event has completed. Use it to free a block right after queueing its last copy.
+    ///
+    /// # Errors
+    /// [`PinnedError::Cuda`]; the block goes back to the pool anyway, and since no event
+    /// guards it then, the stream is synchronised first (`cuStreamSynchronize`) so that no
+    /// copy still uses it; if that fails too, the block is leaked rather than reused.
+    pub fn release_after(mut self, stream: &Stream) -> Result<()> {
+        match self.record_stream(stream) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                if stream.synchronize().is_err() {
+                    // Never hand out memory a copy may still be using.
+                    std::mem::forget(self.buf.take());
+                    let mut st = self.pool.lock();
+                    st.stats.requested_bytes.sub(self.len as u64);
+                    st.stats.allocated_bytes.sub(self.class);
+                    st.stats.allocation_count.sub(1);
+                    st.stats.leaked_bytes += self.class;
+                    st.stats.leaked_blocks += 1;
+                    st.stats.free_calls += 1;
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Adds a fence that must complete before the block is reused.

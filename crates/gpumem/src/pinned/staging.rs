@@ -10,6 +10,16 @@
 //! The DMA side is a trait, [`StagingDma`], so the ring runs the same against CUDA
 //! (`cuMemcpyHtoDAsync` + `cuEventRecord`) and against a fake that copies host to host
 //! (tests).
+//!
+//! ```
+//! use gpumem::pinned::{CopyKind, NullDma, StagingConfig, StagingRing};
+//! let config = StagingConfig { chunk_bytes: 1 << 20, buffers: 2, threads: 2, copy: CopyKind::Libc };
+//! // With CUDA: StagingRing::new_cuda(&host, config)?.copy_pageable_to_device(&src, &dev, 0, &stream)
+//! if let Ok(mut ring) = StagingRing::new_locked(config) {
+//!     let src = vec![1u8; 5 << 20];
+//!     ring.stage_h2d(&src, &mut NullDma).unwrap(); // the host side alone
+//! }
+//! ```
 
 use super::driver::{check_range, CudaHost, DeviceBuffer, Event, Stream};
 use super::{HostAllocFlags, PinnedBuffer, PinnedError, Result};
@@ -22,9 +32,9 @@ pub enum CopyKind {
     /// `memcpy` (`ptr::copy_nonoverlapping`).
     #[default]
     Libc,
-    /// Non-temporal (streaming) stores on x86-64 when copying into a staging buffer: the
-    /// destination lines bypass the cache and need no read-for-ownership, which saves memory
-    /// bandwidth; `memcpy` elsewhere.
+    /// Non-temporal (streaming) stores on x86-64 (`memcpy` elsewhere): the destination
+    /// lines bypass the cache and need no read-for-ownership, which saves memory bandwidth,
+    /// but the DMA engine then reads them from DRAM rather than the last-level cache.
     NonTemporal,
 }
 
