@@ -81,13 +81,38 @@ fn pool_on_cuda_waits_for_the_copy_before_reuse() {
     b.fill(3);
     // SAFETY (test): the block stays alive until the event recorded below completes: the pool
     // will not hand it out before then.
-    unsafe { s.copy_h2d_raw(d.device_ptr(), b.as_ptr(), b.len()).unwrap() };
+    // 20 copies: ≈100 ms of work, so the next request surely finds the block busy.
+    for _ in 0..20 {
+        unsafe { s.copy_h2d_raw(d.device_ptr(), b.as_ptr(), b.len()).unwrap() };
+    }
     b.record_stream(&s).unwrap();
     let addr = b.as_ptr();
     drop(b);
+    // While the copies run, a second request gets another block.
+    let other = pool.alloc(256 << 20).unwrap();
+    assert_ne!(
+        other.as_ptr(),
+        addr,
+        "a block in use by a copy was handed out"
+    );
+    assert_eq!(pool.stats().busy_skips, 1);
     s.synchronize().unwrap();
-    let again = pool.alloc(256 << 20).unwrap();
-    assert_eq!(again.as_ptr(), addr, "reused once the copy finished");
+    let other_addr = other.as_ptr();
+    drop(other);
+    // Once it finished, the blocks come back; events are recycled across rounds.
+    for _ in 0..3 {
+        let mut again = pool.alloc(256 << 20).unwrap();
+        assert!(again.as_ptr() == addr || again.as_ptr() == other_addr);
+        // SAFETY (test): as above.
+        unsafe {
+            s.copy_h2d_raw(d.device_ptr(), again.as_ptr(), again.len())
+                .unwrap()
+        };
+        again.record_stream(&s).unwrap();
+        drop(again);
+        s.synchronize().unwrap();
+    }
+    assert_eq!(pool.stats().segment_count.current, 2);
     pool.validate().unwrap();
 }
 

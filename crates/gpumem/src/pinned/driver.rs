@@ -107,6 +107,12 @@ impl CudaHost {
             .map_err(cuda_err("cuDeviceGetAttribute"))
     }
 
+    /// Whether `other` is the same context (so events and streams of one work with the
+    /// other).
+    pub fn same_device_context(&self, other: &CudaHost) -> bool {
+        Arc::ptr_eq(&self.ctx, &other.ctx) || self.ctx.cu_ctx() == other.ctx.cu_ctx()
+    }
+
     /// The cudarc context, for callers that need more of the driver.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
@@ -349,6 +355,11 @@ impl Event {
             host: host.clone(),
             recorded: false,
         })
+    }
+
+    /// The device whose context the event belongs to.
+    pub fn host(&self) -> &CudaHost {
+        &self.host
     }
 
     /// Records the event on `stream` (`cuEventRecord`).

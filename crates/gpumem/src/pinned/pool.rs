@@ -140,15 +140,48 @@ impl PinnedStats {
     }
 }
 
+/// What keeps a cached block from reuse: a CUDA event (recycled once complete) or any fence.
+enum Guard {
+    Event(Event),
+    Other(Box<dyn Fence>),
+}
+
+impl Guard {
+    fn is_complete(&self) -> Result<bool> {
+        match self {
+            Guard::Event(e) => e.query(),
+            Guard::Other(f) => f.is_complete(),
+        }
+    }
+}
+
 struct Cached {
     buf: PinnedBuffer,
-    fences: Vec<Box<dyn Fence>>,
+    fences: Vec<Guard>,
 }
+
+/// Most idle events a pool keeps for reuse.
+const MAX_IDLE_EVENTS: usize = 64;
 
 #[derive(Default)]
 struct State {
     free: HashMap<u64, Vec<Cached>>,
+    /// Completed events, recorded again by the next `record_stream` (no cuEventCreate).
+    events: Vec<Event>,
     stats: PinnedStats,
+}
+
+impl State {
+    /// Keeps the events of completed guards for reuse (the others are dropped).
+    fn recycle(&mut self, guards: Vec<Guard>) {
+        for g in guards {
+            if let Guard::Event(e) = g {
+                if self.events.len() < MAX_IDLE_EVENTS {
+                    self.events.push(e);
+                }
+            }
+        }
+    }
 }
 
 struct Inner {
@@ -206,13 +239,18 @@ fn release_cached(st: &mut State, cap: u64, needed: Option<u64>) -> Vec<PinnedBu
                 st.stats.cached_bytes.sub(class);
                 st.stats.segment_count.sub(1);
                 st.stats.released_blocks += 1;
-                out.push(c.buf);
+                out.push(c);
             } else {
                 i += 1;
             }
         }
     }
-    out
+    let mut bufs = Vec::with_capacity(out.len());
+    for c in out {
+        st.recycle(c.fences);
+        bufs.push(c.buf);
+    }
+    bufs
 }
 
 /// A capped caching allocator of pinned host memory. Cheap to clone (shared state);
@@ -354,7 +392,14 @@ impl PinnedPool {
             skipped += 1;
         }
         st.stats.busy_skips += skipped;
-        Ok(found.map(|i| list.swap_remove(i).buf))
+        let Some(i) = found else {
+            return Ok(None);
+        };
+        let c = list.swap_remove(i);
+        if !c.fences.is_empty() {
+            st.recycle(c.fences);
+        }
+        Ok(Some(c.buf))
     }
 
     fn count_alloc(stats: &mut PinnedStats, requested: u64, class: u64) {
@@ -442,7 +487,7 @@ pub struct PooledBuffer {
     buf: Option<PinnedBuffer>,
     len: usize,
     class: u64,
-    fences: Vec<Box<dyn Fence>>,
+    fences: Vec<Guard>,
     pool: Arc<Inner>,
 }
 
@@ -473,15 +518,27 @@ impl PooledBuffer {
     }
 
     /// Marks the block as used by work queued on `stream` so far: an event is recorded there
-    /// on this call (`cuEventRecord`), and the block is not handed out again before it
-    /// completes. Call it after queueing the last copy that uses the block.
+    /// on this call (`cuEventRecord`; events are recycled by the pool, so no `cuEventCreate`
+    /// once warm), and the block is not handed out again before it completes. Call it after
+    /// queueing the last copy that uses the block.
     ///
     /// # Errors
     /// [`PinnedError::Cuda`] from event creation or recording.
     pub fn record_stream(&mut self, stream: &Stream) -> Result<()> {
-        let mut ev = Event::new(stream.host(), false)?;
+        let idle = {
+            let mut st = self.pool.lock();
+            let pos = st
+                .events
+                .iter()
+                .rposition(|e| e.host().same_device_context(stream.host()));
+            pos.map(|i| st.events.swap_remove(i))
+        };
+        let mut ev = match idle {
+            Some(e) => e,
+            None => Event::new(stream.host(), false)?,
+        };
         ev.record(stream)?;
-        self.fences.push(Box::new(ev));
+        self.fences.push(Guard::Event(ev));
         Ok(())
     }
 
@@ -515,7 +572,7 @@ impl PooledBuffer {
 
     /// Adds a fence that must complete before the block is reused.
     pub fn record_fence(&mut self, fence: Box<dyn Fence>) {
-        self.fences.push(fence);
+        self.fences.push(Guard::Other(fence));
     }
 }
 
