@@ -175,12 +175,13 @@ impl CopyPool {
     }
 
     /// Copies `src` into `dst` (equal lengths) with up to [`CopyPool::threads`] threads and
-    /// returns when all shares are done.
+    /// returns when all shares are done (`&mut self`: one copy at a time, so the answers of
+    /// the workers cannot mix).
     ///
     /// # Errors
     /// [`PinnedError::InvalidArgument`] if the lengths differ; [`PinnedError::Internal`] if a
     /// worker died.
-    pub fn copy(&self, dst: &mut [u8], src: &[u8], kind: CopyKind) -> Result<()> {
+    pub fn copy(&mut self, dst: &mut [u8], src: &[u8], kind: CopyKind) -> Result<()> {
         if dst.len() != src.len() {
             return Err(PinnedError::InvalidArgument(format!(
                 "copy of {} B into {} B",
@@ -197,7 +198,7 @@ impl CopyPool {
     /// # Safety
     /// `src` readable and `dst` writable for `len` bytes until the call returns; disjoint.
     pub unsafe fn copy_raw(
-        &self,
+        &mut self,
         dst: *mut u8,
         src: *const u8,
         len: usize,
@@ -610,7 +611,7 @@ mod tests {
 
     #[test]
     fn copy_pool_copies_every_byte_with_both_kinds() {
-        let pool = CopyPool::new(4).unwrap();
+        let mut pool = CopyPool::new(4).unwrap();
         assert_eq!(pool.threads(), 4);
         for kind in [CopyKind::Libc, CopyKind::NonTemporal] {
             for len in [0usize, 1, 63, 64, 65, 1000, (1 << 20) + 17, 3 << 20] {
