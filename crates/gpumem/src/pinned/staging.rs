@@ -88,12 +88,15 @@ struct Job {
 }
 
 /// How long a waiting thread spins before it sleeps: a staged copy hands out a chunk every
-/// 50–500 µs, and waking a sleeping thread costs several µs of futex and scheduler latency
+/// 20–500 µs, and waking a sleeping thread costs several µs of futex and scheduler latency
 /// per chunk and thread.
 const SPIN: std::time::Duration = std::time::Duration::from_micros(200);
+/// For how long of [`SPIN`] the thread spins without yielding the CPU.
+const SPIN_HOT: std::time::Duration = std::time::Duration::from_micros(20);
 
-/// Receives from `rx`, spinning for up to [`SPIN`] before blocking; `None` once the sender
-/// is gone.
+/// Receives from `rx`, spinning for up to [`SPIN`] (yielding after [`SPIN_HOT`], so that an
+/// oversubscribed machine still makes progress) before blocking; `None` once the sender is
+/// gone.
 fn recv_spinning<T>(rx: &mpsc::Receiver<T>) -> Option<T> {
     let t0 = std::time::Instant::now();
     loop {
@@ -101,10 +104,14 @@ fn recv_spinning<T>(rx: &mpsc::Receiver<T>) -> Option<T> {
             Ok(v) => return Some(v),
             Err(mpsc::TryRecvError::Disconnected) => return None,
             Err(mpsc::TryRecvError::Empty) => {
-                if t0.elapsed() > SPIN {
+                let waited = t0.elapsed();
+                if waited > SPIN {
                     return rx.recv().ok();
+                } else if waited > SPIN_HOT {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
                 }
-                std::hint::spin_loop();
             }
         }
     }
@@ -129,15 +136,19 @@ impl std::fmt::Debug for CopyPool {
 const MIN_SHARE_BYTES: usize = 256 << 10;
 
 impl CopyPool {
-    /// Starts `threads − 1` workers (the calling thread copies a share too); 0 counts as 1.
+    /// Starts `threads − 1` workers (the calling thread copies a share too); 0 counts as 1,
+    /// and more than the CPUs available (`available_parallelism`) count as that many, since
+    /// waiting workers spin.
     ///
     /// # Errors
     /// [`PinnedError::Os`] if a thread cannot be spawned.
     pub fn new(threads: usize) -> Result<Self> {
+        let cpus = std::thread::available_parallelism().map_or(threads, |n| n.get());
+        let threads = threads.clamp(1, cpus.max(1));
         let (done_tx, done) = mpsc::channel::<()>();
         let mut senders = Vec::new();
         let mut handles = Vec::new();
-        for i in 1..threads.max(1) {
+        for i in 1..threads {
             let (tx, rx) = mpsc::channel::<Job>();
             let done_tx = done_tx.clone();
             let h = std::thread::Builder::new()
@@ -299,7 +310,8 @@ pub struct StagingConfig {
     pub chunk_bytes: usize,
     /// Staging buffers in the ring (≥ 2 to overlap).
     pub buffers: usize,
-    /// Host threads that fill or drain a chunk together (the caller included).
+    /// Host threads that fill or drain a chunk together (the caller included; at most the
+    /// CPUs available).
     pub threads: usize,
     /// How they copy.
     pub copy: CopyKind,
@@ -612,7 +624,8 @@ mod tests {
     #[test]
     fn copy_pool_copies_every_byte_with_both_kinds() {
         let mut pool = CopyPool::new(4).unwrap();
-        assert_eq!(pool.threads(), 4);
+        let cpus = std::thread::available_parallelism().unwrap().get();
+        assert_eq!(pool.threads(), 4.min(cpus));
         for kind in [CopyKind::Libc, CopyKind::NonTemporal] {
             for len in [0usize, 1, 63, 64, 65, 1000, (1 << 20) + 17, 3 << 20] {
                 let src: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
