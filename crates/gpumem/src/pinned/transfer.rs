@@ -350,15 +350,22 @@ impl TransferBench {
     ) -> Result<Option<f64>> {
         self.check_size(bytes)?;
         let mut times = Vec::with_capacity(repeats);
+        // One direction: start, copy, end on one stream, as a plain cudaMemcpyAsync is timed.
+        // Both: the second stream waits for `start` and `end` waits for the second stream.
+        let two = dir == Direction::Both;
         for r in 0..=repeats.max(1) {
             self.start.record(&self.s1)?;
-            self.s2.wait_event(&self.start)?;
+            if two {
+                self.s2.wait_event(&self.start)?;
+            }
             if !self.issue(kind, dir, bytes)? {
                 self.s1.synchronize()?;
                 return Ok(None);
             }
-            self.join.record(&self.s2)?;
-            self.s1.wait_event(&self.join)?;
+            if two {
+                self.join.record(&self.s2)?;
+                self.s1.wait_event(&self.join)?;
+            }
             self.end.record(&self.s1)?;
             self.end.synchronize()?;
             if r > 0 {
