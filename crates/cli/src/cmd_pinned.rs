@@ -784,6 +784,12 @@ pub fn advise(a: AdviseArgs) -> Result<()> {
             o.excluded.as_deref().unwrap_or(o.how)
         );
     }
+    if let Some(u) = adv.unpooled_pinned_s {
+        println!(
+            "(pinned memory allocated and freed per transfer, without a pool: {} per transfer)",
+            fmt_time(u)
+        );
+    }
     println!("recommended: {} — {}", adv.recommended.name(), adv.reason);
     Ok(())
 }
