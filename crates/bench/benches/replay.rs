@@ -1,7 +1,45 @@
-//! Placeholder until the benchmark is written.
-use criterion::{criterion_group, criterion_main, Criterion};
+//! Replay throughput: events per second for each strategy on each shipped trace
+//! (target ≥ 10 million events per second per strategy, single thread).
+use std::path::PathBuf;
 
-fn placeholder(_c: &mut Criterion) {}
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use gpumem::core::registry::{self, Config, NAMES};
+use gpumem::core::sim::SimDevice;
+use gpumem::replay::{self, ReplayOptions};
+use gpumem::trace::{read_path, ReadOptions};
 
-criterion_group!(benches, placeholder);
+fn traces_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../traces")
+}
+
+fn bench_replay(c: &mut Criterion) {
+    for trace_name in ["resnet_train", "gpt2_train", "mixed_sizes"] {
+        let path = traces_dir().join(format!("{trace_name}.pickle.gz"));
+        let trace = read_path(&path, ReadOptions::default()).expect("shipped trace reads");
+        let events = replay::summarize(&trace, 0).events;
+        let mut g = c.benchmark_group(format!("replay/{trace_name}"));
+        g.throughput(Throughput::Elements(events));
+        g.sample_size(10);
+        for name in NAMES {
+            g.bench_with_input(BenchmarkId::from_parameter(name), &name, |b, name| {
+                b.iter(|| {
+                    let mut a = registry::build(name, &Config::default()).expect("known allocator");
+                    let mut d = SimDevice::default();
+                    replay::replay(
+                        &trace,
+                        a.as_mut(),
+                        &mut d,
+                        &ReplayOptions::default(),
+                        &mut |_| {},
+                    )
+                    .expect("replay runs")
+                    .peak_reserved_bytes
+                })
+            });
+        }
+        g.finish();
+    }
+}
+
+criterion_group!(benches, bench_replay);
 criterion_main!(benches);

@@ -1,14 +1,522 @@
-//! `gpumem replay`. STUB.
-use anyhow::{bail, Result};
+//! `gpumem replay`: a trace through allocators on the simulated (or a real) device.
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
 use clap::Args;
+use gpumem::core::registry::{self, Config};
+use gpumem::core::sim::{SimDevice, DEFAULT_CAPACITY};
+use gpumem::core::{Allocator, Device, DriverCall};
+use gpumem::plot::{Chart, Series, PALETTE};
+use gpumem::replay::{self, ReplayOptions, ReplayReport, TraceSummary};
+use gpumem::trace::{self, ReadOptions};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::Serialize;
+
+use crate::units::{human_bytes, parse_size};
 
 /// Arguments of `gpumem replay`.
 #[derive(Args)]
 pub struct ReplayArgs {
-    /// The trace file.
-    pub trace: std::path::PathBuf,
+    /// The trace: a PyTorch memory snapshot (.pickle or .pickle.gz), an RMM log CSV, or
+    /// gpumem JSON lines (detected from the content).
+    pub trace: PathBuf,
+    /// Allocators to compare: a comma-separated list of buddy, tlsf, best-fit, torch, paged,
+    /// or `all`.
+    #[arg(long, short, default_value = "all")]
+    pub allocator: String,
+    /// Device capacity (e.g. 80GiB, 141GB); allocations that still do not fit after the pool
+    /// released its cache count as OOMs and are dropped.
+    #[arg(long, value_parser = parse_size)]
+    pub capacity: Option<u64>,
+    /// Also bisect, per allocator, the smallest capacity that completes the trace with no OOM.
+    #[arg(long)]
+    pub min_capacity: bool,
+    /// Segment size for the buddy, tlsf and best-fit pools (the seed's pre-allocated pool).
+    #[arg(long, value_parser = parse_size, default_value = "256MiB")]
+    pub segment_size: u64,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Draw requested / allocated / reserved memory over the trace, per allocator, as SVG.
+    #[arg(long, value_name = "FILE.svg")]
+    pub timeline: Option<PathBuf>,
+    /// Skip and count malformed events instead of stopping at the first.
+    #[arg(long)]
+    pub lenient: bool,
+    /// Where to allocate: `sim` (simulated H200, default), `cuda`, `cuda:N`.
+    #[arg(long, default_value = "sim")]
+    pub device: String,
+    /// Fill every block with a pattern at allocation and verify it at free (real devices).
+    #[arg(long)]
+    pub canary: bool,
 }
 
-pub fn run(_a: ReplayArgs) -> Result<()> {
-    bail!("not implemented yet")
+#[derive(Serialize)]
+struct JsonTrace {
+    path: String,
+    format: Option<trace::Format>,
+    events: u64,
+    alloc_events: u64,
+    free_events: u64,
+    peak_requested_bytes: u64,
+    largest_request_bytes: u64,
+    preexisting_blocks: u64,
+    skipped_events: u64,
+    devices: Vec<u32>,
+}
+
+#[derive(Serialize)]
+struct JsonAllocator {
+    name: String,
+    peak_reserved_bytes: u64,
+    peak_allocated_bytes: u64,
+    reserved_over_requested: f64,
+    peak_external_fragmentation: f64,
+    external_fragmentation_at_peak: f64,
+    internal_fragmentation_at_peak: f64,
+    oom_count: u64,
+    driver_calls: serde_json::Map<String, serde_json::Value>,
+    driver_calls_total: u64,
+    modelled_driver_seconds: f64,
+    events_per_second: f64,
+    canary_errors: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    min_capacity_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    per_device: Vec<serde_json::Value>,
+}
+
+#[derive(Serialize)]
+struct JsonOut {
+    trace: JsonTrace,
+    device: String,
+    capacity_bytes: u64,
+    allocators: Vec<JsonAllocator>,
+}
+
+enum Target {
+    Sim,
+    Cuda(usize),
+}
+
+fn parse_device(s: &str) -> Result<Target> {
+    match s {
+        "sim" => Ok(Target::Sim),
+        "cuda" => Ok(Target::Cuda(0)),
+        other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
+            Some(Ok(n)) => Ok(Target::Cuda(n)),
+            _ => bail!("--device {other}: expected sim, cuda or cuda:N"),
+        },
+    }
+}
+
+fn open_device(target: &Target, capacity: u64) -> Result<Box<dyn Device>> {
+    match target {
+        Target::Sim => Ok(Box::new(SimDevice::new(capacity))),
+        Target::Cuda(n) => crate::cmd_cuda::open_replay_device(*n, capacity),
+    }
+}
+
+fn progress_bar(total: u64, enabled: bool) -> ProgressBar {
+    let pb = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::hidden());
+    if enabled {
+        if let Ok(style) = ProgressStyle::with_template(
+            "{msg:>10} [{bar:40}] {pos}/{len} events ({per_sec}, eta {eta})",
+        ) {
+            pb.set_style(style.progress_chars("=> "));
+        }
+    }
+    pb
+}
+
+pub fn run(a: ReplayArgs) -> Result<()> {
+    let target = parse_device(&a.device)?;
+    let names = registry::parse_list(&a.allocator)?;
+    if a.canary && matches!(target, Target::Sim) {
+        bail!("--canary needs a device with memory contents: use --device cuda (the simulated device keeps none)");
+    }
+    let read_started = Instant::now();
+    let trace = trace::read_path(&a.trace, ReadOptions { lenient: a.lenient })?;
+    let read_seconds = read_started.elapsed().as_secs_f64();
+    let devices = replay::devices(&trace);
+    let has_blocks = trace
+        .events
+        .iter()
+        .any(|e| matches!(e.action, trace::Action::Alloc | trace::Action::Free));
+    if !has_blocks {
+        return crate::cmd_analyze::print_state(&a.trace, &trace, a.json);
+    }
+    let capacity = a.capacity.unwrap_or(DEFAULT_CAPACITY);
+    let config = Config {
+        segment_bytes: a.segment_size,
+        ..Config::default()
+    };
+    let summaries: Vec<(u32, TraceSummary)> = devices
+        .iter()
+        .map(|&d| (d, replay::summarize(&trace, d)))
+        .collect();
+    let total_events: u64 = summaries.iter().map(|(_, s)| s.events).sum();
+    let show_progress = !a.json && std::io::stderr().is_terminal();
+    if !a.json {
+        eprintln!(
+            "read {} ({:?}, {} events, {:.2} s){}",
+            a.trace.display(),
+            trace.format.unwrap_or(trace::Format::JsonLines),
+            trace.events.len(),
+            read_seconds,
+            if trace.skipped_count > 0 {
+                format!(", {} bad events skipped", trace.skipped_count)
+            } else {
+                String::new()
+            }
+        );
+        for s in trace.skipped.iter().take(5) {
+            eprintln!("  skipped: {s}");
+        }
+        if !trace.preexisting.is_empty() {
+            eprintln!(
+                "  {} blocks were live before recording started (freed but never allocated in the trace); replayed as live from the start",
+                trace.preexisting.len()
+            );
+        }
+    }
+
+    let mut out = Vec::new();
+    let mut reports: Vec<(String, Vec<ReplayReport>)> = Vec::new();
+    for name in &names {
+        let pb = progress_bar(total_events, show_progress);
+        pb.set_message(name.to_string());
+        let started = Instant::now();
+        let mut per_dev = Vec::new();
+        let mut done_before = 0u64;
+        for &(d, ref s) in &summaries {
+            let mut alloc = registry::build(name, &config)?;
+            let mut dev = open_device(&target, capacity)?;
+            let opts = ReplayOptions {
+                device: d,
+                timeline_points: if a.timeline.is_some() { 2000 } else { 0 },
+                canary: a.canary,
+                ..ReplayOptions::default()
+            };
+            let mut cb = |n: u64| {
+                if show_progress && started.elapsed() > Duration::from_secs(1) && pb.is_hidden() {
+                    pb.set_draw_target(ProgressDrawTarget::stderr());
+                }
+                pb.set_position(done_before + n);
+            };
+            let r = replay::replay(&trace, alloc.as_mut(), dev.as_mut(), &opts, &mut cb)
+                .with_context(|| {
+                    format!("replaying {} with {name} on device {d}", a.trace.display())
+                })?;
+            done_before += s.events;
+            per_dev.push(r);
+        }
+        pb.finish_and_clear();
+        let min_cap = if a.min_capacity {
+            if !matches!(target, Target::Sim) {
+                bail!(
+                    "--min-capacity runs many replays and is only offered on the simulated device"
+                );
+            }
+            let mut total = 0u64;
+            for (i, &(d, _)) in summaries.iter().enumerate() {
+                let upper = per_dev[i]
+                    .peak_reserved_bytes
+                    .max(1)
+                    .saturating_mul(2)
+                    .max(1 << 30);
+                let cfg = config;
+                let n = *name;
+                let mut make = || -> Box<dyn Allocator> {
+                    registry::build(n, &cfg).expect("allocator names were validated")
+                };
+                let mut make_dev = |c: u64| -> Box<dyn Device> { Box::new(SimDevice::new(c)) };
+                let opts = ReplayOptions {
+                    device: d,
+                    ..ReplayOptions::default()
+                };
+                match replay::min_capacity(&trace, &mut make, &mut make_dev, upper, 2 << 20, &opts)?
+                {
+                    Some(c) => total += c,
+                    None => bail!(
+                        "{name}: the trace does not complete even with {}",
+                        human_bytes(upper)
+                    ),
+                }
+            }
+            Some(total)
+        } else {
+            None
+        };
+        out.push(json_allocator(name, &per_dev, &summaries, min_cap));
+        reports.push((name.to_string(), per_dev));
+    }
+
+    let peak_requested: u64 = summaries.iter().map(|(_, s)| s.peak_requested_bytes).sum();
+    let json = JsonOut {
+        trace: JsonTrace {
+            path: a.trace.display().to_string(),
+            format: trace.format,
+            events: total_events,
+            alloc_events: summaries.iter().map(|(_, s)| s.allocs).sum(),
+            free_events: summaries.iter().map(|(_, s)| s.frees).sum(),
+            peak_requested_bytes: peak_requested,
+            largest_request_bytes: summaries
+                .iter()
+                .map(|(_, s)| s.largest_request_bytes)
+                .max()
+                .unwrap_or(0),
+            preexisting_blocks: trace.preexisting.len() as u64,
+            skipped_events: trace.skipped_count,
+            devices: devices.clone(),
+        },
+        device: a.device.clone(),
+        capacity_bytes: capacity,
+        allocators: out,
+    };
+    if let Some(path) = &a.timeline {
+        let svg = timeline_chart(&a.trace, &reports).to_svg();
+        std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
+        if !a.json {
+            eprintln!("timeline written to {}", path.display());
+        }
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&json)?);
+    } else {
+        print_table(&json, capacity);
+    }
+    Ok(())
+}
+
+fn json_allocator(
+    name: &str,
+    per_dev: &[ReplayReport],
+    summaries: &[(u32, TraceSummary)],
+    min_cap: Option<u64>,
+) -> JsonAllocator {
+    let sum = |f: &dyn Fn(&ReplayReport) -> u64| per_dev.iter().map(f).sum::<u64>();
+    let peak_requested: u64 = summaries.iter().map(|(_, s)| s.peak_requested_bytes).sum();
+    let peak_reserved = sum(&|r| r.peak_reserved_bytes);
+    let mut calls = serde_json::Map::new();
+    for c in DriverCall::ALL {
+        let n: u64 = per_dev.iter().map(|r| r.driver_calls.get(c)).sum();
+        calls.insert(c.short_name().to_string(), n.into());
+    }
+    let secs: f64 = per_dev.iter().map(|r| r.seconds).sum();
+    let events: u64 = summaries.iter().map(|(_, s)| s.events).sum();
+    JsonAllocator {
+        name: name.to_string(),
+        peak_reserved_bytes: peak_reserved,
+        peak_allocated_bytes: sum(&|r| r.peak_allocated_bytes),
+        reserved_over_requested: if peak_requested == 0 {
+            0.0
+        } else {
+            peak_reserved as f64 / peak_requested as f64
+        },
+        peak_external_fragmentation: per_dev
+            .iter()
+            .map(|r| r.peak_external_fragmentation)
+            .fold(0.0, f64::max),
+        external_fragmentation_at_peak: per_dev
+            .iter()
+            .map(|r| r.external_fragmentation_at_peak)
+            .fold(0.0, f64::max),
+        internal_fragmentation_at_peak: per_dev
+            .iter()
+            .map(|r| r.internal_fragmentation_at_peak)
+            .fold(0.0, f64::max),
+        oom_count: sum(&|r| r.oom_count),
+        driver_calls_total: sum(&|r| r.driver_calls.total()),
+        driver_calls: calls,
+        modelled_driver_seconds: per_dev.iter().map(|r| r.modelled_driver_seconds).sum(),
+        events_per_second: if secs > 0.0 {
+            events as f64 / secs
+        } else {
+            0.0
+        },
+        canary_errors: sum(&|r| r.canary_errors),
+        min_capacity_bytes: min_cap,
+        per_device: if per_dev.len() > 1 {
+            per_dev
+                .iter()
+                .zip(summaries)
+                .map(|(r, (d, s))| {
+                    serde_json::json!({
+                        "device": d,
+                        "peak_requested_bytes": s.peak_requested_bytes,
+                        "peak_reserved_bytes": r.peak_reserved_bytes,
+                        "peak_allocated_bytes": r.peak_allocated_bytes,
+                        "reserved_over_requested": r.reserved_over_requested,
+                        "oom_count": r.oom_count,
+                    })
+                })
+                .collect()
+        } else {
+            Vec::new()
+        },
+    }
+}
+
+fn print_table(j: &JsonOut, capacity: u64) {
+    let t = &j.trace;
+    println!(
+        "trace {}: {} events ({} allocs, {} frees), peak requested {}, largest request {}",
+        t.path,
+        t.events,
+        t.alloc_events,
+        t.free_events,
+        human_bytes(t.peak_requested_bytes),
+        human_bytes(t.largest_request_bytes)
+    );
+    println!(
+        "device {} with capacity {}{}",
+        j.device,
+        human_bytes(capacity),
+        if t.devices.len() > 1 {
+            format!(
+                ", {} devices in the trace (figures summed)",
+                t.devices.len()
+            )
+        } else {
+            String::new()
+        }
+    );
+    println!();
+    let has_min = j.allocators.iter().any(|a| a.min_capacity_bytes.is_some());
+    let has_canary = j.device != "sim";
+    print!(
+        "{:<9} {:>12} {:>12} {:>9} {:>9} {:>9} {:>5} {:>12} {:>11} {:>11}",
+        "allocator",
+        "peak reserv.",
+        "peak alloc.",
+        "res/req",
+        "ext.frag",
+        "frag@pk",
+        "OOMs",
+        "driver calls",
+        "driver time",
+        "events/s"
+    );
+    if has_min {
+        print!(" {:>12}", "min capacity");
+    }
+    if has_canary {
+        print!(" {:>7}", "canary");
+    }
+    println!();
+    for a in &j.allocators {
+        print!(
+            "{:<9} {:>12} {:>12} {:>9.3} {:>9.3} {:>9.3} {:>5} {:>12} {:>11} {:>11}",
+            a.name,
+            human_bytes(a.peak_reserved_bytes),
+            human_bytes(a.peak_allocated_bytes),
+            a.reserved_over_requested,
+            a.peak_external_fragmentation,
+            a.external_fragmentation_at_peak,
+            a.oom_count,
+            a.driver_calls_total,
+            human_secs(a.modelled_driver_seconds),
+            human_rate(a.events_per_second)
+        );
+        if let Some(m) = a.min_capacity_bytes {
+            print!(" {:>12}", human_bytes(m));
+        } else if has_min {
+            print!(" {:>12}", "-");
+        }
+        if has_canary {
+            print!(
+                " {:>7}",
+                if a.canary_errors == 0 {
+                    "ok".to_string()
+                } else {
+                    format!("{} BAD", a.canary_errors)
+                }
+            );
+        }
+        println!();
+    }
+    println!();
+    println!("res/req: peak reserved / peak requested (1.000 = no memory lost to rounding or fragmentation).");
+    println!("ext.frag: highest external fragmentation 1 - largest free block / free bytes; frag@pk: the same at peak reserved.");
+    println!("driver time: modelled from H200 call costs on the simulated device, measured on a real one.");
+}
+
+fn human_secs(s: f64) -> String {
+    if s >= 1.0 {
+        format!("{s:.2} s")
+    } else if s >= 1e-3 {
+        format!("{:.1} ms", s * 1e3)
+    } else {
+        format!("{:.0} µs", s * 1e6)
+    }
+}
+
+fn human_rate(r: f64) -> String {
+    if r >= 1e6 {
+        format!("{:.1} M", r / 1e6)
+    } else if r >= 1e3 {
+        format!("{:.1} k", r / 1e3)
+    } else {
+        format!("{r:.0}")
+    }
+}
+
+fn timeline_chart(path: &std::path::Path, reports: &[(String, Vec<ReplayReport>)]) -> Chart {
+    let gib = (1u64 << 30) as f64;
+    let mut panels = Vec::new();
+    for (name, per_dev) in reports {
+        // Timelines of several devices are summed point by point.
+        let n = per_dev.iter().map(|r| r.timeline.len()).min().unwrap_or(0);
+        let mut req = Vec::with_capacity(n);
+        let mut all = Vec::with_capacity(n);
+        let mut res = Vec::with_capacity(n);
+        for i in 0..n {
+            let ev = per_dev[0].timeline[i].event as f64;
+            let s = |f: &dyn Fn(&replay::Sample) -> u64| {
+                per_dev.iter().map(|r| f(&r.timeline[i])).sum::<u64>() as f64 / gib
+            };
+            req.push((ev, s(&|x| x.requested_bytes)));
+            all.push((ev, s(&|x| x.allocated_bytes)));
+            res.push((ev, s(&|x| x.reserved_bytes)));
+        }
+        let peak_res: u64 = per_dev.iter().map(|r| r.peak_reserved_bytes).sum();
+        panels.push((
+            format!("{name}: peak reserved {}", human_bytes(peak_res)),
+            "GiB".to_string(),
+            vec![
+                Series {
+                    label: "reserved".into(),
+                    color: PALETTE[3].into(),
+                    dashed: false,
+                    points: res,
+                },
+                Series {
+                    label: "allocated".into(),
+                    color: PALETTE[0].into(),
+                    dashed: false,
+                    points: all,
+                },
+                Series {
+                    label: "requested".into(),
+                    color: PALETTE[2].into(),
+                    dashed: true,
+                    points: req,
+                },
+            ],
+        ));
+    }
+    Chart {
+        title: format!(
+            "gpumem replay {}",
+            path.file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        ),
+        x_label: "event".into(),
+        log_x: false,
+        panels,
+    }
 }

@@ -1,6 +1,7 @@
 //! The `gpumem` command-line tool.
 use clap::{Parser, Subcommand};
 
+mod cmd_analyze;
 mod cmd_cuda;
 mod cmd_pinned;
 mod cmd_replay;

@@ -1,1 +1,566 @@
-//! Replay of traces through allocators.
+//! Replays a [`Trace`] through an [`Allocator`] on a [`Device`] and measures what it would
+//! reserve, how fragmented it gets and how many driver calls it makes.
+//!
+//! Semantics:
+//! - blocks live before recording started ([`Trace::preexisting`]) are allocated first;
+//! - `Alloc` asks the allocator for `size_bytes` with the event's alignment (or
+//!   [`ReplayOptions::default_align`]); `Free` returns the block;
+//! - an allocation that fails with out-of-memory (after the allocator released its cache and
+//!   retried, as every allocator must) is counted in `oom_count` and dropped together with its
+//!   later free, and the replay goes on;
+//! - only events of [`ReplayOptions::device`] are replayed (one pool per device).
+use std::time::Instant;
+
+use gpumem_core::{AllocError, Allocator, Device, DeviceError, DriverCounters, Stats};
+use rustc_hash::{FxHashMap, FxHashSet};
+use serde::Serialize;
+
+use crate::trace::{Action, Trace};
+
+/// How to replay.
+#[derive(Debug, Clone, Copy)]
+pub struct ReplayOptions {
+    /// Device ordinal whose events are replayed.
+    pub device: u32,
+    /// Alignment used when an event carries none, in bytes.
+    pub default_align: u64,
+    /// Timeline samples to keep (0 = none); figures are also sampled this often for the
+    /// fragmentation peaks (at least 1000 samples are taken for those).
+    pub timeline_points: u64,
+    /// Fill every block with a pattern at allocation and check it at free (needs a device
+    /// with memory contents; overlapping blocks show as canary errors).
+    pub canary: bool,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        ReplayOptions {
+            device: 0,
+            default_align: gpumem_core::DEFAULT_ALIGN,
+            timeline_points: 0,
+            canary: false,
+        }
+    }
+}
+
+/// One point of the timeline: figures after event `event` (bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Sample {
+    /// Index of the event just replayed.
+    pub event: u64,
+    /// Requested bytes of live blocks.
+    pub requested_bytes: u64,
+    /// Allocated bytes of live blocks.
+    pub allocated_bytes: u64,
+    /// Reserved bytes held from the device.
+    pub reserved_bytes: u64,
+}
+
+/// What one replay measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplayReport {
+    /// Allocator name.
+    pub name: String,
+    /// Highest reserved bytes (taken from the device) during the replay.
+    pub peak_reserved_bytes: u64,
+    /// Highest allocated bytes (live blocks after rounding).
+    pub peak_allocated_bytes: u64,
+    /// Highest requested bytes of the blocks that were actually served.
+    pub peak_requested_bytes: u64,
+    /// `peak_reserved_bytes / peak requested of the trace` (1.0 is perfect).
+    pub reserved_over_requested: f64,
+    /// Highest external fragmentation `1 − largest_free / free` over the samples.
+    pub peak_external_fragmentation: f64,
+    /// External fragmentation at the moment of peak reserved memory.
+    pub external_fragmentation_at_peak: f64,
+    /// Internal fragmentation `(allocated − requested) / allocated` at peak allocated.
+    pub internal_fragmentation_at_peak: f64,
+    /// Allocations that failed with out-of-memory and were dropped.
+    pub oom_count: u64,
+    /// Bytes requested by the first allocation that failed, if any.
+    pub first_oom_request_bytes: Option<u64>,
+    /// Driver calls by kind.
+    pub driver_calls: DriverCounters,
+    /// Seconds the driver calls took (modelled on the simulated device, measured on CUDA).
+    pub modelled_driver_seconds: f64,
+    /// Highest physical bytes the device reported in use (the device's own view).
+    pub device_peak_used_bytes: u64,
+    /// Events replayed per second of wall time (allocator + bookkeeping).
+    pub events_per_second: f64,
+    /// Wall time of the replay, in seconds.
+    pub seconds: f64,
+    /// Blocks whose canary pattern was damaged (canary replays only).
+    pub canary_errors: u64,
+    /// Final statistics of the pool.
+    pub final_stats: Stats,
+    /// Timeline samples (when asked for).
+    #[serde(skip)]
+    pub timeline: Vec<Sample>,
+}
+
+/// A replay that could not go on.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// The allocator refused an operation for a reason other than out-of-memory.
+    #[error("event {event}: {allocator}: {source}")]
+    Allocator {
+        /// Index of the event.
+        event: u64,
+        /// Allocator name.
+        allocator: String,
+        /// The error.
+        #[source]
+        source: AllocError,
+    },
+    /// The allocator's invariant checker failed after an event.
+    #[error("event {event}: {allocator}: validation failed: {source}")]
+    Invalid {
+        /// Index of the event.
+        event: u64,
+        /// Allocator name.
+        allocator: String,
+        /// The error.
+        #[source]
+        source: AllocError,
+    },
+    /// The canary check itself failed (device error).
+    #[error("event {event}: canary: {source}")]
+    Canary {
+        /// Index of the event.
+        event: u64,
+        /// The error.
+        #[source]
+        source: DeviceError,
+    },
+}
+
+/// Figures of the trace itself, independent of any allocator.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct TraceSummary {
+    /// Events of the replayed device (all kinds).
+    pub events: u64,
+    /// Alloc events.
+    pub allocs: u64,
+    /// Free events.
+    pub frees: u64,
+    /// Highest sum of requested bytes of live blocks (the floor for any allocator).
+    pub peak_requested_bytes: u64,
+    /// Largest single request, in bytes.
+    pub largest_request_bytes: u64,
+    /// Blocks live before recording started.
+    pub preexisting_blocks: u64,
+    /// Frees of blocks that were never allocated and are not pre-existing (lenient reads).
+    pub unmatched_frees: u64,
+}
+
+/// Summarises the events of `device` in `trace`.
+pub fn summarize(trace: &Trace, device: u32) -> TraceSummary {
+    let mut s = TraceSummary::default();
+    let mut live: FxHashMap<u64, u64> = FxHashMap::default();
+    let mut cur: u64 = 0;
+    for p in trace.preexisting.iter().filter(|p| p.device == device) {
+        live.insert(p.addr, p.size_bytes);
+        cur += p.size_bytes;
+        s.preexisting_blocks += 1;
+    }
+    s.peak_requested_bytes = cur;
+    for e in trace.events.iter().filter(|e| e.device == device) {
+        s.events += 1;
+        match e.action {
+            Action::Alloc => {
+                s.allocs += 1;
+                s.largest_request_bytes = s.largest_request_bytes.max(e.size_bytes);
+                if let Some(old) = live.insert(e.addr, e.size_bytes) {
+                    cur -= old;
+                }
+                cur += e.size_bytes;
+                s.peak_requested_bytes = s.peak_requested_bytes.max(cur);
+            }
+            Action::Free => {
+                s.frees += 1;
+                match live.remove(&e.addr) {
+                    Some(sz) => cur -= sz,
+                    None => s.unmatched_frees += 1,
+                }
+            }
+            _ => {}
+        }
+    }
+    s
+}
+
+/// Devices that have events or pre-existing blocks in `trace`, ascending.
+pub fn devices(trace: &Trace) -> Vec<u32> {
+    let mut d: Vec<u32> = trace
+        .events
+        .iter()
+        .map(|e| e.device)
+        .chain(trace.preexisting.iter().map(|p| p.device))
+        .collect();
+    d.sort_unstable();
+    d.dedup();
+    if d.is_empty() {
+        d.push(0);
+    }
+    d
+}
+
+fn canary_pattern(trace_addr: u64) -> u32 {
+    // A pattern that differs between neighbouring blocks (splitmix-style mix).
+    let mut z = trace_addr.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (z ^ (z >> 31)) as u32 | 1
+}
+
+struct Live {
+    addr: u64,
+    bytes: u64,
+}
+
+struct State<'a> {
+    live: FxHashMap<u64, Live>,
+    dropped: FxHashSet<u64>,
+    opts: &'a ReplayOptions,
+    name: String,
+}
+
+impl State<'_> {
+    #[allow(clippy::too_many_arguments)]
+    fn alloc(
+        &mut self,
+        alloc: &mut dyn Allocator,
+        dev: &mut dyn Device,
+        report: &mut ReplayReport,
+        index: u64,
+        trace_addr: u64,
+        size: u64,
+        align: u64,
+        stream: u64,
+    ) -> Result<(), ReplayError> {
+        match alloc.allocate(dev, size, align, stream) {
+            Ok(b) => {
+                if self.opts.canary && size >= 4 {
+                    dev.fill_pattern(b.addr, size & !3, canary_pattern(trace_addr))
+                        .map_err(|source| ReplayError::Canary {
+                            event: index,
+                            source,
+                        })?;
+                }
+                self.live.insert(
+                    trace_addr,
+                    Live {
+                        addr: b.addr,
+                        bytes: size,
+                    },
+                );
+                Ok(())
+            }
+            Err(e) if e.is_oom() => {
+                report.oom_count += 1;
+                report.first_oom_request_bytes.get_or_insert(size);
+                self.dropped.insert(trace_addr);
+                Ok(())
+            }
+            Err(source) => Err(ReplayError::Allocator {
+                event: index,
+                allocator: self.name.clone(),
+                source,
+            }),
+        }
+    }
+}
+
+/// Replays `trace` through `alloc` on `dev`.
+///
+/// `progress` is called now and then with the number of events done so far.
+///
+/// # Errors
+/// [`ReplayError`] when the allocator fails for a reason other than out-of-memory (a bug, or a
+/// device error), or a canary check cannot run.
+pub fn replay(
+    trace: &Trace,
+    alloc: &mut dyn Allocator,
+    dev: &mut dyn Device,
+    opts: &ReplayOptions,
+    progress: &mut dyn FnMut(u64),
+) -> Result<ReplayReport, ReplayError> {
+    let name = alloc.name().to_string();
+    let summary = summarize(trace, opts.device);
+    let total = summary.events.max(1);
+    let frag_every = (total / 1000).max(16);
+    let timeline_every = total
+        .checked_div(opts.timeline_points)
+        .map_or(u64::MAX, |v| v.max(1));
+    let mut st = State {
+        live: FxHashMap::default(),
+        dropped: FxHashSet::default(),
+        opts,
+        name: name.clone(),
+    };
+    let mut report = ReplayReport {
+        name: name.clone(),
+        peak_reserved_bytes: 0,
+        peak_allocated_bytes: 0,
+        peak_requested_bytes: 0,
+        reserved_over_requested: 0.0,
+        peak_external_fragmentation: 0.0,
+        external_fragmentation_at_peak: 0.0,
+        internal_fragmentation_at_peak: 0.0,
+        oom_count: 0,
+        first_oom_request_bytes: None,
+        driver_calls: DriverCounters::default(),
+        modelled_driver_seconds: 0.0,
+        device_peak_used_bytes: 0,
+        events_per_second: 0.0,
+        seconds: 0.0,
+        canary_errors: 0,
+        final_stats: Stats::default(),
+        timeline: Vec::new(),
+    };
+    let calls_before = dev.counters();
+    let started = Instant::now();
+
+    for p in trace.preexisting.iter().filter(|p| p.device == opts.device) {
+        st.alloc(
+            alloc,
+            dev,
+            &mut report,
+            0,
+            p.addr,
+            p.size_bytes,
+            opts.default_align,
+            0,
+        )?;
+    }
+
+    let mut index: u64 = 0;
+    let mut peak_reserved_seen = 0u64;
+    for e in trace.events.iter().filter(|e| e.device == opts.device) {
+        match e.action {
+            Action::Alloc => {
+                if st.live.contains_key(&e.addr) {
+                    // A duplicate live address can only come from a lenient read: free the old one.
+                    if let Some(old) = st.live.remove(&e.addr) {
+                        alloc.deallocate(dev, old.addr).map_err(|source| {
+                            ReplayError::Allocator {
+                                event: index,
+                                allocator: name.clone(),
+                                source,
+                            }
+                        })?;
+                    }
+                }
+                st.dropped.remove(&e.addr);
+                let align = e.align.unwrap_or(opts.default_align);
+                st.alloc(
+                    alloc,
+                    dev,
+                    &mut report,
+                    index,
+                    e.addr,
+                    e.size_bytes,
+                    align,
+                    e.stream,
+                )?;
+            }
+            Action::Free => {
+                if let Some(l) = st.live.remove(&e.addr) {
+                    if opts.canary && l.bytes >= 4 {
+                        let ok = dev
+                            .check_pattern(l.addr, l.bytes & !3, canary_pattern(e.addr))
+                            .map_err(|source| ReplayError::Canary {
+                                event: index,
+                                source,
+                            })?;
+                        if !ok {
+                            report.canary_errors += 1;
+                        }
+                    }
+                    alloc
+                        .deallocate(dev, l.addr)
+                        .map_err(|source| ReplayError::Allocator {
+                            event: index,
+                            allocator: name.clone(),
+                            source,
+                        })?;
+                } else {
+                    st.dropped.remove(&e.addr);
+                }
+            }
+            _ => {}
+        }
+        index += 1;
+        let sample_frag = index.is_multiple_of(frag_every);
+        let sample_timeline = index.is_multiple_of(timeline_every);
+        if sample_frag || sample_timeline || index.is_multiple_of(4096) {
+            let s = alloc.stats();
+            if s.reserved_bytes.peak > peak_reserved_seen {
+                peak_reserved_seen = s.reserved_bytes.peak;
+                report.external_fragmentation_at_peak = s.external_fragmentation();
+            }
+            if sample_frag {
+                report.peak_external_fragmentation = report
+                    .peak_external_fragmentation
+                    .max(s.external_fragmentation());
+            }
+            if sample_timeline {
+                report.timeline.push(Sample {
+                    event: index,
+                    requested_bytes: s.requested_bytes.current,
+                    allocated_bytes: s.allocated_bytes.current,
+                    reserved_bytes: s.reserved_bytes.current,
+                });
+            }
+            if index.is_multiple_of(4096) {
+                progress(index);
+            }
+        }
+    }
+    progress(index);
+    let seconds = started.elapsed().as_secs_f64();
+    let s = alloc.stats();
+    let after = dev.counters();
+    let mut calls = DriverCounters::default();
+    for (i, c) in calls.calls.iter_mut().enumerate() {
+        *c = after.calls[i].saturating_sub(calls_before.calls[i]);
+    }
+    calls.seconds = after.seconds - calls_before.seconds;
+    report.peak_reserved_bytes = s.reserved_bytes.peak;
+    report.peak_allocated_bytes = s.allocated_bytes.peak;
+    report.peak_requested_bytes = s.requested_bytes.peak;
+    report.reserved_over_requested = if summary.peak_requested_bytes == 0 {
+        0.0
+    } else {
+        s.reserved_bytes.peak as f64 / summary.peak_requested_bytes as f64
+    };
+    report.internal_fragmentation_at_peak = if s.allocated_bytes.peak == 0 {
+        0.0
+    } else {
+        // Requested at the allocated peak is not tracked separately; use the peaks' ratio.
+        s.allocated_bytes
+            .peak
+            .saturating_sub(s.requested_bytes.peak) as f64
+            / s.allocated_bytes.peak as f64
+    };
+    report.peak_external_fragmentation = report
+        .peak_external_fragmentation
+        .max(s.external_fragmentation());
+    report.driver_calls = calls;
+    report.modelled_driver_seconds = calls.seconds;
+    report.device_peak_used_bytes = report.peak_reserved_bytes.max(dev.used_bytes());
+    report.seconds = seconds;
+    report.events_per_second = if seconds > 0.0 {
+        index as f64 / seconds
+    } else {
+        0.0
+    };
+    report.final_stats = s;
+    alloc.validate().map_err(|source| ReplayError::Invalid {
+        event: index,
+        allocator: name.clone(),
+        source,
+    })?;
+    Ok(report)
+}
+
+/// Replays with `capacity` bytes and reports whether no allocation failed.
+fn completes(
+    trace: &Trace,
+    make: &mut dyn FnMut() -> Box<dyn Allocator>,
+    make_dev: &mut dyn FnMut(u64) -> Box<dyn Device>,
+    capacity: u64,
+    opts: &ReplayOptions,
+) -> Result<bool, ReplayError> {
+    let mut a = make();
+    let mut d = make_dev(capacity);
+    let r = replay(trace, a.as_mut(), d.as_mut(), opts, &mut |_| {})?;
+    Ok(r.oom_count == 0)
+}
+
+/// Bisects the smallest device capacity (to `resolution_bytes`) with which the trace
+/// completes without any out-of-memory, between the trace's peak requested bytes and
+/// `upper_bytes` (which must complete).
+///
+/// Returns `None` if even `upper_bytes` does not complete.
+///
+/// # Errors
+/// A [`ReplayError`] from one of the replays.
+pub fn min_capacity(
+    trace: &Trace,
+    make: &mut dyn FnMut() -> Box<dyn Allocator>,
+    make_dev: &mut dyn FnMut(u64) -> Box<dyn Device>,
+    upper_bytes: u64,
+    resolution_bytes: u64,
+    opts: &ReplayOptions,
+) -> Result<Option<u64>, ReplayError> {
+    let floor = summarize(trace, opts.device).peak_requested_bytes;
+    if !completes(trace, make, make_dev, upper_bytes, opts)? {
+        return Ok(None);
+    }
+    let mut lo = floor.saturating_sub(1); // fails (or is below the floor)
+    let mut hi = upper_bytes; // completes
+    let step = resolution_bytes.max(1);
+    while hi - lo > step {
+        let mid = lo + (hi - lo) / 2;
+        if completes(trace, make, make_dev, mid, opts)? {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Ok(Some(hi))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::{Event, PreexistingBlock};
+
+    fn ev(action: Action, addr: u64, size: u64) -> Event {
+        Event {
+            action,
+            addr,
+            size_bytes: size,
+            stream: 0,
+            device: 0,
+            time_us: None,
+            align: None,
+        }
+    }
+
+    #[test]
+    fn summary_counts_peak_and_preexisting() {
+        let mut t = Trace::default();
+        t.preexisting.push(PreexistingBlock {
+            addr: 99,
+            size_bytes: 10,
+            device: 0,
+            freed_at_event: Some(4),
+        });
+        t.events = vec![
+            ev(Action::Alloc, 1, 100),
+            ev(Action::Alloc, 2, 50),
+            ev(Action::Free, 1, 0),
+            ev(Action::SegmentAlloc, 7, 1 << 21),
+            ev(Action::Free, 99, 10),
+            ev(Action::Alloc, 3, 20),
+            ev(Action::Free, 12345, 0),
+        ];
+        let s = summarize(&t, 0);
+        assert_eq!(s.events, 7);
+        assert_eq!(s.allocs, 3);
+        assert_eq!(s.frees, 3);
+        assert_eq!(s.peak_requested_bytes, 160);
+        assert_eq!(s.preexisting_blocks, 1);
+        assert_eq!(s.unmatched_frees, 1);
+        assert_eq!(s.largest_request_bytes, 100);
+        assert_eq!(devices(&t), vec![0]);
+    }
+
+    #[test]
+    fn canary_patterns_differ_between_neighbours() {
+        assert_ne!(canary_pattern(0x1000), canary_pattern(0x1200));
+        assert_ne!(canary_pattern(0), 0);
+    }
+}

@@ -1,0 +1,426 @@
+//! The library side of `gpumem bench alloc`: alloc+free pairs timed through any backend
+//! (a [`DevicePool`], raw cuMemAlloc/cuMemFree, cuMemAllocAsync/cuMemFreeAsync) at several
+//! thread counts.
+//!
+//! Method: each thread repeats batches of [`BATCH`] alloc+free pairs of one size on its own
+//! stream and times each batch with `Instant`; latency figures are the median and 99th
+//! percentile of per-pair time over all batches of all threads; throughput is all pairs over
+//! the wall time of the whole run. The mixed case allocates [`MIXED_LIVE`] blocks of 1 KiB to
+//! 4 MiB (log-uniform, fixed seed) and then frees them all; one round is one sample, divided
+//! by the allocations in it.
+use std::time::{Duration, Instant};
+
+use gpumem_core::Device;
+use serde::Serialize;
+
+use super::driver::{self, CUcontext, CUstream};
+use super::pool::{DevicePool, RawBlock};
+use super::CudaDevice;
+
+/// Pairs per timed batch.
+pub const BATCH: usize = 16;
+/// Live allocations in one round of the mixed case.
+pub const MIXED_LIVE: usize = 1000;
+
+/// One workload: a fixed size, or the mixed batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Case {
+    /// Alloc+free pairs of this many bytes.
+    Fixed(u64),
+    /// [`MIXED_LIVE`] live allocations of 1 KiB..4 MiB, then all freed.
+    Mixed,
+}
+
+impl Case {
+    /// Label for tables (`256 B`, `1 GiB`, `mixed`).
+    pub fn label(&self) -> String {
+        match self {
+            Case::Fixed(b) => super::vmm::human(*b),
+            Case::Mixed => "mixed".into(),
+        }
+    }
+}
+
+/// Something that allocates and frees device memory.
+pub trait AllocBackend: Sync {
+    /// What a free needs back.
+    type Token: Send;
+    /// Name in the table (`tlsf`, `cuMemAlloc`, `cuMemAllocAsync`).
+    fn label(&self) -> String;
+    /// Called once on each benchmark thread before it starts (binds a CUDA context).
+    ///
+    /// # Errors
+    /// A message if the thread cannot use the device.
+    fn thread_init(&self) -> Result<(), String> {
+        Ok(())
+    }
+    /// The stream thread `i` uses.
+    fn stream(&self, i: usize) -> u64 {
+        let _ = i;
+        0
+    }
+    /// Allocates `bytes` on `stream`.
+    ///
+    /// # Errors
+    /// A message naming what failed.
+    fn alloc(&self, bytes: u64, stream: u64) -> Result<Self::Token, String>;
+    /// Frees.
+    ///
+    /// # Errors
+    /// A message naming what failed.
+    fn free(&self, t: Self::Token, stream: u64) -> Result<(), String>;
+}
+
+/// One row of results.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BenchRow {
+    /// Backend label.
+    pub backend: String,
+    /// Workload.
+    pub case: Case,
+    /// Threads.
+    pub threads: usize,
+    /// Pairs done in all.
+    pub pairs: u64,
+    /// Median time of one alloc+free pair, in nanoseconds.
+    pub median_ns: f64,
+    /// 99th percentile, in nanoseconds.
+    pub p99_ns: f64,
+    /// Pairs per second over all threads.
+    pub pairs_per_s: f64,
+}
+
+/// Stop rule for one measurement.
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    /// Time per measurement (each thread stops after it).
+    pub time: Duration,
+    /// Most pairs per thread.
+    pub max_pairs: u64,
+}
+
+fn mixed_sizes(seed: u64) -> Vec<u64> {
+    let mut x = seed | 1;
+    (0..MIXED_LIVE)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // log-uniform 2^10 .. 2^22
+            let e = 10.0 + (x % 12_000) as f64 / 1000.0;
+            (2f64.powf(e) as u64).clamp(1 << 10, 4 << 20)
+        })
+        .collect()
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() - 1) as f64 * q).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// Measures `case` on `threads` threads.
+///
+/// # Errors
+/// The first backend error of any thread.
+pub fn measure<B: AllocBackend>(
+    b: &B,
+    case: Case,
+    threads: usize,
+    budget: Budget,
+) -> Result<BenchRow, String> {
+    let start = Instant::now();
+    let results: Vec<Result<(Vec<f64>, u64), String>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads.max(1))
+            .map(|t| s.spawn(move || run_thread(b, case, t, budget)))
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("benchmark thread panicked".into()))
+            })
+            .collect()
+    });
+    let wall = start.elapsed().as_secs_f64();
+    let mut samples = Vec::new();
+    let mut pairs = 0;
+    for r in results {
+        let (s, p) = r?;
+        samples.extend(s);
+        pairs += p;
+    }
+    samples.sort_by(f64::total_cmp);
+    Ok(BenchRow {
+        backend: b.label(),
+        case,
+        threads: threads.max(1),
+        pairs,
+        median_ns: percentile(&samples, 0.5),
+        p99_ns: percentile(&samples, 0.99),
+        pairs_per_s: pairs as f64 / wall.max(1e-9),
+    })
+}
+
+fn run_thread<B: AllocBackend>(
+    b: &B,
+    case: Case,
+    t: usize,
+    budget: Budget,
+) -> Result<(Vec<f64>, u64), String> {
+    b.thread_init()?;
+    let stream = b.stream(t);
+    let start = Instant::now();
+    let mut samples = Vec::new();
+    let mut pairs = 0u64;
+    match case {
+        Case::Fixed(bytes) => {
+            // One warm-up pair (fills caches; not timed).
+            let w = b.alloc(bytes, stream)?;
+            b.free(w, stream)?;
+            while pairs < budget.max_pairs && start.elapsed() < budget.time {
+                let t0 = Instant::now();
+                for _ in 0..BATCH {
+                    let tok = b.alloc(bytes, stream)?;
+                    b.free(tok, stream)?;
+                }
+                samples.push(t0.elapsed().as_nanos() as f64 / BATCH as f64);
+                pairs += BATCH as u64;
+            }
+        }
+        Case::Mixed => {
+            let sizes = mixed_sizes(0x9e37_79b9_7f4a_7c15 ^ t as u64);
+            let mut live = Vec::with_capacity(sizes.len());
+            let mut round = 0;
+            while (round < 2 || start.elapsed() < budget.time)
+                && pairs < budget.max_pairs.max(2 * MIXED_LIVE as u64)
+            {
+                let t0 = Instant::now();
+                for &s in &sizes {
+                    live.push(b.alloc(s, stream)?);
+                }
+                for tok in live.drain(..) {
+                    b.free(tok, stream)?;
+                }
+                let dt = t0.elapsed().as_nanos() as f64 / sizes.len() as f64;
+                if round > 0 {
+                    samples.push(dt); // the first round warms the caches
+                }
+                pairs += sizes.len() as u64;
+                round += 1;
+            }
+        }
+    }
+    Ok((samples, pairs))
+}
+
+/// A [`DevicePool`] as a backend; `streams[i]` is thread i's stream (0 when missing).
+pub struct PoolBackend<'a, D: Device> {
+    /// The pool.
+    pub pool: &'a DevicePool<D>,
+    /// Per-thread streams.
+    pub streams: Vec<u64>,
+    /// Context to bind on each thread (CUDA only).
+    pub ctx: Option<ContextBinder>,
+}
+
+/// Binds a CUDA context on a thread.
+#[derive(Debug, Clone, Copy)]
+pub struct ContextBinder(CUcontext);
+// SAFETY: a context pointer may be made current on any thread.
+unsafe impl Send for ContextBinder {}
+// SAFETY: as above; it is only read.
+unsafe impl Sync for ContextBinder {}
+
+impl ContextBinder {
+    /// The binder of `dev`'s primary context (valid while `dev` lives).
+    pub fn of(dev: &CudaDevice) -> Self {
+        ContextBinder(dev.context_raw())
+    }
+    fn bind(&self) -> Result<(), String> {
+        // SAFETY: the device that owns the context outlives the benchmark (callers keep it).
+        unsafe { driver::ctx_set_current(self.0) }.map_err(|e| e.to_string())
+    }
+}
+
+impl<D: Device> AllocBackend for PoolBackend<'_, D> {
+    type Token = RawBlock;
+    fn label(&self) -> String {
+        self.pool.name().to_string()
+    }
+    fn thread_init(&self) -> Result<(), String> {
+        self.ctx.map_or(Ok(()), |c| c.bind())
+    }
+    fn stream(&self, i: usize) -> u64 {
+        self.streams.get(i).copied().unwrap_or(0)
+    }
+    fn alloc(&self, bytes: u64, stream: u64) -> Result<RawBlock, String> {
+        self.pool
+            .alloc_raw(bytes, stream)
+            .map_err(|e| e.to_string())
+    }
+    fn free(&self, t: RawBlock, _stream: u64) -> Result<(), String> {
+        self.pool.free_raw(t).map_err(|e| e.to_string())
+    }
+}
+
+/// Raw cuMemAlloc / cuMemFree.
+pub struct RawCuda {
+    /// Context of the device.
+    pub ctx: ContextBinder,
+}
+
+impl AllocBackend for RawCuda {
+    type Token = u64;
+    fn label(&self) -> String {
+        "cuMemAlloc".into()
+    }
+    fn thread_init(&self) -> Result<(), String> {
+        self.ctx.bind()
+    }
+    fn alloc(&self, bytes: u64, _stream: u64) -> Result<u64, String> {
+        driver::mem_alloc(bytes).map_err(|e| e.to_string())
+    }
+    fn free(&self, t: u64, _stream: u64) -> Result<(), String> {
+        // SAFETY: `t` came from cuMemAlloc in `alloc` and is freed once.
+        unsafe { driver::mem_free(t) }.map_err(|e| e.to_string())
+    }
+}
+
+/// cuMemAllocAsync / cuMemFreeAsync on the device's default pool, with its release threshold
+/// set to the maximum (so freed memory stays in the pool), one stream per thread.
+pub struct AsyncCuda {
+    /// Context of the device.
+    pub ctx: ContextBinder,
+    streams: Vec<usize>,
+    pool: usize,
+}
+
+impl AsyncCuda {
+    /// Sets the default pool's release threshold to `u64::MAX` and creates `threads` streams.
+    ///
+    /// # Errors
+    /// A failed driver call.
+    pub fn new(dev: &CudaDevice, threads: usize) -> Result<Self, String> {
+        let ctx = ContextBinder::of(dev);
+        ctx.bind()?;
+        let pool = driver::default_mem_pool(dev.device_raw()).map_err(|e| e.to_string())?;
+        // SAFETY: the device's default pool is live while the driver is.
+        unsafe { driver::mem_pool_set_release_threshold(pool, u64::MAX) }
+            .map_err(|e| e.to_string())?;
+        let mut streams = Vec::new();
+        for _ in 0..threads {
+            streams.push(driver::stream_create().map_err(|e| e.to_string())? as usize);
+        }
+        Ok(AsyncCuda {
+            ctx,
+            streams,
+            pool: pool as usize,
+        })
+    }
+}
+
+impl Drop for AsyncCuda {
+    fn drop(&mut self) {
+        if self.ctx.bind().is_ok() {
+            for &s in &self.streams {
+                // SAFETY: our streams, synchronised then destroyed once.
+                unsafe {
+                    let _ = driver::stream_synchronize(s as CUstream);
+                    let _ = driver::stream_destroy(s as CUstream);
+                }
+            }
+            // SAFETY: the default pool is live; give its cached memory back.
+            unsafe {
+                let _ = driver::mem_pool_trim(self.pool as driver::MemPool);
+            }
+        }
+    }
+}
+
+impl AllocBackend for AsyncCuda {
+    type Token = u64;
+    fn label(&self) -> String {
+        "cuMemAllocAsync".into()
+    }
+    fn thread_init(&self) -> Result<(), String> {
+        self.ctx.bind()
+    }
+    fn stream(&self, i: usize) -> u64 {
+        self.streams.get(i).copied().unwrap_or(0) as u64
+    }
+    fn alloc(&self, bytes: u64, stream: u64) -> Result<u64, String> {
+        // SAFETY: `stream` is one of our live streams (or 0).
+        unsafe { driver::mem_alloc_async(bytes, stream as CUstream) }.map_err(|e| e.to_string())
+    }
+    fn free(&self, t: u64, stream: u64) -> Result<(), String> {
+        // SAFETY: `t` came from cuMemAllocAsync and is freed once, on the stream it was
+        // allocated on.
+        unsafe { driver::mem_free_async(t, stream as CUstream) }.map_err(|e| e.to_string())
+    }
+}
+
+/// Streams for a pool benchmark on a CUDA device: one per thread, destroyed on drop.
+pub struct BenchStreams {
+    ctx: ContextBinder,
+    streams: Vec<usize>,
+}
+
+impl BenchStreams {
+    /// Creates `n` streams on `dev`.
+    ///
+    /// # Errors
+    /// A failed driver call.
+    pub fn new(dev: &CudaDevice, n: usize) -> Result<Self, String> {
+        let ctx = ContextBinder::of(dev);
+        ctx.bind()?;
+        let mut streams = Vec::new();
+        for _ in 0..n {
+            streams.push(driver::stream_create().map_err(|e| e.to_string())? as usize);
+        }
+        Ok(BenchStreams { ctx, streams })
+    }
+    /// Stream ids.
+    pub fn ids(&self) -> Vec<u64> {
+        self.streams.iter().map(|&s| s as u64).collect()
+    }
+}
+
+impl Drop for BenchStreams {
+    fn drop(&mut self) {
+        if self.ctx.bind().is_ok() {
+            for &s in &self.streams {
+                // SAFETY: our streams, synchronised then destroyed once.
+                unsafe {
+                    let _ = driver::stream_synchronize(s as CUstream);
+                    let _ = driver::stream_destroy(s as CUstream);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mixed_sizes_span_the_range() {
+        let s = mixed_sizes(42);
+        assert_eq!(s.len(), MIXED_LIVE);
+        assert!(s.iter().all(|&x| (1 << 10..=4 << 20).contains(&x)));
+        assert!(s.iter().any(|&x| x < 8 << 10));
+        assert!(s.iter().any(|&x| x > 1 << 20));
+        assert_eq!(s, mixed_sizes(42));
+    }
+
+    #[test]
+    fn percentiles() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 0.5), 51.0);
+        assert_eq!(percentile(&v, 0.99), 99.0);
+        assert!(percentile(&[], 0.5).is_nan());
+    }
+}

@@ -1,0 +1,608 @@
+//! Thin wrappers over `cudarc::driver::sys`: one function per CUDA call, each returning
+//! `Result<_, DeviceError>` naming the call and the CUDA error (`DeviceError::Driver`), or
+//! `DeviceError::OutOfMemory` for CUDA_ERROR_OUT_OF_MEMORY on an allocating call.
+//!
+//! Callers must have loaded the library first ([`super::init`]); functions that work on memory
+//! need the device's context current on the calling thread ([`ctx_set_current`]).
+use std::ffi::c_void;
+use std::mem::MaybeUninit;
+use std::ptr;
+
+use cudarc::driver::sys;
+use gpumem_core::DeviceError;
+
+pub(crate) use sys::{CUcontext, CUdevice, CUevent, CUstream};
+
+/// Maps a CUresult to `Ok` or `DeviceError::Driver { call, name }`.
+pub(crate) fn check(call: &'static str, r: sys::CUresult) -> Result<(), DeviceError> {
+    if r == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(DeviceError::Driver {
+            call,
+            name: format!("{r:?}"),
+        })
+    }
+}
+
+/// As [`check`], but CUDA_ERROR_OUT_OF_MEMORY becomes `DeviceError::OutOfMemory` for
+/// `requested_bytes` (free and total from cuMemGetInfo when it answers).
+fn check_alloc(
+    call: &'static str,
+    r: sys::CUresult,
+    requested_bytes: u64,
+) -> Result<(), DeviceError> {
+    if r == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+        let (free_bytes, capacity_bytes) = mem_get_info().unwrap_or((0, 0));
+        return Err(DeviceError::OutOfMemory {
+            requested_bytes,
+            free_bytes,
+            capacity_bytes,
+        });
+    }
+    check(call, r)
+}
+
+fn to_usize(call: &'static str, bytes: u64) -> Result<usize, DeviceError> {
+    usize::try_from(bytes).map_err(|_| DeviceError::Invalid {
+        call,
+        detail: format!("{bytes} B does not fit in usize"),
+    })
+}
+
+/// cuInit(0).
+pub(crate) fn init() -> Result<(), DeviceError> {
+    // SAFETY: cuInit takes only flags; the library is loaded (caller checked its presence).
+    check("cuInit", unsafe { sys::cuInit(0) })
+}
+
+/// cuDriverGetVersion: e.g. 13000 for CUDA 13.0.
+pub(crate) fn driver_version() -> Result<i32, DeviceError> {
+    let mut v = 0;
+    // SAFETY: `v` is a valid out-pointer for one int.
+    check("cuDriverGetVersion", unsafe {
+        sys::cuDriverGetVersion(&mut v)
+    })?;
+    Ok(v)
+}
+
+/// cuDeviceGetCount.
+pub(crate) fn device_count() -> Result<usize, DeviceError> {
+    let mut n = 0;
+    // SAFETY: `n` is a valid out-pointer for one int; cuInit was called.
+    check("cuDeviceGetCount", unsafe { sys::cuDeviceGetCount(&mut n) })?;
+    Ok(usize::try_from(n).unwrap_or(0))
+}
+
+/// cuDeviceGet.
+pub(crate) fn device_get(ordinal: usize) -> Result<CUdevice, DeviceError> {
+    let mut d = MaybeUninit::uninit();
+    let ord = i32::try_from(ordinal).map_err(|_| DeviceError::Invalid {
+        call: "cuDeviceGet",
+        detail: format!("ordinal {ordinal}"),
+    })?;
+    // SAFETY: `d` is a valid out-pointer; it is read only on success.
+    check("cuDeviceGet", unsafe {
+        sys::cuDeviceGet(d.as_mut_ptr(), ord)
+    })?;
+    // SAFETY: cuDeviceGet succeeded, so it wrote the device.
+    Ok(unsafe { d.assume_init() })
+}
+
+/// cuDeviceGetName.
+pub(crate) fn device_name(dev: CUdevice) -> Result<String, DeviceError> {
+    let mut buf = [0 as std::ffi::c_char; 256];
+    // SAFETY: `buf` holds 256 chars and we pass that length; the driver NUL-terminates.
+    check("cuDeviceGetName", unsafe {
+        sys::cuDeviceGetName(buf.as_mut_ptr(), 256, dev)
+    })?;
+    // SAFETY: the driver wrote a NUL-terminated string inside `buf`.
+    let s = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+    Ok(s.to_string_lossy().into_owned())
+}
+
+/// cuDeviceTotalMem, in bytes.
+pub(crate) fn device_total_mem(dev: CUdevice) -> Result<u64, DeviceError> {
+    let mut b = 0usize;
+    // SAFETY: `b` is a valid out-pointer.
+    check("cuDeviceTotalMem", unsafe {
+        sys::cuDeviceTotalMem_v2(&mut b, dev)
+    })?;
+    Ok(b as u64)
+}
+
+/// cuDeviceGetAttribute.
+pub(crate) fn device_attribute(
+    dev: CUdevice,
+    attr: sys::CUdevice_attribute,
+) -> Result<i32, DeviceError> {
+    let mut v = 0;
+    // SAFETY: `v` is a valid out-pointer for one int.
+    check("cuDeviceGetAttribute", unsafe {
+        sys::cuDeviceGetAttribute(&mut v, attr, dev)
+    })?;
+    Ok(v)
+}
+
+/// cuDeviceCanAccessPeer between ordinals `a` (accessing) and `b` (owner).
+pub(crate) fn can_access_peer(a: usize, b: usize) -> Result<bool, DeviceError> {
+    let (da, db) = (device_get(a)?, device_get(b)?);
+    let mut v = 0;
+    // SAFETY: `v` is a valid out-pointer; both devices come from cuDeviceGet.
+    check("cuDeviceCanAccessPeer", unsafe {
+        sys::cuDeviceCanAccessPeer(&mut v, da, db)
+    })?;
+    Ok(v != 0)
+}
+
+/// cuDevicePrimaryCtxRetain.
+///
+/// # Safety
+/// 1. `dev` comes from cuDeviceGet; every retain must be matched by one
+///    [`primary_ctx_release`] (cuDevicePrimaryCtxRelease).
+pub(crate) unsafe fn primary_ctx_retain(dev: CUdevice) -> Result<CUcontext, DeviceError> {
+    let mut c = ptr::null_mut();
+    check(
+        "cuDevicePrimaryCtxRetain",
+        sys::cuDevicePrimaryCtxRetain(&mut c, dev),
+    )?;
+    Ok(c)
+}
+
+/// cuDevicePrimaryCtxRelease.
+///
+/// # Safety
+/// 1. Matches one earlier [`primary_ctx_retain`] of `dev`; no memory of the context is used
+///    after the last release (cuDevicePrimaryCtxRelease).
+pub(crate) unsafe fn primary_ctx_release(dev: CUdevice) -> Result<(), DeviceError> {
+    check(
+        "cuDevicePrimaryCtxRelease",
+        sys::cuDevicePrimaryCtxRelease_v2(dev),
+    )
+}
+
+/// cuCtxSetCurrent.
+///
+/// # Safety
+/// 1. `ctx` is a live context (retained and not yet released) (cuCtxSetCurrent).
+pub(crate) unsafe fn ctx_set_current(ctx: CUcontext) -> Result<(), DeviceError> {
+    check("cuCtxSetCurrent", sys::cuCtxSetCurrent(ctx))
+}
+
+/// cuCtxSynchronize of the current context.
+pub(crate) fn ctx_synchronize() -> Result<(), DeviceError> {
+    // SAFETY: cuCtxSynchronize takes no pointers; it fails cleanly without a current context.
+    check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+}
+
+/// cuMemGetInfo of the current context: (free, total) bytes.
+pub(crate) fn mem_get_info() -> Result<(u64, u64), DeviceError> {
+    let (mut f, mut t) = (0usize, 0usize);
+    // SAFETY: both are valid out-pointers.
+    check("cuMemGetInfo", unsafe {
+        sys::cuMemGetInfo_v2(&mut f, &mut t)
+    })?;
+    Ok((f as u64, t as u64))
+}
+
+/// cuMemAlloc of `bytes` in the current context.
+pub(crate) fn mem_alloc(bytes: u64) -> Result<u64, DeviceError> {
+    let n = to_usize("cuMemAlloc", bytes)?;
+    let mut p = 0;
+    // SAFETY: `p` is a valid out-pointer; the memory returned is owned by the caller.
+    check_alloc(
+        "cuMemAlloc",
+        unsafe { sys::cuMemAlloc_v2(&mut p, n) },
+        bytes,
+    )?;
+    Ok(p)
+}
+
+/// cuMemFree.
+///
+/// # Safety
+/// 1. `addr` was returned by cuMemAlloc (or cuMemAllocManaged) in the current context and is
+///    not freed yet; no queued work still uses it (cuMemFree).
+pub(crate) unsafe fn mem_free(addr: u64) -> Result<(), DeviceError> {
+    check("cuMemFree", sys::cuMemFree_v2(addr))
+}
+
+/// cuMemAllocManaged with CU_MEM_ATTACH_GLOBAL.
+pub(crate) fn mem_alloc_managed(bytes: u64) -> Result<u64, DeviceError> {
+    let n = to_usize("cuMemAllocManaged", bytes)?;
+    let mut p = 0;
+    let flags = sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL as u32;
+    // SAFETY: `p` is a valid out-pointer; the memory is owned by the caller.
+    check_alloc(
+        "cuMemAllocManaged",
+        unsafe { sys::cuMemAllocManaged(&mut p, n, flags) },
+        bytes,
+    )?;
+    Ok(p)
+}
+
+fn device_location(ordinal: i32) -> sys::CUmemLocation {
+    sys::CUmemLocation {
+        type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+        id: ordinal,
+    }
+}
+
+/// A location for prefetch/advice: a device ordinal, or the host (`None`).
+pub(crate) fn location(ordinal: Option<i32>) -> sys::CUmemLocation {
+    match ordinal {
+        Some(o) => device_location(o),
+        None => sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
+            id: 0,
+        },
+    }
+}
+
+/// cuMemPrefetchAsync_v2.
+///
+/// # Safety
+/// 1. `[addr, addr + bytes)` lies inside one live cuMemAllocManaged allocation;
+/// 2. `stream` is a live stream of the current context (or 0) (cuMemPrefetchAsync_v2).
+pub(crate) unsafe fn mem_prefetch(
+    addr: u64,
+    bytes: u64,
+    loc: sys::CUmemLocation,
+    stream: CUstream,
+) -> Result<(), DeviceError> {
+    let n = to_usize("cuMemPrefetchAsync", bytes)?;
+    check(
+        "cuMemPrefetchAsync",
+        sys::cuMemPrefetchAsync_v2(addr, n, loc, 0, stream),
+    )
+}
+
+/// cuMemAdvise_v2.
+///
+/// # Safety
+/// 1. `[addr, addr + bytes)` lies inside one live cuMemAllocManaged allocation (cuMemAdvise_v2).
+pub(crate) unsafe fn mem_advise(
+    addr: u64,
+    bytes: u64,
+    advice: sys::CUmem_advise,
+    loc: sys::CUmemLocation,
+) -> Result<(), DeviceError> {
+    let n = to_usize("cuMemAdvise", bytes)?;
+    check("cuMemAdvise", sys::cuMemAdvise_v2(addr, n, advice, loc))
+}
+
+fn pinned_prop(ordinal: i32) -> sys::CUmemAllocationProp {
+    sys::CUmemAllocationProp {
+        type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+        requestedHandleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+        location: device_location(ordinal),
+        win32HandleMetaData: ptr::null_mut(),
+        allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
+            compressionType: 0,
+            gpuDirectRDMACapable: 0,
+            usage: 0,
+            reserved: [0; 4],
+        },
+    }
+}
+
+/// cuMemGetAllocationGranularity for pinned device memory on `ordinal`: (minimum, recommended).
+pub(crate) fn allocation_granularity(ordinal: i32) -> Result<(u64, u64), DeviceError> {
+    let prop = pinned_prop(ordinal);
+    let (mut min, mut rec) = (0usize, 0usize);
+    // SAFETY: `prop` is a fully initialised property struct; out-pointers are valid.
+    check("cuMemGetAllocationGranularity", unsafe {
+        sys::cuMemGetAllocationGranularity(
+            &mut min,
+            &prop,
+            sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+        )
+    })?;
+    // SAFETY: as above.
+    check("cuMemGetAllocationGranularity", unsafe {
+        sys::cuMemGetAllocationGranularity(
+            &mut rec,
+            &prop,
+            sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+        )
+    })?;
+    Ok((min as u64, rec as u64))
+}
+
+/// cuMemAddressReserve of `bytes` aligned to `align` (0 = granularity), anywhere.
+pub(crate) fn address_reserve(bytes: u64, align: u64) -> Result<u64, DeviceError> {
+    let n = to_usize("cuMemAddressReserve", bytes)?;
+    let a = to_usize("cuMemAddressReserve", align)?;
+    let mut p = 0;
+    // SAFETY: `p` is a valid out-pointer; reserving address space touches no memory.
+    check_alloc(
+        "cuMemAddressReserve",
+        unsafe { sys::cuMemAddressReserve(&mut p, n, a, 0, 0) },
+        bytes,
+    )?;
+    Ok(p)
+}
+
+/// cuMemAddressFree.
+///
+/// # Safety
+/// 1. `[va, va + bytes)` is exactly one range from cuMemAddressReserve, wholly unmapped
+///    (cuMemAddressFree).
+pub(crate) unsafe fn address_free(va: u64, bytes: u64) -> Result<(), DeviceError> {
+    let n = to_usize("cuMemAddressFree", bytes)?;
+    check("cuMemAddressFree", sys::cuMemAddressFree(va, n))
+}
+
+/// cuMemCreate of `bytes` of pinned device memory on `ordinal`.
+pub(crate) fn mem_create(bytes: u64, ordinal: i32) -> Result<u64, DeviceError> {
+    let n = to_usize("cuMemCreate", bytes)?;
+    let prop = pinned_prop(ordinal);
+    let mut h = 0;
+    // SAFETY: `prop` is fully initialised; `h` is a valid out-pointer; the handle is owned by
+    // the caller until cuMemRelease.
+    check_alloc(
+        "cuMemCreate",
+        unsafe { sys::cuMemCreate(&mut h, n, &prop, 0) },
+        bytes,
+    )?;
+    Ok(h)
+}
+
+/// cuMemRelease.
+///
+/// # Safety
+/// 1. `handle` came from cuMemCreate and is not released yet (cuMemRelease); its memory is
+///    freed once every mapping of it is unmapped.
+pub(crate) unsafe fn mem_release(handle: u64) -> Result<(), DeviceError> {
+    check("cuMemRelease", sys::cuMemRelease(handle))
+}
+
+/// cuMemMap of the whole of `handle` (`bytes`, offset 0) at `va`.
+///
+/// # Safety
+/// 1. `[va, va + bytes)` lies in a reserved range and is not mapped;
+/// 2. `handle` is live and exactly `bytes` long (cuMemMap).
+pub(crate) unsafe fn mem_map(va: u64, bytes: u64, handle: u64) -> Result<(), DeviceError> {
+    let n = to_usize("cuMemMap", bytes)?;
+    check("cuMemMap", sys::cuMemMap(va, n, 0, handle, 0))
+}
+
+/// cuMemUnmap.
+///
+/// # Safety
+/// 1. `[va, va + bytes)` covers whole mappings; no queued work uses them (cuMemUnmap).
+pub(crate) unsafe fn mem_unmap(va: u64, bytes: u64) -> Result<(), DeviceError> {
+    let n = to_usize("cuMemUnmap", bytes)?;
+    check("cuMemUnmap", sys::cuMemUnmap(va, n))
+}
+
+/// cuMemSetAccess with one descriptor per `(ordinal, read_write)`: `true` grants read-write,
+/// `false` revokes (PROT_NONE).
+///
+/// # Safety
+/// 1. `[va, va + bytes)` is wholly mapped (cuMemSetAccess).
+pub(crate) unsafe fn mem_set_access(
+    va: u64,
+    bytes: u64,
+    access: &[(i32, bool)],
+) -> Result<(), DeviceError> {
+    let n = to_usize("cuMemSetAccess", bytes)?;
+    let descs: Vec<sys::CUmemAccessDesc> = access
+        .iter()
+        .map(|&(o, rw)| sys::CUmemAccessDesc {
+            location: device_location(o),
+            flags: if rw {
+                sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+            } else {
+                sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE
+            },
+        })
+        .collect();
+    check(
+        "cuMemSetAccess",
+        sys::cuMemSetAccess(va, n, descs.as_ptr(), descs.len()),
+    )
+}
+
+/// cuMemsetD32 (synchronous) of `words` 32-bit words at `addr`.
+///
+/// # Safety
+/// 1. `[addr, addr + 4 * words)` is device memory of the current context that is mapped and
+///    read-write for this device (cuMemsetD32).
+pub(crate) unsafe fn memset_d32(addr: u64, pattern: u32, words: usize) -> Result<(), DeviceError> {
+    check("cuMemsetD32", sys::cuMemsetD32_v2(addr, pattern, words))
+}
+
+/// cuMemcpyDtoH (synchronous) into `dst`.
+///
+/// # Safety
+/// 1. `[src, src + size_of_val(dst))` is readable device memory of the current context
+///    (cuMemcpyDtoH).
+pub(crate) unsafe fn memcpy_dtoh(dst: &mut [u32], src: u64) -> Result<(), DeviceError> {
+    check(
+        "cuMemcpyDtoH",
+        sys::cuMemcpyDtoH_v2(
+            dst.as_mut_ptr().cast::<c_void>(),
+            src,
+            std::mem::size_of_val(dst),
+        ),
+    )
+}
+
+/// cuPointerGetAttribute for a plain-old-data attribute of type `T`.
+///
+/// # Safety
+/// 1. `T` is the type the driver writes for `attr` (cuPointerGetAttribute's table: c_int for
+///    ordinals, memory type and flags, CUdeviceptr for range start, size_t for range size).
+pub(crate) unsafe fn pointer_attribute<T: Copy + Default>(
+    addr: u64,
+    attr: sys::CUpointer_attribute,
+) -> Result<T, DeviceError> {
+    let mut v = T::default();
+    check(
+        "cuPointerGetAttribute",
+        sys::cuPointerGetAttribute((&mut v as *mut T).cast::<c_void>(), attr, addr),
+    )?;
+    Ok(v)
+}
+
+/// cuStreamCreate (non-blocking).
+pub(crate) fn stream_create() -> Result<CUstream, DeviceError> {
+    let mut s = ptr::null_mut();
+    // SAFETY: `s` is a valid out-pointer; the stream is owned by the caller.
+    check("cuStreamCreate", unsafe {
+        sys::cuStreamCreate(&mut s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
+    })?;
+    Ok(s)
+}
+
+/// cuStreamDestroy.
+///
+/// # Safety
+/// 1. `s` came from cuStreamCreate and is not destroyed yet (cuStreamDestroy).
+pub(crate) unsafe fn stream_destroy(s: CUstream) -> Result<(), DeviceError> {
+    check("cuStreamDestroy", sys::cuStreamDestroy_v2(s))
+}
+
+/// cuStreamSynchronize.
+///
+/// # Safety
+/// 1. `s` is a live stream of the current context, or null (cuStreamSynchronize).
+pub(crate) unsafe fn stream_synchronize(s: CUstream) -> Result<(), DeviceError> {
+    check("cuStreamSynchronize", sys::cuStreamSynchronize(s))
+}
+
+/// cuEventCreate with CU_EVENT_DISABLE_TIMING.
+pub(crate) fn event_create() -> Result<CUevent, DeviceError> {
+    let mut e = ptr::null_mut();
+    // SAFETY: `e` is a valid out-pointer; the event is owned by the caller.
+    check("cuEventCreate", unsafe {
+        sys::cuEventCreate(&mut e, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
+    })?;
+    Ok(e)
+}
+
+/// cuEventRecord.
+///
+/// # Safety
+/// 1. `e` is a live event and `s` a live stream (or null) of the current context
+///    (cuEventRecord).
+pub(crate) unsafe fn event_record(e: CUevent, s: CUstream) -> Result<(), DeviceError> {
+    check("cuEventRecord", sys::cuEventRecord(e, s))
+}
+
+/// cuEventQuery: `Ok(true)` when complete, `Ok(false)` on CUDA_ERROR_NOT_READY.
+///
+/// # Safety
+/// 1. `e` is a live event (cuEventQuery).
+pub(crate) unsafe fn event_query(e: CUevent) -> Result<bool, DeviceError> {
+    let r = sys::cuEventQuery(e);
+    if r == sys::CUresult::CUDA_ERROR_NOT_READY {
+        // Not an error: nothing is left pending in the context.
+        return Ok(false);
+    }
+    check("cuEventQuery", r).map(|()| true)
+}
+
+/// cuEventSynchronize.
+///
+/// # Safety
+/// 1. `e` is a live event (cuEventSynchronize).
+pub(crate) unsafe fn event_synchronize(e: CUevent) -> Result<(), DeviceError> {
+    check("cuEventSynchronize", sys::cuEventSynchronize(e))
+}
+
+/// cuEventDestroy.
+///
+/// # Safety
+/// 1. `e` is a live event, destroyed once (cuEventDestroy).
+pub(crate) unsafe fn event_destroy(e: CUevent) -> Result<(), DeviceError> {
+    check("cuEventDestroy", sys::cuEventDestroy_v2(e))
+}
+
+/// cuDeviceGetDefaultMemPool of `dev`.
+pub(crate) fn default_mem_pool(dev: CUdevice) -> Result<sys::CUmemoryPool, DeviceError> {
+    let mut p = ptr::null_mut();
+    // SAFETY: `p` is a valid out-pointer; the default pool is owned by the driver.
+    check("cuDeviceGetDefaultMemPool", unsafe {
+        sys::cuDeviceGetDefaultMemPool(&mut p, dev)
+    })?;
+    Ok(p)
+}
+
+/// cuMemPoolSetAttribute(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, bytes).
+///
+/// # Safety
+/// 1. `pool` is a live memory pool (cuMemPoolSetAttribute).
+pub(crate) unsafe fn mem_pool_set_release_threshold(
+    pool: sys::CUmemoryPool,
+    bytes: u64,
+) -> Result<(), DeviceError> {
+    let mut v: u64 = bytes;
+    check(
+        "cuMemPoolSetAttribute",
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut v as *mut u64).cast::<c_void>(),
+        ),
+    )
+}
+
+/// cuMemPoolTrimTo(pool, 0).
+///
+/// # Safety
+/// 1. `pool` is a live memory pool (cuMemPoolTrimTo).
+pub(crate) unsafe fn mem_pool_trim(pool: sys::CUmemoryPool) -> Result<(), DeviceError> {
+    check("cuMemPoolTrimTo", sys::cuMemPoolTrimTo(pool, 0))
+}
+
+/// cuMemAllocAsync of `bytes` on `stream` (from the device's current pool).
+///
+/// # Safety
+/// 1. `stream` is a live stream of the current context, or null (cuMemAllocAsync).
+pub(crate) unsafe fn mem_alloc_async(bytes: u64, stream: CUstream) -> Result<u64, DeviceError> {
+    let n = to_usize("cuMemAllocAsync", bytes)?;
+    let mut p = 0;
+    check_alloc(
+        "cuMemAllocAsync",
+        sys::cuMemAllocAsync(&mut p, n, stream),
+        bytes,
+    )?;
+    Ok(p)
+}
+
+/// cuMemFreeAsync.
+///
+/// # Safety
+/// 1. `addr` came from cuMemAllocAsync and is not freed yet; `stream` is live (cuMemFreeAsync).
+pub(crate) unsafe fn mem_free_async(addr: u64, stream: CUstream) -> Result<(), DeviceError> {
+    check("cuMemFreeAsync", sys::cuMemFreeAsync(addr, stream))
+}
+
+/// The raw attribute enum, re-exported for the device module.
+pub(crate) use sys::CUdevice_attribute as DeviceAttr;
+/// The raw advice enum.
+pub(crate) use sys::CUmem_advise as MemAdvise;
+/// The raw memory-pool handle.
+pub(crate) use sys::CUmemoryPool as MemPool;
+/// The raw pointer-attribute enum.
+pub(crate) use sys::CUpointer_attribute as PointerAttr;
+
+/// cuMemAllocPitch: (address, pitch in bytes).
+pub(crate) fn mem_alloc_pitch(
+    width_bytes: u64,
+    height: u64,
+    elem_bytes: u32,
+) -> Result<(u64, u64), DeviceError> {
+    let w = to_usize("cuMemAllocPitch", width_bytes)?;
+    let h = to_usize("cuMemAllocPitch", height)?;
+    let (mut p, mut pitch) = (0, 0usize);
+    // SAFETY: valid out-pointers; the memory returned is owned by the caller.
+    check_alloc(
+        "cuMemAllocPitch",
+        unsafe { sys::cuMemAllocPitch_v2(&mut p, &mut pitch, w, h, elem_bytes) },
+        width_bytes.saturating_mul(height),
+    )?;
+    Ok((p, pitch as u64))
+}

@@ -1,0 +1,309 @@
+//! A small SVG line-chart writer (no dependencies): replay timelines and bandwidth curves.
+use std::fmt::Write as _;
+
+/// One line of a chart.
+#[derive(Debug, Clone)]
+pub struct Series {
+    /// Legend text.
+    pub label: String,
+    /// CSS colour, e.g. `#1f77b4`.
+    pub color: String,
+    /// Dashed line.
+    pub dashed: bool,
+    /// Points `(x, y)`.
+    pub points: Vec<(f64, f64)>,
+}
+
+/// A chart: one or more panels stacked vertically sharing the x label.
+#[derive(Debug, Clone, Default)]
+pub struct Chart {
+    /// Title above everything.
+    pub title: String,
+    /// Label under the x axis.
+    pub x_label: String,
+    /// Logarithmic x axis (base 2 ticks).
+    pub log_x: bool,
+    /// Panels: (panel title, y label, series).
+    pub panels: Vec<(String, String, Vec<Series>)>,
+}
+
+/// Ten distinguishable colours (matplotlib's tab10).
+pub const PALETTE: [&str; 10] = [
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+    "#bcbd22", "#17becf",
+];
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+fn nice_step(range: f64, target_ticks: f64) -> f64 {
+    let raw = (range / target_ticks).max(f64::MIN_POSITIVE);
+    let mag = 10f64.powf(raw.log10().floor());
+    let r = raw / mag;
+    let m = if r < 1.5 {
+        1.0
+    } else if r < 3.0 {
+        2.0
+    } else if r < 7.0 {
+        5.0
+    } else {
+        10.0
+    };
+    m * mag
+}
+
+fn fmt_tick(v: f64) -> String {
+    let a = v.abs();
+    if a >= 1e9 {
+        format!("{}G", trim(v / 1e9))
+    } else if a >= 1e6 {
+        format!("{}M", trim(v / 1e6))
+    } else if a >= 1e3 {
+        format!("{}k", trim(v / 1e3))
+    } else {
+        trim(v)
+    }
+}
+
+fn trim(v: f64) -> String {
+    let s = format!("{v:.2}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+impl Chart {
+    /// Renders the chart as an SVG document.
+    pub fn to_svg(&self) -> String {
+        let width = 960.0;
+        let panel_h = 300.0;
+        let (ml, mr, mt, mb) = (90.0, 200.0, 50.0, 50.0);
+        let height = mt + self.panels.len() as f64 * (panel_h + 40.0) + mb;
+        let mut o = String::new();
+        let _ = write!(
+            o,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">"#
+        );
+        let _ = write!(o, r#"<rect width="100%" height="100%" fill="white"/>"#);
+        let _ = write!(
+            o,
+            r#"<text x="{}" y="24" font-size="16" text-anchor="middle">{}</text>"#,
+            width / 2.0,
+            esc(&self.title)
+        );
+        let tx = |x: f64| {
+            if self.log_x {
+                x.max(f64::MIN_POSITIVE).log2()
+            } else {
+                x
+            }
+        };
+        for (pi, (ptitle, ylabel, series)) in self.panels.iter().enumerate() {
+            let top = mt + pi as f64 * (panel_h + 40.0);
+            let pw = width - ml - mr;
+            let pts = series.iter().flat_map(|s| s.points.iter());
+            let (mut x0, mut x1, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, 0.0f64);
+            for &(x, y) in pts {
+                x0 = x0.min(tx(x));
+                x1 = x1.max(tx(x));
+                y1 = y1.max(y);
+            }
+            if !x0.is_finite() {
+                x0 = 0.0;
+                x1 = 1.0;
+            }
+            if x1 <= x0 {
+                x1 = x0 + 1.0;
+            }
+            if y1 <= 0.0 {
+                y1 = 1.0;
+            }
+            let ystep = nice_step(y1, 5.0);
+            y1 = (y1 / ystep).ceil() * ystep;
+            let sx = |x: f64| ml + (tx(x) - x0) / (x1 - x0) * pw;
+            let sy = |y: f64| top + panel_h - y / y1 * panel_h;
+            let _ = write!(
+                o,
+                r#"<text x="{}" y="{}" font-size="13" text-anchor="middle">{}</text>"#,
+                ml + pw / 2.0,
+                top - 8.0,
+                esc(ptitle)
+            );
+            let _ = write!(
+                o,
+                r##"<rect x="{ml}" y="{top}" width="{pw}" height="{panel_h}" fill="none" stroke="#888"/>"##
+            );
+            // y grid
+            let mut y = 0.0;
+            while y <= y1 + ystep * 0.01 {
+                let py = sy(y);
+                let _ = write!(
+                    o,
+                    r##"<line x1="{ml}" y1="{py}" x2="{}" y2="{py}" stroke="#eee"/>"##,
+                    ml + pw
+                );
+                let _ = write!(
+                    o,
+                    r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#,
+                    ml - 6.0,
+                    py + 4.0,
+                    fmt_tick(y)
+                );
+                y += ystep;
+            }
+            // x ticks
+            if self.log_x {
+                let mut e = x0.floor();
+                while e <= x1 {
+                    let px = ml + (e - x0) / (x1 - x0) * pw;
+                    if px >= ml - 0.5 {
+                        let v = 2f64.powf(e);
+                        let _ = write!(
+                            o,
+                            r##"<line x1="{px}" y1="{top}" x2="{px}" y2="{}" stroke="#eee"/>"##,
+                            top + panel_h
+                        );
+                        let _ = write!(
+                            o,
+                            r#"<text x="{px}" y="{}" text-anchor="middle">{}</text>"#,
+                            top + panel_h + 16.0,
+                            esc(&crate::plot::human_pow2(v))
+                        );
+                    }
+                    e += 2.0;
+                }
+            } else {
+                let xs = nice_step(x1 - x0, 8.0);
+                let mut x = (x0 / xs).ceil() * xs;
+                while x <= x1 {
+                    let px = ml + (x - x0) / (x1 - x0) * pw;
+                    let _ = write!(
+                        o,
+                        r#"<text x="{px}" y="{}" text-anchor="middle">{}</text>"#,
+                        top + panel_h + 16.0,
+                        fmt_tick(x)
+                    );
+                    x += xs;
+                }
+            }
+            let _ = write!(
+                o,
+                r#"<text transform="translate({},{}) rotate(-90)" text-anchor="middle">{}</text>"#,
+                20.0,
+                top + panel_h / 2.0,
+                esc(ylabel)
+            );
+            for (si, s) in series.iter().enumerate() {
+                let mut d = String::new();
+                for (i, &(x, y)) in s.points.iter().enumerate() {
+                    let _ = write!(
+                        d,
+                        "{}{:.1},{:.1}",
+                        if i == 0 { "M" } else { " L" },
+                        sx(x),
+                        sy(y)
+                    );
+                }
+                let dash = if s.dashed {
+                    r#" stroke-dasharray="6,4""#
+                } else {
+                    ""
+                };
+                let _ = write!(
+                    o,
+                    r#"<path d="{d}" fill="none" stroke="{}" stroke-width="1.6"{dash}/>"#,
+                    s.color
+                );
+                let ly = top + 14.0 + si as f64 * 18.0;
+                let lx = ml + pw + 12.0;
+                let _ = write!(
+                    o,
+                    r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{}" stroke-width="2"{dash}/>"#,
+                    lx + 24.0,
+                    s.color
+                );
+                let _ = write!(
+                    o,
+                    r#"<text x="{}" y="{}">{}</text>"#,
+                    lx + 30.0,
+                    ly + 4.0,
+                    esc(&s.label)
+                );
+            }
+        }
+        let _ = write!(
+            o,
+            r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
+            ml + (width - ml - mr) / 2.0,
+            height - 12.0,
+            esc(&self.x_label)
+        );
+        o.push_str("</svg>\n");
+        o
+    }
+}
+
+/// `4 KiB`, `1 MiB`, `1 GiB` for powers of two; plain numbers otherwise.
+pub fn human_pow2(v: f64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut x = v;
+    let mut i = 0;
+    while x >= 1024.0 && i < U.len() - 1 {
+        x /= 1024.0;
+        i += 1;
+    }
+    format!("{} {}", trim(x), U[i])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_series_and_legend() {
+        let c = Chart {
+            title: "t <1>".into(),
+            x_label: "event".into(),
+            log_x: false,
+            panels: vec![(
+                "p".into(),
+                "GiB".into(),
+                vec![Series {
+                    label: "reserved".into(),
+                    color: PALETTE[0].into(),
+                    dashed: false,
+                    points: vec![(0.0, 1.0), (10.0, 3.0)],
+                }],
+            )],
+        };
+        let svg = c.to_svg();
+        assert!(svg.starts_with("<svg"));
+        assert!(svg.contains("t &lt;1&gt;"));
+        assert!(svg.contains("reserved"));
+        assert_eq!(svg.matches("<path").count(), 1);
+        assert!(svg.trim_end().ends_with("</svg>"));
+    }
+
+    #[test]
+    fn log_axis_ticks_are_powers_of_two() {
+        assert_eq!(human_pow2(4096.0), "4 KiB");
+        assert_eq!(human_pow2(1073741824.0), "1 GiB");
+        let c = Chart {
+            log_x: true,
+            panels: vec![(
+                "p".into(),
+                "GB/s".into(),
+                vec![Series {
+                    label: "a".into(),
+                    color: "#000".into(),
+                    dashed: true,
+                    points: vec![(4096.0, 1.0), (1048576.0, 40.0)],
+                }],
+            )],
+            ..Chart::default()
+        };
+        let svg = c.to_svg();
+        assert!(svg.contains("4 KiB") && svg.contains("1 MiB"));
+    }
+}
