@@ -77,9 +77,10 @@ fn bench_read(c: &mut Criterion) {
             t.events.len()
         );
         g.throughput(Throughput::Bytes(bytes.len() as u64));
-        g.bench_function(BenchmarkId::new("pickle", format!("synthetic_{events}")), |b| {
-            b.iter(|| read_bytes("synthetic", &bytes, ReadOptions::default()).expect("reads"))
-        });
+        g.bench_function(
+            BenchmarkId::new("pickle", format!("synthetic_{events}")),
+            |b| b.iter(|| read_bytes("synthetic", &bytes, ReadOptions::default()).expect("reads")),
+        );
     }
     for name in [
         "resnet_train",
