@@ -222,7 +222,7 @@ impl Liveness {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use std::hash::{BuildHasher, Hash};
+    use std::hash::BuildHasher;
 
     #[test]
     fn aligned_addresses_spread_over_buckets() {
@@ -230,9 +230,7 @@ mod tests {
         let b = BuildHasherDefault::<AddrHasher>::default();
         let mut low = std::collections::HashSet::new();
         for i in 0..4096u64 {
-            let mut h = b.build_hasher();
-            (0u32, 0x7f00_0000_0000 + (i << 21)).hash(&mut h);
-            low.insert(h.finish() & 0xfff);
+            low.insert(b.hash_one((0u32, 0x7f00_0000_0000 + (i << 21))) & 0xfff);
         }
         assert!(
             low.len() > 2000,
