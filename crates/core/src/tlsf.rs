@@ -31,6 +31,26 @@ type NodeIndex = NonZeroU32;
 /// Largest number of nodes (the index is a `u32` counted from 1).
 const MAX_NODES: usize = (u32::MAX - 1) as usize;
 
+/// Slots of the bin-head table: `BIN_COUNT` rounded up to a power of two, so that a masked
+/// index needs no bounds check. Slots from `BIN_COUNT` on stay empty.
+const HEAD_SLOTS: usize = 1024;
+/// Entries of the second-level bitmap table (first levels rounded up to a power of two).
+const SL_SLOTS: usize = 64;
+
+const _: () = assert!(BIN_COUNT as usize <= HEAD_SLOTS && FL_COUNT as usize <= SL_SLOTS);
+
+/// Index of `bin` in the head table (the mask is a no-op for every valid bin).
+#[inline]
+fn slot(bin: u32) -> usize {
+    bin as usize & (HEAD_SLOTS - 1)
+}
+
+/// Index of first level `fl` in the second-level bitmap table.
+#[inline]
+fn sl_slot(fl: u32) -> usize {
+    fl as usize & (SL_SLOTS - 1)
+}
+
 /// Largest alignment the TLSF arena accepts, in bytes (any power of two).
 pub const TLSF_MAX_ALIGN: u64 = 1 << 63;
 
@@ -45,6 +65,8 @@ struct Node {
     /// Free-list links (for a spare node slot, `next_free` chains the spare slots).
     prev_free: Option<NodeIndex>,
     next_free: Option<NodeIndex>,
+    /// Bin of a free block (`bin_floor(size)`, set when it joins a free list).
+    bin: u32,
     used: bool,
 }
 
@@ -69,11 +91,11 @@ pub struct Tlsf {
     spare: Option<NodeIndex>,
     spare_count: usize,
     /// Head of each bin's free list.
-    heads: Vec<Option<NodeIndex>>,
+    heads: Box<[Option<NodeIndex>; HEAD_SLOTS]>,
     /// Bit `f` set: some second-level list of first level `f` is non-empty.
     fl_bitmap: u64,
     /// Bit `s` of entry `f` set: bin `f * 16 + s` is non-empty.
-    sl_bitmap: [u16; FL_COUNT as usize],
+    sl_bitmap: [u16; SL_SLOTS],
     /// Live allocations: offset -> node.
     used: FxHashMap<u64, NodeIndex>,
     free_bytes: u64,
@@ -92,9 +114,9 @@ impl Tlsf {
             nodes: Vec::new(),
             spare: None,
             spare_count: 0,
-            heads: vec![None; BIN_COUNT as usize],
+            heads: Box::new([None; HEAD_SLOTS]),
             fl_bitmap: 0,
-            sl_bitmap: [0; FL_COUNT as usize],
+            sl_bitmap: [0; SL_SLOTS],
             used: FxHashMap::default(),
             free_bytes: 0,
         };
@@ -106,6 +128,7 @@ impl Tlsf {
                 next_phys: None,
                 prev_free: None,
                 next_free: None,
+                bin: 0,
                 used: false,
             });
             t.insert_free(NodeIndex::MIN);
@@ -113,10 +136,12 @@ impl Tlsf {
         t
     }
 
+    #[inline]
     fn n(&self, i: NodeIndex) -> &Node {
         &self.nodes[idx_to_pos(i)]
     }
 
+    #[inline]
     fn n_mut(&mut self, i: NodeIndex) -> &mut Node {
         &mut self.nodes[idx_to_pos(i)]
     }
@@ -157,12 +182,14 @@ impl Tlsf {
         self.spare_count += 1;
     }
 
+    #[inline]
     fn insert_free(&mut self, i: NodeIndex) {
         let size = self.n(i).size;
         let bin = bin_floor(size);
-        let head = self.heads[bin as usize];
+        let head = self.heads[slot(bin)];
         {
             let n = self.n_mut(i);
+            n.bin = bin;
             n.used = false;
             n.prev_free = None;
             n.next_free = head;
@@ -170,30 +197,31 @@ impl Tlsf {
         if let Some(h) = head {
             self.n_mut(h).prev_free = Some(i);
         }
-        self.heads[bin as usize] = Some(i);
+        self.heads[slot(bin)] = Some(i);
         let fl = bin >> SL_BITS;
-        self.sl_bitmap[fl as usize] |= 1 << (bin & SL_MASK);
+        self.sl_bitmap[sl_slot(fl)] |= 1 << (bin & SL_MASK);
         self.fl_bitmap |= 1 << fl;
         self.free_bytes += size;
     }
 
+    #[inline(always)]
     fn remove_free(&mut self, i: NodeIndex) {
-        let (size, prev, next) = {
+        let (size, prev, next, bin) = {
             let n = self.n(i);
-            (n.size, n.prev_free, n.next_free)
+            (n.size, n.prev_free, n.next_free, n.bin)
         };
-        let bin = bin_floor(size);
         match prev {
             Some(p) => self.n_mut(p).next_free = next,
-            None => self.heads[bin as usize] = next,
+            None => self.heads[slot(bin)] = next,
         }
         if let Some(nx) = next {
             self.n_mut(nx).prev_free = prev;
         }
-        if self.heads[bin as usize].is_none() {
+        if prev.is_none() && next.is_none() {
+            // It was the only block of its bin.
             let fl = bin >> SL_BITS;
-            self.sl_bitmap[fl as usize] &= !(1 << (bin & SL_MASK));
-            if self.sl_bitmap[fl as usize] == 0 {
+            self.sl_bitmap[sl_slot(fl)] &= !(1 << (bin & SL_MASK));
+            if self.sl_bitmap[sl_slot(fl)] == 0 {
                 self.fl_bitmap &= !(1 << fl);
             }
         }
@@ -209,7 +237,7 @@ impl Tlsf {
             return None;
         }
         let fl = bin >> SL_BITS;
-        let sl_map = u32::from(self.sl_bitmap[fl as usize]) & (u32::MAX << (bin & SL_MASK));
+        let sl_map = u32::from(self.sl_bitmap[sl_slot(fl)]) & (u32::MAX << (bin & SL_MASK));
         if sl_map != 0 {
             return Some((fl << SL_BITS) | sl_map.trailing_zeros());
         }
@@ -222,7 +250,7 @@ impl Tlsf {
             return None;
         }
         let fl2 = fl_map.trailing_zeros();
-        let sl2 = u32::from(self.sl_bitmap[fl2 as usize]).trailing_zeros();
+        let sl2 = u32::from(self.sl_bitmap[sl_slot(fl2)]).trailing_zeros();
         Some((fl2 << SL_BITS) | sl2)
     }
 
@@ -241,13 +269,13 @@ impl Tlsf {
         let worst = size.checked_add(align - 1);
         let guaranteed = worst.and_then(bin_ceil);
         if let Some(b) = guaranteed.and_then(|g| self.next_nonempty_bin(g)) {
-            return self.heads[b as usize];
+            return self.heads[slot(b)];
         }
         // Slow path: blocks in [bin_floor(size), guaranteed) may still fit.
         let limit = guaranteed.unwrap_or(BIN_COUNT);
         let mut bin = self.next_nonempty_bin(bin_floor(size));
         while let Some(b) = bin.filter(|&b| b < limit) {
-            let mut cur = self.heads[b as usize];
+            let mut cur = self.heads[slot(b)];
             while let Some(i) = cur {
                 if self.fits(i, size, align) {
                     return Some(i);
@@ -265,9 +293,9 @@ impl Tlsf {
             return 0;
         }
         let fl = 63 - self.fl_bitmap.leading_zeros();
-        let sl = 15 - self.sl_bitmap[fl as usize].leading_zeros();
+        let sl = 15 - self.sl_bitmap[sl_slot(fl)].leading_zeros();
         let mut best = 0;
-        let mut cur = self.heads[((fl << SL_BITS) | sl) as usize];
+        let mut cur = self.heads[slot((fl << SL_BITS) | sl)];
         while let Some(i) = cur {
             let n = self.n(i);
             best = best.max(n.size);
@@ -337,6 +365,7 @@ impl Arena for Tlsf {
                 next_phys: Some(i),
                 prev_free: None,
                 next_free: None,
+                bin: 0,
                 used: false,
             });
             if let Some(p) = prev {
@@ -355,6 +384,7 @@ impl Arena for Tlsf {
                 next_phys: next,
                 prev_free: None,
                 next_free: None,
+                bin: 0,
                 used: false,
             });
             if let Some(nx) = next {
@@ -536,8 +566,8 @@ impl Arena for Tlsf {
         let mut listed = 0usize;
         for bin in 0..BIN_COUNT {
             let fl = bin >> SL_BITS;
-            let bit = self.sl_bitmap[fl as usize] & (1 << (bin & SL_MASK)) != 0;
-            let head = self.heads[bin as usize];
+            let bit = self.sl_bitmap[sl_slot(fl)] & (1 << (bin & SL_MASK)) != 0;
+            let head = self.heads[slot(bin)];
             if bit != head.is_some() {
                 return Err(err(format!(
                     "bitmap bit of bin {bin} disagrees with its list"
@@ -555,7 +585,7 @@ impl Arena for Tlsf {
                 if n.used {
                     return Err(err(format!("used block at {} on a free list", n.offset)));
                 }
-                if bin_floor(n.size) != bin {
+                if bin_floor(n.size) != bin || n.bin != bin {
                     return Err(err(format!(
                         "block of {} B in bin {bin}, belongs in {}",
                         n.size,
@@ -571,12 +601,15 @@ impl Arena for Tlsf {
         }
         for fl in 0..FL_COUNT {
             let bit = self.fl_bitmap & (1 << fl) != 0;
-            if bit != (self.sl_bitmap[fl as usize] != 0) {
+            if bit != (self.sl_bitmap[sl_slot(fl)] != 0) {
                 return Err(err(format!("first-level bit {fl} disagrees")));
             }
         }
-        if self.fl_bitmap >> FL_COUNT != 0 {
-            return Err(err("first-level bits beyond the last class".into()));
+        if self.fl_bitmap >> FL_COUNT != 0
+            || self.sl_bitmap[FL_COUNT as usize..].iter().any(|&m| m != 0)
+            || self.heads[BIN_COUNT as usize..].iter().any(Option::is_some)
+        {
+            return Err(err("bitmap bits or list heads beyond the last class".into()));
         }
         if listed != free_nodes {
             return Err(err(format!(

@@ -9,45 +9,70 @@
 //!   (rounded to the granularity; more ranges are reserved when no free range is long enough).
 //!   Blocks are placed anywhere in them, in 256-byte units; the VA is free to waste.
 //! - **Physical pages** of [`Device::granularity_bytes`] are mapped under a block when it needs
-//!   them and unmapped as soon as no live block touches them. A page therefore costs memory
-//!   only while a live block overlaps it, and blocks share pages freely: a small block and the
-//!   head of a 1 GiB block may sit in the same page.
+//!   them; once no live block touches a page it joins the bounded page cache (below). Blocks
+//!   share pages freely: a small block and the head of a 1 GiB block may sit in one page.
 //! - **Placement** minimises the pages a new block maps. The fast path finds, in O(log n),
 //!   the lowest-addressed free range whose *mapped* part (the free tail of the page before it,
 //!   or the free head of the page after it) holds the whole block: no driver call at all.
 //!   Otherwise every free range is scored by the pages the block would newly map when placed
-//!   flush against its start or its end, and the lowest (pages, address) wins; this O(free
-//!   ranges) scan only runs when at least one cuMemMap follows (≥ 25 µs on an H200), or when
-//!   alignment above 256 bytes defeats the fast path.
-//! - **Page cache.** Handles of unmapped pages are kept (unmapped) up to
-//!   [`Config::page_cache_pages`] and remapped before any cuMemCreate. No further bound by a
-//!   fraction of usage is needed for the peak: cuMemCreate runs only when the cache is empty,
-//!   so the peak of `reserved_bytes` (mapped + cached) equals the peak of mapped bytes.
-//! - **Batching.** All pages a block newly maps form one run of neighbouring pages (they are
-//!   the interior of one free range), mapped one cuMemMap per page (one handle per page, so
-//!   each can be unmapped alone) and opened with **one** cuMemSetAccess over the whole run;
-//!   a free unmaps its run with one cuMemUnmap.
+//!   flush against its start or its end, then by the bytes of those new pages it would leave
+//!   free (the waste it adds), then by address; this O(free ranges) scan only runs when at
+//!   least one cuMemMap follows (≥ 25 µs on an H200), or when alignment above 256 bytes
+//!   defeats the fast path. On the three shipped PyTorch traces (`traces/`), peak reserved /
+//!   peak requested is 1.0016 (resnet_train), 1.0014 (gpt2_train) and 1.0110 (mixed_sizes),
+//!   against 1.115 / 1.213 / 1.714 for PyTorch's native allocator.
+//! - **Page cache.** Pages no block touches any more stay mapped where they are ("idle",
+//!   reused in place without a driver call), and handles of unmapped pages are kept; idle
+//!   pages and cached handles together stay within [`Config::page_cache_pages`] (beyond it a
+//!   freed run is unmapped with one call and the excess handles released). A new page takes
+//!   a cached handle first, then idle pages elsewhere (unmapped in runs, one call per run),
+//!   and only then cuMemCreate. No further bound by a fraction of usage is needed for the
+//!   peak: cuMemCreate runs only when nothing is cached or idle, so the peak of
+//!   `reserved_bytes` (mapped + cached) equals the peak of pages under live blocks.
+//! - **Quick reuse.** Up to [`QUICK_SLOTS`] freed blocks (at most
+//!   `page_cache_pages × page` bytes in all) are kept whole and handed out again to a request
+//!   of the same rounded size and a compatible alignment: the O(1) hit path (≈ 30 ns per
+//!   allocate + free pair). They are given back to the free map before any page is mapped,
+//!   so they never raise the peak either.
+//! - **Batching.** The pages a block newly maps lie next to each other (the interior of one
+//!   free range, possibly with idle pages among them). Each gets its own handle and cuMemMap
+//!   (so each can later be unmapped alone; cuMemMap costs ≈ 1 µs), and **one**
+//!   cuMemSetAccess (24–93 µs) opens them all, spanning any already open page between them.
+//!   A free unmaps the run of pages only it touched with one cuMemUnmap.
+//!
+//! # Streams and devices
+//! The `stream` argument is ignored: a freed block is reusable at once, on any stream, as
+//! after PyTorch's `free_completed` (the caller frees only once the GPU is done with the
+//! block). One allocator serves one device: the page size is learnt from the first
+//! [`Device`] it is given.
 //!
 //! # Figures
 //! - `allocated_bytes`: bytes of live blocks (requests rounded up to 256 bytes).
 //! - `reserved_bytes`: physical bytes held: mapped pages plus cached handles. Its peak also
 //!   records handles created by an allocation that later failed and was unwound.
-//! - `free_bytes`: bytes inside mapped pages not covered by a live block.
-//! - `largest_free_bytes`: the longest free run of bytes lying entirely in mapped pages
-//!   (the largest block that can be placed without mapping a page).
+//! - `free_bytes`: bytes left free inside the pages that live blocks (or blocks held for
+//!   quick reuse) touch: the fragmentation that costs physical memory. Idle pages, cached
+//!   handles and quick-reuse blocks are not counted (they are `reserved − allocated − free`).
+//! - `largest_free_bytes`: the longest free run of bytes inside those same pages (the
+//!   largest block that can be placed without a driver call).
 //! - `segment_count`: physical pages held (mapped + cached).
 //!
 //! # Failures
 //! Every allocation either completes or unwinds exactly the driver calls it made
-//! (reservations freed, pages unmapped, created handles released, cached handles returned).
-//! A free unmaps first (one call); if that call fails the block stays live and nothing
-//! changes. If a driver call *while unwinding* fails, the affected pages stay mapped without
-//! a block ("idle" pages, still counted as reserved) and are given back by
-//! [`Allocator::release_cached`]; if a cuMemRelease fails, the handle stays cached even above
-//! the bound until the next successful release.
+//! (reservations freed, pages unmapped, created handles released, cached handles returned);
+//! blocks, `requested`/`allocated` and `reserved_bytes` are then as before. Two things a
+//! failed allocation may leave changed, both invisible in those figures: blocks of the
+//! quick-reuse list returned to the free map, and idle pages turned into cached handles.
+//! On out-of-memory it gives back the cache as the [`Allocator`] contract asks, so
+//! `reserved_bytes` can drop. A free unmaps first (one call); if that call fails the block
+//! stays live and nothing changes. If a driver call *while unwinding* fails, the affected
+//! pages stay mapped as idle pages (still counted as reserved) and are given back by
+//! [`Allocator::release_cached`]; if a cuMemRelease fails, the handle stays cached, even
+//! above the bound, until a later call trims the cache. Calls made while unwinding are
+//! retried once before falling back to that.
 mod maxtree;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::align::{align_down, align_up, is_pow2};
@@ -108,7 +133,7 @@ pub const QUICK_SLOTS: usize = 16;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Page {
     handle: PhysHandle,
-    /// Live blocks touching the page (0 only for an idle page left by a failed unwind).
+    /// Live or quick-reuse blocks touching the page (0 for an idle page).
     refs: u32,
     /// Whether cuMemSetAccess succeeded over it.
     access: bool,
@@ -141,7 +166,7 @@ pub enum PageState {
     Mapped {
         /// The cuMemCreate handle mapped there.
         handle: PhysHandle,
-        /// Live blocks touching the page (0: an idle page left by a failed unwind).
+        /// Blocks touching the page, live or held for quick reuse (0: an idle page).
         live_blocks: u32,
         /// Whether cuMemSetAccess opened it to the device.
         access: bool,
@@ -161,6 +186,43 @@ pub struct VaRangeView {
     pub page_bytes: u64,
     /// Mapped (with its handle) or reserved-unmapped.
     pub state: PageState,
+}
+
+impl std::fmt::Display for VaRangeView {
+    /// One row of the seed's table: `virtual range | physical | page size | state`, e.g.
+    /// `0x7f0000000000 - 0x7f0000200000 | handle 3 | 2 MiB | mapped, 2 blocks`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let end = self.va.saturating_add(self.bytes);
+        let page = if self.page_bytes >= 1 << 20 && self.page_bytes.is_multiple_of(1 << 20) {
+            format!("{} MiB", self.page_bytes >> 20)
+        } else {
+            format!("{} KiB", self.page_bytes >> 10)
+        };
+        match self.state {
+            PageState::Mapped {
+                handle,
+                live_blocks,
+                access,
+            } => {
+                let what = match (live_blocks, access) {
+                    (0, _) => "mapped, idle".to_string(),
+                    (n, true) => format!("mapped, {n} block{}", if n == 1 { "" } else { "s" }),
+                    (n, false) => format!("mapped without access, {n} blocks"),
+                };
+                write!(
+                    f,
+                    "{:#x} - {end:#x} | handle {} | {page} | {what}",
+                    self.va, handle.0
+                )
+            }
+            PageState::ReservedUnmapped => write!(
+                f,
+                "{:#x} - {end:#x} | unmapped | {page} | reserved, {} pages",
+                self.va,
+                self.bytes / self.page_bytes.max(1)
+            ),
+        }
+    }
 }
 
 /// Where a new block goes.
@@ -183,8 +245,35 @@ struct Taken {
 }
 
 /// The page-mapped allocator (see the module documentation).
+///
+/// ```
+/// use gpumem_core::paged::{PageState, Paged};
+/// use gpumem_core::registry::Config;
+/// use gpumem_core::sim::SimDevice;
+/// use gpumem_core::{Allocator, Device};
+///
+/// let mut dev = SimDevice::new(1 << 30); // 1 GiB, 2 MiB pages
+/// let mut pool = Paged::new(&Config::default());
+/// let small = pool.allocate(&mut dev, 1 << 20, 256, 0)?; // 1 MiB: maps one page
+/// let big = pool.allocate(&mut dev, 5 << 20, 256, 0)?; // 5 MiB: shares that page, maps 2
+/// assert_eq!(big.addr, small.addr + (1 << 20));
+/// assert_eq!(pool.stats().reserved_bytes.current, 6 << 20);
+/// let mapped = pool
+///     .page_table()
+///     .iter()
+///     .filter(|row| matches!(row.state, PageState::Mapped { .. }))
+///     .count();
+/// assert_eq!(mapped, 3);
+/// pool.deallocate(&mut dev, big.addr)?;
+/// pool.deallocate(&mut dev, small.addr)?;
+/// pool.release_cached(&mut dev)?;
+/// assert_eq!(dev.used_bytes(), 0);
+/// pool.validate()?;
+/// # Ok::<(), gpumem_core::AllocError>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct Paged {
+    /// Bound on idle pages + cached handles, in pages ([`Config::page_cache_pages`]).
     cache_limit: u64,
     /// Virtual bytes per reservation; 0 = [`VA_CAPACITY_FACTOR`] × device capacity.
     va_chunk_bytes: u64,
@@ -194,13 +283,17 @@ pub struct Paged {
     reservations: Vec<Reservation>,
     /// Free virtual ranges: start → length in bytes; coalesced within a reservation.
     free: BTreeMap<u64, u64>,
+    /// Live blocks by address.
     live: AddrMap<LiveBlock>,
     /// Unmapped physical handles kept for reuse.
     cache: Vec<PhysHandle>,
     /// Pages currently mapped (including idle ones).
     mapped_pages: u64,
-    /// Mapped pages without a live block (left by a failed unwind).
-    idle_pages: u64,
+    /// Virtual addresses of idle pages: mapped, with access, but touched by no block; kept
+    /// mapped for reuse in place (lazy unmapping) or left by a failed unwind.
+    idle: BTreeSet<u64>,
+    /// Whether pages no block touches stay mapped (idle) while the page cache has room.
+    lazy_unmap: bool,
     /// Set while the cache is above its bound (handles parked by a flush, or a failed
     /// cuMemRelease); the next successful call trims it.
     trim_pending: bool,
@@ -211,6 +304,7 @@ pub struct Paged {
     quick_bytes: u64,
     /// Most blocks `quick` may hold.
     quick_slots: usize,
+    /// Figures in PyTorch's vocabulary.
     tracker: StatsTracker,
 }
 
@@ -227,7 +321,8 @@ impl Paged {
             live: AddrMap::default(),
             cache: Vec::new(),
             mapped_pages: 0,
-            idle_pages: 0,
+            idle: BTreeSet::new(),
+            lazy_unmap: true,
             trim_pending: false,
             quick: Vec::new(),
             quick_bytes: 0,
@@ -249,6 +344,21 @@ impl Paged {
     pub fn with_quick_slots(mut self, slots: usize) -> Self {
         self.quick_slots = slots;
         self
+    }
+
+    /// Whether a page that no block touches any more stays mapped, "idle", to be reused in
+    /// place without a driver call (default `true`), as long as idle pages and cached handles
+    /// together stay within [`Config::page_cache_pages`]; otherwise it is unmapped at once
+    /// (one cuMemUnmap per freed run of pages) and its handle cached. Idle pages are taken
+    /// (unmapped and remapped elsewhere) before any cuMemCreate, so they never raise the peak.
+    pub fn with_lazy_unmap(mut self, lazy: bool) -> Self {
+        self.lazy_unmap = lazy;
+        self
+    }
+
+    /// Idle pages: mapped, but touched by no live block.
+    pub fn idle_pages(&self) -> u64 {
+        self.idle.len() as u64
     }
 
     /// Page size in bytes (the device granularity); 0 before the first allocation.
@@ -342,7 +452,6 @@ impl Paged {
 
     /// Recomputes the two tree leaves of page `page` of reservation `ri` from the free map.
     fn refresh_page(&mut self, ri: usize, page: usize) {
-        let p = self.page_bytes;
         let Some(r) = self.reservations.get(ri) else {
             return;
         };
@@ -352,7 +461,6 @@ impl Paged {
         let (tail, head) = self.leaf_values(r, page);
         let to_units = |b: u64| u32::try_from(b / UNIT_BYTES).unwrap_or(u32::MAX);
         let (tail, head) = (to_units(tail), to_units(head));
-        let _ = p;
         if let Some(r) = self.reservations.get_mut(ri) {
             r.tree.set(2 * page, tail);
             r.tree.set(2 * page + 1, head);
@@ -376,6 +484,26 @@ impl Paged {
             head = head.max(self.usable_head(r.va, st, len));
         }
         (tail, head)
+    }
+
+    /// Refreshes the pages holding the given addresses (each once), after the free map
+    /// changed at those addresses; addresses at a reservation's end are skipped.
+    fn refresh_addrs<const N: usize>(&mut self, ri: usize, mut addrs: [u64; N]) {
+        let Some(r) = self.reservations.get(ri) else {
+            return;
+        };
+        let (base, p) = (r.va, self.page_bytes);
+        for a in &mut addrs {
+            *a = (*a - base) / p;
+        }
+        addrs.sort_unstable();
+        let mut last = u64::MAX;
+        for page in addrs {
+            if page != last {
+                self.refresh_page(ri, page as usize);
+                last = page;
+            }
+        }
     }
 
     /// Refreshes the head and tail pages of the range `[st, st+len)`.
@@ -434,11 +562,12 @@ impl Paged {
         None
     }
 
-    /// Slow path: scores both ends of every free range by the pages the block would map.
-    /// Returns the best placement and its page count.
+    /// Slow path: scores both ends of every free range by the pages the block would map,
+    /// then by the bytes of those pages it would leave free (the waste it adds), then by
+    /// address. Returns the best placement and its page count.
     fn find_scored_fit(&self, bytes: u64, align: u64) -> Option<(Placement, u64)> {
         let p = self.page_bytes;
-        let mut best: Option<(u64, u64, Placement)> = None;
+        let mut best: Option<(u64, u64, u64, Placement)> = None;
         let mut ri = 0usize;
         for (&st, &len) in &self.free {
             while ri < self.reservations.len() && self.reservations[ri].end() <= st {
@@ -448,16 +577,23 @@ impl Paged {
             let b = st + len;
             let i0 = (st - r.va).div_ceil(p);
             let i1 = (b - r.va) / p;
-            let cost = |x: u64| -> u64 {
-                let p0 = (x - r.va) / p;
-                let p1 = (x + bytes - 1 - r.va) / p + 1;
-                p1.min(i1).saturating_sub(p0.max(i0))
+            // (pages newly mapped, bytes of them the block leaves free) for a block at `x`.
+            let cost = |x: u64| -> (u64, u64) {
+                let (xr, er) = (x - r.va, x - r.va + bytes);
+                let lo = (xr / p).max(i0);
+                let hi = ((er - 1) / p + 1).min(i1);
+                if hi <= lo {
+                    return (0, 0);
+                }
+                let covered = er.min(hi * p) - xr.max(lo * p);
+                ((hi - lo), (hi - lo) * p - covered)
             };
             let mut consider = |x: u64| {
-                let k = cost(x);
-                if best.is_none_or(|(bk, bx, _)| (k, x) < (bk, bx)) {
+                let (k, slack) = cost(x);
+                if best.is_none_or(|(bk, bs, bx, _)| (k, slack, x) < (bk, bs, bx)) {
                     best = Some((
                         k,
+                        slack,
                         x,
                         Placement {
                             res: ri,
@@ -478,7 +614,7 @@ impl Paged {
                 }
             }
         }
-        best.map(|(k, _, pl)| (pl, k))
+        best.map(|(k, _, _, pl)| (pl, k))
     }
 
     /// Reserves a new virtual range of at least `bytes` and makes it one free range.
@@ -522,13 +658,15 @@ impl Paged {
             return;
         };
         let (va, bytes) = (r.va, r.bytes);
-        if dev.free_va(va, bytes).is_ok() {
+        if dev.free_va(va, bytes).is_ok() || dev.free_va(va, bytes).is_ok() {
             self.free.remove(&va);
             self.reservations.remove(ri);
         }
     }
 
     /// Takes a handle for one new page: from the cache, else cuMemCreate.
+    /// Takes a handle for one new page: from the cache, else cuMemCreate. The second member
+    /// is `true` when it came from the cache.
     fn take_handle(&mut self, dev: &mut dyn Device) -> Result<(PhysHandle, bool), DeviceError> {
         if let Some(h) = self.cache.pop() {
             return Ok((h, true));
@@ -538,13 +676,72 @@ impl Paged {
         Ok((h, false))
     }
 
+    /// Moves up to `want` idle pages lying outside `[lo, hi)` into the cache, highest
+    /// addresses first, one cuMemUnmap per run of neighbouring idle pages. Pages already
+    /// moved stay moved if a later unmap fails (the error is returned).
+    fn steal_idle(
+        &mut self,
+        dev: &mut dyn Device,
+        mut want: u64,
+        lo: u64,
+        hi: u64,
+    ) -> Result<(), DeviceError> {
+        let p = self.page_bytes;
+        while want > 0 {
+            let Some(&top) = self
+                .idle
+                .range(hi..)
+                .next_back()
+                .or_else(|| self.idle.range(..lo).next_back())
+            else {
+                return Ok(());
+            };
+            let Some(ri) = self.res_of(top) else {
+                self.idle.remove(&top);
+                continue;
+            };
+            let base = self.reservations[ri].va;
+            let mut first = top;
+            let mut n = 1;
+            while n < want
+                && first > base
+                && (first < lo || first - p >= hi)
+                && self.idle.contains(&(first - p))
+            {
+                first -= p;
+                n += 1;
+            }
+            dev.unmap(first, n * p)?;
+            for k in 0..n {
+                let va = first + k * p;
+                self.idle.remove(&va);
+                let page = ((va - base) / p) as usize;
+                if let Some(pg) = self.reservations[ri]
+                    .pages
+                    .get_mut(page)
+                    .and_then(Option::take)
+                {
+                    self.cache.push(pg.handle);
+                    self.mapped_pages = self.mapped_pages.saturating_sub(1);
+                }
+            }
+            want -= n;
+        }
+        Ok(())
+    }
+
     /// Parks a handle freed by an unmap in the cache; [`Paged::trim_cache`] releases what
     /// exceeds the bound at the end of the call.
     fn return_handle(&mut self, h: PhysHandle) {
         self.cache.push(h);
-        if self.cache.len() as u64 > self.cache_limit {
+        if self.held_free_pages() > self.cache_limit {
             self.trim_pending = true;
         }
+    }
+
+    /// Pages held without a block: cached handles plus idle pages.
+    fn held_free_pages(&self) -> u64 {
+        self.cache.len() as u64 + self.idle.len() as u64
     }
 
     /// Releases cached handles above the bound (cuMemRelease each); stops at the first
@@ -553,7 +750,7 @@ impl Paged {
         if !self.trim_pending {
             return;
         }
-        while self.cache.len() as u64 > self.cache_limit {
+        while self.held_free_pages() > self.cache_limit {
             let Some(h) = self.cache.pop() else { break };
             if dev.release_physical(h).is_err() {
                 self.cache.push(h);
@@ -561,7 +758,7 @@ impl Paged {
             }
             self.tracker.on_release(self.page_bytes);
         }
-        self.trim_pending = false;
+        self.trim_pending = self.held_free_pages() > self.cache_limit;
     }
 
     /// Gives back a handle taken by a failed allocation: to the cache if it came from there,
@@ -574,9 +771,11 @@ impl Paged {
         }
     }
 
-    /// cuMemRelease; on failure the handle stays cached, even above the bound.
+    /// cuMemRelease, retried once; on a second failure the handle stays cached, even above
+    /// the bound.
     fn release_handle(&mut self, dev: &mut dyn Device, h: PhysHandle) {
-        if dev.release_physical(h).is_ok() {
+        // Unwinding retries a failed call once before leaving the handle cached.
+        if dev.release_physical(h).is_ok() || dev.release_physical(h).is_ok() {
             self.tracker.on_release(self.page_bytes);
         } else {
             self.cache.push(h);
@@ -585,7 +784,8 @@ impl Paged {
     }
 
     /// Unmaps the pages of `taken` (all in reservation `ri`, ascending and contiguous runs)
-    /// and returns their handles; pages whose unmap fails stay mapped as idle pages.
+    /// and returns their handles; a failed unmap is retried once, and pages whose unmap
+    /// fails twice stay mapped as idle pages.
     fn unwind_maps(&mut self, dev: &mut dyn Device, ri: usize, taken: &[Taken]) {
         let p = self.page_bytes;
         let Some(base) = self.reservations.get(ri).map(|r| r.va) else {
@@ -599,7 +799,8 @@ impl Paged {
             }
             let run = &taken[i..j];
             let va = base + run[0].page as u64 * p;
-            if dev.unmap(va, run.len() as u64 * p).is_ok() {
+            let bytes = run.len() as u64 * p;
+            if dev.unmap(va, bytes).is_ok() || dev.unmap(va, bytes).is_ok() {
                 for t in run {
                     self.untake_handle(dev, t.handle, t.from_cache);
                 }
@@ -616,7 +817,8 @@ impl Paged {
                             access: false,
                         });
                         self.mapped_pages += 1;
-                        self.idle_pages += 1;
+                        self.idle.insert(base + t.page as u64 * p);
+                        self.trim_pending = true;
                     }
                 }
             }
@@ -643,6 +845,26 @@ impl Paged {
         let base = r.va;
         let p0 = ((addr - base) / p) as usize;
         let p1 = ((addr + bytes - 1 - base) / p) as usize;
+        let (lo, hi) = (base + p0 as u64 * p, base + (p1 as u64 + 1) * p);
+        // Idle pages elsewhere become cached handles before anything is created.
+        if !self.idle.is_empty() {
+            let unmapped = self
+                .reservations
+                .get(ri)
+                .map(|r| {
+                    r.pages
+                        .iter()
+                        .take(p1 + 1)
+                        .skip(p0)
+                        .filter(|s| s.is_none())
+                        .count() as u64
+                })
+                .unwrap_or(0);
+            let want = unmapped.saturating_sub(self.cache.len() as u64);
+            if want > 0 {
+                self.steal_idle(dev, want, lo, hi)?;
+            }
+        }
         let mut taken: Vec<Taken> = Vec::new();
         for page in p0..=p1 {
             let mapped = self
@@ -671,29 +893,21 @@ impl Paged {
                 from_cache,
             });
         }
-        // One cuMemSetAccess per run of neighbouring pages without access.
-        let mut page = p0;
-        while page <= p1 {
-            let needs = |pg: usize, this: &Self| -> bool {
-                let new = taken.iter().any(|t| t.page == pg);
-                let idle_closed = this
+        // One cuMemSetAccess from the first to the last page without access: every page of
+        // the block is mapped by now, so the range may span pages already open.
+        let needs = |pg: usize, this: &Self| -> bool {
+            taken.binary_search_by_key(&pg, |t| t.page).is_ok()
+                || this
                     .reservations
                     .get(ri)
                     .and_then(|r| r.pages.get(pg))
                     .and_then(|s| *s)
-                    .is_some_and(|s| !s.access);
-                new || idle_closed
-            };
-            if !needs(page, self) {
-                page += 1;
-                continue;
-            }
-            let start = page;
-            while page <= p1 && needs(page, self) {
-                page += 1;
-            }
-            let va = base + start as u64 * p;
-            if let Err(e) = dev.set_access(va, (page - start) as u64 * p) {
+                    .is_some_and(|s| !s.access)
+        };
+        let first = (p0..=p1).find(|&pg| needs(pg, self));
+        let last = (p0..=p1).rev().find(|&pg| needs(pg, self));
+        if let (Some(a), Some(b)) = (first, last) {
+            if let Err(e) = dev.set_access(base + a as u64 * p, (b - a + 1) as u64 * p) {
                 self.unwind_maps(dev, ri, &taken);
                 return Err(e);
             }
@@ -713,7 +927,6 @@ impl Paged {
             }
         }
         self.mapped_pages += taken.len() as u64;
-        self.idle_pages += taken.len() as u64;
         // Idle pages the block covers are now open.
         for page in p0..=p1 {
             if let Some(Some(pg)) = self
@@ -742,21 +955,21 @@ impl Paged {
         if bend < end {
             self.free.insert(bend, end - bend);
         }
-        self.refresh_range(pl.res, st, len);
-        self.refresh_range(pl.res, pl.addr, bytes);
+        self.refresh_addrs(pl.res, [st, end, pl.addr, bend]);
         let Some(r) = self.reservations.get_mut(pl.res) else {
             return;
         };
         let p0 = ((pl.addr - r.va) / p) as usize;
         let p1 = ((bend - 1 - r.va) / p) as usize;
-        let mut woke = 0;
-        for slot in r.pages.iter_mut().take(p1 + 1).skip(p0).flatten() {
-            if slot.refs == 0 {
-                woke += 1;
+        let base = r.va;
+        for (i, slot) in r.pages.iter_mut().enumerate().take(p1 + 1).skip(p0) {
+            if let Some(pg) = slot {
+                if pg.refs == 0 && !self.idle.is_empty() {
+                    self.idle.remove(&(base + i as u64 * p));
+                }
+                pg.refs += 1;
             }
-            slot.refs += 1;
         }
-        self.idle_pages -= woke;
         self.live.insert(pl.addr, LiveBlock { bytes, requested });
         self.tracker.on_alloc(requested, bytes);
     }
@@ -780,7 +993,7 @@ impl Paged {
             .rposition(|q| q.bytes == bytes && q.addr % align == 0)
         {
             let q = self.quick.remove(i);
-            self.quick_bytes -= q.bytes;
+            self.quick_bytes = self.quick_bytes.saturating_sub(q.bytes);
             self.live.insert(q.addr, LiveBlock { bytes, requested });
             self.tracker.on_alloc(requested, bytes);
             return Ok(block(q.addr));
@@ -881,8 +1094,21 @@ impl Paged {
                 }
             }
         }
+        // Lazy unmapping keeps the first pages of the run mapped while the cache has room;
+        // the rest is unmapped with one call.
+        let mut keep_until = p0;
         if let Some((a, b)) = run {
-            dev.unmap(base + a as u64 * p, (b - a + 1) as u64 * p)?;
+            let room = if self.lazy_unmap {
+                self.cache_limit.saturating_sub(self.held_free_pages())
+            } else {
+                0
+            };
+            let n = (b - a + 1) as u64;
+            let kept = room.min(n);
+            keep_until = a + kept as usize;
+            if kept < n {
+                dev.unmap(base + keep_until as u64 * p, (n - kept) * p)?;
+            }
         }
         // Committed from here on.
         let mut freed_handles = Vec::new();
@@ -891,17 +1117,23 @@ impl Paged {
                 if let Some(pg) = slot {
                     pg.refs = pg.refs.saturating_sub(1);
                     if pg.refs == 0 {
-                        freed_handles.push(pg.handle);
-                        *slot = None;
+                        if page < keep_until {
+                            self.idle.insert(base + page as u64 * p);
+                        } else {
+                            freed_handles.push(pg.handle);
+                            *slot = None;
+                        }
                     }
                 }
             }
         }
-        self.mapped_pages -= freed_handles.len() as u64;
+        self.mapped_pages = self.mapped_pages.saturating_sub(freed_handles.len() as u64);
         for h in freed_handles {
             self.return_handle(h);
         }
         // Give the range back, coalescing within the reservation.
+        // The merged range's ends are the only addresses whose pages can change besides the
+        // block's own ends (the old neighbours' far ends are the merged range's ends).
         let mut st = addr;
         let mut len = bytes;
         let res_end = self.reservations[ri].end();
@@ -909,7 +1141,6 @@ impl Paged {
             if let Some((&ps, &pl)) = self.free.range(..st).next_back() {
                 if ps + pl == st {
                     self.free.remove(&ps);
-                    self.refresh_range(ri, ps, pl);
                     st = ps;
                     len += pl;
                 }
@@ -917,13 +1148,11 @@ impl Paged {
         }
         if st + len < res_end {
             if let Some(nl) = self.free.remove(&(st + len)) {
-                self.refresh_range(ri, addr + bytes, nl);
                 len += nl;
             }
         }
         self.free.insert(st, len);
-        self.refresh_range(ri, st, len);
-        self.refresh_range(ri, addr, bytes);
+        self.refresh_addrs(ri, [st, st + len, addr, addr + bytes]);
         Ok(())
     }
 
@@ -932,7 +1161,7 @@ impl Paged {
         let list = std::mem::take(&mut self.quick);
         for q in list {
             if self.free_span(dev, q.addr, q.bytes).is_ok() {
-                self.quick_bytes -= q.bytes;
+                self.quick_bytes = self.quick_bytes.saturating_sub(q.bytes);
             } else {
                 self.quick.push(q);
             }
@@ -964,26 +1193,31 @@ impl Paged {
         }
     }
 
-    /// Unmaps and gives back idle pages (left by failed unwinds) to the cache.
+    /// Unmaps every idle page (one cuMemUnmap per run of neighbouring idle pages) and
+    /// caches its handle.
     fn drop_idle_pages(&mut self, dev: &mut dyn Device) -> Result<(), AllocError> {
-        if self.idle_pages == 0 {
-            return Ok(());
-        }
         let p = self.page_bytes;
-        for ri in 0..self.reservations.len() {
-            let base = self.reservations[ri].va;
-            for page in 0..self.reservations[ri].pages.len() {
-                let Some(pg) = self.reservations[ri].pages[page] else {
-                    continue;
-                };
-                if pg.refs != 0 {
-                    continue;
+        while let Some(&first) = self.idle.iter().next() {
+            let ri = self
+                .res_of(first)
+                .ok_or_else(|| AllocError::Internal(format!("idle page {first:#x} outside VA")))?;
+            let end = self.reservations[ri].end();
+            let mut last = first;
+            while last + p < end && self.idle.contains(&(last + p)) {
+                last += p;
+            }
+            dev.unmap(first, last + p - first)?;
+            let mut va = first;
+            while va <= last {
+                self.idle.remove(&va);
+                let page = ((va - self.reservations[ri].va) / p) as usize;
+                if let Some(slot) = self.reservations[ri].pages.get_mut(page) {
+                    if let Some(pg) = slot.take() {
+                        self.cache.push(pg.handle);
+                    }
                 }
-                dev.unmap(base + page as u64 * p, p)?;
-                self.reservations[ri].pages[page] = None;
-                self.mapped_pages -= 1;
-                self.idle_pages -= 1;
-                self.cache.push(pg.handle);
+                self.mapped_pages = self.mapped_pages.saturating_sub(1);
+                va += p;
             }
         }
         Ok(())
@@ -1019,6 +1253,10 @@ impl Allocator for Paged {
         let bytes = align_up(size_bytes.max(1), UNIT_BYTES)
             .filter(|b| b.checked_add(2 * self.page_bytes).is_some())
             .ok_or(AllocError::Overflow { size_bytes, align })?;
+        // More pages than the device has can never be mapped: refuse before reserving VA.
+        if bytes.div_ceil(self.page_bytes) > dev.capacity_bytes() / self.page_bytes {
+            return Err(self.oom(size_bytes));
+        }
         let result = self.allocate_with_retry(dev, bytes, align, size_bytes);
         if result.is_ok() {
             self.trim_cache(dev);
@@ -1041,7 +1279,7 @@ impl Allocator for Paged {
                     break;
                 }
                 self.quick.remove(0);
-                self.quick_bytes -= old.bytes;
+                self.quick_bytes = self.quick_bytes.saturating_sub(old.bytes);
             }
             if self.quick.len() < self.quick_slots && self.quick_bytes + blk.bytes <= limit {
                 self.live.remove(&addr);
@@ -1066,7 +1304,7 @@ impl Allocator for Paged {
         while let Some(&q) = self.quick.first() {
             self.free_span(dev, q.addr, q.bytes)?;
             self.quick.remove(0);
-            self.quick_bytes -= q.bytes;
+            self.quick_bytes = self.quick_bytes.saturating_sub(q.bytes);
         }
         self.drop_idle_pages(dev)?;
         let mut released = 0;
@@ -1097,8 +1335,10 @@ impl Allocator for Paged {
 
     fn stats(&self) -> Stats {
         let mut s = self.tracker.stats;
-        let mapped = self.mapped_pages * self.page_bytes;
-        s.free_bytes = mapped.saturating_sub(s.allocated_bytes.current);
+        let in_use = self.mapped_pages.saturating_sub(self.idle.len() as u64) * self.page_bytes;
+        s.free_bytes = in_use
+            .saturating_sub(s.allocated_bytes.current)
+            .saturating_sub(self.quick_bytes);
         s.largest_free_bytes = self
             .reservations
             .iter()

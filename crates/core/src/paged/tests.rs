@@ -8,7 +8,9 @@ const MIB: u64 = 1 << 20;
 fn new_pair(capacity_pages: u64) -> (SimDevice, Paged) {
     (
         SimDevice::new(capacity_pages * G),
-        Paged::new(&Config::default()).with_quick_slots(0),
+        Paged::new(&Config::default())
+            .with_quick_slots(0)
+            .with_lazy_unmap(false),
     )
 }
 
@@ -80,7 +82,8 @@ fn the_cache_is_bounded_by_config() {
         page_cache_pages: 2,
         ..Config::default()
     })
-    .with_quick_slots(0);
+    .with_quick_slots(0)
+    .with_lazy_unmap(false);
     let b = a.allocate(&mut d, 5 * G, 256, 0).unwrap();
     a.deallocate(&mut d, b.addr).unwrap();
     check(&a, &d);
@@ -112,6 +115,14 @@ fn small_blocks_pack_into_one_page() {
     // Free a block in the middle: its 256 KiB is free inside a mapped page, and the next
     // small request lands exactly there without a driver call.
     a.deallocate(&mut d, v[3].addr).unwrap();
+    let s = a.stats();
+    assert_eq!(
+        s.free_bytes,
+        256 * 1024 + G - 256,
+        "the hole + the ninth block's page"
+    );
+    assert_eq!(s.largest_free_bytes, G - 256);
+    assert_eq!(s.reserved_bytes.current, 2 * G);
     let before = d.counters().total();
     let again = a.allocate(&mut d, 4096, 256, 0).unwrap();
     assert_eq!(again.addr, v[3].addr);
@@ -215,17 +226,36 @@ fn out_of_memory_changes_nothing_and_leaks_nothing() {
 }
 
 #[test]
+fn a_request_above_the_capacity_is_refused_without_driver_calls() {
+    let (mut d, mut a) = new_pair(4);
+    for size in [4 * G + 1, 1 << 45, u64::MAX / 4] {
+        let e = a.allocate(&mut d, size, 256, 0).unwrap_err();
+        assert!(
+            matches!(e, AllocError::OutOfMemory { requested_bytes, .. } if requested_bytes == size)
+        );
+    }
+    assert_eq!(d.calls_made(), 0);
+    let b = a.allocate(&mut d, 4 * G, 256, 0).unwrap();
+    check(&a, &d);
+    a.deallocate(&mut d, b.addr).unwrap();
+}
+
+#[test]
 fn oom_releases_the_cache_and_retries_once() {
     let (mut d, mut a) = new_pair(4);
     let x = a.allocate(&mut d, 2 * G, 256, 0).unwrap();
+    let y = a.allocate(&mut d, G, 256, 0).unwrap();
     a.deallocate(&mut d, x.addr).unwrap();
     assert_eq!(a.cached_handles().len(), 2);
-    let e = a.allocate(&mut d, 5 * G, 256, 0).unwrap_err();
+    // 4 new pages: 2 cached + 1 created, then the device is full.
+    let e = a.allocate(&mut d, 4 * G, 256, 0).unwrap_err();
     assert!(e.is_oom());
     let s = a.stats();
     assert_eq!(s.alloc_retries, 1);
     assert_eq!(a.cached_handles().len(), 0, "the cache was given back");
-    assert_eq!(d.used_bytes(), 0);
+    assert_eq!(d.used_bytes(), G, "only y's page is left");
+    assert_eq!(s.reserved_bytes.current, G);
+    assert_eq!(a.live_blocks(), vec![(y.addr, G)]);
     check(&a, &d);
 }
 
@@ -233,7 +263,9 @@ fn oom_releases_the_cache_and_retries_once() {
 fn other_granularities_are_queried_not_assumed() {
     let g = 64 * 1024;
     let mut d = SimDevice::with_granularity(1 << 30, g);
-    let mut a = Paged::new(&Config::default()).with_quick_slots(0);
+    let mut a = Paged::new(&Config::default())
+        .with_quick_slots(0)
+        .with_lazy_unmap(false);
     let b = a.allocate(&mut d, 100_000, 256, 0).unwrap();
     assert_eq!(a.page_bytes(), g);
     assert_eq!(a.mapped_pages(), 2);
@@ -289,6 +321,12 @@ fn page_table_view_lists_mapped_and_unmapped_rows() {
     assert_eq!(rows[2].bytes, 6 * G);
     assert!(rows.iter().all(|r| r.page_bytes == G));
     assert_eq!(rows.iter().map(|r| r.bytes).sum::<u64>(), 8 * G);
+    let text = rows[0].to_string();
+    assert!(text.ends_with("| 2 MiB | mapped, 1 block"), "{text}");
+    assert!(text.starts_with(&format!("{:#x} - {:#x} | handle ", x.addr, x.addr + G)));
+    assert!(rows[2]
+        .to_string()
+        .ends_with("| unmapped | 2 MiB | reserved, 6 pages"));
 }
 
 #[test]
@@ -405,7 +443,12 @@ fn run_workload(d: &mut SimDevice, a: &mut Paged) -> (u64, u64) {
 
 #[test]
 fn a_fault_at_any_driver_call_is_unwound_exactly() {
-    for slots in [0, QUICK_SLOTS] {
+    for (slots, lazy) in [
+        (0, false),
+        (0, true),
+        (QUICK_SLOTS, false),
+        (QUICK_SLOTS, true),
+    ] {
         let mk = || {
             let d = SimDevice::new(16 * G);
             let a = Paged::new(&Config {
@@ -413,7 +456,8 @@ fn a_fault_at_any_driver_call_is_unwound_exactly() {
                 ..Config::default()
             })
             .with_va_chunk_bytes(6 * G)
-            .with_quick_slots(slots);
+            .with_quick_slots(slots)
+            .with_lazy_unmap(lazy);
             (d, a)
         };
         let (mut d, mut a) = mk();
@@ -503,4 +547,149 @@ fn quick_list_reuses_same_size_blocks_without_driver_calls() {
     a.release_cached(&mut d).unwrap();
     assert_eq!(d.live_objects(), (0, 0, 0, 0));
     check(&a, &d);
+}
+
+#[test]
+fn lazy_unmapping_keeps_idle_pages_mapped_and_takes_them_before_creating() {
+    let mut d = SimDevice::new(8 * G);
+    let mut a = Paged::new(&Config {
+        page_cache_pages: 3,
+        ..Config::default()
+    })
+    .with_quick_slots(0);
+    let x = a.allocate(&mut d, 4 * G, 256, 0).unwrap();
+    let pin = a.allocate(&mut d, 1000, 256, 0).unwrap(); // keeps the VA after x in use
+    assert_eq!(pin.addr, x.addr + 4 * G);
+    a.deallocate(&mut d, x.addr).unwrap();
+    check(&a, &d);
+    // Three pages stay mapped (the bound), the fourth is unmapped with one call.
+    assert_eq!(a.idle_pages(), 3);
+    assert_eq!(a.cached_handles().len(), 0);
+    assert_eq!(calls(&d, DriverCall::Unmap), 1);
+    assert_eq!(calls(&d, DriverCall::Release), 1);
+    assert_eq!(a.stats().reserved_bytes.current, 4 * G);
+    // The same place again: only the fourth page is mapped.
+    let before = d.counters();
+    let y = a.allocate(&mut d, 4 * G, 256, 0).unwrap();
+    check(&a, &d);
+    assert_eq!(y.addr, x.addr);
+    assert_eq!(
+        d.counters().get(DriverCall::Map) - before.get(DriverCall::Map),
+        1
+    );
+    assert_eq!(
+        d.counters().get(DriverCall::Create) - before.get(DriverCall::Create),
+        1
+    );
+    assert_eq!(a.idle_pages(), 0);
+    for b in [y, pin] {
+        a.deallocate(&mut d, b.addr).unwrap();
+    }
+    a.release_cached(&mut d).unwrap();
+    assert_eq!(d.live_objects(), (0, 0, 0, 0));
+    check(&a, &d);
+}
+
+#[test]
+fn idle_pages_elsewhere_are_taken_before_any_create() {
+    let mut d = SimDevice::new(8 * G);
+    let mut a = Paged::new(&Config::default()).with_quick_slots(0);
+    let x = a.allocate(&mut d, 2 * G, 256, 0).unwrap(); // pages 0, 1
+    let pin = a.allocate(&mut d, 1000, 256, 0).unwrap(); // page 2
+    a.deallocate(&mut d, x.addr).unwrap();
+    assert_eq!(a.idle_pages(), 2);
+    assert_eq!(a.stats().reserved_bytes.current, 3 * G);
+    // 3 pages do not fit in x's hole; they need three new pages: two come from the idle
+    // pages (unmapped there with one call, mapped here), one is created.
+    let before = d.counters();
+    let b = a.allocate(&mut d, 3 * G, 256, 0).unwrap();
+    check(&a, &d);
+    let delta = |c: DriverCall| d.counters().get(c) - before.get(c);
+    assert_eq!(delta(DriverCall::Unmap), 1);
+    assert_eq!(delta(DriverCall::Map), 3);
+    assert_eq!(delta(DriverCall::Create), 1);
+    assert_eq!(delta(DriverCall::SetAccess), 1);
+    assert_eq!(a.idle_pages(), 0);
+    assert_eq!(a.stats().reserved_bytes.peak, 4 * G);
+    assert_eq!(d.peak_used_bytes(), 4 * G);
+    for blk in [b, pin] {
+        a.deallocate(&mut d, blk.addr).unwrap();
+    }
+    a.release_cached(&mut d).unwrap();
+    assert_eq!(d.live_objects(), (0, 0, 0, 0));
+}
+
+mod prop {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum POp {
+        Alloc { size: u64, align_shift: u32 },
+        Free(usize),
+        Release,
+    }
+
+    fn op() -> impl Strategy<Value = POp> {
+        prop_oneof![
+            6 => (0u64..5 * G, 0u32..22).prop_map(|(size, align_shift)| POp::Alloc { size, align_shift }),
+            2 => (0u64..4096).prop_map(|size| POp::Alloc { size, align_shift: 8 }),
+            5 => any::<usize>().prop_map(POp::Free),
+            1 => Just(POp::Release),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn any_sequence_keeps_invariants_and_leaks_nothing(
+            ops in proptest::collection::vec(op(), 1..80),
+            slots in prop_oneof![Just(0usize), Just(QUICK_SLOTS)],
+            lazy in any::<bool>(),
+            cache in 0u64..6,
+        ) {
+            let mut d = SimDevice::new(24 * G);
+            let mut a = Paged::new(&Config { page_cache_pages: cache, ..Config::default() })
+                .with_va_chunk_bytes(16 * G)
+                .with_quick_slots(slots)
+                .with_lazy_unmap(lazy);
+            let mut live: Vec<(u64, u64)> = Vec::new();
+            for o in ops {
+                match o {
+                    POp::Alloc { size, align_shift } => {
+                        let align = 1u64 << align_shift;
+                        match a.allocate(&mut d, size, align, 0) {
+                            Ok(b) => {
+                                prop_assert_eq!(b.addr % align, 0);
+                                prop_assert!(b.allocated_bytes >= size.max(1));
+                                for &(o, os) in &live {
+                                    prop_assert!(b.addr + b.allocated_bytes <= o || o + os <= b.addr);
+                                }
+                                live.push((b.addr, b.allocated_bytes));
+                            }
+                            Err(e) => prop_assert!(e.is_oom(), "{e}"),
+                        }
+                    }
+                    POp::Free(i) if !live.is_empty() => {
+                        let (addr, _) = live.swap_remove(i % live.len());
+                        a.deallocate(&mut d, addr).unwrap();
+                    }
+                    POp::Free(_) => {}
+                    POp::Release => {
+                        a.release_cached(&mut d).unwrap();
+                        prop_assert!(a.cached_handles().is_empty());
+                        prop_assert_eq!(a.idle_pages(), 0);
+                    }
+                }
+                a.validate().unwrap();
+                a.check_device(&d).unwrap();
+                prop_assert_eq!(a.stats().reserved_bytes.peak, d.peak_used_bytes());
+            }
+            for (addr, _) in live {
+                a.deallocate(&mut d, addr).unwrap();
+            }
+            a.release_cached(&mut d).unwrap();
+            prop_assert_eq!(d.live_objects(), (0, 0, 0, 0));
+        }
+    }
 }

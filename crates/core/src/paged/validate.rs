@@ -120,8 +120,12 @@ pub(super) fn run(a: &Paged) -> Result<(), String> {
                             pg.refs
                         ));
                     }
+                    let va = r.va + i as u64 * p;
                     if pg.refs == 0 {
                         idle += 1;
+                        if !a.idle.contains(&va) {
+                            return Err(format!("idle page {va:#x} not in the idle set"));
+                        }
                     } else if !pg.access {
                         return Err(format!(
                             "page {:#x} in use without access",
@@ -148,10 +152,11 @@ pub(super) fn run(a: &Paged) -> Result<(), String> {
         }
         r.tree.check()?;
     }
-    if mapped != a.mapped_pages || idle != a.idle_pages {
+    if mapped != a.mapped_pages || idle != a.idle.len() as u64 {
         return Err(format!(
             "counted {mapped} mapped / {idle} idle pages, recorded {} / {}",
-            a.mapped_pages, a.idle_pages
+            a.mapped_pages,
+            a.idle.len()
         ));
     }
     for h in &a.cache {
