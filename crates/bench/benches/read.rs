@@ -1,7 +1,8 @@
 //! Trace reading throughput, in MB/s of uncompressed pickle.
 //!
 //! - `read/synthetic_1M`: a snapshot of 1,000,000 trace entries shaped like PyTorch 2.x's
-//!   (`action`, `addr`, `size`, `stream`, `time_us`, `compile_context`, `user_metadata`),
+//!   (`action`, `addr`, `size`, `stream`, `time_us`, `compile_context`, `user_metadata`), with
+//!   freed addresses handed out again as a caching allocator does,
 //!   pickled by python3 (protocol 4, as `_dump_snapshot` does) into the temp directory at bench
 //!   time (skipped when python3 is missing; override the count with GPUMEM_BENCH_EVENTS);
 //! - `read/<trace>`: the shipped traces, from the inflated bytes (`pickle`) and from the gzip'd
@@ -17,20 +18,27 @@ const MAKE_SNAPSHOT: &str = r#"
 import pickle, random, sys
 n, out = int(sys.argv[1]), sys.argv[2]
 rng = random.Random(7)
-trace, live, t = [], [], 1_795_942_431_589_050
+trace, live, pool, t = [], [], [], 1_795_942_431_589_050
 addr = 0x7f00_0000_0000
 while len(trace) < n:
     t += rng.randint(1, 50)
     if live and (len(live) > 400 or rng.random() < 0.5):
         a, s = live.pop(rng.randrange(len(live)))
+        pool.append(a)
         for act in ("free_requested", "free_completed"):
             trace.append({"action": act, "addr": a, "size": s, "stream": 0, "time_us": t,
                           "compile_context": "N/A", "user_metadata": ""})
     else:
         s = int(rng.lognormvariate(12, 3)) % (1 << 31) + 1
-        addr += (s + 511) // 512 * 512
-        live.append((addr, s))
-        trace.append({"action": "alloc", "addr": addr, "size": s, "stream": 0, "time_us": t,
+        # A caching allocator hands the same addresses out again: reuse a freed one 90% of
+        # the time, as PyTorch's traces do.
+        if pool and rng.random() < 0.9:
+            a = pool.pop(rng.randrange(len(pool)))
+        else:
+            addr += 1 << 20
+            a = addr
+        live.append((a, s))
+        trace.append({"action": "alloc", "addr": a, "size": s, "stream": 0, "time_us": t,
                       "compile_context": "N/A", "user_metadata": ""})
 snap = {"segments": [], "device_traces": [trace[:n]], "allocator_settings": {},
         "external_annotations": []}
@@ -39,7 +47,7 @@ with open(out, "wb") as f:
 "#;
 
 fn synthetic(events: usize) -> Option<PathBuf> {
-    let path = std::env::temp_dir().join(format!("gpumem-bench-snapshot-{events}.pickle"));
+    let path = std::env::temp_dir().join(format!("gpumem-bench-snapshot-v2-{events}.pickle"));
     if path.exists() {
         return Some(path);
     }

@@ -4,14 +4,22 @@ use super::{Action, Event, PreexistingBlock, Trace};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-/// A multiplicative hasher for `(device, address)` keys: addresses are not attacker-chosen in a
-/// way that matters here (a hostile file can at worst slow its own reading down).
+/// A fast hasher for `(device, address)` keys (Fx-style mixing, MurmurHash3 finaliser). Not
+/// keyed: a hostile file could at worst slow its own reading down.
 #[derive(Default)]
 pub(crate) struct AddrHasher(u64);
 
 impl Hasher for AddrHasher {
     fn finish(&self) -> u64 {
-        self.0
+        // MurmurHash3's fmix64 finaliser: the multiply above only carries low bits upwards, and
+        // device addresses are 512-byte (or 2 MiB) aligned, so without it the low bits that
+        // pick the bucket would be the same for every key.
+        let mut h = self.0;
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        h ^ (h >> 33)
     }
     fn write(&mut self, bytes: &[u8]) {
         for &b in bytes {
@@ -214,6 +222,22 @@ impl Liveness {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use std::hash::BuildHasher;
+
+    #[test]
+    fn aligned_addresses_spread_over_buckets() {
+        // 4096 addresses 2 MiB apart must not share their low hash bits (bucket index).
+        let b = BuildHasherDefault::<AddrHasher>::default();
+        let mut low = std::collections::HashSet::new();
+        for i in 0..4096u64 {
+            low.insert(b.hash_one((0u32, 0x7f00_0000_0000 + (i << 21))) & 0xfff);
+        }
+        assert!(
+            low.len() > 2000,
+            "only {} distinct low-12-bit values",
+            low.len()
+        );
+    }
 
     fn ev(action: Action, addr: u64, size: u64) -> Event {
         Event {
