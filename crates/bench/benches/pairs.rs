@@ -6,9 +6,14 @@
 //! allocate/free pair on the H200 host.
 //!
 //! Run: `cargo bench -p gpumem-bench --bench pairs -- --warm-up-time 1 --measurement-time 3`
+//!
+//! On a shared machine, wall time counts the time other processes hold the core. With
+//! `GPUMEM_BENCH_CPU=1` the same benchmarks measure this thread's CPU time instead
+//! (`CLOCK_THREAD_CPUTIME_ID`), reported in nanoseconds as `cpu/...`.
 use std::hint::black_box;
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::measurement::{Measurement, ValueFormatter, WallTime};
+use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use gpumem_core::best_fit::BestFit;
 use gpumem_core::buddy::Buddy;
 use gpumem_core::registry::{self, Config};
@@ -85,8 +90,8 @@ fn fragment(arena: &mut dyn Arena) {
     }
 }
 
-fn arena_pairs(c: &mut Criterion) {
-    let mut g = c.benchmark_group("arena_pair");
+fn arena_pairs<M: Measurement + 'static>(c: &mut Criterion<M>) {
+    let mut g = c.benchmark_group(group_name::<M>("arena_pair"));
     for mut arena in arenas() {
         fragment(&mut *arena);
         for (size, label) in SIZES {
@@ -102,9 +107,9 @@ fn arena_pairs(c: &mut Criterion) {
     g.finish();
 }
 
-fn arena_mixed(c: &mut Criterion) {
+fn arena_mixed<M: Measurement + 'static>(c: &mut Criterion<M>) {
     let (blocks, order) = mixed_batch();
-    let mut g = c.benchmark_group("arena_mixed");
+    let mut g = c.benchmark_group(group_name::<M>("arena_mixed"));
     g.throughput(Throughput::Elements(BATCH as u64));
     for mut arena in arenas() {
         let mut offs = vec![0u64; BATCH];
@@ -153,8 +158,8 @@ fn warm_pools() -> Vec<(SimDevice, Box<dyn Allocator>)> {
     out
 }
 
-fn pool_pairs(c: &mut Criterion) {
-    let mut g = c.benchmark_group("pool_pair");
+fn pool_pairs<M: Measurement + 'static>(c: &mut Criterion<M>) {
+    let mut g = c.benchmark_group(group_name::<M>("pool_pair"));
     for (mut dev, mut pool) in warm_pools() {
         for (size, label) in SIZES {
             let calls = dev.calls_made();
@@ -179,9 +184,9 @@ fn pool_pairs(c: &mut Criterion) {
     g.finish();
 }
 
-fn pool_mixed(c: &mut Criterion) {
+fn pool_mixed<M: Measurement + 'static>(c: &mut Criterion<M>) {
     let (blocks, order) = mixed_batch();
-    let mut g = c.benchmark_group("pool_mixed");
+    let mut g = c.benchmark_group(group_name::<M>("pool_mixed"));
     g.throughput(Throughput::Elements(BATCH as u64));
     for (mut dev, mut pool) in warm_pools() {
         let mut addrs = vec![0u64; BATCH];
@@ -200,5 +205,84 @@ fn pool_mixed(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, arena_pairs, arena_mixed, pool_pairs, pool_mixed);
-criterion_main!(benches);
+/// `name`, or `cpu/name` under the CPU-time measurement (so the two never share a baseline).
+fn group_name<M: 'static>(name: &str) -> String {
+    if std::any::TypeId::of::<M>() == std::any::TypeId::of::<CpuTime>() {
+        format!("cpu/{name}")
+    } else {
+        name.to_string()
+    }
+}
+
+/// CPU time of the calling thread, in nanoseconds (clock_gettime(CLOCK_THREAD_CPUTIME_ID)).
+fn thread_cpu_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// Criterion measurement: CPU time of the benchmark thread, in nanoseconds.
+struct CpuTime;
+
+struct NsFormatter;
+
+impl ValueFormatter for NsFormatter {
+    fn scale_values(&self, _typical: f64, _values: &mut [f64]) -> &'static str {
+        "ns (cpu)"
+    }
+    fn scale_throughputs(&self, _typical: f64, t: &Throughput, values: &mut [f64]) -> &'static str {
+        let (n, unit) = match *t {
+            Throughput::Bytes(n) | Throughput::BytesDecimal(n) => (n, "B/s (cpu)"),
+            Throughput::Elements(n) => (n, "elem/s (cpu)"),
+        };
+        for v in values.iter_mut() {
+            *v = n as f64 * 1e9 / *v;
+        }
+        unit
+    }
+    fn scale_for_machines(&self, _values: &mut [f64]) -> &'static str {
+        "ns"
+    }
+}
+
+impl Measurement for CpuTime {
+    type Intermediate = u64;
+    type Value = u64;
+    fn start(&self) -> u64 {
+        thread_cpu_ns()
+    }
+    fn end(&self, start: u64) -> u64 {
+        thread_cpu_ns().saturating_sub(start)
+    }
+    fn add(&self, a: &u64, b: &u64) -> u64 {
+        a + b
+    }
+    fn zero(&self) -> u64 {
+        0
+    }
+    fn to_f64(&self, v: &u64) -> f64 {
+        *v as f64
+    }
+    fn formatter(&self) -> &dyn ValueFormatter {
+        &NsFormatter
+    }
+}
+
+criterion_group!(
+    name = wall;
+    config = Criterion::default().with_measurement(WallTime);
+    targets = arena_pairs::<WallTime>, arena_mixed::<WallTime>, pool_pairs::<WallTime>, pool_mixed::<WallTime>
+);
+criterion_group!(
+    name = cpu;
+    config = Criterion::default().with_measurement(CpuTime);
+    targets = arena_pairs::<CpuTime>, arena_mixed::<CpuTime>, pool_pairs::<CpuTime>, pool_mixed::<CpuTime>
+);
+
+fn main() {
+    if std::env::var_os("GPUMEM_BENCH_CPU").is_some() {
+        cpu();
+    } else {
+        wall();
+    }
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -131,7 +131,8 @@ impl Tlsf {
                 bin: 0,
                 used: false,
             });
-            t.insert_free(NodeIndex::MIN);
+            t.link(NodeIndex::MIN);
+            t.free_bytes = capacity_bytes;
         }
         t
     }
@@ -182,10 +183,11 @@ impl Tlsf {
         self.spare_count += 1;
     }
 
-    #[inline]
-    fn insert_free(&mut self, i: NodeIndex) {
-        let size = self.n(i).size;
-        let bin = bin_floor(size);
+    /// Puts free node `i` at the head of the list of its size's bin. Byte counters are the
+    /// caller's business.
+    #[inline(always)]
+    fn link(&mut self, i: NodeIndex) {
+        let bin = bin_floor(self.n(i).size);
         let head = self.heads[slot(bin)];
         {
             let n = self.n_mut(i);
@@ -201,14 +203,14 @@ impl Tlsf {
         let fl = bin >> SL_BITS;
         self.sl_bitmap[sl_slot(fl)] |= 1 << (bin & SL_MASK);
         self.fl_bitmap |= 1 << fl;
-        self.free_bytes += size;
     }
 
+    /// Takes free node `i` off the list of the bin it was linked into.
     #[inline(always)]
-    fn remove_free(&mut self, i: NodeIndex) {
-        let (size, prev, next, bin) = {
+    fn unlink(&mut self, i: NodeIndex) {
+        let (prev, next, bin) = {
             let n = self.n(i);
-            (n.size, n.prev_free, n.next_free, n.bin)
+            (n.prev_free, n.next_free, n.bin)
         };
         match prev {
             Some(p) => self.n_mut(p).next_free = next,
@@ -228,7 +230,17 @@ impl Tlsf {
         let n = self.n_mut(i);
         n.prev_free = None;
         n.next_free = None;
-        self.free_bytes -= size;
+    }
+
+    /// After free node `i` changed size: moves it to its new bin, if the bin changed (for a
+    /// large block that gave up or took back a small piece, it usually did not).
+    #[inline(always)]
+    fn rebin(&mut self, i: NodeIndex) {
+        let n = self.n(i);
+        if bin_floor(n.size) != n.bin {
+            self.unlink(i);
+            self.link(i);
+        }
     }
 
     /// The first non-empty bin ≥ `bin`, from the bitmaps.
@@ -348,21 +360,55 @@ impl Arena for Tlsf {
             return Err(self.oom(size_bytes));
         }
         let i = self.find(size, align).ok_or_else(|| self.oom(size_bytes))?;
-        self.remove_free(i);
-        let (offset, block_size, prev, next) = {
+        let (offset, block_size, prev) = {
             let n = self.n(i);
-            (n.offset, n.size, n.prev_phys, n.next_phys)
+            (n.offset, n.size, n.prev_phys)
         };
         // find() checked that the aligned offset and the size fit inside the block.
         let aligned = align_up(offset, align).unwrap_or(offset);
         let pad = aligned - offset;
-        let mut prev_link = prev;
+        let rest = block_size - pad - size;
+        // Physical order afterwards: prev, [front padding], block, [tail], next.
+        let block = if rest > 0 {
+            // The free node stays where it is as the tail; often its bin does not change,
+            // and then no list is touched.
+            let u = self.new_node(Node {
+                offset: aligned,
+                size,
+                prev_phys: prev,
+                next_phys: Some(i),
+                prev_free: None,
+                next_free: None,
+                bin: 0,
+                used: true,
+            });
+            if pad == 0 {
+                if let Some(p) = prev {
+                    self.n_mut(p).next_phys = Some(u);
+                }
+            }
+            {
+                let n = self.n_mut(i);
+                n.offset = aligned + size;
+                n.size = rest;
+                n.prev_phys = Some(u);
+            }
+            self.rebin(i);
+            u
+        } else {
+            self.unlink(i);
+            let n = self.n_mut(i);
+            n.offset = aligned;
+            n.size = size;
+            n.used = true;
+            i
+        };
         if pad > 0 {
             let front = self.new_node(Node {
                 offset,
                 size: pad,
                 prev_phys: prev,
-                next_phys: Some(i),
+                next_phys: Some(block),
                 prev_free: None,
                 next_free: None,
                 bin: 0,
@@ -371,81 +417,73 @@ impl Arena for Tlsf {
             if let Some(p) = prev {
                 self.n_mut(p).next_phys = Some(front);
             }
-            self.insert_free(front);
-            prev_link = Some(front);
+            self.n_mut(block).prev_phys = Some(front);
+            self.link(front);
         }
-        let rest = block_size - pad - size;
-        let mut next_link = next;
-        if rest > 0 {
-            let tail = self.new_node(Node {
-                offset: aligned + size,
-                size: rest,
-                prev_phys: Some(i),
-                next_phys: next,
-                prev_free: None,
-                next_free: None,
-                bin: 0,
-                used: false,
-            });
-            if let Some(nx) = next {
-                self.n_mut(nx).prev_phys = Some(tail);
-            }
-            self.insert_free(tail);
-            next_link = Some(tail);
-        }
-        {
-            let n = self.n_mut(i);
-            n.offset = aligned;
-            n.size = size;
-            n.prev_phys = prev_link;
-            n.next_phys = next_link;
-            n.used = true;
-        }
-        self.used.insert(aligned, i);
+        self.free_bytes -= size;
+        self.used.insert(aligned, block);
         Ok((aligned, size))
     }
 
     fn deallocate(&mut self, offset: u64) -> Result<u64, AllocError> {
-        let Some(mut i) = self.used.remove(&offset) else {
+        let Some(i) = self.used.remove(&offset) else {
             return Err(AllocError::UnknownBlock { addr: offset });
         };
-        let freed = self.n(i).size;
-        self.n_mut(i).used = false;
-        if let Some(p) = self.n(i).prev_phys.filter(|&p| !self.n(p).used) {
-            self.remove_free(p);
-            let (size, next) = {
-                let n = self.n(i);
-                (n.size, n.next_phys)
-            };
-            {
-                let pn = self.n_mut(p);
-                pn.size += size;
-                pn.next_phys = next;
+        let (size, prev, next) = {
+            let n = self.n(i);
+            (n.size, n.prev_phys, n.next_phys)
+        };
+        self.free_bytes += size;
+        let prev_free = prev.filter(|&p| !self.n(p).used);
+        let next_free = next.filter(|&x| !self.n(x).used);
+        match (prev_free, next_free) {
+            (None, None) => self.link(i),
+            (None, Some(x)) => {
+                // The free successor grows backwards over the block.
+                {
+                    let xn = self.n_mut(x);
+                    xn.offset = offset;
+                    xn.size += size;
+                    xn.prev_phys = prev;
+                }
+                if let Some(p) = prev {
+                    self.n_mut(p).next_phys = Some(x);
+                }
+                self.release_node(i);
+                self.rebin(x);
             }
-            if let Some(nx) = next {
-                self.n_mut(nx).prev_phys = Some(p);
+            (Some(p), None) => {
+                {
+                    let pn = self.n_mut(p);
+                    pn.size += size;
+                    pn.next_phys = next;
+                }
+                if let Some(nn) = next {
+                    self.n_mut(nn).prev_phys = Some(p);
+                }
+                self.release_node(i);
+                self.rebin(p);
             }
-            self.release_node(i);
-            i = p;
+            (Some(p), Some(x)) => {
+                let (xsize, xnext) = {
+                    let xn = self.n(x);
+                    (xn.size, xn.next_phys)
+                };
+                self.unlink(x);
+                {
+                    let pn = self.n_mut(p);
+                    pn.size += size + xsize;
+                    pn.next_phys = xnext;
+                }
+                if let Some(nn) = xnext {
+                    self.n_mut(nn).prev_phys = Some(p);
+                }
+                self.release_node(i);
+                self.release_node(x);
+                self.rebin(p);
+            }
         }
-        if let Some(nx) = self.n(i).next_phys.filter(|&nx| !self.n(nx).used) {
-            self.remove_free(nx);
-            let (size, next) = {
-                let n = self.n(nx);
-                (n.size, n.next_phys)
-            };
-            {
-                let cn = self.n_mut(i);
-                cn.size += size;
-                cn.next_phys = next;
-            }
-            if let Some(nn) = next {
-                self.n_mut(nn).prev_phys = Some(i);
-            }
-            self.release_node(nx);
-        }
-        self.insert_free(i);
-        Ok(freed)
+        Ok(size)
     }
 
     /// Free bytes and allocations are O(1); the largest free block scans one bin.
