@@ -6,7 +6,8 @@
 #   scripts/gpu-check.sh build     (here, with cargo; no GPU needed)
 #       Builds the release `gpumem` CLI and the release test binaries of crate gpumem
 #       (`cargo test --release --no-run --message-format=json`, executables read from cargo's
-#       JSON), keeps those that hold ignored (= GPU) tests, strips everything and copies it,
+#       JSON), keeps the integration tests whose source holds tests ignored as "needs a CUDA
+#       device" (the house convention for GPU tests), strips everything and copies it,
 #       with the shipped traces, into the git-ignored folder carry/:
 #           carry/gpumem  carry/tests/<test-target>  carry/traces/...
 #
@@ -36,41 +37,56 @@ cd "$(dirname "$0")/.." || exit 2
 ROOT=$(pwd)
 CARRY="$ROOT/carry"
 
+die() {
+  echo "gpu-check build: $*" >&2
+  exit 1
+}
+
 build() {
-  set -e
+  local target=${CARGO_TARGET_DIR:-target}
   echo "== cargo build --release -p gpumem-cli"
-  cargo build --release -p gpumem-cli
+  cargo build --release -p gpumem-cli || die "cargo build failed"
   rm -rf "$CARRY"
-  mkdir -p "$CARRY/tests" "$CARRY/traces"
-  strip -o "$CARRY/gpumem" target/release/gpumem
+  mkdir -p "$CARRY/tests" "$CARRY/traces" || die "cannot create $CARRY"
+  strip -o "$CARRY/gpumem" "$target/release/gpumem" || die "strip failed"
   echo "== cargo test --release -p gpumem --no-run"
+  local json
+  json=$(mktemp)
+  cargo test --release -p gpumem --no-run --message-format=json >"$json" ||
+    die "cargo test --no-run failed (compiler messages are in $json)"
   local list
-  list=$(cargo test --release -p gpumem --no-run --message-format=json 2>/dev/null |
-    python3 -c '
+  list=$(python3 -c '
 import json, sys
-for line in sys.stdin:
+for line in open(sys.argv[1]):
     try:
         m = json.loads(line)
     except ValueError:
         continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m.get("profile", {}).get("test"):
-        kinds = m["target"]["kind"]
-        name = m["target"]["name"] + ("-lib" if "lib" in kinds else "")
-        print(name, m["executable"])
-')
-  local name exe n
+    t = m.get("target", {})
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and "test" in t.get("kind", []):
+        # Integration tests whose source holds GPU tests (ignored as "needs a CUDA device").
+        try:
+            src = open(t["src_path"]).read()
+        except OSError:
+            continue
+        if "needs a CUDA device" in src:
+            print(t["name"], m["executable"])
+' "$json") || die "cannot read cargo's JSON"
+  rm -f "$json"
+  local name exe n carried=0
   while read -r name exe; do
     [ -n "$name" ] || continue
-    n=$("$exe" --ignored --list 2>/dev/null | grep -c ': test$' || true)
+    n=$("$exe" --ignored --list 2>/dev/null | grep -c ': test$')
     if [ "${n:-0}" -gt 0 ]; then
-      strip -o "$CARRY/tests/$name" "$exe"
+      strip -o "$CARRY/tests/$name" "$exe" || die "strip $exe failed"
       echo "   carried $name ($n GPU tests)"
+      carried=$((carried + 1))
     fi
   done <<<"$list"
-  cp -r traces/. "$CARRY/traces/"
+  [ "$carried" -gt 0 ] || die "no test binary with ignored (GPU) tests found"
+  cp -r traces/. "$CARRY/traces/" || die "cannot copy traces"
   echo "== carry/ holds $(du -sh "$CARRY" | cut -f1):"
   find "$CARRY" -type f | sort | sed 's/^/   /'
-  set +e
 }
 
 # ---------------------------------------------------------------- run

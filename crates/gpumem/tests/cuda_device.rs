@@ -246,22 +246,33 @@ fn every_strategy_serves_blocks_with_intact_canaries() {
 fn pool_recovers_from_oom_by_releasing_its_cache() {
     let d = dev0();
     let free = d.mem_info().expect("info").0;
+    let s1 = CudaStream::new(&d).expect("stream");
+    let s2 = CudaStream::new(&d).expect("stream");
     let events = CudaEvents::new(&d).expect("events");
     let o = PoolOptions {
         reserve_bytes: 0,
+        max_cached_block_bytes: u64::MAX,
+        shard_cache_bytes: u64::MAX,
         ..PoolOptions::default()
     };
     let pool = DevicePool::new(Box::new(SegmentPerBlock::default()), d, Box::new(events), o)
         .expect("pool");
-    // Cache 60 % of free memory on stream 0, then ask for 60 % on another stream id.
+    // Cache 60 % of free memory for stream s1, then ask for as much on s2: the cached block
+    // is not reusable there, the device refuses, the pool flushes, waits, releases, retries.
     let big = free / 10 * 6 / MIB * MIB;
-    drop(pool.alloc(big, 0).expect("first"));
+    drop(pool.alloc(big, s1.id()).expect("first"));
+    assert_eq!(pool.stats().expect("stats").cached_blocks, 1);
     let b = pool
-        .alloc(big + MIB, 0)
+        .alloc(big, s2.id())
         .expect("recovered by releasing the cached block");
-    assert_eq!(pool.stats().expect("stats").oom_recoveries, 1);
+    let s = pool.stats().expect("stats");
+    assert_eq!(s.oom_recoveries, 1);
+    assert_eq!(s.cached_blocks, 0);
     drop(b);
     pool.trim().expect("trim");
+    pool.with_device(|d| d.synchronize())
+        .expect("dev")
+        .expect("no error left pending");
 }
 
 #[test]
