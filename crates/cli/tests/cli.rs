@@ -170,3 +170,30 @@ fn external_snapshot_with_blocks_from_before_recording() {
     assert!(v["trace"]["preexisting_blocks"].as_u64().unwrap() > 0);
     assert_eq!(v["allocators"][0]["oom_count"], 0);
 }
+
+#[test]
+fn convert_to_jsonl_and_replay_gives_the_same_figures() {
+    let out = std::env::temp_dir().join(format!("gpumem-convert-{}.jsonl", std::process::id()));
+    let (ok, _, err) = gpumem(&[
+        "convert",
+        "traces/mixed_sizes.pickle.gz",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let figures = |path: &str| {
+        let (ok, o, err) = gpumem(&["replay", path, "-a", "torch,tlsf", "--json"]);
+        assert!(ok, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&o).unwrap();
+        (
+            v["trace"]["peak_requested_bytes"].clone(),
+            v["allocators"][0]["peak_reserved_bytes"].clone(),
+            v["allocators"][1]["peak_reserved_bytes"].clone(),
+        )
+    };
+    assert_eq!(
+        figures("traces/mixed_sizes.pickle.gz"),
+        figures(out.to_str().unwrap())
+    );
+    let _ = std::fs::remove_file(out);
+}
