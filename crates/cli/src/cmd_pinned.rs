@@ -1,35 +1,965 @@
-//! `gpumem bench transfer`, `bench pinned`, `advise` (pinned host memory). STUB.
-use anyhow::{bail, Result};
+//! `gpumem bench transfer`, `gpumem bench pinned`, `gpumem advise`: pinned host memory.
+use crate::units::{human_bytes, parse_size};
+use anyhow::{bail, Context, Result};
 use clap::Args;
+use gpumem::pinned::advise::{self, Direction, MemoryKind, Pattern, TransferPoint, TransferTable};
+use gpumem::pinned::transfer::{self, MappedMethod, TransferBench};
+use gpumem::pinned::{cuda_available, sysinfo, CopyKind, CudaHost, StagingConfig};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use serde_json::json;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+fn parse_sizes(s: &str) -> Result<Vec<u64>, String> {
+    let mut v = s
+        .split(',')
+        .filter(|t| !t.trim().is_empty())
+        .map(parse_size)
+        .collect::<Result<Vec<_>, _>>()?;
+    if v.is_empty() || v.contains(&0) {
+        return Err(format!("`{s}`: give sizes > 0, separated by commas"));
+    }
+    v.sort_unstable();
+    v.dedup();
+    Ok(v)
+}
+
+fn parse_kinds(s: &str) -> Result<Vec<MemoryKind>, String> {
+    s.split(',')
+        .map(|t| {
+            MemoryKind::parse(t).ok_or_else(|| {
+                format!("`{t}`: expected pageable, pinned, write_combined, mapped or staged")
+            })
+        })
+        .collect()
+}
+
+fn parse_dirs(s: &str) -> Result<Vec<Direction>, String> {
+    s.split(',')
+        .map(|t| match t.trim().to_ascii_lowercase().as_str() {
+            "h2d" => Ok(Direction::H2d),
+            "d2h" => Ok(Direction::D2h),
+            "both" | "bidir" => Ok(Direction::Both),
+            o => Err(format!("`{o}`: expected h2d, d2h or both")),
+        })
+        .collect()
+}
+
+fn parse_copy(s: &str) -> Result<CopyKind, String> {
+    match s {
+        "libc" | "memcpy" => Ok(CopyKind::Libc),
+        "nt" | "non-temporal" => Ok(CopyKind::NonTemporal),
+        o => Err(format!("`{o}`: expected libc or nt")),
+    }
+}
+
+/// Where `bench transfer` caches its table for `advise`:
+/// `$XDG_CACHE_HOME/gpumem/transfer.json`, else `~/.cache/gpumem/transfer.json`.
+fn cache_path() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("gpumem").join("transfer.json"))
+}
+
+fn load_cached_table() -> Option<(PathBuf, TransferTable)> {
+    let p = cache_path()?;
+    let text = std::fs::read_to_string(&p).ok()?;
+    serde_json::from_str(&text).ok().map(|t| (p, t))
+}
+
+/// Merges `update` into the cached table (transfers replace transfers if any, alloc replaces
+/// alloc if any) and writes it back.
+fn store_table(update: TransferTable) -> Result<PathBuf> {
+    let p = cache_path().context("neither XDG_CACHE_HOME nor HOME is set")?;
+    let mut t = match load_cached_table() {
+        Some((_, old)) if old.device == update.device => old,
+        _ => TransferTable {
+            source: String::new(),
+            device: update.device.clone(),
+            transfers: Vec::new(),
+            alloc: Vec::new(),
+        },
+    };
+    t.source = update.source;
+    if !update.transfers.is_empty() {
+        t.transfers = update.transfers;
+    }
+    if !update.alloc.is_empty() {
+        t.alloc = update.alloc;
+    }
+    if let Some(dir) = p.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(&p, serde_json::to_string_pretty(&t)?)
+        .with_context(|| format!("writing {}", p.display()))?;
+    Ok(p)
+}
+
+fn progress(len: u64) -> ProgressBar {
+    if std::io::stderr().is_terminal() {
+        let pb = ProgressBar::new(len);
+        if let Ok(style) = ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}") {
+            pb.set_style(style);
+        }
+        pb
+    } else {
+        ProgressBar::hidden()
+    }
+}
+
+fn now_utc() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    format!("unix time {secs}")
+}
 
 /// Arguments of `gpumem bench transfer`.
 #[derive(Args)]
 pub struct BenchTransferArgs {
-    /// Print JSON instead of a table.
+    /// Sizes per copy, comma-separated, with units.
+    #[arg(long, default_value = "4KiB,16KiB,64KiB,256KiB,1MiB,4MiB,8MiB,16MiB,64MiB,256MiB,1GiB", value_parser = parse_sizes)]
+    pub sizes: std::vec::Vec<u64>,
+    /// Host memory kinds: pageable, pinned, write_combined, mapped, staged.
+    #[arg(long, default_value = "pageable,pinned,write_combined,mapped,staged", value_parser = parse_kinds)]
+    pub kinds: std::vec::Vec<MemoryKind>,
+    /// Directions: h2d, d2h, both (two streams at once).
+    #[arg(long, default_value = "h2d,d2h,both", value_parser = parse_dirs)]
+    pub directions: std::vec::Vec<Direction>,
+    /// Timed repeats per point (median); sizes ≥ 256 MiB use at most 5.
+    #[arg(long, default_value_t = 11)]
+    pub repeats: usize,
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
+    /// Staging ring: bytes per chunk.
+    #[arg(long, default_value = "16MiB", value_parser = parse_size)]
+    pub stage_chunk: u64,
+    /// Staging ring: pinned buffers.
+    #[arg(long, default_value_t = 4)]
+    pub stage_buffers: usize,
+    /// Staging ring: host threads copying each chunk (the caller included).
+    #[arg(long, default_value_t = 12)]
+    pub stage_threads: usize,
+    /// Staging ring: `nt` (non-temporal stores) or `libc` (memcpy).
+    #[arg(long, default_value = "nt", value_parser = parse_copy)]
+    pub stage_copy: CopyKind,
+    /// First sweep the staging ring's settings at the largest size (threads × chunk × buffers
+    /// × copy), then measure with the fastest.
     #[arg(long)]
-    pub json: bool,
-}
-/// Arguments of `gpumem bench pinned`.
-#[derive(Args)]
-pub struct BenchPinnedArgs {
-    /// Print JSON instead of a table.
+    pub staging_sweep: bool,
+    /// Also measure how much of an H2D copy hides behind device-to-device copies on another
+    /// stream, pageable vs pinned.
     #[arg(long)]
-    pub json: bool,
-}
-/// Arguments of `gpumem advise`.
-#[derive(Args)]
-pub struct AdviseArgs {
+    pub overlap: bool,
+    /// Draw bandwidth against size (log x axis) into this SVG file.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Do not write the table that `gpumem advise` reads.
+    #[arg(long)]
+    pub no_cache: bool,
+    /// Measure only the host side of staged copies (no GPU needed): fill and drain rates of
+    /// the staging ring, with `--staging-sweep` over its settings.
+    #[arg(long)]
+    pub host_only: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
 }
 
-pub fn bench_transfer(_a: BenchTransferArgs) -> Result<()> {
-    bail!("not implemented yet")
+#[derive(Serialize)]
+struct Row {
+    kind: MemoryKind,
+    direction: Direction,
+    bytes: u64,
+    median_s: f64,
+    gbps: f64,
+    pct_of_best_pinned: Option<f64>,
 }
-pub fn bench_pinned(_a: BenchPinnedArgs) -> Result<()> {
-    bail!("not implemented yet")
+
+#[derive(Serialize, Clone, Copy)]
+struct SweepRow {
+    config: StagingConfig,
+    h2d_gbps: f64,
+    d2h_gbps: f64,
 }
-pub fn advise(_a: AdviseArgs) -> Result<()> {
-    bail!("not implemented yet")
+
+/// The staging settings a sweep tries: chunk × buffers × threads × copy kind.
+fn sweep_grid() -> Vec<StagingConfig> {
+    let mut grid = Vec::new();
+    for chunk in [1usize << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 64 << 20] {
+        for buffers in [2usize, 4, 8] {
+            for threads in [8usize, 12, 16] {
+                for copy in [CopyKind::Libc, CopyKind::NonTemporal] {
+                    grid.push(StagingConfig {
+                        chunk_bytes: chunk,
+                        buffers,
+                        threads,
+                        copy,
+                    });
+                }
+            }
+        }
+    }
+    grid
+}
+
+/// `bench transfer --host-only`: the host side of staged copies (fill and drain of the ring
+/// with no DMA), over the sweep grid, for the largest size. Needs no GPU.
+fn host_only(a: &BenchTransferArgs) -> Result<()> {
+    let max = *a.sizes.last().context("no sizes")? as usize;
+    let src = vec![0x5au8; max];
+    let mut dst = vec![0u8; max];
+    let grid = if a.staging_sweep {
+        sweep_grid()
+    } else {
+        vec![StagingConfig {
+            chunk_bytes: a.stage_chunk as usize,
+            buffers: a.stage_buffers,
+            threads: a.stage_threads,
+            copy: a.stage_copy,
+        }]
+    };
+    let pb = progress(grid.len() as u64);
+    let mut rows = Vec::new();
+    for c in grid {
+        let mut ring = gpumem::pinned::StagingRing::new_locked(c)?;
+        let mut fill = Vec::new();
+        let mut drain = Vec::new();
+        for r in 0..=a.repeats.clamp(1, 5) {
+            let t0 = std::time::Instant::now();
+            ring.stage_h2d(&src, &mut gpumem::pinned::NullDma)?;
+            let t1 = t0.elapsed().as_secs_f64();
+            let t0 = std::time::Instant::now();
+            ring.stage_d2h(&mut dst, &mut gpumem::pinned::NullDma)?;
+            let t2 = t0.elapsed().as_secs_f64();
+            if r > 0 {
+                fill.push(t1);
+                drain.push(t2);
+            }
+        }
+        rows.push(SweepRow {
+            config: c,
+            h2d_gbps: max as f64 / transfer::median(&mut fill) / 1e9,
+            d2h_gbps: max as f64 / transfer::median(&mut drain) / 1e9,
+        });
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "host_only": true,
+                "bytes": max,
+                "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+                "note": "host side of the staging ring alone (no DMA): fill = pageable -> pinned, drain = pinned -> pageable",
+                "staging_sweep": rows,
+            }))?
+        );
+    } else {
+        println!(
+            "host side of staged copies of {} (no DMA), GB/s:",
+            human_bytes(max as u64)
+        );
+        for s in &rows {
+            println!(
+                "threads {:>2} chunk {:>9} buffers {} {:?}: fill {:.2} drain {:.2}",
+                s.config.threads,
+                human_bytes(s.config.chunk_bytes as u64),
+                s.config.buffers,
+                s.config.copy,
+                s.h2d_gbps,
+                s.d2h_gbps
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `gpumem bench transfer`.
+pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
+    if a.host_only {
+        return host_only(&a);
+    }
+    if let Err(e) = cuda_available() {
+        bail!("{e}\n`gpumem bench transfer` measures copies over PCIe and needs a CUDA device; `gpumem bench pinned` measures the mlock fallback without one");
+    }
+    let host = CudaHost::new(a.device)?;
+    let device = host.name().unwrap_or_else(|_| "unknown".into());
+    let bus = host.pci_bus_id().unwrap_or_default();
+    let max = *a.sizes.last().context("no sizes")? as usize;
+    let mut staging = StagingConfig {
+        chunk_bytes: a.stage_chunk as usize,
+        buffers: a.stage_buffers,
+        threads: a.stage_threads,
+        copy: a.stage_copy,
+    };
+    let mut bench = TransferBench::new(&host, max, &a.kinds, staging)
+        .context("allocating the benchmark's buffers")?;
+
+    // Staging sweep.
+    let mut sweep = Vec::new();
+    if a.staging_sweep && a.kinds.contains(&MemoryKind::Staged) {
+        let grid = sweep_grid();
+        let pb = progress(grid.len() as u64);
+        pb.set_message("staging sweep");
+        for c in grid {
+            bench.set_staging(c)?;
+            let h = bench.measure(MemoryKind::Staged, Direction::H2d, max, 3)?;
+            let d = bench.measure(MemoryKind::Staged, Direction::D2h, max, 3)?;
+            let gb = |s: Option<f64>| s.map_or(0.0, |s| max as f64 / s / 1e9);
+            sweep.push(SweepRow {
+                config: c,
+                h2d_gbps: gb(h),
+                d2h_gbps: gb(d),
+            });
+            pb.inc(1);
+        }
+        pb.finish_and_clear();
+        if let Some(best) = sweep
+            .iter()
+            .max_by(|x, y| x.h2d_gbps.total_cmp(&y.h2d_gbps))
+        {
+            staging = best.config;
+        }
+        bench.set_staging(staging)?;
+    }
+
+    // The main table.
+    let mut points: Vec<(MemoryKind, Direction, u64)> = Vec::new();
+    for &k in &a.kinds {
+        for &d in &a.directions {
+            for &s in &a.sizes {
+                points.push((k, d, s));
+            }
+        }
+    }
+    let pb = progress(points.len() as u64);
+    let mut rows = Vec::new();
+    for (kind, dir, bytes) in points {
+        pb.set_message(format!(
+            "{} {} {}",
+            kind.name(),
+            dir.name(),
+            human_bytes(bytes)
+        ));
+        let repeats = if bytes >= 256 << 20 {
+            a.repeats.min(5)
+        } else {
+            a.repeats
+        };
+        if let Some(s) = bench.measure(kind, dir, bytes as usize, repeats)? {
+            let moved = if dir == Direction::Both {
+                2 * bytes
+            } else {
+                bytes
+            };
+            rows.push(Row {
+                kind,
+                direction: dir,
+                bytes,
+                median_s: s,
+                gbps: moved as f64 / s / 1e9,
+                pct_of_best_pinned: None,
+            });
+        }
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    for d in [Direction::H2d, Direction::D2h, Direction::Both] {
+        let best = rows
+            .iter()
+            .filter(|r| r.kind == MemoryKind::Pinned && r.direction == d)
+            .map(|r| r.gbps)
+            .fold(0.0, f64::max);
+        if best > 0.0 {
+            for r in rows.iter_mut().filter(|r| r.direction == d) {
+                r.pct_of_best_pinned = Some(100.0 * r.gbps / best);
+            }
+        }
+    }
+
+    let overlap = if a.overlap {
+        let mut v = Vec::new();
+        for kind in [MemoryKind::Pageable, MemoryKind::Pinned] {
+            if a.kinds.contains(&kind) {
+                v.push(bench.overlap(kind, max, 5)?);
+            }
+        }
+        v
+    } else {
+        Vec::new()
+    };
+    let verify = bench.verify(max.min(64 << 20))?;
+    let (gpu_node, host_nodes) = bench.numa();
+    let mut numa_warnings = Vec::new();
+    if let Some(g) = gpu_node {
+        for (k, n) in &host_nodes {
+            if let Some(n) = n {
+                if *n != g {
+                    numa_warnings.push(format!(
+                        "{} buffers are on NUMA node {n} but the GPU is on node {g}: bind with `numactl --cpunodebind={g} --membind={g}`",
+                        k.name()
+                    ));
+                }
+            }
+        }
+    }
+
+    // Summary against the targets.
+    let fig = |k: MemoryKind, d: Direction, b: u64| {
+        rows.iter()
+            .find(|r| r.kind == k && r.direction == d && r.bytes == b)
+            .map(|r| r.gbps)
+    };
+    let min_pinned_ge8 = |d: Direction| {
+        rows.iter()
+            .filter(|r| r.kind == MemoryKind::Pinned && r.direction == d && r.bytes >= 8 << 20)
+            .map(|r| r.gbps)
+            .reduce(f64::min)
+    };
+    let staged_h2d = fig(MemoryKind::Staged, Direction::H2d, max as u64);
+    let pageable_h2d = fig(MemoryKind::Pageable, Direction::H2d, max as u64);
+    let summary = json!({
+        "largest_bytes": max,
+        "pinned_h2d_min_gbps_ge_8MiB": min_pinned_ge8(Direction::H2d),
+        "pinned_d2h_min_gbps_ge_8MiB": min_pinned_ge8(Direction::D2h),
+        "staged_h2d_gbps_largest": staged_h2d,
+        "staged_d2h_gbps_largest": fig(MemoryKind::Staged, Direction::D2h, max as u64),
+        "pageable_h2d_gbps_largest": pageable_h2d,
+        "pageable_d2h_gbps_largest": fig(MemoryKind::Pageable, Direction::D2h, max as u64),
+        "staged_over_pageable_h2d": staged_h2d.zip(pageable_h2d).map(|(s, p)| s / p),
+        // Targets (issue 4) where this run can judge them alone; pinned ≥ 98 % of
+        // cudaMemcpyAsync needs the anchor program's figure from the same session.
+        "target_staged_h2d_ge_45_gbps": staged_h2d.map(|s| s >= 45.0),
+        "target_staged_ge_5x_pageable": staged_h2d.zip(pageable_h2d).map(|(s, p)| s >= 5.0 * p),
+    });
+    let mapped_method = match bench.mapped_method() {
+        MappedMethod::Kernel => "kernel (copy16 PTX reads mapped host memory)".to_string(),
+        MappedMethod::DtoD(e) => format!(
+            "cuMemcpyDtoD from the mapped device pointer (kernel not loaded: {e}); the copy engine reads host memory like a pinned copy"
+        ),
+    };
+
+    let table = TransferTable {
+        source: format!("measured by gpumem bench transfer, {}", now_utc()),
+        device: device.clone(),
+        transfers: rows
+            .iter()
+            .map(|r| TransferPoint {
+                kind: r.kind,
+                direction: r.direction,
+                bytes: r.bytes,
+                gbps: r.gbps,
+            })
+            .collect(),
+        alloc: Vec::new(),
+    };
+    let cached = if a.no_cache {
+        None
+    } else {
+        match store_table(table) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!("warning: could not cache the table for `gpumem advise`: {e:#}");
+                None
+            }
+        }
+    };
+    if let Some(path) = &a.plot {
+        std::fs::write(path, svg::plot(&rows_for_plot(&rows), &device))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    for w in &numa_warnings {
+        eprintln!("warning: {w}");
+    }
+
+    if a.json {
+        let out = json!({
+            "device": device,
+            "pci_bus_id": bus,
+            "numa": {
+                "gpu_node": gpu_node,
+                "host_nodes": host_nodes.iter().map(|(k, n)| json!({"kind": k, "node": n})).collect::<Vec<_>>(),
+                "warnings": numa_warnings,
+            },
+            "mapped_method": mapped_method,
+            "staging": staging,
+            "staging_sweep": sweep,
+            "results": rows,
+            "summary": summary,
+            "overlap": overlap,
+            "verify": verify.iter().map(|(w, ok)| json!({"check": w, "ok": ok})).collect::<Vec<_>>(),
+            "cache": cached,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!("{device} ({bus}); GB/s = 1e9 B/s, median of CUDA-event-timed copies");
+        println!("mapped: {mapped_method}");
+        println!(
+            "staging: {} chunks × {}, {} threads, {:?}",
+            human_bytes(staging.chunk_bytes as u64),
+            staging.buffers,
+            staging.threads,
+            staging.copy
+        );
+        println!(
+            "{:<15} {:<5} {:>10} {:>10} {:>9}",
+            "kind", "dir", "size", "GB/s", "% pinned"
+        );
+        for r in &rows {
+            println!(
+                "{:<15} {:<5} {:>10} {:>10.2} {:>9}",
+                r.kind.name(),
+                r.direction.name(),
+                human_bytes(r.bytes),
+                r.gbps,
+                r.pct_of_best_pinned
+                    .map_or("-".to_string(), |p| format!("{p:.1}"))
+            );
+        }
+        println!("summary: {summary}");
+        for s in &sweep {
+            println!(
+                "sweep: threads {:>2} chunk {:>9} buffers {} {:?}: h2d {:.2} d2h {:.2} GB/s",
+                s.config.threads,
+                human_bytes(s.config.chunk_bytes as u64),
+                s.config.buffers,
+                s.config.copy,
+                s.h2d_gbps,
+                s.d2h_gbps
+            );
+        }
+        for o in &overlap {
+            println!(
+                "overlap {}: copy {:.3} ms, device work {:.3} ms, both {:.3} ms: {:.0} % of the copy hidden",
+                o.kind.name(),
+                o.copy_s * 1e3,
+                o.device_s * 1e3,
+                o.both_s * 1e3,
+                o.hidden_fraction * 100.0
+            );
+        }
+        for (w, ok) in &verify {
+            println!("check {w}: {}", if *ok { "ok" } else { "FAILED" });
+        }
+        if let Some(p) = cached {
+            println!("table cached for `gpumem advise` in {}", p.display());
+        }
+    }
+    if verify.iter().any(|(_, ok)| !ok) {
+        bail!("a data check failed: {verify:?}");
+    }
+    Ok(())
+}
+
+fn rows_for_plot(rows: &[Row]) -> Vec<(String, Vec<(u64, f64)>)> {
+    let mut series: Vec<(String, Vec<(u64, f64)>)> = Vec::new();
+    for r in rows {
+        let name = format!("{} {}", r.kind.name(), r.direction.name());
+        match series.iter_mut().find(|s| s.0 == name) {
+            Some(s) => s.1.push((r.bytes, r.gbps)),
+            None => series.push((name, vec![(r.bytes, r.gbps)])),
+        }
+    }
+    series
+}
+
+/// Arguments of `gpumem bench pinned`.
+#[derive(Args)]
+pub struct BenchPinnedArgs {
+    /// Sizes per allocation, comma-separated, with units.
+    #[arg(long, default_value = "1MiB,16MiB,256MiB,1GiB", value_parser = parse_sizes)]
+    pub sizes: std::vec::Vec<u64>,
+    /// Repeats per point (median); the pool's warm figure uses at least 1000.
+    #[arg(long, default_value_t = 5)]
+    pub repeats: usize,
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
+    /// Measure the mlock fallback even where CUDA is present.
+    #[arg(long)]
+    pub no_cuda: bool,
+    /// Do not write the figures that `gpumem advise` reads.
+    #[arg(long)]
+    pub no_cache: bool,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `gpumem bench pinned`.
+pub fn bench_pinned(a: BenchPinnedArgs) -> Result<()> {
+    let (host, note) = if a.no_cuda {
+        (None, "mlock fallback (--no-cuda)".to_string())
+    } else {
+        match CudaHost::new(a.device) {
+            Ok(h) => (Some(h), "CUDA".to_string()),
+            Err(e) => (None, format!("mlock fallback: {e}")),
+        }
+    };
+    if host.is_none() {
+        eprintln!(
+            "note: measuring the {note}; cuMemHostAlloc and cuMemHostRegister are not measured"
+        );
+    }
+    let device = host
+        .as_ref()
+        .and_then(|h| h.name().ok())
+        .unwrap_or_else(|| "host (no CUDA)".to_string());
+    let pb = progress(a.sizes.len() as u64 + 1);
+    let mut points = Vec::new();
+    for &s in &a.sizes {
+        pb.set_message(human_bytes(s));
+        let p = transfer::alloc_costs(host.as_ref(), s as usize, a.repeats)
+            .with_context(|| format!("measuring {}", human_bytes(s)))?;
+        points.extend(p);
+        pb.inc(1);
+    }
+    pb.set_message("pool overhead");
+    let req = transfer::OVERHEAD_REQUESTS;
+    let overhead = transfer::pool_overhead(host.as_ref(), &req);
+    pb.finish_and_clear();
+    let overhead_json = match &overhead {
+        Ok(s) => json!({
+            "requests_bytes": req,
+            "requested_bytes": s.requested_bytes.current,
+            "pinned_bytes": s.pinned_bytes.current,
+            "pinned_over_requested": s.pinned_over_requested(),
+            "per_request": req.iter().map(|&r| {
+                let c = gpumem::pinned::size_class::class_bytes(r).unwrap_or(0);
+                json!({"requested": r, "pinned": c, "ratio": c as f64 / r as f64})
+            }).collect::<Vec<_>>(),
+        }),
+        Err(e) => json!({"error": e.to_string()}),
+    };
+    let cached = if a.no_cache || host.is_none() {
+        None
+    } else {
+        store_table(TransferTable {
+            source: format!("measured by gpumem bench pinned, {}", now_utc()),
+            device: device.clone(),
+            transfers: Vec::new(),
+            alloc: points.clone(),
+        })
+        .ok()
+    };
+    if a.json {
+        let out = json!({
+            "device": device,
+            "backend": note,
+            "memlock_limit": gpumem::pinned::memlock_limit().map(|l| l.to_string()).unwrap_or_default(),
+            "pool_cap_bytes": sysinfo::default_pinned_cap_bytes(),
+            "alloc": points,
+            "pool_overhead": overhead_json,
+            "pinned_over_requested": overhead.as_ref().ok().map(|s| s.pinned_over_requested()),
+            "cache": cached,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!(
+            "{device}: {note}; medians of {} repeats (pool_warm: ≥ 1000)",
+            a.repeats
+        );
+        println!(
+            "{:<18} {:>10} {:>14} {:>14}",
+            "method", "size", "alloc", "free"
+        );
+        for p in &points {
+            println!(
+                "{:<18} {:>10} {:>14} {:>14}",
+                p.method,
+                human_bytes(p.bytes),
+                fmt_time(p.alloc_s),
+                fmt_time(p.free_s)
+            );
+        }
+        match &overhead {
+            Ok(s) => println!(
+                "pool on 1 MiB, 3 MiB, 5 MiB, 100 MiB, 300 MiB, 1 GiB + 1 B: pinned {} for {} requested, pinned_over_requested = {:.4}",
+                human_bytes(s.pinned_bytes.current),
+                human_bytes(s.requested_bytes.current),
+                s.pinned_over_requested()
+            ),
+            Err(e) => println!("pool overhead not measured: {e}"),
+        }
+    }
+    Ok(())
+}
+
+fn fmt_time(s: f64) -> String {
+    if s >= 1e-3 {
+        format!("{:.3} ms", s * 1e3)
+    } else if s >= 1e-6 {
+        format!("{:.3} µs", s * 1e6)
+    } else {
+        format!("{:.0} ns", s * 1e9)
+    }
+}
+
+/// Arguments of `gpumem advise`.
+#[derive(Args)]
+pub struct AdviseArgs {
+    /// Bytes per transfer, with units.
+    #[arg(long, value_parser = parse_size)]
+    pub size: u64,
+    /// Transfers per second (0: a one-off).
+    #[arg(long, default_value_t = 0.0)]
+    pub per_second: f64,
+    /// The copy must be asynchronous (overlap host work or kernels).
+    #[arg(long = "async")]
+    pub asynchronous: bool,
+    /// Direction: h2d or d2h.
+    #[arg(long, default_value = "h2d", value_parser = parse_dirs)]
+    pub direction: std::vec::Vec<Direction>,
+    /// Seconds the pattern runs (a pool's cold allocation is spread over them).
+    #[arg(long, default_value_t = 60.0)]
+    pub horizon: f64,
+    /// Cap on pinned memory, with units (default: half of RAM or of the cgroup limit).
+    #[arg(long, value_parser = parse_size)]
+    pub cap: Option<u64>,
+    /// A table written by `bench transfer` (default: the cached one, else built-in H200 figures).
+    #[arg(long)]
+    pub table: Option<PathBuf>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `gpumem advise`.
+pub fn advise(a: AdviseArgs) -> Result<()> {
+    let table = match &a.table {
+        Some(p) => serde_json::from_str(
+            &std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
+        )
+        .with_context(|| format!("parsing {}", p.display()))?,
+        None => match load_cached_table() {
+            Some((_, t)) if !t.transfers.is_empty() => {
+                // Allocation costs missing from a measured table: the built-in ones.
+                let mut t = t;
+                if t.alloc.is_empty() {
+                    t.alloc = TransferTable::h200().alloc;
+                }
+                t
+            }
+            _ => TransferTable::h200(),
+        },
+    };
+    let direction = *a.direction.first().context("no direction")?;
+    let pattern = Pattern {
+        bytes: a.size,
+        per_second: a.per_second,
+        asynchronous: a.asynchronous,
+        direction,
+        pinned_cap_bytes: a.cap.unwrap_or_else(sysinfo::default_pinned_cap_bytes),
+        horizon_s: a.horizon,
+    };
+    let adv = advise::advise(&table, &pattern);
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&adv)?);
+        return Ok(());
+    }
+    println!(
+        "{} {} per transfer, {}/s{}, over {} s; figures: {} ({})",
+        direction.name(),
+        human_bytes(a.size),
+        a.per_second,
+        if a.asynchronous { ", asynchronous" } else { "" },
+        a.horizon,
+        adv.source,
+        table.device
+    );
+    println!(
+        "{:<15} {:>12} {:>14} {:>12} {:>8}  note",
+        "kind", "transfer", "alloc/transfer", "total", "busy %"
+    );
+    for o in &adv.options {
+        println!(
+            "{:<15} {:>12} {:>14} {:>12} {:>8.1}  {}",
+            o.kind.name(),
+            fmt_time(o.transfer_s),
+            fmt_time(o.alloc_per_transfer_s),
+            fmt_time(o.total_s),
+            o.busy_fraction * 100.0,
+            o.excluded.as_deref().unwrap_or(o.how)
+        );
+    }
+    if let Some(u) = adv.unpooled_pinned_s {
+        println!(
+            "(pinned memory allocated and freed per transfer, without a pool: {} per transfer)",
+            fmt_time(u)
+        );
+    }
+    println!("recommended: {} — {}", adv.recommended.name(), adv.reason);
+    Ok(())
+}
+
+/// A small SVG line chart: bandwidth against size, log x axis.
+mod svg {
+    use std::fmt::Write;
+
+    const W: f64 = 900.0;
+    const H: f64 = 520.0;
+    const L: f64 = 70.0;
+    const R: f64 = 220.0;
+    const T: f64 = 40.0;
+    const B: f64 = 60.0;
+    const COLORS: [&str; 8] = [
+        "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+    ];
+
+    fn esc(s: &str) -> String {
+        s.replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+    }
+
+    /// One line per series of `(bytes, GB/s)` points.
+    pub fn plot(series: &[(String, Vec<(u64, f64)>)], title: &str) -> String {
+        let pts = series.iter().flat_map(|s| s.1.iter());
+        let (mut xmin, mut xmax, mut ymax) = (f64::MAX, f64::MIN, 0.0f64);
+        for &(b, g) in pts {
+            let x = (b.max(1) as f64).log2();
+            xmin = xmin.min(x);
+            xmax = xmax.max(x);
+            ymax = ymax.max(g);
+        }
+        if xmin > xmax {
+            (xmin, xmax) = (0.0, 1.0);
+        }
+        if xmax - xmin < 1.0 {
+            xmax = xmin + 1.0;
+        }
+        let ymax = (ymax * 1.1 / 10.0).ceil().max(1.0) * 10.0;
+        let px = |b: u64| L + ((b.max(1) as f64).log2() - xmin) / (xmax - xmin) * (W - L - R);
+        let py = |g: f64| H - B - g / ymax * (H - T - B);
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">"#
+        );
+        let _ = writeln!(s, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="22" font-size="15" text-anchor="middle">{} — host↔device bandwidth</text>"#,
+            (W - R + L) / 2.0,
+            esc(title)
+        );
+        // Axes and grid.
+        for i in 0..=5 {
+            let g = ymax * i as f64 / 5.0;
+            let y = py(g);
+            let _ = writeln!(
+                s,
+                r##"<line x1="{L}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{g:.0}</text>"##,
+                W - R,
+                L - 6.0,
+                y + 4.0
+            );
+        }
+        let mut e = xmin.ceil() as i64;
+        while e as f64 <= xmax {
+            if e % 2 == 0 || xmax - xmin <= 12.0 {
+                let x = px(1u64 << e.clamp(0, 62));
+                let label = crate::units::human_bytes(1u64 << e.clamp(0, 62));
+                let _ = writeln!(
+                    s,
+                    r##"<line x1="{x:.1}" y1="{T}" x2="{x:.1}" y2="{:.1}" stroke="#eee"/><text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
+                    H - B,
+                    H - B + 18.0,
+                    label.replace(".00", "")
+                );
+            }
+            e += 1;
+        }
+        let _ = writeln!(
+            s,
+            r#"<line x1="{L}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="black"/><line x1="{L}" y1="{T}" x2="{L}" y2="{:.1}" stroke="black"/>"#,
+            H - B,
+            W - R,
+            H - B,
+            H - B
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">bytes per copy (log scale)</text><text x="18" y="{:.1}" transform="rotate(-90 18 {:.1})" text-anchor="middle">GB/s (1e9 B/s)</text>"#,
+            (W - R + L) / 2.0,
+            H - 15.0,
+            (H - B + T) / 2.0,
+            (H - B + T) / 2.0
+        );
+        for (i, (name, pts)) in series.iter().enumerate() {
+            let color = COLORS[i % COLORS.len()];
+            let dash = match i / COLORS.len() {
+                0 => "",
+                1 => r#" stroke-dasharray="6 3""#,
+                _ => r#" stroke-dasharray="2 3""#,
+            };
+            let mut p = pts.clone();
+            p.sort_by_key(|q| q.0);
+            let path: Vec<String> = p
+                .iter()
+                .map(|&(b, g)| format!("{:.1},{:.1}", px(b), py(g)))
+                .collect();
+            let _ = writeln!(
+                s,
+                r#"<polyline fill="none" stroke="{color}" stroke-width="2"{dash} points="{}"/>"#,
+                path.join(" ")
+            );
+            let ly = T + 16.0 * i as f64;
+            let _ = writeln!(
+                s,
+                r#"<line x1="{:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="2"{dash}/><text x="{:.1}" y="{:.1}">{}</text>"#,
+                W - R + 15.0,
+                W - R + 40.0,
+                W - R + 46.0,
+                ly + 4.0,
+                esc(name)
+            );
+        }
+        s.push_str("</svg>\n");
+        s
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn plots_every_series_with_a_log_axis() {
+            let s = super::plot(
+                &[
+                    ("pinned h2d".into(), vec![(4096, 0.9), (1 << 30, 55.5)]),
+                    ("pageable h2d".into(), vec![(4096, 0.9), (1 << 30, 8.4)]),
+                ],
+                "H200 <test>",
+            );
+            assert!(s.starts_with("<svg"));
+            assert!(s.trim_end().ends_with("</svg>"));
+            assert_eq!(s.matches("<polyline").count(), 2);
+            assert!(s.contains("H200 &lt;test&gt;"));
+            // The first point sits on the left edge of the plot, the last on the right.
+            assert!(s.contains("points=\"70.0,"));
+            assert!(s.contains("680.0,"));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_lists_parse_sorted_and_deduplicated() {
+        assert_eq!(parse_sizes("1MiB,4KiB,1MiB").unwrap(), vec![4096, 1 << 20]);
+        assert!(parse_sizes("0").is_err());
+        assert!(parse_sizes("").is_err());
+        assert_eq!(
+            parse_kinds("pinned,wc").unwrap(),
+            vec![MemoryKind::Pinned, MemoryKind::WriteCombined]
+        );
+        assert!(parse_dirs("sideways").is_err());
+    }
 }

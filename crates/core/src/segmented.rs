@@ -1,61 +1,526 @@
-//! STUB: a pool of device segments, each managed by an [`Arena`].
-use crate::arena::Arena;
-use crate::registry::Config;
-use crate::{AllocError, Allocator, Block, Device, Stats};
+//! A device-level pool of segments (cuMemAlloc), each sub-allocated by its own [`Arena`].
+//!
+//! This is the seed design (a pre-allocated 256 MiB pool, grown by more pools) generalised
+//! over the three range allocators: [`SegmentedPool::buddy`], [`SegmentedPool::tlsf`],
+//! [`SegmentedPool::best_fit`].
+//!
+//! Policy:
+//! - Sizes are rounded up to 256 B and blocks are at least 256-byte aligned, like cudaMalloc.
+//! - A request tries the cached segments oldest first and takes the first one whose arena
+//!   can hold it (first fit over segments, the arena's own policy inside a segment). Creation
+//!   order, not address order: the driver hands out newer segments at lower addresses, and
+//!   preferring the newest would spread small blocks over every segment.
+//! - Otherwise the pool takes a new segment of `max(config.segment_bytes, size)`, rounded up
+//!   to the device granularity (and, for buddy, to a power of two).
+//! - If the device refuses with out-of-memory, the pool frees its empty segments
+//!   ([`Allocator::release_cached`]) and asks again for the same size; if that is refused too
+//!   and a smaller segment would do (just the request rounded up), it asks once for that.
+//!   Only then does it report [`AllocError::OutOfMemory`] with the pool's free figures.
+//! - Empty segments stay cached until [`Allocator::release_cached`].
+//!
+//! Alignment: any power of two up to the device granularity (segment bases are granularity
+//! aligned on current GPUs and on the simulated device; a segment whose base is less aligned
+//! than a request is skipped for that request).
+use std::collections::BTreeMap;
+use std::fmt;
 
-/// STUB pool.
+use rustc_hash::FxHashMap;
+
+use crate::align::{align_up, is_pow2};
+use crate::arena::Arena;
+use crate::best_fit::BestFit;
+use crate::buddy::Buddy;
+use crate::registry::Config;
+use crate::tlsf::Tlsf;
+use crate::{AllocError, Allocator, Block, Device, DeviceError, Stats, StatsTracker};
+
+/// Every size is rounded up to this many bytes and every block aligned to it (cudaMalloc's
+/// 256-byte guarantee).
+pub const ROUND_BYTES: u64 = crate::DEFAULT_ALIGN;
+
+/// The range allocator that manages each segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArenaKind {
+    /// [`Buddy`] with the given minimum block, in bytes; segments are powers of two.
+    Buddy {
+        /// Smallest block, in bytes.
+        min_block_bytes: u64,
+    },
+    /// [`Tlsf`].
+    Tlsf,
+    /// [`BestFit`].
+    BestFit,
+}
+
+impl ArenaKind {
+    fn name(self) -> &'static str {
+        match self {
+            ArenaKind::Buddy { .. } => "buddy",
+            ArenaKind::Tlsf => "tlsf",
+            ArenaKind::BestFit => "best-fit",
+        }
+    }
+
+    fn make(self, capacity_bytes: u64) -> Box<dyn Arena> {
+        match self {
+            ArenaKind::Buddy { min_block_bytes } => {
+                Box::new(Buddy::with_min_block(capacity_bytes, min_block_bytes))
+            }
+            ArenaKind::Tlsf => Box::new(Tlsf::new(capacity_bytes)),
+            ArenaKind::BestFit => Box::new(BestFit::new(capacity_bytes)),
+        }
+    }
+
+    /// Segment size for `bytes`, rounded to the granularity (and a power of two for buddy).
+    fn segment_size(self, bytes: u64, granularity: u64) -> Option<u64> {
+        let s = align_up(bytes.max(1), granularity)?;
+        match self {
+            ArenaKind::Buddy { .. } => s.checked_next_power_of_two(),
+            _ => Some(s),
+        }
+    }
+}
+
+struct Segment {
+    /// Bytes obtained from the device.
+    bytes: u64,
+    arena: Box<dyn Arena>,
+    /// Creation sequence number (key in `by_age`).
+    seq: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct LiveBlock {
+    /// Base address of the segment holding the block.
+    segment: u64,
+    /// Bytes the user asked for.
+    requested_bytes: u64,
+}
+
+/// A pool of device segments, each managed by an arena of one [`ArenaKind`].
+///
+/// ```
+/// use gpumem_core::{registry::Config, segmented::SegmentedPool, sim::SimDevice};
+/// use gpumem_core::{Allocator, Device};
+/// let mut dev = SimDevice::new(1 << 30);
+/// let mut pool = SegmentedPool::tlsf(&Config::default());
+/// let b = pool.allocate(&mut dev, 1000, 256, 0).unwrap();
+/// assert_eq!(b.allocated_bytes, 1024);
+/// assert_eq!(dev.used_bytes(), 256 << 20, "one 256 MiB segment");
+/// pool.deallocate(&mut dev, b.addr).unwrap();
+/// assert_eq!(pool.release_cached(&mut dev).unwrap(), 256 << 20);
+/// assert_eq!(dev.used_bytes(), 0);
+/// ```
 pub struct SegmentedPool {
-    name: &'static str,
-    _arenas: Vec<Box<dyn Arena>>,
+    kind: ArenaKind,
+    /// Preferred segment size, in bytes (before rounding to the granularity).
+    segment_bytes: u64,
+    /// Segments by base address.
+    segments: BTreeMap<u64, Segment>,
+    /// Base addresses of the segments in creation order (sequence number -> base).
+    by_age: BTreeMap<u64, u64>,
+    /// Sequence number of the next segment.
+    next_seq: u64,
+    /// Live blocks by address.
+    blocks: FxHashMap<u64, LiveBlock>,
+    tracker: StatsTracker,
+}
+
+impl fmt::Debug for SegmentedPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SegmentedPool")
+            .field("kind", &self.kind)
+            .field("segment_bytes", &self.segment_bytes)
+            .field("segments", &self.segments.len())
+            .field("blocks", &self.blocks.len())
+            .field("stats", &self.stats())
+            .finish()
+    }
 }
 
 impl SegmentedPool {
-    /// Buddy segments.
-    pub fn buddy(_c: &Config) -> Self {
+    /// An empty pool whose segments are managed by `kind`, preferring segments of
+    /// `config.segment_bytes`.
+    pub fn new(kind: ArenaKind, config: &Config) -> Self {
         SegmentedPool {
-            name: "buddy",
-            _arenas: Vec::new(),
+            kind,
+            segment_bytes: config.segment_bytes,
+            segments: BTreeMap::new(),
+            by_age: BTreeMap::new(),
+            next_seq: 0,
+            blocks: FxHashMap::default(),
+            tracker: StatsTracker::default(),
         }
     }
+
+    /// Buddy segments with `config.min_block_bytes` minimum blocks.
+    pub fn buddy(config: &Config) -> Self {
+        Self::new(
+            ArenaKind::Buddy {
+                min_block_bytes: config.min_block_bytes,
+            },
+            config,
+        )
+    }
+
     /// TLSF segments.
-    pub fn tlsf(_c: &Config) -> Self {
-        SegmentedPool {
-            name: "tlsf",
-            _arenas: Vec::new(),
+    pub fn tlsf(config: &Config) -> Self {
+        Self::new(ArenaKind::Tlsf, config)
+    }
+
+    /// Best-fit segments.
+    pub fn best_fit(config: &Config) -> Self {
+        Self::new(ArenaKind::BestFit, config)
+    }
+
+    /// Segments held, as `(base address, bytes, live blocks)` in address order.
+    pub fn segments(&self) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
+        self.segments
+            .iter()
+            .map(|(&b, s)| (b, s.bytes, s.arena.report().allocations))
+    }
+
+    fn free_figures(&self) -> (u64, u64) {
+        self.segments.values().fold((0, 0), |(f, l), s| {
+            let r = s.arena.report();
+            (f + r.free_bytes, l.max(r.largest_free_bytes))
+        })
+    }
+
+    fn oom(&self, requested_bytes: u64) -> AllocError {
+        let (free_bytes, largest_free_bytes) = self.free_figures();
+        AllocError::OutOfMemory {
+            requested_bytes,
+            free_bytes,
+            largest_free_bytes,
         }
     }
-    /// Best-fit segments.
-    pub fn best_fit(_c: &Config) -> Self {
-        SegmentedPool {
-            name: "best-fit",
-            _arenas: Vec::new(),
+
+    /// Takes a new segment of `want` bytes (or `min` after a refusal), releasing the cache
+    /// and retrying when the device is out of memory. Returns `(base, bytes)`.
+    fn grow(
+        &mut self,
+        dev: &mut dyn Device,
+        want: u64,
+        min: u64,
+        requested: u64,
+    ) -> Result<(u64, u64), AllocError> {
+        match dev.alloc_segment(want) {
+            Ok(base) => return Ok((base, want)),
+            Err(DeviceError::OutOfMemory { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        self.tracker.stats.alloc_retries += 1;
+        self.release_cached(dev)?;
+        match dev.alloc_segment(want) {
+            Ok(base) => return Ok((base, want)),
+            Err(DeviceError::OutOfMemory { .. }) if min < want => {}
+            Err(DeviceError::OutOfMemory { .. }) => return Err(self.oom(requested)),
+            Err(e) => return Err(e.into()),
+        }
+        match dev.alloc_segment(min) {
+            Ok(base) => Ok((base, min)),
+            Err(DeviceError::OutOfMemory { .. }) => Err(self.oom(requested)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn record(&mut self, segment: u64, offset: u64, requested: u64, allocated: u64) -> Block {
+        let addr = segment + offset;
+        self.blocks.insert(
+            addr,
+            LiveBlock {
+                segment,
+                requested_bytes: requested,
+            },
+        );
+        self.tracker.on_alloc(requested, allocated);
+        Block {
+            addr,
+            requested_bytes: requested,
+            allocated_bytes: allocated,
         }
     }
 }
 
 impl Allocator for SegmentedPool {
     fn name(&self) -> &'static str {
-        self.name
+        self.kind.name()
     }
+
     fn allocate(
         &mut self,
-        _d: &mut dyn Device,
-        _s: u64,
-        _a: u64,
-        _st: u64,
+        dev: &mut dyn Device,
+        size_bytes: u64,
+        align: u64,
+        _stream: u64,
     ) -> Result<Block, AllocError> {
-        Err(AllocError::Internal("not implemented".into()))
+        let granularity = dev.granularity_bytes();
+        if !is_pow2(align) || align > granularity {
+            return Err(AllocError::InvalidAlignment {
+                align,
+                max: granularity,
+            });
+        }
+        let overflow = AllocError::Overflow { size_bytes, align };
+        let rounded = align_up(size_bytes.max(1), ROUND_BYTES).ok_or(overflow.clone())?;
+        let a = align.max(ROUND_BYTES);
+        let mut hit = None;
+        for &base in self.by_age.values() {
+            if base % a != 0 {
+                continue;
+            }
+            let Some(seg) = self.segments.get_mut(&base) else {
+                return Err(AllocError::Internal(format!(
+                    "segment {base:#x} listed but missing"
+                )));
+            };
+            match seg.arena.allocate(rounded, a) {
+                Ok((off, bytes)) => {
+                    hit = Some((base, off, bytes));
+                    break;
+                }
+                Err(e) if e.is_oom() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if let Some((base, off, bytes)) = hit {
+            return Ok(self.record(base, off, size_bytes, bytes));
+        }
+        let min = self
+            .kind
+            .segment_size(rounded, granularity)
+            .ok_or(overflow.clone())?;
+        let want = self
+            .kind
+            .segment_size(self.segment_bytes, granularity)
+            .ok_or(overflow)?
+            .max(min);
+        let (base, bytes) = self.grow(dev, want, min, size_bytes)?;
+        let mut arena = self.kind.make(bytes);
+        let placed = if base % a == 0 {
+            arena.allocate(rounded, a)
+        } else {
+            Err(AllocError::InvalidAlignment {
+                align,
+                max: 1 << base.trailing_zeros(),
+            })
+        };
+        self.segments.insert(
+            base,
+            Segment {
+                bytes,
+                arena,
+                seq: self.next_seq,
+            },
+        );
+        self.by_age.insert(self.next_seq, base);
+        self.next_seq += 1;
+        self.tracker.on_reserve(bytes);
+        let (off, allocated) = placed?;
+        Ok(self.record(base, off, size_bytes, allocated))
     }
-    fn deallocate(&mut self, _d: &mut dyn Device, addr: u64) -> Result<(), AllocError> {
-        Err(AllocError::UnknownBlock { addr })
-    }
-    fn release_cached(&mut self, _d: &mut dyn Device) -> Result<u64, AllocError> {
-        Ok(0)
-    }
-    fn stats(&self) -> Stats {
-        Stats::default()
-    }
-    fn validate(&self) -> Result<(), AllocError> {
+
+    fn deallocate(&mut self, _dev: &mut dyn Device, addr: u64) -> Result<(), AllocError> {
+        let Some(&live) = self.blocks.get(&addr) else {
+            return Err(AllocError::UnknownBlock { addr });
+        };
+        let seg = self.segments.get_mut(&live.segment).ok_or_else(|| {
+            AllocError::Internal(format!(
+                "block {addr:#x} refers to a missing segment {:#x}",
+                live.segment
+            ))
+        })?;
+        let allocated = seg
+            .arena
+            .deallocate(addr - live.segment)
+            .map_err(|e| AllocError::Internal(format!("block {addr:#x} not in its arena: {e}")))?;
+        self.blocks.remove(&addr);
+        self.tracker.on_free(live.requested_bytes, allocated);
         Ok(())
+    }
+
+    /// Frees every segment without live blocks (cuMemFree). On a device error the segments
+    /// freed so far stay freed and the rest stay cached.
+    fn release_cached(&mut self, dev: &mut dyn Device) -> Result<u64, AllocError> {
+        let empty: Vec<(u64, u64, u64)> = self
+            .segments
+            .iter()
+            .filter(|(_, s)| s.arena.report().allocations == 0)
+            .map(|(&b, s)| (b, s.bytes, s.seq))
+            .collect();
+        let mut released = 0;
+        for (base, bytes, seq) in empty {
+            dev.free_segment(base)?;
+            self.segments.remove(&base);
+            self.by_age.remove(&seq);
+            self.tracker.on_release(bytes);
+            released += bytes;
+        }
+        Ok(released)
+    }
+
+    /// Counters are O(1); free and largest-free bytes ask every segment's arena.
+    fn stats(&self) -> Stats {
+        let mut s = self.tracker.stats;
+        let (free, largest) = self.free_figures();
+        s.free_bytes = free;
+        s.largest_free_bytes = largest;
+        s
+    }
+
+    fn validate(&self) -> Result<(), AllocError> {
+        let err = |m: String| AllocError::Internal(format!("{} pool: {m}", self.kind.name()));
+        let st = &self.tracker.stats;
+        let mut reserved = 0u64;
+        let mut allocations = 0u64;
+        let mut in_use = 0u64;
+        if self.by_age.len() != self.segments.len() {
+            return Err(err(format!(
+                "{} segments but {} in the age list",
+                self.segments.len(),
+                self.by_age.len()
+            )));
+        }
+        for (&base, seg) in &self.segments {
+            if self.by_age.get(&seg.seq) != Some(&base) {
+                return Err(err(format!("segment {base:#x} missing from the age list")));
+            }
+            seg.arena
+                .validate()
+                .map_err(|e| err(format!("segment {base:#x}: {e}")))?;
+            if seg.arena.capacity_bytes() != seg.bytes {
+                return Err(err(format!(
+                    "segment {base:#x} has {} B but its arena {}",
+                    seg.bytes,
+                    seg.arena.capacity_bytes()
+                )));
+            }
+            let r = seg.arena.report();
+            reserved += seg.bytes;
+            allocations += r.allocations;
+            in_use += seg.bytes - r.free_bytes;
+        }
+        if reserved != st.reserved_bytes.current {
+            return Err(err(format!(
+                "segments hold {reserved} B, reserved counter {}",
+                st.reserved_bytes.current
+            )));
+        }
+        if self.segments.len() as u64 != st.segment_count.current {
+            return Err(err(format!(
+                "{} segments, counter {}",
+                self.segments.len(),
+                st.segment_count.current
+            )));
+        }
+        if allocations != self.blocks.len() as u64 || allocations != st.allocation_count.current {
+            return Err(err(format!(
+                "arenas hold {allocations} blocks, block map {}, counter {}",
+                self.blocks.len(),
+                st.allocation_count.current
+            )));
+        }
+        if in_use != st.allocated_bytes.current {
+            return Err(err(format!(
+                "arenas hold {in_use} B, allocated counter {}",
+                st.allocated_bytes.current
+            )));
+        }
+        let mut requested = 0u64;
+        for (&addr, b) in &self.blocks {
+            let seg = self
+                .segments
+                .get(&b.segment)
+                .ok_or_else(|| err(format!("block {addr:#x} in missing segment")))?;
+            if addr < b.segment || addr - b.segment >= seg.bytes {
+                return Err(err(format!("block {addr:#x} outside its segment")));
+            }
+            requested += b.requested_bytes;
+        }
+        if requested != st.requested_bytes.current {
+            return Err(err(format!(
+                "blocks requested {requested} B, counter {}",
+                st.requested_bytes.current
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::sim::SimDevice;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn large_request_gets_its_own_segment_and_buddy_rounds_to_pow2() {
+        let mut dev = SimDevice::new(4 << 30);
+        let mut pool = SegmentedPool::buddy(&Config::default());
+        let b = pool.allocate(&mut dev, 300 * MIB, 256, 0).unwrap();
+        assert_eq!(b.allocated_bytes, 512 * MIB);
+        assert_eq!(dev.used_bytes(), 512 * MIB);
+        let mut t = SegmentedPool::tlsf(&Config::default());
+        let c = t.allocate(&mut dev, 300 * MIB + 1, 256, 0).unwrap();
+        assert_eq!(c.allocated_bytes, 300 * MIB + 256);
+        assert_eq!(t.stats().reserved_bytes.current, 302 * MIB);
+        pool.validate().unwrap();
+        t.validate().unwrap();
+    }
+
+    #[test]
+    fn refused_segment_releases_cache_then_tries_smaller() {
+        let mut dev = SimDevice::new(300 * MIB);
+        let mut pool = SegmentedPool::tlsf(&Config::default());
+        let a = pool.allocate(&mut dev, MIB, 256, 0).unwrap(); // 256 MiB segment
+        pool.deallocate(&mut dev, a.addr).unwrap();
+        // 257 MiB does not fit in the cached segment; the device has only 44 MiB more.
+        let b = pool.allocate(&mut dev, 257 * MIB, 256, 0).unwrap();
+        assert_eq!(pool.stats().alloc_retries, 1);
+        assert_eq!(pool.stats().segment_count.current, 1);
+        assert_eq!(dev.used_bytes(), 258 * MIB);
+        // 1 MiB is left in the segment. Only 42 MiB are left on the device: a 2 MiB block
+        // gets a 2 MiB segment, not 256 MiB.
+        let c = pool.allocate(&mut dev, 2 * MIB, 256, 0).unwrap();
+        assert_eq!(pool.stats().alloc_retries, 2);
+        assert_eq!(dev.used_bytes(), 260 * MIB);
+        let e = pool.allocate(&mut dev, 100 * MIB, 256, 0).unwrap_err();
+        assert_eq!(
+            e,
+            AllocError::OutOfMemory {
+                requested_bytes: 100 * MIB,
+                free_bytes: MIB,
+                largest_free_bytes: MIB,
+            }
+        );
+        assert_eq!(pool.stats().alloc_retries, 3);
+        assert_eq!(pool.stats().segment_count.current, 2);
+        pool.validate().unwrap();
+        pool.deallocate(&mut dev, b.addr).unwrap();
+        pool.deallocate(&mut dev, c.addr).unwrap();
+        assert_eq!(pool.release_cached(&mut dev).unwrap(), 260 * MIB);
+        assert_eq!(dev.live_objects(), (0, 0, 0, 0));
+    }
+
+    #[test]
+    fn alignment_up_to_granularity() {
+        let mut dev = SimDevice::new(1 << 30);
+        let mut pool = SegmentedPool::best_fit(&Config::default());
+        let _pin = pool.allocate(&mut dev, 100, 1, 0).unwrap();
+        for shift in 0..=21 {
+            let b = pool.allocate(&mut dev, 3000, 1 << shift, 0).unwrap();
+            assert_eq!(b.addr % (1 << shift).max(256), 0);
+        }
+        assert_eq!(
+            pool.allocate(&mut dev, 1, 4 << 20, 0),
+            Err(AllocError::InvalidAlignment {
+                align: 4 << 20,
+                max: 2 << 20
+            })
+        );
+        pool.validate().unwrap();
     }
 }

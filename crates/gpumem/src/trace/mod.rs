@@ -3,7 +3,22 @@
 //! Readers (one module each) turn a file into a [`Trace`]: a flat, time-ordered list of
 //! [`Event`]s. Memory returns to the pool at PyTorch's `free_completed` (not
 //! `free_requested`), so a reader emits [`Action::Free`] there.
+//!
+//! Formats, detected from the content (not the extension) by [`detect`]:
+//! - PyTorch memory snapshots ([`pickle`]), plain or gzip'd: read by a small pickle VM that never
+//!   executes anything from the file;
+//! - RMM `logging_resource_adaptor` CSV logs ([`rmm`]);
+//! - gpumem JSON lines ([`jsonl`]), which [`jsonl::write_jsonl`] writes from any trace.
+//!
+//! A snapshot's recorded state (its `segments`) is analysed by [`analysis`].
 use serde::Serialize;
+
+pub mod analysis;
+pub mod detect;
+pub mod jsonl;
+mod live;
+pub mod pickle;
+pub mod rmm;
 
 /// What happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -56,6 +71,10 @@ pub struct PreexistingBlock {
     pub size_bytes: u64,
     /// Device ordinal.
     pub device: u32,
+    /// Index in [`Trace::events`] of the event that frees it; `None` when the trace never frees
+    /// it (a block the snapshot's `segments` show allocated at dump time that no trace event
+    /// touches: it was live during the whole recording).
+    pub freed_at_event: Option<u64>,
 }
 
 /// The file formats gpumem reads.
@@ -73,6 +92,9 @@ pub enum Format {
 /// A block recorded in a snapshot's `segments` (state, not trace).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SnapshotBlock {
+    /// Address of the block (the snapshot's `address`, or the segment address plus the sizes
+    /// of the blocks before it when the file lacks it).
+    pub address: u64,
     /// Bytes of the block.
     pub size_bytes: u64,
     /// Bytes requested for it (0 if free).
@@ -119,6 +141,81 @@ pub struct Trace {
     pub skipped_count: u64,
 }
 
+/// How many reasons [`Trace::skipped`] keeps.
+pub const SKIPPED_KEPT: usize = 100;
+
+impl Trace {
+    /// Records a skipped event (under [`ReadOptions::lenient`]): counts it and keeps the first
+    /// [`SKIPPED_KEPT`] reasons.
+    pub fn skip(&mut self, reason: String) {
+        self.skipped_count += 1;
+        if self.skipped.len() < SKIPPED_KEPT {
+            self.skipped.push(reason);
+        }
+    }
+
+    /// Number of events with the given action.
+    pub fn count(&self, action: Action) -> usize {
+        self.events.iter().filter(|e| e.action == action).count()
+    }
+
+    /// A one-paragraph summary for people: event counts, pre-existing blocks (freed in the
+    /// trace, or live all along) and skipped events.
+    ///
+    /// ```
+    /// use gpumem::trace::{read_bytes, ReadOptions};
+    /// let log = b"{\"action\":\"alloc\",\"addr\":1,\"size\":4096}\n{\"action\":\"free\",\"addr\":1}\n";
+    /// let trace = read_bytes("example.jsonl", log, ReadOptions::default())?;
+    /// assert!(trace.summary().starts_with("2 events: 1 alloc, 1 free"));
+    /// # Ok::<(), gpumem::trace::TraceError>(())
+    /// ```
+    pub fn summary(&self) -> String {
+        let mut s = format!(
+            "{} events: {} alloc, {} free",
+            self.events.len(),
+            self.count(Action::Alloc),
+            self.count(Action::Free)
+        );
+        for (a, name) in [
+            (Action::SegmentAlloc, "segment_alloc"),
+            (Action::SegmentFree, "segment_free"),
+            (Action::SegmentMap, "segment_map"),
+            (Action::SegmentUnmap, "segment_unmap"),
+            (Action::Oom, "oom"),
+            (Action::Snapshot, "snapshot"),
+        ] {
+            let n = self.count(a);
+            if n > 0 {
+                s.push_str(&format!(", {n} {name}"));
+            }
+        }
+        if !self.preexisting.is_empty() {
+            let freed = self
+                .preexisting
+                .iter()
+                .filter(|b| b.freed_at_event.is_some())
+                .count();
+            let bytes = self
+                .preexisting
+                .iter()
+                .fold(0u64, |a, b| a.saturating_add(b.size_bytes));
+            s.push_str(&format!(
+                "; {} blocks ({bytes} bytes) allocated before recording started: {freed} freed \
+                 in the trace, {} live throughout",
+                self.preexisting.len(),
+                self.preexisting.len() - freed
+            ));
+        }
+        if !self.segments.is_empty() {
+            s.push_str(&format!("; {} recorded segments", self.segments.len()));
+        }
+        if self.skipped_count > 0 {
+            s.push_str(&format!("; {} bad events skipped", self.skipped_count));
+        }
+        s
+    }
+}
+
 /// A reader error: which file, which event, what was expected.
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
@@ -139,8 +236,9 @@ pub enum TraceError {
         /// What it looks like instead.
         what: String,
     },
-    /// An event or structure is malformed.
-    #[error("{path}: event {index}: {message}")]
+    /// An event or structure is malformed. The message starts with where: `event N (device D
+    /// trace entry I)` for snapshots, `line N` for the text formats, or a byte offset.
+    #[error("{path}: {message}")]
     Malformed {
         /// The file.
         path: String,
@@ -166,14 +264,44 @@ pub struct ReadOptions {
     pub lenient: bool,
 }
 
-/// Reads a trace, detecting the format from the content.
+/// Reads a trace file, detecting the format (and gzip) from the content.
+///
+/// The whole file is read into memory; a gzip'd file is inflated in memory first.
 ///
 /// # Errors
-/// [`TraceError`] naming the file, the event and what was expected.
+/// [`TraceError::Io`] when the file cannot be read; otherwise as [`read_bytes`].
 pub fn read_path(path: &std::path::Path, options: ReadOptions) -> Result<Trace, TraceError> {
-    let _ = options;
-    Err(TraceError::NotATrace {
-        path: path.display().to_string(),
-        what: "readers not implemented yet".into(),
-    })
+    let name = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|source| TraceError::Io {
+        path: name.clone(),
+        source,
+    })?;
+    read_bytes(&name, &bytes, options)
+}
+
+/// Reads a trace held in memory; `name` is the file name that errors carry.
+///
+/// # Errors
+/// - [`TraceError::NotATrace`]: empty, a Git LFS pointer, HTML, unrelated JSON or binary data;
+/// - [`TraceError::Malformed`]: truncated or corrupt data, wrong types, a free of an unknown
+///   address (RMM, JSON lines), an alloc at an address already live; the message says whether
+///   the index is an event index or a line number;
+/// - [`TraceError::Refused`]: a pickle that asks for a class, a global or a persistent id.
+pub fn read_bytes(name: &str, bytes: &[u8], options: ReadOptions) -> Result<Trace, TraceError> {
+    let inflated;
+    let data = if detect::is_gzip(bytes) {
+        inflated = detect::gunzip(name, bytes)?;
+        &inflated[..]
+    } else {
+        bytes
+    };
+    match detect::detect(data) {
+        Ok(Format::TorchSnapshot) => pickle::read_snapshot(name, data, options),
+        Ok(Format::RmmCsv) => rmm::read_rmm(name, data, options),
+        Ok(Format::JsonLines) => jsonl::read_jsonl(name, data, options),
+        Err(what) => Err(TraceError::NotATrace {
+            path: name.to_string(),
+            what,
+        }),
+    }
 }

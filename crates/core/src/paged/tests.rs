@@ -1,0 +1,695 @@
+use super::*;
+use crate::sim::{SimDevice, DEFAULT_GRANULARITY};
+use crate::DriverCall;
+
+const G: u64 = DEFAULT_GRANULARITY;
+const MIB: u64 = 1 << 20;
+
+fn new_pair(capacity_pages: u64) -> (SimDevice, Paged) {
+    (
+        SimDevice::new(capacity_pages * G),
+        Paged::new(&Config::default())
+            .with_quick_slots(0)
+            .with_lazy_unmap(false),
+    )
+}
+
+fn check(a: &Paged, d: &SimDevice) {
+    a.validate().unwrap();
+    a.check_device(d).unwrap();
+}
+
+fn calls(d: &SimDevice, c: DriverCall) -> u64 {
+    d.counters().get(c)
+}
+
+#[test]
+fn a_page_is_mapped_while_a_block_touches_it_and_unmapped_after() {
+    let (mut d, mut a) = new_pair(64);
+    let x = a.allocate(&mut d, MIB, 256, 0).unwrap();
+    check(&a, &d);
+    assert_eq!(a.mapped_pages(), 1);
+    assert_eq!(d.live_objects(), (0, 1, 1, 1));
+    let y = a.allocate(&mut d, MIB, 256, 0).unwrap();
+    check(&a, &d);
+    assert_eq!(a.mapped_pages(), 1, "the second MiB shares the page");
+    assert_eq!(y.addr, x.addr + MIB);
+    a.deallocate(&mut d, x.addr).unwrap();
+    check(&a, &d);
+    assert_eq!(a.mapped_pages(), 1, "y still touches the page");
+    assert_eq!(calls(&d, DriverCall::Unmap), 0);
+    a.deallocate(&mut d, y.addr).unwrap();
+    check(&a, &d);
+    assert_eq!(a.mapped_pages(), 0);
+    assert_eq!(calls(&d, DriverCall::Unmap), 1);
+    assert_eq!(a.cached_handles().len(), 1);
+    assert_eq!(d.live_objects(), (0, 1, 0, 1), "handle cached, unmapped");
+    let s = a.stats();
+    assert_eq!(s.reserved_bytes.current, G);
+    assert_eq!(s.allocated_bytes.current, 0);
+    assert_eq!(
+        a.deallocate(&mut d, y.addr),
+        Err(AllocError::UnknownBlock { addr: y.addr })
+    );
+    assert_eq!(a.release_cached(&mut d).unwrap(), G);
+    assert_eq!(d.live_objects(), (0, 0, 0, 0));
+    assert_eq!(d.used_bytes(), 0);
+    check(&a, &d);
+}
+
+#[test]
+fn cached_pages_are_remapped_before_any_create() {
+    let (mut d, mut a) = new_pair(64);
+    let b = a.allocate(&mut d, 3 * G, 256, 0).unwrap();
+    assert_eq!(calls(&d, DriverCall::Create), 3);
+    a.deallocate(&mut d, b.addr).unwrap();
+    assert_eq!(a.cached_handles().len(), 3);
+    let c = a.allocate(&mut d, 2 * G + 1, 256, 0).unwrap();
+    check(&a, &d);
+    assert_eq!(calls(&d, DriverCall::Create), 3, "no new cuMemCreate");
+    assert_eq!(calls(&d, DriverCall::Map), 6);
+    assert_eq!(a.cached_handles().len(), 0);
+    assert_eq!(a.stats().reserved_bytes.current, 3 * G);
+    assert_eq!(a.stats().reserved_bytes.peak, 3 * G);
+    a.deallocate(&mut d, c.addr).unwrap();
+    check(&a, &d);
+}
+
+#[test]
+fn the_cache_is_bounded_by_config() {
+    let mut d = SimDevice::new(64 * G);
+    let mut a = Paged::new(&Config {
+        page_cache_pages: 2,
+        ..Config::default()
+    })
+    .with_quick_slots(0)
+    .with_lazy_unmap(false);
+    let b = a.allocate(&mut d, 5 * G, 256, 0).unwrap();
+    a.deallocate(&mut d, b.addr).unwrap();
+    check(&a, &d);
+    assert_eq!(a.cached_handles().len(), 2);
+    assert_eq!(calls(&d, DriverCall::Release), 3);
+    assert_eq!(a.stats().reserved_bytes.current, 2 * G);
+    assert_eq!(d.used_bytes(), 2 * G);
+}
+
+#[test]
+fn small_blocks_pack_into_one_page() {
+    let (mut d, mut a) = new_pair(64);
+    let mut v = Vec::new();
+    for i in 0..8u64 {
+        // 256 KiB each, with sizes that need rounding to 256 bytes.
+        v.push(a.allocate(&mut d, 256 * 1024 - i, 256, 0).unwrap());
+        check(&a, &d);
+    }
+    assert_eq!(
+        a.mapped_pages(),
+        1,
+        "eight 256 KiB blocks fill one 2 MiB page"
+    );
+    assert_eq!(calls(&d, DriverCall::Create), 1);
+    assert_eq!(a.stats().free_bytes, 0);
+    let ninth = a.allocate(&mut d, 100, 256, 0).unwrap();
+    assert_eq!(a.mapped_pages(), 2);
+    assert_eq!(ninth.allocated_bytes, 256);
+    // Free a block in the middle: its 256 KiB is free inside a mapped page, and the next
+    // small request lands exactly there without a driver call.
+    a.deallocate(&mut d, v[3].addr).unwrap();
+    let s = a.stats();
+    assert_eq!(
+        s.free_bytes,
+        256 * 1024 + G - 256,
+        "the hole + the ninth block's page"
+    );
+    assert_eq!(s.largest_free_bytes, G - 256);
+    assert_eq!(s.reserved_bytes.current, 2 * G);
+    let before = d.counters().total();
+    let again = a.allocate(&mut d, 4096, 256, 0).unwrap();
+    assert_eq!(again.addr, v[3].addr);
+    assert_eq!(d.counters().total(), before);
+    check(&a, &d);
+}
+
+#[test]
+fn a_large_block_shares_its_edge_pages_with_small_ones() {
+    let (mut d, mut a) = new_pair(64);
+    let small = a.allocate(&mut d, MIB, 256, 0).unwrap();
+    // 3 MiB: 1 MiB in the free tail of the first page + one new page.
+    let big = a.allocate(&mut d, 3 * MIB, 256, 0).unwrap();
+    check(&a, &d);
+    assert_eq!(big.addr, small.addr + MIB);
+    assert_eq!(a.mapped_pages(), 2);
+    assert_eq!(a.stats().reserved_bytes.peak, 2 * G);
+}
+
+#[test]
+fn alignment_up_to_the_page_size() {
+    let (mut d, mut a) = new_pair(64);
+    let _pad = a.allocate(&mut d, 1000, 256, 0).unwrap();
+    let mut align = 1;
+    while align <= G {
+        let b = a.allocate(&mut d, 3000, align, 0).unwrap();
+        assert_eq!(b.addr % align, 0, "align {align}");
+        assert_eq!(b.addr % 256, 0);
+        check(&a, &d);
+        align *= 2;
+    }
+    assert_eq!(
+        a.allocate(&mut d, 10, 2 * G, 0),
+        Err(AllocError::InvalidAlignment {
+            align: 2 * G,
+            max: G
+        })
+    );
+    assert!(matches!(
+        a.allocate(&mut d, 10, 3, 0),
+        Err(AllocError::InvalidAlignment { .. })
+    ));
+    assert!(matches!(
+        a.allocate(&mut d, 10, 0, 0),
+        Err(AllocError::InvalidAlignment { .. })
+    ));
+    assert!(matches!(
+        a.allocate(&mut d, u64::MAX - 5, 256, 0),
+        Err(AllocError::Overflow { .. })
+    ));
+    check(&a, &d);
+}
+
+#[test]
+fn one_set_access_per_run_of_new_pages() {
+    let (mut d, mut a) = new_pair(64);
+    let b = a.allocate(&mut d, 10 * G, 256, 0).unwrap();
+    assert_eq!(calls(&d, DriverCall::Map), 10);
+    assert_eq!(calls(&d, DriverCall::SetAccess), 1);
+    assert_eq!(calls(&d, DriverCall::Create), 10);
+    assert!(d.is_accessible(b.addr, 10 * G));
+    a.deallocate(&mut d, b.addr).unwrap();
+    assert_eq!(
+        calls(&d, DriverCall::Unmap),
+        1,
+        "one cuMemUnmap over the run"
+    );
+    // 0.5 page + 3 pages: the block spans 4 pages, one already open.
+    let s = a.allocate(&mut d, G / 2, 256, 0).unwrap();
+    let before = calls(&d, DriverCall::SetAccess);
+    let c = a.allocate(&mut d, 3 * G + G / 2, 256, 0).unwrap();
+    assert_eq!(c.addr, s.addr + G / 2);
+    assert_eq!(calls(&d, DriverCall::SetAccess), before + 1);
+    check(&a, &d);
+}
+
+#[test]
+fn out_of_memory_changes_nothing_and_leaks_nothing() {
+    let (mut d, mut a) = new_pair(4);
+    let x = a.allocate(&mut d, G + 1, 256, 0).unwrap(); // 2 pages
+    let stats = a.stats();
+    let e = a.allocate(&mut d, 3 * G, 256, 0).unwrap_err();
+    assert!(
+        matches!(e, AllocError::OutOfMemory { requested_bytes, .. } if requested_bytes == 3 * G)
+    );
+    check(&a, &d);
+    assert_eq!(a.stats().allocated_bytes, stats.allocated_bytes);
+    assert_eq!(
+        a.stats().reserved_bytes.current,
+        stats.reserved_bytes.current
+    );
+    assert_eq!(a.live_blocks(), vec![(x.addr, G + 256)]);
+    // Two pages fit (one of them shared with x's tail).
+    let y = a.allocate(&mut d, 2 * G, 256, 0).unwrap();
+    check(&a, &d);
+    assert_eq!(a.mapped_pages(), 4);
+    a.deallocate(&mut d, x.addr).unwrap();
+    a.deallocate(&mut d, y.addr).unwrap();
+    a.release_cached(&mut d).unwrap();
+    assert_eq!(d.live_objects(), (0, 0, 0, 0));
+}
+
+#[test]
+fn a_request_above_the_capacity_is_refused_without_driver_calls() {
+    let (mut d, mut a) = new_pair(4);
+    for size in [4 * G + 1, 1 << 45, u64::MAX / 4] {
+        let e = a.allocate(&mut d, size, 256, 0).unwrap_err();
+        assert!(
+            matches!(e, AllocError::OutOfMemory { requested_bytes, .. } if requested_bytes == size)
+        );
+    }
+    assert_eq!(d.calls_made(), 0);
+    let b = a.allocate(&mut d, 4 * G, 256, 0).unwrap();
+    check(&a, &d);
+    a.deallocate(&mut d, b.addr).unwrap();
+}
+
+#[test]
+fn oom_releases_the_cache_and_retries_once() {
+    let (mut d, mut a) = new_pair(4);
+    let x = a.allocate(&mut d, 2 * G, 256, 0).unwrap();
+    let y = a.allocate(&mut d, G, 256, 0).unwrap();
+    a.deallocate(&mut d, x.addr).unwrap();
+    assert_eq!(a.cached_handles().len(), 2);
+    // 4 new pages: 2 cached + 1 created, then the device is full.
+    let e = a.allocate(&mut d, 4 * G, 256, 0).unwrap_err();
+    assert!(e.is_oom());
+    let s = a.stats();
+    assert_eq!(s.alloc_retries, 1);
+    assert_eq!(a.cached_handles().len(), 0, "the cache was given back");
+    assert_eq!(d.used_bytes(), G, "only y's page is left");
+    assert_eq!(s.reserved_bytes.current, G);
+    assert_eq!(a.live_blocks(), vec![(y.addr, G)]);
+    check(&a, &d);
+}
+
+#[test]
+fn other_granularities_are_queried_not_assumed() {
+    let g = 64 * 1024;
+    let mut d = SimDevice::with_granularity(1 << 30, g);
+    let mut a = Paged::new(&Config::default())
+        .with_quick_slots(0)
+        .with_lazy_unmap(false);
+    let b = a.allocate(&mut d, 100_000, 256, 0).unwrap();
+    assert_eq!(a.page_bytes(), g);
+    assert_eq!(a.mapped_pages(), 2);
+    let c = a.allocate(&mut d, 1000, g, 0).unwrap();
+    assert_eq!(c.addr % g, 0);
+    check(&a, &d);
+    a.deallocate(&mut d, b.addr).unwrap();
+    a.deallocate(&mut d, c.addr).unwrap();
+    check(&a, &d);
+    assert_eq!(a.mapped_pages(), 0);
+}
+
+#[test]
+fn more_virtual_ranges_are_reserved_when_needed() {
+    let mut d = SimDevice::new(64 * G);
+    let mut a = Paged::new(&Config::default()).with_va_chunk_bytes(4 * G);
+    let x = a.allocate(&mut d, 3 * G, 256, 0).unwrap();
+    let y = a.allocate(&mut d, 3 * G, 256, 0).unwrap();
+    assert_eq!(a.reserved_ranges().len(), 2);
+    let z = a.allocate(&mut d, 9 * G, 256, 0).unwrap();
+    let r = a.reserved_ranges();
+    assert_eq!(r.len(), 3);
+    assert!(r.iter().any(|&(_, b)| b == 9 * G));
+    check(&a, &d);
+    for b in [x, y, z] {
+        a.deallocate(&mut d, b.addr).unwrap();
+        check(&a, &d);
+    }
+    a.release_cached(&mut d).unwrap();
+    assert_eq!(d.live_objects(), (0, 0, 0, 0));
+    assert!(a.reserved_ranges().is_empty());
+}
+
+#[test]
+fn page_table_view_lists_mapped_and_unmapped_rows() {
+    let mut d = SimDevice::new(64 * G);
+    let mut a = Paged::new(&Config::default()).with_va_chunk_bytes(8 * G);
+    let x = a.allocate(&mut d, G + 10, 256, 0).unwrap();
+    let rows = a.page_table();
+    assert_eq!(rows.len(), 3);
+    assert_eq!(rows[0].va, x.addr);
+    assert!(matches!(
+        rows[0].state,
+        PageState::Mapped {
+            live_blocks: 1,
+            access: true,
+            ..
+        }
+    ));
+    assert!(matches!(rows[1].state, PageState::Mapped { .. }));
+    assert_eq!(rows[2].state, PageState::ReservedUnmapped);
+    assert_eq!(rows[2].va, x.addr + 2 * G);
+    assert_eq!(rows[2].bytes, 6 * G);
+    assert!(rows.iter().all(|r| r.page_bytes == G));
+    assert_eq!(rows.iter().map(|r| r.bytes).sum::<u64>(), 8 * G);
+    let text = rows[0].to_string();
+    assert!(text.ends_with("| 2 MiB | mapped, 1 block"), "{text}");
+    assert!(text.starts_with(&format!("{:#x} - {:#x} | handle ", x.addr, x.addr + G)));
+    assert!(rows[2]
+        .to_string()
+        .ends_with("| unmapped | 2 MiB | reserved, 6 pages"));
+}
+
+#[test]
+fn zero_size_takes_the_smallest_block() {
+    let (mut d, mut a) = new_pair(4);
+    let b = a.allocate(&mut d, 0, 256, 0).unwrap();
+    assert_eq!(b.allocated_bytes, 256);
+    assert_eq!(b.requested_bytes, 0);
+    check(&a, &d);
+}
+
+/// Tiny deterministic generator for the workloads below.
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+}
+
+/// One operation of the fault workload.
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Alloc(u64, u64),
+    Free(usize),
+    Release,
+}
+
+fn workload() -> Vec<Op> {
+    let mut r = Lcg(7);
+    let mut ops = Vec::new();
+    for i in 0..60 {
+        if i % 23 == 22 {
+            ops.push(Op::Release);
+        } else if r.next().is_multiple_of(3) {
+            ops.push(Op::Free(r.next() as usize));
+        } else {
+            let size = match r.next() % 4 {
+                0 => r.next() % 4096,
+                1 => r.next() % (G / 2),
+                2 => r.next() % (3 * G),
+                _ => G * (1 + r.next() % 2),
+            };
+            let align = 1u64 << (r.next() % 22);
+            ops.push(Op::Alloc(size, align));
+        }
+    }
+    ops
+}
+
+/// Runs the workload; returns the number of driver calls it made and of allocations
+/// refused for lack of memory.
+fn run_workload(d: &mut SimDevice, a: &mut Paged) -> (u64, u64) {
+    let mut ooms = 0;
+    let mut live: Vec<u64> = Vec::new();
+    for op in workload() {
+        let before_stats = a.stats();
+        let before_live = a.live_blocks();
+        let before_reserved = a.stats().reserved_bytes.current;
+        let res = match op {
+            Op::Alloc(size, align) => a.allocate(d, size, align, 0).map(|b| live.push(b.addr)),
+            Op::Free(i) if !live.is_empty() => {
+                let k = i % live.len();
+                let addr = live[k];
+                a.deallocate(d, addr).map(|()| {
+                    live.swap_remove(k);
+                })
+            }
+            Op::Free(_) => Ok(()),
+            Op::Release => a.release_cached(d).map(|_| ()),
+        };
+        a.validate().unwrap();
+        a.check_device(d).unwrap();
+        match res {
+            Err(e) if !matches!(op, Op::Release) => {
+                let s = a.stats();
+                assert_eq!(
+                    a.live_blocks(),
+                    before_live,
+                    "{op:?} failed but changed blocks"
+                );
+                assert_eq!(s.allocated_bytes, before_stats.allocated_bytes);
+                assert_eq!(s.requested_bytes, before_stats.requested_bytes);
+                assert_eq!(s.allocation_count, before_stats.allocation_count);
+                ooms += u64::from(e.is_oom());
+                if e.is_oom() || s.alloc_retries > before_stats.alloc_retries {
+                    // Out of memory first gives the cache back (the Allocator contract).
+                    assert!(s.reserved_bytes.current <= before_reserved, "{op:?}");
+                } else {
+                    assert_eq!(s.reserved_bytes.current, before_reserved, "{op:?}: {e}");
+                }
+            }
+            _ => {}
+        }
+    }
+    // Clean up; the one injected fault may hit here, so a failed call is retried once.
+    for addr in live {
+        if a.deallocate(d, addr).is_err() {
+            a.validate().unwrap();
+            a.deallocate(d, addr).unwrap();
+        }
+    }
+    if a.release_cached(d).is_err() {
+        a.validate().unwrap();
+        a.release_cached(d).unwrap();
+    }
+    a.validate().unwrap();
+    a.check_device(d).unwrap();
+    (d.calls_made(), ooms)
+}
+
+#[test]
+fn a_fault_at_any_driver_call_is_unwound_exactly() {
+    for (slots, lazy) in [
+        (0, false),
+        (0, true),
+        (QUICK_SLOTS, false),
+        (QUICK_SLOTS, true),
+    ] {
+        let mk = || {
+            let d = SimDevice::new(16 * G);
+            let a = Paged::new(&Config {
+                page_cache_pages: 3,
+                ..Config::default()
+            })
+            .with_va_chunk_bytes(6 * G)
+            .with_quick_slots(slots)
+            .with_lazy_unmap(lazy);
+            (d, a)
+        };
+        let (mut d, mut a) = mk();
+        let (total, ooms) = run_workload(&mut d, &mut a);
+        assert!(total > 100, "the workload makes {total} calls");
+        assert!(ooms > 0, "the workload runs out of memory");
+        assert_eq!(d.live_objects(), (0, 0, 0, 0));
+        for f in 0..total {
+            let (mut d, mut a) = mk();
+            d.inject_fault_at(Some(f));
+            run_workload(&mut d, &mut a);
+            assert_eq!(d.live_objects(), (0, 0, 0, 0), "fault at call {f} leaked");
+            assert_eq!(d.used_bytes(), 0, "fault at call {f}");
+        }
+    }
+}
+
+#[test]
+fn random_workload_keeps_every_invariant() {
+    let mut d = SimDevice::new(256 * G);
+    let mut a = Paged::new(&Config::default()).with_va_chunk_bytes(64 * G);
+    let mut r = Lcg(99);
+    let mut live: Vec<(u64, u64)> = Vec::new();
+    let mut req = 0u64;
+    let mut peak_req = 0u64;
+    for i in 0..3000 {
+        if r.next().is_multiple_of(2) && !live.is_empty() {
+            let k = r.next() as usize % live.len();
+            let (addr, size) = live.swap_remove(k);
+            a.deallocate(&mut d, addr).unwrap();
+            req -= size;
+        } else {
+            let size = match r.next() % 3 {
+                0 => r.next() % 8192,
+                1 => r.next() % (G * 2),
+                _ => r.next() % (G * 9),
+            };
+            let b = a.allocate(&mut d, size, 256, 0).unwrap();
+            // No overlap with any live block.
+            for &(o, os) in &live {
+                let oe = o + os.max(1);
+                assert!(b.addr + size.max(1) <= o || oe <= b.addr, "overlap");
+            }
+            live.push((b.addr, size));
+            req += size;
+            peak_req = peak_req.max(req);
+        }
+        if i % 50 == 0 {
+            check(&a, &d);
+        }
+    }
+    check(&a, &d);
+    let s = a.stats();
+    assert_eq!(s.requested_bytes.peak, peak_req);
+    assert_eq!(s.reserved_bytes.peak, d.peak_used_bytes());
+}
+
+#[test]
+fn quick_list_reuses_same_size_blocks_without_driver_calls() {
+    let mut d = SimDevice::new(4 * G);
+    let mut a = Paged::new(&Config::default());
+    let x = a.allocate(&mut d, 2 * G - 1000, 256, 0).unwrap();
+    let before = d.counters().total();
+    for _ in 0..10 {
+        a.deallocate(&mut d, x.addr).unwrap();
+        check(&a, &d);
+        assert_eq!(a.stats().allocated_bytes.current, 0);
+        assert_eq!(a.mapped_pages(), 2, "held by the quick list");
+        assert_eq!(
+            a.deallocate(&mut d, x.addr),
+            Err(AllocError::UnknownBlock { addr: x.addr })
+        );
+        let y = a.allocate(&mut d, 2 * G - 1000, 256, 0).unwrap();
+        assert_eq!(y.addr, x.addr);
+        check(&a, &d);
+    }
+    assert_eq!(d.counters().total(), before, "no driver call");
+    // A request that needs pages first flushes the list: 3 pages fit in a 4-page device
+    // only because the two held pages are unmapped and reused.
+    a.deallocate(&mut d, x.addr).unwrap();
+    let z = a.allocate(&mut d, 3 * G, 256, 0).unwrap();
+    check(&a, &d);
+    assert_eq!(a.mapped_pages(), 3);
+    assert_eq!(a.stats().reserved_bytes.peak, 3 * G);
+    assert_eq!(d.counters().get(DriverCall::Create), 3);
+    a.deallocate(&mut d, z.addr).unwrap();
+    a.release_cached(&mut d).unwrap();
+    assert_eq!(d.live_objects(), (0, 0, 0, 0));
+    check(&a, &d);
+}
+
+#[test]
+fn lazy_unmapping_keeps_idle_pages_mapped_and_takes_them_before_creating() {
+    let mut d = SimDevice::new(8 * G);
+    let mut a = Paged::new(&Config {
+        page_cache_pages: 3,
+        ..Config::default()
+    })
+    .with_quick_slots(0);
+    let x = a.allocate(&mut d, 4 * G, 256, 0).unwrap();
+    let pin = a.allocate(&mut d, 1000, 256, 0).unwrap(); // keeps the VA after x in use
+    assert_eq!(pin.addr, x.addr + 4 * G);
+    a.deallocate(&mut d, x.addr).unwrap();
+    check(&a, &d);
+    // Three pages stay mapped (the bound), the fourth is unmapped with one call.
+    assert_eq!(a.idle_pages(), 3);
+    assert_eq!(a.cached_handles().len(), 0);
+    assert_eq!(calls(&d, DriverCall::Unmap), 1);
+    assert_eq!(calls(&d, DriverCall::Release), 1);
+    assert_eq!(a.stats().reserved_bytes.current, 4 * G);
+    // The same place again: only the fourth page is mapped.
+    let before = d.counters();
+    let y = a.allocate(&mut d, 4 * G, 256, 0).unwrap();
+    check(&a, &d);
+    assert_eq!(y.addr, x.addr);
+    assert_eq!(
+        d.counters().get(DriverCall::Map) - before.get(DriverCall::Map),
+        1
+    );
+    assert_eq!(
+        d.counters().get(DriverCall::Create) - before.get(DriverCall::Create),
+        1
+    );
+    assert_eq!(a.idle_pages(), 0);
+    for b in [y, pin] {
+        a.deallocate(&mut d, b.addr).unwrap();
+    }
+    a.release_cached(&mut d).unwrap();
+    assert_eq!(d.live_objects(), (0, 0, 0, 0));
+    check(&a, &d);
+}
+
+#[test]
+fn idle_pages_elsewhere_are_taken_before_any_create() {
+    let mut d = SimDevice::new(8 * G);
+    let mut a = Paged::new(&Config::default()).with_quick_slots(0);
+    let x = a.allocate(&mut d, 2 * G, 256, 0).unwrap(); // pages 0, 1
+    let pin = a.allocate(&mut d, 1000, 256, 0).unwrap(); // page 2
+    a.deallocate(&mut d, x.addr).unwrap();
+    assert_eq!(a.idle_pages(), 2);
+    assert_eq!(a.stats().reserved_bytes.current, 3 * G);
+    // 3 pages do not fit in x's hole; they need three new pages: two come from the idle
+    // pages (unmapped there with one call, mapped here), one is created.
+    let before = d.counters();
+    let b = a.allocate(&mut d, 3 * G, 256, 0).unwrap();
+    check(&a, &d);
+    let delta = |c: DriverCall| d.counters().get(c) - before.get(c);
+    assert_eq!(delta(DriverCall::Unmap), 1);
+    assert_eq!(delta(DriverCall::Map), 3);
+    assert_eq!(delta(DriverCall::Create), 1);
+    assert_eq!(delta(DriverCall::SetAccess), 1);
+    assert_eq!(a.idle_pages(), 0);
+    assert_eq!(a.stats().reserved_bytes.peak, 4 * G);
+    assert_eq!(d.peak_used_bytes(), 4 * G);
+    for blk in [b, pin] {
+        a.deallocate(&mut d, blk.addr).unwrap();
+    }
+    a.release_cached(&mut d).unwrap();
+    assert_eq!(d.live_objects(), (0, 0, 0, 0));
+}
+
+mod prop {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum POp {
+        Alloc { size: u64, align_shift: u32 },
+        Free(usize),
+        Release,
+    }
+
+    fn op() -> impl Strategy<Value = POp> {
+        prop_oneof![
+            6 => (0u64..5 * G, 0u32..22).prop_map(|(size, align_shift)| POp::Alloc { size, align_shift }),
+            2 => (0u64..4096).prop_map(|size| POp::Alloc { size, align_shift: 8 }),
+            5 => any::<usize>().prop_map(POp::Free),
+            1 => Just(POp::Release),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn any_sequence_keeps_invariants_and_leaks_nothing(
+            ops in proptest::collection::vec(op(), 1..80),
+            slots in prop_oneof![Just(0usize), Just(QUICK_SLOTS)],
+            lazy in any::<bool>(),
+            cache in 0u64..6,
+        ) {
+            let mut d = SimDevice::new(24 * G);
+            let mut a = Paged::new(&Config { page_cache_pages: cache, ..Config::default() })
+                .with_va_chunk_bytes(16 * G)
+                .with_quick_slots(slots)
+                .with_lazy_unmap(lazy);
+            let mut live: Vec<(u64, u64)> = Vec::new();
+            for o in ops {
+                match o {
+                    POp::Alloc { size, align_shift } => {
+                        let align = 1u64 << align_shift;
+                        match a.allocate(&mut d, size, align, 0) {
+                            Ok(b) => {
+                                prop_assert_eq!(b.addr % align, 0);
+                                prop_assert!(b.allocated_bytes >= size.max(1));
+                                for &(o, os) in &live {
+                                    prop_assert!(b.addr + b.allocated_bytes <= o || o + os <= b.addr);
+                                }
+                                live.push((b.addr, b.allocated_bytes));
+                            }
+                            Err(e) => prop_assert!(e.is_oom(), "{e}"),
+                        }
+                    }
+                    POp::Free(i) if !live.is_empty() => {
+                        let (addr, _) = live.swap_remove(i % live.len());
+                        a.deallocate(&mut d, addr).unwrap();
+                    }
+                    POp::Free(_) => {}
+                    POp::Release => {
+                        a.release_cached(&mut d).unwrap();
+                        prop_assert!(a.cached_handles().is_empty());
+                        prop_assert_eq!(a.idle_pages(), 0);
+                    }
+                }
+                a.validate().unwrap();
+                a.check_device(&d).unwrap();
+                prop_assert_eq!(a.stats().reserved_bytes.peak, d.peak_used_bytes());
+            }
+            for (addr, _) in live {
+                a.deallocate(&mut d, addr).unwrap();
+            }
+            a.release_cached(&mut d).unwrap();
+            prop_assert_eq!(d.live_objects(), (0, 0, 0, 0));
+        }
+    }
+}

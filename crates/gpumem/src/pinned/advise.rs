@@ -1,0 +1,623 @@
+//! Which host memory to use for a transfer pattern: pageable, pooled pinned, staged or mapped.
+//!
+//! The usual advice ("pin for large transfers (> 10 MB), be careful with frequent small
+//! copies because pinning is expensive, asynchronous copies need pinned memory, zero-copy
+//! needs mapped memory, don't pin much where memory is scarce") made quantitative: from a
+//! measured table of bandwidth per kind and size and of allocation costs, the expected time
+//! of one transfer of each kind, the allocation cost amortised over the transfer rate, and
+//! the kind that minimises their sum under the constraints. Pure arithmetic; the table comes
+//! from `gpumem bench transfer` / `bench pinned` (JSON) or [`TransferTable::h200`].
+
+use serde::{Deserialize, Serialize};
+
+/// Where the host side of a copy lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum MemoryKind {
+    /// `malloc` / `Vec`: the driver copies through its own bounce buffer.
+    Pageable,
+    /// Page-locked (`cuMemHostAlloc`, default flags), from a pool.
+    Pinned,
+    /// Page-locked and write-combined (`CU_MEMHOSTALLOC_WRITECOMBINED`).
+    WriteCombined,
+    /// Page-locked and mapped (`CU_MEMHOSTALLOC_DEVICEMAP`): kernels read it over PCIe.
+    Mapped,
+    /// Pageable, copied through gpumem's pinned staging ring.
+    Staged,
+}
+
+impl MemoryKind {
+    /// Every kind, in table order.
+    pub const ALL: [MemoryKind; 5] = [
+        MemoryKind::Pageable,
+        MemoryKind::Pinned,
+        MemoryKind::WriteCombined,
+        MemoryKind::Mapped,
+        MemoryKind::Staged,
+    ];
+
+    /// The name used on the command line and in JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            MemoryKind::Pageable => "pageable",
+            MemoryKind::Pinned => "pinned",
+            MemoryKind::WriteCombined => "write_combined",
+            MemoryKind::Mapped => "mapped",
+            MemoryKind::Staged => "staged",
+        }
+    }
+
+    /// Parses [`MemoryKind::name`] (also `wc`, `write-combined`).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim().to_ascii_lowercase().replace('-', "_").as_str() {
+            "pageable" => Some(MemoryKind::Pageable),
+            "pinned" => Some(MemoryKind::Pinned),
+            "write_combined" | "wc" => Some(MemoryKind::WriteCombined),
+            "mapped" | "zero_copy" => Some(MemoryKind::Mapped),
+            "staged" => Some(MemoryKind::Staged),
+            _ => None,
+        }
+    }
+}
+
+/// Direction of a copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum Direction {
+    /// Host to device.
+    H2d,
+    /// Device to host.
+    D2h,
+    /// Both at once on two streams (bandwidth counts the bytes of both).
+    Both,
+}
+
+impl Direction {
+    /// The name used on the command line and in JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Direction::H2d => "h2d",
+            Direction::D2h => "d2h",
+            Direction::Both => "both",
+        }
+    }
+}
+
+/// One measured bandwidth.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TransferPoint {
+    /// Host memory kind.
+    pub kind: MemoryKind,
+    /// Direction.
+    pub direction: Direction,
+    /// Bytes per copy.
+    pub bytes: u64,
+    /// Bandwidth, GB/s (1e9 bytes per second), median of repeats.
+    pub gbps: f64,
+}
+
+/// One measured allocation cost.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AllocPoint {
+    /// `cuMemHostAlloc`, `cuMemHostRegister`, `malloc+touch`, `pool_cold`, `pool_warm`, `mlock`.
+    pub method: String,
+    /// Bytes per allocation.
+    pub bytes: u64,
+    /// Seconds per allocation (median).
+    pub alloc_s: f64,
+    /// Seconds per free / unregister (median).
+    pub free_s: f64,
+}
+
+/// A machine's transfer and allocation figures.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TransferTable {
+    /// Where the figures come from (`measured 2026-11-29 ...`, `built-in H200 anchors`).
+    pub source: String,
+    /// The device they were measured on.
+    pub device: String,
+    /// Bandwidths.
+    pub transfers: Vec<TransferPoint>,
+    /// Allocation costs.
+    #[serde(default)]
+    pub alloc: Vec<AllocPoint>,
+}
+
+impl TransferTable {
+    /// The figures measured on the lent H200 (PCIe gen 5 x16, driver 580, 2026-11-29):
+    /// cudaMemcpyAsync bandwidths, host allocation costs, and the staging prototype at 1 GiB
+    /// (12 threads, 34.3 GB/s); staged figures below 64 MiB are an estimate (fill, then DMA,
+    /// without overlap).
+    pub fn h200() -> Self {
+        const KIB: u64 = 1 << 10;
+        const MIB: u64 = 1 << 20;
+        const GIB: u64 = 1 << 30;
+        let sizes = [4 * KIB, 64 * KIB, MIB, 8 * MIB, 64 * MIB, GIB];
+        let rows: [(MemoryKind, Direction, [f64; 6]); 6] = [
+            (
+                MemoryKind::Pageable,
+                Direction::H2d,
+                [0.90, 4.7, 11.9, 13.1, 7.6, 8.4],
+            ),
+            (
+                MemoryKind::Pageable,
+                Direction::D2h,
+                [0.41, 3.6, 7.9, 10.8, 11.4, 14.1],
+            ),
+            (
+                MemoryKind::Pinned,
+                Direction::H2d,
+                [0.87, 11.2, 44.3, 53.8, 55.2, 55.5],
+            ),
+            (
+                MemoryKind::Pinned,
+                Direction::D2h,
+                [1.08, 13.8, 46.2, 54.0, 55.2, 55.3],
+            ),
+            (
+                MemoryKind::WriteCombined,
+                Direction::H2d,
+                [0.86, 11.2, 44.5, 53.8, 55.3, 55.6],
+            ),
+            (
+                MemoryKind::Mapped,
+                Direction::H2d,
+                [0.52, 7.3, 37.3, 49.0, 50.9, 51.3],
+            ),
+        ];
+        let mut transfers = Vec::new();
+        for (kind, direction, gbps) in rows {
+            for (bytes, g) in sizes.iter().zip(gbps) {
+                transfers.push(TransferPoint {
+                    kind,
+                    direction,
+                    bytes: *bytes,
+                    gbps: g,
+                });
+            }
+        }
+        // Staged: 34.3 GB/s at 1 GiB measured; below, one fill then one DMA per chunk.
+        let fill = 34.3;
+        for (bytes, pinned) in sizes.iter().zip([0.87, 11.2, 44.3, 53.8, 55.2]) {
+            transfers.push(TransferPoint {
+                kind: MemoryKind::Staged,
+                direction: Direction::H2d,
+                bytes: *bytes,
+                gbps: 1.0 / (1.0 / fill + 1.0 / pinned),
+            });
+        }
+        transfers.push(TransferPoint {
+            kind: MemoryKind::Staged,
+            direction: Direction::H2d,
+            bytes: GIB,
+            gbps: fill,
+        });
+        let alloc_rows: [(&str, [f64; 4], [f64; 4]); 4] = [
+            (
+                "cuMemHostAlloc",
+                [1.0e-3, 7.9e-3, 131e-3, 409e-3],
+                [0.39e-3, 2.3e-3, 37e-3, 122e-3],
+            ),
+            (
+                "malloc+touch",
+                [0.05e-3, 1.8e-3, 160e-3, 555e-3],
+                [0.0, 0.0, 0.0, 0.0],
+            ),
+            (
+                "cuMemHostRegister",
+                [0.26e-3, 1.2e-3, 14e-3, 46e-3],
+                [0.12e-3, 0.38e-3, 5.1e-3, 19e-3],
+            ),
+            // gpumem's pool, warm: no driver call, so the figure measured on the mlock
+            // fallback (≈0.06 µs + 0.05 µs, release build) carries over; rounded up.
+            // (PyTorch's pinned cache: 0.04 ms from Python.)
+            ("pool_warm", [0.2e-6; 4], [0.2e-6; 4]),
+        ];
+        let alloc_sizes = [MIB, 16 * MIB, 256 * MIB, GIB];
+        let mut alloc = Vec::new();
+        for (method, a, f) in alloc_rows {
+            for i in 0..4 {
+                alloc.push(AllocPoint {
+                    method: method.to_string(),
+                    bytes: alloc_sizes[i],
+                    alloc_s: a[i],
+                    free_s: f[i],
+                });
+            }
+        }
+        Self {
+            source: "built-in H200 figures (gpumem anchors, 2026-11-29)".into(),
+            device: "NVIDIA H200 (PCIe gen 5 x16)".into(),
+            transfers,
+            alloc,
+        }
+    }
+
+    /// Bandwidth of `kind` in `direction` at `bytes`, GB/s: interpolated linearly in
+    /// log(size) between measured sizes, the nearest end outside them. For D2H of
+    /// write-combined, mapped or staged memory with no figure, the H2D figure stands in.
+    pub fn gbps(&self, kind: MemoryKind, direction: Direction, bytes: u64) -> Option<f64> {
+        let pick = |dir: Direction| {
+            let mut pts: Vec<(u64, f64)> = self
+                .transfers
+                .iter()
+                .filter(|p| p.kind == kind && p.direction == dir && p.gbps > 0.0)
+                .map(|p| (p.bytes, p.gbps))
+                .collect();
+            pts.sort_by_key(|p| p.0);
+            interpolate_log(&pts, bytes)
+        };
+        pick(direction).or_else(|| {
+            if direction != Direction::H2d && kind != MemoryKind::Pageable {
+                pick(Direction::H2d)
+            } else {
+                None
+            }
+        })
+    }
+
+    /// Seconds of one allocation (and of its free) by `method` at `bytes`, interpolated
+    /// like [`TransferTable::gbps`] but in log(time).
+    pub fn alloc_cost(&self, method: &str, bytes: u64) -> Option<(f64, f64)> {
+        let mut pts: Vec<&AllocPoint> = self.alloc.iter().filter(|p| p.method == method).collect();
+        pts.sort_by_key(|p| p.bytes);
+        let a: Vec<(u64, f64)> = pts.iter().map(|p| (p.bytes, p.alloc_s)).collect();
+        let f: Vec<(u64, f64)> = pts.iter().map(|p| (p.bytes, p.free_s)).collect();
+        Some((
+            interpolate_log(&a, bytes)?,
+            interpolate_log(&f, bytes).unwrap_or(0.0),
+        ))
+    }
+}
+
+/// Linear interpolation in log2(size) over `pts` sorted by size; clamps outside.
+fn interpolate_log(pts: &[(u64, f64)], bytes: u64) -> Option<f64> {
+    let first = pts.first()?;
+    let last = pts.last()?;
+    if bytes <= first.0 {
+        return Some(first.1);
+    }
+    if bytes >= last.0 {
+        return Some(last.1);
+    }
+    let x = (bytes as f64).log2();
+    for w in pts.windows(2) {
+        let (a, b) = (w[0], w[1]);
+        if bytes >= a.0 && bytes <= b.0 {
+            let xa = (a.0 as f64).log2();
+            let xb = (b.0 as f64).log2();
+            let t = if xb > xa { (x - xa) / (xb - xa) } else { 0.0 };
+            return Some(a.1 + t * (b.1 - a.1));
+        }
+    }
+    Some(last.1)
+}
+
+/// A transfer pattern.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pattern {
+    /// Bytes per transfer.
+    pub bytes: u64,
+    /// Transfers per second (0: a one-off).
+    pub per_second: f64,
+    /// Whether the copy must be asynchronous (overlap host work or kernels).
+    pub asynchronous: bool,
+    /// Direction.
+    pub direction: Direction,
+    /// The pinned-memory cap, in bytes (a pinned buffer larger than this cannot be pooled).
+    pub pinned_cap_bytes: u64,
+    /// Seconds the pattern runs, over which a pool's one-time (cold) allocation is spread.
+    pub horizon_s: f64,
+}
+
+/// One option for a pattern, with the numbers behind it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KindOption {
+    /// The memory kind.
+    pub kind: MemoryKind,
+    /// What it means in practice.
+    pub how: &'static str,
+    /// Expected seconds per transfer (bytes / bandwidth).
+    pub transfer_s: f64,
+    /// Allocation cost per transfer, in seconds: for pinned kinds the pool's cold cost
+    /// (`cuMemHostAlloc` + zeroing) spread over the transfers of the horizon
+    /// (`per_second × horizon_s`, at least one) plus its warm cost;
+    /// 0 for pageable and staged memory (the caller's buffers are reused).
+    pub alloc_per_transfer_s: f64,
+    /// Sum of the two.
+    pub total_s: f64,
+    /// Fraction of each second spent transferring at the pattern's rate.
+    pub busy_fraction: f64,
+    /// Whether the copy can be asynchronous with this kind.
+    pub asynchronous: bool,
+    /// Why this kind is ruled out, if it is.
+    pub excluded: Option<String>,
+}
+
+/// The advice for a pattern: every option and the chosen one.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Advice {
+    /// Where the figures came from.
+    pub source: String,
+    /// All options, best first (excluded ones last).
+    pub options: Vec<KindOption>,
+    /// The recommended kind.
+    pub recommended: MemoryKind,
+    /// Seconds per transfer with pinned memory allocated and freed for each transfer
+    /// (`cuMemHostAlloc` + `cuMemFreeHost`, no pool): what the pool saves. `None` without
+    /// the figures.
+    pub unpooled_pinned_s: Option<f64>,
+    /// Why, in one sentence.
+    pub reason: String,
+}
+
+/// Recommends a kind for `pattern` from `table`.
+///
+/// Rules: asynchronous copies need pinned (pooled or write-combined) or mapped memory;
+/// pinned kinds need the buffer to fit under the pinned cap; mapped memory only for
+/// transfers ≤ 1 MiB read once by a kernel (every access crosses PCIe); write-combined only
+/// host-to-device (the CPU reading it is very slow). Among the rest, least total time per
+/// transfer; a pinned option must beat pageable by 10 % to be worth its locked memory, and
+/// write-combined must beat plain pinned by 5 %.
+pub fn advise(table: &TransferTable, pattern: &Pattern) -> Advice {
+    let b = pattern.bytes.max(1);
+    let rate = pattern.per_second.max(0.0);
+    let cold = table
+        .alloc_cost("pool_cold", b)
+        .or_else(|| table.alloc_cost("cuMemHostAlloc", b))
+        .map_or(0.0, |(a, f)| a + f);
+    let warm = table
+        .alloc_cost("pool_warm", b)
+        .map_or(1e-6, |(a, f)| a + f);
+    let mut options = Vec::new();
+    for kind in MemoryKind::ALL {
+        let dir = pattern.direction;
+        let (how, is_async, pinned) = match kind {
+            MemoryKind::Pageable => ("keep malloc'd buffers; cudaMemcpy", false, false),
+            MemoryKind::Pinned => ("PinnedPool blocks; cudaMemcpyAsync", true, true),
+            MemoryKind::WriteCombined => (
+                "write-combined PinnedPool; CPU writes only, then cudaMemcpyAsync",
+                true,
+                true,
+            ),
+            MemoryKind::Mapped => (
+                "mapped pinned memory read by the kernel (zero-copy)",
+                true,
+                true,
+            ),
+            MemoryKind::Staged => (
+                "keep pageable buffers; StagingRing::copy_pageable_to_device",
+                false,
+                false,
+            ),
+        };
+        let Some(gbps) = table.gbps(kind, dir, b) else {
+            continue;
+        };
+        let transfer_s = b as f64 / (gbps * 1e9);
+        let alloc_per_transfer_s = if pinned {
+            warm + cold / (rate * pattern.horizon_s.max(0.0)).max(1.0)
+        } else {
+            0.0
+        };
+        let total_s = transfer_s + alloc_per_transfer_s;
+        let mut excluded = None;
+        if pattern.asynchronous && !is_async {
+            excluded = Some("not asynchronous: the host waits for the copy".to_string());
+        } else if pinned && b > pattern.pinned_cap_bytes {
+            excluded = Some(format!(
+                "{b} B is more than the pinned cap of {} B",
+                pattern.pinned_cap_bytes
+            ));
+        } else if kind == MemoryKind::Mapped && b > 1 << 20 {
+            excluded =
+                Some("over 1 MiB: every kernel access crosses PCIe; copy once instead".to_string());
+        } else if kind == MemoryKind::WriteCombined && dir != Direction::H2d {
+            excluded = Some("the CPU reads write-combined memory very slowly".to_string());
+        }
+        options.push(KindOption {
+            kind,
+            how,
+            transfer_s,
+            alloc_per_transfer_s,
+            total_s,
+            busy_fraction: total_s * rate,
+            asynchronous: is_async,
+            excluded,
+        });
+    }
+    options.sort_by(|a, b| {
+        (a.excluded.is_some(), a.total_s)
+            .partial_cmp(&(b.excluded.is_some(), b.total_s))
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
+    let pageable = options
+        .iter()
+        .find(|o| o.kind == MemoryKind::Pageable && o.excluded.is_none())
+        .map(|o| o.total_s);
+    let mut best = options.iter().find(|o| o.excluded.is_none());
+    // Write-combined memory is slow for the CPU to read: take it only when it is clearly
+    // (5 %) faster than plain pinned memory.
+    if let Some(b) = best.filter(|b| b.kind == MemoryKind::WriteCombined) {
+        if let Some(p) = options
+            .iter()
+            .find(|o| o.kind == MemoryKind::Pinned && o.excluded.is_none())
+        {
+            if p.total_s <= b.total_s * 1.05 {
+                best = Some(p);
+            }
+        }
+    }
+    let (recommended, reason) = match (best, pageable) {
+        (Some(best), Some(p)) if best.kind != MemoryKind::Pageable && best.total_s > p / 1.1 => (
+            MemoryKind::Pageable,
+            format!(
+                "{} would save under 10 % ({:.3} ms vs {:.3} ms per transfer): not worth locking memory",
+                best.kind.name(),
+                best.total_s * 1e3,
+                p * 1e3
+            ),
+        ),
+        (Some(best), _) => (
+            best.kind,
+            format!(
+                "{:.3} ms per transfer ({:.1} GB/s effective){}",
+                best.total_s * 1e3,
+                b as f64 / best.total_s / 1e9,
+                if best.busy_fraction > 1.0 {
+                    format!(
+                        "; at {rate}/s that is {:.0} % of each second: the pattern cannot be sustained",
+                        best.busy_fraction * 100.0
+                    )
+                } else {
+                    String::new()
+                }
+            ),
+        ),
+        (None, _) => (
+            MemoryKind::Pageable,
+            "no kind meets the constraints; falling back to pageable".to_string(),
+        ),
+    };
+    let unpooled_pinned_s = match (
+        table.alloc_cost("cuMemHostAlloc", b),
+        table.gbps(MemoryKind::Pinned, pattern.direction, b),
+    ) {
+        (Some((a, f)), Some(g)) => Some(a + f + b as f64 / (g * 1e9)),
+        _ => None,
+    };
+    Advice {
+        source: table.source.clone(),
+        options,
+        recommended,
+        reason,
+        unpooled_pinned_s,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn pattern(bytes: u64, per_second: f64, asynchronous: bool) -> Pattern {
+        Pattern {
+            bytes,
+            per_second,
+            asynchronous,
+            direction: Direction::H2d,
+            pinned_cap_bytes: 64 << 30,
+            horizon_s: 60.0,
+        }
+    }
+
+    #[test]
+    fn interpolation_is_exact_at_points_and_log_linear_between() {
+        let t = TransferTable::h200();
+        assert_eq!(
+            t.gbps(MemoryKind::Pinned, Direction::H2d, 1 << 20),
+            Some(44.3)
+        );
+        assert_eq!(t.gbps(MemoryKind::Pinned, Direction::H2d, 1), Some(0.87));
+        assert_eq!(
+            t.gbps(MemoryKind::Pinned, Direction::H2d, 1 << 40),
+            Some(55.5)
+        );
+        // 2 MiB is a third of the way from 1 MiB to 8 MiB in log2.
+        let g = t.gbps(MemoryKind::Pinned, Direction::H2d, 2 << 20).unwrap();
+        assert!((g - (44.3 + (53.8 - 44.3) / 3.0)).abs() < 1e-9, "{g}");
+        // Mapped D2H falls back to the H2D figure; pageable has its own.
+        assert_eq!(
+            t.gbps(MemoryKind::Mapped, Direction::D2h, 1 << 30),
+            Some(51.3)
+        );
+        assert_eq!(
+            t.gbps(MemoryKind::Pageable, Direction::D2h, 1 << 30),
+            Some(14.1)
+        );
+    }
+
+    #[test]
+    fn large_repeated_transfers_go_pinned() {
+        let a = advise(&TransferTable::h200(), &pattern(256 << 20, 10.0, false));
+        assert_eq!(a.recommended, MemoryKind::Pinned);
+        let pinned = a
+            .options
+            .iter()
+            .find(|o| o.kind == MemoryKind::Pinned)
+            .unwrap();
+        // 256 MiB at ≈55.3 GB/s ≈ 4.85 ms.
+        assert!((pinned.transfer_s - 268_435_456.0 / 55.35e9).abs() < 1e-4);
+        // Cold cost ≈ 168 ms spread over 10/s × 60 s = 600 transfers, plus 0.4 µs warm.
+        let want = (131e-3 + 37e-3) / 600.0 + 0.4e-6;
+        assert!(
+            (pinned.alloc_per_transfer_s - want).abs() < 1e-4,
+            "{pinned:?}"
+        );
+        // Pinning per transfer instead: 131 + 37 ms of allocation each time.
+        let unpooled = a.unpooled_pinned_s.unwrap();
+        assert!(
+            (unpooled - (168e-3 + pinned.transfer_s)).abs() < 1e-3,
+            "{unpooled}"
+        );
+        // Without the pool's reuse (a one-off), staging wins.
+        let mut once = pattern(256 << 20, 10.0, false);
+        once.horizon_s = 0.1;
+        assert_eq!(
+            advise(&TransferTable::h200(), &once).recommended,
+            MemoryKind::Staged
+        );
+    }
+
+    #[test]
+    fn a_one_off_large_copy_goes_staged() {
+        // Pinning 1 GiB once costs 0.5 s: more than staging the copy at 34 GB/s.
+        let a = advise(&TransferTable::h200(), &pattern(1 << 30, 0.0, false));
+        assert_eq!(a.recommended, MemoryKind::Staged, "{a:#?}");
+    }
+
+    #[test]
+    fn tiny_copies_stay_pageable_and_async_needs_pinned() {
+        let a = advise(&TransferTable::h200(), &pattern(4096, 1000.0, false));
+        assert_eq!(a.recommended, MemoryKind::Pageable, "{a:#?}");
+        let a = advise(&TransferTable::h200(), &pattern(4096, 1000.0, true));
+        assert_ne!(a.recommended, MemoryKind::Pageable);
+        assert!(a.options.iter().any(|o| o.kind == MemoryKind::Pageable
+            && o.excluded
+                .as_deref()
+                .unwrap_or("")
+                .contains("not asynchronous")));
+    }
+
+    #[test]
+    fn the_cap_rules_out_pinned() {
+        let mut p = pattern(8 << 30, 1.0, false);
+        p.pinned_cap_bytes = 4 << 30;
+        let a = advise(&TransferTable::h200(), &p);
+        assert!(matches!(
+            a.recommended,
+            MemoryKind::Staged | MemoryKind::Pageable
+        ));
+        let pinned = a
+            .options
+            .iter()
+            .find(|o| o.kind == MemoryKind::Pinned)
+            .unwrap();
+        assert!(pinned.excluded.as_deref().unwrap().contains("pinned cap"));
+    }
+
+    #[test]
+    fn tables_round_trip_through_json() {
+        let t = TransferTable::h200();
+        let s = serde_json::to_string(&t).unwrap();
+        let back: TransferTable = serde_json::from_str(&s).unwrap();
+        assert_eq!(back, t);
+        assert_eq!(
+            MemoryKind::parse("write-combined"),
+            Some(MemoryKind::WriteCombined)
+        );
+        for k in MemoryKind::ALL {
+            assert_eq!(MemoryKind::parse(k.name()), Some(k));
+        }
+    }
+}

@@ -1,0 +1,340 @@
+//! gpumem JSON lines: the simplest trace format, and the one every trace converts to.
+//!
+//! ## The gpumem JSON lines trace format
+//!
+//! One JSON object per line (UTF-8, `\n` or `\r\n` line ends; blank lines are ignored), in the
+//! order the events happened:
+//!
+//! ```text
+//! {"action":"alloc","addr":1,"size":1048576}
+//! {"action":"alloc","addr":2,"size":512,"stream":7,"time_us":1200,"align":4096}
+//! {"action":"free","addr":1}
+//! ```
+//!
+//! | key | type | meaning |
+//! |---|---|---|
+//! | `action` | string, required | `alloc`, `free`, or `preexisting`; informational: `segment_alloc`, `segment_free`, `segment_map`, `segment_unmap`, `oom`, `snapshot` |
+//! | `addr` | unsigned integer, required (except `oom`, `snapshot`) | device address, or any id unique among the live blocks |
+//! | `size` | unsigned integer, bytes | required for `alloc` (the requested bytes) and `preexisting`; optional for `free` (the block's size is known from its alloc) |
+//! | `stream` | unsigned integer | CUDA stream handle; default 0 (the default stream) |
+//! | `device` | unsigned integer | device ordinal; default 0 |
+//! | `time_us` | integer | microseconds since any epoch; optional |
+//! | `align` | unsigned integer, a power of two, bytes | requested alignment of an `alloc`; default 256 |
+//!
+//! Rules: an `alloc` at an `addr` that is live on the same device is an error, and so is a
+//! `free` of an `addr` that is not live. A block that was already allocated when recording
+//! started is declared by a `preexisting` line (`addr`, `size`, optional `device`), normally at
+//! the top of the file; it may then be freed like any other block. Unknown keys are ignored.
+//! Errors name the line number (1-based). [`write_jsonl`] writes any [`Trace`] in this format,
+//! so PyTorch snapshots and RMM logs convert losslessly (for the fields above).
+use super::live::{Liveness, UnknownFree};
+use super::{Action, Event, Format, PreexistingBlock, ReadOptions, Trace, TraceError};
+use serde::Deserialize;
+use std::io::Write;
+
+/// One line as deserialised (types checked by serde, meaning checked by [`read_jsonl`]).
+#[derive(Deserialize)]
+struct Line {
+    action: String,
+    addr: Option<u64>,
+    size: Option<u64>,
+    stream: Option<u64>,
+    device: Option<u32>,
+    time_us: Option<i64>,
+    align: Option<u64>,
+}
+
+/// The name of an action in JSON lines.
+pub fn action_name(action: Action) -> &'static str {
+    match action {
+        Action::Alloc => "alloc",
+        Action::Free => "free",
+        Action::SegmentAlloc => "segment_alloc",
+        Action::SegmentFree => "segment_free",
+        Action::SegmentMap => "segment_map",
+        Action::SegmentUnmap => "segment_unmap",
+        Action::Oom => "oom",
+        Action::Snapshot => "snapshot",
+    }
+}
+
+/// What a line declares.
+enum Parsed {
+    Event(Event),
+    Preexisting(PreexistingBlock),
+}
+
+fn parse_line(text: &str) -> Result<Parsed, String> {
+    let l: Line = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let action = match l.action.as_str() {
+        "alloc" => Action::Alloc,
+        "free" => Action::Free,
+        "segment_alloc" => Action::SegmentAlloc,
+        "segment_free" => Action::SegmentFree,
+        "segment_map" => Action::SegmentMap,
+        "segment_unmap" => Action::SegmentUnmap,
+        "oom" => Action::Oom,
+        "snapshot" => Action::Snapshot,
+        "preexisting" => {
+            return Ok(Parsed::Preexisting(PreexistingBlock {
+                addr: l.addr.ok_or("a preexisting line needs \"addr\"")?,
+                size_bytes: l.size.ok_or("a preexisting line needs \"size\" (bytes)")?,
+                device: l.device.unwrap_or(0),
+                freed_at_event: None,
+            }))
+        }
+        other => {
+            return Err(format!(
+                "unknown action {other:?}, expected alloc, free, preexisting, segment_alloc, \
+                 segment_free, segment_map, segment_unmap, oom or snapshot"
+            ))
+        }
+    };
+    let addr = match (l.addr, action) {
+        (Some(a), _) => a,
+        (None, Action::Oom | Action::Snapshot) => 0,
+        (None, _) => return Err(format!("{:?} needs \"addr\"", l.action)),
+    };
+    let size_bytes = match (l.size, action) {
+        (Some(s), _) => s,
+        (None, Action::Alloc) => return Err("\"alloc\" needs \"size\" (bytes)".into()),
+        (None, _) => 0,
+    };
+    if let Some(a) = l.align {
+        if !a.is_power_of_two() {
+            return Err(format!("\"align\" {a} is not a power of two"));
+        }
+    }
+    Ok(Parsed::Event(Event {
+        action,
+        addr,
+        size_bytes,
+        stream: l.stream.unwrap_or(0),
+        device: l.device.unwrap_or(0),
+        time_us: l.time_us,
+        align: l.align,
+    }))
+}
+
+/// Reads gpumem JSON lines (see the module documentation).
+///
+/// # Errors
+/// [`TraceError::NotATrace`] when the first line is JSON but not a trace event (a stats file,
+/// a pretty-printed document); [`TraceError::Malformed`] naming the line (1-based; `index` is
+/// the line number − 1) for invalid JSON, wrong types, negative or missing sizes, an unknown
+/// action, a free of an address that is not live or an alloc at a live address (unless
+/// `options.lenient`, which skips and counts them).
+pub fn read_jsonl(name: &str, data: &[u8], options: ReadOptions) -> Result<Trace, TraceError> {
+    let mut trace = Trace {
+        format: Some(Format::JsonLines),
+        ..Trace::default()
+    };
+    let mut live = Liveness::new(UnknownFree::Error);
+    let mut seen_first = false;
+    for (i, raw) in data.split(|&b| b == b'\n').enumerate() {
+        let line_no = i as u64 + 1;
+        let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
+        let raw = if i == 0 {
+            raw.strip_prefix(b"\xef\xbb\xbf").unwrap_or(raw)
+        } else {
+            raw
+        };
+        if raw.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let parsed = std::str::from_utf8(raw)
+            .map_err(|e| format!("not UTF-8: {e}"))
+            .and_then(parse_line);
+        if !seen_first {
+            seen_first = true;
+            if let Err(e) = &parsed {
+                if let Some(what) = not_a_trace(data, raw) {
+                    return Err(TraceError::NotATrace {
+                        path: name.to_string(),
+                        what,
+                    });
+                }
+                if !options.lenient {
+                    return Err(malformed_line(name, line_no, e));
+                }
+            }
+        }
+        let result = parsed.and_then(|p| match p {
+            Parsed::Event(ev) => live.admit(&mut trace, ev, |_, _| 0),
+            Parsed::Preexisting(b) => live.declare_preexisting(&mut trace, b),
+        });
+        if let Err(e) = result {
+            if options.lenient {
+                trace.skip(format!("line {line_no}: {e}"));
+            } else {
+                return Err(malformed_line(name, line_no, &e));
+            }
+        }
+    }
+    Ok(trace)
+}
+
+fn malformed_line(name: &str, line_no: u64, e: &str) -> TraceError {
+    TraceError::Malformed {
+        path: name.to_string(),
+        index: line_no - 1,
+        message: format!("line {line_no}: {e}"),
+    }
+}
+
+/// When the first line does not parse as an event: says what the file is if it is JSON of
+/// another kind.
+fn not_a_trace(data: &[u8], first: &[u8]) -> Option<String> {
+    let keys = |v: &serde_json::Value| -> Option<String> {
+        let o = v.as_object()?;
+        if o.contains_key("action") {
+            return None;
+        }
+        Some(o.keys().take(6).cloned().collect::<Vec<_>>().join(", "))
+    };
+    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(first) {
+        return keys(&v).map(|k| {
+            format!("JSON objects without \"action\" (keys: {k}), not gpumem JSON lines")
+        });
+    }
+    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) {
+        return Some(match keys(&v) {
+            Some(k) => format!("a JSON document (keys: {k}), not gpumem JSON lines"),
+            None => "a pretty-printed JSON document, not JSON lines (one object per line)".into(),
+        });
+    }
+    None
+}
+
+/// Writes `trace` as gpumem JSON lines: its pre-existing blocks first, then every event.
+/// Skipped events are not written.
+///
+/// ```
+/// use gpumem::trace::{jsonl::write_jsonl, read_bytes, ReadOptions};
+/// let csv = b"Thread,Time,Action,Pointer,Size,Stream\n1,10:00:00.5,allocate,0x7f00,256,0x0\n";
+/// let trace = read_bytes("rmm.csv", csv, ReadOptions::default())?;
+/// let mut out = Vec::new();
+/// write_jsonl(&trace, &mut out).expect("writing to a Vec");
+/// assert_eq!(
+///     String::from_utf8_lossy(&out),
+///     "{\"action\":\"alloc\",\"addr\":32512,\"size\":256,\"time_us\":36000500000}\n"
+/// );
+/// # Ok::<(), gpumem::trace::TraceError>(())
+/// ```
+///
+/// # Errors
+/// The writer's I/O error.
+pub fn write_jsonl<W: Write>(trace: &Trace, writer: W) -> std::io::Result<()> {
+    let mut w = std::io::BufWriter::new(writer);
+    for b in &trace.preexisting {
+        write!(
+            w,
+            "{{\"action\":\"preexisting\",\"addr\":{},\"size\":{}",
+            b.addr, b.size_bytes
+        )?;
+        if b.device != 0 {
+            write!(w, ",\"device\":{}", b.device)?;
+        }
+        w.write_all(b"}\n")?;
+    }
+    for e in &trace.events {
+        write!(
+            w,
+            "{{\"action\":\"{}\",\"addr\":{}",
+            action_name(e.action),
+            e.addr
+        )?;
+        if e.size_bytes != 0 || e.action == Action::Alloc {
+            write!(w, ",\"size\":{}", e.size_bytes)?;
+        }
+        if e.stream != 0 {
+            write!(w, ",\"stream\":{}", e.stream)?;
+        }
+        if e.device != 0 {
+            write!(w, ",\"device\":{}", e.device)?;
+        }
+        if let Some(t) = e.time_us {
+            write!(w, ",\"time_us\":{t}")?;
+        }
+        if let Some(a) = e.align {
+            write!(w, ",\"align\":{a}")?;
+        }
+        w.write_all(b"}\n")?;
+    }
+    w.flush()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn read(s: &str) -> Result<Trace, TraceError> {
+        read_jsonl("t.jsonl", s.as_bytes(), ReadOptions::default())
+    }
+
+    #[test]
+    fn reads_and_fills_free_size() {
+        let t = read(
+            "{\"action\":\"alloc\",\"addr\":1,\"size\":100,\"align\":4096}\n\n\
+             {\"action\":\"free\",\"addr\":1}\r\n",
+        )
+        .unwrap();
+        assert_eq!(t.events.len(), 2);
+        assert_eq!(t.events[0].align, Some(4096));
+        assert_eq!(t.events[1].size_bytes, 100);
+    }
+
+    #[test]
+    fn errors_name_the_line() {
+        let e = read(
+            "{\"action\":\"alloc\",\"addr\":1,\"size\":1}\n{\"action\":\"free\",\"addr\":2}\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("line 2: free of address 0x2"), "{e}");
+        let e = read("{\"action\":\"alloc\",\"addr\":1,\"size\":-5}\n").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("line 1: invalid value: integer `-5`"),
+            "{e}"
+        );
+        let e = read("{\"action\":\"alloc\",\"addr\":1,\"size\":1,\"align\":3}\n").unwrap_err();
+        assert!(e.to_string().contains("not a power of two"), "{e}");
+    }
+
+    #[test]
+    fn lenient_skips_and_counts() {
+        let t = read_jsonl(
+            "t",
+            b"{\"action\":\"alloc\",\"addr\":1,\"size\":1}\n{\"action\":\"alloc\",\"addr\":1,\"size\":1}\nnot json\n",
+            ReadOptions { lenient: true },
+        )
+        .unwrap();
+        assert_eq!(
+            (t.events.len(), t.skipped_count, t.skipped.len()),
+            (1, 2, 2)
+        );
+    }
+
+    #[test]
+    fn stats_json_is_not_a_trace() {
+        let e = read("{\n  \"reserved_bytes.all.peak\": 5\n}\n").unwrap_err();
+        assert!(matches!(e, TraceError::NotATrace { .. }), "{e}");
+        assert!(e.to_string().contains("reserved_bytes.all.peak"), "{e}");
+    }
+
+    #[test]
+    fn preexisting_round_trip() {
+        let t = read(
+            "{\"action\":\"preexisting\",\"addr\":9,\"size\":64}\n{\"action\":\"free\",\"addr\":9}\n",
+        )
+        .unwrap();
+        assert_eq!(t.preexisting[0].freed_at_event, Some(0));
+        assert_eq!(t.events[0].size_bytes, 64);
+        let mut out = Vec::new();
+        write_jsonl(&t, &mut out).unwrap();
+        let back = read(std::str::from_utf8(&out).unwrap()).unwrap();
+        assert_eq!(back.events, t.events);
+        assert_eq!(back.preexisting, t.preexisting);
+    }
+}

@@ -1,0 +1,427 @@
+//! Integration tests of the trace readers against the shipped traces and generated fixtures
+//! (tests/fixtures/make_fixtures.py makes the fixtures and, with python's own pickle module,
+//! the expected counts in tests/fixtures/expected.json).
+use gpumem::trace::analysis::analyze;
+use gpumem::trace::jsonl::write_jsonl;
+use gpumem::trace::{read_bytes, read_path, Action, Format, ReadOptions, Trace, TraceError};
+use proptest::prelude::*;
+use std::path::{Path, PathBuf};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+fn shipped(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../traces")
+        .join(format!("{name}.pickle.gz"))
+}
+
+fn expected() -> serde_json::Value {
+    let text = std::fs::read_to_string(fixture("expected.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn strict() -> ReadOptions {
+    ReadOptions::default()
+}
+
+fn lenient() -> ReadOptions {
+    ReadOptions { lenient: true }
+}
+
+/// Compares a trace with python's counts.
+fn check_counts(name: &str, t: &Trace, want: &serde_json::Value) {
+    let n = |k: &str| want[k].as_u64().unwrap() as usize;
+    assert_eq!(t.count(Action::Alloc), n("alloc"), "{name}: alloc");
+    assert_eq!(t.count(Action::Free), n("free"), "{name}: free_completed");
+    assert_eq!(t.count(Action::SegmentAlloc), n("segment_alloc"), "{name}");
+    assert_eq!(t.count(Action::SegmentFree), n("segment_free"), "{name}");
+    assert_eq!(t.count(Action::Oom), n("oom"), "{name}");
+    assert_eq!(t.count(Action::Snapshot), n("snapshot"), "{name}");
+    let freed = t
+        .preexisting
+        .iter()
+        .filter(|b| b.freed_at_event.is_some())
+        .count();
+    let live = t.preexisting.len() - freed;
+    assert_eq!(freed, n("preexisting_freed"), "{name}: pre-existing, freed");
+    assert_eq!(
+        live,
+        n("preexisting_live"),
+        "{name}: pre-existing, live all along"
+    );
+    assert_eq!(t.segments.len(), n("segments"), "{name}: segments");
+    assert_eq!(t.skipped_count, 0, "{name}: {:?}", t.skipped);
+}
+
+#[test]
+fn shipped_traces_match_python_counts() {
+    let exp = expected();
+    let all = exp["shipped"].as_object().unwrap();
+    assert_eq!(all.len(), 5, "expected.json lists the five shipped traces");
+    for (name, want) in all {
+        let t = read_path(&shipped(name), strict()).unwrap();
+        assert_eq!(t.format, Some(Format::TorchSnapshot));
+        check_counts(name, &t, want);
+        // Every free of a pre-existing block points at a free event of that address.
+        for b in &t.preexisting {
+            if let Some(i) = b.freed_at_event {
+                let e = t.events[i as usize];
+                assert_eq!((e.action, e.addr), (Action::Free, b.addr), "{name}");
+            }
+            assert!(
+                b.size_bytes > 0,
+                "{name}: pre-existing block without a size"
+            );
+        }
+        let timed = t.events.iter().filter(|e| e.time_us.is_some()).count();
+        if name.contains("no_timestamps") {
+            assert_eq!(timed, 0, "{name}");
+        } else {
+            assert_eq!(timed, t.events.len(), "{name}");
+        }
+    }
+}
+
+#[test]
+fn shipped_state_analysis_agrees_with_segments() {
+    let t = read_path(&shipped("external/finetune_no_timestamps"), strict()).unwrap();
+    let a = analyze(&t.segments);
+    let reserved: u64 = t.segments.iter().map(|s| s.total_size_bytes).sum();
+    let recorded_alloc: u64 = t.segments.iter().map(|s| s.allocated_size_bytes).sum();
+    assert_eq!(a.totals.reserved_bytes, reserved);
+    // PyTorch's allocated_size is the sum of its active blocks.
+    assert_eq!(a.totals.allocated_bytes, recorded_alloc);
+    assert_eq!(
+        a.totals.allocated_bytes + a.totals.free_bytes,
+        a.totals.reserved_bytes
+    );
+    assert!(a.totals.inactive_split_blocks > 0);
+}
+
+#[test]
+fn every_protocol_reads_the_same() {
+    let exp = expected();
+    let reference = read_path(&fixture("snapshot_p5.pickle"), strict()).unwrap();
+    check_counts("snapshot_p5", &reference, &exp["snapshot"]);
+    for f in [
+        "snapshot_p0.pickle",
+        "snapshot_p1.pickle",
+        "snapshot_p2.pickle",
+        "snapshot_p3.pickle",
+        "snapshot_p4.pickle",
+        "snapshot_p4.pickle.gz",
+    ] {
+        let t = read_path(&fixture(f), strict()).unwrap();
+        assert_eq!(t.events, reference.events, "{f}");
+        assert_eq!(t.preexisting, reference.preexisting, "{f}");
+        assert_eq!(t.segments, reference.segments, "{f}");
+    }
+}
+
+#[test]
+fn snapshot_fixture_values() {
+    let t = read_path(&fixture("snapshot_p4.pickle"), strict()).unwrap();
+    let base = 0x7f00_0000_0000u64;
+    // Two devices, all timed: interleaved by time_us.
+    let times: Vec<i64> = t.events.iter().map(|e| e.time_us.unwrap()).collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+    assert_eq!(times.len(), 10);
+    let big = t.events.iter().find(|e| e.size_bytes == 1 << 40).unwrap();
+    assert_eq!((big.addr, big.stream, big.device), (base + 512, 7, 0));
+    let d1: Vec<_> = t.events.iter().filter(|e| e.device == 1).collect();
+    assert_eq!(d1.len(), 2);
+    assert_eq!((d1[0].action, d1[1].action), (Action::Alloc, Action::Free));
+    let oom = t.events.iter().find(|e| e.action == Action::Oom).unwrap();
+    assert_eq!(oom.size_bytes, 1 << 41);
+    // Pre-existing: one freed at t=105 (event 4 after interleaving), one live in the segments.
+    let freed = t
+        .preexisting
+        .iter()
+        .find(|b| b.freed_at_event.is_some())
+        .unwrap();
+    assert_eq!((freed.addr, freed.size_bytes), (base + 4096, 1024));
+    assert_eq!(freed.freed_at_event, Some(4));
+    assert_eq!(t.events[4].time_us, Some(105));
+    let live = t
+        .preexisting
+        .iter()
+        .find(|b| b.freed_at_event.is_none())
+        .unwrap();
+    assert_eq!((live.addr, live.size_bytes), (base + 8192, 1000));
+    let s = &t.segments[0];
+    assert_eq!(
+        (s.address, s.total_size_bytes, s.allocated_size_bytes),
+        (base + 8192, 2 << 20, 1024)
+    );
+    assert_eq!(s.segment_type, "small");
+    assert_eq!(s.blocks.len(), 2);
+    assert_eq!(s.blocks[1].address, base + 9216);
+    assert_eq!(s.blocks[1].state, "inactive");
+}
+
+#[test]
+fn segments_only_snapshot_has_state_but_no_events() {
+    let t = read_path(&fixture("segments_only.pickle"), strict()).unwrap();
+    assert!(t.events.is_empty());
+    assert!(t.preexisting.is_empty());
+    let a = analyze(&t.segments);
+    assert_eq!(a.totals.segments, 1);
+    assert_eq!(a.totals.allocated_bytes, 1024);
+    assert_eq!(a.totals.free_bytes, (2 << 20) - 1024);
+    assert_eq!(a.totals.inactive_split_blocks, 1);
+}
+
+#[test]
+fn hostile_pickles_are_refused() {
+    for (f, opcode) in [
+        ("hostile_reduce.pickle", "STACK_GLOBAL at byte offset 64"),
+        ("hostile_class.pickle", "GLOBAL at byte offset"),
+    ] {
+        match read_path(&fixture(f), strict()) {
+            Err(TraceError::Refused { message, .. }) => {
+                assert!(message.contains(opcode), "{f}: {message}")
+            }
+            other => panic!("{f}: {other:?}"),
+        }
+        // Lenient does not change that.
+        assert!(matches!(
+            read_path(&fixture(f), lenient()),
+            Err(TraceError::Refused { .. })
+        ));
+    }
+}
+
+#[test]
+fn non_traces_are_named() {
+    for (f, what) in [
+        ("lfs_pointer.pickle.gz", "Git LFS pointer"),
+        ("html_page.pickle.gz", "HTML"),
+        ("empty.pickle", "empty"),
+    ] {
+        match read_path(&fixture(f), strict()) {
+            Err(e @ TraceError::NotATrace { .. }) => {
+                assert!(e.to_string().contains(what), "{f}: {e}");
+                assert!(e.to_string().contains(f), "{f}: names the file: {e}");
+            }
+            other => panic!("{f}: {other:?}"),
+        }
+    }
+    let stats =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../traces/mixed_sizes-native.stats.json");
+    assert!(matches!(
+        read_path(&stats, strict()),
+        Err(TraceError::NotATrace { .. })
+    ));
+    assert!(matches!(
+        read_path(&fixture("no_such_file"), strict()),
+        Err(TraceError::Io { .. })
+    ));
+}
+
+#[test]
+fn malformed_entries_name_the_event_and_lenient_skips_them() {
+    for (f, says) in [
+        (
+            "bad_type.pickle",
+            "'size' is string \"64\", expected a non-negative integer",
+        ),
+        ("negative_size.pickle", "'size' is integer -64"),
+        ("duplicate_alloc.pickle", "already live"),
+        ("unknown_action.pickle", "unknown action string \"realloc\""),
+    ] {
+        match read_path(&fixture(f), strict()) {
+            Err(TraceError::Malformed { index, message, .. }) => {
+                assert_eq!(index, 1, "{f}");
+                assert!(
+                    message.starts_with("event 1 (device 0 trace entry 1)"),
+                    "{f}: {message}"
+                );
+                assert!(message.contains(says), "{f}: {message}");
+            }
+            other => panic!("{f}: {other:?}"),
+        }
+        let t = read_path(&fixture(f), lenient()).unwrap();
+        assert_eq!(t.skipped_count, 1, "{f}");
+        assert_eq!(t.skipped.len(), 1, "{f}");
+        assert_eq!(
+            t.events.iter().map(|e| e.action).collect::<Vec<_>>(),
+            [Action::Alloc, Action::Free],
+            "{f}"
+        );
+    }
+}
+
+#[test]
+fn rmm_and_jsonl_samples() {
+    let t = read_path(&fixture("sample_rmm.csv"), strict()).unwrap();
+    assert_eq!(t.format, Some(Format::RmmCsv));
+    let acts: Vec<Action> = t.events.iter().map(|e| e.action).collect();
+    assert_eq!(
+        acts,
+        [
+            Action::Alloc,
+            Action::Alloc,
+            Action::Oom,
+            Action::Free,
+            Action::Free
+        ]
+    );
+    assert_eq!(t.events[1].stream, 0x5e1a40);
+    assert_eq!(t.events[2].size_bytes, 85_899_345_920);
+
+    let j = read_path(&fixture("sample.jsonl"), strict()).unwrap();
+    assert_eq!(j.format, Some(Format::JsonLines));
+    assert_eq!(j.events.len(), 4);
+    assert_eq!(j.events[1].align, Some(4096));
+    assert_eq!(j.events[1].device, 1);
+    assert_eq!(
+        j.events[2].size_bytes, 1_048_576,
+        "free gets its block's size"
+    );
+    assert_eq!(j.preexisting.len(), 1);
+    assert_eq!(j.preexisting[0].freed_at_event, Some(3));
+}
+
+fn round_trip(t: &Trace) -> Trace {
+    let mut out = Vec::new();
+    write_jsonl(t, &mut out).unwrap();
+    read_bytes("round-trip.jsonl", &out, strict()).unwrap()
+}
+
+#[test]
+fn jsonl_round_trip() {
+    for name in [
+        "mixed_sizes",
+        "external/finetune_no_timestamps",
+        "external/inference_with_empty_cache",
+    ] {
+        let t = read_path(&shipped(name), strict()).unwrap();
+        let back = round_trip(&t);
+        assert_eq!(back.format, Some(Format::JsonLines));
+        assert_eq!(back.events, t.events, "{name}");
+        assert_eq!(back.preexisting, t.preexisting, "{name}");
+    }
+    for f in ["snapshot_p4.pickle", "sample_rmm.csv", "sample.jsonl"] {
+        let t = read_path(&fixture(f), strict()).unwrap();
+        let back = round_trip(&t);
+        assert_eq!(back.events, t.events, "{f}");
+        assert_eq!(back.preexisting, t.preexisting, "{f}");
+    }
+}
+
+/// The error of a reader on a cut file: it must be an error, never a panic or a trace.
+fn assert_cut_fails(name: &str, bytes: &[u8], cut: usize) {
+    match read_bytes(name, &bytes[..cut], strict()) {
+        Err(TraceError::Malformed { message, .. }) => {
+            assert!(!message.is_empty());
+        }
+        Err(TraceError::NotATrace { what, .. }) => {
+            assert!(cut <= 2, "cut {cut}: {what}");
+        }
+        other => panic!("cut at {cut} of {}: {other:?}", bytes.len()),
+    }
+}
+
+#[test]
+fn truncated_pickles_give_clear_errors() {
+    let p = std::fs::read(fixture("snapshot_p4.pickle")).unwrap();
+    for cut in 0..p.len() {
+        assert_cut_fails("snapshot_p4.pickle", &p, cut);
+    }
+    let p0 = std::fs::read(fixture("snapshot_p0.pickle")).unwrap();
+    for cut in 1..p0.len() - 1 {
+        // A text-protocol pickle cut short no longer ends in STOP: not detected as a pickle,
+        // or detected and truncated; either way an error.
+        assert!(read_bytes("p0", &p0[..cut], strict()).is_err(), "cut {cut}");
+    }
+    let gz = std::fs::read(shipped("mixed_sizes")).unwrap();
+    let raw = {
+        use std::io::Read;
+        let mut v = Vec::new();
+        flate2::read::GzDecoder::new(&gz[..])
+            .read_to_end(&mut v)
+            .unwrap();
+        v
+    };
+    for k in 1..200 {
+        let cut = raw.len() * k / 200;
+        match read_bytes("mixed_sizes", &raw[..cut], strict()) {
+            Err(TraceError::Malformed { message, .. }) => {
+                assert!(message.contains("truncated at byte offset"), "{message}")
+            }
+            other => panic!("cut {cut}: {other:?}"),
+        }
+    }
+    for k in 1..50 {
+        let cut = gz.len() * k / 50;
+        match read_bytes("mixed_sizes.pickle.gz", &gz[..cut], strict()) {
+            Err(TraceError::Malformed { message, .. }) => {
+                assert!(message.contains("gzip"), "{message}")
+            }
+            other => panic!("gz cut {cut}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn truncated_text_traces_never_panic() {
+    for f in ["sample_rmm.csv", "sample.jsonl"] {
+        let b = std::fs::read(fixture(f)).unwrap();
+        for cut in 0..b.len() {
+            if let Err(TraceError::Malformed { message, .. }) = read_bytes(f, &b[..cut], strict()) {
+                assert!(message.starts_with("line "), "{f} cut {cut}: {message}");
+            }
+        }
+    }
+}
+
+/// Whatever a reader accepted can be analysed, summarised and converted.
+fn exercise(t: &Trace) {
+    let _ = analyze(&t.segments).to_string();
+    let _ = t.summary();
+    // (An empty trace writes an empty file, which the readers name as not a trace.)
+    if !t.events.is_empty() || !t.preexisting.is_empty() {
+        let back = round_trip(t);
+        assert_eq!(back.events, t.events);
+        assert_eq!(back.preexisting, t.preexisting);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn random_bytes_never_panic(
+        prefix in prop::sample::select(vec![
+            &b""[..], &b"\x80\x04"[..], &b"\x80\x02}("[..], &b"("[..], &b"{"[..],
+            &b"Thread,Time,Action,Pointer,Size,Stream\n"[..], &b"\x1f\x8b"[..],
+        ]),
+        body in prop::collection::vec(any::<u8>(), 0..400),
+        lenient in any::<bool>(),
+    ) {
+        let mut bytes = prefix.to_vec();
+        bytes.extend_from_slice(&body);
+        if let Ok(t) = read_bytes("random", &bytes, ReadOptions { lenient }) {
+            exercise(&t);
+        }
+    }
+
+    #[test]
+    fn mutated_snapshots_never_panic(
+        flips in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+        lenient in any::<bool>(),
+    ) {
+        let mut p = std::fs::read(fixture("snapshot_p4.pickle")).unwrap();
+        for (i, b) in flips {
+            let at = i.index(p.len());
+            p[at] = b;
+        }
+        if let Ok(t) = read_bytes("mutated", &p, ReadOptions { lenient }) {
+            exercise(&t);
+        }
+    }
+}

@@ -1,0 +1,333 @@
+//! Fidelity of the PyTorch caching-allocator emulation (`gpumem_core::torch::TorchCaching`):
+//! the three traces recorded with PyTorch 2.11 on an H200 (`traces/*.pickle.gz`) are replayed
+//! and compared with `torch.cuda.memory_stats()` of the same run (`*-native.stats.json`) and
+//! with the trace's own `segment_alloc` events.
+//!
+//! PyTorch breaks best-fit ties between free blocks of equal size by address, so where the
+//! device puts each segment matters. Three devices are used:
+//! - `Recorded`: a `SimDevice` whose cudaMalloc returns the address PyTorch really got
+//!   (the trace's `segment_alloc` events, in order). The emulation must then hand out every
+//!   block at the address PyTorch did, and every figure must match exactly.
+//! - `SimDevice`: the default simulated device, which (like the CUDA driver in these traces)
+//!   places newer segments below older ones. Figures within 1 %: this is what
+//!   `gpumem replay -a torch` reports.
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::PathBuf;
+
+use gpumem::trace::{read_path, Action, ReadOptions, Trace};
+use gpumem_core::sim::SimDevice;
+use gpumem_core::torch::TorchCaching;
+use gpumem_core::{Allocator, Device, DeviceError, DriverCounters, PhysHandle};
+
+const TRACES: [&str; 3] = ["gpt2_train", "mixed_sizes", "resnet_train"];
+
+fn traces_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../traces")
+}
+
+fn load(name: &str) -> (Trace, serde_json::Value) {
+    let dir = traces_dir();
+    let trace = read_path(
+        &dir.join(format!("{name}.pickle.gz")),
+        ReadOptions::default(),
+    )
+    .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let stats_path = dir.join(format!("{name}-native.stats.json"));
+    let text = std::fs::read_to_string(&stats_path)
+        .unwrap_or_else(|e| panic!("{}: {e}", stats_path.display()));
+    let stats = serde_json::from_str(&text).expect("stats JSON");
+    (trace, stats)
+}
+
+fn stat(stats: &serde_json::Value, key: &str) -> u64 {
+    stats[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("stats JSON has no integer `{key}`"))
+}
+
+/// How the test device chooses segment addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Placement {
+    /// The addresses the `SimDevice` chooses.
+    Sim,
+    /// The addresses the trace's `segment_alloc` events recorded.
+    Recorded,
+}
+
+/// A `SimDevice` (capacity, accounting, call counts) whose segment addresses follow
+/// [`Placement`].
+struct TestDevice {
+    sim: SimDevice,
+    placement: Placement,
+    /// Recorded `(address, bytes)` of each segment_alloc, in order.
+    recorded: VecDeque<(u64, u64)>,
+    /// Address handed out → address inside `sim`.
+    to_sim: HashMap<u64, u64>,
+}
+
+impl Device for TestDevice {
+    fn capacity_bytes(&self) -> u64 {
+        self.sim.capacity_bytes()
+    }
+    fn granularity_bytes(&self) -> u64 {
+        self.sim.granularity_bytes()
+    }
+    fn used_bytes(&self) -> u64 {
+        self.sim.used_bytes()
+    }
+    fn counters(&self) -> DriverCounters {
+        self.sim.counters()
+    }
+    fn alloc_segment(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+        let at = self.sim.alloc_segment(bytes)?;
+        let addr = match self.placement {
+            Placement::Sim => at,
+            Placement::Recorded => match self.recorded.pop_front() {
+                Some((addr, recorded_bytes)) if recorded_bytes == bytes => addr,
+                other => panic!("cudaMalloc({bytes}) where PyTorch made {other:?}"),
+            },
+        };
+        self.to_sim.insert(addr, at);
+        Ok(addr)
+    }
+    fn free_segment(&mut self, addr: u64) -> Result<(), DeviceError> {
+        let at = self.to_sim.remove(&addr).ok_or(DeviceError::Invalid {
+            call: "cuMemFree",
+            detail: format!("{addr:#x} is not a live segment"),
+        })?;
+        self.sim.free_segment(at)
+    }
+    fn reserve_va(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+        self.sim.reserve_va(bytes)
+    }
+    fn free_va(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
+        self.sim.free_va(va, bytes)
+    }
+    fn create_physical(&mut self, bytes: u64) -> Result<PhysHandle, DeviceError> {
+        self.sim.create_physical(bytes)
+    }
+    fn release_physical(&mut self, handle: PhysHandle) -> Result<(), DeviceError> {
+        self.sim.release_physical(handle)
+    }
+    fn map(&mut self, va: u64, bytes: u64, handle: PhysHandle) -> Result<(), DeviceError> {
+        self.sim.map(va, bytes, handle)
+    }
+    fn set_access(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
+        self.sim.set_access(va, bytes)
+    }
+    fn unmap(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
+        self.sim.unmap(va, bytes)
+    }
+}
+
+/// Where a block lies: (creation ordinal of its segment, offset inside it in bytes).
+type Place = (usize, u64);
+
+/// What one replay measured.
+#[derive(Debug)]
+struct Outcome {
+    reserved_peak: u64,
+    allocated_peak: u64,
+    requested_peak: u64,
+    segment_peak: u64,
+    device_allocs: u64,
+    inactive_split_bytes_peak: u64,
+    /// Segment sizes the emulation asked for, in order.
+    segment_sizes: Vec<u64>,
+    /// First alloc event placed elsewhere than PyTorch placed it: (event index, PyTorch's
+    /// (segment ordinal, offset), the emulation's (segment ordinal, offset)).
+    first_moved_block: Option<(usize, Place, Place)>,
+    /// Whether every block got exactly PyTorch's address.
+    same_addresses: bool,
+}
+
+fn replay(trace: &Trace, placement: Placement) -> Outcome {
+    let recorded: VecDeque<(u64, u64)> = trace
+        .events
+        .iter()
+        .filter(|e| e.action == Action::SegmentAlloc)
+        .map(|e| (e.addr, e.size_bytes))
+        .collect();
+    let mut dev = TestDevice {
+        sim: SimDevice::default(),
+        placement,
+        recorded,
+        to_sim: HashMap::new(),
+    };
+    let mut alloc = TorchCaching::new(&Default::default());
+    let mut live: HashMap<u64, u64> = HashMap::new();
+    let mut segment_sizes = Vec::new();
+    let mut first_moved_block = None;
+    let mut same_addresses = true;
+    // Segment base → creation ordinal, PyTorch's and the emulation's.
+    let mut torch_segments: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut my_segments: BTreeMap<u64, usize> = BTreeMap::new();
+    for (i, e) in trace.events.iter().enumerate() {
+        match e.action {
+            Action::SegmentAlloc => {
+                let n = torch_segments.len();
+                torch_segments.insert(e.addr, n);
+            }
+            Action::Alloc => {
+                let reserved = alloc.stats().reserved_bytes.current;
+                let b = alloc
+                    .allocate(&mut dev, e.size_bytes, 512, e.stream)
+                    .unwrap_or_else(|err| panic!("event {i}: {err}"));
+                let grown = alloc.stats().reserved_bytes.current - reserved;
+                if grown > 0 {
+                    segment_sizes.push(grown);
+                    for (base, _, _) in alloc.segments() {
+                        let n = my_segments.len();
+                        my_segments.entry(base).or_insert(n);
+                    }
+                }
+                same_addresses &= b.addr == e.addr;
+                let theirs = locate(&torch_segments, e.addr);
+                let mine = locate(&my_segments, b.addr);
+                if theirs != mine && first_moved_block.is_none() {
+                    first_moved_block = Some((i, theirs, mine));
+                }
+                live.insert(e.addr, b.addr);
+            }
+            Action::Free => {
+                if let Some(a) = live.remove(&e.addr) {
+                    alloc
+                        .deallocate(&mut dev, a)
+                        .unwrap_or_else(|err| panic!("event {i}: {err}"));
+                }
+            }
+            _ => {}
+        }
+        if i % 997 == 0 {
+            alloc
+                .validate()
+                .unwrap_or_else(|err| panic!("event {i}: {err}"));
+        }
+    }
+    alloc.validate().expect("valid at the end");
+    let s = alloc.stats();
+    let t = alloc.torch_stats();
+    Outcome {
+        reserved_peak: s.reserved_bytes.peak,
+        allocated_peak: s.allocated_bytes.peak,
+        requested_peak: s.requested_bytes.peak,
+        segment_peak: s.segment_count.peak,
+        device_allocs: t.num_device_alloc,
+        inactive_split_bytes_peak: t.inactive_split_bytes.peak,
+        segment_sizes,
+        first_moved_block,
+        same_addresses,
+    }
+}
+
+/// (ordinal of the segment holding `addr`, offset inside it); (usize::MAX, addr) if none.
+fn locate(segments: &BTreeMap<u64, usize>, addr: u64) -> Place {
+    segments
+        .range(..=addr)
+        .next_back()
+        .map_or((usize::MAX, addr), |(&base, &n)| (n, addr - base))
+}
+
+fn recorded_segment_sizes(trace: &Trace) -> Vec<u64> {
+    trace
+        .events
+        .iter()
+        .filter(|e| e.action == Action::SegmentAlloc)
+        .map(|e| e.size_bytes)
+        .collect()
+}
+
+/// Index and sizes of the first cudaMalloc that differs from PyTorch's, if any.
+fn first_segment_divergence(
+    mine: &[u64],
+    torch: &[u64],
+) -> Option<(usize, Option<u64>, Option<u64>)> {
+    let n = mine.len().max(torch.len());
+    (0..n)
+        .find(|&k| mine.get(k) != torch.get(k))
+        .map(|k| (k, mine.get(k).copied(), torch.get(k).copied()))
+}
+
+fn rel_err(mine: u64, torch: u64) -> f64 {
+    (mine as f64 - torch as f64).abs() / torch as f64
+}
+
+#[test]
+fn recorded_addresses_reproduce_pytorch_exactly() {
+    for name in TRACES {
+        let (trace, stats) = load(name);
+        let o = replay(&trace, Placement::Recorded);
+        assert!(
+            o.same_addresses,
+            "{name}: first block placed elsewhere: {:?}",
+            o.first_moved_block
+        );
+        assert_eq!(o.first_moved_block, None, "{name}: block placed elsewhere");
+        assert_eq!(
+            first_segment_divergence(&o.segment_sizes, &recorded_segment_sizes(&trace)),
+            None,
+            "{name}: cudaMalloc sequence"
+        );
+        assert_eq!(
+            o.reserved_peak,
+            stat(&stats, "reserved_bytes.all.peak"),
+            "{name}"
+        );
+        assert_eq!(
+            o.allocated_peak,
+            stat(&stats, "allocated_bytes.all.peak"),
+            "{name}"
+        );
+        assert_eq!(
+            o.requested_peak,
+            stat(&stats, "requested_bytes.all.peak"),
+            "{name}"
+        );
+        assert_eq!(o.segment_peak, stat(&stats, "segment.all.peak"), "{name}");
+        assert_eq!(o.device_allocs, stat(&stats, "num_device_alloc"), "{name}");
+        assert_eq!(
+            o.inactive_split_bytes_peak,
+            stat(&stats, "inactive_split_bytes.all.peak"),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn simulated_device_within_one_percent() {
+    for name in TRACES {
+        let (trace, stats) = load(name);
+        let o = replay(&trace, Placement::Sim);
+        let torch_reserved = stat(&stats, "reserved_bytes.all.peak");
+        let torch_allocated = stat(&stats, "allocated_bytes.all.peak");
+        let torch_allocs = stat(&stats, "num_device_alloc");
+        eprintln!(
+            "{name} sim device: reserved peak {} (PyTorch {torch_reserved}), allocated peak {} \
+             (PyTorch {torch_allocated}), cudaMalloc calls {} (PyTorch {torch_allocs}), first \
+             cudaMalloc divergence {:?}, first moved block {:?}",
+            o.reserved_peak,
+            o.allocated_peak,
+            o.device_allocs,
+            first_segment_divergence(&o.segment_sizes, &recorded_segment_sizes(&trace)),
+            o.first_moved_block,
+        );
+        assert!(
+            rel_err(o.reserved_peak, torch_reserved) <= 0.01,
+            "{name}: {o:?}"
+        );
+        assert!(
+            rel_err(o.allocated_peak, torch_allocated) <= 0.01,
+            "{name}: {o:?}"
+        );
+        assert!(
+            rel_err(o.device_allocs, torch_allocs) <= 0.01,
+            "{name}: {o:?}"
+        );
+        // Exact figures the policy alone decides.
+        assert_eq!(
+            o.requested_peak,
+            stat(&stats, "requested_bytes.all.peak"),
+            "{name}"
+        );
+    }
+}
