@@ -17,10 +17,10 @@
 #         2. every GPU test binary with --ignored --test-threads 1
 #         3. gpumem replay of every shipped trace with --device cuda --canary, all strategies
 #         4. gpumem bench alloc --device cuda (strategies vs cuMemAlloc and cuMemAllocAsync)
-#         5. (placeholder) the pinned-memory benchmarks, added by the pinned work
+#         5. scripts/pinned-bench.sh (pinned host memory: transfers, allocation, advise)
 #       Writes under $OUT if set (else carry/out): gpu-check.log (everything),
-#       info.json, replay.jsonl, bench-alloc.json, summary.txt — few files, since the device
-#       tool brings back at most 8. Prints a summary table (step, status, seconds) last.
+#       info.json, replay.jsonl, bench-alloc.json, pinned.tar.gz, summary.txt — few files,
+#       since the device tool brings back at most 8. Prints a summary table (step, status, seconds) last.
 #       Exit status 0 only if no step failed.
 #
 # Device tool call (the lead's), after `scripts/gpu-check.sh build` here:
@@ -205,9 +205,17 @@ for dev in json.load(open(sys.argv[1])):
 PY
   fi
 
-  # 5. PINNED: the pinned-memory benchmarks (gpumem bench transfer / bench pinned) go here,
-  #    e.g. step "bench transfer" 120 json_to "$OUTDIR/bench-transfer.json" "$CARRY/gpumem" bench transfer --json
-  STEPS+=("pinned benchmarks"); STATUS+=("SKIP (not added yet)"); SECS+=(0)
+  # 5. pinned host memory: scripts/pinned-bench.sh (transfer, pinned allocation, advise); its
+  #    files are packed into one archive, since the device tool brings back at most 8 files.
+  #    (Its ignored CUDA tests already ran in step 2: pinned_cuda is carried like cuda_device.)
+  if [ -x "$ROOT/scripts/pinned-bench.sh" ]; then
+    step "pinned benchmarks" 200 "$ROOT/scripts/pinned-bench.sh" "$CARRY/gpumem" "$OUTDIR/pinned"
+    if [ -d "$OUTDIR/pinned" ]; then
+      tar -C "$OUTDIR" -czf "$OUTDIR/pinned.tar.gz" pinned && rm -rf "$OUTDIR/pinned"
+    fi
+  else
+    STEPS+=("pinned benchmarks"); STATUS+=("SKIP (no scripts/pinned-bench.sh)"); SECS+=(0)
+  fi
 
   # Summary, last.
   local failed=0 i
@@ -217,9 +225,9 @@ PY
   {
     echo
     echo "gpu-check summary ($(( $(date +%s) - START ))s in all; logs and JSON in $OUTDIR)"
-    printf '%-44s %-22s %6s\n' "step" "status" "s"
+    printf '%-44s %-34s %6s\n' "step" "status" "s"
     for i in "${!STEPS[@]}"; do
-      printf '%-44s %-22s %6s\n' "${STEPS[$i]}" "${STATUS[$i]}" "${SECS[$i]}"
+      printf '%-44s %-34s %6s\n' "${STEPS[$i]}" "${STATUS[$i]}" "${SECS[$i]}"
     done
     echo "$failed step(s) failed"
   } | tee "$OUTDIR/summary.txt" | tee -a "$LOG"
