@@ -125,7 +125,7 @@ step() {
   rc=$?
   local dt=$(( $(date +%s) - t0 ))
   local st=ok
-  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then st="FAIL (timeout)"; elif [ "$rc" -ne 0 ]; then st="FAIL (rc $rc)"; fi
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then st="FAIL (timeout)"; elif [ "$rc" -eq 3 ]; then st="FAIL (canary errors)"; elif [ "$rc" -ne 0 ]; then st="FAIL (rc $rc)"; fi
   STEPS+=("$name"); STATUS+=("$st"); SECS+=("$dt")
   log "== $name: $st in ${dt}s"
 }
@@ -137,11 +137,13 @@ json_to() {
   "$@" >"$file"
 }
 
+# replay_one TRACE LIMIT_S: one canary replay under its own time limit, so that a line with
+# its exit status (124: timed out) lands in replay.jsonl even when it is cut short.
 replay_one() {
-  local trace=$1
+  local trace=$1 limit=$2
   local tmp
   tmp=$(mktemp)
-  "$CARRY/gpumem" replay "$trace" --device cuda --canary --allocator all --json >"$tmp"
+  timeout --kill-after=10 "$limit" "$CARRY/gpumem" replay "$trace" --device cuda --canary --allocator all --json >"$tmp"
   local rc=$?
   printf '{"trace": "%s", "rc": %d, "report": ' "$(basename "$trace")" "$rc" >>"$OUTDIR/replay.jsonl"
   if [ -s "$tmp" ]; then tr -d '\n' <"$tmp" >>"$OUTDIR/replay.jsonl"; else printf 'null' >>"$OUTDIR/replay.jsonl"; fi
@@ -182,8 +184,9 @@ run() {
 
   # 3. replay every shipped trace on the GPU, every strategy, with canaries
   local tr
+  local rlimit=${GPU_CHECK_REPLAY_TIMEOUT_S:-150}
   while IFS= read -r tr; do
-    step "replay $(basename "$tr")" "${GPU_CHECK_REPLAY_TIMEOUT_S:-150}" replay_one "$tr"
+    step "replay $(basename "$tr")" $((rlimit + 20)) replay_one "$tr" "$rlimit"
   done < <(find "$CARRY/traces" -name '*.pickle.gz' -o -name '*.jsonl' -o -name '*.csv' | sort)
 
   # 4. allocation benchmark: table into the log, JSON into bench-alloc.json
