@@ -11,13 +11,16 @@
 #       with the shipped traces, into the git-ignored folder carry/:
 #           carry/gpumem  carry/tests/<test-target>  carry/traces/...
 #
-#   scripts/gpu-check.sh run       (on the device machine, from the repository root)
+#   scripts/gpu-check.sh run [GROUP...]   (on the device machine, from the repository root)
+#       GROUPs (default: all, in this order): info tests bench pinned replay — e.g.
+#       `run replay` in a second device call when one call's 10 minutes are not enough.
 #       Runs, each step under its own time limit, continuing after a failing step:
 #         1. gpumem info (table, and --json)
 #         2. every GPU test binary with --ignored --test-threads 1
-#         3. gpumem replay of every shipped trace with --device cuda --canary, all strategies
-#         4. gpumem bench alloc --device cuda (strategies vs cuMemAlloc and cuMemAllocAsync)
-#         5. scripts/pinned-bench.sh (pinned host memory: transfers, allocation, advise)
+#         3. gpumem bench alloc --device cuda (strategies vs cuMemAlloc and cuMemAllocAsync)
+#         4. scripts/pinned-bench.sh (pinned host memory: transfers, allocation, advise)
+#         5. gpumem replay of every shipped trace with --device cuda --canary, all strategies,
+#            smallest trace first, until the time budget runs out
 #       Writes under $OUT if set (else carry/out): gpu-check.log (everything),
 #       info.json, replay.jsonl, bench-alloc.json, pinned.tar.gz, summary.txt — few files,
 #       since the device tool brings back at most 8. Prints a summary table (step, status, seconds) last.
@@ -158,7 +161,20 @@ replay_one() {
   return "$rc"
 }
 
+# want GROUP: whether this run includes a step group (all groups when none were named).
+want() {
+  [ "${#GROUPS_WANTED[@]}" -eq 0 ] && return 0
+  local g
+  for g in "${GROUPS_WANTED[@]}"; do [ "$g" = "$1" ] && return 0; done
+  return 1
+}
+
 run() {
+  GROUPS_WANTED=("$@")
+  local g
+  for g in "${GROUPS_WANTED[@]}"; do
+    case "$g" in info | tests | bench | pinned | replay) ;; *) echo "unknown step group: $g" >&2; exit 2 ;; esac
+  done
   export CARRY OUTDIR
   export -f json_to replay_one
   mkdir -p "$OUTDIR"
@@ -172,27 +188,23 @@ run() {
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv >>"$LOG" 2>&1
 
   # 1. info
-  step "info" 60 "$CARRY/gpumem" info --device all
-  step "info --json" 60 json_to "$OUTDIR/info.json" "$CARRY/gpumem" info --device all --json
+  if want info; then
+    step "info" 60 "$CARRY/gpumem" info --device all
+    step "info --json" 60 json_to "$OUTDIR/info.json" "$CARRY/gpumem" info --device all --json
+  fi
 
   # 2. GPU tests
   local t
   for t in "$CARRY"/tests/*; do
+    want tests || break
     [ -x "$t" ] || continue
     step "test $(basename "$t")" "${GPU_CHECK_TEST_TIMEOUT_S:-180}" "$t" --ignored --test-threads 1
   done
 
-  # 3. replay every shipped trace on the GPU, every strategy, with canaries
-  local tr
-  local rlimit=${GPU_CHECK_REPLAY_TIMEOUT_S:-150}
-  while IFS= read -r tr; do
-    step "replay $(basename "$tr")" $((rlimit + 20)) replay_one "$tr" "$rlimit"
-  done < <(find "$CARRY/traces" -name '*.pickle.gz' -o -name '*.jsonl' -o -name '*.csv' | sort)
-
-  # 4. allocation benchmark: table into the log, JSON into bench-alloc.json
-  step "bench alloc" 240 json_to "$OUTDIR/bench-alloc.json" "$CARRY/gpumem" bench alloc --device cuda \
+  # 3. allocation benchmark: table into the log, JSON into bench-alloc.json
+  want bench && step "bench alloc" 240 json_to "$OUTDIR/bench-alloc.json" "$CARRY/gpumem" bench alloc --device cuda \
     --time-ms "${GPU_CHECK_BENCH_MS:-100}" --json
-  if [ -s "$OUTDIR/bench-alloc.json" ] && command -v python3 >/dev/null; then
+  if want bench && [ -s "$OUTDIR/bench-alloc.json" ] && command -v python3 >/dev/null; then
     python3 - "$OUTDIR/bench-alloc.json" >>"$LOG" 2>&1 <<'PY'
 import json, sys
 for dev in json.load(open(sys.argv[1])):
@@ -208,10 +220,12 @@ for dev in json.load(open(sys.argv[1])):
 PY
   fi
 
-  # 5. pinned host memory: scripts/pinned-bench.sh (transfer, pinned allocation, advise); its
+  # 4. pinned host memory: scripts/pinned-bench.sh (transfer, pinned allocation, advise); its
   #    files are packed into one archive, since the device tool brings back at most 8 files.
   #    (Its ignored CUDA tests already ran in step 2: pinned_cuda is carried like cuda_device.)
-  if [ -x "$ROOT/scripts/pinned-bench.sh" ]; then
+  if ! want pinned; then
+    :
+  elif [ -x "$ROOT/scripts/pinned-bench.sh" ]; then
     step "pinned benchmarks" 200 "$ROOT/scripts/pinned-bench.sh" "$CARRY/gpumem" "$OUTDIR/pinned"
     if [ -d "$OUTDIR/pinned" ]; then
       tar -C "$OUTDIR" -czf "$OUTDIR/pinned.tar.gz" pinned && rm -rf "$OUTDIR/pinned"
@@ -219,6 +233,16 @@ PY
   else
     STEPS+=("pinned benchmarks"); STATUS+=("SKIP (no scripts/pinned-bench.sh)"); SECS+=(0)
   fi
+
+  # 5. replay every shipped trace on the GPU, every strategy, with canaries; smallest first,
+  #    last because they take the longest (the time budget skips what does not fit)
+  local tr
+  local rlimit=${GPU_CHECK_REPLAY_TIMEOUT_S:-150}
+  while IFS= read -r tr; do
+    want replay || break
+    step "replay $(basename "$tr")" $((rlimit + 20)) replay_one "$tr" "$rlimit"
+  done < <(find "$CARRY/traces" \( -name '*.pickle.gz' -o -name '*.jsonl' -o -name '*.csv' \) -printf '%s %p\n' |
+    sort -n | cut -d' ' -f2-)
 
   # Summary, last.
   local failed=0 i
@@ -239,10 +263,13 @@ PY
 
 case "${1:-}" in
   build) build ;;
-  run) run ;;
+  run)
+    shift
+    run "$@"
+    ;;
   *)
     echo "usage: scripts/gpu-check.sh build   # here: release CLI + GPU test binaries into carry/" >&2
-    echo "       scripts/gpu-check.sh run     # on the device machine: tests, replays, benchmarks" >&2
+    echo "       scripts/gpu-check.sh run [GROUP...]  # on the device machine; GROUPs: info tests bench pinned replay (default all)" >&2
     exit 2
     ;;
 esac
