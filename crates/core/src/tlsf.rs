@@ -31,6 +31,26 @@ type NodeIndex = NonZeroU32;
 /// Largest number of nodes (the index is a `u32` counted from 1).
 const MAX_NODES: usize = (u32::MAX - 1) as usize;
 
+/// Slots of the bin-head table: `BIN_COUNT` rounded up to a power of two, so that a masked
+/// index needs no bounds check. Slots from `BIN_COUNT` on stay empty.
+const HEAD_SLOTS: usize = 1024;
+/// Entries of the second-level bitmap table (first levels rounded up to a power of two).
+const SL_SLOTS: usize = 64;
+
+const _: () = assert!(BIN_COUNT as usize <= HEAD_SLOTS && FL_COUNT as usize <= SL_SLOTS);
+
+/// Index of `bin` in the head table (the mask is a no-op for every valid bin).
+#[inline]
+fn slot(bin: u32) -> usize {
+    bin as usize & (HEAD_SLOTS - 1)
+}
+
+/// Index of first level `fl` in the second-level bitmap table.
+#[inline]
+fn sl_slot(fl: u32) -> usize {
+    fl as usize & (SL_SLOTS - 1)
+}
+
 /// Largest alignment the TLSF arena accepts, in bytes (any power of two).
 pub const TLSF_MAX_ALIGN: u64 = 1 << 63;
 
@@ -45,6 +65,8 @@ struct Node {
     /// Free-list links (for a spare node slot, `next_free` chains the spare slots).
     prev_free: Option<NodeIndex>,
     next_free: Option<NodeIndex>,
+    /// Bin of a free block (`bin_floor(size)`, set when it joins a free list).
+    bin: u32,
     used: bool,
 }
 
@@ -69,11 +91,11 @@ pub struct Tlsf {
     spare: Option<NodeIndex>,
     spare_count: usize,
     /// Head of each bin's free list.
-    heads: Vec<Option<NodeIndex>>,
+    heads: Box<[Option<NodeIndex>; HEAD_SLOTS]>,
     /// Bit `f` set: some second-level list of first level `f` is non-empty.
     fl_bitmap: u64,
     /// Bit `s` of entry `f` set: bin `f * 16 + s` is non-empty.
-    sl_bitmap: [u16; FL_COUNT as usize],
+    sl_bitmap: [u16; SL_SLOTS],
     /// Live allocations: offset -> node.
     used: FxHashMap<u64, NodeIndex>,
     free_bytes: u64,
@@ -92,9 +114,9 @@ impl Tlsf {
             nodes: Vec::new(),
             spare: None,
             spare_count: 0,
-            heads: vec![None; BIN_COUNT as usize],
+            heads: Box::new([None; HEAD_SLOTS]),
             fl_bitmap: 0,
-            sl_bitmap: [0; FL_COUNT as usize],
+            sl_bitmap: [0; SL_SLOTS],
             used: FxHashMap::default(),
             free_bytes: 0,
         };
@@ -106,17 +128,21 @@ impl Tlsf {
                 next_phys: None,
                 prev_free: None,
                 next_free: None,
+                bin: 0,
                 used: false,
             });
-            t.insert_free(NodeIndex::MIN);
+            t.link(NodeIndex::MIN);
+            t.free_bytes = capacity_bytes;
         }
         t
     }
 
+    #[inline]
     fn n(&self, i: NodeIndex) -> &Node {
         &self.nodes[idx_to_pos(i)]
     }
 
+    #[inline]
     fn n_mut(&mut self, i: NodeIndex) -> &mut Node {
         &mut self.nodes[idx_to_pos(i)]
     }
@@ -157,12 +183,15 @@ impl Tlsf {
         self.spare_count += 1;
     }
 
-    fn insert_free(&mut self, i: NodeIndex) {
-        let size = self.n(i).size;
-        let bin = bin_floor(size);
-        let head = self.heads[bin as usize];
+    /// Puts free node `i` at the head of the list of its size's bin. Byte counters are the
+    /// caller's business.
+    #[inline(always)]
+    fn link(&mut self, i: NodeIndex) {
+        let bin = bin_floor(self.n(i).size);
+        let head = self.heads[slot(bin)];
         {
             let n = self.n_mut(i);
+            n.bin = bin;
             n.used = false;
             n.prev_free = None;
             n.next_free = head;
@@ -170,37 +199,48 @@ impl Tlsf {
         if let Some(h) = head {
             self.n_mut(h).prev_free = Some(i);
         }
-        self.heads[bin as usize] = Some(i);
+        self.heads[slot(bin)] = Some(i);
         let fl = bin >> SL_BITS;
-        self.sl_bitmap[fl as usize] |= 1 << (bin & SL_MASK);
+        self.sl_bitmap[sl_slot(fl)] |= 1 << (bin & SL_MASK);
         self.fl_bitmap |= 1 << fl;
-        self.free_bytes += size;
     }
 
-    fn remove_free(&mut self, i: NodeIndex) {
-        let (size, prev, next) = {
+    /// Takes free node `i` off the list of the bin it was linked into.
+    #[inline(always)]
+    fn unlink(&mut self, i: NodeIndex) {
+        let (prev, next, bin) = {
             let n = self.n(i);
-            (n.size, n.prev_free, n.next_free)
+            (n.prev_free, n.next_free, n.bin)
         };
-        let bin = bin_floor(size);
         match prev {
             Some(p) => self.n_mut(p).next_free = next,
-            None => self.heads[bin as usize] = next,
+            None => self.heads[slot(bin)] = next,
         }
         if let Some(nx) = next {
             self.n_mut(nx).prev_free = prev;
         }
-        if self.heads[bin as usize].is_none() {
+        if prev.is_none() && next.is_none() {
+            // It was the only block of its bin.
             let fl = bin >> SL_BITS;
-            self.sl_bitmap[fl as usize] &= !(1 << (bin & SL_MASK));
-            if self.sl_bitmap[fl as usize] == 0 {
+            self.sl_bitmap[sl_slot(fl)] &= !(1 << (bin & SL_MASK));
+            if self.sl_bitmap[sl_slot(fl)] == 0 {
                 self.fl_bitmap &= !(1 << fl);
             }
         }
         let n = self.n_mut(i);
         n.prev_free = None;
         n.next_free = None;
-        self.free_bytes -= size;
+    }
+
+    /// After free node `i` changed size: moves it to its new bin, if the bin changed (for a
+    /// large block that gave up or took back a small piece, it usually did not).
+    #[inline(always)]
+    fn rebin(&mut self, i: NodeIndex) {
+        let n = self.n(i);
+        if bin_floor(n.size) != n.bin {
+            self.unlink(i);
+            self.link(i);
+        }
     }
 
     /// The first non-empty bin ≥ `bin`, from the bitmaps.
@@ -209,7 +249,7 @@ impl Tlsf {
             return None;
         }
         let fl = bin >> SL_BITS;
-        let sl_map = u32::from(self.sl_bitmap[fl as usize]) & (u32::MAX << (bin & SL_MASK));
+        let sl_map = u32::from(self.sl_bitmap[sl_slot(fl)]) & (u32::MAX << (bin & SL_MASK));
         if sl_map != 0 {
             return Some((fl << SL_BITS) | sl_map.trailing_zeros());
         }
@@ -222,7 +262,7 @@ impl Tlsf {
             return None;
         }
         let fl2 = fl_map.trailing_zeros();
-        let sl2 = u32::from(self.sl_bitmap[fl2 as usize]).trailing_zeros();
+        let sl2 = u32::from(self.sl_bitmap[sl_slot(fl2)]).trailing_zeros();
         Some((fl2 << SL_BITS) | sl2)
     }
 
@@ -241,13 +281,13 @@ impl Tlsf {
         let worst = size.checked_add(align - 1);
         let guaranteed = worst.and_then(bin_ceil);
         if let Some(b) = guaranteed.and_then(|g| self.next_nonempty_bin(g)) {
-            return self.heads[b as usize];
+            return self.heads[slot(b)];
         }
         // Slow path: blocks in [bin_floor(size), guaranteed) may still fit.
         let limit = guaranteed.unwrap_or(BIN_COUNT);
         let mut bin = self.next_nonempty_bin(bin_floor(size));
         while let Some(b) = bin.filter(|&b| b < limit) {
-            let mut cur = self.heads[b as usize];
+            let mut cur = self.heads[slot(b)];
             while let Some(i) = cur {
                 if self.fits(i, size, align) {
                     return Some(i);
@@ -265,9 +305,9 @@ impl Tlsf {
             return 0;
         }
         let fl = 63 - self.fl_bitmap.leading_zeros();
-        let sl = 15 - self.sl_bitmap[fl as usize].leading_zeros();
+        let sl = 15 - self.sl_bitmap[sl_slot(fl)].leading_zeros();
         let mut best = 0;
-        let mut cur = self.heads[((fl << SL_BITS) | sl) as usize];
+        let mut cur = self.heads[slot((fl << SL_BITS) | sl)];
         while let Some(i) = cur {
             let n = self.n(i);
             best = best.max(n.size);
@@ -320,102 +360,130 @@ impl Arena for Tlsf {
             return Err(self.oom(size_bytes));
         }
         let i = self.find(size, align).ok_or_else(|| self.oom(size_bytes))?;
-        self.remove_free(i);
-        let (offset, block_size, prev, next) = {
+        let (offset, block_size, prev) = {
             let n = self.n(i);
-            (n.offset, n.size, n.prev_phys, n.next_phys)
+            (n.offset, n.size, n.prev_phys)
         };
         // find() checked that the aligned offset and the size fit inside the block.
         let aligned = align_up(offset, align).unwrap_or(offset);
         let pad = aligned - offset;
-        let mut prev_link = prev;
+        let rest = block_size - pad - size;
+        // Physical order afterwards: prev, [front padding], block, [tail], next.
+        let block = if rest > 0 {
+            // The free node stays where it is as the tail; often its bin does not change,
+            // and then no list is touched.
+            let u = self.new_node(Node {
+                offset: aligned,
+                size,
+                prev_phys: prev,
+                next_phys: Some(i),
+                prev_free: None,
+                next_free: None,
+                bin: 0,
+                used: true,
+            });
+            if pad == 0 {
+                if let Some(p) = prev {
+                    self.n_mut(p).next_phys = Some(u);
+                }
+            }
+            {
+                let n = self.n_mut(i);
+                n.offset = aligned + size;
+                n.size = rest;
+                n.prev_phys = Some(u);
+            }
+            self.rebin(i);
+            u
+        } else {
+            self.unlink(i);
+            let n = self.n_mut(i);
+            n.offset = aligned;
+            n.size = size;
+            n.used = true;
+            i
+        };
         if pad > 0 {
             let front = self.new_node(Node {
                 offset,
                 size: pad,
                 prev_phys: prev,
-                next_phys: Some(i),
+                next_phys: Some(block),
                 prev_free: None,
                 next_free: None,
+                bin: 0,
                 used: false,
             });
             if let Some(p) = prev {
                 self.n_mut(p).next_phys = Some(front);
             }
-            self.insert_free(front);
-            prev_link = Some(front);
+            self.n_mut(block).prev_phys = Some(front);
+            self.link(front);
         }
-        let rest = block_size - pad - size;
-        let mut next_link = next;
-        if rest > 0 {
-            let tail = self.new_node(Node {
-                offset: aligned + size,
-                size: rest,
-                prev_phys: Some(i),
-                next_phys: next,
-                prev_free: None,
-                next_free: None,
-                used: false,
-            });
-            if let Some(nx) = next {
-                self.n_mut(nx).prev_phys = Some(tail);
-            }
-            self.insert_free(tail);
-            next_link = Some(tail);
-        }
-        {
-            let n = self.n_mut(i);
-            n.offset = aligned;
-            n.size = size;
-            n.prev_phys = prev_link;
-            n.next_phys = next_link;
-            n.used = true;
-        }
-        self.used.insert(aligned, i);
+        self.free_bytes -= size;
+        self.used.insert(aligned, block);
         Ok((aligned, size))
     }
 
     fn deallocate(&mut self, offset: u64) -> Result<u64, AllocError> {
-        let Some(mut i) = self.used.remove(&offset) else {
+        let Some(i) = self.used.remove(&offset) else {
             return Err(AllocError::UnknownBlock { addr: offset });
         };
-        let freed = self.n(i).size;
-        self.n_mut(i).used = false;
-        if let Some(p) = self.n(i).prev_phys.filter(|&p| !self.n(p).used) {
-            self.remove_free(p);
-            let (size, next) = {
-                let n = self.n(i);
-                (n.size, n.next_phys)
-            };
-            {
-                let pn = self.n_mut(p);
-                pn.size += size;
-                pn.next_phys = next;
+        let (size, prev, next) = {
+            let n = self.n(i);
+            (n.size, n.prev_phys, n.next_phys)
+        };
+        self.free_bytes += size;
+        let prev_free = prev.filter(|&p| !self.n(p).used);
+        let next_free = next.filter(|&x| !self.n(x).used);
+        match (prev_free, next_free) {
+            (None, None) => self.link(i),
+            (None, Some(x)) => {
+                // The free successor grows backwards over the block.
+                {
+                    let xn = self.n_mut(x);
+                    xn.offset = offset;
+                    xn.size += size;
+                    xn.prev_phys = prev;
+                }
+                if let Some(p) = prev {
+                    self.n_mut(p).next_phys = Some(x);
+                }
+                self.release_node(i);
+                self.rebin(x);
             }
-            if let Some(nx) = next {
-                self.n_mut(nx).prev_phys = Some(p);
+            (Some(p), None) => {
+                {
+                    let pn = self.n_mut(p);
+                    pn.size += size;
+                    pn.next_phys = next;
+                }
+                if let Some(nn) = next {
+                    self.n_mut(nn).prev_phys = Some(p);
+                }
+                self.release_node(i);
+                self.rebin(p);
             }
-            self.release_node(i);
-            i = p;
+            (Some(p), Some(x)) => {
+                let (xsize, xnext) = {
+                    let xn = self.n(x);
+                    (xn.size, xn.next_phys)
+                };
+                self.unlink(x);
+                {
+                    let pn = self.n_mut(p);
+                    pn.size += size + xsize;
+                    pn.next_phys = xnext;
+                }
+                if let Some(nn) = xnext {
+                    self.n_mut(nn).prev_phys = Some(p);
+                }
+                self.release_node(i);
+                self.release_node(x);
+                self.rebin(p);
+            }
         }
-        if let Some(nx) = self.n(i).next_phys.filter(|&nx| !self.n(nx).used) {
-            self.remove_free(nx);
-            let (size, next) = {
-                let n = self.n(nx);
-                (n.size, n.next_phys)
-            };
-            {
-                let cn = self.n_mut(i);
-                cn.size += size;
-                cn.next_phys = next;
-            }
-            if let Some(nn) = next {
-                self.n_mut(nn).prev_phys = Some(i);
-            }
-            self.release_node(nx);
-        }
-        self.insert_free(i);
-        Ok(freed)
+        Ok(size)
     }
 
     /// Free bytes and allocations are O(1); the largest free block scans one bin.
@@ -536,8 +604,8 @@ impl Arena for Tlsf {
         let mut listed = 0usize;
         for bin in 0..BIN_COUNT {
             let fl = bin >> SL_BITS;
-            let bit = self.sl_bitmap[fl as usize] & (1 << (bin & SL_MASK)) != 0;
-            let head = self.heads[bin as usize];
+            let bit = self.sl_bitmap[sl_slot(fl)] & (1 << (bin & SL_MASK)) != 0;
+            let head = self.heads[slot(bin)];
             if bit != head.is_some() {
                 return Err(err(format!(
                     "bitmap bit of bin {bin} disagrees with its list"
@@ -555,7 +623,7 @@ impl Arena for Tlsf {
                 if n.used {
                     return Err(err(format!("used block at {} on a free list", n.offset)));
                 }
-                if bin_floor(n.size) != bin {
+                if bin_floor(n.size) != bin || n.bin != bin {
                     return Err(err(format!(
                         "block of {} B in bin {bin}, belongs in {}",
                         n.size,
@@ -571,12 +639,15 @@ impl Arena for Tlsf {
         }
         for fl in 0..FL_COUNT {
             let bit = self.fl_bitmap & (1 << fl) != 0;
-            if bit != (self.sl_bitmap[fl as usize] != 0) {
+            if bit != (self.sl_bitmap[sl_slot(fl)] != 0) {
                 return Err(err(format!("first-level bit {fl} disagrees")));
             }
         }
-        if self.fl_bitmap >> FL_COUNT != 0 {
-            return Err(err("first-level bits beyond the last class".into()));
+        if self.fl_bitmap >> FL_COUNT != 0
+            || self.sl_bitmap[FL_COUNT as usize..].iter().any(|&m| m != 0)
+            || self.heads[BIN_COUNT as usize..].iter().any(Option::is_some)
+        {
+            return Err(err("bitmap bits or list heads beyond the last class".into()));
         }
         if listed != free_nodes {
             return Err(err(format!(
