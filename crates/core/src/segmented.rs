@@ -298,20 +298,26 @@ impl Allocator for SegmentedPool {
     }
 
     fn deallocate(&mut self, _dev: &mut dyn Device, addr: u64) -> Result<(), AllocError> {
-        let Some(&live) = self.blocks.get(&addr) else {
+        // One hash lookup on the hit path: take the entry out, put it back on an error.
+        let Some(live) = self.blocks.remove(&addr) else {
             return Err(AllocError::UnknownBlock { addr });
         };
-        let seg = self.segments.get_mut(&live.segment).ok_or_else(|| {
-            AllocError::Internal(format!(
+        let freed = match self.segments.get_mut(&live.segment) {
+            Some(seg) => seg.arena.deallocate(addr - live.segment).map_err(|e| {
+                AllocError::Internal(format!("block {addr:#x} not in its arena: {e}"))
+            }),
+            None => Err(AllocError::Internal(format!(
                 "block {addr:#x} refers to a missing segment {:#x}",
                 live.segment
-            ))
-        })?;
-        let allocated = seg
-            .arena
-            .deallocate(addr - live.segment)
-            .map_err(|e| AllocError::Internal(format!("block {addr:#x} not in its arena: {e}")))?;
-        self.blocks.remove(&addr);
+            ))),
+        };
+        let allocated = match freed {
+            Ok(a) => a,
+            Err(e) => {
+                self.blocks.insert(addr, live);
+                return Err(e);
+            }
+        };
         self.tracker.on_free(live.requested_bytes, allocated);
         Ok(())
     }
