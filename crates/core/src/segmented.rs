@@ -69,11 +69,14 @@ impl ArenaKind {
         }
     }
 
-    /// Segment size for `bytes`, rounded to the granularity (and a power of two for buddy).
+    /// Segment size for `bytes`, rounded to the granularity (for buddy: to a power of two of
+    /// at least one minimum block).
     fn segment_size(self, bytes: u64, granularity: u64) -> Option<u64> {
         let s = align_up(bytes.max(1), granularity)?;
         match self {
-            ArenaKind::Buddy { .. } => s.checked_next_power_of_two(),
+            ArenaKind::Buddy { min_block_bytes } => s
+                .max(min_block_bytes.max(1).checked_next_power_of_two()?)
+                .checked_next_power_of_two(),
             _ => Some(s),
         }
     }
@@ -474,6 +477,21 @@ mod tests {
         pool.deallocate(&mut dev, c.addr).unwrap();
         assert_eq!(pool.release_cached(&mut dev).unwrap(), 260 * MIB);
         assert_eq!(dev.live_objects(), (0, 0, 0, 0));
+    }
+
+    #[test]
+    fn buddy_segment_holds_at_least_one_minimum_block() {
+        let mut dev = SimDevice::new(1 << 30);
+        let config = Config {
+            segment_bytes: 2 * MIB,
+            min_block_bytes: 8 * MIB,
+            ..Config::default()
+        };
+        let mut pool = SegmentedPool::buddy(&config);
+        let b = pool.allocate(&mut dev, 1, 1, 0).unwrap();
+        assert_eq!(b.allocated_bytes, 8 * MIB);
+        assert_eq!(pool.stats().reserved_bytes.current, 8 * MIB);
+        pool.validate().unwrap();
     }
 
     #[test]
