@@ -1,11 +1,97 @@
-//! State analysis of a snapshot that holds segments but no trace. (Filled in once the readers land.)
+//! State analysis of a snapshot that holds segments but no trace: per-segment fragmentation,
+//! inactive split blocks and the largest free block, from the snapshot's `segments`.
 use anyhow::{bail, Result};
+use gpumem::trace::analysis::analyze;
 use gpumem::trace::Trace;
 
-pub fn print_state(path: &std::path::Path, trace: &Trace, _json: bool) -> Result<()> {
-    bail!(
-        "{}: no alloc or free events and {} recorded segments; state analysis not available yet",
+use crate::units::human_bytes;
+
+/// Prints the state analysis of `trace.segments` (table, or JSON with `json`).
+pub fn print_state(path: &std::path::Path, trace: &Trace, json: bool) -> Result<()> {
+    if trace.segments.is_empty() {
+        bail!(
+            "{}: the file is a valid trace but holds no alloc/free events and no segments: nothing to replay or analyse",
+            path.display()
+        );
+    }
+    let a = analyze(&trace.segments);
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "trace": { "path": path.display().to_string(), "format": trace.format, "events": trace.events.len() },
+                "state": a,
+            }))?
+        );
+        return Ok(());
+    }
+    let t = &a.totals;
+    println!(
+        "{}: no alloc/free events to replay; state of the {} segments the snapshot recorded:",
         path.display(),
-        trace.segments.len()
-    )
+        t.segments
+    );
+    println!(
+        "reserved {}, allocated {}, requested {}, free {} (largest free block {}, external fragmentation {:.3})",
+        human_bytes(t.reserved_bytes),
+        human_bytes(t.allocated_bytes),
+        human_bytes(t.requested_bytes),
+        human_bytes(t.free_bytes),
+        human_bytes(t.largest_free_bytes),
+        t.external_fragmentation
+    );
+    println!(
+        "{} blocks, {} active, {} inactive split blocks holding {}",
+        t.blocks,
+        t.active_blocks,
+        t.inactive_split_blocks,
+        human_bytes(t.inactive_split_bytes)
+    );
+    println!();
+    println!(
+        "{:>3} {:>16} {:<6} {:>11} {:>11} {:>11} {:>11} {:>8} {:>7} {:>14}",
+        "dev",
+        "address",
+        "pool",
+        "size",
+        "allocated",
+        "free",
+        "largest",
+        "ext.frag",
+        "blocks",
+        "inactive split"
+    );
+    let mut segs: Vec<_> = a.segments.iter().collect();
+    segs.sort_by(|x, y| {
+        y.free_bytes
+            .cmp(&x.free_bytes)
+            .then(x.address.cmp(&y.address))
+    });
+    let shown = segs.len().min(30);
+    for s in &segs[..shown] {
+        println!(
+            "{:>3} {:>#16x} {:<6} {:>11} {:>11} {:>11} {:>11} {:>8.3} {:>7} {:>14}",
+            s.device,
+            s.address,
+            s.segment_type,
+            human_bytes(s.size_bytes),
+            human_bytes(s.allocated_bytes),
+            human_bytes(s.free_bytes),
+            human_bytes(s.largest_free_bytes),
+            s.external_fragmentation,
+            s.blocks,
+            format!(
+                "{} ({})",
+                s.inactive_split_blocks,
+                human_bytes(s.inactive_split_bytes)
+            ),
+        );
+    }
+    if segs.len() > shown {
+        println!(
+            "... {} more segments (sorted by free bytes; --json lists all)",
+            segs.len() - shown
+        );
+    }
+    Ok(())
 }

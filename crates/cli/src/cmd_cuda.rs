@@ -102,7 +102,7 @@ pub struct BenchAllocArgs {
     #[arg(long, default_value_t = 100)]
     pub time_ms: u64,
     /// Most pairs per thread per measurement.
-    #[arg(long, default_value_t = 200_000)]
+    #[arg(long, default_value_t = 5_000_000)]
     pub max_pairs: u64,
     /// Skip the cuMemAlloc and cuMemAllocAsync baselines.
     #[arg(long)]

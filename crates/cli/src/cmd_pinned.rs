@@ -161,6 +161,10 @@ pub struct BenchTransferArgs {
     /// Do not write the table that `gpumem advise` reads.
     #[arg(long)]
     pub no_cache: bool,
+    /// Measure only the host side of staged copies (no GPU needed): fill and drain rates of
+    /// the staging ring, with `--staging-sweep` over its settings.
+    #[arg(long)]
+    pub host_only: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -183,8 +187,104 @@ struct SweepRow {
     d2h_gbps: f64,
 }
 
+/// The staging settings a sweep tries: chunk × buffers × threads × copy kind.
+fn sweep_grid() -> Vec<StagingConfig> {
+    let mut grid = Vec::new();
+    for chunk in [1usize << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 64 << 20] {
+        for buffers in [2usize, 4, 8] {
+            for threads in [8usize, 12, 16] {
+                for copy in [CopyKind::Libc, CopyKind::NonTemporal] {
+                    grid.push(StagingConfig {
+                        chunk_bytes: chunk,
+                        buffers,
+                        threads,
+                        copy,
+                    });
+                }
+            }
+        }
+    }
+    grid
+}
+
+/// `bench transfer --host-only`: the host side of staged copies (fill and drain of the ring
+/// with no DMA), over the sweep grid, for the largest size. Needs no GPU.
+fn host_only(a: &BenchTransferArgs) -> Result<()> {
+    let max = *a.sizes.last().context("no sizes")? as usize;
+    let src = vec![0x5au8; max];
+    let mut dst = vec![0u8; max];
+    let grid = if a.staging_sweep {
+        sweep_grid()
+    } else {
+        vec![StagingConfig {
+            chunk_bytes: a.stage_chunk as usize,
+            buffers: a.stage_buffers,
+            threads: a.stage_threads,
+            copy: a.stage_copy,
+        }]
+    };
+    let pb = progress(grid.len() as u64);
+    let mut rows = Vec::new();
+    for c in grid {
+        let mut ring = gpumem::pinned::StagingRing::new_locked(c)?;
+        let mut fill = Vec::new();
+        let mut drain = Vec::new();
+        for r in 0..=a.repeats.clamp(1, 5) {
+            let t0 = std::time::Instant::now();
+            ring.stage_h2d(&src, &mut gpumem::pinned::NullDma)?;
+            let t1 = t0.elapsed().as_secs_f64();
+            let t0 = std::time::Instant::now();
+            ring.stage_d2h(&mut dst, &mut gpumem::pinned::NullDma)?;
+            let t2 = t0.elapsed().as_secs_f64();
+            if r > 0 {
+                fill.push(t1);
+                drain.push(t2);
+            }
+        }
+        rows.push(SweepRow {
+            config: c,
+            h2d_gbps: max as f64 / transfer::median(&mut fill) / 1e9,
+            d2h_gbps: max as f64 / transfer::median(&mut drain) / 1e9,
+        });
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "host_only": true,
+                "bytes": max,
+                "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+                "note": "host side of the staging ring alone (no DMA): fill = pageable -> pinned, drain = pinned -> pageable",
+                "staging_sweep": rows,
+            }))?
+        );
+    } else {
+        println!(
+            "host side of staged copies of {} (no DMA), GB/s:",
+            human_bytes(max as u64)
+        );
+        for s in &rows {
+            println!(
+                "threads {:>2} chunk {:>9} buffers {} {:?}: fill {:.2} drain {:.2}",
+                s.config.threads,
+                human_bytes(s.config.chunk_bytes as u64),
+                s.config.buffers,
+                s.config.copy,
+                s.h2d_gbps,
+                s.d2h_gbps
+            );
+        }
+    }
+    Ok(())
+}
+
 /// `gpumem bench transfer`.
 pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
+    if a.host_only {
+        return host_only(&a);
+    }
     if let Err(e) = cuda_available() {
         bail!("{e}\n`gpumem bench transfer` measures copies over PCIe and needs a CUDA device; `gpumem bench pinned` measures the mlock fallback without one");
     }
@@ -204,21 +304,7 @@ pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
     // Staging sweep.
     let mut sweep = Vec::new();
     if a.staging_sweep && a.kinds.contains(&MemoryKind::Staged) {
-        let mut grid = Vec::new();
-        for threads in [4usize, 8, 12, 16] {
-            for chunk in [4usize << 20, 16 << 20, 64 << 20] {
-                for buffers in [2usize, 4] {
-                    for copy in [CopyKind::Libc, CopyKind::NonTemporal] {
-                        grid.push(StagingConfig {
-                            chunk_bytes: chunk,
-                            buffers,
-                            threads,
-                            copy,
-                        });
-                    }
-                }
-            }
-        }
+        let grid = sweep_grid();
         let pb = progress(grid.len() as u64);
         pb.set_message("staging sweep");
         for c in grid {
@@ -347,6 +433,10 @@ pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
         "pageable_h2d_gbps_largest": pageable_h2d,
         "pageable_d2h_gbps_largest": fig(MemoryKind::Pageable, Direction::D2h, max as u64),
         "staged_over_pageable_h2d": staged_h2d.zip(pageable_h2d).map(|(s, p)| s / p),
+        // Targets (issue 4) where this run can judge them alone; pinned ≥ 98 % of
+        // cudaMemcpyAsync needs the anchor program's figure from the same session.
+        "target_staged_h2d_ge_45_gbps": staged_h2d.map(|s| s >= 45.0),
+        "target_staged_ge_5x_pageable": staged_h2d.zip(pageable_h2d).map(|(s, p)| s >= 5.0 * p),
     });
     let mapped_method = match bench.mapped_method() {
         MappedMethod::Kernel => "kernel (copy16 PTX reads mapped host memory)".to_string(),
@@ -696,6 +786,12 @@ pub fn advise(a: AdviseArgs) -> Result<()> {
             fmt_time(o.total_s),
             o.busy_fraction * 100.0,
             o.excluded.as_deref().unwrap_or(o.how)
+        );
+    }
+    if let Some(u) = adv.unpooled_pinned_s {
+        println!(
+            "(pinned memory allocated and freed per transfer, without a pool: {} per transfer)",
+            fmt_time(u)
         );
     }
     println!("recommended: {} — {}", adv.recommended.name(), adv.reason);

@@ -6,8 +6,10 @@
 //!
 //! Policy:
 //! - Sizes are rounded up to 256 B and blocks are at least 256-byte aligned, like cudaMalloc.
-//! - A request tries the cached segments in address order and takes the first one whose arena
-//!   can hold it (first fit over segments, the arena's own policy inside a segment).
+//! - A request tries the cached segments oldest first and takes the first one whose arena
+//!   can hold it (first fit over segments, the arena's own policy inside a segment). Creation
+//!   order, not address order: the driver hands out newer segments at lower addresses, and
+//!   preferring the newest would spread small blocks over every segment.
 //! - Otherwise the pool takes a new segment of `max(config.segment_bytes, size)`, rounded up
 //!   to the device granularity (and, for buddy, to a power of two).
 //! - If the device refuses with out-of-memory, the pool frees its empty segments
@@ -86,6 +88,8 @@ struct Segment {
     /// Bytes obtained from the device.
     bytes: u64,
     arena: Box<dyn Arena>,
+    /// Creation sequence number (key in `by_age`).
+    seq: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -116,6 +120,10 @@ pub struct SegmentedPool {
     segment_bytes: u64,
     /// Segments by base address.
     segments: BTreeMap<u64, Segment>,
+    /// Base addresses of the segments in creation order (sequence number -> base).
+    by_age: BTreeMap<u64, u64>,
+    /// Sequence number of the next segment.
+    next_seq: u64,
     /// Live blocks by address.
     blocks: FxHashMap<u64, LiveBlock>,
     tracker: StatsTracker,
@@ -141,6 +149,8 @@ impl SegmentedPool {
             kind,
             segment_bytes: config.segment_bytes,
             segments: BTreeMap::new(),
+            by_age: BTreeMap::new(),
+            next_seq: 0,
             blocks: FxHashMap::default(),
             tracker: StatsTracker::default(),
         }
@@ -259,10 +269,15 @@ impl Allocator for SegmentedPool {
         let rounded = align_up(size_bytes.max(1), ROUND_BYTES).ok_or(overflow.clone())?;
         let a = align.max(ROUND_BYTES);
         let mut hit = None;
-        for (&base, seg) in self.segments.iter_mut() {
+        for &base in self.by_age.values() {
             if base % a != 0 {
                 continue;
             }
+            let Some(seg) = self.segments.get_mut(&base) else {
+                return Err(AllocError::Internal(format!(
+                    "segment {base:#x} listed but missing"
+                )));
+            };
             match seg.arena.allocate(rounded, a) {
                 Ok((off, bytes)) => {
                     hit = Some((base, off, bytes));
@@ -294,7 +309,16 @@ impl Allocator for SegmentedPool {
                 max: 1 << base.trailing_zeros(),
             })
         };
-        self.segments.insert(base, Segment { bytes, arena });
+        self.segments.insert(
+            base,
+            Segment {
+                bytes,
+                arena,
+                seq: self.next_seq,
+            },
+        );
+        self.by_age.insert(self.next_seq, base);
+        self.next_seq += 1;
         self.tracker.on_reserve(bytes);
         let (off, allocated) = placed?;
         Ok(self.record(base, off, size_bytes, allocated))
@@ -328,16 +352,17 @@ impl Allocator for SegmentedPool {
     /// Frees every segment without live blocks (cuMemFree). On a device error the segments
     /// freed so far stay freed and the rest stay cached.
     fn release_cached(&mut self, dev: &mut dyn Device) -> Result<u64, AllocError> {
-        let empty: Vec<(u64, u64)> = self
+        let empty: Vec<(u64, u64, u64)> = self
             .segments
             .iter()
             .filter(|(_, s)| s.arena.report().allocations == 0)
-            .map(|(&b, s)| (b, s.bytes))
+            .map(|(&b, s)| (b, s.bytes, s.seq))
             .collect();
         let mut released = 0;
-        for (base, bytes) in empty {
+        for (base, bytes, seq) in empty {
             dev.free_segment(base)?;
             self.segments.remove(&base);
+            self.by_age.remove(&seq);
             self.tracker.on_release(bytes);
             released += bytes;
         }
@@ -359,7 +384,17 @@ impl Allocator for SegmentedPool {
         let mut reserved = 0u64;
         let mut allocations = 0u64;
         let mut in_use = 0u64;
+        if self.by_age.len() != self.segments.len() {
+            return Err(err(format!(
+                "{} segments but {} in the age list",
+                self.segments.len(),
+                self.by_age.len()
+            )));
+        }
         for (&base, seg) in &self.segments {
+            if self.by_age.get(&seg.seq) != Some(&base) {
+                return Err(err(format!("segment {base:#x} missing from the age list")));
+            }
             seg.arena
                 .validate()
                 .map_err(|e| err(format!("segment {base:#x}: {e}")))?;

@@ -195,10 +195,14 @@ impl SimDevice {
         }
     }
 
+    /// Takes `bytes` of address space from the top of the highest free range that fits:
+    /// the CUDA driver hands out newer allocations at lower addresses, and PyTorch's
+    /// tie-break between equal free blocks (lowest address) depends on that order.
     fn take_va(&mut self, bytes: u64) -> Result<u64, DeviceError> {
         let found = self
             .free_va
             .iter()
+            .rev()
             .find(|(_, &len)| len >= bytes)
             .map(|(&s, &l)| (s, l));
         let (start, len) = found.ok_or(DeviceError::OutOfMemory {
@@ -206,11 +210,12 @@ impl SimDevice {
             free_bytes: 0,
             capacity_bytes: self.capacity,
         })?;
-        self.free_va.remove(&start);
         if len > bytes {
-            self.free_va.insert(start + bytes, len - bytes);
+            self.free_va.insert(start, len - bytes);
+        } else {
+            self.free_va.remove(&start);
         }
-        Ok(start)
+        Ok(start + len - bytes)
     }
 
     fn give_va(&mut self, start: u64, bytes: u64) {
@@ -231,7 +236,7 @@ impl SimDevice {
     }
 
     fn check_granular(&self, call: DriverCall, v: u64) -> Result<(), DeviceError> {
-        if v == 0 || v % self.granularity != 0 {
+        if v == 0 || !v.is_multiple_of(self.granularity) {
             return Err(DeviceError::Invalid {
                 call: call.cuda_name(),
                 detail: format!(
@@ -373,7 +378,7 @@ impl Device for SimDevice {
     fn map(&mut self, va: u64, bytes: u64, handle: PhysHandle) -> Result<(), DeviceError> {
         let c = DriverCall::Map;
         self.check_granular(c, bytes)?;
-        if va % self.granularity != 0 {
+        if !va.is_multiple_of(self.granularity) {
             return Err(Self::invalid(
                 c,
                 format!("{va:#x} is not aligned to the granularity"),

@@ -527,7 +527,10 @@ impl Allocator for TorchCaching {
         }
         let overflow = AllocError::Overflow { size_bytes, align };
         let padded = if align > MIN_BLOCK_BYTES {
+            // At least one byte must follow the aligned address inside the block, or an
+            // empty request would get an address just past its block (its neighbour's).
             size_bytes
+                .max(1)
                 .checked_add(align - MIN_BLOCK_BYTES)
                 .ok_or(overflow.clone())?
         } else {

@@ -288,12 +288,10 @@ pub fn replay(
     let name = alloc.name().to_string();
     let summary = summarize(trace, opts.device);
     let total = summary.events.max(1);
-    let frag_every = (total / 1000).max(1);
-    let timeline_every = if opts.timeline_points == 0 {
-        u64::MAX
-    } else {
-        (total / opts.timeline_points).max(1)
-    };
+    let frag_every = (total / 1000).max(16);
+    let timeline_every = total
+        .checked_div(opts.timeline_points)
+        .map_or(u64::MAX, |v| v.max(1));
     let mut st = State {
         live: FxHashMap::default(),
         dropped: FxHashSet::default(),
@@ -393,9 +391,9 @@ pub fn replay(
             _ => {}
         }
         index += 1;
-        let sample_frag = index % frag_every == 0;
-        let sample_timeline = index % timeline_every == 0;
-        if sample_frag || sample_timeline || index % 4096 == 0 {
+        let sample_frag = index.is_multiple_of(frag_every);
+        let sample_timeline = index.is_multiple_of(timeline_every);
+        if sample_frag || sample_timeline || index.is_multiple_of(4096) {
             let s = alloc.stats();
             if s.reserved_bytes.peak > peak_reserved_seen {
                 peak_reserved_seen = s.reserved_bytes.peak;
@@ -414,7 +412,7 @@ pub fn replay(
                     reserved_bytes: s.reserved_bytes.current,
                 });
             }
-            if index % 4096 == 0 {
+            if index.is_multiple_of(4096) {
                 progress(index);
             }
         }
@@ -538,6 +536,7 @@ mod tests {
             addr: 99,
             size_bytes: 10,
             device: 0,
+            freed_at_event: Some(4),
         });
         t.events = vec![
             ev(Action::Alloc, 1, 100),

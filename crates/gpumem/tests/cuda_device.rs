@@ -62,8 +62,20 @@ fn segment_pointer_attributes_and_canary() {
     assert_eq!(d.used_bytes(), MIB);
     d.free_segment(a).expect("free");
     assert_eq!(d.used_bytes(), 0);
+    // A large block is checked at its ends and at sampled windows: damage at either end shows.
+    let big = 64 * MIB;
+    let b = d.alloc_segment(big).expect("alloc");
+    d.fill_pattern(b, big, 0x0bad_f00d).expect("fill");
+    assert!(d.check_pattern(b, big, 0x0bad_f00d).expect("check"));
+    d.fill_pattern(b + big - 256, 256, 1).expect("damage tail");
+    assert!(!d.check_pattern(b, big, 0x0bad_f00d).expect("check"));
+    d.fill_pattern(b + big - 256, 256, 0x0bad_f00d)
+        .expect("repair");
+    d.fill_pattern(b + 4096, 4, 1).expect("damage head");
+    assert!(!d.check_pattern(b, big, 0x0bad_f00d).expect("check"));
+    d.free_segment(b).expect("free");
     let c = d.counters();
-    assert_eq!((c.get(DriverCall::Alloc), c.get(DriverCall::Free)), (1, 1));
+    assert_eq!((c.get(DriverCall::Alloc), c.get(DriverCall::Free)), (2, 2));
     assert!(c.seconds > 0.0);
     assert!(matches!(
         d.free_segment(a),
@@ -234,22 +246,33 @@ fn every_strategy_serves_blocks_with_intact_canaries() {
 fn pool_recovers_from_oom_by_releasing_its_cache() {
     let d = dev0();
     let free = d.mem_info().expect("info").0;
+    let s1 = CudaStream::new(&d).expect("stream");
+    let s2 = CudaStream::new(&d).expect("stream");
     let events = CudaEvents::new(&d).expect("events");
     let o = PoolOptions {
         reserve_bytes: 0,
+        max_cached_block_bytes: u64::MAX,
+        shard_cache_bytes: u64::MAX,
         ..PoolOptions::default()
     };
     let pool = DevicePool::new(Box::new(SegmentPerBlock::default()), d, Box::new(events), o)
         .expect("pool");
-    // Cache 60 % of free memory on stream 0, then ask for 60 % on another stream id.
+    // Cache 60 % of free memory for stream s1, then ask for as much on s2: the cached block
+    // is not reusable there, the device refuses, the pool flushes, waits, releases, retries.
     let big = free / 10 * 6 / MIB * MIB;
-    drop(pool.alloc(big, 0).expect("first"));
+    drop(pool.alloc(big, s1.id()).expect("first"));
+    assert_eq!(pool.stats().expect("stats").cached_blocks, 1);
     let b = pool
-        .alloc(big + MIB, 0)
+        .alloc(big, s2.id())
         .expect("recovered by releasing the cached block");
-    assert_eq!(pool.stats().expect("stats").oom_recoveries, 1);
+    let s = pool.stats().expect("stats");
+    assert_eq!(s.oom_recoveries, 1);
+    assert_eq!(s.cached_blocks, 0);
     drop(b);
     pool.trim().expect("trim");
+    pool.with_device(|d| d.synchronize())
+        .expect("dev")
+        .expect("no error left pending");
 }
 
 #[test]
@@ -308,4 +331,41 @@ fn bench_backends_measure() {
     };
     let r = bench::measure(&b, Case::Fixed(4096), 1, budget).expect("pool");
     assert!(r.median_ns < 5000.0, "cache hit path: {} ns", r.median_ns);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn peer_access_per_block_needs_vmm_pages() {
+    let n = cuda::device_count().expect("count");
+    let d = dev0();
+    let events = CudaEvents::new(&d).expect("events");
+    let o = PoolOptions {
+        reserve_bytes: 0,
+        ..PoolOptions::default()
+    };
+    let paged = DevicePool::new(
+        registry::build("paged", &Config::default()).expect("paged"),
+        d,
+        Box::new(events),
+        o,
+    )
+    .expect("pool");
+    let b = paged.alloc(3 * MIB, 0).expect("alloc");
+    paged.set_peer_access(&b, 0, true).expect("own device");
+    if n >= 2 && cuda::peer_matrix().expect("m")[1][0] {
+        paged.set_peer_access(&b, 1, true).expect("grant");
+        paged.set_peer_access(&b, 1, false).expect("revoke");
+    }
+    drop(b);
+    let d = dev0();
+    let events = CudaEvents::new(&d).expect("events");
+    let seg = DevicePool::new(Box::new(SegmentPerBlock::default()), d, Box::new(events), o)
+        .expect("pool");
+    let b = seg.alloc(MIB, 0).expect("alloc");
+    assert!(matches!(
+        seg.set_peer_access(&b, 0, true),
+        Err(gpumem::cuda::pool::PoolError::Device(
+            DeviceError::Unsupported(_)
+        ))
+    ));
 }

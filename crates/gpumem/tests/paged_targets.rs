@@ -64,7 +64,7 @@ fn replay_checked(name: &str) -> (u64, u64) {
             _ => {}
         }
         n += 1;
-        if n % 5000 == 0 {
+        if n.is_multiple_of(5000) {
             alloc.validate().unwrap();
             alloc.check_device(&dev).unwrap();
         }
@@ -132,4 +132,52 @@ fn gpt2_train_peak_reserved_within_2_percent() {
 #[test]
 fn mixed_sizes_peak_reserved_within_2_percent() {
     check_target("mixed_sizes");
+}
+
+/// Median cost of an allocate + deallocate pair that fits in already-mapped pages, with 200
+/// blocks of mixed sizes live around it. Target: well under 50 ns in a release build.
+/// `cargo test --release -p gpumem --test paged_targets -- --ignored --nocapture hit_path`
+#[test]
+#[ignore = "timing: run in release on a quiet machine"]
+fn hit_path_alloc_free_pair_median() {
+    let mut dev = SimDevice::default();
+    let mut alloc = Paged::new(&Config::default());
+    let mut keep = Vec::new();
+    for i in 0..300u64 {
+        keep.push(
+            alloc
+                .allocate(&mut dev, 1000 + i * 7919 % 3_000_000, 256, 0)
+                .unwrap(),
+        );
+    }
+    for b in keep.iter().step_by(3) {
+        alloc.deallocate(&mut dev, b.addr).unwrap();
+    }
+    const PAIRS: u32 = 1000;
+    for size in [256u64, 4096, 65536, 1 << 20, 4 << 20] {
+        // Warm: the first pair may map a page.
+        let b = alloc.allocate(&mut dev, size, 256, 0).unwrap();
+        alloc.deallocate(&mut dev, b.addr).unwrap();
+        let calls = dev.calls_made();
+        let mut samples: Vec<f64> = (0..301)
+            .map(|_| {
+                let t = std::time::Instant::now();
+                for _ in 0..PAIRS {
+                    let b = alloc
+                        .allocate(&mut dev, std::hint::black_box(size), 256, 0)
+                        .unwrap();
+                    alloc.deallocate(&mut dev, b.addr).unwrap();
+                }
+                t.elapsed().as_nanos() as f64 / f64::from(PAIRS)
+            })
+            .collect();
+        assert_eq!(dev.calls_made(), calls, "the hit path makes no driver call");
+        samples.sort_by(f64::total_cmp);
+        let median = samples[samples.len() / 2];
+        println!("{size} B: median {median:.1} ns per allocate + deallocate pair");
+        if !cfg!(debug_assertions) {
+            assert!(median < 50.0, "{size} B: {median:.1} ns");
+        }
+    }
+    alloc.validate().unwrap();
 }

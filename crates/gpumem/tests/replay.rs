@@ -148,6 +148,7 @@ fn preexisting_blocks_are_live_from_the_start() {
         addr: 1,
         size_bytes: 100 * MIB,
         device: 0,
+        freed_at_event: Some(1),
     });
     t.events = vec![
         ev(Action::Alloc, 2, 50 * MIB),

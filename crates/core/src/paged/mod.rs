@@ -9,45 +9,74 @@
 //!   (rounded to the granularity; more ranges are reserved when no free range is long enough).
 //!   Blocks are placed anywhere in them, in 256-byte units; the VA is free to waste.
 //! - **Physical pages** of [`Device::granularity_bytes`] are mapped under a block when it needs
-//!   them and unmapped as soon as no live block touches them. A page therefore costs memory
-//!   only while a live block overlaps it, and blocks share pages freely: a small block and the
-//!   head of a 1 GiB block may sit in the same page.
+//!   them; once no live block touches a page it joins the bounded page cache (below). Blocks
+//!   share pages freely: a small block and the head of a 1 GiB block may sit in one page.
 //! - **Placement** minimises the pages a new block maps. The fast path finds, in O(log n),
 //!   the lowest-addressed free range whose *mapped* part (the free tail of the page before it,
 //!   or the free head of the page after it) holds the whole block: no driver call at all.
 //!   Otherwise every free range is scored by the pages the block would newly map when placed
-//!   flush against its start or its end, and the lowest (pages, address) wins; this O(free
-//!   ranges) scan only runs when at least one cuMemMap follows (≥ 25 µs on an H200), or when
-//!   alignment above 256 bytes defeats the fast path.
-//! - **Page cache.** Handles of unmapped pages are kept (unmapped) up to
-//!   [`Config::page_cache_pages`] and remapped before any cuMemCreate. No further bound by a
-//!   fraction of usage is needed for the peak: cuMemCreate runs only when the cache is empty,
-//!   so the peak of `reserved_bytes` (mapped + cached) equals the peak of mapped bytes.
-//! - **Batching.** All pages a block newly maps form one run of neighbouring pages (they are
-//!   the interior of one free range), mapped one cuMemMap per page (one handle per page, so
-//!   each can be unmapped alone) and opened with **one** cuMemSetAccess over the whole run;
-//!   a free unmaps its run with one cuMemUnmap.
+//!   flush against its start or its end, then by the bytes of those new pages it would leave
+//!   free (the waste it adds), then by address; this O(free ranges) scan only runs when at
+//!   least one cuMemMap follows (≥ 25 µs on an H200), or when alignment above 256 bytes
+//!   defeats the fast path. On the three shipped PyTorch traces (`traces/`), peak reserved /
+//!   peak requested is 1.0016 (resnet_train), 1.0014 (gpt2_train) and 1.0110 (mixed_sizes),
+//!   against 1.115 / 1.213 / 1.714 for PyTorch's native allocator.
+//! - **Handles.** The pages a block covers whole can never be shared, so each run of them
+//!   gets one handle (one cuMemCreate and one cuMemMap for the run: 13 µs for 64 MiB against
+//!   10 µs per 2 MiB page); a page the block covers in part, which a later block may share,
+//!   gets a handle of its own so that it can be unmapped alone.
+//! - **Page cache.** Single pages no block touches any more stay mapped where they are
+//!   ("idle", reused in place without a driver call); other freed handles are unmapped and
+//!   kept whole. Idle pages and cached handles together stay within
+//!   [`Config::page_cache_pages`] pages (beyond it the largest cached handles are released).
+//!   A run of new pages is filled from the cache (a handle of the same size first, else the
+//!   largest that fits, repeatedly), then from idle pages elsewhere (unmapped in runs, one
+//!   call per run); only what is still missing is created, after the cached handles too
+//!   large to use are released. No further bound by a fraction of usage is needed for the
+//!   peak: cuMemCreate runs only when nothing cached or idle is left, so the peak of
+//!   `reserved_bytes` (mapped + cached) equals the peak of pages under blocks.
+//! - **Quick reuse.** Up to [`QUICK_SLOTS`] freed blocks (at most
+//!   `page_cache_pages × page` bytes in all) are kept whole and handed out again to a request
+//!   of the same rounded size and a compatible alignment: the O(1) hit path (≈ 30 ns per
+//!   allocate + free pair). They are given back to the free map before any page is mapped,
+//!   so they never raise the peak either.
+//! - **Batching.** One cuMemSetAccess (24–93 µs) opens all the pages an allocation maps,
+//!   spanning any already open page between them; a free unmaps the run of pages only it
+//!   touched with one cuMemUnmap.
+//!
+//! # Streams and devices
+//! The `stream` argument is ignored: a freed block is reusable at once, on any stream, as
+//! after PyTorch's `free_completed` (the caller frees only once the GPU is done with the
+//! block). One allocator serves one device: the page size is learnt from the first
+//! [`Device`] it is given.
 //!
 //! # Figures
 //! - `allocated_bytes`: bytes of live blocks (requests rounded up to 256 bytes).
 //! - `reserved_bytes`: physical bytes held: mapped pages plus cached handles. Its peak also
 //!   records handles created by an allocation that later failed and was unwound.
-//! - `free_bytes`: bytes inside mapped pages not covered by a live block.
-//! - `largest_free_bytes`: the longest free run of bytes lying entirely in mapped pages
-//!   (the largest block that can be placed without mapping a page).
-//! - `segment_count`: physical pages held (mapped + cached).
+//! - `free_bytes`: bytes left free inside the pages that live blocks (or blocks held for
+//!   quick reuse) touch: the fragmentation that costs physical memory. Idle pages, cached
+//!   handles and quick-reuse blocks are not counted (they are `reserved − allocated − free`).
+//! - `largest_free_bytes`: the longest free run of bytes inside those same pages (the
+//!   largest block that can be placed without a driver call).
+//! - `segment_count`: physical handles held (mapped + cached).
 //!
 //! # Failures
 //! Every allocation either completes or unwinds exactly the driver calls it made
-//! (reservations freed, pages unmapped, created handles released, cached handles returned).
-//! A free unmaps first (one call); if that call fails the block stays live and nothing
-//! changes. If a driver call *while unwinding* fails, the affected pages stay mapped without
-//! a block ("idle" pages, still counted as reserved) and are given back by
-//! [`Allocator::release_cached`]; if a cuMemRelease fails, the handle stays cached even above
-//! the bound until the next successful release.
+//! (reservations freed, pages unmapped, created handles released, cached handles returned);
+//! blocks and `requested`/`allocated` are then as before. A failed allocation may leave
+//! three things changed, none of them memory taken: blocks of the quick-reuse list returned
+//! to the free map, idle pages turned into cached handles, and cached handles too large to
+//! use released (`reserved_bytes` only drops). On out-of-memory it gives back the whole
+//! cache, as the [`Allocator`] contract asks. A free unmaps first (one call); if that call fails the block
+//! stays live and nothing changes. If a cuMemUnmap *while unwinding* fails twice, the pages
+//! stay mapped, quarantined out of the free map (still counted as reserved), and are given
+//! back by [`Allocator::release_cached`]; if a cuMemRelease fails, the handle stays cached, even
+//! above the bound, until a later call trims the cache. Calls made while unwinding are
+//! retried once before falling back to that.
 mod maxtree;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::align::{align_down, align_up, is_pow2};
@@ -107,8 +136,13 @@ pub const QUICK_SLOTS: usize = 16;
 /// A mapped physical page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Page {
+    /// The handle mapped over this page's extent.
     handle: PhysHandle,
-    /// Live blocks touching the page (0 only for an idle page left by a failed unwind).
+    /// First page (index in the reservation) of the extent the handle covers.
+    ext_first: u32,
+    /// Pages in that extent (1 for a single-page handle).
+    ext_pages: u32,
+    /// Live or quick-reuse blocks touching the page (0 for an idle page).
     refs: u32,
     /// Whether cuMemSetAccess succeeded over it.
     access: bool,
@@ -137,11 +171,11 @@ impl Reservation {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PageState {
-    /// One page mapped to a physical handle.
+    /// Pages mapped to one physical handle.
     Mapped {
         /// The cuMemCreate handle mapped there.
         handle: PhysHandle,
-        /// Live blocks touching the page (0: an idle page left by a failed unwind).
+        /// Blocks touching the page, live or held for quick reuse (0: an idle page).
         live_blocks: u32,
         /// Whether cuMemSetAccess opened it to the device.
         access: bool,
@@ -155,12 +189,50 @@ pub enum PageState {
 pub struct VaRangeView {
     /// First virtual address of the row.
     pub va: u64,
-    /// Length of the row in bytes (one page when mapped; any number of pages when not).
+    /// Length of the row in bytes (the handle's size when mapped; any number of pages when
+    /// not).
     pub bytes: u64,
     /// Physical page size (the device granularity), in bytes.
     pub page_bytes: u64,
     /// Mapped (with its handle) or reserved-unmapped.
     pub state: PageState,
+}
+
+impl std::fmt::Display for VaRangeView {
+    /// One row of the seed's table: `virtual range | physical | page size | state`, e.g.
+    /// `0x7f0000000000 - 0x7f0000200000 | handle 3 | 2 MiB | mapped, 2 blocks`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let end = self.va.saturating_add(self.bytes);
+        let page = if self.page_bytes >= 1 << 20 && self.page_bytes.is_multiple_of(1 << 20) {
+            format!("{} MiB", self.page_bytes >> 20)
+        } else {
+            format!("{} KiB", self.page_bytes >> 10)
+        };
+        match self.state {
+            PageState::Mapped {
+                handle,
+                live_blocks,
+                access,
+            } => {
+                let what = match (live_blocks, access) {
+                    (0, _) => "mapped, idle".to_string(),
+                    (n, true) => format!("mapped, {n} block{}", if n == 1 { "" } else { "s" }),
+                    (n, false) => format!("mapped without access, {n} blocks"),
+                };
+                write!(
+                    f,
+                    "{:#x} - {end:#x} | handle {} | {page} | {what}",
+                    self.va, handle.0
+                )
+            }
+            PageState::ReservedUnmapped => write!(
+                f,
+                "{:#x} - {end:#x} | unmapped | {page} | reserved, {} pages",
+                self.va,
+                self.bytes / self.page_bytes.max(1)
+            ),
+        }
+    }
 }
 
 /// Where a new block goes.
@@ -174,17 +246,56 @@ struct Placement {
     addr: u64,
 }
 
-/// A handle taken for a new mapping during an allocation, to give back on failure.
+/// A physical handle of `pages` pages (cuMemCreate of `pages × page_bytes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct CachedHandle {
+    /// The cuMemCreate handle.
+    pub handle: PhysHandle,
+    /// Its size in pages.
+    pub pages: u64,
+}
+
+/// A handle mapped for a new block during an allocation, to give back on failure.
 #[derive(Debug, Clone, Copy)]
 struct Taken {
+    /// First page (index in the reservation) it is mapped at.
     page: usize,
-    handle: PhysHandle,
+    handle: CachedHandle,
     from_cache: bool,
 }
 
 /// The page-mapped allocator (see the module documentation).
+///
+/// ```
+/// use gpumem_core::paged::{PageState, Paged};
+/// use gpumem_core::registry::Config;
+/// use gpumem_core::sim::SimDevice;
+/// use gpumem_core::{Allocator, Device};
+///
+/// let mut dev = SimDevice::new(1 << 30); // 1 GiB, 2 MiB pages
+/// let mut pool = Paged::new(&Config::default());
+/// let small = pool.allocate(&mut dev, 1 << 20, 256, 0)?; // 1 MiB: maps one page
+/// let big = pool.allocate(&mut dev, 5 << 20, 256, 0)?; // 5 MiB: shares that page, maps 2
+/// assert_eq!(big.addr, small.addr + (1 << 20));
+/// assert_eq!(pool.stats().reserved_bytes.current, 6 << 20);
+/// // The page table: one row per physical handle (the 2 pages `big` covers whole share one).
+/// let mapped: Vec<u64> = pool
+///     .page_table()
+///     .iter()
+///     .filter(|row| matches!(row.state, PageState::Mapped { .. }))
+///     .map(|row| row.bytes)
+///     .collect();
+/// assert_eq!(mapped, [2 << 20, 4 << 20]);
+/// pool.deallocate(&mut dev, big.addr)?;
+/// pool.deallocate(&mut dev, small.addr)?;
+/// pool.release_cached(&mut dev)?;
+/// assert_eq!(dev.used_bytes(), 0);
+/// pool.validate()?;
+/// # Ok::<(), gpumem_core::AllocError>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct Paged {
+    /// Bound on idle pages + cached handles, in pages ([`Config::page_cache_pages`]).
     cache_limit: u64,
     /// Virtual bytes per reservation; 0 = [`VA_CAPACITY_FACTOR`] × device capacity.
     va_chunk_bytes: u64,
@@ -194,13 +305,22 @@ pub struct Paged {
     reservations: Vec<Reservation>,
     /// Free virtual ranges: start → length in bytes; coalesced within a reservation.
     free: BTreeMap<u64, u64>,
+    /// Live blocks by address.
     live: AddrMap<LiveBlock>,
     /// Unmapped physical handles kept for reuse.
-    cache: Vec<PhysHandle>,
+    cache: Vec<CachedHandle>,
+    /// Pages of the handles in `cache`.
+    cached_pages: u64,
+    /// Spans (address, bytes) of whole pages left mapped without access by an unwind whose
+    /// cuMemUnmap failed twice; kept out of the free map until [`Allocator::release_cached`].
+    quarantine: Vec<(u64, u64)>,
     /// Pages currently mapped (including idle ones).
     mapped_pages: u64,
-    /// Mapped pages without a live block (left by a failed unwind).
-    idle_pages: u64,
+    /// Virtual addresses of idle pages: single-page handles mapped, but touched by no block,
+    /// kept mapped for reuse in place (lazy unmapping).
+    idle: BTreeSet<u64>,
+    /// Whether pages no block touches stay mapped (idle) while the page cache has room.
+    lazy_unmap: bool,
     /// Set while the cache is above its bound (handles parked by a flush, or a failed
     /// cuMemRelease); the next successful call trims it.
     trim_pending: bool,
@@ -211,6 +331,7 @@ pub struct Paged {
     quick_bytes: u64,
     /// Most blocks `quick` may hold.
     quick_slots: usize,
+    /// Figures in PyTorch's vocabulary.
     tracker: StatsTracker,
 }
 
@@ -226,8 +347,11 @@ impl Paged {
             free: BTreeMap::new(),
             live: AddrMap::default(),
             cache: Vec::new(),
+            cached_pages: 0,
+            quarantine: Vec::new(),
             mapped_pages: 0,
-            idle_pages: 0,
+            idle: BTreeSet::new(),
+            lazy_unmap: true,
             trim_pending: false,
             quick: Vec::new(),
             quick_bytes: 0,
@@ -251,6 +375,21 @@ impl Paged {
         self
     }
 
+    /// Whether a single-page handle that no block touches any more stays mapped, "idle", to
+    /// be reused in place without a driver call (default `true`), as long as idle pages and
+    /// cached handles together stay within [`Config::page_cache_pages`]; otherwise it is
+    /// unmapped at once (one cuMemUnmap per freed run of pages) and its handle cached. Idle pages are taken
+    /// (unmapped and remapped elsewhere) before any cuMemCreate, so they never raise the peak.
+    pub fn with_lazy_unmap(mut self, lazy: bool) -> Self {
+        self.lazy_unmap = lazy;
+        self
+    }
+
+    /// Idle pages: mapped, but touched by no live block.
+    pub fn idle_pages(&self) -> u64 {
+        self.idle.len() as u64
+    }
+
     /// Page size in bytes (the device granularity); 0 before the first allocation.
     pub fn page_bytes(&self) -> u64 {
         self.page_bytes
@@ -262,8 +401,13 @@ impl Paged {
     }
 
     /// Unmapped physical handles in the cache.
-    pub fn cached_handles(&self) -> &[PhysHandle] {
+    pub fn cached_handles(&self) -> &[CachedHandle] {
         &self.cache
+    }
+
+    /// Pages of the unmapped handles in the cache.
+    pub fn cached_pages(&self) -> u64 {
+        self.cached_pages
     }
 
     /// Reserved virtual ranges as `(start, bytes)`.
@@ -279,8 +423,8 @@ impl Paged {
     }
 
     /// The page table, the seed's "地址翻译表": every reserved range from low to high
-    /// addresses, one row per mapped page (with its physical handle) and one row per run of
-    /// unmapped pages. O(reserved pages).
+    /// addresses, one row per mapped handle (one or more pages, with its physical handle) and
+    /// one row per run of unmapped pages. O(reserved pages).
     pub fn page_table(&self) -> Vec<VaRangeView> {
         let p = self.page_bytes;
         let mut rows: Vec<VaRangeView> = Vec::new();
@@ -288,9 +432,10 @@ impl Paged {
             for (i, slot) in r.pages.iter().enumerate() {
                 let va = r.va + i as u64 * p;
                 match slot {
+                    Some(pg) if pg.ext_first as usize != i => {}
                     Some(pg) => rows.push(VaRangeView {
                         va,
-                        bytes: p,
+                        bytes: u64::from(pg.ext_pages) * p,
                         page_bytes: p,
                         state: PageState::Mapped {
                             handle: pg.handle,
@@ -342,7 +487,6 @@ impl Paged {
 
     /// Recomputes the two tree leaves of page `page` of reservation `ri` from the free map.
     fn refresh_page(&mut self, ri: usize, page: usize) {
-        let p = self.page_bytes;
         let Some(r) = self.reservations.get(ri) else {
             return;
         };
@@ -352,7 +496,6 @@ impl Paged {
         let (tail, head) = self.leaf_values(r, page);
         let to_units = |b: u64| u32::try_from(b / UNIT_BYTES).unwrap_or(u32::MAX);
         let (tail, head) = (to_units(tail), to_units(head));
-        let _ = p;
         if let Some(r) = self.reservations.get_mut(ri) {
             r.tree.set(2 * page, tail);
             r.tree.set(2 * page + 1, head);
@@ -376,6 +519,26 @@ impl Paged {
             head = head.max(self.usable_head(r.va, st, len));
         }
         (tail, head)
+    }
+
+    /// Refreshes the pages holding the given addresses (each once), after the free map
+    /// changed at those addresses; addresses at a reservation's end are skipped.
+    fn refresh_addrs<const N: usize>(&mut self, ri: usize, mut addrs: [u64; N]) {
+        let Some(r) = self.reservations.get(ri) else {
+            return;
+        };
+        let (base, p) = (r.va, self.page_bytes);
+        for a in &mut addrs {
+            *a = (*a - base) / p;
+        }
+        addrs.sort_unstable();
+        let mut last = u64::MAX;
+        for page in addrs {
+            if page != last {
+                self.refresh_page(ri, page as usize);
+                last = page;
+            }
+        }
     }
 
     /// Refreshes the head and tail pages of the range `[st, st+len)`.
@@ -434,11 +597,12 @@ impl Paged {
         None
     }
 
-    /// Slow path: scores both ends of every free range by the pages the block would map.
-    /// Returns the best placement and its page count.
+    /// Slow path: scores both ends of every free range by the pages the block would map,
+    /// then by the bytes of those pages it would leave free (the waste it adds), then by
+    /// address. Returns the best placement and its page count.
     fn find_scored_fit(&self, bytes: u64, align: u64) -> Option<(Placement, u64)> {
         let p = self.page_bytes;
-        let mut best: Option<(u64, u64, Placement)> = None;
+        let mut best: Option<(u64, u64, u64, Placement)> = None;
         let mut ri = 0usize;
         for (&st, &len) in &self.free {
             while ri < self.reservations.len() && self.reservations[ri].end() <= st {
@@ -448,16 +612,23 @@ impl Paged {
             let b = st + len;
             let i0 = (st - r.va).div_ceil(p);
             let i1 = (b - r.va) / p;
-            let cost = |x: u64| -> u64 {
-                let p0 = (x - r.va) / p;
-                let p1 = (x + bytes - 1 - r.va) / p + 1;
-                p1.min(i1).saturating_sub(p0.max(i0))
+            // (pages newly mapped, bytes of them the block leaves free) for a block at `x`.
+            let cost = |x: u64| -> (u64, u64) {
+                let (xr, er) = (x - r.va, x - r.va + bytes);
+                let lo = (xr / p).max(i0);
+                let hi = ((er - 1) / p + 1).min(i1);
+                if hi <= lo {
+                    return (0, 0);
+                }
+                let covered = er.min(hi * p) - xr.max(lo * p);
+                ((hi - lo), (hi - lo) * p - covered)
             };
             let mut consider = |x: u64| {
-                let k = cost(x);
-                if best.is_none_or(|(bk, bx, _)| (k, x) < (bk, bx)) {
+                let (k, slack) = cost(x);
+                if best.is_none_or(|(bk, bs, bx, _)| (k, slack, x) < (bk, bs, bx)) {
                     best = Some((
                         k,
+                        slack,
                         x,
                         Placement {
                             res: ri,
@@ -478,7 +649,7 @@ impl Paged {
                 }
             }
         }
-        best.map(|(k, _, pl)| (pl, k))
+        best.map(|(k, _, _, pl)| (pl, k))
     }
 
     /// Reserves a new virtual range of at least `bytes` and makes it one free range.
@@ -522,70 +693,161 @@ impl Paged {
             return;
         };
         let (va, bytes) = (r.va, r.bytes);
-        if dev.free_va(va, bytes).is_ok() {
+        if dev.free_va(va, bytes).is_ok() || dev.free_va(va, bytes).is_ok() {
             self.free.remove(&va);
             self.reservations.remove(ri);
         }
     }
 
-    /// Takes a handle for one new page: from the cache, else cuMemCreate.
-    fn take_handle(&mut self, dev: &mut dyn Device) -> Result<(PhysHandle, bool), DeviceError> {
-        if let Some(h) = self.cache.pop() {
-            return Ok((h, true));
+    /// Adds a handle to the cache.
+    fn cache_push(&mut self, h: CachedHandle) {
+        self.cached_pages += h.pages;
+        self.cache.push(h);
+    }
+
+    /// Takes the cached handle at `i`.
+    fn cache_take(&mut self, i: usize) -> CachedHandle {
+        let h = self.cache.swap_remove(i);
+        self.cached_pages = self.cached_pages.saturating_sub(h.pages);
+        h
+    }
+
+    /// Index of the cached handle to fill `n` pages with: one of exactly `n` pages, else the
+    /// largest one smaller than `n`.
+    fn cache_pick(&self, n: u64) -> Option<usize> {
+        let mut best: Option<(usize, u64)> = None;
+        for (i, h) in self.cache.iter().enumerate() {
+            if h.pages == n {
+                return Some(i);
+            }
+            if h.pages < n && best.is_none_or(|(_, b)| h.pages > b) {
+                best = Some((i, h.pages));
+            }
         }
-        let h = dev.create_physical(self.page_bytes)?;
-        self.tracker.on_reserve(self.page_bytes);
-        Ok((h, false))
+        best.map(|(i, _)| i)
+    }
+
+    /// Moves up to `want` idle pages lying outside `[lo, hi)` into the cache (as single-page
+    /// handles), highest addresses first, one cuMemUnmap per run of neighbouring idle pages.
+    /// Pages already moved stay moved if a later unmap fails (the error is returned).
+    fn steal_idle(
+        &mut self,
+        dev: &mut dyn Device,
+        want: u64,
+        lo: u64,
+        hi: u64,
+    ) -> Result<(), DeviceError> {
+        let p = self.page_bytes;
+        let picked: Vec<u64> = self
+            .idle
+            .range(hi..)
+            .rev()
+            .chain(self.idle.range(..lo).rev())
+            .copied()
+            .take(usize::try_from(want).unwrap_or(usize::MAX))
+            .collect();
+        let mut i = 0;
+        while i < picked.len() {
+            // `picked` descends: a run is a stretch of addresses one page apart, inside one
+            // reservation (neighbouring reservations may touch).
+            let res = self.res_of(picked[i]);
+            let mut j = i + 1;
+            while j < picked.len()
+                && picked[j] + p == picked[j - 1]
+                && self.res_of(picked[j]) == res
+            {
+                j += 1;
+            }
+            let (first, n) = (picked[j - 1], (j - i) as u64);
+            let Some(ri) = self.res_of(first) else {
+                return Err(DeviceError::Invalid {
+                    call: "paged",
+                    detail: format!("idle page {first:#x} outside VA"),
+                });
+            };
+            dev.unmap(first, n * p)?;
+            let base = self.reservations[ri].va;
+            for k in 0..n {
+                let va = first + k * p;
+                self.idle.remove(&va);
+                let page = ((va - base) / p) as usize;
+                let taken = self.reservations[ri]
+                    .pages
+                    .get_mut(page)
+                    .and_then(Option::take);
+                if let Some(pg) = taken {
+                    self.cache_push(CachedHandle {
+                        handle: pg.handle,
+                        pages: 1,
+                    });
+                    self.mapped_pages = self.mapped_pages.saturating_sub(1);
+                }
+            }
+            i = j;
+        }
+        Ok(())
     }
 
     /// Parks a handle freed by an unmap in the cache; [`Paged::trim_cache`] releases what
     /// exceeds the bound at the end of the call.
-    fn return_handle(&mut self, h: PhysHandle) {
-        self.cache.push(h);
-        if self.cache.len() as u64 > self.cache_limit {
+    fn return_handle(&mut self, h: CachedHandle) {
+        self.cache_push(h);
+        if self.held_free_pages() > self.cache_limit {
             self.trim_pending = true;
         }
     }
 
-    /// Releases cached handles above the bound (cuMemRelease each); stops at the first
-    /// failure, leaving `trim_pending` set.
+    /// Pages held without a block: cached handles plus idle pages.
+    fn held_free_pages(&self) -> u64 {
+        self.cached_pages + self.idle.len() as u64
+    }
+
+    /// Releases cached handles, largest first, until the cache is within its bound
+    /// (cuMemRelease each); stops at the first failure, leaving `trim_pending` set.
     fn trim_cache(&mut self, dev: &mut dyn Device) {
         if !self.trim_pending {
             return;
         }
-        while self.cache.len() as u64 > self.cache_limit {
-            let Some(h) = self.cache.pop() else { break };
-            if dev.release_physical(h).is_err() {
-                self.cache.push(h);
+        while self.held_free_pages() > self.cache_limit {
+            let Some(i) = (0..self.cache.len()).max_by_key(|&i| self.cache[i].pages) else {
+                break;
+            };
+            let h = self.cache_take(i);
+            if dev.release_physical(h.handle).is_err() {
+                self.cache_push(h);
                 return;
             }
-            self.tracker.on_release(self.page_bytes);
+            self.tracker.on_release(h.pages * self.page_bytes);
         }
-        self.trim_pending = false;
+        self.trim_pending = self.held_free_pages() > self.cache_limit;
     }
 
     /// Gives back a handle taken by a failed allocation: to the cache if it came from there,
     /// else cuMemRelease (so the allocation leaves `reserved_bytes` as it found it).
-    fn untake_handle(&mut self, dev: &mut dyn Device, h: PhysHandle, from_cache: bool) {
+    fn untake_handle(&mut self, dev: &mut dyn Device, h: CachedHandle, from_cache: bool) {
         if from_cache {
-            self.cache.push(h);
+            self.cache_push(h);
         } else {
             self.release_handle(dev, h);
         }
     }
 
-    /// cuMemRelease; on failure the handle stays cached, even above the bound.
-    fn release_handle(&mut self, dev: &mut dyn Device, h: PhysHandle) {
-        if dev.release_physical(h).is_ok() {
-            self.tracker.on_release(self.page_bytes);
+    /// cuMemRelease, retried once; on a second failure the handle stays cached, even above
+    /// the bound.
+    fn release_handle(&mut self, dev: &mut dyn Device, h: CachedHandle) {
+        // Unwinding retries a failed call once before leaving the handle cached.
+        if dev.release_physical(h.handle).is_ok() || dev.release_physical(h.handle).is_ok() {
+            self.tracker.on_release(h.pages * self.page_bytes);
         } else {
-            self.cache.push(h);
+            self.cache_push(h);
             self.trim_pending = true;
         }
     }
 
-    /// Unmaps the pages of `taken` (all in reservation `ri`, ascending and contiguous runs)
-    /// and returns their handles; pages whose unmap fails stay mapped as idle pages.
+    /// Unmaps the handles of `taken` (all in reservation `ri`, ascending) and gives them
+    /// back, one cuMemUnmap per run of neighbouring mappings, retried once. A run whose unmap
+    /// fails twice is quarantined: cut out of the free map, its pages held mapped until
+    /// [`Allocator::release_cached`].
     fn unwind_maps(&mut self, dev: &mut dyn Device, ri: usize, taken: &[Taken]) {
         let p = self.page_bytes;
         let Some(base) = self.reservations.get(ri).map(|r| r.va) else {
@@ -594,38 +856,75 @@ impl Paged {
         let mut i = 0;
         while i < taken.len() {
             let mut j = i + 1;
-            while j < taken.len() && taken[j].page == taken[j - 1].page + 1 {
+            while j < taken.len()
+                && taken[j].page as u64 == taken[j - 1].page as u64 + taken[j - 1].handle.pages
+            {
                 j += 1;
             }
             let run = &taken[i..j];
             let va = base + run[0].page as u64 * p;
-            if dev.unmap(va, run.len() as u64 * p).is_ok() {
+            let pages: u64 = run.iter().map(|t| t.handle.pages).sum();
+            let bytes = pages * p;
+            if dev.unmap(va, bytes).is_ok() || dev.unmap(va, bytes).is_ok() {
                 for t in run {
                     self.untake_handle(dev, t.handle, t.from_cache);
                 }
             } else {
-                for t in run {
-                    if let Some(slot) = self
-                        .reservations
-                        .get_mut(ri)
-                        .and_then(|r| r.pages.get_mut(t.page))
-                    {
-                        *slot = Some(Page {
-                            handle: t.handle,
-                            refs: 0,
-                            access: false,
-                        });
-                        self.mapped_pages += 1;
-                        self.idle_pages += 1;
-                    }
-                }
+                self.quarantine_run(ri, run, va, bytes);
             }
             i = j;
         }
     }
 
-    /// Maps and opens the pages a block at `addr` of `bytes` needs. On failure unwinds
-    /// everything it did and returns the error.
+    /// Records `run` (mapped at `[va, va + bytes)`, inside one free range, without access)
+    /// as quarantined.
+    fn quarantine_run(&mut self, ri: usize, run: &[Taken], va: u64, bytes: u64) {
+        let Some((&st, &len)) = self.free.range(..=va).next_back() else {
+            return;
+        };
+        if st + len < va + bytes {
+            return;
+        }
+        self.free.remove(&st);
+        if va > st {
+            self.free.insert(st, va - st);
+        }
+        if va + bytes < st + len {
+            self.free.insert(va + bytes, st + len - va - bytes);
+        }
+        self.refresh_addrs(ri, [st, st + len, va, va + bytes]);
+        for t in run {
+            self.set_extent(ri, t.page, t.handle, 1, false);
+            self.mapped_pages += t.handle.pages;
+        }
+        self.quarantine.push((va, bytes));
+    }
+
+    /// Writes the page-table entries of handle `h` mapped from page `first`.
+    fn set_extent(&mut self, ri: usize, first: usize, h: CachedHandle, refs: u32, access: bool) {
+        let (Ok(ext_first), Ok(ext_pages)) = (u32::try_from(first), u32::try_from(h.pages)) else {
+            return;
+        };
+        if let Some(r) = self.reservations.get_mut(ri) {
+            for slot in r.pages.iter_mut().skip(first).take(h.pages as usize) {
+                *slot = Some(Page {
+                    handle: h.handle,
+                    ext_first,
+                    ext_pages,
+                    refs,
+                    access,
+                });
+            }
+        }
+    }
+
+    /// Maps and opens the pages a block at `addr` of `bytes` needs, as few handles as it
+    /// can: the pages the block covers whole get one handle per run (one cuMemCreate and one
+    /// cuMemMap), a page it covers in part (and may later share) gets its own. Handles come
+    /// from the cache (same size first, else the largest that fits), then from idle pages
+    /// elsewhere; only then, after releasing the cached handles too large to use (so that the
+    /// peak stays the pages under live blocks), are new ones created. On failure unwinds
+    /// everything it mapped and returns the error.
     fn map_block_pages(
         &mut self,
         dev: &mut dyn Device,
@@ -643,25 +942,115 @@ impl Paged {
         let base = r.va;
         let p0 = ((addr - base) / p) as usize;
         let p1 = ((addr + bytes - 1 - base) / p) as usize;
-        let mut taken: Vec<Taken> = Vec::new();
-        for page in p0..=p1 {
-            let mapped = self
-                .reservations
-                .get(ri)
-                .and_then(|r| r.pages.get(page))
-                .is_some_and(Option::is_some);
-            if mapped {
+        let (lo, hi) = (base + p0 as u64 * p, base + (p1 as u64 + 1) * p);
+        let head_partial = !(addr - base).is_multiple_of(p);
+        let tail_partial = !(addr + bytes - base).is_multiple_of(p);
+        // Gaps to fill: runs of unmapped pages, a partly covered end page on its own.
+        let mut gaps: Vec<(usize, u64)> = Vec::new();
+        let mut page = p0;
+        while page <= p1 {
+            if r.pages.get(page).is_some_and(Option::is_some) {
+                page += 1;
                 continue;
             }
-            let (h, from_cache) = match self.take_handle(dev) {
-                Ok(x) => x,
-                Err(e) => {
-                    self.unwind_maps(dev, ri, &taken);
-                    return Err(e);
+            let start = page;
+            while page <= p1 && r.pages.get(page).is_some_and(Option::is_none) {
+                page += 1;
+            }
+            let mut a = start;
+            let mut b = page; // exclusive
+            if a == p0 && head_partial {
+                gaps.push((a, 1));
+                a += 1;
+            }
+            let tail_single = b == p1 + 1 && tail_partial && b > a;
+            if tail_single {
+                b -= 1;
+            }
+            if b > a {
+                gaps.push((a, (b - a) as u64));
+            }
+            if tail_single {
+                gaps.push((b, 1));
+            }
+        }
+        // Plan: fill each gap from the cache, then from idle pages, then create.
+        let mut plan: Vec<(usize, Option<CachedHandle>, u64)> = Vec::new(); // (page, handle, pages)
+        let mut leftover = 0u64;
+        let fill = |this: &mut Self, plan: &mut Vec<(usize, Option<CachedHandle>, u64)>| {
+            let mut left = 0;
+            let mut out = Vec::with_capacity(plan.len());
+            for &(page, h, n) in plan.iter() {
+                if h.is_some() {
+                    out.push((page, h, n));
+                    continue;
                 }
+                let (mut at, mut rest) = (page, n);
+                while rest > 0 {
+                    let Some(i) = this.cache_pick(rest) else {
+                        break;
+                    };
+                    let c = this.cache_take(i);
+                    out.push((at, Some(c), c.pages));
+                    at += c.pages as usize;
+                    rest -= c.pages;
+                }
+                if rest > 0 {
+                    out.push((at, None, rest));
+                    left += rest;
+                }
+            }
+            *plan = out;
+            left
+        };
+        for &(page, n) in &gaps {
+            plan.push((page, None, n));
+        }
+        if !plan.is_empty() {
+            leftover = fill(self, &mut plan);
+        }
+        let give_back = |this: &mut Self, plan: &[(usize, Option<CachedHandle>, u64)]| {
+            for &(_, h, _) in plan {
+                if let Some(h) = h {
+                    this.cache_push(h);
+                }
+            }
+        };
+        if leftover > 0 && !self.idle.is_empty() {
+            if let Err(e) = self.steal_idle(dev, leftover, lo, hi) {
+                give_back(self, &plan);
+                return Err(e);
+            }
+            leftover = fill(self, &mut plan);
+        }
+        if leftover > 0 {
+            // Nothing cached fits what is left: give it back before creating anything.
+            while let Some(h) = self.cache.pop() {
+                self.cached_pages = self.cached_pages.saturating_sub(h.pages);
+                self.release_handle(dev, h);
+            }
+        }
+        // Create and map, in address order.
+        plan.sort_unstable_by_key(|&(page, _, _)| page);
+        let mut taken: Vec<Taken> = Vec::with_capacity(plan.len());
+        for (k, &(page, h, n)) in plan.iter().enumerate() {
+            let (h, from_cache) = match h {
+                Some(h) => (h, true),
+                None => match dev.create_physical(n * p) {
+                    Ok(handle) => {
+                        self.tracker.on_reserve(n * p);
+                        (CachedHandle { handle, pages: n }, false)
+                    }
+                    Err(e) => {
+                        give_back(self, &plan[k..]);
+                        self.unwind_maps(dev, ri, &taken);
+                        return Err(e);
+                    }
+                },
             };
-            if let Err(e) = dev.map(base + page as u64 * p, p, h) {
+            if let Err(e) = dev.map(base + page as u64 * p, n * p, h.handle) {
                 self.untake_handle(dev, h, from_cache);
+                give_back(self, &plan[k + 1..]);
                 self.unwind_maps(dev, ri, &taken);
                 return Err(e);
             }
@@ -671,49 +1060,35 @@ impl Paged {
                 from_cache,
             });
         }
-        // One cuMemSetAccess per run of neighbouring pages without access.
-        let mut page = p0;
-        while page <= p1 {
-            let needs = |pg: usize, this: &Self| -> bool {
-                let new = taken.iter().any(|t| t.page == pg);
-                let idle_closed = this
+        // One cuMemSetAccess from the first to the last page without access: every page of
+        // the block is mapped by now, so the range may span pages already open.
+        let is_new = |pg: usize| {
+            taken
+                .iter()
+                .any(|t| pg >= t.page && ((pg - t.page) as u64) < t.handle.pages)
+        };
+        let needs = |pg: usize, this: &Self| -> bool {
+            is_new(pg)
+                || this
                     .reservations
                     .get(ri)
                     .and_then(|r| r.pages.get(pg))
                     .and_then(|s| *s)
-                    .is_some_and(|s| !s.access);
-                new || idle_closed
-            };
-            if !needs(page, self) {
-                page += 1;
-                continue;
-            }
-            let start = page;
-            while page <= p1 && needs(page, self) {
-                page += 1;
-            }
-            let va = base + start as u64 * p;
-            if let Err(e) = dev.set_access(va, (page - start) as u64 * p) {
+                    .is_some_and(|s| !s.access)
+        };
+        let first = (p0..=p1).find(|&pg| needs(pg, self));
+        let last = (p0..=p1).rev().find(|&pg| needs(pg, self));
+        if let (Some(a), Some(b)) = (first, last) {
+            if let Err(e) = dev.set_access(base + a as u64 * p, (b - a + 1) as u64 * p) {
                 self.unwind_maps(dev, ri, &taken);
                 return Err(e);
             }
         }
         // Commit the new pages (refs are raised by the caller).
         for t in &taken {
-            if let Some(slot) = self
-                .reservations
-                .get_mut(ri)
-                .and_then(|r| r.pages.get_mut(t.page))
-            {
-                *slot = Some(Page {
-                    handle: t.handle,
-                    refs: 0,
-                    access: true,
-                });
-            }
+            self.set_extent(ri, t.page, t.handle, 0, true);
+            self.mapped_pages += t.handle.pages;
         }
-        self.mapped_pages += taken.len() as u64;
-        self.idle_pages += taken.len() as u64;
         // Idle pages the block covers are now open.
         for page in p0..=p1 {
             if let Some(Some(pg)) = self
@@ -742,21 +1117,21 @@ impl Paged {
         if bend < end {
             self.free.insert(bend, end - bend);
         }
-        self.refresh_range(pl.res, st, len);
-        self.refresh_range(pl.res, pl.addr, bytes);
+        self.refresh_addrs(pl.res, [st, end, pl.addr, bend]);
         let Some(r) = self.reservations.get_mut(pl.res) else {
             return;
         };
         let p0 = ((pl.addr - r.va) / p) as usize;
         let p1 = ((bend - 1 - r.va) / p) as usize;
-        let mut woke = 0;
-        for slot in r.pages.iter_mut().take(p1 + 1).skip(p0).flatten() {
-            if slot.refs == 0 {
-                woke += 1;
+        let base = r.va;
+        for (i, slot) in r.pages.iter_mut().enumerate().take(p1 + 1).skip(p0) {
+            if let Some(pg) = slot {
+                if pg.refs == 0 && !self.idle.is_empty() {
+                    self.idle.remove(&(base + i as u64 * p));
+                }
+                pg.refs += 1;
             }
-            slot.refs += 1;
         }
-        self.idle_pages -= woke;
         self.live.insert(pl.addr, LiveBlock { bytes, requested });
         self.tracker.on_alloc(requested, bytes);
     }
@@ -780,7 +1155,7 @@ impl Paged {
             .rposition(|q| q.bytes == bytes && q.addr % align == 0)
         {
             let q = self.quick.remove(i);
-            self.quick_bytes -= q.bytes;
+            self.quick_bytes = self.quick_bytes.saturating_sub(q.bytes);
             self.live.insert(q.addr, LiveBlock { bytes, requested });
             self.tracker.on_alloc(requested, bytes);
             return Ok(block(q.addr));
@@ -881,27 +1256,65 @@ impl Paged {
                 }
             }
         }
+        // Lazy unmapping keeps the first pages of the run mapped while the cache has room
+        // (single-page handles only); the rest is unmapped with one call.
+        let mut keep_until = p0;
         if let Some((a, b)) = run {
-            dev.unmap(base + a as u64 * p, (b - a + 1) as u64 * p)?;
+            let mut all_single = true;
+            for page in a..=b {
+                if let Some(pg) = self.reservations[ri].pages.get(page).copied().flatten() {
+                    let (f, n) = (pg.ext_first as usize, pg.ext_pages as usize);
+                    if f < a || f + n > b + 1 {
+                        return Err(AllocError::Internal(format!(
+                            "handle at page {f} ({n} pages) straddles the freed run {a}..={b}"
+                        )));
+                    }
+                    all_single &= n == 1;
+                }
+            }
+            let room = if self.lazy_unmap && all_single {
+                self.cache_limit.saturating_sub(self.held_free_pages())
+            } else {
+                0
+            };
+            let n = (b - a + 1) as u64;
+            let kept = room.min(n);
+            keep_until = a + kept as usize;
+            if kept < n {
+                dev.unmap(base + keep_until as u64 * p, (n - kept) * p)?;
+            }
         }
         // Committed from here on.
         let mut freed_handles = Vec::new();
+        let mut unmapped = 0u64;
         for page in p0..=p1 {
             if let Some(slot) = self.reservations[ri].pages.get_mut(page) {
                 if let Some(pg) = slot {
                     pg.refs = pg.refs.saturating_sub(1);
                     if pg.refs == 0 {
-                        freed_handles.push(pg.handle);
-                        *slot = None;
+                        if page < keep_until {
+                            self.idle.insert(base + page as u64 * p);
+                        } else {
+                            if pg.ext_first as usize == page {
+                                freed_handles.push(CachedHandle {
+                                    handle: pg.handle,
+                                    pages: u64::from(pg.ext_pages),
+                                });
+                            }
+                            *slot = None;
+                            unmapped += 1;
+                        }
                     }
                 }
             }
         }
-        self.mapped_pages -= freed_handles.len() as u64;
+        self.mapped_pages = self.mapped_pages.saturating_sub(unmapped);
         for h in freed_handles {
             self.return_handle(h);
         }
         // Give the range back, coalescing within the reservation.
+        // The merged range's ends are the only addresses whose pages can change besides the
+        // block's own ends (the old neighbours' far ends are the merged range's ends).
         let mut st = addr;
         let mut len = bytes;
         let res_end = self.reservations[ri].end();
@@ -909,7 +1322,6 @@ impl Paged {
             if let Some((&ps, &pl)) = self.free.range(..st).next_back() {
                 if ps + pl == st {
                     self.free.remove(&ps);
-                    self.refresh_range(ri, ps, pl);
                     st = ps;
                     len += pl;
                 }
@@ -917,13 +1329,11 @@ impl Paged {
         }
         if st + len < res_end {
             if let Some(nl) = self.free.remove(&(st + len)) {
-                self.refresh_range(ri, addr + bytes, nl);
                 len += nl;
             }
         }
         self.free.insert(st, len);
-        self.refresh_range(ri, st, len);
-        self.refresh_range(ri, addr, bytes);
+        self.refresh_addrs(ri, [st, st + len, addr, addr + bytes]);
         Ok(())
     }
 
@@ -932,7 +1342,7 @@ impl Paged {
         let list = std::mem::take(&mut self.quick);
         for q in list {
             if self.free_span(dev, q.addr, q.bytes).is_ok() {
-                self.quick_bytes -= q.bytes;
+                self.quick_bytes = self.quick_bytes.saturating_sub(q.bytes);
             } else {
                 self.quick.push(q);
             }
@@ -964,26 +1374,36 @@ impl Paged {
         }
     }
 
-    /// Unmaps and gives back idle pages (left by failed unwinds) to the cache.
+    /// Unmaps every idle page (one cuMemUnmap per run of neighbouring idle pages) and
+    /// caches its handle.
     fn drop_idle_pages(&mut self, dev: &mut dyn Device) -> Result<(), AllocError> {
-        if self.idle_pages == 0 {
-            return Ok(());
-        }
         let p = self.page_bytes;
-        for ri in 0..self.reservations.len() {
-            let base = self.reservations[ri].va;
-            for page in 0..self.reservations[ri].pages.len() {
-                let Some(pg) = self.reservations[ri].pages[page] else {
-                    continue;
-                };
-                if pg.refs != 0 {
-                    continue;
+        while let Some(&first) = self.idle.iter().next() {
+            let ri = self
+                .res_of(first)
+                .ok_or_else(|| AllocError::Internal(format!("idle page {first:#x} outside VA")))?;
+            let end = self.reservations[ri].end();
+            let mut last = first;
+            while last + p < end && self.idle.contains(&(last + p)) {
+                last += p;
+            }
+            dev.unmap(first, last + p - first)?;
+            let mut va = first;
+            while va <= last {
+                self.idle.remove(&va);
+                let page = ((va - self.reservations[ri].va) / p) as usize;
+                let taken = self.reservations[ri]
+                    .pages
+                    .get_mut(page)
+                    .and_then(Option::take);
+                if let Some(pg) = taken {
+                    self.cache_push(CachedHandle {
+                        handle: pg.handle,
+                        pages: 1,
+                    });
                 }
-                dev.unmap(base + page as u64 * p, p)?;
-                self.reservations[ri].pages[page] = None;
-                self.mapped_pages -= 1;
-                self.idle_pages -= 1;
-                self.cache.push(pg.handle);
+                self.mapped_pages = self.mapped_pages.saturating_sub(1);
+                va += p;
             }
         }
         Ok(())
@@ -1019,6 +1439,10 @@ impl Allocator for Paged {
         let bytes = align_up(size_bytes.max(1), UNIT_BYTES)
             .filter(|b| b.checked_add(2 * self.page_bytes).is_some())
             .ok_or(AllocError::Overflow { size_bytes, align })?;
+        // More pages than the device has can never be mapped: refuse before reserving VA.
+        if bytes.div_ceil(self.page_bytes) > dev.capacity_bytes() / self.page_bytes {
+            return Err(self.oom(size_bytes));
+        }
         let result = self.allocate_with_retry(dev, bytes, align, size_bytes);
         if result.is_ok() {
             self.trim_cache(dev);
@@ -1041,7 +1465,7 @@ impl Allocator for Paged {
                     break;
                 }
                 self.quick.remove(0);
-                self.quick_bytes -= old.bytes;
+                self.quick_bytes = self.quick_bytes.saturating_sub(old.bytes);
             }
             if self.quick.len() < self.quick_slots && self.quick_bytes + blk.bytes <= limit {
                 self.live.remove(&addr);
@@ -1066,17 +1490,22 @@ impl Allocator for Paged {
         while let Some(&q) = self.quick.first() {
             self.free_span(dev, q.addr, q.bytes)?;
             self.quick.remove(0);
-            self.quick_bytes -= q.bytes;
+            self.quick_bytes = self.quick_bytes.saturating_sub(q.bytes);
+        }
+        while let Some(&(va, bytes)) = self.quarantine.first() {
+            self.free_span(dev, va, bytes)?;
+            self.quarantine.remove(0);
         }
         self.drop_idle_pages(dev)?;
         let mut released = 0;
         while let Some(h) = self.cache.pop() {
-            if let Err(e) = dev.release_physical(h) {
-                self.cache.push(h);
+            self.cached_pages = self.cached_pages.saturating_sub(h.pages);
+            if let Err(e) = dev.release_physical(h.handle) {
+                self.cache_push(h);
                 return Err(e.into());
             }
-            self.tracker.on_release(p);
-            released += p;
+            self.tracker.on_release(h.pages * p);
+            released += h.pages * p;
         }
         self.trim_pending = false;
         // Reservations without a live block go back too.
@@ -1097,8 +1526,10 @@ impl Allocator for Paged {
 
     fn stats(&self) -> Stats {
         let mut s = self.tracker.stats;
-        let mapped = self.mapped_pages * self.page_bytes;
-        s.free_bytes = mapped.saturating_sub(s.allocated_bytes.current);
+        let in_use = self.mapped_pages.saturating_sub(self.idle.len() as u64) * self.page_bytes;
+        s.free_bytes = in_use
+            .saturating_sub(s.allocated_bytes.current)
+            .saturating_sub(self.quick_bytes);
         s.largest_free_bytes = self
             .reservations
             .iter()

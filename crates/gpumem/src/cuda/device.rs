@@ -9,6 +9,13 @@ use serde::Serialize;
 use super::driver::{self, CUcontext, CUdevice, DeviceAttr, PointerAttr};
 use super::vmm::{PageTable, VmmBook};
 
+/// Blocks up to this size are checked whole by [`CudaDevice`]'s `check_pattern`, in bytes.
+pub const FULL_CHECK_BYTES: u64 = 1 << 20;
+/// Bytes checked at each end of a larger block.
+pub const SAMPLE_WINDOW_BYTES: u64 = 64 << 10;
+/// 4 KiB windows checked between the ends of a larger block.
+pub const SAMPLE_WINDOWS: u64 = 16;
+
 /// What `gpumem info` shows of one device.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DeviceInfo {
@@ -618,25 +625,42 @@ impl Device for CudaDevice {
         unsafe { driver::memset_d32(addr, pattern, words) }
     }
 
+    /// Copies the block back (cuMemcpyDtoH) and compares. Blocks up to
+    /// [`FULL_CHECK_BYTES`] are checked whole; larger ones at their first and last
+    /// [`SAMPLE_WINDOW_BYTES`] and at [`SAMPLE_WINDOWS`] evenly spaced windows between, which
+    /// catches an overlapping neighbour (it damages an end, or a run wider than the spacing)
+    /// while keeping a replay of large traces within minutes.
     fn check_pattern(&mut self, addr: u64, bytes: u64, pattern: u32) -> Result<bool, DeviceError> {
-        const CHUNK_WORDS: usize = 1 << 20; // 4 MiB of host buffer at a time
-        let mut words = bytes / 4;
-        if words == 0 {
+        let bytes = bytes & !3;
+        if bytes == 0 {
             return Ok(true);
         }
         self.bind()?;
-        let mut buf = vec![0u32; CHUNK_WORDS.min(usize::try_from(words).unwrap_or(CHUNK_WORDS))];
-        let mut at = addr;
-        while words > 0 {
-            let n = buf.len().min(usize::try_from(words).unwrap_or(buf.len()));
-            let dst = &mut buf[..n];
-            // SAFETY: as in fill_pattern, [at, at + 4n) lies in a live block of this context.
-            unsafe { driver::memcpy_dtoh(dst, at)? };
-            if dst.iter().any(|&w| w != pattern) {
+        let mut windows: Vec<(u64, u64)> = Vec::new();
+        if bytes <= FULL_CHECK_BYTES {
+            windows.push((addr, bytes));
+        } else {
+            let w = SAMPLE_WINDOW_BYTES;
+            windows.push((addr, w));
+            let span = bytes - 2 * w;
+            for i in 1..=SAMPLE_WINDOWS {
+                let off = w + (span / (SAMPLE_WINDOWS + 1)) * i;
+                windows.push((addr + (off & !3), 4096));
+            }
+            windows.push((addr + bytes - w, w));
+        }
+        let mut buf: Vec<u32> = Vec::new();
+        for (at, n) in windows {
+            let words = usize::try_from(n / 4)
+                .map_err(|_| Self::invalid("cuMemcpyDtoH", format!("{n} B")))?;
+            buf.clear();
+            buf.resize(words, 0);
+            // SAFETY: [at, at + n) lies inside [addr, addr + bytes), a live block of this
+            // context handed out by an allocator on this device (the replay's contract).
+            unsafe { driver::memcpy_dtoh(&mut buf, at)? };
+            if buf.iter().any(|&x| x != pattern) {
                 return Ok(false);
             }
-            at += 4 * n as u64;
-            words -= n as u64;
         }
         Ok(true)
     }

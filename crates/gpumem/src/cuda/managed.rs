@@ -75,18 +75,26 @@ impl CudaDevice {
         let (free, total) = self.mem_info()?;
         managed_guard(bytes, free, total)?;
         let dev = self.device_raw();
-        // SAFETY: `dev` is this device's handle; the retain is matched in ManagedBuffer::drop.
+        // SAFETY: `dev` is this device's handle; the retain is matched in ManagedBuffer::drop,
+        // or just below if the allocation fails.
         let ctx = unsafe { driver::primary_ctx_retain(dev)? };
-        let buf = ManagedBuffer {
-            dev,
-            ctx,
-            ordinal: i32::try_from(self.ordinal()).unwrap_or(i32::MAX),
-            addr: 0,
-            bytes,
-        };
-        buf.bind()?;
-        let addr = driver::mem_alloc_managed(bytes)?;
-        Ok(ManagedBuffer { addr, ..buf })
+        // SAFETY: `ctx` was just retained.
+        let made =
+            unsafe { driver::ctx_set_current(ctx) }.and_then(|()| driver::mem_alloc_managed(bytes));
+        match made {
+            Ok(addr) => Ok(ManagedBuffer {
+                dev,
+                ctx,
+                ordinal: i32::try_from(self.ordinal()).unwrap_or(i32::MAX),
+                addr,
+                bytes,
+            }),
+            Err(e) => {
+                // SAFETY: matches the retain above; nothing was allocated.
+                let _ = unsafe { driver::primary_ctx_release(dev) };
+                Err(e.into())
+            }
+        }
     }
 }
 

@@ -19,7 +19,44 @@ pub(crate) fn cuda_err(call: &'static str) -> impl Fn(DriverError) -> PinnedErro
     }
 }
 
-/// Whether the CUDA driver library loads and `cuInit` succeeds; the answer is computed once.
+/// The driver entry points this module (and the part of cudarc it uses) calls.
+const REQUIRED_SYMBOLS: [&str; 32] = [
+    "cuInit",
+    "cuDeviceGet",
+    "cuDeviceGetAttribute",
+    "cuDeviceGetName",
+    "cuDeviceGetPCIBusId",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuCtxGetCurrent",
+    "cuCtxSetCurrent",
+    "cuMemHostAlloc",
+    "cuMemFreeHost",
+    "cuMemHostGetDevicePointer_v2",
+    "cuMemHostRegister_v2",
+    "cuMemHostUnregister",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuMemcpyHtoDAsync_v2",
+    "cuMemcpyDtoHAsync_v2",
+    "cuMemcpyDtoDAsync_v2",
+    "cuStreamCreate",
+    "cuStreamDestroy_v2",
+    "cuStreamSynchronize",
+    "cuStreamWaitEvent",
+    "cuEventCreate",
+    "cuEventRecord",
+    "cuEventQuery",
+    "cuEventSynchronize",
+    "cuEventDestroy_v2",
+    "cuModuleLoadData",
+    "cuModuleGetFunction",
+    "cuModuleUnload",
+    "cuLaunchKernel",
+];
+
+/// Whether the CUDA driver library loads, exports every entry point used here, and `cuInit`
+/// succeeds; the answer is computed once.
 ///
 /// # Errors
 /// [`PinnedError::NoDriver`] naming the libraries searched, or the `cuInit` error.
@@ -33,7 +70,22 @@ pub fn cuda_available() -> Result<()> {
                             cudarc tries; none could be loaded (no NVIDIA driver?)"
                     .to_string());
             }
-            // cudarc panics if a symbol is missing (a driver older than CUDA 12.8): catch it.
+            // cudarc panics when it calls a symbol the driver lacks: look for every one this
+            // module calls first, and name the missing ones.
+            let missing: Vec<&str> = REQUIRED_SYMBOLS
+                .iter()
+                .copied()
+                // SAFETY: only looks symbols up in the library found above.
+                .filter(|name| {
+                    unsafe { sys::culib().get::<*const c_void>(name.as_bytes()) }.is_err()
+                })
+                .collect();
+            if !missing.is_empty() {
+                return Err(format!(
+                    "the CUDA driver library lacks {} (driver too old?)",
+                    missing.join(", ")
+                ));
+            }
             match std::panic::catch_unwind(result::init) {
                 Ok(Ok(())) => Ok(()),
                 Ok(Err(e)) => Err(format!("cuInit failed: {:?}", e.0)),
@@ -105,6 +157,12 @@ impl CudaHost {
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map(|v| v.max(1) as u32)
             .map_err(cuda_err("cuDeviceGetAttribute"))
+    }
+
+    /// Whether `other` is the same context (so events and streams of one work with the
+    /// other).
+    pub fn same_device_context(&self, other: &CudaHost) -> bool {
+        Arc::ptr_eq(&self.ctx, &other.ctx) || self.ctx.cu_ctx() == other.ctx.cu_ctx()
     }
 
     /// The cudarc context, for callers that need more of the driver.
@@ -351,6 +409,11 @@ impl Event {
         })
     }
 
+    /// The device whose context the event belongs to.
+    pub fn host(&self) -> &CudaHost {
+        &self.host
+    }
+
     /// Records the event on `stream` (`cuEventRecord`).
     ///
     /// # Errors
@@ -402,9 +465,32 @@ impl Event {
     /// [`PinnedError::Cuda`].
     pub fn elapsed_ms_since(&self, start: &Event) -> Result<f32> {
         self.host.bind()?;
-        // SAFETY: both events are live.
-        unsafe { result::event::elapsed(start.raw, self.raw) }
-            .map_err(cuda_err("cuEventElapsedTime"))
+        type ElapsedFn =
+            unsafe extern "C" fn(*mut f32, sys::CUevent, sys::CUevent) -> sys::CUresult;
+        // CUDA 12.8 added cuEventElapsedTime_v2 and CUDA 13 headers use it; take whichever the
+        // driver exports rather than let a missing symbol panic inside cudarc.
+        static ELAPSED: OnceLock<Option<ElapsedFn>> = OnceLock::new();
+        let f = ELAPSED.get_or_init(|| {
+            // SAFETY: the library is loaded (cuda_available succeeded before any Event
+            // existed); both symbols have this signature in cuda.h.
+            unsafe {
+                let lib = sys::culib();
+                lib.get::<ElapsedFn>(b"cuEventElapsedTime_v2")
+                    .or_else(|_| lib.get::<ElapsedFn>(b"cuEventElapsedTime"))
+                    .map(|s| *s)
+                    .ok()
+            }
+        });
+        let f = f.ok_or_else(|| PinnedError::Cuda {
+            call: "cuEventElapsedTime",
+            name: "symbol not found in the driver".into(),
+        })?;
+        let mut ms = 0f32;
+        // SAFETY: both events are live; `ms` is a valid out pointer.
+        unsafe { f(&mut ms, start.raw, self.raw) }
+            .result()
+            .map_err(cuda_err("cuEventElapsedTime"))?;
+        Ok(ms)
     }
 }
 

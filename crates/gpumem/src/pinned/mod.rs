@@ -37,7 +37,7 @@ pub use driver::{cuda_available, CudaHost, DeviceBuffer, Event, Stream};
 pub use locked::{memlock_limit, MemlockLimit};
 pub use pool::PinnedSource;
 pub use pool::{Fence, PinnedPool, PinnedPoolConfig, PinnedStats, PooledBuffer};
-pub use staging::{CopyKind, CopyPool, StagingConfig, StagingDma, StagingRing};
+pub use staging::{CopyKind, CopyPool, NullDma, StagingConfig, StagingDma, StagingRing};
 
 /// How a [`PinnedBuffer`] is allocated (the flags of `cuMemHostAlloc`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize)]

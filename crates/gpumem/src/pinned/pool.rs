@@ -10,6 +10,26 @@
 //!
 //! A block used by an asynchronous copy carries fences ([`PooledBuffer::record_stream`] or
 //! [`PooledBuffer::record_fence`]); it is handed out again only once they have completed.
+//!
+//! ```
+//! use gpumem::pinned::{PinnedError, PinnedPool, PinnedPoolConfig};
+//! // CUDA where a driver is present, else page-locked memory through mlock.
+//! let pool = PinnedPool::new(PinnedPoolConfig::auto(0));
+//! match pool.alloc(3 << 20) {
+//!     Ok(mut block) => {
+//!         block.fill(7); // a &mut [u8] of exactly 3 MiB
+//!         let addr = block.as_ptr();
+//!         drop(block); // back to the cache, not to the OS
+//!         let again = pool.alloc(3 << 20).unwrap(); // no driver call
+//!         assert_eq!(again.as_ptr(), addr);
+//!         let s = pool.stats();
+//!         assert_eq!((s.cache_hits, s.cache_misses), (1, 1));
+//!         assert!(s.pinned_over_requested() <= 1.05);
+//!     }
+//!     // An unprivileged process with a small RLIMIT_MEMLOCK and no CUDA.
+//!     Err(e) => assert!(matches!(e, PinnedError::MemlockLimit { .. })),
+//! }
+//! ```
 
 use super::driver::{CudaHost, Event, Stream};
 use super::size_class::class_bytes;
@@ -100,6 +120,11 @@ pub struct PinnedStats {
     pub alloc_retries: u64,
     /// Cached blocks skipped because a copy still used them (cumulative).
     pub busy_skips: u64,
+    /// Bytes leaked on purpose because a copy might still use them (a failed
+    /// [`PooledBuffer::release_after`]); they stay pinned and counted in `pinned_bytes`.
+    pub leaked_bytes: u64,
+    /// Blocks leaked so (counted in `segment_count`).
+    pub leaked_blocks: u64,
     /// The cap, in bytes.
     pub cap_bytes: u64,
 }
@@ -115,15 +140,48 @@ impl PinnedStats {
     }
 }
 
+/// What keeps a cached block from reuse: a CUDA event (recycled once complete) or any fence.
+enum Guard {
+    Event(Event),
+    Other(Box<dyn Fence>),
+}
+
+impl Guard {
+    fn is_complete(&self) -> Result<bool> {
+        match self {
+            Guard::Event(e) => e.query(),
+            Guard::Other(f) => f.is_complete(),
+        }
+    }
+}
+
 struct Cached {
     buf: PinnedBuffer,
-    fences: Vec<Box<dyn Fence>>,
+    fences: Vec<Guard>,
 }
+
+/// Most idle events a pool keeps for reuse.
+const MAX_IDLE_EVENTS: usize = 64;
 
 #[derive(Default)]
 struct State {
     free: HashMap<u64, Vec<Cached>>,
+    /// Completed events, recorded again by the next `record_stream` (no cuEventCreate).
+    events: Vec<Event>,
     stats: PinnedStats,
+}
+
+impl State {
+    /// Keeps the events of completed guards for reuse (the others are dropped).
+    fn recycle(&mut self, guards: Vec<Guard>) {
+        for g in guards {
+            if let Guard::Event(e) = g {
+                if self.events.len() < MAX_IDLE_EVENTS {
+                    self.events.push(e);
+                }
+            }
+        }
+    }
 }
 
 struct Inner {
@@ -181,13 +239,18 @@ fn release_cached(st: &mut State, cap: u64, needed: Option<u64>) -> Vec<PinnedBu
                 st.stats.cached_bytes.sub(class);
                 st.stats.segment_count.sub(1);
                 st.stats.released_blocks += 1;
-                out.push(c.buf);
+                out.push(c);
             } else {
                 i += 1;
             }
         }
     }
-    out
+    let mut bufs = Vec::with_capacity(out.len());
+    for c in out {
+        st.recycle(c.fences);
+        bufs.push(c.buf);
+    }
+    bufs
 }
 
 /// A capped caching allocator of pinned host memory. Cheap to clone (shared state);
@@ -329,7 +392,14 @@ impl PinnedPool {
             skipped += 1;
         }
         st.stats.busy_skips += skipped;
-        Ok(found.map(|i| list.swap_remove(i).buf))
+        let Some(i) = found else {
+            return Ok(None);
+        };
+        let c = list.swap_remove(i);
+        if !c.fences.is_empty() {
+            st.recycle(c.fences);
+        }
+        Ok(Some(c.buf))
     }
 
     fn count_alloc(stats: &mut PinnedStats, requested: u64, class: u64) {
@@ -396,12 +466,12 @@ impl PinnedPool {
         };
         check(s.cached_bytes.current == cached, "cached bytes")?;
         check(
-            s.pinned_bytes.current == s.allocated_bytes.current + cached,
-            "pinned != allocated + cached",
+            s.pinned_bytes.current == s.allocated_bytes.current + cached + s.leaked_bytes,
+            "pinned != allocated + cached + leaked",
         )?;
         check(
-            s.segment_count.current == s.allocation_count.current + blocks,
-            "segments != live + cached blocks",
+            s.segment_count.current == s.allocation_count.current + blocks + s.leaked_blocks,
+            "segments != live + cached + leaked blocks",
         )?;
         check(s.pinned_bytes.current <= s.cap_bytes, "over the cap")?;
         check(
@@ -417,7 +487,7 @@ pub struct PooledBuffer {
     buf: Option<PinnedBuffer>,
     len: usize,
     class: u64,
-    fences: Vec<Box<dyn Fence>>,
+    fences: Vec<Guard>,
     pool: Arc<Inner>,
 }
 
@@ -448,21 +518,61 @@ impl PooledBuffer {
     }
 
     /// Marks the block as used by work queued on `stream` so far: an event is recorded there
-    /// on this call (`cuEventRecord`), and the block is not handed out again before it
-    /// completes. Call it after queueing the last copy that uses the block.
+    /// on this call (`cuEventRecord`; events are recycled by the pool, so no `cuEventCreate`
+    /// once warm), and the block is not handed out again before it completes. Call it after
+    /// queueing the last copy that uses the block.
     ///
     /// # Errors
     /// [`PinnedError::Cuda`] from event creation or recording.
     pub fn record_stream(&mut self, stream: &Stream) -> Result<()> {
-        let mut ev = Event::new(stream.host(), false)?;
+        let idle = {
+            let mut st = self.pool.lock();
+            let pos = st
+                .events
+                .iter()
+                .rposition(|e| e.host().same_device_context(stream.host()));
+            pos.map(|i| st.events.swap_remove(i))
+        };
+        let mut ev = match idle {
+            Some(e) => e,
+            None => Event::new(stream.host(), false)?,
+        };
         ev.record(stream)?;
-        self.fences.push(Box::new(ev));
+        self.fences.push(Guard::Event(ev));
         Ok(())
+    }
+
+    /// Gives the block back once the work queued on `stream` so far is done: records an
+    /// event there and returns the block to the pool, which hands it out again only after
+    /// that event has completed. Use it to free a block right after queueing its last copy.
+    ///
+    /// # Errors
+    /// [`PinnedError::Cuda`]; the block goes back to the pool anyway, and since no event
+    /// guards it then, the stream is synchronised first (`cuStreamSynchronize`) so that no
+    /// copy still uses it; if that fails too, the block is leaked rather than reused.
+    pub fn release_after(mut self, stream: &Stream) -> Result<()> {
+        match self.record_stream(stream) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                if stream.synchronize().is_err() {
+                    // Never hand out memory a copy may still be using.
+                    std::mem::forget(self.buf.take());
+                    let mut st = self.pool.lock();
+                    st.stats.requested_bytes.sub(self.len as u64);
+                    st.stats.allocated_bytes.sub(self.class);
+                    st.stats.allocation_count.sub(1);
+                    st.stats.leaked_bytes += self.class;
+                    st.stats.leaked_blocks += 1;
+                    st.stats.free_calls += 1;
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Adds a fence that must complete before the block is reused.
     pub fn record_fence(&mut self, fence: Box<dyn Fence>) {
-        self.fences.push(fence);
+        self.fences.push(Guard::Other(fence));
     }
 }
 

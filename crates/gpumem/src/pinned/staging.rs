@@ -10,6 +10,16 @@
 //! The DMA side is a trait, [`StagingDma`], so the ring runs the same against CUDA
 //! (`cuMemcpyHtoDAsync` + `cuEventRecord`) and against a fake that copies host to host
 //! (tests).
+//!
+//! ```
+//! use gpumem::pinned::{CopyKind, NullDma, StagingConfig, StagingRing};
+//! let config = StagingConfig { chunk_bytes: 1 << 20, buffers: 2, threads: 2, copy: CopyKind::Libc };
+//! // With CUDA: StagingRing::new_cuda(&host, config)?.copy_pageable_to_device(&src, &dev, 0, &stream)
+//! if let Ok(mut ring) = StagingRing::new_locked(config) {
+//!     let src = vec![1u8; 5 << 20];
+//!     ring.stage_h2d(&src, &mut NullDma).unwrap(); // the host side alone
+//! }
+//! ```
 
 use super::driver::{check_range, CudaHost, DeviceBuffer, Event, Stream};
 use super::{HostAllocFlags, PinnedBuffer, PinnedError, Result};
@@ -22,9 +32,9 @@ pub enum CopyKind {
     /// `memcpy` (`ptr::copy_nonoverlapping`).
     #[default]
     Libc,
-    /// Non-temporal (streaming) stores on x86-64 when copying into a staging buffer: the
-    /// destination lines bypass the cache and need no read-for-ownership, which saves memory
-    /// bandwidth; `memcpy` elsewhere.
+    /// Non-temporal (streaming) stores on x86-64 (`memcpy` elsewhere): the destination
+    /// lines bypass the cache and need no read-for-ownership, which saves memory bandwidth,
+    /// but the DMA engine then reads them from DRAM rather than the last-level cache.
     NonTemporal,
 }
 
@@ -77,6 +87,36 @@ struct Job {
     kind: CopyKind,
 }
 
+/// How long a waiting thread spins before it sleeps: a staged copy hands out a chunk every
+/// 20–500 µs, and waking a sleeping thread costs several µs of futex and scheduler latency
+/// per chunk and thread.
+const SPIN: std::time::Duration = std::time::Duration::from_micros(200);
+/// For how long of [`SPIN`] the thread spins without yielding the CPU.
+const SPIN_HOT: std::time::Duration = std::time::Duration::from_micros(20);
+
+/// Receives from `rx`, spinning for up to [`SPIN`] (yielding after [`SPIN_HOT`], so that an
+/// oversubscribed machine still makes progress) before blocking; `None` once the sender is
+/// gone.
+fn recv_spinning<T>(rx: &mpsc::Receiver<T>) -> Option<T> {
+    let t0 = std::time::Instant::now();
+    loop {
+        match rx.try_recv() {
+            Ok(v) => return Some(v),
+            Err(mpsc::TryRecvError::Disconnected) => return None,
+            Err(mpsc::TryRecvError::Empty) => {
+                let waited = t0.elapsed();
+                if waited > SPIN {
+                    return rx.recv().ok();
+                } else if waited > SPIN_HOT {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+    }
+}
+
 /// A persistent pool of threads that copy one buffer together, each its share.
 pub struct CopyPool {
     senders: Vec<mpsc::Sender<Job>>,
@@ -96,21 +136,25 @@ impl std::fmt::Debug for CopyPool {
 const MIN_SHARE_BYTES: usize = 256 << 10;
 
 impl CopyPool {
-    /// Starts `threads − 1` workers (the calling thread copies a share too); 0 counts as 1.
+    /// Starts `threads − 1` workers (the calling thread copies a share too); 0 counts as 1,
+    /// and more than the CPUs available (`available_parallelism`) count as that many, since
+    /// waiting workers spin.
     ///
     /// # Errors
     /// [`PinnedError::Os`] if a thread cannot be spawned.
     pub fn new(threads: usize) -> Result<Self> {
+        let cpus = std::thread::available_parallelism().map_or(threads, |n| n.get());
+        let threads = threads.clamp(1, cpus.max(1));
         let (done_tx, done) = mpsc::channel::<()>();
         let mut senders = Vec::new();
         let mut handles = Vec::new();
-        for i in 1..threads.max(1) {
+        for i in 1..threads {
             let (tx, rx) = mpsc::channel::<Job>();
             let done_tx = done_tx.clone();
             let h = std::thread::Builder::new()
                 .name(format!("gpumem-stage-{i}"))
                 .spawn(move || {
-                    while let Ok(job) = rx.recv() {
+                    while let Some(job) = recv_spinning(&rx) {
                         // SAFETY: `CopyPool::copy` keeps both ranges borrowed and disjoint
                         // until every worker has answered on `done`.
                         unsafe {
@@ -142,12 +186,13 @@ impl CopyPool {
     }
 
     /// Copies `src` into `dst` (equal lengths) with up to [`CopyPool::threads`] threads and
-    /// returns when all shares are done.
+    /// returns when all shares are done (`&mut self`: one copy at a time, so the answers of
+    /// the workers cannot mix).
     ///
     /// # Errors
     /// [`PinnedError::InvalidArgument`] if the lengths differ; [`PinnedError::Internal`] if a
     /// worker died.
-    pub fn copy(&self, dst: &mut [u8], src: &[u8], kind: CopyKind) -> Result<()> {
+    pub fn copy(&mut self, dst: &mut [u8], src: &[u8], kind: CopyKind) -> Result<()> {
         if dst.len() != src.len() {
             return Err(PinnedError::InvalidArgument(format!(
                 "copy of {} B into {} B",
@@ -164,7 +209,7 @@ impl CopyPool {
     /// # Safety
     /// `src` readable and `dst` writable for `len` bytes until the call returns; disjoint.
     pub unsafe fn copy_raw(
-        &self,
+        &mut self,
         dst: *mut u8,
         src: *const u8,
         len: usize,
@@ -200,7 +245,7 @@ impl CopyPool {
         copy_bytes(dst, src, share.min(len), kind);
         let mut lost = false;
         for _ in 0..sent {
-            if self.done.recv().is_err() {
+            if recv_spinning(&self.done).is_none() {
                 lost = true;
             }
         }
@@ -265,7 +310,8 @@ pub struct StagingConfig {
     pub chunk_bytes: usize,
     /// Staging buffers in the ring (≥ 2 to overlap).
     pub buffers: usize,
-    /// Host threads that fill or drain a chunk together (the caller included).
+    /// Host threads that fill or drain a chunk together (the caller included; at most the
+    /// CPUs available).
     pub threads: usize,
     /// How they copy.
     pub copy: CopyKind,
@@ -492,6 +538,23 @@ impl StagingRing {
     }
 }
 
+/// A [`StagingDma`] that copies nothing: measures the host side of a staged copy alone
+/// (the ceiling the ring can reach whatever the link).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NullDma;
+
+impl StagingDma for NullDma {
+    unsafe fn start_h2d(&mut self, _: usize, _: *const u8, _: usize, _: usize) -> Result<()> {
+        Ok(())
+    }
+    unsafe fn start_d2h(&mut self, _: usize, _: usize, _: *mut u8, _: usize) -> Result<()> {
+        Ok(())
+    }
+    fn wait(&mut self, _: usize) -> Result<()> {
+        Ok(())
+    }
+}
+
 /// [`StagingDma`] on a CUDA stream: `cuMemcpyHtoDAsync` / `cuMemcpyDtoHAsync` then
 /// `cuEventRecord` of the slot's event; waiting is `cuEventSynchronize`.
 struct CudaDma<'s> {
@@ -560,8 +623,9 @@ mod tests {
 
     #[test]
     fn copy_pool_copies_every_byte_with_both_kinds() {
-        let pool = CopyPool::new(4).unwrap();
-        assert_eq!(pool.threads(), 4);
+        let mut pool = CopyPool::new(4).unwrap();
+        let cpus = std::thread::available_parallelism().unwrap().get();
+        assert_eq!(pool.threads(), 4.min(cpus));
         for kind in [CopyKind::Libc, CopyKind::NonTemporal] {
             for len in [0usize, 1, 63, 64, 65, 1000, (1 << 20) + 17, 3 << 20] {
                 let src: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();

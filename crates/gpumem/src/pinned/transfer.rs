@@ -51,9 +51,13 @@ pub struct TransferBench {
     pinned_a: Option<PinnedBuffer>,
     pinned_b: Option<PinnedBuffer>,
     wc: Option<PinnedBuffer>,
+    wc_b: Option<PinnedBuffer>,
     mapped_a: Option<PinnedBuffer>,
     mapped_b: Option<PinnedBuffer>,
     staging: Option<StagingRing>,
+    /// Two rings with half the threads each, for staged copies both ways at once (made on
+    /// first use).
+    staging_both: Option<(StagingRing, StagingRing)>,
     kernel: Option<CopyKernel>,
     mapped_method: MappedMethod,
     max_bytes: usize,
@@ -95,10 +99,10 @@ impl TransferBench {
         } else {
             (None, None)
         };
-        let wc = if has(MemoryKind::WriteCombined) {
-            Some(pinned(HostAllocFlags::WRITE_COMBINED)?)
+        let (wc, wc_b) = if has(MemoryKind::WriteCombined) {
+            both(HostAllocFlags::WRITE_COMBINED)?
         } else {
-            None
+            (None, None)
         };
         let needs_pageable = has(MemoryKind::Pageable) || has(MemoryKind::Staged);
         let pageable_len = if needs_pageable { max_bytes } else { 0 };
@@ -130,9 +134,11 @@ impl TransferBench {
             pinned_a,
             pinned_b,
             wc,
+            wc_b,
             mapped_a,
             mapped_b,
             staging,
+            staging_both: None,
             kernel,
             mapped_method,
             max_bytes,
@@ -154,7 +160,8 @@ impl TransferBench {
     /// # Errors
     /// Driver errors.
     pub fn set_staging(&mut self, config: StagingConfig) -> Result<()> {
-        self.staging = None; // free the old ring first
+        self.staging = None; // free the old rings first
+        self.staging_both = None;
         self.staging = Some(StagingRing::new_cuda(&self.host, config)?);
         Ok(())
     }
@@ -289,16 +296,48 @@ impl TransferBench {
                     &self.s1,
                 )?;
             }
-            (MemoryKind::WriteCombined, Direction::Both)
-            | (MemoryKind::Staged, Direction::Both) => return Ok(false),
+            (MemoryKind::WriteCombined, Direction::Both) => {
+                let (Some(a), Some(b)) = (&self.wc, &mut self.wc_b) else {
+                    return Ok(false);
+                };
+                h2d(&self.s1, a.as_ptr())?;
+                d2h(&self.s2, b.as_mut_ptr())?;
+            }
+            (MemoryKind::Staged, Direction::Both) => {
+                let Some(ring) = &self.staging else {
+                    return Ok(false);
+                };
+                if self.staging_both.is_none() {
+                    let mut c = ring.config();
+                    c.threads = (c.threads / 2).max(1);
+                    self.staging_both = Some((
+                        StagingRing::new_cuda(&self.host, c)?,
+                        StagingRing::new_cuda(&self.host, c)?,
+                    ));
+                }
+                let Some((ra, rb)) = &mut self.staging_both else {
+                    return Ok(false);
+                };
+                let (src, dst) = (&self.pageable_a[..bytes], &mut self.pageable_b[..bytes]);
+                let (dev_a, dev_b, s1, s2) = (&self.dev_a, &self.dev_b, &self.s1, &self.s2);
+                std::thread::scope(|scope| -> Result<()> {
+                    let d2h = scope.spawn(move || rb.copy_device_to_pageable(dev_b, 0, dst, s2));
+                    let h2d = ra.copy_pageable_to_device(src, dev_a, 0, s1);
+                    let d2h = d2h
+                        .join()
+                        .map_err(|_| PinnedError::Internal("staging thread panicked".into()))?;
+                    h2d.and(d2h)
+                })?;
+            }
         }
         Ok(true)
     }
 
     /// Median seconds of one copy of `bytes` bytes of `kind` in `direction` over `repeats`
     /// (after one warm-up), timed with CUDA events on the copy stream; for `Both`, from before
-    /// the first to after the last of the two streams' copies. `None` for combinations not
-    /// measured (write-combined and staged both ways).
+    /// the first to after the last of the two streams' copies (staged: two rings with half
+    /// the threads each, one per direction, on two host threads). `None` for kinds not
+    /// allocated.
     ///
     /// # Errors
     /// [`PinnedError::InvalidArgument`] for sizes past the buffers; driver errors.
@@ -311,15 +350,22 @@ impl TransferBench {
     ) -> Result<Option<f64>> {
         self.check_size(bytes)?;
         let mut times = Vec::with_capacity(repeats);
+        // One direction: start, copy, end on one stream, as a plain cudaMemcpyAsync is timed.
+        // Both: the second stream waits for `start` and `end` waits for the second stream.
+        let two = dir == Direction::Both;
         for r in 0..=repeats.max(1) {
             self.start.record(&self.s1)?;
-            self.s2.wait_event(&self.start)?;
+            if two {
+                self.s2.wait_event(&self.start)?;
+            }
             if !self.issue(kind, dir, bytes)? {
                 self.s1.synchronize()?;
                 return Ok(None);
             }
-            self.join.record(&self.s2)?;
-            self.s1.wait_event(&self.join)?;
+            if two {
+                self.join.record(&self.s2)?;
+                self.s1.wait_event(&self.join)?;
+            }
             self.end.record(&self.s1)?;
             self.end.synchronize()?;
             if r > 0 {

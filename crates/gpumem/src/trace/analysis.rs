@@ -10,10 +10,11 @@
 //! one block, near 1 when they are scattered in small pieces. The totals use the largest free
 //! block of all segments over all free bytes.
 use super::SnapshotSegment;
+use serde::Serialize;
 use std::fmt;
 
 /// The state of one segment.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SegmentState {
     /// Device ordinal.
     pub device: u32,
@@ -46,7 +47,7 @@ pub struct SegmentState {
 }
 
 /// Totals over all segments.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct StateTotals {
     /// Number of segments.
     pub segments: usize,
@@ -72,8 +73,8 @@ pub struct StateTotals {
     pub inactive_split_bytes: u64,
 }
 
-/// The state of all recorded segments.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// The state of all recorded segments (serialises to JSON with serde).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct StateAnalysis {
     /// One entry per segment, in the snapshot's order.
     pub segments: Vec<SegmentState>,
@@ -121,29 +122,31 @@ pub fn analyze(segments: &[SnapshotSegment]) -> StateAnalysis {
         let split = s.blocks.len() > 1;
         for b in &s.blocks {
             if b.state.starts_with("active") {
-                st.allocated_bytes += b.size_bytes;
-                st.requested_bytes += b.requested_bytes;
+                st.allocated_bytes = st.allocated_bytes.saturating_add(b.size_bytes);
+                st.requested_bytes = st.requested_bytes.saturating_add(b.requested_bytes);
                 st.active_blocks += 1;
             } else {
-                st.free_bytes += b.size_bytes;
+                st.free_bytes = st.free_bytes.saturating_add(b.size_bytes);
                 st.largest_free_bytes = st.largest_free_bytes.max(b.size_bytes);
                 if split {
                     st.inactive_split_blocks += 1;
-                    st.inactive_split_bytes += b.size_bytes;
+                    st.inactive_split_bytes = st.inactive_split_bytes.saturating_add(b.size_bytes);
                 }
             }
         }
         st.external_fragmentation = fragmentation(st.largest_free_bytes, st.free_bytes);
         t.segments += 1;
-        t.reserved_bytes += st.size_bytes;
-        t.allocated_bytes += st.allocated_bytes;
-        t.requested_bytes += st.requested_bytes;
-        t.free_bytes += st.free_bytes;
+        t.reserved_bytes = t.reserved_bytes.saturating_add(st.size_bytes);
+        t.allocated_bytes = t.allocated_bytes.saturating_add(st.allocated_bytes);
+        t.requested_bytes = t.requested_bytes.saturating_add(st.requested_bytes);
+        t.free_bytes = t.free_bytes.saturating_add(st.free_bytes);
         t.largest_free_bytes = t.largest_free_bytes.max(st.largest_free_bytes);
         t.blocks += st.blocks;
         t.active_blocks += st.active_blocks;
         t.inactive_split_blocks += st.inactive_split_blocks;
-        t.inactive_split_bytes += st.inactive_split_bytes;
+        t.inactive_split_bytes = t
+            .inactive_split_bytes
+            .saturating_add(st.inactive_split_bytes);
         out.segments.push(st);
     }
     out.totals.external_fragmentation =

@@ -59,6 +59,28 @@ pub fn detect(bytes: &[u8]) -> Result<Format, String> {
     if matches!(bytes[0], b'(' | b'}' | b']') && bytes.ends_with(b".") {
         return Ok(Format::TorchSnapshot);
     }
+    for (magic, what) in [
+        (
+            &b"PK\x03\x04"[..],
+            "a ZIP archive (a torch.save checkpoint?), not a memory snapshot",
+        ),
+        (
+            &b"\x28\xb5\x2f\xfd"[..],
+            "zstd-compressed data: decompress it first (zstd -d)",
+        ),
+        (
+            &b"\xfd7zXZ\x00"[..],
+            "xz-compressed data: decompress it first (xz -d)",
+        ),
+        (
+            &b"BZh"[..],
+            "bzip2-compressed data: decompress it first (bunzip2)",
+        ),
+    ] {
+        if bytes.starts_with(magic) {
+            return Err(what.into());
+        }
+    }
     let text = strip_bom(bytes);
     let start = text
         .iter()
@@ -163,5 +185,9 @@ mod tests {
             .unwrap_err()
             .contains("hello world"));
         assert!(detect(b"\x80\x09").unwrap_err().contains("protocol 9"));
+        assert!(detect(b"PK\x03\x04\x14\x00").unwrap_err().contains("ZIP"));
+        assert!(detect(b"\x28\xb5\x2f\xfd\x00")
+            .unwrap_err()
+            .contains("zstd -d"));
     }
 }

@@ -209,6 +209,19 @@ fn not_a_trace(data: &[u8], first: &[u8]) -> Option<String> {
 /// Writes `trace` as gpumem JSON lines: its pre-existing blocks first, then every event.
 /// Skipped events are not written.
 ///
+/// ```
+/// use gpumem::trace::{jsonl::write_jsonl, read_bytes, ReadOptions};
+/// let csv = b"Thread,Time,Action,Pointer,Size,Stream\n1,10:00:00.5,allocate,0x7f00,256,0x0\n";
+/// let trace = read_bytes("rmm.csv", csv, ReadOptions::default())?;
+/// let mut out = Vec::new();
+/// write_jsonl(&trace, &mut out).expect("writing to a Vec");
+/// assert_eq!(
+///     String::from_utf8_lossy(&out),
+///     "{\"action\":\"alloc\",\"addr\":32512,\"size\":256,\"time_us\":36000500000}\n"
+/// );
+/// # Ok::<(), gpumem::trace::TraceError>(())
+/// ```
+///
 /// # Errors
 /// The writer's I/O error.
 pub fn write_jsonl<W: Write>(trace: &Trace, writer: W) -> std::io::Result<()> {

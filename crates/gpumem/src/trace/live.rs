@@ -4,14 +4,22 @@ use super::{Action, Event, PreexistingBlock, Trace};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-/// A multiplicative hasher for `(device, address)` keys: addresses are not attacker-chosen in a
-/// way that matters here (a hostile file can at worst slow its own reading down).
+/// A fast hasher for `(device, address)` keys (Fx-style mixing, MurmurHash3 finaliser). Not
+/// keyed: a hostile file could at worst slow its own reading down.
 #[derive(Default)]
 pub(crate) struct AddrHasher(u64);
 
 impl Hasher for AddrHasher {
     fn finish(&self) -> u64 {
-        self.0
+        // MurmurHash3's fmix64 finaliser: the multiply above only carries low bits upwards, and
+        // device addresses are 512-byte (or 2 MiB) aligned, so without it the low bits that
+        // pick the bucket would be the same for every key.
+        let mut h = self.0;
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        h ^ (h >> 33)
     }
     fn write(&mut self, bytes: &[u8]) {
         for &b in bytes {
@@ -39,23 +47,28 @@ pub(crate) enum UnknownFree {
     Error,
 }
 
-/// Tracks live blocks while a reader admits events.
-pub(crate) struct Liveness {
-    /// Live blocks: (size in bytes, index of the alloc event).
-    live: AddrMap<(u64, u64)>,
-    /// Declared pre-existing blocks still live: index in [`Trace::preexisting`].
-    declared: AddrMap<usize>,
-    unknown: UnknownFree,
+/// What the reader knows about an address.
+#[derive(Debug, Clone, Copy)]
+enum Slot {
+    /// Allocated at event `at` with `size` bytes.
+    Live { size: u64, at: u64 },
+    /// A declared pre-existing block of `size` bytes: index `pre` in [`Trace::preexisting`].
+    Declared { size: u64, pre: usize },
+    /// Freed at event `at` and not allocated since.
+    Freed { at: u64 },
 }
 
-/// `Liveness::live` alloc index of a declared pre-existing block.
-const DECLARED: u64 = u64::MAX;
+/// Tracks live blocks while a reader admits events. Freed addresses are remembered (until they
+/// are allocated again), so that a double free is told apart from a pre-existing block.
+pub(crate) struct Liveness {
+    slots: AddrMap<Slot>,
+    unknown: UnknownFree,
+}
 
 impl Liveness {
     pub(crate) fn new(unknown: UnknownFree) -> Self {
         Self {
-            live: AddrMap::default(),
-            declared: AddrMap::default(),
+            slots: AddrMap::default(),
             unknown,
         }
     }
@@ -73,45 +86,79 @@ impl Liveness {
         size_hint: impl Fn(u32, u64) -> u64,
     ) -> Result<(), String> {
         let index = trace.events.len() as u64;
+        self.check(&mut event, index, &mut trace.preexisting, size_hint)?;
+        trace.events.push(event);
+        Ok(())
+    }
+
+    /// Checks `event`, to be appended at `index` of the events, against the live set and
+    /// records its effect (a free of a live block gets the block's size when it had none; a
+    /// pre-existing block goes to `preexisting`).
+    ///
+    /// # Errors
+    /// What is wrong with the event; the live set is unchanged.
+    pub(crate) fn check(
+        &mut self,
+        event: &mut Event,
+        index: u64,
+        preexisting: &mut Vec<PreexistingBlock>,
+        size_hint: impl Fn(u32, u64) -> u64,
+    ) -> Result<(), String> {
         let key = (event.device, event.addr);
         match event.action {
-            Action::Alloc => {
-                if let Some(&(size, at)) = self.live.get(&key) {
+            Action::Alloc => match self.slots.get(&key) {
+                Some(&Slot::Live { size, at }) => {
                     return Err(format!(
                         "alloc of {} bytes at address {:#x} (device {}), which is already live \
-                         ({})",
-                        event.size_bytes,
-                        event.addr,
-                        event.device,
-                        if at == DECLARED {
-                            format!("a preexisting block of {size} bytes")
-                        } else {
-                            format!("allocated with {size} bytes at event {at}, not freed since")
-                        }
-                    ));
+                         (allocated with {size} bytes at event {at}, not freed since)",
+                        event.size_bytes, event.addr, event.device
+                    ))
                 }
-                self.live.insert(key, (event.size_bytes, index));
-            }
-            Action::Free => match self.live.remove(&key) {
-                Some((size, at)) => {
+                Some(&Slot::Declared { size, .. }) => {
+                    return Err(format!(
+                        "alloc of {} bytes at address {:#x} (device {}), which is already live \
+                         (a preexisting block of {size} bytes)",
+                        event.size_bytes, event.addr, event.device
+                    ))
+                }
+                Some(Slot::Freed { .. }) | None => {
+                    self.slots.insert(
+                        key,
+                        Slot::Live {
+                            size: event.size_bytes,
+                            at: index,
+                        },
+                    );
+                }
+            },
+            Action::Free => match self.slots.get(&key).copied() {
+                Some(Slot::Live { size, .. }) => {
                     if event.size_bytes == 0 {
                         event.size_bytes = size;
                     }
-                    if at == DECLARED {
-                        if let Some(b) = self
-                            .declared
-                            .remove(&key)
-                            .and_then(|i| trace.preexisting.get_mut(i))
-                        {
-                            b.freed_at_event = Some(index);
-                        }
+                    self.slots.insert(key, Slot::Freed { at: index });
+                }
+                Some(Slot::Declared { size, pre }) => {
+                    if event.size_bytes == 0 {
+                        event.size_bytes = size;
                     }
+                    if let Some(b) = preexisting.get_mut(pre) {
+                        b.freed_at_event = Some(index);
+                    }
+                    self.slots.insert(key, Slot::Freed { at: index });
+                }
+                Some(Slot::Freed { at }) => {
+                    return Err(format!(
+                        "free of address {:#x} (device {}) that is not live: freed at event {at} \
+                         and not allocated since (a double free)",
+                        event.addr, event.device
+                    ))
                 }
                 None => match self.unknown {
                     UnknownFree::Error => {
                         return Err(format!(
                             "free of address {:#x} (device {}) that is not live (never \
-                             allocated, or already freed)",
+                             allocated)",
                             event.addr, event.device
                         ))
                     }
@@ -119,18 +166,18 @@ impl Liveness {
                         if event.size_bytes == 0 {
                             event.size_bytes = size_hint(event.device, event.addr);
                         }
-                        trace.preexisting.push(PreexistingBlock {
+                        preexisting.push(PreexistingBlock {
                             addr: event.addr,
                             size_bytes: event.size_bytes,
                             device: event.device,
                             freed_at_event: Some(index),
                         });
+                        self.slots.insert(key, Slot::Freed { at: index });
                     }
                 },
             },
             _ => {}
         }
-        trace.events.push(event);
         Ok(())
     }
 
@@ -145,21 +192,29 @@ impl Liveness {
         block: PreexistingBlock,
     ) -> Result<(), String> {
         let key = (block.device, block.addr);
-        if self.live.contains_key(&key) {
+        if let Some(Slot::Live { .. } | Slot::Declared { .. }) = self.slots.get(&key) {
             return Err(format!(
                 "preexisting block at address {:#x} (device {}), which is already live",
                 block.addr, block.device
             ));
         }
-        self.live.insert(key, (block.size_bytes, DECLARED));
-        self.declared.insert(key, trace.preexisting.len());
+        self.slots.insert(
+            key,
+            Slot::Declared {
+                size: block.size_bytes,
+                pre: trace.preexisting.len(),
+            },
+        );
         trace.preexisting.push(block);
         Ok(())
     }
 
     /// Whether `(device, addr)` is live now.
     pub(crate) fn is_live(&self, device: u32, addr: u64) -> bool {
-        self.live.contains_key(&(device, addr))
+        matches!(
+            self.slots.get(&(device, addr)),
+            Some(Slot::Live { .. } | Slot::Declared { .. })
+        )
     }
 }
 
@@ -167,6 +222,22 @@ impl Liveness {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use std::hash::BuildHasher;
+
+    #[test]
+    fn aligned_addresses_spread_over_buckets() {
+        // 4096 addresses 2 MiB apart must not share their low hash bits (bucket index).
+        let b = BuildHasherDefault::<AddrHasher>::default();
+        let mut low = std::collections::HashSet::new();
+        for i in 0..4096u64 {
+            low.insert(b.hash_one((0u32, 0x7f00_0000_0000 + (i << 21))) & 0xfff);
+        }
+        assert!(
+            low.len() > 2000,
+            "only {} distinct low-12-bit values",
+            low.len()
+        );
+    }
 
     fn ev(action: Action, addr: u64, size: u64) -> Event {
         Event {
@@ -194,8 +265,14 @@ mod tests {
         assert!(l
             .admit(&mut t, ev(Action::Free, 16, 0), |_, _| 0)
             .unwrap_err()
-            .contains("not live"));
+            .contains("freed at event 1 and not allocated since (a double free)"));
+        assert!(l
+            .admit(&mut t, ev(Action::Free, 48, 0), |_, _| 0)
+            .unwrap_err()
+            .contains("never allocated"));
         assert_eq!(t.events.len(), 2);
+        // Allocated again after its free: fine.
+        l.admit(&mut t, ev(Action::Alloc, 16, 4), |_, _| 0).unwrap();
     }
 
     #[test]
@@ -214,5 +291,12 @@ mod tests {
             }]
         );
         assert!(!l.is_live(0, 32));
+        // The same address freed again without an alloc in between: a double free, not a
+        // second pre-existing block.
+        let e = l
+            .admit(&mut t, ev(Action::Free, 32, 0), |_, _| 0)
+            .unwrap_err();
+        assert!(e.contains("double free"), "{e}");
+        assert_eq!(t.preexisting.len(), 1);
     }
 }

@@ -158,6 +158,62 @@ impl Trace {
     pub fn count(&self, action: Action) -> usize {
         self.events.iter().filter(|e| e.action == action).count()
     }
+
+    /// A one-paragraph summary for people: event counts, pre-existing blocks (freed in the
+    /// trace, or live all along) and skipped events.
+    ///
+    /// ```
+    /// use gpumem::trace::{read_bytes, ReadOptions};
+    /// let log = b"{\"action\":\"alloc\",\"addr\":1,\"size\":4096}\n{\"action\":\"free\",\"addr\":1}\n";
+    /// let trace = read_bytes("example.jsonl", log, ReadOptions::default())?;
+    /// assert!(trace.summary().starts_with("2 events: 1 alloc, 1 free"));
+    /// # Ok::<(), gpumem::trace::TraceError>(())
+    /// ```
+    pub fn summary(&self) -> String {
+        let mut s = format!(
+            "{} events: {} alloc, {} free",
+            self.events.len(),
+            self.count(Action::Alloc),
+            self.count(Action::Free)
+        );
+        for (a, name) in [
+            (Action::SegmentAlloc, "segment_alloc"),
+            (Action::SegmentFree, "segment_free"),
+            (Action::SegmentMap, "segment_map"),
+            (Action::SegmentUnmap, "segment_unmap"),
+            (Action::Oom, "oom"),
+            (Action::Snapshot, "snapshot"),
+        ] {
+            let n = self.count(a);
+            if n > 0 {
+                s.push_str(&format!(", {n} {name}"));
+            }
+        }
+        if !self.preexisting.is_empty() {
+            let freed = self
+                .preexisting
+                .iter()
+                .filter(|b| b.freed_at_event.is_some())
+                .count();
+            let bytes = self
+                .preexisting
+                .iter()
+                .fold(0u64, |a, b| a.saturating_add(b.size_bytes));
+            s.push_str(&format!(
+                "; {} blocks ({bytes} bytes) allocated before recording started: {freed} freed \
+                 in the trace, {} live throughout",
+                self.preexisting.len(),
+                self.preexisting.len() - freed
+            ));
+        }
+        if !self.segments.is_empty() {
+            s.push_str(&format!("; {} recorded segments", self.segments.len()));
+        }
+        if self.skipped_count > 0 {
+            s.push_str(&format!("; {} bad events skipped", self.skipped_count));
+        }
+        s
+    }
 }
 
 /// A reader error: which file, which event, what was expected.

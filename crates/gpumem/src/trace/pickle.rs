@@ -22,7 +22,8 @@
 //! actions become the informational variants. A free of an address the trace never allocated
 //! is a block that existed before recording started: it goes to [`Trace::preexisting`]. Blocks
 //! the segments show allocated at dump time at addresses no event touches are pre-existing too,
-//! live through the whole recording (`freed_at_event: None`). A root that is a list (very old
+//! live through the whole recording (`freed_at_event: None`). Several devices: their events are
+//! interleaved by `time_us` when every entry has one, else listed device by device. A root that is a list (very old
 //! PyTorch dumped only the segments) is read as segments without a trace.
 use super::live::{AddrMap, Liveness, UnknownFree};
 use super::{
@@ -44,8 +45,16 @@ enum Value {
     Str(u32),
     /// Bytes or bytearray (contents not kept).
     Bytes,
-    /// List, tuple, set or dict: index into `Vm::containers`.
-    Obj(u32),
+    /// List, tuple, set or dict: index into `Vm::containers` and the container's serial
+    /// number (a slot is reused once its container is released; a stale reference then no
+    /// longer matches the slot's serial).
+    Obj(u32, u32),
+    /// A converted trace entry: index into `Vm::events`.
+    Entry(u32),
+    /// A `free_requested` trace entry (memory is not back in the pool yet).
+    SkipEntry,
+    /// A malformed trace entry: index into `Vm::bad`.
+    BadEntry(u32),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,18 +65,15 @@ enum Kind {
     Dict,
 }
 
-/// `Container::state`: still a plain container.
-const ALIVE: u32 = u32::MAX;
-/// `Container::state`: storage recycled (it belonged to a converted trace entry).
-const DROPPED: u32 = u32::MAX - 1;
-
 #[derive(Debug)]
 struct Container {
     kind: Kind,
     /// Items; a dict holds key, value, key, value, ...
     items: Vec<Value>,
-    /// [`ALIVE`], [`DROPPED`], or the index in `Vm::entries` of the event it became.
-    state: u32,
+    /// Serial number of the container in this slot (0: the slot is free).
+    serial: u32,
+    /// Items already scanned for an `action` key (none was found).
+    scanned: usize,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -109,16 +115,6 @@ fn classify(s: &[u8]) -> Known {
     }
 }
 
-/// A trace entry as converted when its dict was appended to a list.
-#[derive(Debug)]
-enum Entry {
-    Event(Event),
-    /// `free_requested`: memory is not back in the pool yet.
-    Skip,
-    /// Malformed: what was wrong.
-    Bad(String),
-}
-
 /// Why the VM stopped.
 #[derive(Debug)]
 enum VmError {
@@ -152,6 +148,8 @@ fn refused_name(op: u8) -> Option<&'static str> {
 /// Largest gap allowed between the memo's length and a `PUT` index (a hostile index must not
 /// make the VM allocate gigabytes).
 const MAX_MEMO_GAP: usize = 1 << 20;
+/// Most keys a segment or block dict may have (PyTorch writes about a dozen).
+const MAX_RECORD_KEYS: usize = 1024;
 /// Nesting depth beyond which the converter stops following containers.
 const MAX_DEPTH: usize = 64;
 
@@ -164,8 +162,21 @@ struct Vm<'a> {
     text: Vec<u8>,
     strs: Vec<StrRef>,
     containers: Vec<Container>,
+    /// Released container slots.
+    free_slots: Vec<u32>,
+    /// Serial number of the last container made.
+    serial: u32,
     pool: Vec<Vec<Value>>,
-    entries: Vec<Entry>,
+    /// Converted trace entries, in the order they were converted.
+    events: Vec<Event>,
+    /// What was wrong with each malformed trace entry.
+    bad: Vec<String>,
+    /// Trace entries converted so far (events, skipped and malformed).
+    converted: u64,
+    /// Work list of [`Vm::recycle`], kept to avoid an allocation per entry.
+    todo: Vec<(u32, usize)>,
+    /// Items being appended by [`Vm::appends`], kept to avoid an allocation per batch.
+    scratch: Vec<Value>,
 }
 
 type VmResult<T> = Result<T, VmError>;
@@ -180,9 +191,15 @@ impl<'a> Vm<'a> {
             memo: Vec::with_capacity(data.len() / 16),
             text: Vec::with_capacity(4096),
             strs: Vec::with_capacity(data.len() / 64),
-            containers: Vec::with_capacity(data.len() / 64),
+            containers: Vec::with_capacity(4096),
+            free_slots: Vec::with_capacity(4096),
+            serial: 0,
             pool: Vec::new(),
-            entries: Vec::with_capacity(data.len() / 48),
+            events: Vec::with_capacity(data.len() / 64),
+            bad: Vec::new(),
+            converted: 0,
+            todo: Vec::new(),
+            scratch: Vec::new(),
         }
     }
 
@@ -292,17 +309,44 @@ impl<'a> Vm<'a> {
         Ok(())
     }
 
-    fn new_container(&mut self, kind: Kind, offset: usize) -> VmResult<u32> {
-        if self.containers.len() >= DROPPED as usize {
-            return self.malformed(offset, "too many containers");
+    fn new_container(&mut self, kind: Kind, offset: usize) -> VmResult<Value> {
+        if self.serial == u32::MAX {
+            return self.malformed(offset, "more than 4 billion containers");
         }
+        self.serial += 1;
         let items = self.pool.pop().unwrap_or_default();
-        self.containers.push(Container {
+        let c = Container {
             kind,
             items,
-            state: ALIVE,
-        });
-        Ok((self.containers.len() - 1) as u32)
+            serial: self.serial,
+            scanned: 0,
+        };
+        let idx = match self.free_slots.pop() {
+            Some(i) => {
+                self.containers[i as usize] = c;
+                i
+            }
+            None => {
+                if self.containers.len() >= u32::MAX as usize {
+                    return self.malformed(offset, "too many live containers");
+                }
+                self.containers.push(c);
+                (self.containers.len() - 1) as u32
+            }
+        };
+        Ok(Value::Obj(idx, self.serial))
+    }
+
+    /// The live container a value refers to (`None` for a released one or a non-container).
+    #[inline]
+    fn obj(&self, v: Value) -> Option<(u32, &Container)> {
+        match v {
+            Value::Obj(i, serial) => {
+                let c = &self.containers[i as usize];
+                (c.serial == serial).then_some((i, c))
+            }
+            _ => None,
+        }
     }
 
     /// Builds a container from the items above the last mark.
@@ -311,14 +355,18 @@ impl<'a> Vm<'a> {
         if kind == Kind::Dict && (self.stack.len() - mark) & 1 != 0 {
             return self.malformed(offset, format!("{op} with an odd number of items"));
         }
-        let idx = self.new_container(kind, offset)?;
+        let v = self.new_container(kind, offset)?;
+        let Value::Obj(idx, _) = v else {
+            return self.malformed(offset, "internal: not a container");
+        };
         let mut items = std::mem::take(&mut self.containers[idx as usize].items);
-        items.extend(self.stack.drain(mark..));
+        items.extend_from_slice(&self.stack[mark..]);
+        self.stack.truncate(mark);
         if kind == Kind::List {
-            self.convert_entries(&items);
+            self.convert_entries(&mut items);
         }
         self.containers[idx as usize].items = items;
-        self.stack.push(Value::Obj(idx));
+        self.stack.push(v);
         Ok(())
     }
 
@@ -327,11 +375,14 @@ impl<'a> Vm<'a> {
         if self.stack.len() < floor + n {
             return self.malformed(offset, format!("{op} needs {n} items on the stack"));
         }
-        let idx = self.new_container(Kind::Tuple, offset)?;
+        let v = self.new_container(Kind::Tuple, offset)?;
         let at = self.stack.len() - n;
-        let c = &mut self.containers[idx as usize];
-        c.items.extend(self.stack.drain(at..));
-        self.stack.push(Value::Obj(idx));
+        if let Value::Obj(idx, _) = v {
+            let c = &mut self.containers[idx as usize];
+            c.items.extend_from_slice(&self.stack[at..]);
+        }
+        self.stack.truncate(at);
+        self.stack.push(v);
         Ok(())
     }
 
@@ -341,9 +392,10 @@ impl<'a> Vm<'a> {
         if at == 0 || at - 1 < floor {
             return self.malformed(offset, format!("{op} without a target container"));
         }
-        match self.stack[at - 1] {
-            Value::Obj(i) if kinds.contains(&self.containers[i as usize].kind) => Ok(i),
-            v => self.malformed(
+        let v = self.stack[at - 1];
+        match self.obj(v) {
+            Some((i, c)) if kinds.contains(&c.kind) => Ok(i),
+            _ => self.malformed(
                 offset,
                 format!("{op} into {}, expected {:?}", self.describe(v), kinds),
             ),
@@ -357,65 +409,97 @@ impl<'a> Vm<'a> {
         }
         let target = self.target(mark, offset, "SETITEMS", &[Kind::Dict])?;
         let c = &mut self.containers[target as usize];
-        c.items.extend(self.stack.drain(mark..));
+        c.items.extend_from_slice(&self.stack[mark..]);
+        self.stack.truncate(mark);
         Ok(())
     }
 
     fn appends(&mut self, mark: usize, offset: usize, op: &str) -> VmResult<()> {
         let target = self.target(mark, offset, op, &[Kind::List, Kind::Set])?;
-        let items: Vec<Value> = self.stack.drain(mark..).collect();
-        self.convert_entries(&items);
-        self.containers[target as usize].items.extend(items);
+        let mut items = std::mem::take(&mut self.scratch);
+        items.clear();
+        items.extend_from_slice(&self.stack[mark..]);
+        self.stack.truncate(mark);
+        self.convert_entries(&mut items);
+        self.containers[target as usize]
+            .items
+            .extend_from_slice(&items);
+        self.scratch = items;
         Ok(())
     }
 
-    /// Converts each trace-entry dict among `items` (a dict with an `action` string key) into an
-    /// [`Entry`] and recycles its storage.
-    fn convert_entries(&mut self, items: &[Value]) {
-        for &v in items {
-            let Value::Obj(idx) = v else { continue };
-            let c = &self.containers[idx as usize];
-            if c.kind != Kind::Dict || c.state != ALIVE {
+    /// Converts each trace-entry dict among `items` (a dict with an `action` string key) into a
+    /// [`Value::Entry`] (or [`Value::SkipEntry`], [`Value::BadEntry`]) in place and releases its
+    /// container.
+    fn convert_entries(&mut self, items: &mut [Value]) {
+        for v in items.iter_mut() {
+            let Some((idx, c)) = self.obj(*v) else {
+                continue;
+            };
+            if c.kind != Kind::Dict {
                 continue;
             }
-            let is_entry = c.items.chunks_exact(2).any(|kv| {
+            // Only the items added since the last look are scanned, so that appending one big
+            // dict many times (through the memo) stays linear.
+            let from = c.scanned.min(c.items.len()) & !1;
+            let is_entry = c.items[from..].chunks_exact(2).any(|kv| {
                 matches!(kv[0], Value::Str(s) if self.strs[s as usize].known == Known::KeyAction)
             });
             if !is_entry {
+                let len = c.items.len();
+                self.containers[idx as usize].scanned = len;
                 continue;
             }
             let entry = self.to_entry(&c.items);
-            self.entries.push(entry);
-            let entry_idx = (self.entries.len() - 1) as u32;
-            self.recycle(idx, entry_idx);
+            self.converted += 1;
+            *v = match entry {
+                Ok(Some(ev)) if self.events.len() < u32::MAX as usize => {
+                    self.events.push(ev);
+                    Value::Entry((self.events.len() - 1) as u32)
+                }
+                Ok(Some(_)) => {
+                    self.bad.push("more than 4 billion trace entries".into());
+                    Value::BadEntry((self.bad.len() - 1) as u32)
+                }
+                Ok(None) => Value::SkipEntry,
+                Err(e) => {
+                    self.bad.push(e);
+                    Value::BadEntry((self.bad.len() - 1) as u32)
+                }
+            };
+            self.release(idx);
         }
     }
 
-    /// Recycles the storage of converted entry `idx` and of the containers created after it
-    /// that it holds (its `frames`, ...).
-    fn recycle(&mut self, idx: u32, entry_idx: u32) {
-        let mut todo = vec![(idx, 0usize)];
+    /// Releases container `idx` (a converted entry) and the containers made after it that it
+    /// holds (its `frames`, ...): their slots and storage are reused.
+    fn release(&mut self, idx: u32) {
+        let root_serial = self.containers[idx as usize].serial;
+        let mut todo = std::mem::take(&mut self.todo);
+        todo.push((idx, 0usize));
         while let Some((i, depth)) = todo.pop() {
             let c = &mut self.containers[i as usize];
-            c.state = if i == idx { entry_idx } else { DROPPED };
+            c.serial = 0;
             let mut items = std::mem::take(&mut c.items);
             if depth < MAX_DEPTH {
                 for &v in &items {
-                    if let Value::Obj(j) = v {
-                        if j > idx && self.containers[j as usize].state == ALIVE {
+                    if let Some((j, child)) = self.obj(v) {
+                        if child.serial > root_serial {
                             todo.push((j, depth + 1));
                         }
                     }
                 }
             }
+            self.free_slots.push(i);
             items.clear();
             if items.capacity() <= 64 {
                 self.pool.push(items);
             }
         }
+        self.todo = todo;
     }
 
-    fn to_entry(&self, items: &[Value]) -> Entry {
+    fn to_entry(&self, items: &[Value]) -> Result<Option<Event>, String> {
         let mut action = None;
         let (mut addr, mut size, mut stream, mut time_us) = (None, None, None, None);
         for kv in items.chunks_exact(2) {
@@ -433,9 +517,9 @@ impl<'a> Vm<'a> {
         let action = match action {
             Some(Value::Str(s)) => match self.strs[s as usize].known {
                 Known::Act(Some(a)) => a,
-                Known::Act(None) => return Entry::Skip,
+                Known::Act(None) => return Ok(None),
                 _ => {
-                    return Entry::Bad(format!(
+                    return Err(format!(
                         "unknown action {}, expected alloc, free_requested, free_completed, \
                          segment_alloc, segment_free, segment_map, segment_unmap, oom or snapshot",
                         self.describe(Value::Str(s))
@@ -443,28 +527,22 @@ impl<'a> Vm<'a> {
                 }
             },
             Some(v) => {
-                return Entry::Bad(format!(
+                return Err(format!(
                     "'action' is {}, expected a string",
                     self.describe(v)
                 ))
             }
-            None => return Entry::Bad("no 'action'".into()),
+            None => return Err("no 'action'".into()),
         };
         let needs_addr = !matches!(action, Action::Oom | Action::Snapshot);
-        let addr = match self.field_u64(addr, "addr", needs_addr) {
-            Ok(a) => a,
-            Err(e) => return Entry::Bad(e),
-        };
-        let size_bytes = match self.field_u64(size, "size", needs_addr) {
-            Ok(s) => s,
-            Err(e) => return Entry::Bad(e),
-        };
+        let addr = self.field_u64(addr, "addr", needs_addr)?;
+        let size_bytes = self.field_u64(size, "size", needs_addr)?;
         let stream = match stream {
             None | Some(Value::None) => 0,
             Some(Value::Int(i)) => i as u64, // a cudaStream_t stored as a signed int64
             Some(Value::UInt(u)) => u,
             Some(v) => {
-                return Entry::Bad(format!(
+                return Err(format!(
                     "'stream' is {}, expected an integer",
                     self.describe(v)
                 ))
@@ -475,13 +553,13 @@ impl<'a> Vm<'a> {
             Some(Value::Int(i)) => Some(i),
             Some(Value::Float(f)) if f.is_finite() => Some(f as i64),
             Some(v) => {
-                return Entry::Bad(format!(
+                return Err(format!(
                     "'time_us' is {}, expected an integer",
                     self.describe(v)
                 ))
             }
         };
-        Entry::Event(Event {
+        Ok(Some(Event {
             action,
             addr,
             size_bytes,
@@ -489,7 +567,7 @@ impl<'a> Vm<'a> {
             device: 0,
             time_us,
             align: None,
-        })
+        }))
     }
 
     fn field_u64(&self, v: Option<Value>, name: &str, required: bool) -> Result<u64, String> {
@@ -526,12 +604,14 @@ impl<'a> Vm<'a> {
                 )
             }
             Value::Bytes => "bytes".into(),
-            Value::Obj(i) => match self.containers[i as usize].kind {
-                Kind::List => "a list".into(),
-                Kind::Tuple => "a tuple".into(),
-                Kind::Set => "a set".into(),
-                Kind::Dict => "a dict".into(),
+            Value::Obj(..) => match self.obj(v).map(|(_, c)| c.kind) {
+                Some(Kind::List) => "a list".into(),
+                Some(Kind::Tuple) => "a tuple".into(),
+                Some(Kind::Set) => "a set".into(),
+                Some(Kind::Dict) => "a dict".into(),
+                None => "a container that was part of a trace entry".into(),
             },
+            Value::Entry(_) | Value::SkipEntry | Value::BadEntry(_) => "a trace entry".into(),
         }
     }
 
@@ -690,20 +770,20 @@ impl<'a> Vm<'a> {
                     self.push_str(s, offset)?;
                 }
                 b'}' => {
-                    let i = self.new_container(Kind::Dict, offset)?;
-                    self.stack.push(Value::Obj(i));
+                    let v = self.new_container(Kind::Dict, offset)?;
+                    self.stack.push(v);
                 }
                 b']' => {
-                    let i = self.new_container(Kind::List, offset)?;
-                    self.stack.push(Value::Obj(i));
+                    let v = self.new_container(Kind::List, offset)?;
+                    self.stack.push(v);
                 }
                 b')' => {
-                    let i = self.new_container(Kind::Tuple, offset)?;
-                    self.stack.push(Value::Obj(i));
+                    let v = self.new_container(Kind::Tuple, offset)?;
+                    self.stack.push(v);
                 }
                 0x8f => {
-                    let i = self.new_container(Kind::Set, offset)?;
-                    self.stack.push(Value::Obj(i));
+                    let v = self.new_container(Kind::Set, offset)?;
+                    self.stack.push(v);
                 }
                 b'(' => self.marks.push(self.stack.len()),
                 b'u' => self.setitems(offset)?,
@@ -715,7 +795,8 @@ impl<'a> Vm<'a> {
                     let at = self.stack.len() - 2;
                     let target = self.target(at, offset, "SETITEM", &[Kind::Dict])?;
                     let c = &mut self.containers[target as usize];
-                    c.items.extend(self.stack.drain(at..));
+                    c.items.extend_from_slice(&self.stack[at..]);
+                    self.stack.truncate(at);
                 }
                 b'e' => {
                     let mark = self.pop_mark(offset, "APPENDS")?;
@@ -888,22 +969,15 @@ impl<'a> Vm<'a> {
     }
 
     fn as_dict(&self, v: Value) -> Option<u32> {
-        match v {
-            Value::Obj(i)
-                if self.containers[i as usize].kind == Kind::Dict
-                    && self.containers[i as usize].state == ALIVE =>
-            {
-                Some(i)
-            }
+        match self.obj(v) {
+            Some((i, c)) if c.kind == Kind::Dict => Some(i),
             _ => None,
         }
     }
 
     fn as_seq(&self, v: Value) -> Option<&[Value]> {
-        match v {
-            Value::Obj(i) if self.containers[i as usize].kind != Kind::Dict => {
-                Some(&self.containers[i as usize].items)
-            }
+        match self.obj(v) {
+            Some((_, c)) if c.kind != Kind::Dict => Some(&c.items),
             _ => None,
         }
     }
@@ -931,10 +1005,23 @@ impl<'a> Vm<'a> {
         }
     }
 
+    /// Refuses dicts far larger than a segment or block dict (a dozen keys), so that a list
+    /// repeating one huge dict cannot make the key look-ups quadratic.
+    fn small_dict(&self, d: u32, what: &str) -> Result<u32, String> {
+        let n = self.containers[d as usize].items.len() / 2;
+        if n > MAX_RECORD_KEYS {
+            return Err(format!(
+                "{what} dict has {n} keys, expected at most {MAX_RECORD_KEYS}"
+            ));
+        }
+        Ok(d)
+    }
+
     fn segment(&self, v: Value) -> Result<SnapshotSegment, String> {
         let d = self
             .as_dict(v)
             .ok_or_else(|| format!("{}, expected a segment dict", self.describe(v)))?;
+        let d = self.small_dict(d, "segment")?;
         let address = self.get_u64(d, "address", None)?;
         let device = self.get_u64(d, "device", Some(0))?;
         let device = u32::try_from(device).map_err(|_| format!("'device' {device} too large"))?;
@@ -970,6 +1057,7 @@ impl<'a> Vm<'a> {
                 let bd = self
                     .as_dict(b)
                     .ok_or_else(|| format!("block {j} is {}, expected a dict", self.describe(b)))?;
+                let bd = self.small_dict(bd, &format!("block {j}"))?;
                 let block = |e: String| format!("block {j}: {e}");
                 let size_bytes = self.get_u64(bd, "size", None).map_err(block)?;
                 let state = self.get_str(bd, "state").map_err(block)?;
@@ -998,17 +1086,6 @@ impl<'a> Vm<'a> {
             is_expandable,
             blocks,
         })
-    }
-
-    /// The entry index of a trace-list item, if it was converted.
-    fn entry_of(&self, v: Value) -> Option<usize> {
-        match v {
-            Value::Obj(i) => {
-                let s = self.containers[i as usize].state;
-                (s != ALIVE && s != DROPPED).then_some(s as usize)
-            }
-            _ => None,
-        }
     }
 }
 
@@ -1101,32 +1178,34 @@ pub fn read_snapshot(name: &str, data: &[u8], options: ReadOptions) -> Result<Tr
         Err(VmError::Truncated { offset, what }) => {
             return Err(malformed(
                 name,
-                vm.entries.len() as u64,
+                vm.converted,
                 format!(
                     "pickle truncated at byte offset {offset} of {} ({what}), after {} trace \
                      entries",
                     data.len(),
-                    vm.entries.len()
+                    vm.converted
                 ),
             ))
         }
         Err(VmError::Malformed { offset, what }) => {
             return Err(malformed(
                 name,
-                vm.entries.len() as u64,
+                vm.converted,
                 format!(
                     "corrupt pickle at byte offset {offset}: {what} (after {} trace entries)",
-                    vm.entries.len()
+                    vm.converted
                 ),
             ))
         }
     };
-    build_trace(name, &vm, root, options)
+    let events = std::mem::take(&mut vm.events);
+    build_trace(name, &vm, events, root, options)
 }
 
 fn build_trace(
     name: &str,
     vm: &Vm<'_>,
+    mut events: Vec<Event>,
     root: Value,
     options: ReadOptions,
 ) -> Result<Trace, TraceError> {
@@ -1215,43 +1294,77 @@ fn build_trace(
         first.push(total);
         total += l.len() as u64;
     }
-    let mut order: Vec<(u32, usize)> = Vec::with_capacity(total as usize);
-    for (d, l) in devices.iter().enumerate() {
-        order.extend((0..l.len()).map(|i| (d as u32, i)));
-    }
-    // Several devices with timestamps: interleave by time (stable, so ties keep file order).
-    let timed = |&(d, i): &(u32, usize)| -> Option<i64> {
-        match vm.entry_of(devices[d as usize][i]).map(|e| &vm.entries[e]) {
-            Some(Entry::Event(ev)) => ev.time_us,
-            Some(Entry::Skip) => Some(i64::MIN),
-            _ => None,
-        }
-    };
-    if devices.iter().filter(|l| !l.is_empty()).count() > 1
-        && order.iter().all(|p| timed(p).is_some())
-    {
-        order.sort_by_key(|p| timed(p).unwrap_or(i64::MIN));
-    }
     let mut live = Liveness::new(UnknownFree::Preexisting);
     let size_hint = |d: u32, a: u64| block_sizes.get(&(d, a)).copied().unwrap_or(0);
-    for (d, i) in order {
-        let global = first[d as usize] + i as u64;
-        let v = devices[d as usize][i];
-        let at = format!("event {global} (device {d} trace entry {i})");
-        let result = match vm.entry_of(v).map(|e| &vm.entries[e]) {
-            Some(Entry::Skip) => continue,
-            Some(Entry::Event(ev)) => {
-                let mut ev = *ev;
-                ev.device = d;
-                live.admit(&mut trace, ev, size_hint)
+    // Several devices with timestamps: interleave by time (stable, so ties keep file order).
+    let time_of = |v: Value| match v {
+        Value::Entry(k) => events.get(k as usize).and_then(|e| e.time_us),
+        Value::SkipEntry => Some(i64::MIN),
+        _ => None,
+    };
+    let interleave = devices.iter().filter(|l| !l.is_empty()).count() > 1
+        && devices
+            .iter()
+            .all(|l| l.iter().all(|&v| time_of(v).is_some()));
+    let mut order: Vec<(u32, u32, Value)> = Vec::new();
+    if interleave {
+        for (d, l) in devices.iter().enumerate() {
+            order.extend(l.iter().enumerate().map(|(i, &v)| (d as u32, i as u32, v)));
+        }
+        order.sort_by_key(|&(_, _, v)| time_of(v).unwrap_or(i64::MIN));
+        // Gather the events in that order, so that the pass below reads them in index order.
+        let mut sorted = Vec::with_capacity(events.len());
+        for slot in &mut order {
+            if let Value::Entry(k) = slot.2 {
+                if let Some(&e) = events.get(k as usize) {
+                    sorted.push(e);
+                    slot.2 = Value::Entry((sorted.len() - 1) as u32);
+                }
             }
-            Some(Entry::Bad(e)) => Err(e.clone()),
-            None => Err(format!(
+        }
+        events = sorted;
+    }
+    let items: Box<dyn Iterator<Item = (u32, u32, Value)>> = if interleave {
+        Box::new(order.into_iter())
+    } else {
+        Box::new(devices.iter().enumerate().flat_map(|(d, l)| {
+            l.iter()
+                .enumerate()
+                .map(move |(i, &v)| (d as u32, i as u32, v))
+        }))
+    };
+    // Events are compacted in place: `w` is where the next kept event goes, `r` the first
+    // event not read yet (each converted entry is read once, in index order).
+    let (mut w, mut r) = (0usize, 0usize);
+    for (d, i, v) in items {
+        let global = first[d as usize] + u64::from(i);
+        let result = match v {
+            Value::SkipEntry => continue,
+            Value::Entry(k) if (k as usize) >= r && (k as usize) < events.len() => {
+                let k = k as usize;
+                r = k + 1;
+                let mut ev = events[k];
+                ev.device = d;
+                let checked = live.check(&mut ev, w as u64, &mut trace.preexisting, size_hint);
+                if checked.is_ok() {
+                    events[w] = ev;
+                    w += 1;
+                }
+                checked
+            }
+            Value::Entry(_) => Err("a trace entry listed twice".to_string()),
+            Value::BadEntry(b) => Err(vm
+                .bad
+                .get(b as usize)
+                .cloned()
+                .unwrap_or_else(|| "malformed".into())),
+            v => Err(format!(
                 "{}, expected a trace entry dict with an 'action'",
                 vm.describe(v)
             )),
         };
         if let Err(e) = result {
+            let at = format!("event {global} (device {d} trace entry {i})");
             if options.lenient {
                 trace.skip(format!("{at}: {e}"));
             } else {
@@ -1259,20 +1372,30 @@ fn build_trace(
             }
         }
     }
+    events.truncate(w);
+    trace.events = events;
     // Blocks allocated at dump time at addresses no event touches: live all along.
+    // (Only the active blocks are looked up, so this costs a map of those, not of all events.)
+    let mut active: AddrMap<bool> = AddrMap::default();
     if !trace.events.is_empty() {
-        let mut touched: AddrMap<()> = AddrMap::default();
+        for s in &trace.segments {
+            for b in s.blocks.iter().filter(|b| b.state.starts_with("active")) {
+                active.insert((s.device, b.address), false);
+            }
+        }
+    }
+    if !active.is_empty() {
         for e in &trace.events {
             if matches!(e.action, Action::Alloc | Action::Free) {
-                touched.insert((e.device, e.addr), ());
+                if let Some(touched) = active.get_mut(&(e.device, e.addr)) {
+                    *touched = true;
+                }
             }
         }
         for s in &trace.segments {
             for b in &s.blocks {
-                if b.state.starts_with("active")
-                    && !touched.contains_key(&(s.device, b.address))
-                    && !live.is_live(s.device, b.address)
-                {
+                let key = (s.device, b.address);
+                if active.get(&key) == Some(&false) && !live.is_live(s.device, b.address) {
                     trace.preexisting.push(PreexistingBlock {
                         addr: b.address,
                         size_bytes: if b.requested_bytes > 0 {
@@ -1348,5 +1471,33 @@ mod tests {
         assert_eq!(t.events[0].action, Action::Alloc);
         assert_eq!((t.events[0].addr, t.events[0].size_bytes), (512, 8));
         assert_eq!(t.events[0].time_us, None);
+    }
+
+    #[test]
+    fn one_huge_dict_repeated_stays_linear() {
+        // [d, d, d, ...] where d has 20,000 integer keys: appending it 20,000 times through the
+        // memo must not rescan it, and the segment reader refuses it instead of scanning it.
+        let n = 20_000u32;
+        let mut p = b"\x80\x04]}\x94(".to_vec();
+        for k in 0..n {
+            p.push(b'J');
+            p.extend_from_slice(&k.to_le_bytes());
+            p.extend_from_slice(b"K\x01");
+        }
+        p.extend_from_slice(b"ua");
+        for _ in 0..n {
+            p.extend_from_slice(b"h\x00a");
+        }
+        p.push(b'.');
+        let start = std::time::Instant::now();
+        let e = read(&p).unwrap_err();
+        assert!(e.to_string().contains("segment dict has 20000 keys"), "{e}");
+        let t = read_snapshot("t", &p, ReadOptions { lenient: true }).unwrap();
+        assert_eq!(t.skipped_count, u64::from(n) + 1);
+        assert!(
+            start.elapsed().as_secs() < 20,
+            "quadratic: {:?}",
+            start.elapsed()
+        );
     }
 }

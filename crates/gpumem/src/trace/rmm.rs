@@ -3,9 +3,10 @@
 //! The adaptor (rmm/mr/device/logging_resource_adaptor.hpp) writes a header
 //! `Thread,Time,Action,Pointer,Size,Stream` and one line per call: `Action` is `allocate`,
 //! `allocate failure` or `free`; `Pointer` is hexadecimal (`0x7f...`); `Size` is bytes; `Stream`
-//! is a hexadecimal or decimal handle; `Time` is a time of day `HH:MM:SS.ffffff` (read as
-//! microseconds since midnight) or a plain integer (read as microseconds). Columns are found by
-//! their header names, in any order. `allocate` → [`Action::Alloc`], `free` → [`Action::Free`],
+//! is a hexadecimal or decimal handle; `Time` is a time of day `HH:MM:SS.ffffff` or
+//! `HH:MM:SS:ffffff` (read as microseconds since midnight) or `seconds[.ffffff]` since the epoch
+//! (read as microseconds). Columns are found by their header names, in any order. `allocate` →
+//! [`Action::Alloc`], `free` (or `deallocate`) → [`Action::Free`],
 //! `allocate failure` → [`Action::Oom`] (the size is the failed request). RMM logs everything
 //! from the adaptor's creation, so a free of an address that is not live is an error.
 use super::live::{Liveness, UnknownFree};
@@ -38,32 +39,45 @@ fn parse_handle(s: &str, name: &str) -> Result<u64, String> {
     r.map_err(|_| format!("{name} {s:?} is not a hexadecimal (0x...) or decimal number"))
 }
 
-/// `HH:MM:SS[.ffffff]` → microseconds since midnight; a plain integer is microseconds.
-fn parse_time(s: &str) -> Result<i64, String> {
-    let bad = || format!("Time {s:?} is neither HH:MM:SS.ffffff nor an integer");
-    if !s.contains(':') {
-        return s.parse::<i64>().map_err(|_| bad());
-    }
-    let mut parts = s.splitn(3, ':');
-    let h: i64 = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
-    let m: i64 = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
-    let sec = parts.next().ok_or_else(bad)?;
-    let (whole, frac) = sec.split_once('.').unwrap_or((sec, ""));
-    let whole: i64 = whole.parse().map_err(|_| bad())?;
+/// Parses `whole[.fraction]` seconds into microseconds (the fraction is cut to 6 digits).
+fn seconds_to_us(whole: &str, frac: &str) -> Option<i64> {
     if frac.len() > 9 || !frac.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(bad());
+        return None;
     }
+    let whole: i64 = whole.parse().ok()?;
     let mut us = 0i64;
-    for (k, d) in frac
-        .bytes()
-        .chain(std::iter::repeat(b'0'))
-        .take(6)
-        .enumerate()
-    {
-        let _ = k;
+    for d in frac.bytes().chain(std::iter::repeat(b'0')).take(6) {
         us = us * 10 + i64::from(d - b'0');
     }
-    Ok(((h * 60 + m) * 60 + whole) * 1_000_000 + us)
+    whole.checked_mul(1_000_000)?.checked_add(us)
+}
+
+/// RMM's time stamps, to microseconds: `HH:MM:SS.ffffff` or `HH:MM:SS:ffffff` (time of day,
+/// since midnight; RMM's own replay parser reads the latter) or `seconds[.ffffff]` (since the
+/// epoch, as RMM's logging guide shows).
+fn parse_time(s: &str) -> Result<i64, String> {
+    let bad = || format!("Time {s:?} is neither HH:MM:SS.ffffff nor seconds[.ffffff]");
+    if !s.contains(':') {
+        let (whole, frac) = s.split_once('.').unwrap_or((s, ""));
+        return seconds_to_us(whole, frac).ok_or_else(bad);
+    }
+    let parts: Vec<&str> = s.split(':').collect();
+    let (h, m, sec_us) = match parts.as_slice() {
+        [h, m, sec] => {
+            let (whole, frac) = sec.split_once('.').unwrap_or((sec, ""));
+            (h, m, seconds_to_us(whole, frac))
+        }
+        [h, m, sec, us] => (h, m, seconds_to_us(sec, us)),
+        _ => return Err(bad()),
+    };
+    let h: i64 = h.parse().map_err(|_| bad())?;
+    let m: i64 = m.parse().map_err(|_| bad())?;
+    let sec_us = sec_us.ok_or_else(bad)?;
+    h.checked_mul(60)
+        .and_then(|x| x.checked_add(m))
+        .and_then(|x| x.checked_mul(60_000_000))
+        .and_then(|x| x.checked_add(sec_us))
+        .ok_or_else(bad)
 }
 
 /// Reads an RMM `logging_resource_adaptor` CSV log.
@@ -140,11 +154,11 @@ pub fn read_rmm(name: &str, data: &[u8], options: ReadOptions) -> Result<Trace, 
 fn record_event(rec: &csv::ByteRecord, cols: &Columns) -> Result<Event, String> {
     let action = match field(rec, cols.action, "Action")? {
         "allocate" => Action::Alloc,
-        "free" => Action::Free,
+        "free" | "deallocate" => Action::Free,
         "allocate failure" => Action::Oom,
         other => {
             return Err(format!(
-                "Action {other:?}, expected allocate, allocate failure or free"
+                "Action {other:?}, expected allocate, allocate failure, free or deallocate"
             ))
         }
     };
@@ -214,7 +228,13 @@ mod tests {
     #[test]
     fn time_parsing() {
         assert_eq!(parse_time("00:00:01.000001"), Ok(1_000_001));
-        assert_eq!(parse_time("1234"), Ok(1234));
+        assert_eq!(parse_time("01:00:01:000250"), Ok(3_601_000_250));
+        assert_eq!(parse_time("1634567890.123456"), Ok(1_634_567_890_123_456));
+        assert_eq!(parse_time("12"), Ok(12_000_000));
         assert!(parse_time("ab:cd").is_err());
+        assert!(parse_time("1:2:3:4:5").is_err());
+        assert!(parse_time("1.5x").is_err());
+        assert!(parse_time("9223372036854775807:00:00").is_err());
+        assert!(parse_time("9223372036854775807").is_err());
     }
 }

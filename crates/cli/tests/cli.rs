@@ -1,0 +1,199 @@
+//! End-to-end tests of the `gpumem` binary on the simulated device.
+use std::path::PathBuf;
+use std::process::Command;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn gpumem(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpumem"))
+        .args(args)
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn replay_json_has_the_documented_fields_for_every_allocator() {
+    let (ok, out, err) = gpumem(&["replay", "traces/mixed_sizes.pickle.gz", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    // Python: sum of alloc + free_completed events, and the peak of live requested bytes.
+    assert_eq!(v["trace"]["alloc_events"], 3324);
+    assert_eq!(v["trace"]["free_events"], 3324);
+    assert_eq!(v["trace"]["peak_requested_bytes"], 3_930_870_227u64);
+    let allocs = v["allocators"].as_array().unwrap();
+    let names: Vec<&str> = allocs.iter().map(|a| a["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["buddy", "tlsf", "best-fit", "torch", "paged"]);
+    for a in allocs {
+        for key in [
+            "peak_reserved_bytes",
+            "peak_allocated_bytes",
+            "reserved_over_requested",
+            "peak_external_fragmentation",
+            "oom_count",
+            "driver_calls",
+            "modelled_driver_seconds",
+            "events_per_second",
+        ] {
+            assert!(!a[key].is_null(), "{} lacks {key}", a["name"]);
+        }
+        let ratio = a["reserved_over_requested"].as_f64().unwrap();
+        assert!(ratio >= 1.0, "{}: {ratio}", a["name"]);
+        assert_eq!(a["oom_count"], 0);
+    }
+    // PyTorch's own figure for this trace: reserved_bytes.all.peak = 6738149376.
+    let torch = allocs.iter().find(|a| a["name"] == "torch").unwrap();
+    let r = torch["peak_reserved_bytes"].as_f64().unwrap();
+    assert!(
+        (r / 6_738_149_376.0 - 1.0).abs() <= 0.01,
+        "torch emulation {r}"
+    );
+}
+
+#[test]
+fn capacity_limit_reports_ooms_and_min_capacity_is_between_floor_and_peak() {
+    let (ok, out, err) = gpumem(&[
+        "replay",
+        "traces/mixed_sizes.pickle.gz",
+        "-a",
+        "tlsf",
+        "--capacity",
+        "3GiB",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(v["allocators"][0]["oom_count"].as_u64().unwrap() > 0);
+    assert!(v["allocators"][0]["peak_reserved_bytes"].as_u64().unwrap() <= 3 << 30);
+
+    let (ok, out, err) = gpumem(&[
+        "replay",
+        "traces/mixed_sizes.pickle.gz",
+        "-a",
+        "paged",
+        "--min-capacity",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let a = &v["allocators"][0];
+    let min = a["min_capacity_bytes"].as_u64().unwrap();
+    assert!(min >= v["trace"]["peak_requested_bytes"].as_u64().unwrap());
+    assert!(min <= a["peak_reserved_bytes"].as_u64().unwrap() + (2 << 20));
+}
+
+#[test]
+fn table_and_timeline() {
+    let svg = std::env::temp_dir().join(format!("gpumem-timeline-{}.svg", std::process::id()));
+    let (ok, out, err) = gpumem(&[
+        "replay",
+        "traces/mixed_sizes.pickle.gz",
+        "-a",
+        "torch,paged",
+        "--timeline",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("peak requested 3.66 GiB"), "{out}");
+    assert!(
+        out.lines().any(|l| l.starts_with("torch")) && out.lines().any(|l| l.starts_with("paged")),
+        "{out}"
+    );
+    let s = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        s.starts_with("<svg")
+            && s.contains("torch: peak reserved")
+            && s.contains("paged: peak reserved")
+    );
+    let _ = std::fs::remove_file(svg);
+}
+
+#[test]
+fn bad_inputs_get_clear_errors() {
+    let (ok, _, err) = gpumem(&["replay", "no/such/file.pickle"]);
+    assert!(!ok && err.contains("no/such/file.pickle"), "{err}");
+    let (ok, _, err) = gpumem(&["replay", "traces/mixed_sizes.pickle.gz", "-a", "firstfit"]);
+    assert!(!ok && err.contains("unknown allocator `firstfit`"), "{err}");
+    let (ok, _, err) = gpumem(&[
+        "replay",
+        "traces/mixed_sizes.pickle.gz",
+        "--capacity",
+        "12XB",
+    ]);
+    assert!(!ok && err.contains("unknown unit"), "{err}");
+    let (ok, _, err) = gpumem(&[
+        "replay",
+        "crates/gpumem/tests/fixtures/lfs_pointer.pickle.gz",
+    ]);
+    assert!(!ok && err.contains("LFS"), "{err}");
+    let (ok, _, err) = gpumem(&[
+        "replay",
+        "crates/gpumem/tests/fixtures/hostile_reduce.pickle",
+    ]);
+    assert!(!ok && err.contains("refused"), "{err}");
+    let (ok, _, err) = gpumem(&["replay", "traces/mixed_sizes.pickle.gz", "--device", "tpu"]);
+    assert!(!ok && err.contains("expected sim, cuda or cuda:N"), "{err}");
+}
+
+#[test]
+fn snapshot_without_trace_gets_a_state_analysis() {
+    let (ok, out, err) = gpumem(&[
+        "replay",
+        "crates/gpumem/tests/fixtures/segments_only.pickle",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let t = &v["state"]["totals"];
+    assert!(t["segments"].as_u64().unwrap() > 0);
+    assert!(t["reserved_bytes"].as_u64().unwrap() >= t["allocated_bytes"].as_u64().unwrap());
+}
+
+#[test]
+fn external_snapshot_with_blocks_from_before_recording() {
+    let (ok, out, err) = gpumem(&[
+        "replay",
+        "traces/external/finetune_no_timestamps.pickle.gz",
+        "-a",
+        "torch",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(v["trace"]["preexisting_blocks"].as_u64().unwrap() > 0);
+    assert_eq!(v["allocators"][0]["oom_count"], 0);
+}
+
+#[test]
+fn convert_to_jsonl_and_replay_gives_the_same_figures() {
+    let out = std::env::temp_dir().join(format!("gpumem-convert-{}.jsonl", std::process::id()));
+    let (ok, _, err) = gpumem(&[
+        "convert",
+        "traces/mixed_sizes.pickle.gz",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let figures = |path: &str| {
+        let (ok, o, err) = gpumem(&["replay", path, "-a", "torch,tlsf", "--json"]);
+        assert!(ok, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&o).unwrap();
+        (
+            v["trace"]["peak_requested_bytes"].clone(),
+            v["allocators"][0]["peak_reserved_bytes"].clone(),
+            v["allocators"][1]["peak_reserved_bytes"].clone(),
+        )
+    };
+    assert_eq!(
+        figures("traces/mixed_sizes.pickle.gz"),
+        figures(out.to_str().unwrap())
+    );
+    let _ = std::fs::remove_file(out);
+}

@@ -1,0 +1,237 @@
+#!/usr/bin/env bash
+# gpu-check.sh — the one entry point for GPU work on the device machine.
+#
+# Two phases, because the device machine has no Rust toolchain:
+#
+#   scripts/gpu-check.sh build     (here, with cargo; no GPU needed)
+#       Builds the release `gpumem` CLI and the release test binaries of crate gpumem
+#       (`cargo test --release --no-run --message-format=json`, executables read from cargo's
+#       JSON), keeps the integration tests whose source holds tests ignored as "needs a CUDA
+#       device" (the house convention for GPU tests), strips everything and copies it,
+#       with the shipped traces, into the git-ignored folder carry/:
+#           carry/gpumem  carry/tests/<test-target>  carry/traces/...
+#
+#   scripts/gpu-check.sh run       (on the device machine, from the repository root)
+#       Runs, each step under its own time limit, continuing after a failing step:
+#         1. gpumem info (table, and --json)
+#         2. every GPU test binary with --ignored --test-threads 1
+#         3. gpumem replay of every shipped trace with --device cuda --canary, all strategies
+#         4. gpumem bench alloc --device cuda (strategies vs cuMemAlloc and cuMemAllocAsync)
+#         5. (placeholder) the pinned-memory benchmarks, added by the pinned work
+#       Writes under $OUT if set (else carry/out): gpu-check.log (everything),
+#       info.json, replay.jsonl, bench-alloc.json, summary.txt — few files, since the device
+#       tool brings back at most 8. Prints a summary table (step, status, seconds) last.
+#       Exit status 0 only if no step failed.
+#
+# Device tool call (the lead's), after `scripts/gpu-check.sh build` here:
+#   run(command="scripts/gpu-check.sh run", carry=["carry"], timeout_s=600)
+#
+# Tunables (environment): GPU_CHECK_BUDGET_S (default 500: steps that would start later are
+# skipped), GPU_CHECK_BENCH_MS (per-measurement time of bench alloc, default 40),
+# GPU_CHECK_REPLAY_TIMEOUT_S (per trace, default 150), GPU_CHECK_TEST_TIMEOUT_S (per test
+# binary, default 180).
+set -u
+set -o pipefail
+
+cd "$(dirname "$0")/.." || exit 2
+ROOT=$(pwd)
+CARRY="$ROOT/carry"
+
+die() {
+  echo "gpu-check build: $*" >&2
+  exit 1
+}
+
+build() {
+  local target=${CARGO_TARGET_DIR:-target}
+  echo "== cargo build --release -p gpumem-cli"
+  cargo build --release -p gpumem-cli || die "cargo build failed"
+  rm -rf "$CARRY"
+  mkdir -p "$CARRY/tests" "$CARRY/traces" || die "cannot create $CARRY"
+  strip -o "$CARRY/gpumem" "$target/release/gpumem" || die "strip failed"
+  echo "== cargo test --release -p gpumem --no-run"
+  local json
+  json=$(mktemp)
+  cargo test --release -p gpumem --no-run --message-format=json >"$json" ||
+    die "cargo test --no-run failed (compiler messages are in $json)"
+  local list
+  list=$(python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    t = m.get("target", {})
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and "test" in t.get("kind", []):
+        # Integration tests whose source holds GPU tests (ignored as "needs a CUDA device").
+        try:
+            src = open(t["src_path"]).read()
+        except OSError:
+            continue
+        if "needs a CUDA device" in src:
+            print(t["name"], m["executable"])
+' "$json") || die "cannot read cargo's JSON"
+  rm -f "$json"
+  local name exe n carried=0
+  while read -r name exe; do
+    [ -n "$name" ] || continue
+    n=$("$exe" --ignored --list 2>/dev/null | grep -c ': test$')
+    if [ "${n:-0}" -gt 0 ]; then
+      strip -o "$CARRY/tests/$name" "$exe" || die "strip $exe failed"
+      echo "   carried $name ($n GPU tests)"
+      carried=$((carried + 1))
+    fi
+  done <<<"$list"
+  [ "$carried" -gt 0 ] || die "no test binary with ignored (GPU) tests found"
+  cp -r traces/. "$CARRY/traces/" || die "cannot copy traces"
+  echo "== carry/ holds $(du -sh "$CARRY" | cut -f1):"
+  find "$CARRY" -type f | sort | sed 's/^/   /'
+}
+
+# ---------------------------------------------------------------- run
+
+OUTDIR=${OUT:-$CARRY/out}
+LOG="$OUTDIR/gpu-check.log"
+START=$(date +%s)
+BUDGET=${GPU_CHECK_BUDGET_S:-500}
+STEPS=()
+STATUS=()
+SECS=()
+
+log() { echo "$*" | tee -a "$LOG"; }
+
+# step NAME TIMEOUT_S COMMAND...: runs COMMAND with output appended to the log.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local now=$(( $(date +%s) - START ))
+  if [ "$now" -ge "$BUDGET" ]; then
+    STEPS+=("$name"); STATUS+=("SKIP (time)"); SECS+=(0)
+    log "== $name: skipped, ${now}s used of the ${BUDGET}s budget"
+    return
+  fi
+  local left=$(( BUDGET - now + 60 ))
+  [ "$limit" -gt "$left" ] && limit=$left
+  log "== $name (limit ${limit}s): $*"
+  local t0 rc
+  t0=$(date +%s)
+  if [ "$(type -t "$1")" = function ]; then
+    # timeout runs programs, not shell functions: run the (exported) function in a child bash.
+    timeout --kill-after=10 "$limit" bash -c '"$@"' _ "$@" >>"$LOG" 2>&1
+  else
+    timeout --kill-after=10 "$limit" "$@" >>"$LOG" 2>&1
+  fi
+  rc=$?
+  local dt=$(( $(date +%s) - t0 ))
+  local st=ok
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then st="FAIL (timeout)"; elif [ "$rc" -ne 0 ]; then st="FAIL (rc $rc)"; fi
+  STEPS+=("$name"); STATUS+=("$st"); SECS+=("$dt")
+  log "== $name: $st in ${dt}s"
+}
+
+# Runs the CLI with stdout to FILE (JSON) and stderr to the log.
+json_to() {
+  local file=$1
+  shift
+  "$@" >"$file"
+}
+
+replay_one() {
+  local trace=$1
+  local tmp
+  tmp=$(mktemp)
+  "$CARRY/gpumem" replay "$trace" --device cuda --canary --allocator all --json >"$tmp"
+  local rc=$?
+  printf '{"trace": "%s", "rc": %d, "report": ' "$(basename "$trace")" "$rc" >>"$OUTDIR/replay.jsonl"
+  if [ -s "$tmp" ]; then tr -d '\n' <"$tmp" >>"$OUTDIR/replay.jsonl"; else printf 'null' >>"$OUTDIR/replay.jsonl"; fi
+  printf '}\n' >>"$OUTDIR/replay.jsonl"
+  # A damaged canary means two live blocks overlapped: a failure even if the replay ended.
+  if grep -Eq '"canary_errors": *[1-9]' "$tmp"; then
+    echo "canary errors in $(basename "$trace")"
+    rm -f "$tmp"
+    return 3
+  fi
+  rm -f "$tmp"
+  return "$rc"
+}
+
+run() {
+  export CARRY OUTDIR
+  export -f json_to replay_one
+  mkdir -p "$OUTDIR"
+  : >"$LOG"
+  : >"$OUTDIR/replay.jsonl"
+  if [ ! -x "$CARRY/gpumem" ]; then
+    log "carry/gpumem is missing: run 'scripts/gpu-check.sh build' where cargo is, and carry the folder carry/"
+    exit 2
+  fi
+  log "gpu-check on $(hostname) at $(date -u +%FT%TZ)"
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv >>"$LOG" 2>&1
+
+  # 1. info
+  step "info" 60 "$CARRY/gpumem" info --device all
+  step "info --json" 60 json_to "$OUTDIR/info.json" "$CARRY/gpumem" info --device all --json
+
+  # 2. GPU tests
+  local t
+  for t in "$CARRY"/tests/*; do
+    [ -x "$t" ] || continue
+    step "test $(basename "$t")" "${GPU_CHECK_TEST_TIMEOUT_S:-180}" "$t" --ignored --test-threads 1
+  done
+
+  # 3. replay every shipped trace on the GPU, every strategy, with canaries
+  local tr
+  while IFS= read -r tr; do
+    step "replay $(basename "$tr")" "${GPU_CHECK_REPLAY_TIMEOUT_S:-150}" replay_one "$tr"
+  done < <(find "$CARRY/traces" -name '*.pickle.gz' -o -name '*.jsonl' -o -name '*.csv' | sort)
+
+  # 4. allocation benchmark: table into the log, JSON into bench-alloc.json
+  step "bench alloc" 240 json_to "$OUTDIR/bench-alloc.json" "$CARRY/gpumem" bench alloc --device cuda \
+    --time-ms "${GPU_CHECK_BENCH_MS:-40}" --json
+  if [ -s "$OUTDIR/bench-alloc.json" ] && command -v python3 >/dev/null; then
+    python3 - "$OUTDIR/bench-alloc.json" >>"$LOG" 2>&1 <<'PY'
+import json, sys
+for dev in json.load(open(sys.argv[1])):
+    print("bench alloc on", dev["device"])
+    for r in dev["rows"]:
+        case = r["case"] if isinstance(r["case"], str) else "%d B" % r["case"]["fixed"]
+        f = lambda x: "-" if x is None else "%.1f" % x
+        print("  %-16s %-12s x%-3d median %9.0f ns  p99 %9.0f ns  %12.0f pairs/s  x%s vs cuMemAlloc  x%s vs async" % (
+            r["backend"], case, r["threads"], r["median_ns"], r["p99_ns"], r["pairs_per_s"],
+            f(r["speedup_vs_cumemalloc"]), f(r["speedup_vs_cumemallocasync"])))
+    for e in dev["errors"]:
+        print("  error:", e)
+PY
+  fi
+
+  # 5. PINNED: the pinned-memory benchmarks (gpumem bench transfer / bench pinned) go here,
+  #    e.g. step "bench transfer" 120 json_to "$OUTDIR/bench-transfer.json" "$CARRY/gpumem" bench transfer --json
+  STEPS+=("pinned benchmarks"); STATUS+=("SKIP (not added yet)"); SECS+=(0)
+
+  # Summary, last.
+  local failed=0 i
+  for i in "${!STATUS[@]}"; do
+    case "${STATUS[$i]}" in FAIL*) failed=$((failed + 1)) ;; esac
+  done
+  {
+    echo
+    echo "gpu-check summary ($(( $(date +%s) - START ))s in all; logs and JSON in $OUTDIR)"
+    printf '%-44s %-22s %6s\n' "step" "status" "s"
+    for i in "${!STEPS[@]}"; do
+      printf '%-44s %-22s %6s\n' "${STEPS[$i]}" "${STATUS[$i]}" "${SECS[$i]}"
+    done
+    echo "$failed step(s) failed"
+  } | tee "$OUTDIR/summary.txt" | tee -a "$LOG"
+  [ "$failed" -eq 0 ]
+}
+
+case "${1:-}" in
+  build) build ;;
+  run) run ;;
+  *)
+    echo "usage: scripts/gpu-check.sh build   # here: release CLI + GPU test binaries into carry/" >&2
+    echo "       scripts/gpu-check.sh run     # on the device machine: tests, replays, benchmarks" >&2
+    exit 2
+    ;;
+esac
