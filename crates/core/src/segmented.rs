@@ -71,11 +71,14 @@ impl ArenaKind {
         }
     }
 
-    /// Segment size for `bytes`, rounded to the granularity (and a power of two for buddy).
+    /// Segment size for `bytes`, rounded to the granularity (for buddy: to a power of two of
+    /// at least one minimum block).
     fn segment_size(self, bytes: u64, granularity: u64) -> Option<u64> {
         let s = align_up(bytes.max(1), granularity)?;
         match self {
-            ArenaKind::Buddy { .. } => s.checked_next_power_of_two(),
+            ArenaKind::Buddy { min_block_bytes } => s
+                .max(min_block_bytes.max(1).checked_next_power_of_two()?)
+                .checked_next_power_of_two(),
             _ => Some(s),
         }
     }
@@ -322,20 +325,26 @@ impl Allocator for SegmentedPool {
     }
 
     fn deallocate(&mut self, _dev: &mut dyn Device, addr: u64) -> Result<(), AllocError> {
-        let Some(&live) = self.blocks.get(&addr) else {
+        // One hash lookup on the hit path: take the entry out, put it back on an error.
+        let Some(live) = self.blocks.remove(&addr) else {
             return Err(AllocError::UnknownBlock { addr });
         };
-        let seg = self.segments.get_mut(&live.segment).ok_or_else(|| {
-            AllocError::Internal(format!(
+        let freed = match self.segments.get_mut(&live.segment) {
+            Some(seg) => seg.arena.deallocate(addr - live.segment).map_err(|e| {
+                AllocError::Internal(format!("block {addr:#x} not in its arena: {e}"))
+            }),
+            None => Err(AllocError::Internal(format!(
                 "block {addr:#x} refers to a missing segment {:#x}",
                 live.segment
-            ))
-        })?;
-        let allocated = seg
-            .arena
-            .deallocate(addr - live.segment)
-            .map_err(|e| AllocError::Internal(format!("block {addr:#x} not in its arena: {e}")))?;
-        self.blocks.remove(&addr);
+            ))),
+        };
+        let allocated = match freed {
+            Ok(a) => a,
+            Err(e) => {
+                self.blocks.insert(addr, live);
+                return Err(e);
+            }
+        };
         self.tracker.on_free(live.requested_bytes, allocated);
         Ok(())
     }
@@ -503,6 +512,21 @@ mod tests {
         pool.deallocate(&mut dev, c.addr).unwrap();
         assert_eq!(pool.release_cached(&mut dev).unwrap(), 260 * MIB);
         assert_eq!(dev.live_objects(), (0, 0, 0, 0));
+    }
+
+    #[test]
+    fn buddy_segment_holds_at_least_one_minimum_block() {
+        let mut dev = SimDevice::new(1 << 30);
+        let config = Config {
+            segment_bytes: 2 * MIB,
+            min_block_bytes: 8 * MIB,
+            ..Config::default()
+        };
+        let mut pool = SegmentedPool::buddy(&config);
+        let b = pool.allocate(&mut dev, 1, 1, 0).unwrap();
+        assert_eq!(b.allocated_bytes, 8 * MIB);
+        assert_eq!(pool.stats().reserved_bytes.current, 8 * MIB);
+        pool.validate().unwrap();
     }
 
     #[test]
