@@ -120,8 +120,10 @@ pub struct SegmentedPool {
     segment_bytes: u64,
     /// Segments by base address.
     segments: BTreeMap<u64, Segment>,
-    /// Base addresses of the segments in creation order (sequence number -> base).
-    by_age: BTreeMap<u64, u64>,
+    /// The segments in creation order: sequence number -> (base address, the arena's largest
+    /// free block in bytes, kept current after every operation on it so that a request skips
+    /// segments that cannot hold it without touching them).
+    by_age: BTreeMap<u64, (u64, u64)>,
     /// Sequence number of the next segment.
     next_seq: u64,
     /// Live blocks by address.
@@ -269,18 +271,21 @@ impl Allocator for SegmentedPool {
         let rounded = align_up(size_bytes.max(1), ROUND_BYTES).ok_or(overflow.clone())?;
         let a = align.max(ROUND_BYTES);
         let mut hit = None;
-        for &base in self.by_age.values() {
-            if base % a != 0 {
+        for (base, largest) in self.by_age.values_mut() {
+            // Most segments of a busy pool cannot hold the request: skip them unread.
+            if *largest < rounded || *base % a != 0 {
                 continue;
             }
-            let Some(seg) = self.segments.get_mut(&base) else {
+            let Some(seg) = self.segments.get_mut(base) else {
                 return Err(AllocError::Internal(format!(
                     "segment {base:#x} listed but missing"
                 )));
             };
-            match seg.arena.allocate(rounded, a) {
+            let r = seg.arena.allocate(rounded, a);
+            *largest = seg.arena.report().largest_free_bytes;
+            match r {
                 Ok((off, bytes)) => {
-                    hit = Some((base, off, bytes));
+                    hit = Some((*base, off, bytes));
                     break;
                 }
                 Err(e) if e.is_oom() => {}
@@ -309,6 +314,7 @@ impl Allocator for SegmentedPool {
                 max: 1 << base.trailing_zeros(),
             })
         };
+        let largest = arena.report().largest_free_bytes;
         self.segments.insert(
             base,
             Segment {
@@ -317,7 +323,7 @@ impl Allocator for SegmentedPool {
                 seq: self.next_seq,
             },
         );
-        self.by_age.insert(self.next_seq, base);
+        self.by_age.insert(self.next_seq, (base, largest));
         self.next_seq += 1;
         self.tracker.on_reserve(bytes);
         let (off, allocated) = placed?;
@@ -330,9 +336,15 @@ impl Allocator for SegmentedPool {
             return Err(AllocError::UnknownBlock { addr });
         };
         let freed = match self.segments.get_mut(&live.segment) {
-            Some(seg) => seg.arena.deallocate(addr - live.segment).map_err(|e| {
-                AllocError::Internal(format!("block {addr:#x} not in its arena: {e}"))
-            }),
+            Some(seg) => {
+                let r = seg.arena.deallocate(addr - live.segment).map_err(|e| {
+                    AllocError::Internal(format!("block {addr:#x} not in its arena: {e}"))
+                });
+                if let Some(entry) = self.by_age.get_mut(&seg.seq) {
+                    entry.1 = seg.arena.report().largest_free_bytes;
+                }
+                r
+            }
             None => Err(AllocError::Internal(format!(
                 "block {addr:#x} refers to a missing segment {:#x}",
                 live.segment
@@ -392,8 +404,12 @@ impl Allocator for SegmentedPool {
             )));
         }
         for (&base, seg) in &self.segments {
-            if self.by_age.get(&seg.seq) != Some(&base) {
-                return Err(err(format!("segment {base:#x} missing from the age list")));
+            let largest = seg.arena.report().largest_free_bytes;
+            if self.by_age.get(&seg.seq) != Some(&(base, largest)) {
+                return Err(err(format!(
+                    "segment {base:#x}: age list entry {:?}, expected ({base:#x}, {largest})",
+                    self.by_age.get(&seg.seq)
+                )));
             }
             seg.arena
                 .validate()
