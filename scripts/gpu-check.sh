@@ -11,23 +11,26 @@
 #       with the shipped traces, into the git-ignored folder carry/:
 #           carry/gpumem  carry/tests/<test-target>  carry/traces/...
 #
-#   scripts/gpu-check.sh run       (on the device machine, from the repository root)
+#   scripts/gpu-check.sh run [GROUP...]   (on the device machine, from the repository root)
+#       GROUPs (default: all, in this order): info tests bench pinned replay — e.g.
+#       `run replay` in a second device call when one call's 10 minutes are not enough.
 #       Runs, each step under its own time limit, continuing after a failing step:
 #         1. gpumem info (table, and --json)
 #         2. every GPU test binary with --ignored --test-threads 1
-#         3. gpumem replay of every shipped trace with --device cuda --canary, all strategies
-#         4. gpumem bench alloc --device cuda (strategies vs cuMemAlloc and cuMemAllocAsync)
-#         5. (placeholder) the pinned-memory benchmarks, added by the pinned work
+#         3. gpumem bench alloc --device cuda (strategies vs cuMemAlloc and cuMemAllocAsync)
+#         4. scripts/pinned-bench.sh (pinned host memory: transfers, allocation, advise)
+#         5. gpumem replay of every shipped trace with --device cuda --canary, all strategies,
+#            smallest trace first, until the time budget runs out
 #       Writes under $OUT if set (else carry/out): gpu-check.log (everything),
-#       info.json, replay.jsonl, bench-alloc.json, summary.txt — few files, since the device
-#       tool brings back at most 8. Prints a summary table (step, status, seconds) last.
+#       info.json, replay.jsonl, bench-alloc.json, pinned.tar.gz, summary.txt — few files,
+#       since the device tool brings back at most 8. Prints a summary table (step, status, seconds) last.
 #       Exit status 0 only if no step failed.
 #
 # Device tool call (the lead's), after `scripts/gpu-check.sh build` here:
 #   run(command="scripts/gpu-check.sh run", carry=["carry"], timeout_s=600)
 #
 # Tunables (environment): GPU_CHECK_BUDGET_S (default 500: steps that would start later are
-# skipped), GPU_CHECK_BENCH_MS (per-measurement time of bench alloc, default 40),
+# skipped), GPU_CHECK_BENCH_MS (per-measurement time of bench alloc, default 100),
 # GPU_CHECK_REPLAY_TIMEOUT_S (per trace, default 150), GPU_CHECK_TEST_TIMEOUT_S (per test
 # binary, default 180).
 set -u
@@ -125,7 +128,7 @@ step() {
   rc=$?
   local dt=$(( $(date +%s) - t0 ))
   local st=ok
-  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then st="FAIL (timeout)"; elif [ "$rc" -ne 0 ]; then st="FAIL (rc $rc)"; fi
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then st="FAIL (timeout)"; elif [ "$rc" -eq 3 ]; then st="FAIL (canary errors)"; elif [ "$rc" -ne 0 ]; then st="FAIL (rc $rc)"; fi
   STEPS+=("$name"); STATUS+=("$st"); SECS+=("$dt")
   log "== $name: $st in ${dt}s"
 }
@@ -137,11 +140,13 @@ json_to() {
   "$@" >"$file"
 }
 
+# replay_one TRACE LIMIT_S: one canary replay under its own time limit, so that a line with
+# its exit status (124: timed out) lands in replay.jsonl even when it is cut short.
 replay_one() {
-  local trace=$1
+  local trace=$1 limit=$2
   local tmp
   tmp=$(mktemp)
-  "$CARRY/gpumem" replay "$trace" --device cuda --canary --allocator all --json >"$tmp"
+  timeout --kill-after=10 "$limit" "$CARRY/gpumem" replay "$trace" --device cuda --canary --allocator all --json >"$tmp"
   local rc=$?
   printf '{"trace": "%s", "rc": %d, "report": ' "$(basename "$trace")" "$rc" >>"$OUTDIR/replay.jsonl"
   if [ -s "$tmp" ]; then tr -d '\n' <"$tmp" >>"$OUTDIR/replay.jsonl"; else printf 'null' >>"$OUTDIR/replay.jsonl"; fi
@@ -156,7 +161,20 @@ replay_one() {
   return "$rc"
 }
 
+# want GROUP: whether this run includes a step group (all groups when none were named).
+want() {
+  [ "${#GROUPS_WANTED[@]}" -eq 0 ] && return 0
+  local g
+  for g in "${GROUPS_WANTED[@]}"; do [ "$g" = "$1" ] && return 0; done
+  return 1
+}
+
 run() {
+  GROUPS_WANTED=("$@")
+  local g
+  for g in "${GROUPS_WANTED[@]}"; do
+    case "$g" in info | tests | bench | pinned | replay) ;; *) echo "unknown step group: $g" >&2; exit 2 ;; esac
+  done
   export CARRY OUTDIR
   export -f json_to replay_one
   mkdir -p "$OUTDIR"
@@ -170,26 +188,23 @@ run() {
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv >>"$LOG" 2>&1
 
   # 1. info
-  step "info" 60 "$CARRY/gpumem" info --device all
-  step "info --json" 60 json_to "$OUTDIR/info.json" "$CARRY/gpumem" info --device all --json
+  if want info; then
+    step "info" 60 "$CARRY/gpumem" info --device all
+    step "info --json" 60 json_to "$OUTDIR/info.json" "$CARRY/gpumem" info --device all --json
+  fi
 
   # 2. GPU tests
   local t
   for t in "$CARRY"/tests/*; do
+    want tests || break
     [ -x "$t" ] || continue
     step "test $(basename "$t")" "${GPU_CHECK_TEST_TIMEOUT_S:-180}" "$t" --ignored --test-threads 1
   done
 
-  # 3. replay every shipped trace on the GPU, every strategy, with canaries
-  local tr
-  while IFS= read -r tr; do
-    step "replay $(basename "$tr")" "${GPU_CHECK_REPLAY_TIMEOUT_S:-150}" replay_one "$tr"
-  done < <(find "$CARRY/traces" -name '*.pickle.gz' -o -name '*.jsonl' -o -name '*.csv' | sort)
-
-  # 4. allocation benchmark: table into the log, JSON into bench-alloc.json
-  step "bench alloc" 240 json_to "$OUTDIR/bench-alloc.json" "$CARRY/gpumem" bench alloc --device cuda \
-    --time-ms "${GPU_CHECK_BENCH_MS:-40}" --json
-  if [ -s "$OUTDIR/bench-alloc.json" ] && command -v python3 >/dev/null; then
+  # 3. allocation benchmark: table into the log, JSON into bench-alloc.json
+  want bench && step "bench alloc" 240 json_to "$OUTDIR/bench-alloc.json" "$CARRY/gpumem" bench alloc --device cuda \
+    --time-ms "${GPU_CHECK_BENCH_MS:-100}" --json
+  if want bench && [ -s "$OUTDIR/bench-alloc.json" ] && command -v python3 >/dev/null; then
     python3 - "$OUTDIR/bench-alloc.json" >>"$LOG" 2>&1 <<'PY'
 import json, sys
 for dev in json.load(open(sys.argv[1])):
@@ -205,9 +220,29 @@ for dev in json.load(open(sys.argv[1])):
 PY
   fi
 
-  # 5. PINNED: the pinned-memory benchmarks (gpumem bench transfer / bench pinned) go here,
-  #    e.g. step "bench transfer" 120 json_to "$OUTDIR/bench-transfer.json" "$CARRY/gpumem" bench transfer --json
-  STEPS+=("pinned benchmarks"); STATUS+=("SKIP (not added yet)"); SECS+=(0)
+  # 4. pinned host memory: scripts/pinned-bench.sh (transfer, pinned allocation, advise); its
+  #    files are packed into one archive, since the device tool brings back at most 8 files.
+  #    (Its ignored CUDA tests already ran in step 2: pinned_cuda is carried like cuda_device.)
+  if ! want pinned; then
+    :
+  elif [ -x "$ROOT/scripts/pinned-bench.sh" ]; then
+    step "pinned benchmarks" 200 "$ROOT/scripts/pinned-bench.sh" "$CARRY/gpumem" "$OUTDIR/pinned"
+    if [ -d "$OUTDIR/pinned" ]; then
+      tar -C "$OUTDIR" -czf "$OUTDIR/pinned.tar.gz" pinned && rm -rf "$OUTDIR/pinned"
+    fi
+  else
+    STEPS+=("pinned benchmarks"); STATUS+=("SKIP (no scripts/pinned-bench.sh)"); SECS+=(0)
+  fi
+
+  # 5. replay every shipped trace on the GPU, every strategy, with canaries; smallest first,
+  #    last because they take the longest (the time budget skips what does not fit)
+  local tr
+  local rlimit=${GPU_CHECK_REPLAY_TIMEOUT_S:-150}
+  while IFS= read -r tr; do
+    want replay || break
+    step "replay $(basename "$tr")" $((rlimit + 20)) replay_one "$tr" "$rlimit"
+  done < <(find "$CARRY/traces" \( -name '*.pickle.gz' -o -name '*.jsonl' -o -name '*.csv' \) -printf '%s %p\n' |
+    sort -n | cut -d' ' -f2-)
 
   # Summary, last.
   local failed=0 i
@@ -217,9 +252,9 @@ PY
   {
     echo
     echo "gpu-check summary ($(( $(date +%s) - START ))s in all; logs and JSON in $OUTDIR)"
-    printf '%-44s %-22s %6s\n' "step" "status" "s"
+    printf '%-44s %-34s %6s\n' "step" "status" "s"
     for i in "${!STEPS[@]}"; do
-      printf '%-44s %-22s %6s\n' "${STEPS[$i]}" "${STATUS[$i]}" "${SECS[$i]}"
+      printf '%-44s %-34s %6s\n' "${STEPS[$i]}" "${STATUS[$i]}" "${SECS[$i]}"
     done
     echo "$failed step(s) failed"
   } | tee "$OUTDIR/summary.txt" | tee -a "$LOG"
@@ -228,10 +263,13 @@ PY
 
 case "${1:-}" in
   build) build ;;
-  run) run ;;
+  run)
+    shift
+    run "$@"
+    ;;
   *)
     echo "usage: scripts/gpu-check.sh build   # here: release CLI + GPU test binaries into carry/" >&2
-    echo "       scripts/gpu-check.sh run     # on the device machine: tests, replays, benchmarks" >&2
+    echo "       scripts/gpu-check.sh run [GROUP...]  # on the device machine; GROUPs: info tests bench pinned replay (default all)" >&2
     exit 2
     ;;
 esac

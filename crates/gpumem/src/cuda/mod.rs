@@ -1,7 +1,7 @@
 //! The CUDA backend: the driver API through cudarc, loaded at run time.
 //!
 //! Layers, as in cudarc:
-//! - [`driver`] (private): thin `unsafe` wrappers over `cudarc::driver::sys`, one per CUDA call,
+//! - `driver` (private): thin `unsafe` wrappers over `cudarc::driver::sys`, one per CUDA call,
 //!   each returning `Result<_, DeviceError>` with the call's name and the CUDA error name;
 //! - safe types that leave the module: [`CudaDevice`] (implements [`gpumem_core::Device`]:
 //!   cuMemAlloc segments and VMM arenas), [`CudaEvents`] (stream-ordered reuse), [`Managed`]
@@ -28,7 +28,10 @@ pub mod pool;
 pub mod vmm;
 
 pub use capped::Capped;
-pub use device::{CudaDevice, DeviceInfo, MemoryType, PointerInfo};
+pub use device::{
+    CudaDevice, DeviceInfo, MemoryType, PointerInfo, FULL_CHECK_BYTES, SAMPLE_WINDOWS,
+    SAMPLE_WINDOW_BYTES,
+};
 pub use events::{CudaEvents, CudaStream, ManualEvents, StreamEvents};
 pub use managed::{
     managed_guard, managed_margin, Advice, Managed, ManagedBuffer, MANAGED_MARGIN_BYTES,
