@@ -88,6 +88,10 @@ for line in open(sys.argv[1]):
   done <<<"$list"
   [ "$carried" -gt 0 ] || die "no test binary with ignored (GPU) tests found"
   cp -r traces/. "$CARRY/traces/" || die "cannot copy traces"
+  # The anchor programs (not part of gpumem) travel in carry/ only, to be measured side by side.
+  if [ -d ../shared/anchors ]; then
+    mkdir -p "$CARRY/anchors" && cp ../shared/anchors/*.cu ../shared/anchors/*.cpp "$CARRY/anchors/" 2>/dev/null
+  fi
   echo "== carry/ holds $(du -sh "$CARRY" | cut -f1):"
   find "$CARRY" -type f | sort | sed 's/^/   /'
 }
@@ -173,7 +177,7 @@ run() {
   GROUPS_WANTED=("$@")
   local g
   for g in "${GROUPS_WANTED[@]}"; do
-    case "$g" in info | tests | bench | pinned | replay) ;; *) echo "unknown step group: $g" >&2; exit 2 ;; esac
+    case "$g" in info | anchors | tests | bench | pinned | replay) ;; *) echo "unknown step group: $g" >&2; exit 2 ;; esac
   done
   export CARRY OUTDIR
   export -f json_to replay_one
@@ -194,6 +198,8 @@ run() {
   fi
 
   # 2. GPU tests
+  want anchors && step "anchors (nvcc)" 240 "$ROOT/scripts/anchors.sh" "$CARRY/anchors" "$OUTDIR/anchors.jsonl"
+
   local t
   for t in "$CARRY"/tests/*; do
     want tests || break
@@ -269,7 +275,7 @@ case "${1:-}" in
     ;;
   *)
     echo "usage: scripts/gpu-check.sh build   # here: release CLI + GPU test binaries into carry/" >&2
-    echo "       scripts/gpu-check.sh run [GROUP...]  # on the device machine; GROUPs: info tests bench pinned replay (default all)" >&2
+    echo "       scripts/gpu-check.sh run [GROUP...]  # on the device machine; GROUPs: info anchors tests bench pinned replay (default all)" >&2
     exit 2
     ;;
 esac

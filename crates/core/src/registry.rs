@@ -21,7 +21,7 @@ impl Default for Config {
         Config {
             segment_bytes: 256 << 20,
             min_block_bytes: 256,
-            page_cache_pages: 64,
+            page_cache_pages: 1024,
         }
     }
 }

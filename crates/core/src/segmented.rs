@@ -71,11 +71,14 @@ impl ArenaKind {
         }
     }
 
-    /// Segment size for `bytes`, rounded to the granularity (and a power of two for buddy).
+    /// Segment size for `bytes`, rounded to the granularity (for buddy: to a power of two of
+    /// at least one minimum block).
     fn segment_size(self, bytes: u64, granularity: u64) -> Option<u64> {
         let s = align_up(bytes.max(1), granularity)?;
         match self {
-            ArenaKind::Buddy { .. } => s.checked_next_power_of_two(),
+            ArenaKind::Buddy { min_block_bytes } => s
+                .max(min_block_bytes.max(1).checked_next_power_of_two()?)
+                .checked_next_power_of_two(),
             _ => Some(s),
         }
     }
@@ -117,8 +120,10 @@ pub struct SegmentedPool {
     segment_bytes: u64,
     /// Segments by base address.
     segments: BTreeMap<u64, Segment>,
-    /// Base addresses of the segments in creation order (sequence number -> base).
-    by_age: BTreeMap<u64, u64>,
+    /// The segments in creation order: sequence number -> (base address, the arena's largest
+    /// free block in bytes, kept current after every operation on it so that a request skips
+    /// segments that cannot hold it without touching them).
+    by_age: BTreeMap<u64, (u64, u64)>,
     /// Sequence number of the next segment.
     next_seq: u64,
     /// Live blocks by address.
@@ -266,18 +271,21 @@ impl Allocator for SegmentedPool {
         let rounded = align_up(size_bytes.max(1), ROUND_BYTES).ok_or(overflow.clone())?;
         let a = align.max(ROUND_BYTES);
         let mut hit = None;
-        for &base in self.by_age.values() {
-            if base % a != 0 {
+        for (base, largest) in self.by_age.values_mut() {
+            // Most segments of a busy pool cannot hold the request: skip them unread.
+            if *largest < rounded || *base % a != 0 {
                 continue;
             }
-            let Some(seg) = self.segments.get_mut(&base) else {
+            let Some(seg) = self.segments.get_mut(base) else {
                 return Err(AllocError::Internal(format!(
                     "segment {base:#x} listed but missing"
                 )));
             };
-            match seg.arena.allocate(rounded, a) {
+            let r = seg.arena.allocate(rounded, a);
+            *largest = seg.arena.report().largest_free_bytes;
+            match r {
                 Ok((off, bytes)) => {
-                    hit = Some((base, off, bytes));
+                    hit = Some((*base, off, bytes));
                     break;
                 }
                 Err(e) if e.is_oom() => {}
@@ -306,6 +314,7 @@ impl Allocator for SegmentedPool {
                 max: 1 << base.trailing_zeros(),
             })
         };
+        let largest = arena.report().largest_free_bytes;
         self.segments.insert(
             base,
             Segment {
@@ -314,7 +323,7 @@ impl Allocator for SegmentedPool {
                 seq: self.next_seq,
             },
         );
-        self.by_age.insert(self.next_seq, base);
+        self.by_age.insert(self.next_seq, (base, largest));
         self.next_seq += 1;
         self.tracker.on_reserve(bytes);
         let (off, allocated) = placed?;
@@ -322,20 +331,32 @@ impl Allocator for SegmentedPool {
     }
 
     fn deallocate(&mut self, _dev: &mut dyn Device, addr: u64) -> Result<(), AllocError> {
-        let Some(&live) = self.blocks.get(&addr) else {
+        // One hash lookup on the hit path: take the entry out, put it back on an error.
+        let Some(live) = self.blocks.remove(&addr) else {
             return Err(AllocError::UnknownBlock { addr });
         };
-        let seg = self.segments.get_mut(&live.segment).ok_or_else(|| {
-            AllocError::Internal(format!(
+        let freed = match self.segments.get_mut(&live.segment) {
+            Some(seg) => {
+                let r = seg.arena.deallocate(addr - live.segment).map_err(|e| {
+                    AllocError::Internal(format!("block {addr:#x} not in its arena: {e}"))
+                });
+                if let Some(entry) = self.by_age.get_mut(&seg.seq) {
+                    entry.1 = seg.arena.report().largest_free_bytes;
+                }
+                r
+            }
+            None => Err(AllocError::Internal(format!(
                 "block {addr:#x} refers to a missing segment {:#x}",
                 live.segment
-            ))
-        })?;
-        let allocated = seg
-            .arena
-            .deallocate(addr - live.segment)
-            .map_err(|e| AllocError::Internal(format!("block {addr:#x} not in its arena: {e}")))?;
-        self.blocks.remove(&addr);
+            ))),
+        };
+        let allocated = match freed {
+            Ok(a) => a,
+            Err(e) => {
+                self.blocks.insert(addr, live);
+                return Err(e);
+            }
+        };
         self.tracker.on_free(live.requested_bytes, allocated);
         Ok(())
     }
@@ -383,8 +404,12 @@ impl Allocator for SegmentedPool {
             )));
         }
         for (&base, seg) in &self.segments {
-            if self.by_age.get(&seg.seq) != Some(&base) {
-                return Err(err(format!("segment {base:#x} missing from the age list")));
+            let largest = seg.arena.report().largest_free_bytes;
+            if self.by_age.get(&seg.seq) != Some(&(base, largest)) {
+                return Err(err(format!(
+                    "segment {base:#x}: age list entry {:?}, expected ({base:#x}, {largest})",
+                    self.by_age.get(&seg.seq)
+                )));
             }
             seg.arena
                 .validate()
@@ -503,6 +528,21 @@ mod tests {
         pool.deallocate(&mut dev, c.addr).unwrap();
         assert_eq!(pool.release_cached(&mut dev).unwrap(), 260 * MIB);
         assert_eq!(dev.live_objects(), (0, 0, 0, 0));
+    }
+
+    #[test]
+    fn buddy_segment_holds_at_least_one_minimum_block() {
+        let mut dev = SimDevice::new(1 << 30);
+        let config = Config {
+            segment_bytes: 2 * MIB,
+            min_block_bytes: 8 * MIB,
+            ..Config::default()
+        };
+        let mut pool = SegmentedPool::buddy(&config);
+        let b = pool.allocate(&mut dev, 1, 1, 0).unwrap();
+        assert_eq!(b.allocated_bytes, 8 * MIB);
+        assert_eq!(pool.stats().reserved_bytes.current, 8 * MIB);
+        pool.validate().unwrap();
     }
 
     #[test]

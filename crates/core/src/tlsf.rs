@@ -14,6 +14,10 @@
 //! Only when that finds nothing does it scan the few classes below, block by block, for one
 //! that happens to fit; so an allocation fails only when no free block can hold it.
 //!
+//! Splitting keeps the free node where it is as the remainder, and a free grows its free
+//! neighbour over the block; so when the remainder stays in the same size class (the common
+//! case for a small block cut from a large range) no free list is touched at all.
+//!
 //! Alignment: any power of two. When the chosen block's offset is not aligned, the front
 //! padding is split off as a free block of its own.
 use std::num::NonZeroU32;

@@ -5,25 +5,31 @@ use crate::{AllocError, Allocator, Device};
 
 impl Paged {
     /// Checks the allocator against `dev`, the [`SimDevice`] it runs on: the device holds
-    /// exactly this allocator's reserved ranges, one mapping per mapped page, one live handle
-    /// per held page (mapped or cached), `used_bytes` equal to `reserved_bytes`, and every
+    /// exactly this allocator's reserved ranges, one mapping per mapped handle, one live
+    /// handle per held handle (mapped or cached), `used_bytes` equal to `reserved_bytes`, and every
     /// live block is mapped with access. Assumes nothing else uses `dev`.
     ///
     /// # Errors
     /// [`AllocError::Internal`] naming the first disagreement.
     pub fn check_device(&self, dev: &SimDevice) -> Result<(), AllocError> {
         let (segments, reserved, mappings, handles) = dev.live_objects();
-        let held = self.mapped_pages as usize + self.cache.len();
+        let mapped_handles = self
+            .reservations
+            .iter()
+            .flat_map(|r| r.pages.iter().enumerate())
+            .filter(|(i, s)| s.is_some_and(|pg| pg.ext_first as usize == *i))
+            .count();
+        let held = mapped_handles + self.cache.len();
         if segments != 0
             || reserved != self.reservations.len()
-            || mappings as u64 != self.mapped_pages
+            || mappings != mapped_handles
             || handles != held
         {
             return Err(AllocError::Internal(format!(
                 "device holds {segments} segments, {reserved} ranges, {mappings} mappings, \
-                 {handles} handles; allocator: {} ranges, {} mapped pages, {held} held pages",
-                self.reservations.len(),
-                self.mapped_pages
+                 {handles} handles; allocator: {} ranges, {mapped_handles} mapped handles, \
+                 {held} held handles",
+                self.reservations.len()
             )));
         }
         let reserved_bytes = self.stats().reserved_bytes.current;

@@ -21,24 +21,28 @@
 //!   defeats the fast path. On the three shipped PyTorch traces (`traces/`), peak reserved /
 //!   peak requested is 1.0016 (resnet_train), 1.0014 (gpt2_train) and 1.0110 (mixed_sizes),
 //!   against 1.115 / 1.213 / 1.714 for PyTorch's native allocator.
-//! - **Page cache.** Pages no block touches any more stay mapped where they are ("idle",
-//!   reused in place without a driver call), and handles of unmapped pages are kept; idle
-//!   pages and cached handles together stay within [`Config::page_cache_pages`] (beyond it a
-//!   freed run is unmapped with one call and the excess handles released). A new page takes
-//!   a cached handle first, then idle pages elsewhere (unmapped in runs, one call per run),
-//!   and only then cuMemCreate. No further bound by a fraction of usage is needed for the
-//!   peak: cuMemCreate runs only when nothing is cached or idle, so the peak of
-//!   `reserved_bytes` (mapped + cached) equals the peak of pages under live blocks.
+//! - **Handles.** The pages a block covers whole can never be shared, so each run of them
+//!   gets one handle (one cuMemCreate and one cuMemMap for the run: 13 µs for 64 MiB against
+//!   10 µs per 2 MiB page); a page the block covers in part, which a later block may share,
+//!   gets a handle of its own so that it can be unmapped alone.
+//! - **Page cache.** Single pages no block touches any more stay mapped where they are
+//!   ("idle", reused in place without a driver call); other freed handles are unmapped and
+//!   kept whole. Idle pages and cached handles together stay within
+//!   [`Config::page_cache_pages`] pages (beyond it the largest cached handles are released).
+//!   A run of new pages is filled from the cache (a handle of the same size first, else the
+//!   largest that fits, repeatedly), then from idle pages elsewhere (unmapped in runs, one
+//!   call per run); only what is still missing is created, after the cached handles too
+//!   large to use are released. No further bound by a fraction of usage is needed for the
+//!   peak: cuMemCreate runs only when nothing cached or idle is left, so the peak of
+//!   `reserved_bytes` (mapped + cached) equals the peak of pages under blocks.
 //! - **Quick reuse.** Up to [`QUICK_SLOTS`] freed blocks (at most
 //!   `page_cache_pages × page` bytes in all) are kept whole and handed out again to a request
 //!   of the same rounded size and a compatible alignment: the O(1) hit path (≈ 30 ns per
 //!   allocate + free pair). They are given back to the free map before any page is mapped,
 //!   so they never raise the peak either.
-//! - **Batching.** The pages a block newly maps lie next to each other (the interior of one
-//!   free range, possibly with idle pages among them). Each gets its own handle and cuMemMap
-//!   (so each can later be unmapped alone; cuMemMap costs ≈ 1 µs), and **one**
-//!   cuMemSetAccess (24–93 µs) opens them all, spanning any already open page between them.
-//!   A free unmaps the run of pages only it touched with one cuMemUnmap.
+//! - **Batching.** One cuMemSetAccess (24–93 µs) opens all the pages an allocation maps,
+//!   spanning any already open page between them; a free unmaps the run of pages only it
+//!   touched with one cuMemUnmap.
 //!
 //! # Streams and devices
 //! The `stream` argument is ignored: a freed block is reusable at once, on any stream, as
@@ -55,19 +59,19 @@
 //!   handles and quick-reuse blocks are not counted (they are `reserved − allocated − free`).
 //! - `largest_free_bytes`: the longest free run of bytes inside those same pages (the
 //!   largest block that can be placed without a driver call).
-//! - `segment_count`: physical pages held (mapped + cached).
+//! - `segment_count`: physical handles held (mapped + cached).
 //!
 //! # Failures
 //! Every allocation either completes or unwinds exactly the driver calls it made
 //! (reservations freed, pages unmapped, created handles released, cached handles returned);
-//! blocks, `requested`/`allocated` and `reserved_bytes` are then as before. Two things a
-//! failed allocation may leave changed, both invisible in those figures: blocks of the
-//! quick-reuse list returned to the free map, and idle pages turned into cached handles.
-//! On out-of-memory it gives back the cache as the [`Allocator`] contract asks, so
-//! `reserved_bytes` can drop. A free unmaps first (one call); if that call fails the block
-//! stays live and nothing changes. If a driver call *while unwinding* fails, the affected
-//! pages stay mapped as idle pages (still counted as reserved) and are given back by
-//! [`Allocator::release_cached`]; if a cuMemRelease fails, the handle stays cached, even
+//! blocks and `requested`/`allocated` are then as before. A failed allocation may leave
+//! three things changed, none of them memory taken: blocks of the quick-reuse list returned
+//! to the free map, idle pages turned into cached handles, and cached handles too large to
+//! use released (`reserved_bytes` only drops). On out-of-memory it gives back the whole
+//! cache, as the [`Allocator`] contract asks. A free unmaps first (one call); if that call fails the block
+//! stays live and nothing changes. If a cuMemUnmap *while unwinding* fails twice, the pages
+//! stay mapped, quarantined out of the free map (still counted as reserved), and are given
+//! back by [`Allocator::release_cached`]; if a cuMemRelease fails, the handle stays cached, even
 //! above the bound, until a later call trims the cache. Calls made while unwinding are
 //! retried once before falling back to that.
 mod maxtree;
@@ -132,7 +136,12 @@ pub const QUICK_SLOTS: usize = 16;
 /// A mapped physical page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Page {
+    /// The handle mapped over this page's extent.
     handle: PhysHandle,
+    /// First page (index in the reservation) of the extent the handle covers.
+    ext_first: u32,
+    /// Pages in that extent (1 for a single-page handle).
+    ext_pages: u32,
     /// Live or quick-reuse blocks touching the page (0 for an idle page).
     refs: u32,
     /// Whether cuMemSetAccess succeeded over it.
@@ -162,7 +171,7 @@ impl Reservation {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PageState {
-    /// One page mapped to a physical handle.
+    /// Pages mapped to one physical handle.
     Mapped {
         /// The cuMemCreate handle mapped there.
         handle: PhysHandle,
@@ -180,7 +189,8 @@ pub enum PageState {
 pub struct VaRangeView {
     /// First virtual address of the row.
     pub va: u64,
-    /// Length of the row in bytes (one page when mapped; any number of pages when not).
+    /// Length of the row in bytes (the handle's size when mapped; any number of pages when
+    /// not).
     pub bytes: u64,
     /// Physical page size (the device granularity), in bytes.
     pub page_bytes: u64,
@@ -236,11 +246,21 @@ struct Placement {
     addr: u64,
 }
 
-/// A handle taken for a new mapping during an allocation, to give back on failure.
+/// A physical handle of `pages` pages (cuMemCreate of `pages × page_bytes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct CachedHandle {
+    /// The cuMemCreate handle.
+    pub handle: PhysHandle,
+    /// Its size in pages.
+    pub pages: u64,
+}
+
+/// A handle mapped for a new block during an allocation, to give back on failure.
 #[derive(Debug, Clone, Copy)]
 struct Taken {
+    /// First page (index in the reservation) it is mapped at.
     page: usize,
-    handle: PhysHandle,
+    handle: CachedHandle,
     from_cache: bool,
 }
 
@@ -258,12 +278,14 @@ struct Taken {
 /// let big = pool.allocate(&mut dev, 5 << 20, 256, 0)?; // 5 MiB: shares that page, maps 2
 /// assert_eq!(big.addr, small.addr + (1 << 20));
 /// assert_eq!(pool.stats().reserved_bytes.current, 6 << 20);
-/// let mapped = pool
+/// // The page table: one row per physical handle (the 2 pages `big` covers whole share one).
+/// let mapped: Vec<u64> = pool
 ///     .page_table()
 ///     .iter()
 ///     .filter(|row| matches!(row.state, PageState::Mapped { .. }))
-///     .count();
-/// assert_eq!(mapped, 3);
+///     .map(|row| row.bytes)
+///     .collect();
+/// assert_eq!(mapped, [2 << 20, 4 << 20]);
 /// pool.deallocate(&mut dev, big.addr)?;
 /// pool.deallocate(&mut dev, small.addr)?;
 /// pool.release_cached(&mut dev)?;
@@ -286,11 +308,16 @@ pub struct Paged {
     /// Live blocks by address.
     live: AddrMap<LiveBlock>,
     /// Unmapped physical handles kept for reuse.
-    cache: Vec<PhysHandle>,
+    cache: Vec<CachedHandle>,
+    /// Pages of the handles in `cache`.
+    cached_pages: u64,
+    /// Spans (address, bytes) of whole pages left mapped without access by an unwind whose
+    /// cuMemUnmap failed twice; kept out of the free map until [`Allocator::release_cached`].
+    quarantine: Vec<(u64, u64)>,
     /// Pages currently mapped (including idle ones).
     mapped_pages: u64,
-    /// Virtual addresses of idle pages: mapped, with access, but touched by no block; kept
-    /// mapped for reuse in place (lazy unmapping) or left by a failed unwind.
+    /// Virtual addresses of idle pages: single-page handles mapped, but touched by no block,
+    /// kept mapped for reuse in place (lazy unmapping).
     idle: BTreeSet<u64>,
     /// Whether pages no block touches stay mapped (idle) while the page cache has room.
     lazy_unmap: bool,
@@ -320,6 +347,8 @@ impl Paged {
             free: BTreeMap::new(),
             live: AddrMap::default(),
             cache: Vec::new(),
+            cached_pages: 0,
+            quarantine: Vec::new(),
             mapped_pages: 0,
             idle: BTreeSet::new(),
             lazy_unmap: true,
@@ -346,10 +375,10 @@ impl Paged {
         self
     }
 
-    /// Whether a page that no block touches any more stays mapped, "idle", to be reused in
-    /// place without a driver call (default `true`), as long as idle pages and cached handles
-    /// together stay within [`Config::page_cache_pages`]; otherwise it is unmapped at once
-    /// (one cuMemUnmap per freed run of pages) and its handle cached. Idle pages are taken
+    /// Whether a single-page handle that no block touches any more stays mapped, "idle", to
+    /// be reused in place without a driver call (default `true`), as long as idle pages and
+    /// cached handles together stay within [`Config::page_cache_pages`]; otherwise it is
+    /// unmapped at once (one cuMemUnmap per freed run of pages) and its handle cached. Idle pages are taken
     /// (unmapped and remapped elsewhere) before any cuMemCreate, so they never raise the peak.
     pub fn with_lazy_unmap(mut self, lazy: bool) -> Self {
         self.lazy_unmap = lazy;
@@ -372,8 +401,13 @@ impl Paged {
     }
 
     /// Unmapped physical handles in the cache.
-    pub fn cached_handles(&self) -> &[PhysHandle] {
+    pub fn cached_handles(&self) -> &[CachedHandle] {
         &self.cache
+    }
+
+    /// Pages of the unmapped handles in the cache.
+    pub fn cached_pages(&self) -> u64 {
+        self.cached_pages
     }
 
     /// Reserved virtual ranges as `(start, bytes)`.
@@ -389,8 +423,8 @@ impl Paged {
     }
 
     /// The page table, the seed's "地址翻译表": every reserved range from low to high
-    /// addresses, one row per mapped page (with its physical handle) and one row per run of
-    /// unmapped pages. O(reserved pages).
+    /// addresses, one row per mapped handle (one or more pages, with its physical handle) and
+    /// one row per run of unmapped pages. O(reserved pages).
     pub fn page_table(&self) -> Vec<VaRangeView> {
         let p = self.page_bytes;
         let mut rows: Vec<VaRangeView> = Vec::new();
@@ -398,9 +432,10 @@ impl Paged {
             for (i, slot) in r.pages.iter().enumerate() {
                 let va = r.va + i as u64 * p;
                 match slot {
+                    Some(pg) if pg.ext_first as usize != i => {}
                     Some(pg) => rows.push(VaRangeView {
                         va,
-                        bytes: p,
+                        bytes: u64::from(pg.ext_pages) * p,
                         page_bytes: p,
                         state: PageState::Mapped {
                             handle: pg.handle,
@@ -664,76 +699,99 @@ impl Paged {
         }
     }
 
-    /// Takes a handle for one new page: from the cache, else cuMemCreate.
-    /// Takes a handle for one new page: from the cache, else cuMemCreate. The second member
-    /// is `true` when it came from the cache.
-    fn take_handle(&mut self, dev: &mut dyn Device) -> Result<(PhysHandle, bool), DeviceError> {
-        if let Some(h) = self.cache.pop() {
-            return Ok((h, true));
-        }
-        let h = dev.create_physical(self.page_bytes)?;
-        self.tracker.on_reserve(self.page_bytes);
-        Ok((h, false))
+    /// Adds a handle to the cache.
+    fn cache_push(&mut self, h: CachedHandle) {
+        self.cached_pages += h.pages;
+        self.cache.push(h);
     }
 
-    /// Moves up to `want` idle pages lying outside `[lo, hi)` into the cache, highest
-    /// addresses first, one cuMemUnmap per run of neighbouring idle pages. Pages already
-    /// moved stay moved if a later unmap fails (the error is returned).
+    /// Takes the cached handle at `i`.
+    fn cache_take(&mut self, i: usize) -> CachedHandle {
+        let h = self.cache.swap_remove(i);
+        self.cached_pages = self.cached_pages.saturating_sub(h.pages);
+        h
+    }
+
+    /// Index of the cached handle to fill `n` pages with: one of exactly `n` pages, else the
+    /// largest one smaller than `n`.
+    fn cache_pick(&self, n: u64) -> Option<usize> {
+        let mut best: Option<(usize, u64)> = None;
+        for (i, h) in self.cache.iter().enumerate() {
+            if h.pages == n {
+                return Some(i);
+            }
+            if h.pages < n && best.is_none_or(|(_, b)| h.pages > b) {
+                best = Some((i, h.pages));
+            }
+        }
+        best.map(|(i, _)| i)
+    }
+
+    /// Moves up to `want` idle pages lying outside `[lo, hi)` into the cache (as single-page
+    /// handles), highest addresses first, one cuMemUnmap per run of neighbouring idle pages.
+    /// Pages already moved stay moved if a later unmap fails (the error is returned).
     fn steal_idle(
         &mut self,
         dev: &mut dyn Device,
-        mut want: u64,
+        want: u64,
         lo: u64,
         hi: u64,
     ) -> Result<(), DeviceError> {
         let p = self.page_bytes;
-        while want > 0 {
-            let Some(&top) = self
-                .idle
-                .range(hi..)
-                .next_back()
-                .or_else(|| self.idle.range(..lo).next_back())
-            else {
-                return Ok(());
-            };
-            let Some(ri) = self.res_of(top) else {
-                self.idle.remove(&top);
-                continue;
-            };
-            let base = self.reservations[ri].va;
-            let mut first = top;
-            let mut n = 1;
-            while n < want
-                && first > base
-                && (first < lo || first - p >= hi)
-                && self.idle.contains(&(first - p))
+        let picked: Vec<u64> = self
+            .idle
+            .range(hi..)
+            .rev()
+            .chain(self.idle.range(..lo).rev())
+            .copied()
+            .take(usize::try_from(want).unwrap_or(usize::MAX))
+            .collect();
+        let mut i = 0;
+        while i < picked.len() {
+            // `picked` descends: a run is a stretch of addresses one page apart, inside one
+            // reservation (neighbouring reservations may touch).
+            let res = self.res_of(picked[i]);
+            let mut j = i + 1;
+            while j < picked.len()
+                && picked[j] + p == picked[j - 1]
+                && self.res_of(picked[j]) == res
             {
-                first -= p;
-                n += 1;
+                j += 1;
             }
+            let (first, n) = (picked[j - 1], (j - i) as u64);
+            let Some(ri) = self.res_of(first) else {
+                return Err(DeviceError::Invalid {
+                    call: "paged",
+                    detail: format!("idle page {first:#x} outside VA"),
+                });
+            };
             dev.unmap(first, n * p)?;
+            let base = self.reservations[ri].va;
             for k in 0..n {
                 let va = first + k * p;
                 self.idle.remove(&va);
                 let page = ((va - base) / p) as usize;
-                if let Some(pg) = self.reservations[ri]
+                let taken = self.reservations[ri]
                     .pages
                     .get_mut(page)
-                    .and_then(Option::take)
-                {
-                    self.cache.push(pg.handle);
+                    .and_then(Option::take);
+                if let Some(pg) = taken {
+                    self.cache_push(CachedHandle {
+                        handle: pg.handle,
+                        pages: 1,
+                    });
                     self.mapped_pages = self.mapped_pages.saturating_sub(1);
                 }
             }
-            want -= n;
+            i = j;
         }
         Ok(())
     }
 
     /// Parks a handle freed by an unmap in the cache; [`Paged::trim_cache`] releases what
     /// exceeds the bound at the end of the call.
-    fn return_handle(&mut self, h: PhysHandle) {
-        self.cache.push(h);
+    fn return_handle(&mut self, h: CachedHandle) {
+        self.cache_push(h);
         if self.held_free_pages() > self.cache_limit {
             self.trim_pending = true;
         }
@@ -741,31 +799,34 @@ impl Paged {
 
     /// Pages held without a block: cached handles plus idle pages.
     fn held_free_pages(&self) -> u64 {
-        self.cache.len() as u64 + self.idle.len() as u64
+        self.cached_pages + self.idle.len() as u64
     }
 
-    /// Releases cached handles above the bound (cuMemRelease each); stops at the first
-    /// failure, leaving `trim_pending` set.
+    /// Releases cached handles, largest first, until the cache is within its bound
+    /// (cuMemRelease each); stops at the first failure, leaving `trim_pending` set.
     fn trim_cache(&mut self, dev: &mut dyn Device) {
         if !self.trim_pending {
             return;
         }
         while self.held_free_pages() > self.cache_limit {
-            let Some(h) = self.cache.pop() else { break };
-            if dev.release_physical(h).is_err() {
-                self.cache.push(h);
+            let Some(i) = (0..self.cache.len()).max_by_key(|&i| self.cache[i].pages) else {
+                break;
+            };
+            let h = self.cache_take(i);
+            if dev.release_physical(h.handle).is_err() {
+                self.cache_push(h);
                 return;
             }
-            self.tracker.on_release(self.page_bytes);
+            self.tracker.on_release(h.pages * self.page_bytes);
         }
         self.trim_pending = self.held_free_pages() > self.cache_limit;
     }
 
     /// Gives back a handle taken by a failed allocation: to the cache if it came from there,
     /// else cuMemRelease (so the allocation leaves `reserved_bytes` as it found it).
-    fn untake_handle(&mut self, dev: &mut dyn Device, h: PhysHandle, from_cache: bool) {
+    fn untake_handle(&mut self, dev: &mut dyn Device, h: CachedHandle, from_cache: bool) {
         if from_cache {
-            self.cache.push(h);
+            self.cache_push(h);
         } else {
             self.release_handle(dev, h);
         }
@@ -773,19 +834,20 @@ impl Paged {
 
     /// cuMemRelease, retried once; on a second failure the handle stays cached, even above
     /// the bound.
-    fn release_handle(&mut self, dev: &mut dyn Device, h: PhysHandle) {
+    fn release_handle(&mut self, dev: &mut dyn Device, h: CachedHandle) {
         // Unwinding retries a failed call once before leaving the handle cached.
-        if dev.release_physical(h).is_ok() || dev.release_physical(h).is_ok() {
-            self.tracker.on_release(self.page_bytes);
+        if dev.release_physical(h.handle).is_ok() || dev.release_physical(h.handle).is_ok() {
+            self.tracker.on_release(h.pages * self.page_bytes);
         } else {
-            self.cache.push(h);
+            self.cache_push(h);
             self.trim_pending = true;
         }
     }
 
-    /// Unmaps the pages of `taken` (all in reservation `ri`, ascending and contiguous runs)
-    /// and returns their handles; a failed unmap is retried once, and pages whose unmap
-    /// fails twice stay mapped as idle pages.
+    /// Unmaps the handles of `taken` (all in reservation `ri`, ascending) and gives them
+    /// back, one cuMemUnmap per run of neighbouring mappings, retried once. A run whose unmap
+    /// fails twice is quarantined: cut out of the free map, its pages held mapped until
+    /// [`Allocator::release_cached`].
     fn unwind_maps(&mut self, dev: &mut dyn Device, ri: usize, taken: &[Taken]) {
         let p = self.page_bytes;
         let Some(base) = self.reservations.get(ri).map(|r| r.va) else {
@@ -794,40 +856,75 @@ impl Paged {
         let mut i = 0;
         while i < taken.len() {
             let mut j = i + 1;
-            while j < taken.len() && taken[j].page == taken[j - 1].page + 1 {
+            while j < taken.len()
+                && taken[j].page as u64 == taken[j - 1].page as u64 + taken[j - 1].handle.pages
+            {
                 j += 1;
             }
             let run = &taken[i..j];
             let va = base + run[0].page as u64 * p;
-            let bytes = run.len() as u64 * p;
+            let pages: u64 = run.iter().map(|t| t.handle.pages).sum();
+            let bytes = pages * p;
             if dev.unmap(va, bytes).is_ok() || dev.unmap(va, bytes).is_ok() {
                 for t in run {
                     self.untake_handle(dev, t.handle, t.from_cache);
                 }
             } else {
-                for t in run {
-                    if let Some(slot) = self
-                        .reservations
-                        .get_mut(ri)
-                        .and_then(|r| r.pages.get_mut(t.page))
-                    {
-                        *slot = Some(Page {
-                            handle: t.handle,
-                            refs: 0,
-                            access: false,
-                        });
-                        self.mapped_pages += 1;
-                        self.idle.insert(base + t.page as u64 * p);
-                        self.trim_pending = true;
-                    }
-                }
+                self.quarantine_run(ri, run, va, bytes);
             }
             i = j;
         }
     }
 
-    /// Maps and opens the pages a block at `addr` of `bytes` needs. On failure unwinds
-    /// everything it did and returns the error.
+    /// Records `run` (mapped at `[va, va + bytes)`, inside one free range, without access)
+    /// as quarantined.
+    fn quarantine_run(&mut self, ri: usize, run: &[Taken], va: u64, bytes: u64) {
+        let Some((&st, &len)) = self.free.range(..=va).next_back() else {
+            return;
+        };
+        if st + len < va + bytes {
+            return;
+        }
+        self.free.remove(&st);
+        if va > st {
+            self.free.insert(st, va - st);
+        }
+        if va + bytes < st + len {
+            self.free.insert(va + bytes, st + len - va - bytes);
+        }
+        self.refresh_addrs(ri, [st, st + len, va, va + bytes]);
+        for t in run {
+            self.set_extent(ri, t.page, t.handle, 1, false);
+            self.mapped_pages += t.handle.pages;
+        }
+        self.quarantine.push((va, bytes));
+    }
+
+    /// Writes the page-table entries of handle `h` mapped from page `first`.
+    fn set_extent(&mut self, ri: usize, first: usize, h: CachedHandle, refs: u32, access: bool) {
+        let (Ok(ext_first), Ok(ext_pages)) = (u32::try_from(first), u32::try_from(h.pages)) else {
+            return;
+        };
+        if let Some(r) = self.reservations.get_mut(ri) {
+            for slot in r.pages.iter_mut().skip(first).take(h.pages as usize) {
+                *slot = Some(Page {
+                    handle: h.handle,
+                    ext_first,
+                    ext_pages,
+                    refs,
+                    access,
+                });
+            }
+        }
+    }
+
+    /// Maps and opens the pages a block at `addr` of `bytes` needs, as few handles as it
+    /// can: the pages the block covers whole get one handle per run (one cuMemCreate and one
+    /// cuMemMap), a page it covers in part (and may later share) gets its own. Handles come
+    /// from the cache (same size first, else the largest that fits), then from idle pages
+    /// elsewhere; only then, after releasing the cached handles too large to use (so that the
+    /// peak stays the pages under live blocks), are new ones created. On failure unwinds
+    /// everything it mapped and returns the error.
     fn map_block_pages(
         &mut self,
         dev: &mut dyn Device,
@@ -846,44 +943,114 @@ impl Paged {
         let p0 = ((addr - base) / p) as usize;
         let p1 = ((addr + bytes - 1 - base) / p) as usize;
         let (lo, hi) = (base + p0 as u64 * p, base + (p1 as u64 + 1) * p);
-        // Idle pages elsewhere become cached handles before anything is created.
-        if !self.idle.is_empty() {
-            let unmapped = self
-                .reservations
-                .get(ri)
-                .map(|r| {
-                    r.pages
-                        .iter()
-                        .take(p1 + 1)
-                        .skip(p0)
-                        .filter(|s| s.is_none())
-                        .count() as u64
-                })
-                .unwrap_or(0);
-            let want = unmapped.saturating_sub(self.cache.len() as u64);
-            if want > 0 {
-                self.steal_idle(dev, want, lo, hi)?;
-            }
-        }
-        let mut taken: Vec<Taken> = Vec::new();
-        for page in p0..=p1 {
-            let mapped = self
-                .reservations
-                .get(ri)
-                .and_then(|r| r.pages.get(page))
-                .is_some_and(Option::is_some);
-            if mapped {
+        let head_partial = !(addr - base).is_multiple_of(p);
+        let tail_partial = !(addr + bytes - base).is_multiple_of(p);
+        // Gaps to fill: runs of unmapped pages, a partly covered end page on its own.
+        let mut gaps: Vec<(usize, u64)> = Vec::new();
+        let mut page = p0;
+        while page <= p1 {
+            if r.pages.get(page).is_some_and(Option::is_some) {
+                page += 1;
                 continue;
             }
-            let (h, from_cache) = match self.take_handle(dev) {
-                Ok(x) => x,
-                Err(e) => {
-                    self.unwind_maps(dev, ri, &taken);
-                    return Err(e);
+            let start = page;
+            while page <= p1 && r.pages.get(page).is_some_and(Option::is_none) {
+                page += 1;
+            }
+            let mut a = start;
+            let mut b = page; // exclusive
+            if a == p0 && head_partial {
+                gaps.push((a, 1));
+                a += 1;
+            }
+            let tail_single = b == p1 + 1 && tail_partial && b > a;
+            if tail_single {
+                b -= 1;
+            }
+            if b > a {
+                gaps.push((a, (b - a) as u64));
+            }
+            if tail_single {
+                gaps.push((b, 1));
+            }
+        }
+        // Plan: fill each gap from the cache, then from idle pages, then create.
+        let mut plan: Vec<(usize, Option<CachedHandle>, u64)> = Vec::new(); // (page, handle, pages)
+        let mut leftover = 0u64;
+        let fill = |this: &mut Self, plan: &mut Vec<(usize, Option<CachedHandle>, u64)>| {
+            let mut left = 0;
+            let mut out = Vec::with_capacity(plan.len());
+            for &(page, h, n) in plan.iter() {
+                if h.is_some() {
+                    out.push((page, h, n));
+                    continue;
                 }
+                let (mut at, mut rest) = (page, n);
+                while rest > 0 {
+                    let Some(i) = this.cache_pick(rest) else {
+                        break;
+                    };
+                    let c = this.cache_take(i);
+                    out.push((at, Some(c), c.pages));
+                    at += c.pages as usize;
+                    rest -= c.pages;
+                }
+                if rest > 0 {
+                    out.push((at, None, rest));
+                    left += rest;
+                }
+            }
+            *plan = out;
+            left
+        };
+        for &(page, n) in &gaps {
+            plan.push((page, None, n));
+        }
+        if !plan.is_empty() {
+            leftover = fill(self, &mut plan);
+        }
+        let give_back = |this: &mut Self, plan: &[(usize, Option<CachedHandle>, u64)]| {
+            for &(_, h, _) in plan {
+                if let Some(h) = h {
+                    this.cache_push(h);
+                }
+            }
+        };
+        if leftover > 0 && !self.idle.is_empty() {
+            if let Err(e) = self.steal_idle(dev, leftover, lo, hi) {
+                give_back(self, &plan);
+                return Err(e);
+            }
+            leftover = fill(self, &mut plan);
+        }
+        if leftover > 0 {
+            // Nothing cached fits what is left: give it back before creating anything.
+            while let Some(h) = self.cache.pop() {
+                self.cached_pages = self.cached_pages.saturating_sub(h.pages);
+                self.release_handle(dev, h);
+            }
+        }
+        // Create and map, in address order.
+        plan.sort_unstable_by_key(|&(page, _, _)| page);
+        let mut taken: Vec<Taken> = Vec::with_capacity(plan.len());
+        for (k, &(page, h, n)) in plan.iter().enumerate() {
+            let (h, from_cache) = match h {
+                Some(h) => (h, true),
+                None => match dev.create_physical(n * p) {
+                    Ok(handle) => {
+                        self.tracker.on_reserve(n * p);
+                        (CachedHandle { handle, pages: n }, false)
+                    }
+                    Err(e) => {
+                        give_back(self, &plan[k..]);
+                        self.unwind_maps(dev, ri, &taken);
+                        return Err(e);
+                    }
+                },
             };
-            if let Err(e) = dev.map(base + page as u64 * p, p, h) {
+            if let Err(e) = dev.map(base + page as u64 * p, n * p, h.handle) {
                 self.untake_handle(dev, h, from_cache);
+                give_back(self, &plan[k + 1..]);
                 self.unwind_maps(dev, ri, &taken);
                 return Err(e);
             }
@@ -895,8 +1062,13 @@ impl Paged {
         }
         // One cuMemSetAccess from the first to the last page without access: every page of
         // the block is mapped by now, so the range may span pages already open.
+        let is_new = |pg: usize| {
+            taken
+                .iter()
+                .any(|t| pg >= t.page && ((pg - t.page) as u64) < t.handle.pages)
+        };
         let needs = |pg: usize, this: &Self| -> bool {
-            taken.binary_search_by_key(&pg, |t| t.page).is_ok()
+            is_new(pg)
                 || this
                     .reservations
                     .get(ri)
@@ -914,19 +1086,9 @@ impl Paged {
         }
         // Commit the new pages (refs are raised by the caller).
         for t in &taken {
-            if let Some(slot) = self
-                .reservations
-                .get_mut(ri)
-                .and_then(|r| r.pages.get_mut(t.page))
-            {
-                *slot = Some(Page {
-                    handle: t.handle,
-                    refs: 0,
-                    access: true,
-                });
-            }
+            self.set_extent(ri, t.page, t.handle, 0, true);
+            self.mapped_pages += t.handle.pages;
         }
-        self.mapped_pages += taken.len() as u64;
         // Idle pages the block covers are now open.
         for page in p0..=p1 {
             if let Some(Some(pg)) = self
@@ -1094,11 +1256,23 @@ impl Paged {
                 }
             }
         }
-        // Lazy unmapping keeps the first pages of the run mapped while the cache has room;
-        // the rest is unmapped with one call.
+        // Lazy unmapping keeps the first pages of the run mapped while the cache has room
+        // (single-page handles only); the rest is unmapped with one call.
         let mut keep_until = p0;
         if let Some((a, b)) = run {
-            let room = if self.lazy_unmap {
+            let mut all_single = true;
+            for page in a..=b {
+                if let Some(pg) = self.reservations[ri].pages.get(page).copied().flatten() {
+                    let (f, n) = (pg.ext_first as usize, pg.ext_pages as usize);
+                    if f < a || f + n > b + 1 {
+                        return Err(AllocError::Internal(format!(
+                            "handle at page {f} ({n} pages) straddles the freed run {a}..={b}"
+                        )));
+                    }
+                    all_single &= n == 1;
+                }
+            }
+            let room = if self.lazy_unmap && all_single {
                 self.cache_limit.saturating_sub(self.held_free_pages())
             } else {
                 0
@@ -1112,6 +1286,7 @@ impl Paged {
         }
         // Committed from here on.
         let mut freed_handles = Vec::new();
+        let mut unmapped = 0u64;
         for page in p0..=p1 {
             if let Some(slot) = self.reservations[ri].pages.get_mut(page) {
                 if let Some(pg) = slot {
@@ -1120,14 +1295,20 @@ impl Paged {
                         if page < keep_until {
                             self.idle.insert(base + page as u64 * p);
                         } else {
-                            freed_handles.push(pg.handle);
+                            if pg.ext_first as usize == page {
+                                freed_handles.push(CachedHandle {
+                                    handle: pg.handle,
+                                    pages: u64::from(pg.ext_pages),
+                                });
+                            }
                             *slot = None;
+                            unmapped += 1;
                         }
                     }
                 }
             }
         }
-        self.mapped_pages = self.mapped_pages.saturating_sub(freed_handles.len() as u64);
+        self.mapped_pages = self.mapped_pages.saturating_sub(unmapped);
         for h in freed_handles {
             self.return_handle(h);
         }
@@ -1211,10 +1392,15 @@ impl Paged {
             while va <= last {
                 self.idle.remove(&va);
                 let page = ((va - self.reservations[ri].va) / p) as usize;
-                if let Some(slot) = self.reservations[ri].pages.get_mut(page) {
-                    if let Some(pg) = slot.take() {
-                        self.cache.push(pg.handle);
-                    }
+                let taken = self.reservations[ri]
+                    .pages
+                    .get_mut(page)
+                    .and_then(Option::take);
+                if let Some(pg) = taken {
+                    self.cache_push(CachedHandle {
+                        handle: pg.handle,
+                        pages: 1,
+                    });
                 }
                 self.mapped_pages = self.mapped_pages.saturating_sub(1);
                 va += p;
@@ -1306,15 +1492,20 @@ impl Allocator for Paged {
             self.quick.remove(0);
             self.quick_bytes = self.quick_bytes.saturating_sub(q.bytes);
         }
+        while let Some(&(va, bytes)) = self.quarantine.first() {
+            self.free_span(dev, va, bytes)?;
+            self.quarantine.remove(0);
+        }
         self.drop_idle_pages(dev)?;
         let mut released = 0;
         while let Some(h) = self.cache.pop() {
-            if let Err(e) = dev.release_physical(h) {
-                self.cache.push(h);
+            self.cached_pages = self.cached_pages.saturating_sub(h.pages);
+            if let Err(e) = dev.release_physical(h.handle) {
+                self.cache_push(h);
                 return Err(e.into());
             }
-            self.tracker.on_release(p);
-            released += p;
+            self.tracker.on_release(h.pages * p);
+            released += h.pages * p;
         }
         self.trim_pending = false;
         // Reservations without a live block go back too.

@@ -33,6 +33,7 @@ pub(super) fn run(a: &Paged) -> Result<(), String> {
     let mut spans: Vec<(u64, u64, bool)> = a.free.iter().map(|(&s, &l)| (s, l, true)).collect();
     spans.extend(a.live.iter().map(|(&s, b)| (s, b.bytes, false)));
     spans.extend(a.quick.iter().map(|q| (q.addr, q.bytes, false)));
+    spans.extend(a.quarantine.iter().map(|&(s, l)| (s, l, false)));
     if a.quick.len() > a.quick_slots
         || a.quick.iter().map(|q| q.bytes).sum::<u64>() != a.quick_bytes
         || a.quick_bytes > a.cache_limit.saturating_mul(p)
@@ -94,49 +95,64 @@ pub(super) fn run(a: &Paged) -> Result<(), String> {
     // Page reference counts against the live blocks.
     let mut mapped = 0u64;
     let mut idle = 0u64;
+    let mut mapped_handles = 0u64;
     let mut handles = std::collections::HashSet::new();
     for r in &a.reservations {
+        // Blocks (live or quick) and quarantined spans touching each page.
         let mut refs = vec![0u32; r.pages.len()];
-        let held = a.live.iter().map(|(&s, b)| (s, b.bytes));
-        let held = held.chain(a.quick.iter().map(|q| (q.addr, q.bytes)));
-        for (s, bytes) in held.filter(|&(s, _)| s >= r.va && s < r.end()) {
+        let mut quarantined = vec![false; r.pages.len()];
+        let held = a.live.iter().map(|(&s, b)| (s, b.bytes, false));
+        let held = held.chain(a.quick.iter().map(|q| (q.addr, q.bytes, false)));
+        let held = held.chain(a.quarantine.iter().map(|&(s, l)| (s, l, true)));
+        for (s, bytes, q) in held.filter(|&(s, _, _)| s >= r.va && s < r.end()) {
             let p0 = ((s - r.va) / p) as usize;
             let p1 = ((s + bytes - 1 - r.va) / p) as usize;
             for x in refs.iter_mut().take(p1 + 1).skip(p0) {
                 *x += 1;
             }
+            if q {
+                for x in quarantined.iter_mut().take(p1 + 1).skip(p0) {
+                    *x = true;
+                }
+            }
         }
         for (i, (slot, &want)) in r.pages.iter().zip(&refs).enumerate() {
+            let va = r.va + i as u64 * p;
             match slot {
                 Some(pg) => {
                     mapped += 1;
-                    if !handles.insert(pg.handle) {
-                        return Err(format!("handle {} mapped twice", pg.handle.0));
+                    let (f, n) = (pg.ext_first as usize, pg.ext_pages as usize);
+                    if n == 0 || f > i || f + n <= i {
+                        return Err(format!("page {va:#x}: extent {f}+{n} does not hold it"));
+                    }
+                    let head = r.pages.get(f).copied().flatten();
+                    if head.is_none_or(|h| h.handle != pg.handle || h.ext_pages != pg.ext_pages) {
+                        return Err(format!("page {va:#x}: extent {f}+{n} is not one mapping"));
+                    }
+                    if f == i {
+                        mapped_handles += 1;
+                        if !handles.insert(pg.handle) {
+                            return Err(format!("handle {} mapped twice", pg.handle.0));
+                        }
                     }
                     if pg.refs != want {
                         return Err(format!(
-                            "page {:#x}: {} refs recorded, {want} live blocks touch it",
-                            r.va + i as u64 * p,
+                            "page {va:#x}: {} refs recorded, {want} blocks touch it",
                             pg.refs
                         ));
                     }
-                    let va = r.va + i as u64 * p;
                     if pg.refs == 0 {
                         idle += 1;
-                        if !a.idle.contains(&va) {
-                            return Err(format!("idle page {va:#x} not in the idle set"));
+                        if !a.idle.contains(&va) || n != 1 {
+                            return Err(format!("idle page {va:#x} not a listed single page"));
                         }
-                    } else if !pg.access {
-                        return Err(format!(
-                            "page {:#x} in use without access",
-                            r.va + i as u64 * p
-                        ));
+                    } else if !pg.access && !quarantined[i] {
+                        return Err(format!("page {va:#x} in use without access"));
                     }
                 }
                 None if want > 0 => {
                     return Err(format!(
-                        "page {:#x} touched by {want} live blocks is not mapped",
-                        r.va + i as u64 * p
+                        "page {va:#x} touched by {want} blocks is not mapped"
                     ))
                 }
                 None => {}
@@ -145,8 +161,7 @@ pub(super) fn run(a: &Paged) -> Result<(), String> {
             let (t, h) = (r.tree.get(2 * i), r.tree.get(2 * i + 1));
             if u64::from(t) * UNIT_BYTES != tail || u64::from(h) * UNIT_BYTES != head {
                 return Err(format!(
-                    "page {:#x}: tree leaves ({t}, {h}) units, free map says ({tail}, {head}) bytes",
-                    r.va + i as u64 * p
+                    "page {va:#x}: tree leaves ({t}, {h}) units, free map says ({tail}, {head}) bytes"
                 ));
             }
         }
@@ -160,14 +175,18 @@ pub(super) fn run(a: &Paged) -> Result<(), String> {
         ));
     }
     for h in &a.cache {
-        if !handles.insert(*h) {
-            return Err(format!("cached handle {} also in use", h.0));
+        if h.pages == 0 || !handles.insert(h.handle) {
+            return Err(format!("cached handle {} empty or also in use", h.handle.0));
         }
     }
-    if a.cache.len() as u64 > a.cache_limit && !a.trim_pending {
+    if a.cache.iter().map(|h| h.pages).sum::<u64>() != a.cached_pages {
+        return Err(format!("cached pages recorded as {}", a.cached_pages));
+    }
+    if a.held_free_pages() > a.cache_limit && !a.trim_pending {
         return Err(format!(
-            "{} cached pages, bound {}",
-            a.cache.len(),
+            "{} cached + {} idle pages, bound {}",
+            a.cached_pages,
+            a.idle.len(),
             a.cache_limit
         ));
     }
@@ -175,7 +194,6 @@ pub(super) fn run(a: &Paged) -> Result<(), String> {
     let s = &a.tracker.stats;
     let alloc: u64 = a.live.values().map(|b| b.bytes).sum();
     let req: u64 = a.live.values().map(|b| b.requested).sum();
-    let held = a.mapped_pages + a.cache.len() as u64;
     if s.allocated_bytes.current != alloc
         || s.requested_bytes.current != req
         || s.allocation_count.current != a.live.len() as u64
@@ -188,9 +206,12 @@ pub(super) fn run(a: &Paged) -> Result<(), String> {
             a.live.len()
         ));
     }
-    if s.reserved_bytes.current != held * p || s.segment_count.current != held {
+    let held_pages = a.mapped_pages + a.cached_pages;
+    let held_handles = mapped_handles + a.cache.len() as u64;
+    if s.reserved_bytes.current != held_pages * p || s.segment_count.current != held_handles {
         return Err(format!(
-            "reserved counter {} B / {} pages, but {held} pages are held",
+            "reserved counter {} B / {} handles, but {held_pages} pages in {held_handles} \
+             handles are held",
             s.reserved_bytes.current, s.segment_count.current
         ));
     }
