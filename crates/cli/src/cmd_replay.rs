@@ -82,6 +82,14 @@ struct JsonAllocator {
     modelled_driver_seconds: f64,
     events_per_second: f64,
     canary_errors: u64,
+    /// Peak physical bytes the device itself counted (segments and handles it handed out).
+    device_peak_used_bytes: u64,
+    /// Real devices: peak of cuMemGetInfo's used memory above its value at the start.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    driver_peak_delta_bytes: Option<u64>,
+    /// Real devices: the same replay's peak reserved on the simulated device.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    simulated_peak_reserved_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     min_capacity_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -250,7 +258,22 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         } else {
             None
         };
-        out.push(json_allocator(name, &per_dev, &summaries, min_cap));
+        let mut ja = json_allocator(name, &per_dev, &summaries, min_cap);
+        if !matches!(target, Target::Sim) {
+            let mut total = 0u64;
+            for &(d, _) in &summaries {
+                let mut alloc = registry::build(name, &config)?;
+                let mut sim = SimDevice::new(capacity);
+                let opts = ReplayOptions {
+                    device: d,
+                    ..ReplayOptions::default()
+                };
+                total += replay::replay(&trace, alloc.as_mut(), &mut sim, &opts, &mut |_| {})?
+                    .peak_reserved_bytes;
+            }
+            ja.simulated_peak_reserved_bytes = Some(total);
+        }
+        out.push(ja);
         reports.push((name.to_string(), per_dev));
     }
 
@@ -338,6 +361,12 @@ fn json_allocator(
             0.0
         },
         canary_errors: sum(&|r| r.canary_errors),
+        device_peak_used_bytes: sum(&|r| r.device_peak_used_bytes),
+        driver_peak_delta_bytes: per_dev
+            .iter()
+            .map(|r| r.driver_peak_delta_bytes)
+            .sum::<Option<u64>>(),
+        simulated_peak_reserved_bytes: None,
         min_capacity_bytes: min_cap,
         per_device: if per_dev.len() > 1 {
             per_dev
@@ -437,6 +466,33 @@ fn print_table(j: &JsonOut, capacity: u64) {
             );
         }
         println!();
+    }
+    if j.allocators
+        .iter()
+        .any(|a| a.simulated_peak_reserved_bytes.is_some())
+    {
+        println!();
+        println!(
+            "{:<9} {:>16} {:>16} {:>16} {:>10}",
+            "allocator", "pool reserved", "cuMemGetInfo Δ", "simulated", "real/sim"
+        );
+        for a in &j.allocators {
+            let sim = a.simulated_peak_reserved_bytes.unwrap_or(0);
+            println!(
+                "{:<9} {:>16} {:>16} {:>16} {:>10.4}",
+                a.name,
+                human_bytes(a.peak_reserved_bytes),
+                a.driver_peak_delta_bytes
+                    .map(human_bytes)
+                    .unwrap_or_else(|| "-".into()),
+                human_bytes(sim),
+                if sim == 0 {
+                    0.0
+                } else {
+                    a.peak_reserved_bytes as f64 / sim as f64
+                }
+            );
+        }
     }
     println!();
     println!("res/req: peak reserved / peak requested (1.000 = no memory lost to rounding or fragmentation).");

@@ -200,6 +200,13 @@ pub trait Device: Send {
     /// [`DeviceError::Invalid`] if the range splits a mapping or is not mapped.
     fn unmap(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError>;
 
+    /// Memory in use on the whole device as the driver reports it (cuMemGetInfo: total − free),
+    /// in bytes; `None` on devices that have no such view (the simulated one). The replay
+    /// samples it to report the real footprint next to the pool's own count.
+    fn driver_used_bytes(&mut self) -> Option<u64> {
+        None
+    }
+
     /// Fills `[addr, addr + bytes)` with the 32-bit `pattern` (cuMemsetD32; `bytes` is rounded
     /// down to a multiple of 4). Used by the canary check of a replay.
     ///

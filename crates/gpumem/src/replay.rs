@@ -85,6 +85,11 @@ pub struct ReplayReport {
     pub modelled_driver_seconds: f64,
     /// Highest physical bytes the device reported in use (the device's own view).
     pub device_peak_used_bytes: u64,
+    /// Peak of the driver's own figure of memory in use (cuMemGetInfo total − free) above
+    /// what was in use when the replay started, in bytes: the real footprint, including
+    /// the driver's rounding. Sampled whenever the device's usage reaches a new high.
+    /// `None` on the simulated device.
+    pub driver_peak_delta_bytes: Option<u64>,
     /// Events replayed per second of wall time (allocator + bookkeeping).
     pub events_per_second: f64,
     /// Wall time of the replay, in seconds.
@@ -312,6 +317,7 @@ pub fn replay(
         driver_calls: DriverCounters::default(),
         modelled_driver_seconds: 0.0,
         device_peak_used_bytes: 0,
+        driver_peak_delta_bytes: None,
         events_per_second: 0.0,
         seconds: 0.0,
         canary_errors: 0,
@@ -319,6 +325,9 @@ pub fn replay(
         timeline: Vec::new(),
     };
     let calls_before = dev.counters();
+    let driver_baseline = dev.driver_used_bytes();
+    let mut driver_peak = driver_baseline;
+    let mut used_high = dev.used_bytes();
     let started = Instant::now();
 
     for p in trace.preexisting.iter().filter(|p| p.device == opts.device) {
@@ -391,6 +400,12 @@ pub fn replay(
             _ => {}
         }
         index += 1;
+        if driver_baseline.is_some() && dev.used_bytes() > used_high {
+            used_high = dev.used_bytes();
+            if let (Some(now), Some(peak)) = (dev.driver_used_bytes(), driver_peak.as_mut()) {
+                *peak = (*peak).max(now);
+            }
+        }
         let sample_frag = index.is_multiple_of(frag_every);
         let sample_timeline = index.is_multiple_of(timeline_every);
         if sample_frag || sample_timeline || index.is_multiple_of(4096) {
@@ -449,6 +464,9 @@ pub fn replay(
     report.driver_calls = calls;
     report.modelled_driver_seconds = calls.seconds;
     report.device_peak_used_bytes = report.peak_reserved_bytes.max(dev.used_bytes());
+    report.driver_peak_delta_bytes = driver_baseline
+        .zip(driver_peak)
+        .map(|(b, p)| p.saturating_sub(b));
     report.seconds = seconds;
     report.events_per_second = if seconds > 0.0 {
         index as f64 / seconds

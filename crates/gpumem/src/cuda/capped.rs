@@ -45,6 +45,9 @@ impl<D: Device> Device for Capped<D> {
     fn counters(&self) -> DriverCounters {
         self.inner.counters()
     }
+    fn driver_used_bytes(&mut self) -> Option<u64> {
+        self.inner.driver_used_bytes()
+    }
     fn alloc_segment(&mut self, bytes: u64) -> Result<u64, DeviceError> {
         self.admit(bytes)?;
         self.inner.alloc_segment(bytes)

@@ -455,6 +455,11 @@ impl Device for CudaDevice {
     fn counters(&self) -> DriverCounters {
         self.counters
     }
+    fn driver_used_bytes(&mut self) -> Option<u64> {
+        self.mem_info()
+            .ok()
+            .map(|(free, total)| total.saturating_sub(free))
+    }
 
     fn alloc_segment(&mut self, bytes: u64) -> Result<u64, DeviceError> {
         let addr = self.timed(DriverCall::Alloc, || driver::mem_alloc(bytes))?;
