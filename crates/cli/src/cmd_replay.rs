@@ -96,9 +96,53 @@ struct JsonAllocator {
     per_device: Vec<serde_json::Value>,
 }
 
+/// PyTorch's own `memory_stats()` for the traced run, when a `<name>-<conf>.stats.json` lies
+/// beside the trace (as in `traces/`).
+#[derive(Serialize)]
+struct Recorded {
+    conf: String,
+    reserved_bytes_peak: u64,
+    reserved_over_requested: f64,
+}
+
+fn recorded_figures(trace: &std::path::Path, peak_requested: u64) -> Vec<Recorded> {
+    let Some(name) = trace.file_name().and_then(|f| f.to_str()) else {
+        return Vec::new();
+    };
+    let stem = name.split('.').next().unwrap_or(name);
+    let dir = trace.parent().unwrap_or(std::path::Path::new("."));
+    let mut out = Vec::new();
+    for conf in ["native", "expandable_segments_True"] {
+        let p = dir.join(format!("{stem}-{conf}.stats.json"));
+        let Ok(text) = std::fs::read_to_string(&p) else {
+            continue;
+        };
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
+            continue;
+        };
+        if let Some(r) = v
+            .get("reserved_bytes.all.peak")
+            .and_then(serde_json::Value::as_u64)
+        {
+            out.push(Recorded {
+                conf: conf.replace("_True", "").to_string(),
+                reserved_bytes_peak: r,
+                reserved_over_requested: if peak_requested == 0 {
+                    0.0
+                } else {
+                    r as f64 / peak_requested as f64
+                },
+            });
+        }
+    }
+    out
+}
+
 #[derive(Serialize)]
 struct JsonOut {
     trace: JsonTrace,
+    /// PyTorch's recorded figures for the same run (empty when none lie beside the trace).
+    pytorch_recorded: Vec<Recorded>,
     device: String,
     capacity_bytes: u64,
     allocators: Vec<JsonAllocator>,
@@ -295,6 +339,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
             skipped_events: trace.skipped_count,
             devices: devices.clone(),
         },
+        pytorch_recorded: recorded_figures(&a.trace, peak_requested),
         device: a.device.clone(),
         capacity_bytes: capacity,
         allocators: out,
@@ -493,6 +538,24 @@ fn print_table(j: &JsonOut, capacity: u64) {
                 }
             );
         }
+    }
+    if !j.pytorch_recorded.is_empty() {
+        let parts: Vec<String> = j
+            .pytorch_recorded
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} {} ({:.3})",
+                    r.conf,
+                    human_bytes(r.reserved_bytes_peak),
+                    r.reserved_over_requested
+                )
+            })
+            .collect();
+        println!(
+            "PyTorch's own peak reserved for this run (memory_stats beside the trace): {}",
+            parts.join(", ")
+        );
     }
     println!();
     println!("res/req: peak reserved / peak requested (1.000 = no memory lost to rounding or fragmentation).");
