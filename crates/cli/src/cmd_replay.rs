@@ -534,7 +534,7 @@ fn print_table(j: &JsonOut, capacity: u64) {
                 if sim == 0 {
                     0.0
                 } else {
-                    a.peak_reserved_bytes as f64 / sim as f64
+                    a.driver_peak_delta_bytes.unwrap_or(a.peak_reserved_bytes) as f64 / sim as f64
                 }
             );
         }
