@@ -15,7 +15,7 @@
 #       GROUPs (default: all, in this order): info tests bench pinned replay — e.g.
 #       `run replay` in a second device call when one call's 10 minutes are not enough.
 #       Runs, each step under its own time limit, continuing after a failing step:
-#         1. gpumem info (table, and --json)
+#         1. gpumem info (table, and --json), gpumem inspect, gpumem vmm
 #         2. every GPU test binary with --ignored --test-threads 1
 #         3. gpumem bench alloc --device cuda (strategies vs cuMemAlloc and cuMemAllocAsync)
 #         4. scripts/pinned-bench.sh (pinned host memory: transfers, allocation, advise)
@@ -195,6 +195,8 @@ run() {
   if want info; then
     step "info" 60 "$CARRY/gpumem" info --device all
     step "info --json" 60 json_to "$OUTDIR/info.json" "$CARRY/gpumem" info --device all --json
+    step "inspect" 60 "$CARRY/gpumem" inspect --device cuda
+    step "vmm" 60 "$CARRY/gpumem" vmm --device cuda
   fi
 
   # 2. GPU tests
