@@ -197,3 +197,52 @@ fn convert_to_jsonl_and_replay_gives_the_same_figures() {
     );
     let _ = std::fs::remove_file(out);
 }
+
+#[test]
+fn several_devices_get_one_pool_each_and_summed_figures() {
+    let path = std::env::temp_dir().join(format!("gpumem-2dev-{}.jsonl", std::process::id()));
+    // Device 0 peaks at 300 MiB live, device 1 at 64 MiB; the same addresses on both devices
+    // are different blocks.
+    let mib = 1u64 << 20;
+    let lines = [
+        format!(
+            r#"{{"action":"alloc","addr":1,"size":{},"device":0}}"#,
+            100 * mib
+        ),
+        format!(
+            r#"{{"action":"alloc","addr":1,"size":{},"device":1}}"#,
+            64 * mib
+        ),
+        format!(
+            r#"{{"action":"alloc","addr":2,"size":{},"device":0}}"#,
+            200 * mib
+        ),
+        r#"{"action":"free","addr":1,"device":0}"#.to_string(),
+        r#"{"action":"free","addr":1,"device":1}"#.to_string(),
+        r#"{"action":"free","addr":2,"device":0}"#.to_string(),
+    ];
+    std::fs::write(&path, lines.join("\n")).unwrap();
+    let (ok, out, err) = gpumem(&[
+        "replay",
+        path.to_str().unwrap(),
+        "-a",
+        "paged,torch",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["trace"]["devices"], serde_json::json!([0, 1]));
+    assert_eq!(v["trace"]["peak_requested_bytes"], 364 * mib);
+    for a in v["allocators"].as_array().unwrap() {
+        let per = a["per_device"].as_array().unwrap();
+        assert_eq!(per.len(), 2, "{a}");
+        assert_eq!(per[0]["peak_requested_bytes"], 300 * mib);
+        assert_eq!(per[1]["peak_requested_bytes"], 64 * mib);
+        let sum: u64 = per
+            .iter()
+            .map(|d| d["peak_reserved_bytes"].as_u64().unwrap())
+            .sum();
+        assert_eq!(a["peak_reserved_bytes"].as_u64().unwrap(), sum);
+    }
+    let _ = std::fs::remove_file(path);
+}
