@@ -26,14 +26,16 @@ pub struct ReplayArgs {
     /// or `all`.
     #[arg(long, short, default_value = "all")]
     pub allocator: String,
-    /// Device capacity (e.g. 80GiB, 141GB); allocations that still do not fit after the pool
-    /// released its cache count as OOMs and are dropped.
+    /// Device capacity (e.g. 80GiB, 141GB; K/M/G/T alone are binary like KiB/MiB/GiB/TiB,
+    /// KB/MB/GB/TB decimal); allocations that still do not fit after the pool released its
+    /// cache count as OOMs and are dropped (with their frees).
     #[arg(long, value_parser = parse_size)]
     pub capacity: Option<u64>,
     /// Also bisect, per allocator, the smallest capacity that completes the trace with no OOM.
     #[arg(long)]
     pub min_capacity: bool,
-    /// Segment size for the buddy, tlsf and best-fit pools (the seed's pre-allocated pool).
+    /// Segment size for the buddy, tlsf and best-fit pools (each segment is one cuMemAlloc,
+    /// sub-allocated by the strategy, like a pre-allocated pool).
     #[arg(long, value_parser = parse_size, default_value = "256MiB")]
     pub segment_size: u64,
     /// Print one JSON object instead of a table.
@@ -185,6 +187,17 @@ fn progress_bar(total: u64, enabled: bool) -> ProgressBar {
 
 pub fn run(a: ReplayArgs) -> Result<()> {
     let target = parse_device(&a.device)?;
+    if a.capacity == Some(0) {
+        bail!("--capacity 0: expected a device capacity above zero (e.g. 80GiB)");
+    }
+    if a.segment_size == 0 {
+        bail!("--segment-size 0: expected a segment size above zero (e.g. 256MiB)");
+    }
+    if let Some(path) = &a.timeline {
+        // Fail before a long replay, not after it.
+        std::fs::write(path, "")
+            .with_context(|| format!("--timeline: cannot write {}", path.display()))?;
+    }
     let names = registry::parse_list(&a.allocator)?;
     if a.canary && matches!(target, Target::Sim) {
         bail!("--canary needs a device with memory contents: use --device cuda (the simulated device keeps none)");
@@ -228,9 +241,10 @@ pub fn run(a: ReplayArgs) -> Result<()> {
             eprintln!("  skipped: {s}");
         }
         if !trace.preexisting.is_empty() {
+            let n = trace.preexisting.len();
             eprintln!(
-                "  {} blocks were live before recording started (freed but never allocated in the trace); replayed as live from the start",
-                trace.preexisting.len()
+                "  {n} block{} already live when recording started (declared, freed without an alloc, or listed in the snapshot's segments); replayed as live from the start",
+                if n == 1 { " was" } else { "s were" }
             );
         }
     }
@@ -274,11 +288,16 @@ pub fn run(a: ReplayArgs) -> Result<()> {
             }
             let mut total = 0u64;
             for (i, &(d, _)) in summaries.iter().enumerate() {
-                let upper = per_dev[i]
-                    .peak_reserved_bytes
-                    .max(1)
-                    .saturating_mul(2)
-                    .max(1 << 30);
+                // The bound must complete: a run cut short by a small --capacity gives none.
+                let upper = if per_dev[i].oom_count == 0 {
+                    per_dev[i]
+                        .peak_reserved_bytes
+                        .max(1)
+                        .saturating_mul(2)
+                        .max(1 << 30)
+                } else {
+                    DEFAULT_CAPACITY.max(capacity)
+                };
                 let cfg = config;
                 let n = *name;
                 let mut make = || -> Box<dyn Allocator> {
@@ -293,7 +312,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
                 {
                     Some(c) => total += c,
                     None => bail!(
-                        "{name}: the trace does not complete even with {}",
+                        "{name}: the trace does not complete even with {}: a single request is larger than that",
                         human_bytes(upper)
                     ),
                 }
@@ -555,6 +574,14 @@ fn print_table(j: &JsonOut, capacity: u64) {
         println!(
             "PyTorch's own peak reserved for this run (memory_stats beside the trace): {}",
             parts.join(", ")
+        );
+    }
+    let ooms: u64 = j.allocators.iter().map(|a| a.oom_count).sum();
+    if ooms > 0 {
+        println!();
+        println!(
+            "OOMs: allocations that did not fit in {} were dropped with their frees, so those rows served less than the trace requested (res/req can fall below 1).",
+            human_bytes(capacity)
         );
     }
     println!();

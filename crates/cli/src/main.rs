@@ -98,7 +98,31 @@ fn main() {
         Command::Convert(a) => convert(a),
     };
     if let Err(e) = result {
-        eprintln!("error: {e:#}");
+        // A reader closing the pipe (`gpumem convert T | head`) is not an error.
+        if e.chain().any(|c| {
+            c.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+        }) {
+            return;
+        }
+        eprintln!("error: {}", error_text(&e));
         std::process::exit(1);
     }
+}
+
+/// The error and its causes, each cause printed once: library errors often already include
+/// their source in their own message.
+fn error_text(e: &anyhow::Error) -> String {
+    let mut msg = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if msg.contains(&text) {
+            continue;
+        }
+        if !msg.is_empty() {
+            msg.push_str(": ");
+        }
+        msg.push_str(&text);
+    }
+    msg
 }
