@@ -78,13 +78,20 @@ impl MaxTree {
 
     /// Checks that every inner node is the maximum of its children.
     pub(crate) fn check(&self) -> Result<(), String> {
-        for n in 1..self.size {
-            let m = self.nodes[2 * n].max(self.nodes[2 * n + 1]);
-            if self.nodes[n] != m {
-                return Err(format!("max tree node {n} holds {} not {m}", self.nodes[n]));
+        let inner = self.nodes.get(1..self.size).unwrap_or(&[]);
+        let children = self.nodes.get(2..).unwrap_or(&[]).chunks_exact(2);
+        let bad = inner
+            .iter()
+            .zip(children)
+            .position(|(&v, c)| v != c[0].max(c[1]));
+        match bad {
+            None => Ok(()),
+            Some(i) => {
+                let n = i + 1;
+                let m = self.nodes[2 * n].max(self.nodes[2 * n + 1]);
+                Err(format!("max tree node {n} holds {} not {m}", self.nodes[n]))
             }
         }
-        Ok(())
     }
 }
 

@@ -508,15 +508,18 @@ impl Paged {
         let ps = r.va + page as u64 * p;
         let pe = ps + p;
         let mut tail = 0;
-        if let Some((&st, &len)) = self.free.range(r.va..ps).next_back() {
+        let mut head = 0;
+        // One descent: the ranges starting in the page (highest first), then the one before.
+        for (&st, &len) in self.free.range(r.va..pe).rev() {
+            if st >= ps {
+                head = head.max(self.usable_head(r.va, st, len));
+                continue;
+            }
             let b = st + len;
             if b > ps && b < pe && st + p <= ps {
                 tail = b - ps;
             }
-        }
-        let mut head = 0;
-        for (&st, &len) in self.free.range(ps..pe) {
-            head = head.max(self.usable_head(r.va, st, len));
+            break;
         }
         (tail, head)
     }

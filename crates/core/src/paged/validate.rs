@@ -100,6 +100,7 @@ pub(super) fn run(a: &Paged) -> Result<(), String> {
     for r in &a.reservations {
         // Blocks (live or quick) and quarantined spans touching each page.
         let mut refs = vec![0u32; r.pages.len()];
+        let leaves = expected_leaves(a, r);
         let mut quarantined = vec![false; r.pages.len()];
         let held = a.live.iter().map(|(&s, b)| (s, b.bytes, false));
         let held = held.chain(a.quick.iter().map(|q| (q.addr, q.bytes, false)));
@@ -157,7 +158,7 @@ pub(super) fn run(a: &Paged) -> Result<(), String> {
                 }
                 None => {}
             }
-            let (tail, head) = a.leaf_values(r, i);
+            let (tail, head) = leaves.get(i).copied().unwrap_or((0, 0));
             let (t, h) = (r.tree.get(2 * i), r.tree.get(2 * i + 1));
             if u64::from(t) * UNIT_BYTES != tail || u64::from(h) * UNIT_BYTES != head {
                 return Err(format!(
@@ -216,4 +217,28 @@ pub(super) fn run(a: &Paged) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// The `(tail, head)` bytes every page's two tree leaves should hold, derived from the free
+/// map in one pass over the reservation's free ranges (each range feeds at most the tail
+/// leaf of the page it ends in and the head leaf of the page it starts in); the same rule
+/// as [`Paged::leaf_values`], which costs a map descent per page.
+fn expected_leaves(a: &Paged, r: &super::Reservation) -> Vec<(u64, u64)> {
+    let p = a.page_bytes;
+    let mut leaves = vec![(0u64, 0u64); r.pages.len()];
+    for (&st, &len) in a.free.range(r.va..r.end()) {
+        let b = st + len;
+        let end_page = ((b - r.va) / p) as usize;
+        let ps = r.va + end_page as u64 * p;
+        if b > ps && st + p <= ps {
+            if let Some(l) = leaves.get_mut(end_page) {
+                l.0 = b - ps;
+            }
+        }
+        let start_page = ((st - r.va) / p) as usize;
+        if let Some(l) = leaves.get_mut(start_page) {
+            l.1 = l.1.max(a.usable_head(r.va, st, len));
+        }
+    }
+    leaves
 }
