@@ -309,6 +309,9 @@ pub struct Paged {
     live: AddrMap<LiveBlock>,
     /// Unmapped physical handles kept for reuse.
     cache: Vec<CachedHandle>,
+    /// How many handles of each size (in pages) `cache` holds, so that a pick finds the
+    /// size it wants without walking the cache.
+    cache_sizes: BTreeMap<u64, u32>,
     /// Pages of the handles in `cache`.
     cached_pages: u64,
     /// Spans (address, bytes) of whole pages left mapped without access by an unwind whose
@@ -347,6 +350,7 @@ impl Paged {
             free: BTreeMap::new(),
             live: AddrMap::default(),
             cache: Vec::new(),
+            cache_sizes: BTreeMap::new(),
             cached_pages: 0,
             quarantine: Vec::new(),
             mapped_pages: 0,
@@ -706,28 +710,41 @@ impl Paged {
     fn cache_push(&mut self, h: CachedHandle) {
         self.cached_pages += h.pages;
         self.cache.push(h);
+        *self.cache_sizes.entry(h.pages).or_insert(0) += 1;
     }
 
     /// Takes the cached handle at `i`.
     fn cache_take(&mut self, i: usize) -> CachedHandle {
         let h = self.cache.swap_remove(i);
+        self.cache_sizes_drop(h.pages);
         self.cached_pages = self.cached_pages.saturating_sub(h.pages);
         h
     }
 
     /// Index of the cached handle to fill `n` pages with: one of exactly `n` pages, else the
     /// largest one smaller than `n`.
+    /// The first handle of that size in `cache` order.
     fn cache_pick(&self, n: u64) -> Option<usize> {
-        let mut best: Option<(usize, u64)> = None;
-        for (i, h) in self.cache.iter().enumerate() {
-            if h.pages == n {
-                return Some(i);
-            }
-            if h.pages < n && best.is_none_or(|(_, b)| h.pages > b) {
-                best = Some((i, h.pages));
+        let (&size, _) = self.cache_sizes.range(..=n).next_back()?;
+        self.cache.iter().position(|h| h.pages == size)
+    }
+
+    /// Counts one handle of `pages` pages out of `cache_sizes`.
+    fn cache_sizes_drop(&mut self, pages: u64) {
+        if let Some(c) = self.cache_sizes.get_mut(&pages) {
+            *c -= 1;
+            if *c == 0 {
+                self.cache_sizes.remove(&pages);
             }
         }
-        best.map(|(i, _)| i)
+    }
+
+    /// Takes the last handle of `cache`.
+    fn cache_pop(&mut self) -> Option<CachedHandle> {
+        let h = self.cache.pop()?;
+        self.cached_pages = self.cached_pages.saturating_sub(h.pages);
+        self.cache_sizes_drop(h.pages);
+        Some(h)
     }
 
     /// Moves up to `want` idle pages lying outside `[lo, hi)` into the cache (as single-page
@@ -812,7 +829,11 @@ impl Paged {
             return;
         }
         while self.held_free_pages() > self.cache_limit {
-            let Some(i) = (0..self.cache.len()).max_by_key(|&i| self.cache[i].pages) else {
+            // The last of the largest handles.
+            let Some((&size, _)) = self.cache_sizes.last_key_value() else {
+                break;
+            };
+            let Some(i) = self.cache.iter().rposition(|h| h.pages == size) else {
                 break;
             };
             let h = self.cache_take(i);
@@ -1028,8 +1049,7 @@ impl Paged {
         }
         if leftover > 0 {
             // Nothing cached fits what is left: give it back before creating anything.
-            while let Some(h) = self.cache.pop() {
-                self.cached_pages = self.cached_pages.saturating_sub(h.pages);
+            while let Some(h) = self.cache_pop() {
                 self.release_handle(dev, h);
             }
         }
@@ -1501,8 +1521,7 @@ impl Allocator for Paged {
         }
         self.drop_idle_pages(dev)?;
         let mut released = 0;
-        while let Some(h) = self.cache.pop() {
-            self.cached_pages = self.cached_pages.saturating_sub(h.pages);
+        while let Some(h) = self.cache_pop() {
             if let Err(e) = dev.release_physical(h.handle) {
                 self.cache_push(h);
                 return Err(e.into());

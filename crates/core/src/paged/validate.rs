@@ -180,6 +180,16 @@ pub(super) fn run(a: &Paged) -> Result<(), String> {
             return Err(format!("cached handle {} empty or also in use", h.handle.0));
         }
     }
+    let mut sizes = std::collections::BTreeMap::new();
+    for h in &a.cache {
+        *sizes.entry(h.pages).or_insert(0u32) += 1;
+    }
+    if sizes != a.cache_sizes {
+        return Err(format!(
+            "cache size index {:?}, cache holds {sizes:?}",
+            a.cache_sizes
+        ));
+    }
     if a.cache.iter().map(|h| h.pages).sum::<u64>() != a.cached_pages {
         return Err(format!("cached pages recorded as {}", a.cached_pages));
     }
