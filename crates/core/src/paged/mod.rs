@@ -113,6 +113,28 @@ impl Hasher for AddrHasher {
 
 type AddrMap<V> = HashMap<u64, V, BuildHasherDefault<AddrHasher>>;
 
+/// [`Paged::usable_head`] with page size `p`.
+fn usable_head_at(p: u64, base: u64, st: u64, len: u64) -> u64 {
+    let rel = st - base;
+    let i0 = rel.div_ceil(p);
+    let i1 = (rel + len) / p;
+    if i1 <= i0 {
+        len
+    } else {
+        i0 * p - rel
+    }
+}
+
+/// The tail leaf the free range `[st, st + len)` of a reservation starting at `base` feeds:
+/// `(page, bytes)` when it ends inside page `page` and covers the whole page before it
+/// (so the free bytes at that page's head are usable next to its mapped part).
+fn tail_leaf(p: u64, base: u64, st: u64, len: u64) -> Option<(usize, u64)> {
+    let b = st + len;
+    let page = (b - base) / p;
+    let ps = base + page * p;
+    (b > ps && st + p <= ps).then_some((page as usize, b - ps))
+}
+
 /// A live block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct LiveBlock {
@@ -159,6 +181,9 @@ struct Reservation {
     /// leaf `2p + 1` = the most usable mapped bytes of a free range starting in page `p`;
     /// in [`UNIT_BYTES`] units.
     tree: MaxTree,
+    /// Free ranges starting in each page (tells [`Paged::update_leaves`] when a head leaf
+    /// can be recomputed without reading the free map).
+    starts: Vec<u32>,
 }
 
 impl Reservation {
@@ -478,87 +503,71 @@ impl Paged {
     /// reservation starting at `base`: the whole range when it has no interior page, else the
     /// free tail of the page holding `st`.
     fn usable_head(&self, base: u64, st: u64, len: u64) -> u64 {
-        let p = self.page_bytes;
-        let rel = st - base;
-        let i0 = rel.div_ceil(p);
-        let i1 = (rel + len) / p;
-        if i1 <= i0 {
-            len
-        } else {
-            i0 * p - rel
-        }
+        usable_head_at(self.page_bytes, base, st, len)
     }
 
-    /// Recomputes the two tree leaves of page `page` of reservation `ri` from the free map.
-    fn refresh_page(&mut self, ri: usize, page: usize) {
-        let Some(r) = self.reservations.get(ri) else {
+    /// Updates the tree leaves after the free map of reservation `ri` lost the ranges
+    /// `removed` and gained `added` (`(start, bytes)` each; the map already changed). Each
+    /// range feeds the tail leaf of the page it ends in (no other range can: it covers that
+    /// page's start) and the head leaf of the page it starts in (a maximum over the ranges
+    /// starting there). Only a head leaf whose maximum was a removed range, on a page where
+    /// other ranges still start, reads the free map again.
+    fn update_leaves(&mut self, ri: usize, removed: &[(u64, u64)], added: &[(u64, u64)]) {
+        let p = self.page_bytes;
+        let free = &self.free;
+        let Some(r) = self.reservations.get_mut(ri) else {
             return;
         };
-        if page >= r.pages.len() {
-            return;
-        }
-        let (tail, head) = self.leaf_values(r, page);
-        let to_units = |b: u64| u32::try_from(b / UNIT_BYTES).unwrap_or(u32::MAX);
-        let (tail, head) = (to_units(tail), to_units(head));
-        if let Some(r) = self.reservations.get_mut(ri) {
-            r.tree.set(2 * page, tail);
-            r.tree.set(2 * page + 1, head);
-        }
-    }
-
-    /// `(tail, head)` usable bytes of page `page` (see [`Reservation::tree`]).
-    fn leaf_values(&self, r: &Reservation, page: usize) -> (u64, u64) {
-        let p = self.page_bytes;
-        let ps = r.va + page as u64 * p;
-        let pe = ps + p;
-        let mut tail = 0;
-        let mut head = 0;
-        // One descent: the ranges starting in the page (highest first), then the one before.
-        for (&st, &len) in self.free.range(r.va..pe).rev() {
-            if st >= ps {
-                head = head.max(self.usable_head(r.va, st, len));
-                continue;
+        let base = r.va;
+        let units = |b: u64| u32::try_from(b / UNIT_BYTES).unwrap_or(u32::MAX);
+        let page_of = |a: u64| ((a - base) / p) as usize;
+        let mut rescan = [usize::MAX; 4];
+        let mut n_rescan = 0;
+        for &(st, len) in removed {
+            if let Some((pg, _)) = tail_leaf(p, base, st, len) {
+                r.tree.set(2 * pg, 0);
             }
-            let b = st + len;
-            if b > ps && b < pe && st + p <= ps {
-                tail = b - ps;
+            let pg = page_of(st);
+            if let Some(c) = r.starts.get_mut(pg) {
+                *c = c.saturating_sub(1);
             }
-            break;
-        }
-        (tail, head)
-    }
-
-    /// Refreshes the pages holding the given addresses (each once), after the free map
-    /// changed at those addresses; addresses at a reservation's end are skipped.
-    fn refresh_addrs<const N: usize>(&mut self, ri: usize, mut addrs: [u64; N]) {
-        let Some(r) = self.reservations.get(ri) else {
-            return;
-        };
-        let (base, p) = (r.va, self.page_bytes);
-        for a in &mut addrs {
-            *a = (*a - base) / p;
-        }
-        addrs.sort_unstable();
-        let mut last = u64::MAX;
-        for page in addrs {
-            if page != last {
-                self.refresh_page(ri, page as usize);
-                last = page;
+            let u = units(usable_head_at(p, base, st, len));
+            if u > 0 && r.tree.get(2 * pg + 1) == u && !rescan[..n_rescan].contains(&pg) {
+                if let Some(slot) = rescan.get_mut(n_rescan) {
+                    *slot = pg;
+                    n_rescan += 1;
+                }
             }
         }
-    }
-
-    /// Refreshes the head and tail pages of the range `[st, st+len)`.
-    fn refresh_range(&mut self, ri: usize, st: u64, len: u64) {
-        let Some(r) = self.reservations.get(ri) else {
-            return;
-        };
-        let p = self.page_bytes;
-        let a = ((st - r.va) / p) as usize;
-        let b = ((st + len - r.va) / p) as usize;
-        self.refresh_page(ri, a);
-        if b != a {
-            self.refresh_page(ri, b);
+        for &(st, len) in added {
+            if let Some((pg, t)) = tail_leaf(p, base, st, len) {
+                r.tree.set(2 * pg, units(t));
+            }
+            let pg = page_of(st);
+            if let Some(c) = r.starts.get_mut(pg) {
+                *c += 1;
+            }
+            let u = units(usable_head_at(p, base, st, len));
+            if !rescan[..n_rescan].contains(&pg) && u > r.tree.get(2 * pg + 1) {
+                r.tree.set(2 * pg + 1, u);
+            }
+        }
+        for &pg in &rescan[..n_rescan] {
+            let mut here = 0u32;
+            let mut head = 0u64;
+            for &(st, len) in added.iter().filter(|&&(st, _)| page_of(st) == pg) {
+                here += 1;
+                head = head.max(usable_head_at(p, base, st, len));
+            }
+            if r.starts.get(pg).copied() != Some(here) {
+                let ps = base + pg as u64 * p;
+                head = free
+                    .range(ps..ps + p)
+                    .map(|(&st, &len)| usable_head_at(p, base, st, len))
+                    .max()
+                    .unwrap_or(0);
+            }
+            r.tree.set(2 * pg + 1, units(head));
         }
     }
 
@@ -687,10 +696,11 @@ impl Paged {
                 bytes: want,
                 pages: vec![None; npages],
                 tree: MaxTree::new(2 * npages),
+                starts: vec![0; npages],
             },
         );
         self.free.insert(va, want);
-        self.refresh_range(ri, va, want);
+        self.update_leaves(ri, &[], &[(va, want)]);
         Ok(ri)
     }
 
@@ -910,13 +920,19 @@ impl Paged {
             return;
         }
         self.free.remove(&st);
+        let mut added = [(0, 0); 2];
+        let mut n = 0;
         if va > st {
             self.free.insert(st, va - st);
+            added[n] = (st, va - st);
+            n += 1;
         }
         if va + bytes < st + len {
             self.free.insert(va + bytes, st + len - va - bytes);
+            added[n] = (va + bytes, st + len - va - bytes);
+            n += 1;
         }
-        self.refresh_addrs(ri, [st, st + len, va, va + bytes]);
+        self.update_leaves(ri, &[(st, len)], &added[..n]);
         for t in run {
             self.set_extent(ri, t.page, t.handle, 1, false);
             self.mapped_pages += t.handle.pages;
@@ -1133,14 +1149,20 @@ impl Paged {
         };
         let st = pl.range_start;
         let end = st + len;
+        let mut added = [(0, 0); 2];
+        let mut n = 0;
         if pl.addr > st {
             self.free.insert(st, pl.addr - st);
+            added[n] = (st, pl.addr - st);
+            n += 1;
         }
         let bend = pl.addr + bytes;
         if bend < end {
             self.free.insert(bend, end - bend);
+            added[n] = (bend, end - bend);
+            n += 1;
         }
-        self.refresh_addrs(pl.res, [st, end, pl.addr, bend]);
+        self.update_leaves(pl.res, &[(st, len)], &added[..n]);
         let Some(r) = self.reservations.get_mut(pl.res) else {
             return;
         };
@@ -1341,10 +1363,14 @@ impl Paged {
         let mut st = addr;
         let mut len = bytes;
         let res_end = self.reservations[ri].end();
+        let mut removed = [(0, 0); 2];
+        let mut n = 0;
         if st > base {
             if let Some((&ps, &pl)) = self.free.range(..st).next_back() {
                 if ps + pl == st {
                     self.free.remove(&ps);
+                    removed[n] = (ps, pl);
+                    n += 1;
                     st = ps;
                     len += pl;
                 }
@@ -1352,11 +1378,13 @@ impl Paged {
         }
         if st + len < res_end {
             if let Some(nl) = self.free.remove(&(st + len)) {
+                removed[n] = (st + len, nl);
+                n += 1;
                 len += nl;
             }
         }
         self.free.insert(st, len);
-        self.refresh_addrs(ri, [st, st + len, addr, addr + bytes]);
+        self.update_leaves(ri, &removed[..n], &[(st, len)]);
         Ok(())
     }
 

@@ -20,7 +20,10 @@ pub(super) fn run(a: &Paged) -> Result<(), String> {
                 r.va, r.bytes
             ));
         }
-        if r.pages.len() as u64 != r.bytes / p || r.tree.len() < 2 * r.pages.len() {
+        if r.pages.len() as u64 != r.bytes / p
+            || r.tree.len() < 2 * r.pages.len()
+            || r.starts.len() != r.pages.len()
+        {
             return Err(format!("reservation {:#x}: page table of wrong size", r.va));
         }
         if let Some(n) = a.reservations.get(i + 1) {
@@ -158,7 +161,13 @@ pub(super) fn run(a: &Paged) -> Result<(), String> {
                 }
                 None => {}
             }
-            let (tail, head) = leaves.get(i).copied().unwrap_or((0, 0));
+            let (tail, head, starts) = leaves.get(i).copied().unwrap_or((0, 0, 0));
+            if r.starts.get(i).copied() != Some(starts) {
+                return Err(format!(
+                    "page {va:#x}: {:?} free ranges recorded starting there, {starts} do",
+                    r.starts.get(i)
+                ));
+            }
             let (t, h) = (r.tree.get(2 * i), r.tree.get(2 * i + 1));
             if u64::from(t) * UNIT_BYTES != tail || u64::from(h) * UNIT_BYTES != head {
                 return Err(format!(
@@ -229,13 +238,14 @@ pub(super) fn run(a: &Paged) -> Result<(), String> {
     Ok(())
 }
 
-/// The `(tail, head)` bytes every page's two tree leaves should hold, derived from the free
-/// map in one pass over the reservation's free ranges (each range feeds at most the tail
-/// leaf of the page it ends in and the head leaf of the page it starts in); the same rule
-/// as [`Paged::leaf_values`], which costs a map descent per page.
-fn expected_leaves(a: &Paged, r: &super::Reservation) -> Vec<(u64, u64)> {
+/// The `(tail, head)` bytes every page's two tree leaves should hold and the number of free
+/// ranges starting in it, derived from the free map in one pass over the reservation's free
+/// ranges (each range feeds at most the tail leaf of the page it ends in and the head leaf
+/// of the page it starts in), independently of the incremental upkeep in
+/// `Paged::update_leaves`.
+fn expected_leaves(a: &Paged, r: &super::Reservation) -> Vec<(u64, u64, u32)> {
     let p = a.page_bytes;
-    let mut leaves = vec![(0u64, 0u64); r.pages.len()];
+    let mut leaves = vec![(0u64, 0u64, 0u32); r.pages.len()];
     for (&st, &len) in a.free.range(r.va..r.end()) {
         let b = st + len;
         let end_page = ((b - r.va) / p) as usize;
@@ -248,6 +258,7 @@ fn expected_leaves(a: &Paged, r: &super::Reservation) -> Vec<(u64, u64)> {
         let start_page = ((st - r.va) / p) as usize;
         if let Some(l) = leaves.get_mut(start_page) {
             l.1 = l.1.max(a.usable_head(r.va, st, len));
+            l.2 += 1;
         }
     }
     leaves
