@@ -618,26 +618,32 @@ impl Paged {
     /// address. Returns the best placement and its page count.
     fn find_scored_fit(&self, bytes: u64, align: u64) -> Option<(Placement, u64)> {
         let p = self.page_bytes;
+        // Pages are a power of two (checked when learnt): shifts instead of divisions.
+        let sh = p.trailing_zeros();
         let mut best: Option<(u64, u64, u64, Placement)> = None;
         let mut ri = 0usize;
         for (&st, &len) in &self.free {
+            // A range shorter than the block holds it at neither end.
+            if len < bytes {
+                continue;
+            }
             while ri < self.reservations.len() && self.reservations[ri].end() <= st {
                 ri += 1;
             }
             let r = self.reservations.get(ri)?;
             let b = st + len;
-            let i0 = (st - r.va).div_ceil(p);
-            let i1 = (b - r.va) / p;
+            let i0 = (st - r.va + p - 1) >> sh;
+            let i1 = (b - r.va) >> sh;
             // (pages newly mapped, bytes of them the block leaves free) for a block at `x`.
             let cost = |x: u64| -> (u64, u64) {
                 let (xr, er) = (x - r.va, x - r.va + bytes);
-                let lo = (xr / p).max(i0);
-                let hi = ((er - 1) / p + 1).min(i1);
+                let lo = (xr >> sh).max(i0);
+                let hi = (((er - 1) >> sh) + 1).min(i1);
                 if hi <= lo {
                     return (0, 0);
                 }
-                let covered = er.min(hi * p) - xr.max(lo * p);
-                ((hi - lo), (hi - lo) * p - covered)
+                let covered = er.min(hi << sh) - xr.max(lo << sh);
+                ((hi - lo), ((hi - lo) << sh) - covered)
             };
             let mut consider = |x: u64| {
                 let (k, slack) = cost(x);
