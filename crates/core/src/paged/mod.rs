@@ -1107,22 +1107,26 @@ impl Paged {
         }
         // One cuMemSetAccess from the first to the last page without access: every page of
         // the block is mapped by now, so the range may span pages already open.
-        let is_new = |pg: usize| {
-            taken
-                .iter()
-                .any(|t| pg >= t.page && ((pg - t.page) as u64) < t.handle.pages)
+        // `taken` ascends and is not in the page table yet; a page already mapped needs it
+        // when it is still closed.
+        let closed = |pg: usize| {
+            self.reservations
+                .get(ri)
+                .and_then(|r| r.pages.get(pg))
+                .and_then(|s| *s)
+                .is_some_and(|s| !s.access)
         };
-        let needs = |pg: usize, this: &Self| -> bool {
-            is_new(pg)
-                || this
-                    .reservations
-                    .get(ri)
-                    .and_then(|r| r.pages.get(pg))
-                    .and_then(|s| *s)
-                    .is_some_and(|s| !s.access)
-        };
-        let first = (p0..=p1).find(|&pg| needs(pg, self));
-        let last = (p0..=p1).rev().find(|&pg| needs(pg, self));
+        let first_new = taken.first().map(|t| t.page);
+        let last_new = taken
+            .last()
+            .map(|t| t.page + (t.handle.pages as usize).saturating_sub(1));
+        let first = (p0..first_new.unwrap_or(p1 + 1))
+            .find(|&pg| closed(pg))
+            .or(first_new);
+        let last = (last_new.map_or(p0, |l| l + 1)..=p1)
+            .rev()
+            .find(|&pg| closed(pg))
+            .or(last_new);
         if let (Some(a), Some(b)) = (first, last) {
             if let Err(e) = dev.set_access(base + a as u64 * p, (b - a + 1) as u64 * p) {
                 self.unwind_maps(dev, ri, &taken);
