@@ -161,19 +161,14 @@ pub(super) fn run(a: &Paged) -> Result<(), String> {
                 }
                 None => {}
             }
-            let (tail, head, starts) = leaves.get(i).copied().unwrap_or((0, 0, 0));
-            if r.starts.get(i).copied() != Some(starts) {
-                return Err(format!(
-                    "page {va:#x}: {:?} free ranges recorded starting there, {starts} do",
-                    r.starts.get(i)
-                ));
-            }
+            // Pages with a non-zero leaf or count here; the rest from the expected side below.
             let (t, h) = (r.tree.get(2 * i), r.tree.get(2 * i + 1));
-            if u64::from(t) * UNIT_BYTES != tail || u64::from(h) * UNIT_BYTES != head {
-                return Err(format!(
-                    "page {va:#x}: tree leaves ({t}, {h}) units, free map says ({tail}, {head}) bytes"
-                ));
+            if t != 0 || h != 0 || r.starts.get(i).is_some_and(|&c| c != 0) {
+                check_leaves(r, i, va, leaves.get(&i).copied().unwrap_or((0, 0, 0)))?;
             }
+        }
+        for (&i, &want) in &leaves {
+            check_leaves(r, i, r.va + i as u64 * p, want)?;
         }
         r.tree.check()?;
     }
@@ -243,23 +238,47 @@ pub(super) fn run(a: &Paged) -> Result<(), String> {
 /// ranges (each range feeds at most the tail leaf of the page it ends in and the head leaf
 /// of the page it starts in), independently of the incremental upkeep in
 /// `Paged::update_leaves`.
-fn expected_leaves(a: &Paged, r: &super::Reservation) -> Vec<(u64, u64, u32)> {
+/// Sparse (pages without a free range's end or start are absent): a reservation spans
+/// `2 × capacity` of VA, far more pages than free ranges.
+fn expected_leaves(
+    a: &Paged,
+    r: &super::Reservation,
+) -> std::collections::HashMap<usize, (u64, u64, u32)> {
     let p = a.page_bytes;
-    let mut leaves = vec![(0u64, 0u64, 0u32); r.pages.len()];
+    let mut leaves = std::collections::HashMap::new();
     for (&st, &len) in a.free.range(r.va..r.end()) {
         let b = st + len;
         let end_page = ((b - r.va) / p) as usize;
         let ps = r.va + end_page as u64 * p;
         if b > ps && st + p <= ps {
-            if let Some(l) = leaves.get_mut(end_page) {
-                l.0 = b - ps;
-            }
+            leaves.entry(end_page).or_insert((0, 0, 0)).0 = b - ps;
         }
         let start_page = ((st - r.va) / p) as usize;
-        if let Some(l) = leaves.get_mut(start_page) {
-            l.1 = l.1.max(a.usable_head(r.va, st, len));
-            l.2 += 1;
-        }
+        let l = leaves.entry(start_page).or_insert((0, 0, 0));
+        l.1 = l.1.max(a.usable_head(r.va, st, len));
+        l.2 += 1;
     }
     leaves
+}
+
+/// Compares page `i`'s two tree leaves and range-start count with `(tail, head, starts)`.
+fn check_leaves(
+    r: &super::Reservation,
+    i: usize,
+    va: u64,
+    (tail, head, starts): (u64, u64, u32),
+) -> Result<(), String> {
+    if r.starts.get(i).copied() != Some(starts) {
+        return Err(format!(
+            "page {va:#x}: {:?} free ranges recorded starting there, {starts} do",
+            r.starts.get(i)
+        ));
+    }
+    let (t, h) = (r.tree.get(2 * i), r.tree.get(2 * i + 1));
+    if u64::from(t) * UNIT_BYTES != tail || u64::from(h) * UNIT_BYTES != head {
+        return Err(format!(
+            "page {va:#x}: tree leaves ({t}, {h}) units, free map says ({tail}, {head}) bytes"
+        ));
+    }
+    Ok(())
 }
