@@ -500,33 +500,36 @@ impl Device for SimDevice {
         self.check_granular(c, bytes)?;
         let mut at = va;
         let end = va + bytes;
-        let mut keys = Vec::new();
-        while at < end {
-            match self.mappings.get(&at) {
-                Some(m) => {
-                    keys.push(at);
-                    at += m.bytes;
-                }
-                None => return Err(Self::invalid(c, format!("{at:#x} is not mapped"))),
+        // Walk the mappings starting in the range in order: they must tile it.
+        for (&s, m) in self.mappings.range(va..end) {
+            if s != at {
+                break;
             }
+            at += m.bytes;
+        }
+        if at < end {
+            return Err(Self::invalid(c, format!("{at:#x} is not mapped")));
         }
         if at != end {
             return Err(Self::invalid(c, "range ends inside a mapping".into()));
         }
         self.begin(c, bytes)?;
-        for k in keys {
-            if let Some(m) = self.mappings.remove(&k) {
-                let drop_it = match self.handles.get_mut(&m.handle.0) {
-                    Some(h) => {
-                        h.mapped_at = None;
-                        h.released
-                    }
-                    None => false,
-                };
-                if drop_it {
-                    if let Some(h) = self.handles.remove(&m.handle.0) {
-                        self.used -= h.bytes;
-                    }
+        let mut at = va;
+        while at < end {
+            let Some(m) = self.mappings.remove(&at) else {
+                break;
+            };
+            at += m.bytes;
+            let drop_it = match self.handles.get_mut(&m.handle.0) {
+                Some(h) => {
+                    h.mapped_at = None;
+                    h.released
+                }
+                None => false,
+            };
+            if drop_it {
+                if let Some(h) = self.handles.remove(&m.handle.0) {
+                    self.used -= h.bytes;
                 }
             }
         }
