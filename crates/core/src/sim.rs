@@ -6,6 +6,7 @@
 //! clean here makes legal calls on a real GPU. Faults can be injected at any call to test
 //! that allocators unwind exactly what they did.
 use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::device::{Device, DeviceError, DriverCall, DriverCounters, PhysHandle};
 
@@ -17,6 +18,27 @@ pub const DEFAULT_CAPACITY: u64 = 141_000_000_000;
 pub const DEFAULT_BASE: u64 = 0x7f00_0000_0000;
 
 const MIB: f64 = (1u64 << 20) as f64;
+
+/// Hasher for handle ids (small sequential integers; SipHash would dominate a map call).
+#[derive(Default, Clone, Copy)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// Kinds of [`DriverCall`] (the length of the per-kind cost memo).
+const CALL_KINDS: usize = DriverCall::ALL.len();
 
 /// Driver-call time in seconds for a call of `bytes`, interpolated log-linearly between
 /// measured points `(bytes, microseconds)`; clamped outside.
@@ -94,7 +116,10 @@ pub struct SimDevice {
     reserved: BTreeMap<u64, u64>,
     /// Live mappings: va -> mapping.
     mappings: BTreeMap<u64, Mapping>,
-    handles: HashMap<u64, Handle>,
+    handles: HashMap<u64, Handle, BuildHasherDefault<IdHasher>>,
+    /// Per call kind, the last size modelled and its cost in seconds (consecutive calls
+    /// mostly share a size; the log-linear interpolation is the dearest part of a call).
+    cost_memo: [Option<(u64, f64)>; CALL_KINDS],
     next_handle: u64,
     calls_made: u64,
     fault_at: Option<u64>,
@@ -132,7 +157,8 @@ impl SimDevice {
             segments: BTreeMap::new(),
             reserved: BTreeMap::new(),
             mappings: BTreeMap::new(),
-            handles: HashMap::new(),
+            handles: HashMap::default(),
+            cost_memo: [None; CALL_KINDS],
             next_handle: 1,
             calls_made: 0,
             fault_at: None,
@@ -176,7 +202,17 @@ impl SimDevice {
                 name: "CUDA_ERROR_UNKNOWN (injected fault)".into(),
             });
         }
-        self.counters.record(call, h200_call_seconds(call, bytes));
+        let seconds = match self.cost_memo.get(call as usize).copied().flatten() {
+            Some((b, s)) if b == bytes => s,
+            _ => {
+                let s = h200_call_seconds(call, bytes);
+                if let Some(m) = self.cost_memo.get_mut(call as usize) {
+                    *m = Some((bytes, s));
+                }
+                s
+            }
+        };
+        self.counters.record(call, seconds);
         Ok(())
     }
 
@@ -406,12 +442,13 @@ impl Device for SimDevice {
                 format!("{va:#x}+{bytes} is not inside a reserved range"),
             ));
         }
-        let overlaps_prev = self
+        // Mappings never overlap: the last one starting before the end decides.
+        let overlaps = self
             .mappings
-            .range(..va)
+            .range(..va + bytes)
             .next_back()
             .is_some_and(|(&s, m)| s + m.bytes > va);
-        if overlaps_prev || self.mappings.range(va..va + bytes).next().is_some() {
+        if overlaps {
             return Err(Self::invalid(
                 c,
                 format!("{va:#x}+{bytes} overlaps a mapping"),
@@ -438,24 +475,22 @@ impl Device for SimDevice {
         // The range must be covered by contiguous mappings starting exactly at va.
         let mut at = va;
         let end = va + bytes;
-        let mut keys = Vec::new();
-        while at < end {
-            match self.mappings.get(&at) {
-                Some(m) => {
-                    keys.push(at);
-                    at += m.bytes;
-                }
-                None => return Err(Self::invalid(c, format!("{at:#x} is not mapped"))),
+        // Walk the mappings starting in the range in order: they must tile it.
+        for (&s, m) in self.mappings.range(va..end) {
+            if s != at {
+                break;
             }
+            at += m.bytes;
+        }
+        if at < end {
+            return Err(Self::invalid(c, format!("{at:#x} is not mapped")));
         }
         if at != end {
             return Err(Self::invalid(c, "range ends inside a mapping".into()));
         }
         self.begin(c, bytes)?;
-        for k in keys {
-            if let Some(m) = self.mappings.get_mut(&k) {
-                m.access = true;
-            }
+        for (_, m) in self.mappings.range_mut(va..end) {
+            m.access = true;
         }
         Ok(())
     }
@@ -465,33 +500,36 @@ impl Device for SimDevice {
         self.check_granular(c, bytes)?;
         let mut at = va;
         let end = va + bytes;
-        let mut keys = Vec::new();
-        while at < end {
-            match self.mappings.get(&at) {
-                Some(m) => {
-                    keys.push(at);
-                    at += m.bytes;
-                }
-                None => return Err(Self::invalid(c, format!("{at:#x} is not mapped"))),
+        // Walk the mappings starting in the range in order: they must tile it.
+        for (&s, m) in self.mappings.range(va..end) {
+            if s != at {
+                break;
             }
+            at += m.bytes;
+        }
+        if at < end {
+            return Err(Self::invalid(c, format!("{at:#x} is not mapped")));
         }
         if at != end {
             return Err(Self::invalid(c, "range ends inside a mapping".into()));
         }
         self.begin(c, bytes)?;
-        for k in keys {
-            if let Some(m) = self.mappings.remove(&k) {
-                let drop_it = match self.handles.get_mut(&m.handle.0) {
-                    Some(h) => {
-                        h.mapped_at = None;
-                        h.released
-                    }
-                    None => false,
-                };
-                if drop_it {
-                    if let Some(h) = self.handles.remove(&m.handle.0) {
-                        self.used -= h.bytes;
-                    }
+        let mut at = va;
+        while at < end {
+            let Some(m) = self.mappings.remove(&at) else {
+                break;
+            };
+            at += m.bytes;
+            let drop_it = match self.handles.get_mut(&m.handle.0) {
+                Some(h) => {
+                    h.mapped_at = None;
+                    h.released
+                }
+                None => false,
+            };
+            if drop_it {
+                if let Some(h) = self.handles.remove(&m.handle.0) {
+                    self.used -= h.bytes;
                 }
             }
         }

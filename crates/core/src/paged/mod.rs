@@ -113,6 +113,28 @@ impl Hasher for AddrHasher {
 
 type AddrMap<V> = HashMap<u64, V, BuildHasherDefault<AddrHasher>>;
 
+/// [`Paged::usable_head`] with page size `p`.
+fn usable_head_at(p: u64, base: u64, st: u64, len: u64) -> u64 {
+    let rel = st - base;
+    let i0 = rel.div_ceil(p);
+    let i1 = (rel + len) / p;
+    if i1 <= i0 {
+        len
+    } else {
+        i0 * p - rel
+    }
+}
+
+/// The tail leaf the free range `[st, st + len)` of a reservation starting at `base` feeds:
+/// `(page, bytes)` when it ends inside page `page` and covers the whole page before it
+/// (so the free bytes at that page's head are usable next to its mapped part).
+fn tail_leaf(p: u64, base: u64, st: u64, len: u64) -> Option<(usize, u64)> {
+    let b = st + len;
+    let page = (b - base) / p;
+    let ps = base + page * p;
+    (b > ps && st + p <= ps).then_some((page as usize, b - ps))
+}
+
 /// A live block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct LiveBlock {
@@ -159,6 +181,9 @@ struct Reservation {
     /// leaf `2p + 1` = the most usable mapped bytes of a free range starting in page `p`;
     /// in [`UNIT_BYTES`] units.
     tree: MaxTree,
+    /// Free ranges starting in each page (tells [`Paged::update_leaves`] when a head leaf
+    /// can be recomputed without reading the free map).
+    starts: Vec<u32>,
 }
 
 impl Reservation {
@@ -309,6 +334,9 @@ pub struct Paged {
     live: AddrMap<LiveBlock>,
     /// Unmapped physical handles kept for reuse.
     cache: Vec<CachedHandle>,
+    /// How many handles of each size (in pages) `cache` holds, so that a pick finds the
+    /// size it wants without walking the cache.
+    cache_sizes: BTreeMap<u64, u32>,
     /// Pages of the handles in `cache`.
     cached_pages: u64,
     /// Spans (address, bytes) of whole pages left mapped without access by an unwind whose
@@ -347,6 +375,7 @@ impl Paged {
             free: BTreeMap::new(),
             live: AddrMap::default(),
             cache: Vec::new(),
+            cache_sizes: BTreeMap::new(),
             cached_pages: 0,
             quarantine: Vec::new(),
             mapped_pages: 0,
@@ -474,84 +503,71 @@ impl Paged {
     /// reservation starting at `base`: the whole range when it has no interior page, else the
     /// free tail of the page holding `st`.
     fn usable_head(&self, base: u64, st: u64, len: u64) -> u64 {
-        let p = self.page_bytes;
-        let rel = st - base;
-        let i0 = rel.div_ceil(p);
-        let i1 = (rel + len) / p;
-        if i1 <= i0 {
-            len
-        } else {
-            i0 * p - rel
-        }
+        usable_head_at(self.page_bytes, base, st, len)
     }
 
-    /// Recomputes the two tree leaves of page `page` of reservation `ri` from the free map.
-    fn refresh_page(&mut self, ri: usize, page: usize) {
-        let Some(r) = self.reservations.get(ri) else {
+    /// Updates the tree leaves after the free map of reservation `ri` lost the ranges
+    /// `removed` and gained `added` (`(start, bytes)` each; the map already changed). Each
+    /// range feeds the tail leaf of the page it ends in (no other range can: it covers that
+    /// page's start) and the head leaf of the page it starts in (a maximum over the ranges
+    /// starting there). Only a head leaf whose maximum was a removed range, on a page where
+    /// other ranges still start, reads the free map again.
+    fn update_leaves(&mut self, ri: usize, removed: &[(u64, u64)], added: &[(u64, u64)]) {
+        let p = self.page_bytes;
+        let free = &self.free;
+        let Some(r) = self.reservations.get_mut(ri) else {
             return;
         };
-        if page >= r.pages.len() {
-            return;
-        }
-        let (tail, head) = self.leaf_values(r, page);
-        let to_units = |b: u64| u32::try_from(b / UNIT_BYTES).unwrap_or(u32::MAX);
-        let (tail, head) = (to_units(tail), to_units(head));
-        if let Some(r) = self.reservations.get_mut(ri) {
-            r.tree.set(2 * page, tail);
-            r.tree.set(2 * page + 1, head);
-        }
-    }
-
-    /// `(tail, head)` usable bytes of page `page` (see [`Reservation::tree`]).
-    fn leaf_values(&self, r: &Reservation, page: usize) -> (u64, u64) {
-        let p = self.page_bytes;
-        let ps = r.va + page as u64 * p;
-        let pe = ps + p;
-        let mut tail = 0;
-        if let Some((&st, &len)) = self.free.range(r.va..ps).next_back() {
-            let b = st + len;
-            if b > ps && b < pe && st + p <= ps {
-                tail = b - ps;
+        let base = r.va;
+        let units = |b: u64| u32::try_from(b / UNIT_BYTES).unwrap_or(u32::MAX);
+        let page_of = |a: u64| ((a - base) / p) as usize;
+        let mut rescan = [usize::MAX; 4];
+        let mut n_rescan = 0;
+        for &(st, len) in removed {
+            if let Some((pg, _)) = tail_leaf(p, base, st, len) {
+                r.tree.set(2 * pg, 0);
+            }
+            let pg = page_of(st);
+            if let Some(c) = r.starts.get_mut(pg) {
+                *c = c.saturating_sub(1);
+            }
+            let u = units(usable_head_at(p, base, st, len));
+            if u > 0 && r.tree.get(2 * pg + 1) == u && !rescan[..n_rescan].contains(&pg) {
+                if let Some(slot) = rescan.get_mut(n_rescan) {
+                    *slot = pg;
+                    n_rescan += 1;
+                }
             }
         }
-        let mut head = 0;
-        for (&st, &len) in self.free.range(ps..pe) {
-            head = head.max(self.usable_head(r.va, st, len));
-        }
-        (tail, head)
-    }
-
-    /// Refreshes the pages holding the given addresses (each once), after the free map
-    /// changed at those addresses; addresses at a reservation's end are skipped.
-    fn refresh_addrs<const N: usize>(&mut self, ri: usize, mut addrs: [u64; N]) {
-        let Some(r) = self.reservations.get(ri) else {
-            return;
-        };
-        let (base, p) = (r.va, self.page_bytes);
-        for a in &mut addrs {
-            *a = (*a - base) / p;
-        }
-        addrs.sort_unstable();
-        let mut last = u64::MAX;
-        for page in addrs {
-            if page != last {
-                self.refresh_page(ri, page as usize);
-                last = page;
+        for &(st, len) in added {
+            if let Some((pg, t)) = tail_leaf(p, base, st, len) {
+                r.tree.set(2 * pg, units(t));
+            }
+            let pg = page_of(st);
+            if let Some(c) = r.starts.get_mut(pg) {
+                *c += 1;
+            }
+            let u = units(usable_head_at(p, base, st, len));
+            if !rescan[..n_rescan].contains(&pg) && u > r.tree.get(2 * pg + 1) {
+                r.tree.set(2 * pg + 1, u);
             }
         }
-    }
-
-    /// Refreshes the head and tail pages of the range `[st, st+len)`.
-    fn refresh_range(&mut self, ri: usize, st: u64, len: u64) {
-        let Some(r) = self.reservations.get(ri) else {
-            return;
-        };
-        let p = self.page_bytes;
-        let a = ((st - r.va) / p) as usize;
-        let b = ((st + len - r.va) / p) as usize;
-        self.refresh_page(ri, a);
-        if b != a {
-            self.refresh_page(ri, b);
+        for &pg in &rescan[..n_rescan] {
+            let mut here = 0u32;
+            let mut head = 0u64;
+            for &(st, len) in added.iter().filter(|&&(st, _)| page_of(st) == pg) {
+                here += 1;
+                head = head.max(usable_head_at(p, base, st, len));
+            }
+            if r.starts.get(pg).copied() != Some(here) {
+                let ps = base + pg as u64 * p;
+                head = free
+                    .range(ps..ps + p)
+                    .map(|(&st, &len)| usable_head_at(p, base, st, len))
+                    .max()
+                    .unwrap_or(0);
+            }
+            r.tree.set(2 * pg + 1, units(head));
         }
     }
 
@@ -602,26 +618,32 @@ impl Paged {
     /// address. Returns the best placement and its page count.
     fn find_scored_fit(&self, bytes: u64, align: u64) -> Option<(Placement, u64)> {
         let p = self.page_bytes;
+        // Pages are a power of two (checked when learnt): shifts instead of divisions.
+        let sh = p.trailing_zeros();
         let mut best: Option<(u64, u64, u64, Placement)> = None;
         let mut ri = 0usize;
         for (&st, &len) in &self.free {
+            // A range shorter than the block holds it at neither end.
+            if len < bytes {
+                continue;
+            }
             while ri < self.reservations.len() && self.reservations[ri].end() <= st {
                 ri += 1;
             }
             let r = self.reservations.get(ri)?;
             let b = st + len;
-            let i0 = (st - r.va).div_ceil(p);
-            let i1 = (b - r.va) / p;
+            let i0 = (st - r.va + p - 1) >> sh;
+            let i1 = (b - r.va) >> sh;
             // (pages newly mapped, bytes of them the block leaves free) for a block at `x`.
             let cost = |x: u64| -> (u64, u64) {
                 let (xr, er) = (x - r.va, x - r.va + bytes);
-                let lo = (xr / p).max(i0);
-                let hi = ((er - 1) / p + 1).min(i1);
+                let lo = (xr >> sh).max(i0);
+                let hi = (((er - 1) >> sh) + 1).min(i1);
                 if hi <= lo {
                     return (0, 0);
                 }
-                let covered = er.min(hi * p) - xr.max(lo * p);
-                ((hi - lo), (hi - lo) * p - covered)
+                let covered = er.min(hi << sh) - xr.max(lo << sh);
+                ((hi - lo), ((hi - lo) << sh) - covered)
             };
             let mut consider = |x: u64| {
                 let (k, slack) = cost(x);
@@ -680,10 +702,11 @@ impl Paged {
                 bytes: want,
                 pages: vec![None; npages],
                 tree: MaxTree::new(2 * npages),
+                starts: vec![0; npages],
             },
         );
         self.free.insert(va, want);
-        self.refresh_range(ri, va, want);
+        self.update_leaves(ri, &[], &[(va, want)]);
         Ok(ri)
     }
 
@@ -703,28 +726,41 @@ impl Paged {
     fn cache_push(&mut self, h: CachedHandle) {
         self.cached_pages += h.pages;
         self.cache.push(h);
+        *self.cache_sizes.entry(h.pages).or_insert(0) += 1;
     }
 
     /// Takes the cached handle at `i`.
     fn cache_take(&mut self, i: usize) -> CachedHandle {
         let h = self.cache.swap_remove(i);
+        self.cache_sizes_drop(h.pages);
         self.cached_pages = self.cached_pages.saturating_sub(h.pages);
         h
     }
 
     /// Index of the cached handle to fill `n` pages with: one of exactly `n` pages, else the
     /// largest one smaller than `n`.
+    /// The first handle of that size in `cache` order.
     fn cache_pick(&self, n: u64) -> Option<usize> {
-        let mut best: Option<(usize, u64)> = None;
-        for (i, h) in self.cache.iter().enumerate() {
-            if h.pages == n {
-                return Some(i);
-            }
-            if h.pages < n && best.is_none_or(|(_, b)| h.pages > b) {
-                best = Some((i, h.pages));
+        let (&size, _) = self.cache_sizes.range(..=n).next_back()?;
+        self.cache.iter().position(|h| h.pages == size)
+    }
+
+    /// Counts one handle of `pages` pages out of `cache_sizes`.
+    fn cache_sizes_drop(&mut self, pages: u64) {
+        if let Some(c) = self.cache_sizes.get_mut(&pages) {
+            *c -= 1;
+            if *c == 0 {
+                self.cache_sizes.remove(&pages);
             }
         }
-        best.map(|(i, _)| i)
+    }
+
+    /// Takes the last handle of `cache`.
+    fn cache_pop(&mut self) -> Option<CachedHandle> {
+        let h = self.cache.pop()?;
+        self.cached_pages = self.cached_pages.saturating_sub(h.pages);
+        self.cache_sizes_drop(h.pages);
+        Some(h)
     }
 
     /// Moves up to `want` idle pages lying outside `[lo, hi)` into the cache (as single-page
@@ -809,7 +845,11 @@ impl Paged {
             return;
         }
         while self.held_free_pages() > self.cache_limit {
-            let Some(i) = (0..self.cache.len()).max_by_key(|&i| self.cache[i].pages) else {
+            // The last of the largest handles.
+            let Some((&size, _)) = self.cache_sizes.last_key_value() else {
+                break;
+            };
+            let Some(i) = self.cache.iter().rposition(|h| h.pages == size) else {
                 break;
             };
             let h = self.cache_take(i);
@@ -886,13 +926,19 @@ impl Paged {
             return;
         }
         self.free.remove(&st);
+        let mut added = [(0, 0); 2];
+        let mut n = 0;
         if va > st {
             self.free.insert(st, va - st);
+            added[n] = (st, va - st);
+            n += 1;
         }
         if va + bytes < st + len {
             self.free.insert(va + bytes, st + len - va - bytes);
+            added[n] = (va + bytes, st + len - va - bytes);
+            n += 1;
         }
-        self.refresh_addrs(ri, [st, st + len, va, va + bytes]);
+        self.update_leaves(ri, &[(st, len)], &added[..n]);
         for t in run {
             self.set_extent(ri, t.page, t.handle, 1, false);
             self.mapped_pages += t.handle.pages;
@@ -1025,8 +1071,7 @@ impl Paged {
         }
         if leftover > 0 {
             // Nothing cached fits what is left: give it back before creating anything.
-            while let Some(h) = self.cache.pop() {
-                self.cached_pages = self.cached_pages.saturating_sub(h.pages);
+            while let Some(h) = self.cache_pop() {
                 self.release_handle(dev, h);
             }
         }
@@ -1062,22 +1107,26 @@ impl Paged {
         }
         // One cuMemSetAccess from the first to the last page without access: every page of
         // the block is mapped by now, so the range may span pages already open.
-        let is_new = |pg: usize| {
-            taken
-                .iter()
-                .any(|t| pg >= t.page && ((pg - t.page) as u64) < t.handle.pages)
+        // `taken` ascends and is not in the page table yet; a page already mapped needs it
+        // when it is still closed.
+        let closed = |pg: usize| {
+            self.reservations
+                .get(ri)
+                .and_then(|r| r.pages.get(pg))
+                .and_then(|s| *s)
+                .is_some_and(|s| !s.access)
         };
-        let needs = |pg: usize, this: &Self| -> bool {
-            is_new(pg)
-                || this
-                    .reservations
-                    .get(ri)
-                    .and_then(|r| r.pages.get(pg))
-                    .and_then(|s| *s)
-                    .is_some_and(|s| !s.access)
-        };
-        let first = (p0..=p1).find(|&pg| needs(pg, self));
-        let last = (p0..=p1).rev().find(|&pg| needs(pg, self));
+        let first_new = taken.first().map(|t| t.page);
+        let last_new = taken
+            .last()
+            .map(|t| t.page + (t.handle.pages as usize).saturating_sub(1));
+        let first = (p0..first_new.unwrap_or(p1 + 1))
+            .find(|&pg| closed(pg))
+            .or(first_new);
+        let last = (last_new.map_or(p0, |l| l + 1)..=p1)
+            .rev()
+            .find(|&pg| closed(pg))
+            .or(last_new);
         if let (Some(a), Some(b)) = (first, last) {
             if let Err(e) = dev.set_access(base + a as u64 * p, (b - a + 1) as u64 * p) {
                 self.unwind_maps(dev, ri, &taken);
@@ -1110,14 +1159,20 @@ impl Paged {
         };
         let st = pl.range_start;
         let end = st + len;
+        let mut added = [(0, 0); 2];
+        let mut n = 0;
         if pl.addr > st {
             self.free.insert(st, pl.addr - st);
+            added[n] = (st, pl.addr - st);
+            n += 1;
         }
         let bend = pl.addr + bytes;
         if bend < end {
             self.free.insert(bend, end - bend);
+            added[n] = (bend, end - bend);
+            n += 1;
         }
-        self.refresh_addrs(pl.res, [st, end, pl.addr, bend]);
+        self.update_leaves(pl.res, &[(st, len)], &added[..n]);
         let Some(r) = self.reservations.get_mut(pl.res) else {
             return;
         };
@@ -1318,10 +1373,14 @@ impl Paged {
         let mut st = addr;
         let mut len = bytes;
         let res_end = self.reservations[ri].end();
+        let mut removed = [(0, 0); 2];
+        let mut n = 0;
         if st > base {
             if let Some((&ps, &pl)) = self.free.range(..st).next_back() {
                 if ps + pl == st {
                     self.free.remove(&ps);
+                    removed[n] = (ps, pl);
+                    n += 1;
                     st = ps;
                     len += pl;
                 }
@@ -1329,11 +1388,13 @@ impl Paged {
         }
         if st + len < res_end {
             if let Some(nl) = self.free.remove(&(st + len)) {
+                removed[n] = (st + len, nl);
+                n += 1;
                 len += nl;
             }
         }
         self.free.insert(st, len);
-        self.refresh_addrs(ri, [st, st + len, addr, addr + bytes]);
+        self.update_leaves(ri, &removed[..n], &[(st, len)]);
         Ok(())
     }
 
@@ -1498,8 +1559,7 @@ impl Allocator for Paged {
         }
         self.drop_idle_pages(dev)?;
         let mut released = 0;
-        while let Some(h) = self.cache.pop() {
-            self.cached_pages = self.cached_pages.saturating_sub(h.pages);
+        while let Some(h) = self.cache_pop() {
             if let Err(e) = dev.release_physical(h.handle) {
                 self.cache_push(h);
                 return Err(e.into());

@@ -20,7 +20,10 @@ pub(super) fn run(a: &Paged) -> Result<(), String> {
                 r.va, r.bytes
             ));
         }
-        if r.pages.len() as u64 != r.bytes / p || r.tree.len() < 2 * r.pages.len() {
+        if r.pages.len() as u64 != r.bytes / p
+            || r.tree.len() < 2 * r.pages.len()
+            || r.starts.len() != r.pages.len()
+        {
             return Err(format!("reservation {:#x}: page table of wrong size", r.va));
         }
         if let Some(n) = a.reservations.get(i + 1) {
@@ -100,6 +103,7 @@ pub(super) fn run(a: &Paged) -> Result<(), String> {
     for r in &a.reservations {
         // Blocks (live or quick) and quarantined spans touching each page.
         let mut refs = vec![0u32; r.pages.len()];
+        let leaves = expected_leaves(a, r);
         let mut quarantined = vec![false; r.pages.len()];
         let held = a.live.iter().map(|(&s, b)| (s, b.bytes, false));
         let held = held.chain(a.quick.iter().map(|q| (q.addr, q.bytes, false)));
@@ -157,13 +161,14 @@ pub(super) fn run(a: &Paged) -> Result<(), String> {
                 }
                 None => {}
             }
-            let (tail, head) = a.leaf_values(r, i);
+            // Pages with a non-zero leaf or count here; the rest from the expected side below.
             let (t, h) = (r.tree.get(2 * i), r.tree.get(2 * i + 1));
-            if u64::from(t) * UNIT_BYTES != tail || u64::from(h) * UNIT_BYTES != head {
-                return Err(format!(
-                    "page {va:#x}: tree leaves ({t}, {h}) units, free map says ({tail}, {head}) bytes"
-                ));
+            if t != 0 || h != 0 || r.starts.get(i).is_some_and(|&c| c != 0) {
+                check_leaves(r, i, va, leaves.get(&i).copied().unwrap_or((0, 0, 0)))?;
             }
+        }
+        for (&i, &want) in &leaves {
+            check_leaves(r, i, r.va + i as u64 * p, want)?;
         }
         r.tree.check()?;
     }
@@ -178,6 +183,16 @@ pub(super) fn run(a: &Paged) -> Result<(), String> {
         if h.pages == 0 || !handles.insert(h.handle) {
             return Err(format!("cached handle {} empty or also in use", h.handle.0));
         }
+    }
+    let mut sizes = std::collections::BTreeMap::new();
+    for h in &a.cache {
+        *sizes.entry(h.pages).or_insert(0u32) += 1;
+    }
+    if sizes != a.cache_sizes {
+        return Err(format!(
+            "cache size index {:?}, cache holds {sizes:?}",
+            a.cache_sizes
+        ));
     }
     if a.cache.iter().map(|h| h.pages).sum::<u64>() != a.cached_pages {
         return Err(format!("cached pages recorded as {}", a.cached_pages));
@@ -213,6 +228,56 @@ pub(super) fn run(a: &Paged) -> Result<(), String> {
             "reserved counter {} B / {} handles, but {held_pages} pages in {held_handles} \
              handles are held",
             s.reserved_bytes.current, s.segment_count.current
+        ));
+    }
+    Ok(())
+}
+
+/// The `(tail, head)` bytes every page's two tree leaves should hold and the number of free
+/// ranges starting in it, derived from the free map in one pass over the reservation's free
+/// ranges (each range feeds at most the tail leaf of the page it ends in and the head leaf
+/// of the page it starts in), independently of the incremental upkeep in
+/// `Paged::update_leaves`.
+/// Sparse (pages without a free range's end or start are absent): a reservation spans
+/// `2 × capacity` of VA, far more pages than free ranges.
+fn expected_leaves(
+    a: &Paged,
+    r: &super::Reservation,
+) -> std::collections::HashMap<usize, (u64, u64, u32)> {
+    let p = a.page_bytes;
+    let mut leaves = std::collections::HashMap::new();
+    for (&st, &len) in a.free.range(r.va..r.end()) {
+        let b = st + len;
+        let end_page = ((b - r.va) / p) as usize;
+        let ps = r.va + end_page as u64 * p;
+        if b > ps && st + p <= ps {
+            leaves.entry(end_page).or_insert((0, 0, 0)).0 = b - ps;
+        }
+        let start_page = ((st - r.va) / p) as usize;
+        let l = leaves.entry(start_page).or_insert((0, 0, 0));
+        l.1 = l.1.max(a.usable_head(r.va, st, len));
+        l.2 += 1;
+    }
+    leaves
+}
+
+/// Compares page `i`'s two tree leaves and range-start count with `(tail, head, starts)`.
+fn check_leaves(
+    r: &super::Reservation,
+    i: usize,
+    va: u64,
+    (tail, head, starts): (u64, u64, u32),
+) -> Result<(), String> {
+    if r.starts.get(i).copied() != Some(starts) {
+        return Err(format!(
+            "page {va:#x}: {:?} free ranges recorded starting there, {starts} do",
+            r.starts.get(i)
+        ));
+    }
+    let (t, h) = (r.tree.get(2 * i), r.tree.get(2 * i + 1));
+    if u64::from(t) * UNIT_BYTES != tail || u64::from(h) * UNIT_BYTES != head {
+        return Err(format!(
+            "page {va:#x}: tree leaves ({t}, {h}) units, free map says ({tail}, {head}) bytes"
         ));
     }
     Ok(())
