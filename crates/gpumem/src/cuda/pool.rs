@@ -10,7 +10,7 @@
 //!
 //! Caches, fastest first:
 //! 1. a **magazine** per thread slot: up to [`MAGAZINE_BLOCKS`] addresses per size class,
-//!    in fixed arrays, for one stream at a time (the stream the thread last freed on). The
+//!    in a stack indexed by class, for one stream at a time (the stream the thread last freed on). The
 //!    hit path takes no lock: one `compare_exchange` on a flag that only [`DevicePool::trim`]
 //!    and [`DevicePool::stats`] contend on, and a release store; if the flag is taken the
 //!    call falls through to the shard (it never waits). A full class, or a free on another
@@ -48,8 +48,8 @@ use super::events::StreamEvents;
 /// Number of thread slots, each with a magazine and a cache shard (threads beyond this share
 /// slots).
 pub const SHARDS: usize = 64;
-/// Blocks per size class in a thread slot's magazine.
-pub const MAGAZINE_BLOCKS: usize = 8;
+/// Blocks per size class in a thread slot's magazine (more go to its shard).
+pub const MAGAZINE_BLOCKS: usize = 64;
 /// Size classes a magazine holds (class indices below this: blocks up to 4 GiB); larger
 /// blocks use the shard only.
 pub const MAGAZINE_CLASSES: usize = 97;
@@ -273,7 +273,8 @@ struct ShardSlot {
     blocks: AtomicU64,
 }
 
-/// Fixed-size per-slot cache of one stream's blocks (see the module docs).
+/// Per-slot cache of one stream's blocks (see the module docs): per class index, a stack of
+/// addresses whose storage is allocated once, on the class's first push.
 struct Magazine {
     /// Stream of every block in the magazine.
     stream: u64,
@@ -284,8 +285,9 @@ struct Magazine {
     hits: u64,
     live_blocks: i64,
     live_requested: i64,
-    counts: [u8; MAGAZINE_CLASSES],
-    addrs: [[u64; MAGAZINE_BLOCKS]; MAGAZINE_CLASSES],
+    /// Addresses per class index (at most [`MAGAZINE_CLASSES`] entries, each at most
+    /// [`MAGAZINE_BLOCKS`] long).
+    addrs: Vec<Vec<u64>>,
 }
 
 impl Magazine {
@@ -297,20 +299,14 @@ impl Magazine {
             hits: 0,
             live_blocks: 0,
             live_requested: 0,
-            counts: [0; MAGAZINE_CLASSES],
-            addrs: [[0; MAGAZINE_BLOCKS]; MAGAZINE_CLASSES],
+            addrs: Vec::new(),
         }
     }
 
-    /// Pops a block of class index `idx` (< [`MAGAZINE_CLASSES`]).
+    /// Pops a block of class index `idx` and size `class` bytes.
     #[inline]
     fn pop(&mut self, idx: usize, class: u64) -> Option<u64> {
-        let n = self.counts.get_mut(idx)?;
-        if *n == 0 {
-            return None;
-        }
-        *n -= 1;
-        let addr = self.addrs[idx][*n as usize];
+        let addr = self.addrs.get_mut(idx)?.pop()?;
         self.blocks -= 1;
         self.bytes -= class;
         Some(addr)
@@ -319,33 +315,33 @@ impl Magazine {
     /// Pushes a block; false if its class is full or not held here.
     #[inline]
     fn push(&mut self, idx: usize, addr: u64, class: u64) -> bool {
-        let Some(n) = self.counts.get_mut(idx) else {
-            return false;
-        };
-        if *n as usize >= MAGAZINE_BLOCKS {
+        if idx >= MAGAZINE_CLASSES {
             return false;
         }
-        self.addrs[idx][*n as usize] = addr;
-        *n += 1;
+        if self.addrs.len() <= idx {
+            self.addrs.resize_with(idx + 1, Vec::new);
+        }
+        let v = &mut self.addrs[idx];
+        if v.len() >= MAGAZINE_BLOCKS {
+            return false;
+        }
+        if v.capacity() == 0 {
+            v.reserve_exact(MAGAZINE_BLOCKS);
+        }
+        v.push(addr);
         self.blocks += 1;
         self.bytes += class;
         true
     }
 
-    /// Empties the magazine into `out` (one entry per block, with its class bytes).
+    /// Empties the magazine into `out` (one entry per block: class index and block).
     fn drain_into(&mut self, out: &mut Vec<(usize, Cached)>) {
         if self.blocks == 0 {
             return;
         }
-        for (idx, n) in self.counts.iter_mut().enumerate() {
-            if *n == 0 {
-                continue;
-            }
+        for (idx, v) in self.addrs.iter_mut().enumerate() {
             let class = class_of_index(idx);
-            for &addr in &self.addrs[idx][..*n as usize] {
-                out.push((idx, Cached { addr, class }));
-            }
-            *n = 0;
+            out.extend(v.drain(..).map(|addr| (idx, Cached { addr, class })));
         }
         self.blocks = 0;
         self.bytes = 0;
