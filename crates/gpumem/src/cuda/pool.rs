@@ -18,8 +18,9 @@
 //!    thread frees on a new stream the magazine's blocks move to the shard first (so they
 //!    stay reusable on their own stream only).
 //! 2. a **shard** per thread slot (a `Mutex`): any number of streams and classes.
-//! 3. on a miss, the other shards are searched (`try_lock`, skipping empty ones) for a block
-//!    of the same stream and class, then the central allocator is asked.
+//! 3. on a miss, the other slots' magazines and shards are searched (taking each only if
+//!    free, skipping empty ones) for a block of the same stream and class, then the central
+//!    allocator is asked.
 //!
 //! Thread slots (there are [`SHARDS`]) are taken from a free list when a thread first uses
 //! a pool and given back when it exits, so short-lived threads inherit the caches of those
@@ -28,8 +29,8 @@
 //!
 //! Lock order: a magazine flag or a cache shard, then (after releasing it) the central lock;
 //! they are never held together with the central lock, so there is no deadlock. A magazine
-//! moving its blocks to its own shard holds the flag and then the shard lock, and nothing
-//! takes them in the other order (stealing uses `try_lock` and never touches magazines).
+//! releases the flag before it takes the shard lock; stealing only ever tries (never waits)
+//! and holds one magazine or shard at a time.
 //!
 //! Out of memory: the pool flushes every cache, waits for the pending events, returns those
 //! blocks to the allocator, asks it to release what it caches ([`gpumem_core::Allocator::
@@ -363,6 +364,9 @@ fn class_of_index(idx: usize) -> u64 {
 /// `compare_exchange` and gives up at once if it is taken; `trim` and `stats` wait for it.
 struct MagazineSlot {
     busy: AtomicBool,
+    /// Blocks in `mag`, stored by the holder of `busy` (read without it to skip empty
+    /// magazines when stealing).
+    blocks: AtomicU64,
     mag: UnsafeCell<Magazine>,
 }
 
@@ -378,6 +382,7 @@ impl MagazineSlot {
     fn new() -> Self {
         MagazineSlot {
             busy: AtomicBool::new(false),
+            blocks: AtomicU64::new(0),
             mag: UnsafeCell::new(Magazine::new()),
         }
     }
@@ -420,6 +425,9 @@ impl std::ops::DerefMut for MagazineGuard<'_> {
 
 impl Drop for MagazineGuard<'_> {
     fn drop(&mut self) {
+        // SAFETY: the guard still holds the flag.
+        let blocks = unsafe { (*self.0.mag.get()).blocks };
+        self.0.blocks.store(blocks, Ordering::Relaxed);
         self.0.busy.store(false, Ordering::Release);
     }
 }
@@ -660,7 +668,7 @@ impl<D: Device> DevicePool<D> {
             }
             hit
         };
-        let (addr, stolen) = match hit.or_else(|| self.steal(si, stream, idx)) {
+        let (addr, stolen) = match hit.or_else(|| self.steal(si, stream, idx, class)) {
             Some(c) => (c.addr, hit.is_none()),
             None => {
                 let addr = self.alloc_slow(class, stream)?;
@@ -697,19 +705,30 @@ impl<D: Device> DevicePool<D> {
         Ok(())
     }
 
-    /// Takes a cached block of `stream` and class index `idx` from another thread's shard
-    /// (same stream, so reusable at once); skips empty and busy shards.
-    fn steal(&self, own: usize, stream: u64, idx: usize) -> Option<Cached> {
-        for (i, slot) in self.shared.shards.iter().enumerate() {
-            if i == own || slot.0.blocks.load(Ordering::Relaxed) == 0 {
+    /// Takes a cached block of `stream` and class index `idx` from another thread slot's
+    /// magazine or shard (same stream, so reusable at once); skips empty and busy ones.
+    fn steal(&self, own: usize, stream: u64, idx: usize, class: u64) -> Option<Cached> {
+        let sh = self.shared.shards.iter();
+        for (i, (slot, mag)) in sh.zip(self.shared.mags.iter()).enumerate() {
+            if i == own {
                 continue;
             }
-            let Ok(mut sh) = slot.0.shard.try_lock() else {
-                continue;
-            };
-            if let Some(c) = sh.pop(stream, idx) {
-                slot.0.blocks.store(sh.blocks, Ordering::Relaxed);
-                return Some(c);
+            if mag.0.blocks.load(Ordering::Relaxed) > 0 {
+                if let Some(mut m) = mag.0.try_take() {
+                    if m.stream == stream {
+                        if let Some(addr) = m.pop(idx, class) {
+                            return Some(Cached { addr, class });
+                        }
+                    }
+                }
+            }
+            if slot.0.blocks.load(Ordering::Relaxed) > 0 {
+                if let Ok(mut sh) = slot.0.shard.try_lock() {
+                    if let Some(c) = sh.pop(stream, idx) {
+                        slot.0.blocks.store(sh.blocks, Ordering::Relaxed);
+                        return Some(c);
+                    }
+                }
             }
         }
         None
@@ -1203,5 +1222,42 @@ mod tests {
         assert_eq!(class_index(320), 1);
         assert_eq!(class_index(512), 4);
         assert_eq!(class_index(640), 5);
+    }
+
+    #[test]
+    fn class_of_index_inverts_class_index() {
+        for idx in 0..200 {
+            let c = class_of_index(idx);
+            assert_eq!(class_bytes(c), c, "{idx}");
+            assert_eq!(class_index(c), idx, "{idx}");
+            assert_eq!(index_of_class(c), idx, "{idx}");
+        }
+        assert_eq!(class_of_index(MAGAZINE_CLASSES - 1), 4 << 30);
+    }
+
+    #[test]
+    fn magazine_caps_each_class_and_drains_everything() {
+        let mut m = Magazine::new();
+        let idx = class_index(4096);
+        for i in 0..MAGAZINE_BLOCKS as u64 {
+            assert!(m.push(idx, i * 4096, 4096));
+        }
+        assert!(!m.push(idx, 1 << 40, 4096), "a full class refuses");
+        assert!(
+            !m.push(MAGAZINE_CLASSES, 0, 8 << 30),
+            "classes past the range refuse"
+        );
+        assert!(m.push(0, 1 << 41, 256));
+        assert_eq!(
+            (m.blocks, m.bytes),
+            (MAGAZINE_BLOCKS as u64 + 1, 4096 * 64 + 256)
+        );
+        assert_eq!(m.pop(idx, 4096), Some((MAGAZINE_BLOCKS as u64 - 1) * 4096));
+        let mut out = Vec::new();
+        m.drain_into(&mut out);
+        assert_eq!(out.len(), MAGAZINE_BLOCKS);
+        assert!(out.iter().all(|(i, c)| c.class == class_of_index(*i)));
+        assert_eq!((m.blocks, m.bytes), (0, 0));
+        assert_eq!(m.pop(idx, 4096), None);
     }
 }
