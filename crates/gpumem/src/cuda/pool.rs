@@ -66,8 +66,8 @@ pub fn class_bytes(size_bytes: u64) -> u64 {
         return MIN_CLASS_BYTES;
     }
     let p = 63 - (size_bytes - 1).leading_zeros(); // size-1 in [2^p, 2^(p+1))
-    let step = 1u64 << (p - SUBCLASSES_LOG2);
-    size_bytes.div_ceil(step).saturating_mul(step)
+    let mask = (1u64 << (p - SUBCLASSES_LOG2)) - 1; // the step is a power of two: no division
+    size_bytes.checked_add(mask).map_or(u64::MAX, |x| x & !mask)
 }
 
 /// Index of a size class (0 for 256 B, increasing with size).
