@@ -97,7 +97,9 @@ pub struct PoolOptions {
     /// Largest block kept in the per-thread caches, in bytes; larger ones go straight to
     /// the allocator (after their stream's event).
     pub max_cached_block_bytes: u64,
-    /// Bytes one cache shard may hold before it is flushed to the allocator.
+    /// Bytes one cache shard may hold before it is flushed to the allocator; a thread
+    /// slot's magazine holds at most as many again (a free that would pass it goes to the
+    /// shard).
     pub shard_cache_bytes: u64,
     /// Alignment of every block, in bytes.
     pub align_bytes: u64,
