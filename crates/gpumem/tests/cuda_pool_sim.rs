@@ -293,3 +293,143 @@ fn threads_never_share_a_live_block() {
     pool.trim().expect("trim");
     assert_eq!(pool.with_device(|d| d.used_bytes()).expect("dev"), 0);
 }
+
+// ------------------------------------------------ magazines, thread slots, stealing
+
+#[test]
+fn magazine_block_is_reused_at_once_on_its_stream_and_never_early_on_another() {
+    let ev = leaked_events();
+    let pool = pool_shared(1 << 30, opts(), ev);
+    let a = pool.alloc(1000, 1).expect("alloc");
+    let a_addr = a.addr();
+    drop(a); // into this thread's magazine, stream 1
+    let b = pool.alloc(1000, 2).expect("alloc");
+    assert_ne!(b.addr(), a_addr, "stream 2 must not get stream 1's block");
+    let b_addr = b.addr();
+    drop(b); // the magazine moves to stream 2; stream 1's block goes to the shard
+    let c = pool.alloc(1000, 1).expect("alloc");
+    assert_eq!(c.addr(), a_addr, "stream 1 finds its block in the shard");
+    let d = pool.alloc(1000, 2).expect("alloc");
+    assert_eq!(d.addr(), b_addr, "stream 2 finds its block in the magazine");
+    assert_eq!(ev.recorded(), 0, "same-stream reuse records no event");
+    let s = pool.stats().expect("stats");
+    assert_eq!((s.cache_hits, s.cache_misses), (2, 2));
+    assert_eq!((s.live_blocks, s.live_requested_bytes), (2, 2000));
+    drop((c, d));
+    let s = pool.stats().expect("stats");
+    assert_eq!((s.cached_blocks, s.cached_bytes), (2, 2048));
+    // Trim puts both behind events (one per stream) and waits for them.
+    pool.trim().expect("trim");
+    assert_eq!(ev.recorded(), 2);
+    assert_eq!(pool.with_device(|d| d.used_bytes()).expect("dev"), 0);
+}
+
+#[test]
+fn a_block_in_another_threads_magazine_is_stolen_on_its_stream_only() {
+    let ev = leaked_events();
+    let pool = pool_shared(1 << 30, opts(), ev);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let p = &pool;
+        s.spawn(move || {
+            let a = p.alloc(5000, 1).expect("alloc");
+            tx.send(a.addr()).expect("send");
+            drop(a); // into that thread's magazine
+            tx.send(0).expect("send");
+            done_rx.recv().expect("recv"); // stay alive (and keep the slot) meanwhile
+        });
+        let a_addr = rx.recv().expect("addr");
+        rx.recv().expect("freed");
+        let b = pool.alloc(5000, 2).expect("alloc");
+        // Stream 1 on this thread may take it (stolen from the other thread's magazine).
+        let c = pool.alloc(5000, 1).expect("alloc");
+        let got = (b.addr(), c.addr());
+        drop((b, c));
+        // Let the other thread go before asserting (a failed assert must not hang it).
+        done_tx.send(()).expect("send");
+        assert_ne!(
+            got.0, a_addr,
+            "stream 2 must not take stream 1's cached block"
+        );
+        assert_eq!(
+            got.1, a_addr,
+            "stream 1 takes it from the other thread's magazine"
+        );
+    });
+    assert_eq!(ev.recorded(), 0);
+    let s = pool.stats().expect("stats");
+    assert_eq!((s.cache_hits, s.cache_misses), (1, 2));
+}
+
+#[test]
+fn trim_reclaims_blocks_cached_in_live_threads_magazines_and_shards() {
+    let pool = pool_with(1 << 34, opts(), ManualEvents::immediate());
+    let threads = 4;
+    let filled = std::sync::Barrier::new(threads + 1);
+    let trimmed = std::sync::Barrier::new(threads + 1);
+    std::thread::scope(|s| {
+        for t in 0..threads as u64 {
+            let (p, filled, trimmed) = (&pool, &filled, &trimmed);
+            s.spawn(move || {
+                // More blocks of one class than a magazine holds (the rest go to the shard),
+                // and a few other classes.
+                let mut v: Vec<_> = (0..gpumem::cuda::pool::MAGAZINE_BLOCKS + 10)
+                    .map(|_| p.alloc(4096, t + 1).expect("alloc"))
+                    .collect();
+                v.extend((1..20).map(|i| p.alloc(i * 3000, t + 1).expect("alloc")));
+                drop(v);
+                filled.wait();
+                trimmed.wait(); // the thread (and its slot) is alive during the trim
+            });
+        }
+        filled.wait();
+        let before = pool.stats().expect("stats");
+        let used_before = pool.with_device(|d| d.used_bytes()).expect("dev");
+        pool.trim().expect("trim");
+        let after = pool.stats().expect("stats");
+        let used_after = pool.with_device(|d| d.used_bytes()).expect("dev");
+        trimmed.wait(); // release the threads before asserting (a failed assert must not hang)
+        let per_thread = gpumem::cuda::pool::MAGAZINE_BLOCKS as u64 + 10 + 19;
+        assert_eq!(before.cached_blocks, threads as u64 * per_thread);
+        assert_eq!(before.live_blocks, 0);
+        assert!(used_before > 0);
+        assert_eq!((after.cached_blocks, after.cached_bytes), (0, 0));
+        assert_eq!(
+            (after.pending_blocks, after.allocator.reserved_bytes.current),
+            (0, 0)
+        );
+        assert_eq!(used_after, 0);
+    });
+}
+
+#[test]
+fn threads_that_come_later_reuse_the_blocks_of_threads_gone() {
+    // The mixed benchmark's pattern: many live blocks of many classes, freed in allocation
+    // order, by a new thread per measurement on the same stream.
+    let pool = pool_with(1 << 34, opts(), ManualEvents::immediate());
+    let sizes: Vec<u64> = (0..600u64).map(|i| 1024 + (i * 7919) % (4 << 20)).collect();
+    let round = |p: &DevicePool<SimDevice>| {
+        let live: Vec<_> = sizes
+            .iter()
+            .map(|&s| p.alloc(s, 7).expect("alloc"))
+            .collect();
+        drop(live);
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| round(&pool));
+    });
+    let first = pool.stats().expect("stats");
+    assert_eq!(first.cache_misses, sizes.len() as u64);
+    let used = pool.with_device(|d| d.used_bytes()).expect("dev");
+    for _ in 0..3 {
+        std::thread::scope(|s| {
+            s.spawn(|| round(&pool));
+        });
+    }
+    let s = pool.stats().expect("stats");
+    assert_eq!(s.cache_misses, first.cache_misses, "later threads only hit");
+    assert_eq!(s.cache_hits, 3 * sizes.len() as u64);
+    assert_eq!(pool.with_device(|d| d.used_bytes()).expect("dev"), used);
+    assert_eq!(s.cached_blocks, sizes.len() as u64);
+}

@@ -4,10 +4,13 @@
 //!
 //! Method: each thread repeats batches of [`BATCH`] alloc+free pairs of one size on its own
 //! stream and times each batch with `Instant`; latency figures are the median and 99th
-//! percentile of per-pair time over all batches of all threads; throughput is all pairs over
-//! the wall time of the whole run. The mixed case allocates [`MIXED_LIVE`] blocks of 1 KiB to
-//! 4 MiB (log-uniform, fixed seed) and then frees them all; one round is one sample, divided
-//! by the allocations in it.
+//! percentile of per-pair time over all batches of all threads; throughput is the timed
+//! pairs of all threads over the wall time from the moment every thread has warmed up (a
+//! barrier) to the end of the last one. The mixed case allocates [`MIXED_LIVE`] blocks of
+//! 1 KiB to 4 MiB (log-uniform, fixed seed) and then frees them all; one round is one sample,
+//! divided by the allocations in it. Warm-up (not timed, not counted): one pair of a fixed
+//! size, the first round of the mixed case (it fills the caches of a new stream from the
+//! device).
 use std::time::{Duration, Instant};
 
 use gpumem_core::Device;
@@ -81,13 +84,13 @@ pub struct BenchRow {
     pub case: Case,
     /// Threads.
     pub threads: usize,
-    /// Pairs done in all.
+    /// Timed pairs done by all threads (warm-up excluded).
     pub pairs: u64,
     /// Median time of one alloc+free pair, in nanoseconds.
     pub median_ns: f64,
     /// 99th percentile, in nanoseconds.
     pub p99_ns: f64,
-    /// Pairs per second over all threads.
+    /// Timed pairs per second over all threads (warm-up excluded).
     pub pairs_per_s: f64,
 }
 
@@ -132,10 +135,12 @@ pub fn measure<B: AllocBackend>(
     threads: usize,
     budget: Budget,
 ) -> Result<BenchRow, String> {
-    let start = Instant::now();
-    let results: Vec<Result<(Vec<f64>, u64), String>> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..threads.max(1))
-            .map(|t| s.spawn(move || run_thread(b, case, t, budget)))
+    let n = threads.max(1);
+    let barrier = std::sync::Barrier::new(n);
+    let barrier = &barrier;
+    let results: Vec<Result<ThreadRun, String>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|t| s.spawn(move || run_thread(b, case, t, budget, barrier)))
             .collect();
         hs.into_iter()
             .map(|h| {
@@ -144,19 +149,24 @@ pub fn measure<B: AllocBackend>(
             })
             .collect()
     });
-    let wall = start.elapsed().as_secs_f64();
     let mut samples = Vec::new();
     let mut pairs = 0;
+    let mut span: Option<(Instant, Instant)> = None;
     for r in results {
-        let (s, p) = r?;
-        samples.extend(s);
-        pairs += p;
+        let r = r?;
+        samples.extend(r.samples);
+        pairs += r.pairs;
+        span = Some(match span {
+            None => (r.start, r.end),
+            Some((s0, e0)) => (s0.min(r.start), e0.max(r.end)),
+        });
     }
+    let wall = span.map_or(0.0, |(s0, e0)| (e0 - s0).as_secs_f64());
     samples.sort_by(f64::total_cmp);
     Ok(BenchRow {
         backend: b.label(),
         case,
-        threads: threads.max(1),
+        threads: n,
         pairs,
         median_ns: percentile(&samples, 0.5),
         p99_ns: percentile(&samples, 0.99),
@@ -164,22 +174,30 @@ pub fn measure<B: AllocBackend>(
     })
 }
 
+/// What one benchmark thread measured after its warm-up.
+struct ThreadRun {
+    samples: Vec<f64>,
+    pairs: u64,
+    start: Instant,
+    end: Instant,
+}
+
 fn run_thread<B: AllocBackend>(
     b: &B,
     case: Case,
     t: usize,
     budget: Budget,
-) -> Result<(Vec<f64>, u64), String> {
-    b.thread_init()?;
-    let stream = b.stream(t);
+    barrier: &std::sync::Barrier,
+) -> Result<ThreadRun, String> {
+    // Every thread reaches the barrier, even after an error, so that none waits forever.
+    let warm = warm_up(b, case, t);
+    barrier.wait();
+    let (stream, sizes, mut live) = warm?;
     let start = Instant::now();
     let mut samples = Vec::new();
     let mut pairs = 0u64;
     match case {
         Case::Fixed(bytes) => {
-            // One warm-up pair (fills caches; not timed).
-            let w = b.alloc(bytes, stream)?;
-            b.free(w, stream)?;
             while pairs < budget.max_pairs && start.elapsed() < budget.time {
                 let t0 = Instant::now();
                 for _ in 0..BATCH {
@@ -191,11 +209,9 @@ fn run_thread<B: AllocBackend>(
             }
         }
         Case::Mixed => {
-            let sizes = mixed_sizes(0x9e37_79b9_7f4a_7c15 ^ t as u64);
-            let mut live = Vec::with_capacity(sizes.len());
             let mut round = 0;
-            while (round < 2 || start.elapsed() < budget.time)
-                && pairs < budget.max_pairs.max(2 * MIXED_LIVE as u64)
+            while (round < 1 || start.elapsed() < budget.time)
+                && pairs < budget.max_pairs.max(MIXED_LIVE as u64)
             {
                 let t0 = Instant::now();
                 for &s in &sizes {
@@ -204,16 +220,49 @@ fn run_thread<B: AllocBackend>(
                 for tok in live.drain(..) {
                     b.free(tok, stream)?;
                 }
-                let dt = t0.elapsed().as_nanos() as f64 / sizes.len() as f64;
-                if round > 0 {
-                    samples.push(dt); // the first round warms the caches
-                }
+                samples.push(t0.elapsed().as_nanos() as f64 / sizes.len() as f64);
                 pairs += sizes.len() as u64;
                 round += 1;
             }
         }
     }
-    Ok((samples, pairs))
+    Ok(ThreadRun {
+        samples,
+        pairs,
+        start,
+        end: Instant::now(),
+    })
+}
+
+/// Binds the thread, and runs the untimed warm-up: one pair of a fixed size, or one round of
+/// the mixed case. Returns the stream, the mixed sizes (empty for a fixed size) and an empty
+/// vector for the live blocks.
+#[allow(clippy::type_complexity)]
+fn warm_up<B: AllocBackend>(
+    b: &B,
+    case: Case,
+    t: usize,
+) -> Result<(u64, Vec<u64>, Vec<B::Token>), String> {
+    b.thread_init()?;
+    let stream = b.stream(t);
+    match case {
+        Case::Fixed(bytes) => {
+            let w = b.alloc(bytes, stream)?;
+            b.free(w, stream)?;
+            Ok((stream, Vec::new(), Vec::new()))
+        }
+        Case::Mixed => {
+            let sizes = mixed_sizes(0x9e37_79b9_7f4a_7c15 ^ t as u64);
+            let mut live = Vec::with_capacity(sizes.len());
+            for &s in &sizes {
+                live.push(b.alloc(s, stream)?);
+            }
+            for tok in live.drain(..) {
+                b.free(tok, stream)?;
+            }
+            Ok((stream, sizes, live))
+        }
+    }
 }
 
 /// A [`DevicePool`] as a backend; `streams[i]` is thread i's stream (0 when missing).

@@ -6,19 +6,39 @@
 //! only through the allocator, and only after an event recorded on A (after the free, in A's
 //! order) has completed; blocks used on other streams too ([`DeviceBlock::record_stream`])
 //! wait for an event on each of them. Events are recorded once per flush of a cache, not per
-//! free, so the hit path costs two uncontended mutex operations and a `Vec` push/pop.
+//! free.
 //!
-//! Lock order: a cache shard, then (after releasing it) the central lock; the two are never
-//! held together, so there is no deadlock. The hit path takes only the shard of the calling
-//! thread (threads are spread over [`SHARDS`] shards round-robin).
+//! Caches, fastest first:
+//! 1. a **magazine** per thread slot: up to [`MAGAZINE_BLOCKS`] addresses per size class,
+//!    in a stack indexed by class, for one stream at a time (the stream the thread last freed on). The
+//!    hit path takes no lock: one `compare_exchange` on a flag that only [`DevicePool::trim`]
+//!    and [`DevicePool::stats`] contend on, and a release store; if the flag is taken the
+//!    call falls through to the shard (it never waits). A full class, or a free on another
+//!    stream while the magazine holds blocks of its stream, goes to the shard; when the
+//!    thread frees on a new stream the magazine's blocks move to the shard first (so they
+//!    stay reusable on their own stream only).
+//! 2. a **shard** per thread slot (a `Mutex`): any number of streams and classes.
+//! 3. on a miss, the other slots' magazines and shards are searched (taking each only if
+//!    free, skipping empty ones) for a block of the same stream and class, then the central
+//!    allocator is asked.
+//!
+//! Thread slots (there are [`SHARDS`]) are taken from a free list when a thread first uses
+//! a pool and given back when it exits, so short-lived threads inherit the caches of those
+//! before them instead of spreading blocks over new slots. Magazines and shards live in the
+//! pool, not in thread-local storage, so `trim` and drop reclaim every cached block.
+//!
+//! Lock order: a magazine flag or a cache shard, then (after releasing it) the central lock;
+//! they are never held together with the central lock, so there is no deadlock. A magazine
+//! releases the flag before it takes the shard lock; stealing only ever tries (never waits)
+//! and holds one magazine or shard at a time.
 //!
 //! Out of memory: the pool flushes every cache, waits for the pending events, returns those
 //! blocks to the allocator, asks it to release what it caches ([`gpumem_core::Allocator::
 //! release_cached`]) and retries once. The CUDA driver API keeps no "last error" slot (unlike
 //! the runtime's cudaGetLastError): CUDA_ERROR_OUT_OF_MEMORY is not sticky, so nothing is left
 //! pending in the context after a handled failure.
-use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use gpumem_core::{AllocError, Allocator, Device, DeviceError, Stats};
@@ -26,8 +46,14 @@ use serde::Serialize;
 
 use super::events::StreamEvents;
 
-/// Number of cache shards (threads map to them round-robin).
+/// Number of thread slots, each with a magazine and a cache shard (threads beyond this share
+/// slots).
 pub const SHARDS: usize = 64;
+/// Blocks per size class in a thread slot's magazine (more go to its shard).
+pub const MAGAZINE_BLOCKS: usize = 64;
+/// Size classes a magazine holds (class indices below this: blocks up to 4 GiB); larger
+/// blocks use the shard only.
+pub const MAGAZINE_CLASSES: usize = 97;
 /// Smallest size class, in bytes (cudaMalloc's alignment).
 pub const MIN_CLASS_BYTES: u64 = 256;
 /// Sub-classes per power of two: rounding wastes at most 1/4 of a block.
@@ -40,14 +66,18 @@ pub fn class_bytes(size_bytes: u64) -> u64 {
         return MIN_CLASS_BYTES;
     }
     let p = 63 - (size_bytes - 1).leading_zeros(); // size-1 in [2^p, 2^(p+1))
-    let step = 1u64 << (p - SUBCLASSES_LOG2);
-    size_bytes.div_ceil(step).saturating_mul(step)
+    let mask = (1u64 << (p - SUBCLASSES_LOG2)) - 1; // the step is a power of two: no division
+    size_bytes.checked_add(mask).map_or(u64::MAX, |x| x & !mask)
 }
 
 /// Index of a size class (0 for 256 B, increasing with size).
 pub fn class_index(size_bytes: u64) -> usize {
-    let c = class_bytes(size_bytes);
-    if c == MIN_CLASS_BYTES {
+    index_of_class(class_bytes(size_bytes))
+}
+
+/// Index of `class_bytes`, which must already be a size class (a value of [`class_bytes`]).
+fn index_of_class(c: u64) -> usize {
+    if c <= MIN_CLASS_BYTES {
         return 0;
     }
     let q = 63 - (c - 1).leading_zeros(); // c-1 in [2^q, 2^(q+1))
@@ -67,7 +97,9 @@ pub struct PoolOptions {
     /// Largest block kept in the per-thread caches, in bytes; larger ones go straight to
     /// the allocator (after their stream's event).
     pub max_cached_block_bytes: u64,
-    /// Bytes one cache shard may hold before it is flushed to the allocator.
+    /// Bytes one cache shard may hold before it is flushed to the allocator; a thread
+    /// slot's magazine holds at most as many again (a free that would pass it goes to the
+    /// shard).
     pub shard_cache_bytes: u64,
     /// Alignment of every block, in bytes.
     pub align_bytes: u64,
@@ -180,6 +212,40 @@ struct Shard {
 }
 
 impl Shard {
+    /// Pops a cached block of `stream` and class index `idx`.
+    fn pop(&mut self, stream: u64, idx: usize) -> Option<Cached> {
+        let c = self
+            .streams
+            .iter_mut()
+            .find(|s| s.stream == stream)
+            .and_then(|s| s.classes.get_mut(idx))
+            .and_then(Vec::pop)?;
+        self.bytes -= c.class;
+        self.blocks -= 1;
+        Some(c)
+    }
+
+    /// Caches `c` (class index `idx`) for `stream`.
+    fn push(&mut self, stream: u64, idx: usize, c: Cached) {
+        let pos = match self.streams.iter().position(|s| s.stream == stream) {
+            Some(p) => p,
+            None => {
+                self.streams.push(StreamCache {
+                    stream,
+                    classes: Vec::new(),
+                });
+                self.streams.len() - 1
+            }
+        };
+        let sc = &mut self.streams[pos];
+        if sc.classes.len() <= idx {
+            sc.classes.resize_with(idx + 1, Vec::new);
+        }
+        sc.classes[idx].push(c);
+        self.bytes += c.class;
+        self.blocks += 1;
+    }
+
     fn take_all(&mut self) -> Vec<(u64, Vec<Cached>)> {
         let mut out = Vec::new();
         for sc in &mut self.streams {
@@ -201,6 +267,173 @@ impl Shard {
 #[derive(Debug, Default)]
 struct Padded<T>(T);
 
+/// A thread slot's cache shard, with its block count readable without the lock (so that
+/// stealing skips empty shards).
+#[derive(Debug, Default)]
+struct ShardSlot {
+    shard: Mutex<Shard>,
+    /// Blocks in `shard` (written under its lock).
+    blocks: AtomicU64,
+}
+
+/// Per-slot cache of one stream's blocks (see the module docs): per class index, a stack of
+/// addresses whose storage is allocated once, on the class's first push.
+struct Magazine {
+    /// Stream of every block in the magazine.
+    stream: u64,
+    /// Blocks in the magazine.
+    blocks: u64,
+    /// Bytes of those blocks (their size classes).
+    bytes: u64,
+    hits: u64,
+    live_blocks: i64,
+    live_requested: i64,
+    /// Addresses per class index (at most [`MAGAZINE_CLASSES`] entries, each at most
+    /// [`MAGAZINE_BLOCKS`] long).
+    addrs: Vec<Vec<u64>>,
+}
+
+impl Magazine {
+    fn new() -> Self {
+        Magazine {
+            stream: 0,
+            blocks: 0,
+            bytes: 0,
+            hits: 0,
+            live_blocks: 0,
+            live_requested: 0,
+            addrs: Vec::new(),
+        }
+    }
+
+    /// Pops a block of class index `idx` and size `class` bytes.
+    #[inline]
+    fn pop(&mut self, idx: usize, class: u64) -> Option<u64> {
+        let addr = self.addrs.get_mut(idx)?.pop()?;
+        self.blocks -= 1;
+        self.bytes -= class;
+        Some(addr)
+    }
+
+    /// Pushes a block; false if its class is full or not held here.
+    #[inline]
+    fn push(&mut self, idx: usize, addr: u64, class: u64) -> bool {
+        if idx >= MAGAZINE_CLASSES {
+            return false;
+        }
+        if self.addrs.len() <= idx {
+            self.addrs.resize_with(idx + 1, Vec::new);
+        }
+        let v = &mut self.addrs[idx];
+        if v.len() >= MAGAZINE_BLOCKS {
+            return false;
+        }
+        if v.capacity() == 0 {
+            v.reserve_exact(MAGAZINE_BLOCKS);
+        }
+        v.push(addr);
+        self.blocks += 1;
+        self.bytes += class;
+        true
+    }
+
+    /// Empties the magazine into `out` (one entry per block: class index and block).
+    fn drain_into(&mut self, out: &mut Vec<(usize, Cached)>) {
+        if self.blocks == 0 {
+            return;
+        }
+        for (idx, v) in self.addrs.iter_mut().enumerate() {
+            let class = class_of_index(idx);
+            out.extend(v.drain(..).map(|addr| (idx, Cached { addr, class })));
+        }
+        self.blocks = 0;
+        self.bytes = 0;
+    }
+}
+
+/// Bytes of size class index `idx` (inverse of [`class_index`]).
+fn class_of_index(idx: usize) -> u64 {
+    if idx == 0 {
+        return MIN_CLASS_BYTES;
+    }
+    let per = 1usize << SUBCLASSES_LOG2;
+    let q = (idx - 1) / per + 8;
+    let k = (idx - 1) % per + 1;
+    (1u64 << q) + ((k as u64) << (q as u32 - SUBCLASSES_LOG2))
+}
+
+/// A magazine behind an ownership flag: the thread of the slot takes it with one
+/// `compare_exchange` and gives up at once if it is taken; `trim` and `stats` wait for it.
+struct MagazineSlot {
+    busy: AtomicBool,
+    /// Blocks in `mag`, stored by the holder of `busy` (read without it to skip empty
+    /// magazines when stealing).
+    blocks: AtomicU64,
+    mag: UnsafeCell<Magazine>,
+}
+
+// SAFETY: `mag` is only reached through a `MagazineGuard`, which exists only while `busy`
+// was switched from false to true by its creator (acquire) and is switched back on drop
+// (release): at most one thread touches the magazine at a time, and each sees the writes of
+// the previous one. `Magazine` holds plain integers (it is `Send`).
+unsafe impl Sync for MagazineSlot {}
+
+struct MagazineGuard<'a>(&'a MagazineSlot);
+
+impl MagazineSlot {
+    fn new() -> Self {
+        MagazineSlot {
+            busy: AtomicBool::new(false),
+            blocks: AtomicU64::new(0),
+            mag: UnsafeCell::new(Magazine::new()),
+        }
+    }
+
+    /// Takes the magazine if no one holds it.
+    #[inline]
+    fn try_take(&self) -> Option<MagazineGuard<'_>> {
+        self.busy
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .ok()
+            .map(|_| MagazineGuard(self))
+    }
+
+    /// Takes the magazine, yielding while another thread holds it (holders keep it for a
+    /// few instructions, or for a move to the shard).
+    fn take(&self) -> MagazineGuard<'_> {
+        loop {
+            if let Some(g) = self.try_take() {
+                return g;
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+impl std::ops::Deref for MagazineGuard<'_> {
+    type Target = Magazine;
+    fn deref(&self) -> &Magazine {
+        // SAFETY: the guard holds the flag (see `impl Sync for MagazineSlot`).
+        unsafe { &*self.0.mag.get() }
+    }
+}
+
+impl std::ops::DerefMut for MagazineGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Magazine {
+        // SAFETY: the guard holds the flag, and `&mut self` makes this the only reference.
+        unsafe { &mut *self.0.mag.get() }
+    }
+}
+
+impl Drop for MagazineGuard<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the guard still holds the flag.
+        let blocks = unsafe { (*self.0.mag.get()).blocks };
+        self.0.blocks.store(blocks, Ordering::Relaxed);
+        self.0.busy.store(false, Ordering::Release);
+    }
+}
+
 struct Pending {
     blocks: Vec<Cached>,
     events: Vec<u64>,
@@ -216,7 +449,8 @@ struct Central<D> {
 struct Shared<D> {
     // Field order is drop order: events before the device they belong to.
     events: Box<dyn StreamEvents>,
-    shards: Box<[Padded<Mutex<Shard>>]>,
+    mags: Box<[Padded<MagazineSlot>]>,
+    shards: Box<[Padded<ShardSlot>]>,
     central: Mutex<Central<D>>,
     name: &'static str,
     opts: PoolOptions,
@@ -271,21 +505,35 @@ impl<D: Device> PitchedBlock<'_, D> {
     }
 }
 
-thread_local! {
-    static SHARD_ID: Cell<usize> = const { Cell::new(usize::MAX) };
-}
-static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
+/// A thread's slot index; given back to [`FREE_SLOTS`] when the thread exits.
+struct SlotId(usize);
 
-fn my_shard() -> usize {
-    SHARD_ID.with(|c| {
-        let v = c.get();
-        if v != usize::MAX {
-            return v;
+impl Drop for SlotId {
+    fn drop(&mut self) {
+        if let Ok(mut f) = FREE_SLOTS.lock() {
+            f.push(self.0);
         }
-        let v = NEXT_SHARD.fetch_add(1, Ordering::Relaxed) % SHARDS;
-        c.set(v);
-        v
-    })
+    }
+}
+
+thread_local! {
+    static SLOT: SlotId = SlotId(take_slot());
+}
+/// Slots of exited threads, reused before new ones.
+static FREE_SLOTS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+static NEXT_SLOT: AtomicUsize = AtomicUsize::new(0);
+
+fn take_slot() -> usize {
+    if let Some(i) = FREE_SLOTS.lock().ok().and_then(|mut f| f.pop()) {
+        return i;
+    }
+    NEXT_SLOT.fetch_add(1, Ordering::Relaxed) % SHARDS
+}
+
+/// The calling thread's slot (0 while its thread-locals are being destroyed).
+#[inline]
+fn my_shard() -> usize {
+    SLOT.try_with(|s| s.0).unwrap_or(0)
 }
 
 impl<D: Device> DevicePool<D> {
@@ -302,9 +550,11 @@ impl<D: Device> DevicePool<D> {
     ) -> Result<Self, PoolError> {
         let name = alloc.name();
         let shards = (0..SHARDS).map(|_| Padded::default()).collect();
+        let mags = (0..SHARDS).map(|_| Padded(MagazineSlot::new())).collect();
         let pool = DevicePool {
             shared: Shared {
                 events,
+                mags,
                 shards,
                 central: Mutex::new(Central {
                     alloc,
@@ -339,6 +589,7 @@ impl<D: Device> DevicePool<D> {
     fn shard(&self, i: usize) -> Result<MutexGuard<'_, Shard>, PoolError> {
         self.shared.shards[i]
             .0
+            .shard
             .lock()
             .map_err(|_| PoolError::Poisoned)
     }
@@ -371,43 +622,74 @@ impl<D: Device> DevicePool<D> {
     /// # Errors
     /// As [`DevicePool::alloc`].
     pub fn alloc_raw(&self, size_bytes: u64, stream: u64) -> Result<RawBlock, PoolError> {
-        let opts = &self.shared.opts;
-        let cacheable = size_bytes <= opts.max_cached_block_bytes;
-        let class = if cacheable {
-            class_bytes(size_bytes)
-        } else {
-            size_bytes
-        };
         let si = my_shard();
-        if cacheable {
-            let idx = class_index(size_bytes);
+        if size_bytes > self.shared.opts.max_cached_block_bytes {
+            let addr = self.alloc_slow(size_bytes, stream)?;
+            self.count_miss(si, size_bytes)?;
+            return Ok(RawBlock {
+                addr,
+                requested_bytes: size_bytes,
+                class_bytes: size_bytes,
+                stream,
+                other_streams: Vec::new(),
+            });
+        }
+        let class = class_bytes(size_bytes);
+        let idx = index_of_class(class);
+        // 1. The magazine (no lock; skipped if trim or stats hold it).
+        if idx < MAGAZINE_CLASSES {
+            if let Some(mut m) = self.shared.mags[si].0.try_take() {
+                if m.stream == stream {
+                    if let Some(addr) = m.pop(idx, class) {
+                        m.hits += 1;
+                        m.live_blocks += 1;
+                        m.live_requested += size_bytes as i64;
+                        return Ok(RawBlock {
+                            addr,
+                            requested_bytes: size_bytes,
+                            class_bytes: class,
+                            stream,
+                            other_streams: Vec::new(),
+                        });
+                    }
+                }
+            }
+        }
+        // 2. The thread's shard, 3. the other shards, then the allocator.
+        let hit = {
             let mut sh = self.shard(si)?;
-            let hit = sh
-                .streams
-                .iter_mut()
-                .find(|s| s.stream == stream)
-                .and_then(|s| s.classes.get_mut(idx))
-                .and_then(Vec::pop);
-            if let Some(c) = hit {
-                sh.bytes -= c.class;
-                sh.blocks -= 1;
+            let hit = sh.pop(stream, idx);
+            if hit.is_some() {
                 sh.hits += 1;
                 sh.live_blocks += 1;
                 sh.live_requested += size_bytes as i64;
+                self.shared.shards[si]
+                    .0
+                    .blocks
+                    .store(sh.blocks, Ordering::Relaxed);
+            }
+            hit
+        };
+        let (addr, stolen) = match hit.or_else(|| self.steal(si, stream, idx, class)) {
+            Some(c) => (c.addr, hit.is_none()),
+            None => {
+                let addr = self.alloc_slow(class, stream)?;
+                self.count_miss(si, size_bytes)?;
                 return Ok(RawBlock {
-                    addr: c.addr,
+                    addr,
                     requested_bytes: size_bytes,
-                    class_bytes: c.class,
+                    class_bytes: class,
                     stream,
                     other_streams: Vec::new(),
                 });
             }
+        };
+        if stolen {
+            let mut sh = self.shard(si)?;
+            sh.hits += 1;
+            sh.live_blocks += 1;
+            sh.live_requested += size_bytes as i64;
         }
-        let addr = self.alloc_slow(class, stream)?;
-        let mut sh = self.shard(si)?;
-        sh.misses += 1;
-        sh.live_blocks += 1;
-        sh.live_requested += size_bytes as i64;
         Ok(RawBlock {
             addr,
             requested_bytes: size_bytes,
@@ -415,6 +697,43 @@ impl<D: Device> DevicePool<D> {
             stream,
             other_streams: Vec::new(),
         })
+    }
+
+    fn count_miss(&self, si: usize, size_bytes: u64) -> Result<(), PoolError> {
+        let mut sh = self.shard(si)?;
+        sh.misses += 1;
+        sh.live_blocks += 1;
+        sh.live_requested += size_bytes as i64;
+        Ok(())
+    }
+
+    /// Takes a cached block of `stream` and class index `idx` from another thread slot's
+    /// magazine or shard (same stream, so reusable at once); skips empty and busy ones.
+    fn steal(&self, own: usize, stream: u64, idx: usize, class: u64) -> Option<Cached> {
+        let sh = self.shared.shards.iter();
+        for (i, (slot, mag)) in sh.zip(self.shared.mags.iter()).enumerate() {
+            if i == own {
+                continue;
+            }
+            if mag.0.blocks.load(Ordering::Relaxed) > 0 {
+                if let Some(mut m) = mag.0.try_take() {
+                    if m.stream == stream {
+                        if let Some(addr) = m.pop(idx, class) {
+                            return Some(Cached { addr, class });
+                        }
+                    }
+                }
+            }
+            if slot.0.blocks.load(Ordering::Relaxed) > 0 {
+                if let Ok(mut sh) = slot.0.shard.try_lock() {
+                    if let Some(c) = sh.pop(stream, idx) {
+                        slot.0.blocks.store(sh.blocks, Ordering::Relaxed);
+                        return Some(c);
+                    }
+                }
+            }
+        }
+        None
     }
 
     fn alloc_slow(&self, class: u64, stream: u64) -> Result<u64, PoolError> {
@@ -529,10 +848,25 @@ impl<D: Device> DevicePool<D> {
         self.drain_pending(&mut c, false)
     }
 
-    /// Moves every cached block of every shard behind events.
+    /// Moves every cached block of every magazine and shard behind events.
     fn flush_all(&self) -> Result<(), PoolError> {
+        let mut blocks = Vec::new();
         for i in 0..SHARDS {
-            let taken = self.shard(i)?.take_all();
+            let stream = {
+                let mut m = self.shared.mags[i].0.take();
+                m.drain_into(&mut blocks);
+                m.stream
+            };
+            if !blocks.is_empty() {
+                let v = blocks.drain(..).map(|(_, c)| c).collect();
+                self.to_pending(stream, &[], v)?;
+            }
+            let taken = {
+                let mut sh = self.shard(i)?;
+                let t = sh.take_all();
+                self.shared.shards[i].0.blocks.store(0, Ordering::Relaxed);
+                t
+            };
             for (stream, blocks) in taken {
                 self.to_pending(stream, &[], blocks)?;
             }
@@ -553,38 +887,78 @@ impl<D: Device> DevicePool<D> {
         };
         let cacheable =
             b.requested_bytes <= opts.max_cached_block_bytes && b.other_streams.is_empty();
-        let mut overflow = Vec::new();
-        {
-            let mut sh = self.shard(si)?;
-            sh.live_blocks -= 1;
-            sh.live_requested -= b.requested_bytes as i64;
-            if cacheable {
-                let idx = class_index(b.requested_bytes);
-                let pos = match sh.streams.iter().position(|s| s.stream == b.stream) {
-                    Some(p) => p,
-                    None => {
-                        sh.streams.push(StreamCache {
-                            stream: b.stream,
-                            classes: Vec::new(),
-                        });
-                        sh.streams.len() - 1
-                    }
-                };
-                let sc = &mut sh.streams[pos];
-                if sc.classes.len() <= idx {
-                    sc.classes.resize_with(idx + 1, Vec::new);
+        if !cacheable {
+            {
+                let mut sh = self.shard(si)?;
+                sh.live_blocks -= 1;
+                sh.live_requested -= b.requested_bytes as i64;
+            }
+            return self.to_pending(b.stream, &b.other_streams, vec![c]);
+        }
+        let idx = index_of_class(c.class);
+        // 1. The magazine, if it holds this stream (or nothing) and the class has room.
+        let mut moved = Vec::new();
+        let mut old_stream = b.stream;
+        if idx < MAGAZINE_CLASSES {
+            if let Some(mut m) = self.shared.mags[si].0.try_take() {
+                if m.stream != b.stream {
+                    // The thread moved to another stream: the magazine follows it, and its
+                    // blocks go to the shard under their own stream (below).
+                    old_stream = m.stream;
+                    m.drain_into(&mut moved);
+                    m.stream = b.stream;
                 }
-                sc.classes[idx].push(c);
-                sh.bytes += c.class;
-                sh.blocks += 1;
-                if sh.bytes > opts.shard_cache_bytes {
-                    overflow = sh.take_all();
+                if m.bytes + c.class <= opts.shard_cache_bytes && m.push(idx, c.addr, c.class) {
+                    m.live_blocks -= 1;
+                    m.live_requested -= b.requested_bytes as i64;
+                    if moved.is_empty() {
+                        return Ok(());
+                    }
+                    drop(m);
+                    return self.to_shard(si, old_stream, moved, None);
                 }
             }
         }
-        if !cacheable {
-            return self.to_pending(b.stream, &b.other_streams, vec![c]);
-        }
+        // 2. The shard.
+        self.to_shard(
+            si,
+            old_stream,
+            moved,
+            Some((b.stream, idx, c, b.requested_bytes)),
+        )
+    }
+
+    /// Puts `moved` (blocks of `old_stream` out of a magazine) and `block` (stream, class
+    /// index, block, requested bytes: a freed block) into shard `si`; flushes the shard if
+    /// it grew past [`PoolOptions::shard_cache_bytes`].
+    fn to_shard(
+        &self,
+        si: usize,
+        old_stream: u64,
+        moved: Vec<(usize, Cached)>,
+        block: Option<(u64, usize, Cached, u64)>,
+    ) -> Result<(), PoolError> {
+        let overflow = {
+            let mut sh = self.shard(si)?;
+            for (idx, c) in moved {
+                sh.push(old_stream, idx, c);
+            }
+            if let Some((stream, idx, c, requested)) = block {
+                sh.push(stream, idx, c);
+                sh.live_blocks -= 1;
+                sh.live_requested -= requested as i64;
+            }
+            let overflow = if sh.bytes > self.shared.opts.shard_cache_bytes {
+                sh.take_all()
+            } else {
+                Vec::new()
+            };
+            self.shared.shards[si]
+                .0
+                .blocks
+                .store(sh.blocks, Ordering::Relaxed);
+            overflow
+        };
         for (stream, blocks) in overflow {
             self.to_pending(stream, &[], blocks)?;
         }
@@ -638,11 +1012,14 @@ impl<D: Device> DevicePool<D> {
     }
 
     fn cached_bytes(&self) -> u64 {
-        self.shared
+        let shards: u64 = self
+            .shared
             .shards
             .iter()
-            .filter_map(|s| s.0.lock().ok().map(|g| g.bytes))
-            .sum()
+            .filter_map(|s| s.0.shard.lock().ok().map(|g| g.bytes))
+            .sum();
+        let mags: u64 = self.shared.mags.iter().map(|m| m.0.take().bytes).sum();
+        shards + mags
     }
 
     /// The pool's figures (locks every shard briefly).
@@ -659,6 +1036,13 @@ impl<D: Device> DevicePool<D> {
             s.live_requested_bytes += sh.live_requested;
             s.cache_hits += sh.hits;
             s.cache_misses += sh.misses;
+            drop(sh);
+            let m = self.shared.mags[i].0.take();
+            s.cached_blocks += m.blocks;
+            s.cached_bytes += m.bytes;
+            s.live_blocks += m.live_blocks;
+            s.live_requested_bytes += m.live_requested;
+            s.cache_hits += m.hits;
         }
         let c = self.central()?;
         s.allocator = c.alloc.stats();
@@ -840,5 +1224,42 @@ mod tests {
         assert_eq!(class_index(320), 1);
         assert_eq!(class_index(512), 4);
         assert_eq!(class_index(640), 5);
+    }
+
+    #[test]
+    fn class_of_index_inverts_class_index() {
+        for idx in 0..200 {
+            let c = class_of_index(idx);
+            assert_eq!(class_bytes(c), c, "{idx}");
+            assert_eq!(class_index(c), idx, "{idx}");
+            assert_eq!(index_of_class(c), idx, "{idx}");
+        }
+        assert_eq!(class_of_index(MAGAZINE_CLASSES - 1), 4 << 30);
+    }
+
+    #[test]
+    fn magazine_caps_each_class_and_drains_everything() {
+        let mut m = Magazine::new();
+        let idx = class_index(4096);
+        for i in 0..MAGAZINE_BLOCKS as u64 {
+            assert!(m.push(idx, i * 4096, 4096));
+        }
+        assert!(!m.push(idx, 1 << 40, 4096), "a full class refuses");
+        assert!(
+            !m.push(MAGAZINE_CLASSES, 0, 8 << 30),
+            "classes past the range refuse"
+        );
+        assert!(m.push(0, 1 << 41, 256));
+        assert_eq!(
+            (m.blocks, m.bytes),
+            (MAGAZINE_BLOCKS as u64 + 1, 4096 * 64 + 256)
+        );
+        assert_eq!(m.pop(idx, 4096), Some((MAGAZINE_BLOCKS as u64 - 1) * 4096));
+        let mut out = Vec::new();
+        m.drain_into(&mut out);
+        assert_eq!(out.len(), MAGAZINE_BLOCKS);
+        assert!(out.iter().all(|(i, c)| c.class == class_of_index(*i)));
+        assert_eq!((m.blocks, m.bytes), (0, 0));
+        assert_eq!(m.pop(idx, 4096), None);
     }
 }
