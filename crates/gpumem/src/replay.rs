@@ -12,7 +12,7 @@
 use std::time::Instant;
 
 use gpumem_core::{AllocError, Allocator, Device, DeviceError, DriverCounters, Stats};
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 use serde::Serialize;
 
 use crate::trace::{Action, Trace};
@@ -225,7 +225,6 @@ struct Live {
 
 struct State<'a> {
     live: FxHashMap<u64, Live>,
-    dropped: FxHashSet<u64>,
     opts: &'a ReplayOptions,
     name: String,
 }
@@ -264,7 +263,6 @@ impl State<'_> {
             Err(e) if e.is_oom() => {
                 report.oom_count += 1;
                 report.first_oom_request_bytes.get_or_insert(size);
-                self.dropped.insert(trace_addr);
                 Ok(())
             }
             Err(source) => Err(ReplayError::Allocator {
@@ -299,7 +297,6 @@ pub fn replay(
         .map_or(u64::MAX, |v| v.max(1));
     let mut st = State {
         live: FxHashMap::default(),
-        dropped: FxHashSet::default(),
         opts,
         name: name.clone(),
     };
@@ -360,7 +357,6 @@ pub fn replay(
                         })?;
                     }
                 }
-                st.dropped.remove(&e.addr);
                 let align = e.align.unwrap_or(opts.default_align);
                 st.alloc(
                     alloc,
@@ -393,9 +389,9 @@ pub fn replay(
                             allocator: name.clone(),
                             source,
                         })?;
-                } else {
-                    st.dropped.remove(&e.addr);
                 }
+                // A free of a block dropped by an OOM (or of an unknown address in a lenient
+                // read) has nothing to return.
             }
             _ => {}
         }
