@@ -345,17 +345,15 @@ pub fn replay(
     for e in trace.events.iter().filter(|e| e.device == opts.device) {
         match e.action {
             Action::Alloc => {
-                if st.live.contains_key(&e.addr) {
-                    // A duplicate live address can only come from a lenient read: free the old one.
-                    if let Some(old) = st.live.remove(&e.addr) {
-                        alloc.deallocate(dev, old.addr).map_err(|source| {
-                            ReplayError::Allocator {
-                                event: index,
-                                allocator: name.clone(),
-                                source,
-                            }
+                // A duplicate live address can only come from a lenient read: free the old one.
+                if let Some(old) = st.live.remove(&e.addr) {
+                    alloc
+                        .deallocate(dev, old.addr)
+                        .map_err(|source| ReplayError::Allocator {
+                            event: index,
+                            allocator: name.clone(),
+                            source,
                         })?;
-                    }
                 }
                 let align = e.align.unwrap_or(opts.default_align);
                 st.alloc(
