@@ -187,6 +187,9 @@ fn progress_bar(total: u64, enabled: bool) -> ProgressBar {
 
 pub fn run(a: ReplayArgs) -> Result<()> {
     let target = parse_device(&a.device)?;
+    if a.min_capacity && !matches!(target, Target::Sim) {
+        bail!("--min-capacity runs many replays and is only offered on the simulated device");
+    }
     if a.capacity == Some(0) {
         bail!("--capacity 0: expected a device capacity above zero (e.g. 80GiB)");
     }
@@ -281,11 +284,6 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         }
         pb.finish_and_clear();
         let min_cap = if a.min_capacity {
-            if !matches!(target, Target::Sim) {
-                bail!(
-                    "--min-capacity runs many replays and is only offered on the simulated device"
-                );
-            }
             let mut total = 0u64;
             for (i, &(d, _)) in summaries.iter().enumerate() {
                 // The bound must complete: a run cut short by a small --capacity gives none.
