@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use arbitrary::Arbitrary;
-use gpumem_core::registry::{self, Config, NAMES};
+use gpumem_core::{config::AllocatorConfig, registry::{self, NAMES}};
 use gpumem_core::sim::SimDevice;
 use gpumem_core::Device;
 use libfuzzer_sys::fuzz_target;
@@ -30,7 +30,7 @@ struct Input {
 
 fuzz_target!(|input: Input| {
     let name = NAMES[input.allocator as usize % NAMES.len()];
-    let config = Config { segment_bytes: 8 << 20, ..Config::default() };
+    let config = AllocatorConfig { segment_bytes: 8 << 20, ..AllocatorConfig::default() };
     let mut pool = registry::build(name, &config).expect("known allocator");
     let mut dev = SimDevice::new(64 << 20);
     dev.inject_fault_at(input.fault_at.map(u64::from));
@@ -61,7 +61,7 @@ fuzz_target!(|input: Input| {
                 assert!(pool.deallocate(&mut dev, k).is_err(), "{name}: double free accepted");
             }
             Op::ReleaseCached => {
-                let _ = pool.release_cached(&mut dev);
+                let _ = pool.empty_cache(&mut dev);
             }
         }
         pool.validate().expect("invariants hold");
@@ -71,6 +71,6 @@ fuzz_target!(|input: Input| {
         pool.deallocate(&mut dev, a).expect("live block frees");
     }
     dev.inject_fault_at(None);
-    pool.release_cached(&mut dev).expect("release");
+    pool.empty_cache(&mut dev).expect("release");
     assert_eq!(pool.stats().allocation_count.current, 0);
 });

@@ -16,7 +16,8 @@ use criterion::measurement::{Measurement, ValueFormatter, WallTime};
 use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use gpumem_core::best_fit::BestFit;
 use gpumem_core::buddy::Buddy;
-use gpumem_core::registry::{self, Config};
+use gpumem_core::config::AllocatorConfig;
+use gpumem_core::registry;
 use gpumem_core::sim::SimDevice;
 use gpumem_core::tlsf::Tlsf;
 use gpumem_core::{Allocator, Arena, DEFAULT_ALIGN};
@@ -134,7 +135,7 @@ fn warm_pools() -> Vec<(SimDevice, Box<dyn Allocator>)> {
     let mut out = Vec::new();
     for name in registry::NAMES {
         let mut dev = SimDevice::default();
-        let mut pool = registry::build(name, &Config::default()).unwrap();
+        let mut pool = registry::build(name, &AllocatorConfig::default()).unwrap();
         // Warm: one block of each size, so the segments (or pages) the benchmark needs exist.
         let mut ok = true;
         let mut live = Vec::new();

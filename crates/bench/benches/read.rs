@@ -10,7 +10,7 @@
 //!
 //! Run: `cargo bench -p gpumem-bench --bench read -- --warm-up-time 1 --measurement-time 3`
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use gpumem::trace::{detect, read_bytes, ReadOptions};
+use gpumem::trace::{detect, read_bytes, ReadConfig};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -78,7 +78,7 @@ fn bench_read(c: &mut Criterion) {
         .unwrap_or(1_000_000);
     if let Some(path) = synthetic(events) {
         let bytes = std::fs::read(&path).expect("read synthetic snapshot");
-        let t = read_bytes("synthetic", &bytes, ReadOptions::default()).expect("synthetic reads");
+        let t = read_bytes("synthetic", &bytes, ReadConfig::default()).expect("synthetic reads");
         eprintln!(
             "synthetic: {} bytes, {} events after dropping free_requested",
             bytes.len(),
@@ -87,7 +87,7 @@ fn bench_read(c: &mut Criterion) {
         g.throughput(Throughput::Bytes(bytes.len() as u64));
         g.bench_function(
             BenchmarkId::new("pickle", format!("synthetic_{events}")),
-            |b| b.iter(|| read_bytes("synthetic", &bytes, ReadOptions::default()).expect("reads")),
+            |b| b.iter(|| read_bytes("synthetic", &bytes, ReadConfig::default()).expect("reads")),
         );
     }
     for name in [
@@ -100,10 +100,10 @@ fn bench_read(c: &mut Criterion) {
         let raw = detect::gunzip(name, &gz).expect("inflates");
         g.throughput(Throughput::Bytes(raw.len() as u64));
         g.bench_function(BenchmarkId::new("pickle", name), |b| {
-            b.iter(|| read_bytes(name, &raw, ReadOptions::default()).expect("reads"))
+            b.iter(|| read_bytes(name, &raw, ReadConfig::default()).expect("reads"))
         });
         g.bench_function(BenchmarkId::new("gz", name), |b| {
-            b.iter(|| read_bytes(name, &gz, ReadOptions::default()).expect("reads"))
+            b.iter(|| read_bytes(name, &gz, ReadConfig::default()).expect("reads"))
         });
     }
     g.finish();

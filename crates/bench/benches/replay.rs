@@ -3,10 +3,11 @@
 use std::path::PathBuf;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use gpumem::core::registry::{self, Config, NAMES};
+use gpumem::core::config::AllocatorConfig;
+use gpumem::core::registry::{self, NAMES};
 use gpumem::core::sim::SimDevice;
-use gpumem::replay::{self, ReplayOptions};
-use gpumem::trace::{read_path, ReadOptions};
+use gpumem::replay::{self, ReplayConfig};
+use gpumem::trace::{read_path, ReadConfig};
 
 fn traces_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../traces")
@@ -15,7 +16,7 @@ fn traces_dir() -> PathBuf {
 fn bench_replay(c: &mut Criterion) {
     for trace_name in ["resnet_train", "gpt2_train", "mixed_sizes"] {
         let path = traces_dir().join(format!("{trace_name}.pickle.gz"));
-        let trace = read_path(&path, ReadOptions::default()).expect("shipped trace reads");
+        let trace = read_path(&path, ReadConfig::default()).expect("shipped trace reads");
         let events = replay::summarize(&trace, 0).events;
         let mut g = c.benchmark_group(format!("replay/{trace_name}"));
         g.throughput(Throughput::Elements(events));
@@ -23,13 +24,14 @@ fn bench_replay(c: &mut Criterion) {
         for name in NAMES {
             g.bench_with_input(BenchmarkId::from_parameter(name), &name, |b, name| {
                 b.iter(|| {
-                    let mut a = registry::build(name, &Config::default()).expect("known allocator");
+                    let mut a = registry::build(name, &AllocatorConfig::default())
+                        .expect("known allocator");
                     let mut d = SimDevice::default();
                     replay::replay(
                         &trace,
                         a.as_mut(),
                         &mut d,
-                        &ReplayOptions::default(),
+                        &ReplayConfig::default(),
                         &mut |_| {},
                     )
                     .expect("replay runs")

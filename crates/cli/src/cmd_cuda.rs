@@ -11,10 +11,11 @@ use gpumem::cuda::bench::{
     self, AllocBackend, AsyncCuda, BenchRow, BenchStreams, Budget, Case, ContextBinder,
     PoolBackend, RawCuda,
 };
-use gpumem::cuda::pool::{DevicePool, PoolOptions};
+use gpumem::cuda::pool::{DevicePool, PoolConfig};
 use gpumem::cuda::vmm::{self, human, PageTable, Tracked, VmmBook};
 use gpumem::cuda::{self, CudaDevice, CudaEvents, DeviceSel, ManualEvents, PointerInfo};
-use gpumem_core::registry::{self, Config};
+use gpumem_core::config::AllocatorConfig;
+use gpumem_core::registry;
 use gpumem_core::sim::SimDevice;
 use gpumem_core::Device;
 use serde::Serialize;
@@ -123,7 +124,7 @@ struct InfoOut {
     driver_present: bool,
     devices: Vec<cuda::DeviceInfo>,
     peer_access: Vec<Vec<bool>>,
-    pool_defaults: PoolOptions,
+    pool_defaults: PoolConfig,
     simulated: Option<SimInfo>,
 }
 
@@ -138,7 +139,7 @@ pub fn info(a: InfoArgs) -> Result<()> {
         driver_present: cuda::driver_present(),
         devices: Vec::new(),
         peer_access: Vec::new(),
-        pool_defaults: PoolOptions::default(),
+        pool_defaults: PoolConfig::default(),
         simulated: None,
     };
     if a.device == DeviceSel::Sim {
@@ -383,9 +384,9 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
     let names = registry::parse_list(&a.strategies)?;
     let mut rows = Vec::new();
     let mut errors = Vec::new();
-    let opts = PoolOptions::default();
+    let opts = PoolConfig::default();
     for name in &names {
-        let alloc = registry::build(name, &Config::default())?;
+        let alloc = registry::build(name, &AllocatorConfig::default())?;
         let r = if a.device == DeviceSel::Sim {
             DevicePool::new(
                 alloc,
@@ -400,7 +401,7 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
             for o in ordinals(a.device)? {
                 let dev = cuda::open(o)?;
                 let events = CudaEvents::new(&dev)?;
-                let o2 = PoolOptions {
+                let o2 = PoolConfig {
                     pitch_align_bytes: dev.pitch_align_bytes(),
                     ..opts
                 };
@@ -487,7 +488,7 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
 }
 
 fn alloc_again(name: &str) -> Result<Box<dyn gpumem_core::Allocator>> {
-    Ok(registry::build(name, &Config::default())?)
+    Ok(registry::build(name, &AllocatorConfig::default())?)
 }
 
 // ---------------------------------------------------------------- vmm
@@ -514,15 +515,15 @@ fn paged_tables<D: Introspect>(pool: &DevicePool<D>, g: u64) -> Result<Vec<PageT
 }
 
 pub fn vmm(a: VmmArgs) -> Result<()> {
-    let paged_opts = PoolOptions {
+    let paged_opts = PoolConfig {
         reserve_bytes: 0,
-        ..PoolOptions::default()
+        ..PoolConfig::default()
     };
     let out = match a.device {
         DeviceSel::Sim => {
             let g = SimDevice::default().granularity_bytes();
             let (paged_strategy, paged_error) = match DevicePool::new(
-                registry::build("paged", &Config::default())?,
+                registry::build("paged", &AllocatorConfig::default())?,
                 Tracked::new(SimDevice::default()),
                 Box::new(ManualEvents::immediate()),
                 paged_opts,
@@ -555,7 +556,7 @@ pub fn vmm(a: VmmArgs) -> Result<()> {
             }
             let events = CudaEvents::new(&dev)?;
             let (paged_strategy, paged_error) = match DevicePool::new(
-                registry::build("paged", &Config::default())?,
+                registry::build("paged", &AllocatorConfig::default())?,
                 dev,
                 Box::new(events),
                 paged_opts,
@@ -697,10 +698,10 @@ pub fn bench_alloc(a: BenchAllocArgs) -> Result<()> {
             None => {
                 for name in &names {
                     let pool = DevicePool::new(
-                        registry::build(name, &Config::default())?,
+                        registry::build(name, &AllocatorConfig::default())?,
                         SimDevice::default(),
                         Box::new(ManualEvents::immediate()),
-                        PoolOptions::default(),
+                        PoolConfig::default(),
                     );
                     match pool {
                         Ok(pool) => {
@@ -722,12 +723,12 @@ pub fn bench_alloc(a: BenchAllocArgs) -> Result<()> {
                 for name in &names {
                     let dev = cuda::open(o)?;
                     let events = CudaEvents::new(&dev)?;
-                    let opts = PoolOptions {
+                    let opts = PoolConfig {
                         pitch_align_bytes: dev.pitch_align_bytes(),
-                        ..PoolOptions::default()
+                        ..PoolConfig::default()
                     };
                     match DevicePool::new(
-                        registry::build(name, &Config::default())?,
+                        registry::build(name, &AllocatorConfig::default())?,
                         dev,
                         Box::new(events),
                         opts,

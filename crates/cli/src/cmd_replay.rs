@@ -5,12 +5,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use gpumem::core::registry::{self, Config};
+use gpumem::core::config::AllocatorConfig;
+use gpumem::core::registry;
 use gpumem::core::sim::{SimDevice, DEFAULT_CAPACITY};
 use gpumem::core::{Allocator, Device, DriverCall};
 use gpumem::plot::{Chart, Series, PALETTE};
-use gpumem::replay::{self, ReplayOptions, ReplayReport, TraceSummary};
-use gpumem::trace::{self, ReadOptions};
+use gpumem::replay::{self, ReplayConfig, ReplayReport, TraceSummary};
+use gpumem::trace::{self, ReadConfig};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
@@ -206,7 +207,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         bail!("--canary needs a device with memory contents: use --device cuda (the simulated device keeps none)");
     }
     let read_started = Instant::now();
-    let trace = trace::read_path(&a.trace, ReadOptions { lenient: a.lenient })?;
+    let trace = trace::read_path(&a.trace, ReadConfig { lenient: a.lenient })?;
     let read_seconds = read_started.elapsed().as_secs_f64();
     let devices = replay::devices(&trace);
     let has_blocks = trace
@@ -217,9 +218,9 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         return crate::cmd_analyze::print_state(&a.trace, &trace, a.json);
     }
     let capacity = a.capacity.unwrap_or(DEFAULT_CAPACITY);
-    let config = Config {
+    let config = AllocatorConfig {
         segment_bytes: a.segment_size,
-        ..Config::default()
+        ..AllocatorConfig::default()
     };
     let summaries: Vec<(u32, TraceSummary)> = devices
         .iter()
@@ -263,11 +264,11 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         for &(d, ref s) in &summaries {
             let mut alloc = registry::build(name, &config)?;
             let mut dev = open_device(&target, capacity)?;
-            let opts = ReplayOptions {
+            let opts = ReplayConfig {
                 device: d,
                 timeline_points: if a.timeline.is_some() { 2000 } else { 0 },
                 canary: a.canary,
-                ..ReplayOptions::default()
+                ..ReplayConfig::default()
             };
             let mut cb = |n: u64| {
                 if show_progress && started.elapsed() > Duration::from_secs(1) && pb.is_hidden() {
@@ -302,9 +303,9 @@ pub fn run(a: ReplayArgs) -> Result<()> {
                     registry::build(n, &cfg).expect("allocator names were validated")
                 };
                 let mut make_dev = |c: u64| -> Box<dyn Device> { Box::new(SimDevice::new(c)) };
-                let opts = ReplayOptions {
+                let opts = ReplayConfig {
                     device: d,
-                    ..ReplayOptions::default()
+                    ..ReplayConfig::default()
                 };
                 match replay::min_capacity(&trace, &mut make, &mut make_dev, upper, 2 << 20, &opts)?
                 {
@@ -325,9 +326,9 @@ pub fn run(a: ReplayArgs) -> Result<()> {
             for &(d, _) in &summaries {
                 let mut alloc = registry::build(name, &config)?;
                 let mut sim = SimDevice::new(capacity);
-                let opts = ReplayOptions {
+                let opts = ReplayConfig {
                     device: d,
-                    ..ReplayOptions::default()
+                    ..ReplayConfig::default()
                 };
                 total += replay::replay(&trace, alloc.as_mut(), &mut sim, &opts, &mut |_| {})?
                     .peak_reserved_bytes;

@@ -51,7 +51,7 @@ struct ConvertArgs {
 fn convert(a: ConvertArgs) -> anyhow::Result<()> {
     use anyhow::Context;
     let trace =
-        gpumem::trace::read_path(&a.trace, gpumem::trace::ReadOptions { lenient: a.lenient })?;
+        gpumem::trace::read_path(&a.trace, gpumem::trace::ReadConfig { lenient: a.lenient })?;
     if a.output == "-" {
         gpumem::trace::jsonl::write_jsonl(&trace, std::io::stdout().lock())?;
     } else {

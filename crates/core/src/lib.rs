@@ -10,7 +10,7 @@
 //!   ([`buddy::Buddy`], [`tlsf::Tlsf`], [`best_fit::BestFit`]).
 //! - [`Allocator`]: a device-level pool that obtains segments or physical pages from a
 //!   [`Device`] and hands out blocks ([`segmented::SegmentedPool`] over any arena,
-//!   [`torch::TorchCaching`], [`paged::Paged`]). Build one by name with [`registry::build`].
+//!   [`torch::TorchCachingPool`], [`paged::PagedPool`]). Build one by name with [`registry::build`].
 #![forbid(unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 #![warn(missing_docs)]
@@ -19,6 +19,7 @@ pub mod align;
 pub mod arena;
 pub mod best_fit;
 pub mod buddy;
+pub mod config;
 pub mod device;
 pub mod error;
 pub mod paged;
@@ -31,6 +32,7 @@ pub mod tlsf;
 pub mod torch;
 
 pub use arena::Arena;
+pub use config::AllocatorConfig;
 pub use device::{Device, DeviceError, DriverCall, DriverCounters, PhysHandle};
 pub use error::AllocError;
 pub use stats::{Counter, Stats, StatsTracker};
@@ -56,7 +58,7 @@ pub const DEFAULT_ALIGN: u64 = 256;
 /// - `allocate` honours `align` (any power of two up to the device granularity), returns
 ///   out-of-memory as [`AllocError::OutOfMemory`] and never panics on any input sequence;
 /// - when the device refuses memory, `allocate` first gives back what it caches but does not
-///   use ([`Allocator::release_cached`]), then retries once, and only then reports OOM;
+///   use ([`Allocator::empty_cache`]), then retries once, and only then reports OOM;
 /// - a failed call changes nothing observable (stats, live blocks);
 /// - `deallocate` of an unknown or already freed address is [`AllocError::UnknownBlock`] and
 ///   changes nothing.
@@ -89,7 +91,7 @@ pub trait Allocator: Send {
     ///
     /// # Errors
     /// A device error from the free/unmap/release call that failed.
-    fn release_cached(&mut self, dev: &mut dyn Device) -> Result<u64, AllocError>;
+    fn empty_cache(&mut self, dev: &mut dyn Device) -> Result<u64, AllocError>;
 
     /// Current and peak figures. Must be cheap (O(1) or O(log n)) for the
     /// `requested/allocated/reserved` counters; `largest_free_bytes` may cost O(free blocks).

@@ -1,30 +1,9 @@
 //! Building allocators by name.
+use crate::config::AllocatorConfig;
 use crate::Allocator;
 
 /// Names accepted by [`build`], in report order.
 pub const NAMES: [&str; 5] = ["buddy", "tlsf", "best-fit", "torch", "paged"];
-
-/// Settings shared by the allocators.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Config {
-    /// Bytes a segmented pool (buddy, tlsf, best-fit) reserves per segment when a request
-    /// is smaller (the seed's 256 MiB pre-allocated pool).
-    pub segment_bytes: u64,
-    /// Smallest block of the buddy system, in bytes (256).
-    pub min_block_bytes: u64,
-    /// Free physical pages the `paged` strategy keeps cached before releasing them.
-    pub page_cache_pages: u64,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            segment_bytes: 256 << 20,
-            min_block_bytes: 256,
-            page_cache_pages: 1024,
-        }
-    }
-}
 
 /// An unknown allocator name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -35,15 +14,15 @@ pub struct UnknownAllocator(pub String);
 ///
 /// # Errors
 /// [`UnknownAllocator`] for any other name.
-pub fn build(name: &str, config: &Config) -> Result<Box<dyn Allocator>, UnknownAllocator> {
+pub fn build(name: &str, config: &AllocatorConfig) -> Result<Box<dyn Allocator>, UnknownAllocator> {
     Ok(match name {
         "buddy" => Box::new(crate::segmented::SegmentedPool::buddy(config)),
         "tlsf" => Box::new(crate::segmented::SegmentedPool::tlsf(config)),
         "best-fit" | "bestfit" | "best_fit" => {
             Box::new(crate::segmented::SegmentedPool::best_fit(config))
         }
-        "torch" => Box::new(crate::torch::TorchCaching::new(config)),
-        "paged" => Box::new(crate::paged::Paged::new(config)),
+        "torch" => Box::new(crate::torch::TorchCachingPool::new(config)),
+        "paged" => Box::new(crate::paged::PagedPool::new(config)),
         other => return Err(UnknownAllocator(other.to_string())),
     })
 }

@@ -13,10 +13,10 @@
 //! - Otherwise the pool takes a new segment of `max(config.segment_bytes, size)`, rounded up
 //!   to the device granularity (and, for buddy, to a power of two).
 //! - If the device refuses with out-of-memory, the pool frees its empty segments
-//!   ([`Allocator::release_cached`]) and asks again for the same size; if that is refused too
+//!   ([`Allocator::empty_cache`]) and asks again for the same size; if that is refused too
 //!   and a smaller segment would do (just the request rounded up), it asks once for that.
 //!   Only then does it report [`AllocError::OutOfMemory`] with the pool's free figures.
-//! - Empty segments stay cached until [`Allocator::release_cached`].
+//! - Empty segments stay cached until [`Allocator::empty_cache`].
 //!
 //! Alignment: any power of two up to the device granularity (segment bases are granularity
 //! aligned on current GPUs and on the simulated device; a segment whose base is less aligned
@@ -30,7 +30,7 @@ use crate::align::{align_up, is_pow2};
 use crate::arena::Arena;
 use crate::best_fit::BestFit;
 use crate::buddy::Buddy;
-use crate::registry::Config;
+use crate::config::AllocatorConfig;
 use crate::tlsf::Tlsf;
 use crate::{AllocError, Allocator, Block, Device, DeviceError, Stats, StatsTracker};
 
@@ -103,15 +103,15 @@ struct LiveBlock {
 /// A pool of device segments, each managed by an arena of one [`ArenaKind`].
 ///
 /// ```
-/// use gpumem_core::{registry::Config, segmented::SegmentedPool, sim::SimDevice};
+/// use gpumem_core::{config::AllocatorConfig, segmented::SegmentedPool, sim::SimDevice};
 /// use gpumem_core::{Allocator, Device};
 /// let mut dev = SimDevice::new(1 << 30);
-/// let mut pool = SegmentedPool::tlsf(&Config::default());
+/// let mut pool = SegmentedPool::tlsf(&AllocatorConfig::default());
 /// let b = pool.allocate(&mut dev, 1000, 256, 0).unwrap();
 /// assert_eq!(b.allocated_bytes, 1024);
 /// assert_eq!(dev.used_bytes(), 256 << 20, "one 256 MiB segment");
 /// pool.deallocate(&mut dev, b.addr).unwrap();
-/// assert_eq!(pool.release_cached(&mut dev).unwrap(), 256 << 20);
+/// assert_eq!(pool.empty_cache(&mut dev).unwrap(), 256 << 20);
 /// assert_eq!(dev.used_bytes(), 0);
 /// ```
 pub struct SegmentedPool {
@@ -146,7 +146,7 @@ impl fmt::Debug for SegmentedPool {
 impl SegmentedPool {
     /// An empty pool whose segments are managed by `kind`, preferring segments of
     /// `config.segment_bytes`.
-    pub fn new(kind: ArenaKind, config: &Config) -> Self {
+    pub fn new(kind: ArenaKind, config: &AllocatorConfig) -> Self {
         SegmentedPool {
             kind,
             segment_bytes: config.segment_bytes,
@@ -159,7 +159,7 @@ impl SegmentedPool {
     }
 
     /// Buddy segments with `config.min_block_bytes` minimum blocks.
-    pub fn buddy(config: &Config) -> Self {
+    pub fn buddy(config: &AllocatorConfig) -> Self {
         Self::new(
             ArenaKind::Buddy {
                 min_block_bytes: config.min_block_bytes,
@@ -169,12 +169,12 @@ impl SegmentedPool {
     }
 
     /// TLSF segments.
-    pub fn tlsf(config: &Config) -> Self {
+    pub fn tlsf(config: &AllocatorConfig) -> Self {
         Self::new(ArenaKind::Tlsf, config)
     }
 
     /// Best-fit segments.
-    pub fn best_fit(config: &Config) -> Self {
+    pub fn best_fit(config: &AllocatorConfig) -> Self {
         Self::new(ArenaKind::BestFit, config)
     }
 
@@ -216,7 +216,7 @@ impl SegmentedPool {
             Err(e) => return Err(e.into()),
         }
         self.tracker.stats.alloc_retries += 1;
-        self.release_cached(dev)?;
+        self.empty_cache(dev)?;
         match dev.alloc_segment(want) {
             Ok(base) => return Ok((base, want)),
             Err(DeviceError::OutOfMemory { .. }) if min < want => {}
@@ -363,7 +363,7 @@ impl Allocator for SegmentedPool {
 
     /// Frees every segment without live blocks (cuMemFree). On a device error the segments
     /// freed so far stay freed and the rest stay cached.
-    fn release_cached(&mut self, dev: &mut dyn Device) -> Result<u64, AllocError> {
+    fn empty_cache(&mut self, dev: &mut dyn Device) -> Result<u64, AllocError> {
         let empty: Vec<(u64, u64, u64)> = self
             .segments
             .iter()
@@ -484,11 +484,11 @@ mod tests {
     #[test]
     fn large_request_gets_its_own_segment_and_buddy_rounds_to_pow2() {
         let mut dev = SimDevice::new(4 << 30);
-        let mut pool = SegmentedPool::buddy(&Config::default());
+        let mut pool = SegmentedPool::buddy(&AllocatorConfig::default());
         let b = pool.allocate(&mut dev, 300 * MIB, 256, 0).unwrap();
         assert_eq!(b.allocated_bytes, 512 * MIB);
         assert_eq!(dev.used_bytes(), 512 * MIB);
-        let mut t = SegmentedPool::tlsf(&Config::default());
+        let mut t = SegmentedPool::tlsf(&AllocatorConfig::default());
         let c = t.allocate(&mut dev, 300 * MIB + 1, 256, 0).unwrap();
         assert_eq!(c.allocated_bytes, 300 * MIB + 256);
         assert_eq!(t.stats().reserved_bytes.current, 302 * MIB);
@@ -499,7 +499,7 @@ mod tests {
     #[test]
     fn refused_segment_releases_cache_then_tries_smaller() {
         let mut dev = SimDevice::new(300 * MIB);
-        let mut pool = SegmentedPool::tlsf(&Config::default());
+        let mut pool = SegmentedPool::tlsf(&AllocatorConfig::default());
         let a = pool.allocate(&mut dev, MIB, 256, 0).unwrap(); // 256 MiB segment
         pool.deallocate(&mut dev, a.addr).unwrap();
         // 257 MiB does not fit in the cached segment; the device has only 44 MiB more.
@@ -526,17 +526,17 @@ mod tests {
         pool.validate().unwrap();
         pool.deallocate(&mut dev, b.addr).unwrap();
         pool.deallocate(&mut dev, c.addr).unwrap();
-        assert_eq!(pool.release_cached(&mut dev).unwrap(), 260 * MIB);
+        assert_eq!(pool.empty_cache(&mut dev).unwrap(), 260 * MIB);
         assert_eq!(dev.live_objects(), (0, 0, 0, 0));
     }
 
     #[test]
     fn buddy_segment_holds_at_least_one_minimum_block() {
         let mut dev = SimDevice::new(1 << 30);
-        let config = Config {
+        let config = AllocatorConfig {
             segment_bytes: 2 * MIB,
             min_block_bytes: 8 * MIB,
-            ..Config::default()
+            ..AllocatorConfig::default()
         };
         let mut pool = SegmentedPool::buddy(&config);
         let b = pool.allocate(&mut dev, 1, 1, 0).unwrap();
@@ -548,7 +548,7 @@ mod tests {
     #[test]
     fn alignment_up_to_granularity() {
         let mut dev = SimDevice::new(1 << 30);
-        let mut pool = SegmentedPool::best_fit(&Config::default());
+        let mut pool = SegmentedPool::best_fit(&AllocatorConfig::default());
         let _pin = pool.allocate(&mut dev, 100, 1, 0).unwrap();
         for shift in 0..=21 {
             let b = pool.allocate(&mut dev, 3000, 1 << shift, 0).unwrap();

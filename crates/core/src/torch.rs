@@ -26,7 +26,7 @@
 //!   block that is a whole segment, large pool first) and one retry counted in
 //!   `num_alloc_retries`, else out-of-memory (`num_ooms`). Other driver errors end the call
 //!   at once, as `C10_CUDA_CHECK` does.
-//! - `emptyCache` is [`Allocator::release_cached`].
+//! - `emptyCache` is [`Allocator::empty_cache`].
 //!
 //! Statistics follow `torch.cuda.memory_stats()`: `allocated` counts block sizes,
 //! `requested` the sizes users asked for, `reserved` segment sizes; [`TorchStats`] adds
@@ -42,8 +42,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::Serialize;
 
+use crate::config::AllocatorConfig;
 use crate::device::DeviceError;
-use crate::registry::Config;
 use crate::{AllocError, Allocator, Block, Counter, Device, Stats, StatsTracker};
 
 /// Every block size is a multiple of this, in bytes (`kMinBlockSize`).
@@ -175,11 +175,11 @@ type FreeKey = (u64, u64, u64); // (stream, size, addr)
 ///
 /// ```
 /// use gpumem_core::sim::SimDevice;
-/// use gpumem_core::torch::TorchCaching;
+/// use gpumem_core::torch::TorchCachingPool;
 /// use gpumem_core::Allocator;
 ///
 /// let mut dev = SimDevice::default();
-/// let mut torch = TorchCaching::new(&Default::default());
+/// let mut torch = TorchCachingPool::new(&Default::default());
 /// // 5 MiB is a "large" request between 1 and 10 MiB: PyTorch cudaMallocs 20 MiB.
 /// let a = torch.allocate(&mut dev, 5 << 20, 512, 0)?;
 /// assert_eq!(torch.stats().reserved_bytes.current, 20 << 20);
@@ -190,12 +190,12 @@ type FreeKey = (u64, u64, u64); // (stream, size, addr)
 /// torch.deallocate(&mut dev, a.addr)?;
 /// torch.deallocate(&mut dev, b.addr)?;
 /// // Both blocks merged back into one free segment, which empty_cache gives back.
-/// assert_eq!(torch.release_cached(&mut dev)?, 20 << 20);
+/// assert_eq!(torch.empty_cache(&mut dev)?, 20 << 20);
 /// torch.validate()?;
 /// # Ok::<(), gpumem_core::AllocError>(())
 /// ```
 #[derive(Debug, Default)]
-pub struct TorchCaching {
+pub struct TorchCachingPool {
     /// Every block, allocated or free, by its address.
     blocks: HashMap<u64, BlockRec>,
     /// Every segment by its base address.
@@ -214,11 +214,11 @@ pub struct TorchCaching {
     torch: TorchStats,
 }
 
-impl TorchCaching {
-    /// A new, empty allocator. No [`Config`] field applies: PyTorch's sizes are fixed.
-    pub fn new(config: &Config) -> Self {
+impl TorchCachingPool {
+    /// A new, empty allocator. No [`AllocatorConfig`](crate::config::AllocatorConfig) field applies: PyTorch's sizes are fixed.
+    pub fn new(config: &AllocatorConfig) -> Self {
         let _ = config;
-        TorchCaching::default()
+        TorchCachingPool::default()
     }
 
     /// The `torch.cuda.memory_stats()` figures beyond [`Stats`].
@@ -501,7 +501,7 @@ fn apply_net(c: &mut Counter, delta: i64) {
     }
 }
 
-impl Allocator for TorchCaching {
+impl Allocator for TorchCachingPool {
     fn name(&self) -> &'static str {
         "torch"
     }
@@ -594,7 +594,7 @@ impl Allocator for TorchCaching {
     }
 
     /// `emptyCache` → `release_cached_blocks`: cudaFree of every segment that is wholly free.
-    fn release_cached(&mut self, dev: &mut dyn Device) -> Result<u64, AllocError> {
+    fn empty_cache(&mut self, dev: &mut dyn Device) -> Result<u64, AllocError> {
         self.release_cached_blocks(dev)
     }
 
@@ -737,17 +737,20 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
-    fn new() -> (TorchCaching, SimDevice) {
-        (TorchCaching::new(&Config::default()), SimDevice::default())
+    fn new() -> (TorchCachingPool, SimDevice) {
+        (
+            TorchCachingPool::new(&AllocatorConfig::default()),
+            SimDevice::default(),
+        )
     }
 
-    fn alloc(t: &mut TorchCaching, d: &mut SimDevice, size: u64) -> Block {
+    fn alloc(t: &mut TorchCachingPool, d: &mut SimDevice, size: u64) -> Block {
         let b = t.allocate(d, size, 512, 0).expect("allocate");
         t.validate().expect("valid");
         b
     }
 
-    fn free(t: &mut TorchCaching, d: &mut SimDevice, addr: u64) {
+    fn free(t: &mut TorchCachingPool, d: &mut SimDevice, addr: u64) {
         t.deallocate(d, addr).expect("deallocate");
         t.validate().expect("valid");
     }
@@ -846,9 +849,9 @@ mod tests {
         // The whole segment can be handed out again at its base.
         let w = alloc(&mut t, &mut d, MIB);
         assert_eq!(w.addr, a.addr);
-        assert_eq!(t.release_cached(&mut d).expect("release"), 0);
+        assert_eq!(t.empty_cache(&mut d).expect("release"), 0);
         free(&mut t, &mut d, w.addr);
-        assert_eq!(t.release_cached(&mut d).expect("release"), 2 * MIB);
+        assert_eq!(t.empty_cache(&mut d).expect("release"), 2 * MIB);
         assert_eq!(d.live_objects(), (0, 0, 0, 0));
         assert_eq!(t.stats().reserved_bytes.current, 0);
         assert_eq!(t.torch_stats().num_device_free, 1);
@@ -890,7 +893,7 @@ mod tests {
     #[test]
     fn oom_releases_cache_then_retries() {
         let mut d = SimDevice::new(24 * MIB);
-        let mut t = TorchCaching::new(&Config::default());
+        let mut t = TorchCachingPool::new(&AllocatorConfig::default());
         let a = alloc(&mut t, &mut d, 12 * MIB); // a 12 MiB segment
         let before = t.stats();
         // 8 MiB wants a 20 MiB segment: 12 + 20 > 24, nothing cached to release.
@@ -953,7 +956,7 @@ mod tests {
     #[test]
     fn fault_at_cuda_free_during_release_keeps_state_valid() {
         let mut d = SimDevice::new(30 * MIB);
-        let mut t = TorchCaching::new(&Config::default());
+        let mut t = TorchCachingPool::new(&AllocatorConfig::default());
         let a = alloc(&mut t, &mut d, 12 * MIB);
         free(&mut t, &mut d, a.addr);
         // cudaMalloc (OOM) is the next call, then the cudaFree of the cached segment.
@@ -1056,7 +1059,7 @@ mod tests {
         #[test]
         fn random_operations_keep_every_invariant(ops in proptest::collection::vec(op(), 1..200)) {
             let mut d = SimDevice::new(128 * MIB);
-            let mut t = TorchCaching::new(&Config::default());
+            let mut t = TorchCachingPool::new(&AllocatorConfig::default());
             // user address -> end of the user's bytes
             let mut live: BTreeMap<u64, u64> = BTreeMap::new();
             for o in ops {
@@ -1093,7 +1096,7 @@ mod tests {
                         }
                     }
                     Op::Release => {
-                        t.release_cached(&mut d).unwrap();
+                        t.empty_cache(&mut d).unwrap();
                     }
                 }
                 t.validate().unwrap();
@@ -1103,7 +1106,7 @@ mod tests {
                 t.deallocate(&mut d, *k).unwrap();
             }
             t.validate().unwrap();
-            t.release_cached(&mut d).unwrap();
+            t.empty_cache(&mut d).unwrap();
             proptest::prop_assert_eq!(d.live_objects(), (0, 0, 0, 0));
             proptest::prop_assert_eq!(t.stats().reserved_bytes.current, 0);
             proptest::prop_assert_eq!(t.stats().free_bytes, 0);

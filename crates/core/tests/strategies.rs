@@ -4,13 +4,14 @@
 //! `for_every_arena!` runs each arena test over every arena; `for_every_pool!` runs
 //! [`check_allocator`] (random operation sequences) and the fault-injection test for every
 //! allocator name. Every scenario ends by allocating the whole capacity at offset 0 (arenas)
-//! or by checking that `release_cached` gives every byte back to the device (pools).
+//! or by checking that `empty_cache` gives every byte back to the device (pools).
 use std::collections::BTreeMap;
 
 use gpumem_core::arena::ArenaReport;
 use gpumem_core::best_fit::BestFit;
 use gpumem_core::buddy::Buddy;
-use gpumem_core::registry::{self, Config};
+use gpumem_core::config::AllocatorConfig;
+use gpumem_core::registry;
 use gpumem_core::sim::SimDevice;
 use gpumem_core::tlsf::Tlsf;
 use gpumem_core::{AllocError, Allocator, Arena, Block, Device, DeviceError};
@@ -388,9 +389,9 @@ fn pool_op() -> impl Strategy<Value = PoolOp> {
 
 /// Device and settings of the pool tests: a 64 MiB device, 8 MiB segments.
 fn pool_setup(name: &str) -> (SimDevice, Box<dyn Allocator>) {
-    let config = Config {
+    let config = AllocatorConfig {
         segment_bytes: 8 * MIB,
-        ..Config::default()
+        ..AllocatorConfig::default()
     };
     let pool = registry::build(name, &config).unwrap();
     (SimDevice::new(64 * MIB), pool)
@@ -487,7 +488,7 @@ fn drain_pool(pool: &mut dyn Allocator, dev: &mut SimDevice, live: &mut BTreeMap
         pool.deallocate(dev, k).unwrap();
         check_pool(pool, dev, live);
     }
-    pool.release_cached(dev).unwrap();
+    pool.empty_cache(dev).unwrap();
     pool.validate().unwrap();
     let s = pool.stats();
     assert_eq!(s.reserved_bytes.current, 0);
@@ -538,7 +539,7 @@ fn check_allocator(name: &str, ops: &[PoolOp]) {
             }
             PoolOp::ReleaseCached => {
                 let reserved = pool.stats().reserved_bytes.current;
-                let released = pool.release_cached(&mut dev).unwrap();
+                let released = pool.empty_cache(&mut dev).unwrap();
                 assert_eq!(pool.stats().reserved_bytes.current, reserved - released);
             }
         }
@@ -586,7 +587,7 @@ fn small_workload(
         let r = pool.deallocate(dev, k);
         step(pool, dev, live, r);
     }
-    let r = pool.release_cached(dev).map(|_| ());
+    let r = pool.empty_cache(dev).map(|_| ());
     step(pool, dev, live, r);
     for (size, align) in [(5 * MIB, 256), (1000, 512), (40 * MIB, 256)] {
         let r = pool_alloc(pool, dev, live, size, align).map(|_| ());
@@ -734,9 +735,9 @@ fn every_registry_name_is_tested_or_pending() {
 /// Pools: the fragmentation case at the pool level, figures from `stats()`.
 #[test]
 fn pool_reports_free_and_largest_free_on_oom() {
-    let config = Config {
+    let config = AllocatorConfig {
         segment_bytes: 8 * GIB,
-        ..Config::default()
+        ..AllocatorConfig::default()
     };
     let mut dev = SimDevice::new(8 * GIB);
     let mut pool = registry::build("best-fit", &config).unwrap();

@@ -1,18 +1,19 @@
 //! A DevicePool on the simulated device: stream-ordered reuse, record_stream, pitched
 //! blocks, trim. Run: `cargo run -p gpumem --example device_pool`.
 //! On a GPU, build the pool over `gpumem::cuda::open(0)?` with `CudaEvents` instead.
-use gpumem::cuda::pool::{DevicePool, PoolOptions};
+use gpumem::cuda::pool::{DevicePool, PoolConfig};
 use gpumem::cuda::ManualEvents;
-use gpumem_core::registry::{self, Config};
+use gpumem_core::config::AllocatorConfig;
+use gpumem_core::registry;
 use gpumem_core::sim::SimDevice;
 use gpumem_core::Device;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let pool = DevicePool::new(
-        registry::build("tlsf", &Config::default())?,
+        registry::build("tlsf", &AllocatorConfig::default())?,
         SimDevice::new(8 << 30),
         Box::new(ManualEvents::immediate()),
-        PoolOptions::default(), // pre-reserves 256 MiB
+        PoolConfig::default(), // pre-reserves 256 MiB
     )?;
     let (s1, s2) = (1, 2);
     let a = pool.alloc(1 << 20, s1)?;
@@ -26,7 +27,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("pitched: {} B rows for 1000 B of width", img.pitch_bytes);
     drop((b, c, img));
     println!("{:#?}", pool.stats()?);
-    let released = pool.trim()?;
+    let released = pool.empty_cache()?;
     println!(
         "trim gave back {released} B; device now holds {} B",
         pool.with_device(|d| d.used_bytes())?

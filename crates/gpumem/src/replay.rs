@@ -4,11 +4,11 @@
 //! Semantics:
 //! - blocks live before recording started ([`Trace::preexisting`]) are allocated first;
 //! - `Alloc` asks the allocator for `size_bytes` with the event's alignment (or
-//!   [`ReplayOptions::default_align`]); `Free` returns the block;
+//!   [`ReplayConfig::default_align`]); `Free` returns the block;
 //! - an allocation that fails with out-of-memory (after the allocator released its cache and
 //!   retried, as every allocator must) is counted in `oom_count` and dropped together with its
 //!   later free, and the replay goes on;
-//! - only events of [`ReplayOptions::device`] are replayed (one pool per device).
+//! - only events of [`ReplayConfig::device`] are replayed (one pool per device).
 use std::time::Instant;
 
 use gpumem_core::{AllocError, Allocator, Device, DeviceError, DriverCounters, Stats};
@@ -19,7 +19,7 @@ use crate::trace::{Action, Trace};
 
 /// How to replay.
 #[derive(Debug, Clone, Copy)]
-pub struct ReplayOptions {
+pub struct ReplayConfig {
     /// Device ordinal whose events are replayed.
     pub device: u32,
     /// Alignment used when an event carries none, in bytes.
@@ -32,9 +32,9 @@ pub struct ReplayOptions {
     pub canary: bool,
 }
 
-impl Default for ReplayOptions {
+impl Default for ReplayConfig {
     fn default() -> Self {
-        ReplayOptions {
+        ReplayConfig {
             device: 0,
             default_align: gpumem_core::DEFAULT_ALIGN,
             timeline_points: 0,
@@ -225,7 +225,7 @@ struct Live {
 
 struct State<'a> {
     live: FxHashMap<u64, Live>,
-    opts: &'a ReplayOptions,
+    opts: &'a ReplayConfig,
     name: String,
 }
 
@@ -285,7 +285,7 @@ pub fn replay(
     trace: &Trace,
     alloc: &mut dyn Allocator,
     dev: &mut dyn Device,
-    opts: &ReplayOptions,
+    opts: &ReplayConfig,
     progress: &mut dyn FnMut(u64),
 ) -> Result<ReplayReport, ReplayError> {
     let name = alloc.name().to_string();
@@ -482,7 +482,7 @@ fn completes(
     make: &mut dyn FnMut() -> Box<dyn Allocator>,
     make_dev: &mut dyn FnMut(u64) -> Box<dyn Device>,
     capacity: u64,
-    opts: &ReplayOptions,
+    opts: &ReplayConfig,
 ) -> Result<bool, ReplayError> {
     let mut a = make();
     let mut d = make_dev(capacity);
@@ -504,7 +504,7 @@ pub fn min_capacity(
     make_dev: &mut dyn FnMut(u64) -> Box<dyn Device>,
     upper_bytes: u64,
     resolution_bytes: u64,
-    opts: &ReplayOptions,
+    opts: &ReplayConfig,
 ) -> Result<Option<u64>, ReplayError> {
     let floor = summarize(trace, opts.device).peak_requested_bytes;
     if !completes(trace, make, make_dev, upper_bytes, opts)? {

@@ -2,9 +2,10 @@
 //! (`cuda_device-* --ignored --test-threads 1`).
 use gpumem::cuda::bench::{self, AsyncCuda, Budget, Case, ContextBinder, PoolBackend, RawCuda};
 use gpumem::cuda::pitch::pitch_bytes;
-use gpumem::cuda::pool::{DevicePool, PoolOptions};
+use gpumem::cuda::pool::{DevicePool, PoolConfig};
 use gpumem::cuda::{self, Advice, CudaError, CudaEvents, CudaStream, MemoryType};
-use gpumem_core::registry::{self, Config};
+use gpumem_core::config::AllocatorConfig;
+use gpumem_core::registry;
 use gpumem_core::{Device, DeviceError, DriverCall};
 
 mod cuda_common;
@@ -172,10 +173,10 @@ fn pool_stream_ordered_reuse_with_real_events() {
     let s1 = CudaStream::new(&d).expect("stream");
     let s2 = CudaStream::new(&d).expect("stream");
     let events = CudaEvents::new(&d).expect("events");
-    let o = PoolOptions {
+    let o = PoolConfig {
         reserve_bytes: 0,
         shard_cache_bytes: 0,
-        ..PoolOptions::default()
+        ..PoolConfig::default()
     };
     let pool = DevicePool::new(Box::new(SegmentPerBlock::default()), d, Box::new(events), o)
         .expect("pool");
@@ -192,7 +193,7 @@ fn pool_stream_ordered_reuse_with_real_events() {
     drop(b);
     let s = pool.stats().expect("stats");
     assert_eq!(s.live_blocks, 0);
-    pool.trim().expect("trim");
+    pool.empty_cache().expect("empty_cache");
     assert_eq!(pool.with_device(|d| d.used_bytes()).expect("dev"), 0);
 }
 
@@ -204,10 +205,10 @@ fn every_strategy_serves_blocks_with_intact_canaries() {
         let s = CudaStream::new(&d).expect("stream");
         let events = CudaEvents::new(&d).expect("events");
         let pool = DevicePool::new(
-            registry::build(name, &Config::default()).expect("build"),
+            registry::build(name, &AllocatorConfig::default()).expect("build"),
             d,
             Box::new(events),
-            PoolOptions::default(),
+            PoolConfig::default(),
         )
         .unwrap_or_else(|e| panic!("{name}: {e}"));
         let sizes = [256u64, 4096, 100_000, 3 * MIB, 64 * MIB];
@@ -234,7 +235,7 @@ fn every_strategy_serves_blocks_with_intact_canaries() {
         }
         drop(blocks);
         pool.validate().unwrap_or_else(|e| panic!("{name}: {e}"));
-        pool.trim().expect("trim");
+        pool.empty_cache().expect("empty_cache");
         pool.with_device(|d| d.synchronize())
             .expect("dev")
             .expect("healthy");
@@ -249,11 +250,11 @@ fn pool_recovers_from_oom_by_releasing_its_cache() {
     let s1 = CudaStream::new(&d).expect("stream");
     let s2 = CudaStream::new(&d).expect("stream");
     let events = CudaEvents::new(&d).expect("events");
-    let o = PoolOptions {
+    let o = PoolConfig {
         reserve_bytes: 0,
         max_cached_block_bytes: u64::MAX,
         shard_cache_bytes: u64::MAX,
-        ..PoolOptions::default()
+        ..PoolConfig::default()
     };
     let pool = DevicePool::new(Box::new(SegmentPerBlock::default()), d, Box::new(events), o)
         .expect("pool");
@@ -269,7 +270,7 @@ fn pool_recovers_from_oom_by_releasing_its_cache() {
     assert_eq!(s.oom_recoveries, 1);
     assert_eq!(s.cached_blocks, 0);
     drop(b);
-    pool.trim().expect("trim");
+    pool.empty_cache().expect("empty_cache");
     pool.with_device(|d| d.synchronize())
         .expect("dev")
         .expect("no error left pending");
@@ -321,7 +322,7 @@ fn bench_backends_measure() {
         Box::new(SegmentPerBlock::default()),
         dev0(),
         Box::new(events),
-        PoolOptions::default(),
+        PoolConfig::default(),
     )
     .expect("pool");
     let b = PoolBackend {
@@ -339,12 +340,12 @@ fn peer_access_per_block_needs_vmm_pages() {
     let n = cuda::device_count().expect("count");
     let d = dev0();
     let events = CudaEvents::new(&d).expect("events");
-    let o = PoolOptions {
+    let o = PoolConfig {
         reserve_bytes: 0,
-        ..PoolOptions::default()
+        ..PoolConfig::default()
     };
     let paged = DevicePool::new(
-        registry::build("paged", &Config::default()).expect("paged"),
+        registry::build("paged", &AllocatorConfig::default()).expect("paged"),
         d,
         Box::new(events),
         o,

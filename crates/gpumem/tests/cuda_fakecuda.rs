@@ -11,9 +11,10 @@ use std::process::Command;
 
 use gpumem::cuda::bench::{self, AsyncCuda, Budget, Case, ContextBinder, PoolBackend, RawCuda};
 use gpumem::cuda::pitch::pitch_bytes;
-use gpumem::cuda::pool::{DevicePool, PoolOptions};
+use gpumem::cuda::pool::{DevicePool, PoolConfig};
 use gpumem::cuda::{self, Advice, Capped, CudaError, CudaEvents, CudaStream, MemoryType};
-use gpumem_core::registry::{self, Config};
+use gpumem_core::config::AllocatorConfig;
+use gpumem_core::registry;
 use gpumem_core::{Device, DeviceError, DriverCall};
 
 mod cuda_common;
@@ -178,10 +179,10 @@ fn pool_on_the_driver() {
     let s1 = CudaStream::new(&d).unwrap();
     let s2 = CudaStream::new(&d).unwrap();
     let events = CudaEvents::new(&d).unwrap();
-    let o = PoolOptions {
+    let o = PoolConfig {
         reserve_bytes: 0,
         shard_cache_bytes: 0,
-        ..PoolOptions::default()
+        ..PoolConfig::default()
     };
     let pool =
         DevicePool::new(Box::new(SegmentPerBlock::default()), d, Box::new(events), o).unwrap();
@@ -192,7 +193,7 @@ fn pool_on_the_driver() {
     let b = pool.alloc(64 << 10, s2.id()).unwrap();
     assert_eq!(b.addr(), addr, "reused on s2 once s1's event completed");
     drop(b);
-    assert_eq!(pool.trim().unwrap(), 64 << 10);
+    assert_eq!(pool.empty_cache().unwrap(), 64 << 10);
     assert_eq!(pool.with_device(|d| d.used_bytes()).unwrap(), 0);
 }
 
@@ -201,10 +202,10 @@ fn every_strategy_keeps_canaries() {
         let d = cuda::open(0).unwrap();
         let events = CudaEvents::new(&d).unwrap();
         let pool = DevicePool::new(
-            registry::build(name, &Config::default()).unwrap(),
+            registry::build(name, &AllocatorConfig::default()).unwrap(),
             d,
             Box::new(events),
-            PoolOptions::default(),
+            PoolConfig::default(),
         )
         .unwrap_or_else(|e| panic!("{name}: {e}"));
         let mut blocks = Vec::new();
@@ -228,7 +229,7 @@ fn every_strategy_keeps_canaries() {
         }
         drop(blocks);
         pool.validate().unwrap_or_else(|e| panic!("{name}: {e}"));
-        pool.trim().unwrap();
+        pool.empty_cache().unwrap();
     }
 }
 
@@ -265,7 +266,7 @@ fn managed_and_benchmarks() {
         Box::new(SegmentPerBlock::default()),
         cuda::open(0).unwrap(),
         Box::new(events),
-        PoolOptions::default(),
+        PoolConfig::default(),
     )
     .unwrap();
     let b = PoolBackend {

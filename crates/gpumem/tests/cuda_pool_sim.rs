@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use gpumem::cuda::pool::{class_bytes, DevicePool, PoolError, PoolOptions};
+use gpumem::cuda::pool::{class_bytes, DevicePool, PoolConfig, PoolError};
 use gpumem::cuda::{ManualEvents, StreamEvents};
 use gpumem_core::sim::SimDevice;
 use gpumem_core::Device;
@@ -13,14 +13,14 @@ use cuda_common::SegmentPerBlock;
 
 const MIB: u64 = 1 << 20;
 
-fn opts() -> PoolOptions {
-    PoolOptions {
+fn opts() -> PoolConfig {
+    PoolConfig {
         reserve_bytes: 0,
-        ..PoolOptions::default()
+        ..PoolConfig::default()
     }
 }
 
-fn pool_with(capacity: u64, o: PoolOptions, ev: ManualEvents) -> DevicePool<SimDevice> {
+fn pool_with(capacity: u64, o: PoolConfig, ev: ManualEvents) -> DevicePool<SimDevice> {
     DevicePool::new(
         Box::new(SegmentPerBlock::default()),
         SimDevice::new(capacity),
@@ -51,7 +51,7 @@ fn leaked_events() -> &'static ManualEvents {
     Box::leak(Box::new(ManualEvents::new()))
 }
 
-fn pool_shared(capacity: u64, o: PoolOptions, ev: &'static ManualEvents) -> DevicePool<SimDevice> {
+fn pool_shared(capacity: u64, o: PoolConfig, ev: &'static ManualEvents) -> DevicePool<SimDevice> {
     DevicePool::new(
         Box::new(SegmentPerBlock::default()),
         SimDevice::new(capacity),
@@ -83,7 +83,7 @@ fn same_stream_reuse_is_immediate_and_needs_no_event() {
 fn other_stream_waits_for_the_event_recorded_on_the_freeing_stream() {
     let ev = leaked_events();
     // A zero-byte shard cache sends every free straight behind an event.
-    let o = PoolOptions {
+    let o = PoolConfig {
         shard_cache_bytes: 0,
         ..opts()
     };
@@ -181,7 +181,7 @@ fn oom_error_carries_the_request_and_the_pool_figures() {
 
 #[test]
 fn trim_gives_everything_back_and_reserve_pre_allocates() {
-    let o = PoolOptions {
+    let o = PoolConfig {
         reserve_bytes: 16 * MIB,
         ..opts()
     };
@@ -191,7 +191,7 @@ fn trim_gives_everything_back_and_reserve_pre_allocates() {
         .map(|i| pool.alloc(i * 1000, i % 3).expect("alloc"))
         .collect();
     drop(blocks);
-    let released = pool.trim().expect("trim");
+    let released = pool.empty_cache().expect("empty_cache");
     assert!(released >= 16 * MIB, "{released}");
     assert_eq!(pool.with_device(|d| d.used_bytes()).expect("dev"), 0);
     let s = pool.stats().expect("stats");
@@ -202,7 +202,7 @@ fn trim_gives_everything_back_and_reserve_pre_allocates() {
 #[test]
 fn release_threshold_gives_memory_back_after_events() {
     let ev = leaked_events();
-    let o = PoolOptions {
+    let o = PoolConfig {
         release_threshold_bytes: 0,
         max_cached_block_bytes: MIB, // 2 MiB blocks bypass the cache
         ..opts()
@@ -290,7 +290,7 @@ fn threads_never_share_a_live_block() {
     assert_eq!(s.cache_hits + s.cache_misses, 8 * 3000);
     assert!(s.cache_hits > 0);
     pool.validate().expect("valid");
-    pool.trim().expect("trim");
+    pool.empty_cache().expect("empty_cache");
     assert_eq!(pool.with_device(|d| d.used_bytes()).expect("dev"), 0);
 }
 
@@ -319,7 +319,7 @@ fn magazine_block_is_reused_at_once_on_its_stream_and_never_early_on_another() {
     let s = pool.stats().expect("stats");
     assert_eq!((s.cached_blocks, s.cached_bytes), (2, 2048));
     // Trim puts both behind events (one per stream) and waits for them.
-    pool.trim().expect("trim");
+    pool.empty_cache().expect("empty_cache");
     assert_eq!(ev.recorded(), 2);
     assert_eq!(pool.with_device(|d| d.used_bytes()).expect("dev"), 0);
 }
@@ -386,7 +386,7 @@ fn trim_reclaims_blocks_cached_in_live_threads_magazines_and_shards() {
         filled.wait();
         let before = pool.stats().expect("stats");
         let used_before = pool.with_device(|d| d.used_bytes()).expect("dev");
-        pool.trim().expect("trim");
+        pool.empty_cache().expect("empty_cache");
         let after = pool.stats().expect("stats");
         let used_after = pool.with_device(|d| d.used_bytes()).expect("dev");
         trimmed.wait(); // release the threads before asserting (a failed assert must not hang)

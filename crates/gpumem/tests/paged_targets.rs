@@ -7,11 +7,11 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use gpumem::core::paged::Paged;
-use gpumem::core::registry::Config;
+use gpumem::core::config::AllocatorConfig;
+use gpumem::core::paged::PagedPool;
 use gpumem::core::sim::SimDevice;
 use gpumem::core::{Allocator, Device, DriverCall, DEFAULT_ALIGN};
-use gpumem::trace::{read_path, Action, ReadOptions};
+use gpumem::trace::{read_path, Action, ReadConfig};
 
 const TARGET: f64 = 1.02;
 
@@ -21,14 +21,14 @@ fn trace_path(name: &str) -> PathBuf {
         .join(format!("{name}.pickle.gz"))
 }
 
-/// Replays one trace (device 0) through a fresh `Paged` on a simulated H200, checking the
+/// Replays one trace (device 0) through a fresh `PagedPool` on a simulated H200, checking the
 /// allocator's invariants and the device's view along the way; returns
 /// (peak reserved, peak requested) in bytes.
 fn replay_checked(name: &str) -> (u64, u64) {
-    let trace = read_path(&trace_path(name), ReadOptions::default())
+    let trace = read_path(&trace_path(name), ReadConfig::default())
         .unwrap_or_else(|e| panic!("{name}: {e}"));
     let mut dev = SimDevice::default();
-    let mut alloc = Paged::new(&Config::default());
+    let mut alloc = PagedPool::new(&AllocatorConfig::default());
     // Trace address -> our block address.
     let mut live: HashMap<u64, u64> = HashMap::new();
     let mut requested = 0u64;
@@ -98,7 +98,7 @@ fn replay_checked(name: &str) -> (u64, u64) {
     for (_, addr) in live.drain() {
         alloc.deallocate(&mut dev, addr).unwrap();
     }
-    alloc.release_cached(&mut dev).unwrap();
+    alloc.empty_cache(&mut dev).unwrap();
     alloc.validate().unwrap();
     assert_eq!(dev.live_objects(), (0, 0, 0, 0), "{name}");
     assert_eq!(dev.used_bytes(), 0, "{name}");
@@ -141,7 +141,7 @@ fn mixed_sizes_peak_reserved_within_2_percent() {
 #[ignore = "timing: run in release on a quiet machine"]
 fn hit_path_alloc_free_pair_median() {
     let mut dev = SimDevice::default();
-    let mut alloc = Paged::new(&Config::default());
+    let mut alloc = PagedPool::new(&AllocatorConfig::default());
     let mut keep = Vec::new();
     for i in 0..300u64 {
         keep.push(

@@ -3,7 +3,7 @@
 //! the expected counts in tests/fixtures/expected.json).
 use gpumem::trace::analysis::analyze;
 use gpumem::trace::jsonl::write_jsonl;
-use gpumem::trace::{read_bytes, read_path, Action, Format, ReadOptions, Trace, TraceError};
+use gpumem::trace::{read_bytes, read_path, Action, Format, ReadConfig, Trace, TraceError};
 use proptest::prelude::*;
 use std::path::{Path, PathBuf};
 
@@ -24,12 +24,12 @@ fn expected() -> serde_json::Value {
     serde_json::from_str(&text).unwrap()
 }
 
-fn strict() -> ReadOptions {
-    ReadOptions::default()
+fn strict() -> ReadConfig {
+    ReadConfig::default()
 }
 
-fn lenient() -> ReadOptions {
-    ReadOptions { lenient: true }
+fn lenient() -> ReadConfig {
+    ReadConfig { lenient: true }
 }
 
 /// Compares a trace with python's counts.
@@ -405,7 +405,7 @@ proptest! {
     ) {
         let mut bytes = prefix.to_vec();
         bytes.extend_from_slice(&body);
-        if let Ok(t) = read_bytes("random", &bytes, ReadOptions { lenient }) {
+        if let Ok(t) = read_bytes("random", &bytes, ReadConfig { lenient }) {
             exercise(&t);
         }
     }
@@ -420,7 +420,7 @@ proptest! {
             let at = i.index(p.len());
             p[at] = b;
         }
-        if let Ok(t) = read_bytes("mutated", &p, ReadOptions { lenient }) {
+        if let Ok(t) = read_bytes("mutated", &p, ReadConfig { lenient }) {
             exercise(&t);
         }
     }

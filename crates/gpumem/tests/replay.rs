@@ -1,8 +1,11 @@
 //! The replay engine over every allocator on the simulated device.
-use gpumem::core::registry::{self, Config, NAMES};
 use gpumem::core::sim::SimDevice;
+use gpumem::core::{
+    config::AllocatorConfig,
+    registry::{self, NAMES},
+};
 use gpumem::core::{Allocator, Device};
-use gpumem::replay::{self, ReplayOptions};
+use gpumem::replay::{self, ReplayConfig};
 use gpumem::trace::{Action, Event, PreexistingBlock, Trace};
 
 const MIB: u64 = 1 << 20;
@@ -52,13 +55,13 @@ fn every_allocator_replays_without_oom_and_reserves_at_least_the_peak() {
     let t = workload();
     let s = replay::summarize(&t, 0);
     for name in NAMES {
-        let mut a = registry::build(name, &Config::default()).unwrap();
+        let mut a = registry::build(name, &AllocatorConfig::default()).unwrap();
         let mut d = SimDevice::new(64 << 30);
         let r = replay::replay(
             &t,
             a.as_mut(),
             &mut d,
-            &ReplayOptions::default(),
+            &ReplayConfig::default(),
             &mut |_| {},
         )
         .unwrap();
@@ -79,12 +82,8 @@ fn every_allocator_replays_without_oom_and_reserves_at_least_the_peak() {
             "{name}: everything freed"
         );
         assert!(r.driver_calls.total() > 0, "{name}: made no driver call");
-        a.release_cached(&mut d).unwrap();
-        assert_eq!(
-            d.used_bytes(),
-            0,
-            "{name}: memory left after release_cached"
-        );
+        a.empty_cache(&mut d).unwrap();
+        assert_eq!(d.used_bytes(), 0, "{name}: memory left after empty_cache");
     }
 }
 
@@ -93,14 +92,14 @@ fn capacity_limit_counts_ooms_and_goes_on() {
     let t = workload();
     let s = replay::summarize(&t, 0);
     for name in NAMES {
-        let mut a = registry::build(name, &Config::default()).unwrap();
+        let mut a = registry::build(name, &AllocatorConfig::default()).unwrap();
         // Half the peak cannot hold the workload.
         let mut d = SimDevice::new(s.peak_requested_bytes / 2);
         let r = replay::replay(
             &t,
             a.as_mut(),
             &mut d,
-            &ReplayOptions::default(),
+            &ReplayConfig::default(),
             &mut |_| {},
         )
         .unwrap();
@@ -122,10 +121,11 @@ fn capacity_limit_counts_ooms_and_goes_on() {
 fn min_capacity_is_tight() {
     let t = workload();
     for name in ["tlsf", "torch"] {
-        let mut make =
-            || -> Box<dyn Allocator> { registry::build(name, &Config::default()).unwrap() };
+        let mut make = || -> Box<dyn Allocator> {
+            registry::build(name, &AllocatorConfig::default()).unwrap()
+        };
         let mut make_dev = |c: u64| -> Box<dyn Device> { Box::new(SimDevice::new(c)) };
-        let opts = ReplayOptions::default();
+        let opts = ReplayConfig::default();
         let m = replay::min_capacity(&t, &mut make, &mut make_dev, 64 << 30, 2 * MIB, &opts)
             .unwrap()
             .unwrap();
@@ -155,13 +155,13 @@ fn preexisting_blocks_are_live_from_the_start() {
         ev(Action::Free, 1, 100 * MIB),
         ev(Action::Free, 2, 0),
     ];
-    let mut a = registry::build("tlsf", &Config::default()).unwrap();
+    let mut a = registry::build("tlsf", &AllocatorConfig::default()).unwrap();
     let mut d = SimDevice::new(1 << 40);
     let r = replay::replay(
         &t,
         a.as_mut(),
         &mut d,
-        &ReplayOptions::default(),
+        &ReplayConfig::default(),
         &mut |_| {},
     )
     .unwrap();
@@ -172,11 +172,11 @@ fn preexisting_blocks_are_live_from_the_start() {
 #[test]
 fn timeline_samples_requested_allocated_reserved() {
     let t = workload();
-    let mut a = registry::build("best-fit", &Config::default()).unwrap();
+    let mut a = registry::build("best-fit", &AllocatorConfig::default()).unwrap();
     let mut d = SimDevice::new(64 << 30);
-    let opts = ReplayOptions {
+    let opts = ReplayConfig {
         timeline_points: 100,
-        ..ReplayOptions::default()
+        ..ReplayConfig::default()
     };
     let r = replay::replay(&t, a.as_mut(), &mut d, &opts, &mut |_| {}).unwrap();
     assert!(

@@ -1,4 +1,4 @@
-//! Fidelity of the PyTorch caching-allocator emulation (`gpumem_core::torch::TorchCaching`):
+//! Fidelity of the PyTorch caching-allocator emulation (`gpumem_core::torch::TorchCachingPool`):
 //! the three traces recorded with PyTorch 2.11 on an H200 (`traces/*.pickle.gz`) are replayed
 //! and compared with `torch.cuda.memory_stats()` of the same run (`*-native.stats.json`) and
 //! with the trace's own `segment_alloc` events.
@@ -14,9 +14,9 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
 
-use gpumem::trace::{read_path, Action, ReadOptions, Trace};
+use gpumem::trace::{read_path, Action, ReadConfig, Trace};
 use gpumem_core::sim::SimDevice;
-use gpumem_core::torch::TorchCaching;
+use gpumem_core::torch::TorchCachingPool;
 use gpumem_core::{Allocator, Device, DeviceError, DriverCounters, PhysHandle};
 
 const TRACES: [&str; 3] = ["gpt2_train", "mixed_sizes", "resnet_train"];
@@ -29,7 +29,7 @@ fn load(name: &str) -> (Trace, serde_json::Value) {
     let dir = traces_dir();
     let trace = read_path(
         &dir.join(format!("{name}.pickle.gz")),
-        ReadOptions::default(),
+        ReadConfig::default(),
     )
     .unwrap_or_else(|e| panic!("{name}: {e}"));
     let stats_path = dir.join(format!("{name}-native.stats.json"));
@@ -154,7 +154,7 @@ fn replay(trace: &Trace, placement: Placement) -> Outcome {
         recorded,
         to_sim: HashMap::new(),
     };
-    let mut alloc = TorchCaching::new(&Default::default());
+    let mut alloc = TorchCachingPool::new(&Default::default());
     let mut live: HashMap<u64, u64> = HashMap::new();
     let mut segment_sizes = Vec::new();
     let mut first_moved_block = None;

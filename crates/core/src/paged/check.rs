@@ -1,9 +1,9 @@
-//! Cross-checks of a [`Paged`] allocator against the simulated device's own view.
-use super::Paged;
+//! Cross-checks of a [`PagedPool`] allocator against the simulated device's own view.
+use super::PagedPool;
 use crate::sim::SimDevice;
 use crate::{AllocError, Allocator, Device};
 
-impl Paged {
+impl PagedPool {
     /// Checks the allocator against `dev`, the [`SimDevice`] it runs on: the device holds
     /// exactly this allocator's reserved ranges, one mapping per mapped handle, one live
     /// handle per held handle (mapped or cached), `used_bytes` equal to `reserved_bytes`, and every

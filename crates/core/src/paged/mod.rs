@@ -28,7 +28,7 @@
 //! - **Page cache.** Single pages no block touches any more stay mapped where they are
 //!   ("idle", reused in place without a driver call); other freed handles are unmapped and
 //!   kept whole. Idle pages and cached handles together stay within
-//!   [`Config::page_cache_pages`] pages (beyond it the largest cached handles are released).
+//!   [`AllocatorConfig::page_cache_pages`](crate::config::AllocatorConfig::page_cache_pages) pages (beyond it the largest cached handles are released).
 //!   A run of new pages is filled from the cache (a handle of the same size first, else the
 //!   largest that fits, repeatedly), then from idle pages elsewhere (unmapped in runs, one
 //!   call per run); only what is still missing is created, after the cached handles too
@@ -71,7 +71,7 @@
 //! cache, as the [`Allocator`] contract asks. A free unmaps first (one call); if that call fails the block
 //! stays live and nothing changes. If a cuMemUnmap *while unwinding* fails twice, the pages
 //! stay mapped, quarantined out of the free map (still counted as reserved), and are given
-//! back by [`Allocator::release_cached`]; if a cuMemRelease fails, the handle stays cached, even
+//! back by [`Allocator::empty_cache`]; if a cuMemRelease fails, the handle stays cached, even
 //! above the bound, until a later call trims the cache. Calls made while unwinding are
 //! retried once before falling back to that.
 mod maxtree;
@@ -80,8 +80,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::align::{align_down, align_up, is_pow2};
+use crate::config::AllocatorConfig;
 use crate::device::{DeviceError, PhysHandle};
-use crate::registry::Config;
 use crate::{AllocError, Allocator, Block, Device, Stats, StatsTracker, DEFAULT_ALIGN};
 use maxtree::MaxTree;
 
@@ -113,7 +113,7 @@ impl Hasher for AddrHasher {
 
 type AddrMap<V> = HashMap<u64, V, BuildHasherDefault<AddrHasher>>;
 
-/// [`Paged::usable_head`] with page size `p`.
+/// [`PagedPool::usable_head`] with page size `p`.
 fn usable_head_at(p: u64, base: u64, st: u64, len: u64) -> u64 {
     let rel = st - base;
     let i0 = rel.div_ceil(p);
@@ -152,7 +152,7 @@ struct QuickBlock {
     bytes: u64,
 }
 
-/// Freed blocks held for same-size reuse, at most (default of [`Paged::with_quick_slots`]).
+/// Freed blocks held for same-size reuse, at most (default of [`PagedPool::with_quick_slots`]).
 pub const QUICK_SLOTS: usize = 16;
 
 /// A mapped physical page.
@@ -181,7 +181,7 @@ struct Reservation {
     /// leaf `2p + 1` = the most usable mapped bytes of a free range starting in page `p`;
     /// in [`UNIT_BYTES`] units.
     tree: MaxTree,
-    /// Free ranges starting in each page (tells [`Paged::update_leaves`] when a head leaf
+    /// Free ranges starting in each page (tells [`PagedPool::update_leaves`] when a head leaf
     /// can be recomputed without reading the free map).
     starts: Vec<u32>,
 }
@@ -209,7 +209,7 @@ pub enum PageState {
     ReservedUnmapped,
 }
 
-/// One row of [`Paged::page_table`]: a stretch of one reserved range.
+/// One row of [`PagedPool::page_table`]: a stretch of one reserved range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct VaRangeView {
     /// First virtual address of the row.
@@ -292,13 +292,13 @@ struct Taken {
 /// The page-mapped allocator (see the module documentation).
 ///
 /// ```
-/// use gpumem_core::paged::{PageState, Paged};
-/// use gpumem_core::registry::Config;
+/// use gpumem_core::paged::{PageState, PagedPool};
+/// use gpumem_core::config::AllocatorConfig;
 /// use gpumem_core::sim::SimDevice;
 /// use gpumem_core::{Allocator, Device};
 ///
 /// let mut dev = SimDevice::new(1 << 30); // 1 GiB, 2 MiB pages
-/// let mut pool = Paged::new(&Config::default());
+/// let mut pool = PagedPool::new(&AllocatorConfig::default());
 /// let small = pool.allocate(&mut dev, 1 << 20, 256, 0)?; // 1 MiB: maps one page
 /// let big = pool.allocate(&mut dev, 5 << 20, 256, 0)?; // 5 MiB: shares that page, maps 2
 /// assert_eq!(big.addr, small.addr + (1 << 20));
@@ -313,14 +313,14 @@ struct Taken {
 /// assert_eq!(mapped, [2 << 20, 4 << 20]);
 /// pool.deallocate(&mut dev, big.addr)?;
 /// pool.deallocate(&mut dev, small.addr)?;
-/// pool.release_cached(&mut dev)?;
+/// pool.empty_cache(&mut dev)?;
 /// assert_eq!(dev.used_bytes(), 0);
 /// pool.validate()?;
 /// # Ok::<(), gpumem_core::AllocError>(())
 /// ```
 #[derive(Debug, Clone)]
-pub struct Paged {
-    /// Bound on idle pages + cached handles, in pages ([`Config::page_cache_pages`]).
+pub struct PagedPool {
+    /// Bound on idle pages + cached handles, in pages ([`AllocatorConfig::page_cache_pages`](crate::config::AllocatorConfig::page_cache_pages)).
     cache_limit: u64,
     /// Virtual bytes per reservation; 0 = [`VA_CAPACITY_FACTOR`] × device capacity.
     va_chunk_bytes: u64,
@@ -340,7 +340,7 @@ pub struct Paged {
     /// Pages of the handles in `cache`.
     cached_pages: u64,
     /// Spans (address, bytes) of whole pages left mapped without access by an unwind whose
-    /// cuMemUnmap failed twice; kept out of the free map until [`Allocator::release_cached`].
+    /// cuMemUnmap failed twice; kept out of the free map until [`Allocator::empty_cache`].
     quarantine: Vec<(u64, u64)>,
     /// Pages currently mapped (including idle ones).
     mapped_pages: u64,
@@ -363,11 +363,11 @@ pub struct Paged {
     tracker: StatsTracker,
 }
 
-impl Paged {
+impl PagedPool {
     /// A new, empty allocator; it reserves nothing until the first allocation.
     /// Uses `config.page_cache_pages` as the bound of the page cache.
-    pub fn new(config: &Config) -> Self {
-        Paged {
+    pub fn new(config: &AllocatorConfig) -> Self {
+        PagedPool {
             cache_limit: config.page_cache_pages,
             va_chunk_bytes: 0,
             page_bytes: 0,
@@ -406,7 +406,7 @@ impl Paged {
 
     /// Whether a single-page handle that no block touches any more stays mapped, "idle", to
     /// be reused in place without a driver call (default `true`), as long as idle pages and
-    /// cached handles together stay within [`Config::page_cache_pages`]; otherwise it is
+    /// cached handles together stay within [`AllocatorConfig::page_cache_pages`](crate::config::AllocatorConfig::page_cache_pages); otherwise it is
     /// unmapped at once (one cuMemUnmap per freed run of pages) and its handle cached. Idle pages are taken
     /// (unmapped and remapped elsewhere) before any cuMemCreate, so they never raise the peak.
     pub fn with_lazy_unmap(mut self, lazy: bool) -> Self {
@@ -710,7 +710,7 @@ impl Paged {
         Ok(ri)
     }
 
-    /// Undoes [`Paged::grow`] after a failed allocation.
+    /// Undoes [`PagedPool::grow`] after a failed allocation.
     fn ungrow(&mut self, dev: &mut dyn Device, ri: usize) {
         let Some(r) = self.reservations.get(ri) else {
             return;
@@ -824,7 +824,7 @@ impl Paged {
         Ok(())
     }
 
-    /// Parks a handle freed by an unmap in the cache; [`Paged::trim_cache`] releases what
+    /// Parks a handle freed by an unmap in the cache; [`PagedPool::trim_cache`] releases what
     /// exceeds the bound at the end of the call.
     fn return_handle(&mut self, h: CachedHandle) {
         self.cache_push(h);
@@ -887,7 +887,7 @@ impl Paged {
     /// Unmaps the handles of `taken` (all in reservation `ri`, ascending) and gives them
     /// back, one cuMemUnmap per run of neighbouring mappings, retried once. A run whose unmap
     /// fails twice is quarantined: cut out of the free map, its pages held mapped until
-    /// [`Allocator::release_cached`].
+    /// [`Allocator::empty_cache`].
     fn unwind_maps(&mut self, dev: &mut dyn Device, ri: usize, taken: &[Taken]) {
         let p = self.page_bytes;
         let Some(base) = self.reservations.get(ri).map(|r| r.va) else {
@@ -1410,7 +1410,7 @@ impl Paged {
         }
     }
 
-    /// [`Paged::try_allocate`], and on out-of-memory [`Allocator::release_cached`] and one
+    /// [`PagedPool::try_allocate`], and on out-of-memory [`Allocator::empty_cache`] and one
     /// retry.
     fn allocate_with_retry(
         &mut self,
@@ -1421,7 +1421,7 @@ impl Paged {
     ) -> Result<Block, AllocError> {
         match self.try_allocate(dev, bytes, align, size_bytes) {
             Err(e) if e.is_oom() => {
-                let released = self.release_cached(dev).unwrap_or(0);
+                let released = self.empty_cache(dev).unwrap_or(0);
                 if released == 0 {
                     return Err(self.oom(size_bytes));
                 }
@@ -1471,13 +1471,13 @@ impl Paged {
     }
 }
 
-impl Default for Paged {
+impl Default for PagedPool {
     fn default() -> Self {
-        Self::new(&Config::default())
+        Self::new(&AllocatorConfig::default())
     }
 }
 
-impl Allocator for Paged {
+impl Allocator for PagedPool {
     fn name(&self) -> &'static str {
         "paged"
     }
@@ -1546,7 +1546,7 @@ impl Allocator for Paged {
         self.trim_cache(dev);
         Ok(())
     }
-    fn release_cached(&mut self, dev: &mut dyn Device) -> Result<u64, AllocError> {
+    fn empty_cache(&mut self, dev: &mut dyn Device) -> Result<u64, AllocError> {
         let p = self.page_bytes;
         while let Some(&q) = self.quick.first() {
             self.free_span(dev, q.addr, q.bytes)?;

@@ -5,16 +5,16 @@ use crate::DriverCall;
 const G: u64 = DEFAULT_GRANULARITY;
 const MIB: u64 = 1 << 20;
 
-fn new_pair(capacity_pages: u64) -> (SimDevice, Paged) {
+fn new_pair(capacity_pages: u64) -> (SimDevice, PagedPool) {
     (
         SimDevice::new(capacity_pages * G),
-        Paged::new(&Config::default())
+        PagedPool::new(&AllocatorConfig::default())
             .with_quick_slots(0)
             .with_lazy_unmap(false),
     )
 }
 
-fn check(a: &Paged, d: &SimDevice) {
+fn check(a: &PagedPool, d: &SimDevice) {
     a.validate().unwrap();
     a.check_device(d).unwrap();
 }
@@ -51,7 +51,7 @@ fn a_page_is_mapped_while_a_block_touches_it_and_unmapped_after() {
         a.deallocate(&mut d, y.addr),
         Err(AllocError::UnknownBlock { addr: y.addr })
     );
-    assert_eq!(a.release_cached(&mut d).unwrap(), G);
+    assert_eq!(a.empty_cache(&mut d).unwrap(), G);
     assert_eq!(d.live_objects(), (0, 0, 0, 0));
     assert_eq!(d.used_bytes(), 0);
     check(&a, &d);
@@ -109,9 +109,9 @@ fn cached_handles_are_remapped_before_any_create() {
 #[test]
 fn the_cache_is_bounded_by_config() {
     let mut d = SimDevice::new(64 * G);
-    let mut a = Paged::new(&Config {
+    let mut a = PagedPool::new(&AllocatorConfig {
         page_cache_pages: 2,
-        ..Config::default()
+        ..AllocatorConfig::default()
     })
     .with_quick_slots(0)
     .with_lazy_unmap(false);
@@ -221,7 +221,7 @@ fn one_create_map_and_set_access_per_run_of_new_pages() {
     assert!(d.is_accessible(b.addr, 10 * G));
     a.deallocate(&mut d, b.addr).unwrap();
     assert_eq!(calls(&d, DriverCall::Unmap), 1);
-    a.release_cached(&mut d).unwrap();
+    a.empty_cache(&mut d).unwrap();
     // Half a page, then a block over the rest of that page, 2 whole pages and most of a
     // third: one handle for the 2 whole pages, one for the partly covered last page (it may
     // be shared later), and one cuMemSetAccess over all 3 new pages.
@@ -268,7 +268,7 @@ fn out_of_memory_changes_nothing_and_leaks_nothing() {
     assert_eq!(a.mapped_pages(), 4);
     a.deallocate(&mut d, x.addr).unwrap();
     a.deallocate(&mut d, y.addr).unwrap();
-    a.release_cached(&mut d).unwrap();
+    a.empty_cache(&mut d).unwrap();
     assert_eq!(d.live_objects(), (0, 0, 0, 0));
 }
 
@@ -310,7 +310,7 @@ fn oom_releases_the_cache_and_retries_once() {
 fn other_granularities_are_queried_not_assumed() {
     let g = 64 * 1024;
     let mut d = SimDevice::with_granularity(1 << 30, g);
-    let mut a = Paged::new(&Config::default())
+    let mut a = PagedPool::new(&AllocatorConfig::default())
         .with_quick_slots(0)
         .with_lazy_unmap(false);
     let b = a.allocate(&mut d, 100_000, 256, 0).unwrap();
@@ -328,7 +328,7 @@ fn other_granularities_are_queried_not_assumed() {
 #[test]
 fn more_virtual_ranges_are_reserved_when_needed() {
     let mut d = SimDevice::new(64 * G);
-    let mut a = Paged::new(&Config::default()).with_va_chunk_bytes(4 * G);
+    let mut a = PagedPool::new(&AllocatorConfig::default()).with_va_chunk_bytes(4 * G);
     let x = a.allocate(&mut d, 3 * G, 256, 0).unwrap();
     let y = a.allocate(&mut d, 3 * G, 256, 0).unwrap();
     assert_eq!(a.reserved_ranges().len(), 2);
@@ -341,7 +341,7 @@ fn more_virtual_ranges_are_reserved_when_needed() {
         a.deallocate(&mut d, b.addr).unwrap();
         check(&a, &d);
     }
-    a.release_cached(&mut d).unwrap();
+    a.empty_cache(&mut d).unwrap();
     assert_eq!(d.live_objects(), (0, 0, 0, 0));
     assert!(a.reserved_ranges().is_empty());
 }
@@ -349,7 +349,7 @@ fn more_virtual_ranges_are_reserved_when_needed() {
 #[test]
 fn page_table_view_lists_mapped_and_unmapped_rows() {
     let mut d = SimDevice::new(64 * G);
-    let mut a = Paged::new(&Config::default()).with_va_chunk_bytes(8 * G);
+    let mut a = PagedPool::new(&AllocatorConfig::default()).with_va_chunk_bytes(8 * G);
     let x = a.allocate(&mut d, G + 10, 256, 0).unwrap();
     let rows = a.page_table();
     assert_eq!(rows.len(), 3);
@@ -429,7 +429,7 @@ fn workload() -> Vec<Op> {
 
 /// Runs the workload; returns the number of driver calls it made and of allocations
 /// refused for lack of memory.
-fn run_workload(d: &mut SimDevice, a: &mut Paged) -> (u64, u64) {
+fn run_workload(d: &mut SimDevice, a: &mut PagedPool) -> (u64, u64) {
     let mut ooms = 0;
     let mut live: Vec<u64> = Vec::new();
     for op in workload() {
@@ -446,7 +446,7 @@ fn run_workload(d: &mut SimDevice, a: &mut Paged) -> (u64, u64) {
                 })
             }
             Op::Free(_) => Ok(()),
-            Op::Release => a.release_cached(d).map(|_| ()),
+            Op::Release => a.empty_cache(d).map(|_| ()),
         };
         a.validate().unwrap();
         a.check_device(d).unwrap();
@@ -480,9 +480,9 @@ fn run_workload(d: &mut SimDevice, a: &mut Paged) -> (u64, u64) {
             a.deallocate(d, addr).unwrap();
         }
     }
-    if a.release_cached(d).is_err() {
+    if a.empty_cache(d).is_err() {
         a.validate().unwrap();
-        a.release_cached(d).unwrap();
+        a.empty_cache(d).unwrap();
     }
     a.validate().unwrap();
     a.check_device(d).unwrap();
@@ -499,9 +499,9 @@ fn a_fault_at_any_driver_call_is_unwound_exactly() {
     ] {
         let mk = || {
             let d = SimDevice::new(16 * G);
-            let a = Paged::new(&Config {
+            let a = PagedPool::new(&AllocatorConfig {
                 page_cache_pages: 3,
-                ..Config::default()
+                ..AllocatorConfig::default()
             })
             .with_va_chunk_bytes(6 * G)
             .with_quick_slots(slots)
@@ -526,7 +526,7 @@ fn a_fault_at_any_driver_call_is_unwound_exactly() {
 #[test]
 fn random_workload_keeps_every_invariant() {
     let mut d = SimDevice::new(256 * G);
-    let mut a = Paged::new(&Config::default()).with_va_chunk_bytes(64 * G);
+    let mut a = PagedPool::new(&AllocatorConfig::default()).with_va_chunk_bytes(64 * G);
     let mut r = Lcg(99);
     let mut live: Vec<(u64, u64)> = Vec::new();
     let mut req = 0u64;
@@ -566,7 +566,7 @@ fn random_workload_keeps_every_invariant() {
 #[test]
 fn quick_list_reuses_same_size_blocks_without_driver_calls() {
     let mut d = SimDevice::new(4 * G);
-    let mut a = Paged::new(&Config::default());
+    let mut a = PagedPool::new(&AllocatorConfig::default());
     let x = a.allocate(&mut d, 2 * G - 1000, 256, 0).unwrap();
     let before = d.counters().total();
     for _ in 0..10 {
@@ -592,7 +592,7 @@ fn quick_list_reuses_same_size_blocks_without_driver_calls() {
     assert_eq!(a.stats().reserved_bytes.peak, 3 * G);
     assert_eq!(d.counters().get(DriverCall::Create), 3);
     a.deallocate(&mut d, z.addr).unwrap();
-    a.release_cached(&mut d).unwrap();
+    a.empty_cache(&mut d).unwrap();
     assert_eq!(d.live_objects(), (0, 0, 0, 0));
     check(&a, &d);
 }
@@ -600,9 +600,9 @@ fn quick_list_reuses_same_size_blocks_without_driver_calls() {
 #[test]
 fn lazy_unmapping_keeps_idle_pages_mapped_and_reuses_them_in_place() {
     let mut d = SimDevice::new(8 * G);
-    let mut a = Paged::new(&Config {
+    let mut a = PagedPool::new(&AllocatorConfig {
         page_cache_pages: 3,
-        ..Config::default()
+        ..AllocatorConfig::default()
     })
     .with_quick_slots(0);
     let xs: Vec<_> = (0..4)
@@ -630,7 +630,7 @@ fn lazy_unmapping_keeps_idle_pages_mapped_and_reuses_them_in_place() {
     for b in [y, pin] {
         a.deallocate(&mut d, b.addr).unwrap();
     }
-    a.release_cached(&mut d).unwrap();
+    a.empty_cache(&mut d).unwrap();
     assert_eq!(d.live_objects(), (0, 0, 0, 0));
     check(&a, &d);
 }
@@ -638,7 +638,7 @@ fn lazy_unmapping_keeps_idle_pages_mapped_and_reuses_them_in_place() {
 #[test]
 fn idle_pages_elsewhere_are_taken_before_any_create() {
     let mut d = SimDevice::new(8 * G);
-    let mut a = Paged::new(&Config::default()).with_quick_slots(0);
+    let mut a = PagedPool::new(&AllocatorConfig::default()).with_quick_slots(0);
     let x0 = a.allocate(&mut d, G, 256, 0).unwrap(); // page 0
     let x1 = a.allocate(&mut d, G, 256, 0).unwrap(); // page 1
     let pin = a.allocate(&mut d, 1000, 256, 0).unwrap(); // page 2
@@ -662,7 +662,7 @@ fn idle_pages_elsewhere_are_taken_before_any_create() {
     for blk in [b, pin] {
         a.deallocate(&mut d, blk.addr).unwrap();
     }
-    a.release_cached(&mut d).unwrap();
+    a.empty_cache(&mut d).unwrap();
     assert_eq!(d.live_objects(), (0, 0, 0, 0));
 }
 
@@ -696,7 +696,7 @@ mod prop {
             cache in 0u64..6,
         ) {
             let mut d = SimDevice::new(24 * G);
-            let mut a = Paged::new(&Config { page_cache_pages: cache, ..Config::default() })
+            let mut a = PagedPool::new(&AllocatorConfig { page_cache_pages: cache, ..AllocatorConfig::default() })
                 .with_va_chunk_bytes(16 * G)
                 .with_quick_slots(slots)
                 .with_lazy_unmap(lazy);
@@ -723,7 +723,7 @@ mod prop {
                     }
                     POp::Free(_) => {}
                     POp::Release => {
-                        a.release_cached(&mut d).unwrap();
+                        a.empty_cache(&mut d).unwrap();
                         prop_assert!(a.cached_handles().is_empty());
                         prop_assert_eq!(a.idle_pages(), 0);
                     }
@@ -735,7 +735,7 @@ mod prop {
             for (addr, _) in live {
                 a.deallocate(&mut d, addr).unwrap();
             }
-            a.release_cached(&mut d).unwrap();
+            a.empty_cache(&mut d).unwrap();
             prop_assert_eq!(d.live_objects(), (0, 0, 0, 0));
         }
     }
@@ -811,7 +811,7 @@ fn pages_an_unwind_cannot_unmap_are_quarantined_then_released() {
             fail_set_access: false,
             fail_unmap: false,
         };
-        let mut a = Paged::new(&Config::default()).with_lazy_unmap(lazy);
+        let mut a = PagedPool::new(&AllocatorConfig::default()).with_lazy_unmap(lazy);
         let x = a.allocate(&mut d, G / 2, 256, 0).unwrap();
         d.fail_set_access = true;
         d.fail_unmap = true;
@@ -835,7 +835,7 @@ fn pages_an_unwind_cannot_unmap_are_quarantined_then_released() {
         for b in [x, y] {
             a.deallocate(&mut d, b.addr).unwrap();
         }
-        a.release_cached(&mut d).unwrap();
+        a.empty_cache(&mut d).unwrap();
         a.validate().unwrap();
         assert_eq!(d.inner.live_objects(), (0, 0, 0, 0));
         assert_eq!(d.inner.used_bytes(), 0);

@@ -1,10 +1,10 @@
 //! The full invariant walk behind [`Allocator::validate`](crate::Allocator::validate) for
-//! [`Paged`]: reservations, the free-range map, the live blocks tiling the VA with it, each
+//! [`PagedPool`]: reservations, the free-range map, the live blocks tiling the VA with it, each
 //! page's reference count against the live blocks (and those held in the quick list), the placement tree, the cache bound and
 //! the byte counters. O(reserved pages + blocks · log blocks).
-use super::{Paged, UNIT_BYTES};
+use super::{PagedPool, UNIT_BYTES};
 
-pub(super) fn run(a: &Paged) -> Result<(), String> {
+pub(super) fn run(a: &PagedPool) -> Result<(), String> {
     let p = a.page_bytes;
     if p == 0 {
         if !a.reservations.is_empty() || !a.live.is_empty() || !a.cache.is_empty() {
@@ -237,11 +237,11 @@ pub(super) fn run(a: &Paged) -> Result<(), String> {
 /// ranges starting in it, derived from the free map in one pass over the reservation's free
 /// ranges (each range feeds at most the tail leaf of the page it ends in and the head leaf
 /// of the page it starts in), independently of the incremental upkeep in
-/// `Paged::update_leaves`.
+/// `PagedPool::update_leaves`.
 /// Sparse (pages without a free range's end or start are absent): a reservation spans
 /// `2 × capacity` of VA, far more pages than free ranges.
 fn expected_leaves(
-    a: &Paged,
+    a: &PagedPool,
     r: &super::Reservation,
 ) -> std::collections::HashMap<usize, (u64, u64, u32)> {
     let p = a.page_bytes;

@@ -34,7 +34,7 @@
 //!
 //! Out of memory: the pool flushes every cache, waits for the pending events, returns those
 //! blocks to the allocator, asks it to release what it caches ([`gpumem_core::Allocator::
-//! release_cached`]) and retries once. The CUDA driver API keeps no "last error" slot (unlike
+//! empty_cache`]) and retries once. The CUDA driver API keeps no "last error" slot (unlike
 //! the runtime's cudaGetLastError): CUDA_ERROR_OUT_OF_MEMORY is not sticky, so nothing is left
 //! pending in the context after a handled failure.
 use std::cell::UnsafeCell;
@@ -87,7 +87,7 @@ fn index_of_class(c: u64) -> usize {
 
 /// Settings of a [`DevicePool`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct PoolOptions {
+pub struct PoolConfig {
     /// Bytes allocated and freed at construction so the allocator keeps them cached (the
     /// seed's pre-reserved 256 MiB pool); 0 for none.
     pub reserve_bytes: u64,
@@ -107,9 +107,9 @@ pub struct PoolOptions {
     pub pitch_align_bytes: u64,
 }
 
-impl Default for PoolOptions {
+impl Default for PoolConfig {
     fn default() -> Self {
-        PoolOptions {
+        PoolConfig {
             reserve_bytes: 256 << 20,
             release_threshold_bytes: u64::MAX,
             max_cached_block_bytes: 1 << 30,
@@ -453,7 +453,7 @@ struct Shared<D> {
     shards: Box<[Padded<ShardSlot>]>,
     central: Mutex<Central<D>>,
     name: &'static str,
-    opts: PoolOptions,
+    opts: PoolConfig,
 }
 
 /// A thread-safe device pool: one allocator strategy over one device, with stream-ordered
@@ -546,7 +546,7 @@ impl<D: Device> DevicePool<D> {
         alloc: Box<dyn Allocator>,
         dev: D,
         events: Box<dyn StreamEvents>,
-        opts: PoolOptions,
+        opts: PoolConfig,
     ) -> Result<Self, PoolError> {
         let name = alloc.name();
         let shards = (0..SHARDS).map(|_| Padded::default()).collect();
@@ -578,7 +578,7 @@ impl<D: Device> DevicePool<D> {
     }
 
     /// The options the pool was built with.
-    pub fn options(&self) -> PoolOptions {
+    pub fn options(&self) -> PoolConfig {
         self.shared.opts
     }
 
@@ -754,7 +754,7 @@ impl<D: Device> DevicePool<D> {
         self.drain_pending(&mut c, true)?;
         c.oom_recoveries += 1;
         let Central { alloc, dev, .. } = &mut *c;
-        alloc.release_cached(dev)?;
+        alloc.empty_cache(dev)?;
         match alloc.allocate(dev, class, align, stream) {
             Ok(b) => Ok(b.addr),
             Err(e) if e.is_oom() => {
@@ -812,7 +812,7 @@ impl<D: Device> DevicePool<D> {
         }
         let Central { alloc, dev, .. } = &mut *c;
         if alloc.stats().reserved_bytes.current > self.shared.opts.release_threshold_bytes {
-            alloc.release_cached(dev)?;
+            alloc.empty_cache(dev)?;
         }
         Ok(())
     }
@@ -930,7 +930,7 @@ impl<D: Device> DevicePool<D> {
 
     /// Puts `moved` (blocks of `old_stream` out of a magazine) and `block` (stream, class
     /// index, block, requested bytes: a freed block) into shard `si`; flushes the shard if
-    /// it grew past [`PoolOptions::shard_cache_bytes`].
+    /// it grew past [`PoolConfig::shard_cache_bytes`].
     fn to_shard(
         &self,
         si: usize,
@@ -966,7 +966,7 @@ impl<D: Device> DevicePool<D> {
     }
 
     /// Allocates a pitched 2-D (`depth` = 1) or 3-D block: rows of `width_bytes` padded to
-    /// [`PoolOptions::pitch_align_bytes`] (see [`super::pitch::pitch_bytes`]).
+    /// [`PoolConfig::pitch_align_bytes`] (see [`super::pitch::pitch_bytes`]).
     ///
     /// # Errors
     /// [`PoolError::PitchOverflow`], or as [`DevicePool::alloc`].
@@ -1003,12 +1003,12 @@ impl<D: Device> DevicePool<D> {
     ///
     /// # Errors
     /// A device or allocator error.
-    pub fn trim(&self) -> Result<u64, PoolError> {
+    pub fn empty_cache(&self) -> Result<u64, PoolError> {
         self.flush_all()?;
         let mut c = self.central()?;
         self.drain_pending(&mut c, true)?;
         let Central { alloc, dev, .. } = &mut *c;
-        Ok(alloc.release_cached(dev)?)
+        Ok(alloc.empty_cache(dev)?)
     }
 
     fn cached_bytes(&self) -> u64 {
@@ -1075,7 +1075,7 @@ impl<D: Device> DevicePool<D> {
 impl<D: Device> Drop for DevicePool<D> {
     fn drop(&mut self) {
         // Every block is back (blocks borrow the pool); give the memory back.
-        let _ = self.trim();
+        let _ = self.empty_cache();
     }
 }
 

@@ -209,7 +209,7 @@ impl Inner {
 
 /// Releases cached blocks whose fences completed, largest first, until `needed` more bytes fit
 /// under `cap` (or all when `needed` is `None`). Returns the blocks to drop outside the lock.
-fn release_cached(st: &mut State, cap: u64, needed: Option<u64>) -> Vec<PinnedBuffer> {
+fn evict_cached(st: &mut State, cap: u64, needed: Option<u64>) -> Vec<PinnedBuffer> {
     let mut out = Vec::new();
     let mut classes: Vec<u64> = st.free.keys().copied().collect();
     classes.sort_unstable_by(|a, b| b.cmp(a));
@@ -322,7 +322,7 @@ impl PinnedPool {
                 return Ok(self.wrap(buf, bytes, class));
             }
             if st.stats.pinned_bytes.current.saturating_add(class) > self.inner.cap {
-                to_release = release_cached(&mut st, self.inner.cap, Some(class));
+                to_release = evict_cached(&mut st, self.inner.cap, Some(class));
                 st.stats.alloc_retries += 1;
                 if st.stats.pinned_bytes.current.saturating_add(class) > self.inner.cap {
                     let err = PinnedError::CapExceeded {
@@ -348,7 +348,7 @@ impl PinnedPool {
                 let released = {
                     let mut st = self.inner.lock();
                     st.stats.alloc_retries += 1;
-                    release_cached(&mut st, self.inner.cap, None)
+                    evict_cached(&mut st, self.inner.cap, None)
                 };
                 drop(released);
                 self.inner.pin(class)
@@ -424,7 +424,7 @@ impl PinnedPool {
     pub fn empty_cache(&self) -> u64 {
         let released = {
             let mut st = self.inner.lock();
-            release_cached(&mut st, self.inner.cap, None)
+            evict_cached(&mut st, self.inner.cap, None)
         };
         released.iter().map(|b| b.len() as u64).sum()
     }

@@ -28,7 +28,7 @@
 //! Errors name the line number (1-based). [`write_jsonl`] writes any [`Trace`] in this format,
 //! so PyTorch snapshots and RMM logs convert losslessly (for the fields above).
 use super::live::{Liveness, UnknownFree};
-use super::{Action, Event, Format, PreexistingBlock, ReadOptions, Trace, TraceError};
+use super::{Action, Event, Format, PreexistingBlock, ReadConfig, Trace, TraceError};
 use serde::Deserialize;
 use std::io::Write;
 
@@ -124,7 +124,7 @@ fn parse_line(text: &str) -> Result<Parsed, String> {
 /// the line number − 1) for invalid JSON, wrong types, negative or missing sizes, an unknown
 /// action, a free of an address that is not live or an alloc at a live address (unless
 /// `options.lenient`, which skips and counts them).
-pub fn read_jsonl(name: &str, data: &[u8], options: ReadOptions) -> Result<Trace, TraceError> {
+pub fn read_jsonl(name: &str, data: &[u8], options: ReadConfig) -> Result<Trace, TraceError> {
     let mut trace = Trace {
         format: Some(Format::JsonLines),
         ..Trace::default()
@@ -210,9 +210,9 @@ fn not_a_trace(data: &[u8], first: &[u8]) -> Option<String> {
 /// Skipped events are not written.
 ///
 /// ```
-/// use gpumem::trace::{jsonl::write_jsonl, read_bytes, ReadOptions};
+/// use gpumem::trace::{jsonl::write_jsonl, read_bytes, ReadConfig};
 /// let csv = b"Thread,Time,Action,Pointer,Size,Stream\n1,10:00:00.5,allocate,0x7f00,256,0x0\n";
-/// let trace = read_bytes("rmm.csv", csv, ReadOptions::default())?;
+/// let trace = read_bytes("rmm.csv", csv, ReadConfig::default())?;
 /// let mut out = Vec::new();
 /// write_jsonl(&trace, &mut out).expect("writing to a Vec");
 /// assert_eq!(
@@ -270,7 +270,7 @@ mod tests {
     use super::*;
 
     fn read(s: &str) -> Result<Trace, TraceError> {
-        read_jsonl("t.jsonl", s.as_bytes(), ReadOptions::default())
+        read_jsonl("t.jsonl", s.as_bytes(), ReadConfig::default())
     }
 
     #[test]
@@ -307,7 +307,7 @@ mod tests {
         let t = read_jsonl(
             "t",
             b"{\"action\":\"alloc\",\"addr\":1,\"size\":1}\n{\"action\":\"alloc\",\"addr\":1,\"size\":1}\nnot json\n",
-            ReadOptions { lenient: true },
+            ReadConfig { lenient: true },
         )
         .unwrap();
         assert_eq!(

@@ -145,7 +145,7 @@ pub struct Trace {
 pub const SKIPPED_KEPT: usize = 100;
 
 impl Trace {
-    /// Records a skipped event (under [`ReadOptions::lenient`]): counts it and keeps the first
+    /// Records a skipped event (under [`ReadConfig::lenient`]): counts it and keeps the first
     /// [`SKIPPED_KEPT`] reasons.
     pub fn skip(&mut self, reason: String) {
         self.skipped_count += 1;
@@ -163,9 +163,9 @@ impl Trace {
     /// trace, or live all along) and skipped events.
     ///
     /// ```
-    /// use gpumem::trace::{read_bytes, ReadOptions};
+    /// use gpumem::trace::{read_bytes, ReadConfig};
     /// let log = b"{\"action\":\"alloc\",\"addr\":1,\"size\":4096}\n{\"action\":\"free\",\"addr\":1}\n";
-    /// let trace = read_bytes("example.jsonl", log, ReadOptions::default())?;
+    /// let trace = read_bytes("example.jsonl", log, ReadConfig::default())?;
     /// assert!(trace.summary().starts_with("2 events: 1 alloc, 1 free"));
     /// # Ok::<(), gpumem::trace::TraceError>(())
     /// ```
@@ -259,7 +259,7 @@ pub enum TraceError {
 
 /// Reading options.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct ReadOptions {
+pub struct ReadConfig {
     /// Skip and count malformed events instead of failing.
     pub lenient: bool,
 }
@@ -270,7 +270,7 @@ pub struct ReadOptions {
 ///
 /// # Errors
 /// [`TraceError::Io`] when the file cannot be read; otherwise as [`read_bytes`].
-pub fn read_path(path: &std::path::Path, options: ReadOptions) -> Result<Trace, TraceError> {
+pub fn read_path(path: &std::path::Path, options: ReadConfig) -> Result<Trace, TraceError> {
     let name = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|source| TraceError::Io {
         path: name.clone(),
@@ -287,7 +287,7 @@ pub fn read_path(path: &std::path::Path, options: ReadOptions) -> Result<Trace, 
 ///   address (RMM, JSON lines), an alloc at an address already live; the message says whether
 ///   the index is an event index or a line number;
 /// - [`TraceError::Refused`]: a pickle that asks for a class, a global or a persistent id.
-pub fn read_bytes(name: &str, bytes: &[u8], options: ReadOptions) -> Result<Trace, TraceError> {
+pub fn read_bytes(name: &str, bytes: &[u8], options: ReadConfig) -> Result<Trace, TraceError> {
     let inflated;
     let data = if detect::is_gzip(bytes) {
         inflated = detect::gunzip(name, bytes)?;

@@ -27,7 +27,7 @@
 //! PyTorch dumped only the segments) is read as segments without a trace.
 use super::live::{AddrMap, Liveness, UnknownFree};
 use super::{
-    Action, Event, Format, PreexistingBlock, ReadOptions, SnapshotBlock, SnapshotSegment, Trace,
+    Action, Event, Format, PreexistingBlock, ReadConfig, SnapshotBlock, SnapshotSegment, Trace,
     TraceError,
 };
 
@@ -1162,7 +1162,7 @@ fn malformed(name: &str, index: u64, message: String) -> TraceError {
 /// pickle (the message gives the byte offset), a bad trace entry (its event index, the device and
 /// the position in that device's trace) or an alloc at an address already live (unless
 /// `options.lenient`, which skips and counts bad entries).
-pub fn read_snapshot(name: &str, data: &[u8], options: ReadOptions) -> Result<Trace, TraceError> {
+pub fn read_snapshot(name: &str, data: &[u8], options: ReadConfig) -> Result<Trace, TraceError> {
     let mut vm = Vm::new(data);
     let root = match vm.run() {
         Ok(v) => v,
@@ -1207,7 +1207,7 @@ fn build_trace(
     vm: &Vm<'_>,
     mut events: Vec<Event>,
     root: Value,
-    options: ReadOptions,
+    options: ReadConfig,
 ) -> Result<Trace, TraceError> {
     let mut trace = Trace {
         format: Some(Format::TorchSnapshot),
@@ -1419,7 +1419,7 @@ mod tests {
     use super::*;
 
     fn read(b: &[u8]) -> Result<Trace, TraceError> {
-        read_snapshot("t", b, ReadOptions::default())
+        read_snapshot("t", b, ReadConfig::default())
     }
 
     #[test]
@@ -1492,7 +1492,7 @@ mod tests {
         let start = std::time::Instant::now();
         let e = read(&p).unwrap_err();
         assert!(e.to_string().contains("segment dict has 20000 keys"), "{e}");
-        let t = read_snapshot("t", &p, ReadOptions { lenient: true }).unwrap();
+        let t = read_snapshot("t", &p, ReadConfig { lenient: true }).unwrap();
         assert_eq!(t.skipped_count, u64::from(n) + 1);
         assert!(
             start.elapsed().as_secs() < 20,

@@ -10,7 +10,7 @@
 //! `allocate failure` → [`Action::Oom`] (the size is the failed request). RMM logs everything
 //! from the adaptor's creation, so a free of an address that is not live is an error.
 use super::live::{Liveness, UnknownFree};
-use super::{Action, Event, Format, ReadOptions, Trace, TraceError};
+use super::{Action, Event, Format, ReadConfig, Trace, TraceError};
 
 /// Column positions found in the header.
 struct Columns {
@@ -88,7 +88,7 @@ fn parse_time(s: &str) -> Result<i64, String> {
 /// record with the wrong number of fields, a non-numeric pointer, size, stream or time, an
 /// unknown action, a free of an address that is not live or an allocation at a live address
 /// (unless `options.lenient`, which skips and counts them).
-pub fn read_rmm(name: &str, data: &[u8], options: ReadOptions) -> Result<Trace, TraceError> {
+pub fn read_rmm(name: &str, data: &[u8], options: ReadConfig) -> Result<Trace, TraceError> {
     let mut rdr = csv::ReaderBuilder::new()
         .has_headers(true)
         .trim(csv::Trim::All)
@@ -200,7 +200,7 @@ mod tests {
              1,10:00:01.000002,allocate failure,0x0,1099511627776,0x1a\n\
              1,10:00:02.25,free,0x7f0000000000,256,0\n"
         );
-        let t = read_rmm("r.csv", log.as_bytes(), ReadOptions::default()).unwrap();
+        let t = read_rmm("r.csv", log.as_bytes(), ReadConfig::default()).unwrap();
         let a: Vec<Action> = t.events.iter().map(|e| e.action).collect();
         assert_eq!(a, [Action::Alloc, Action::Oom, Action::Free]);
         assert_eq!(t.events[0].addr, 0x7f00_0000_0000);
@@ -212,16 +212,16 @@ mod tests {
     #[test]
     fn errors_name_the_line() {
         let log = format!("{HEAD}1,10:00:01,allocate,0x10,12x,0\n");
-        let e = read_rmm("r.csv", log.as_bytes(), ReadOptions::default()).unwrap_err();
+        let e = read_rmm("r.csv", log.as_bytes(), ReadConfig::default()).unwrap_err();
         assert!(e.to_string().contains("line 2: Size \"12x\""), "{e}");
         let log = format!("{HEAD}1,10:00:01,free,0x10,12,0\n");
-        let e = read_rmm("r.csv", log.as_bytes(), ReadOptions::default()).unwrap_err();
+        let e = read_rmm("r.csv", log.as_bytes(), ReadConfig::default()).unwrap_err();
         assert!(
             e.to_string().contains("line 2: free of address 0x10"),
             "{e}"
         );
         let log = format!("{HEAD}1,10:00:01,allocate,0x10\n");
-        let e = read_rmm("r.csv", log.as_bytes(), ReadOptions::default()).unwrap_err();
+        let e = read_rmm("r.csv", log.as_bytes(), ReadConfig::default()).unwrap_err();
         assert!(e.to_string().contains("line 2: CSV"), "{e}");
     }
 

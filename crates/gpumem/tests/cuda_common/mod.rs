@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use gpumem_core::{AllocError, Allocator, Block, Device, Stats, StatsTracker};
 
 /// A tiny allocator for these tests: one device segment per block (rounded to 256 B), freed
-/// segments cached by exact size and reused LIFO; `release_cached` frees the cached ones.
+/// segments cached by exact size and reused LIFO; `empty_cache` frees the cached ones.
 #[derive(Default)]
 pub struct SegmentPerBlock {
     live: HashMap<u64, (u64, u64)>,  // addr -> (requested, bytes)
@@ -41,7 +41,7 @@ impl Allocator for SegmentPerBlock {
                     if !is_oom {
                         return Err(e.into());
                     }
-                    self.release_cached(dev)?;
+                    self.empty_cache(dev)?;
                     self.st.stats.alloc_retries += 1;
                     match dev.alloc_segment(bytes) {
                         Ok(a) => {
@@ -77,7 +77,7 @@ impl Allocator for SegmentPerBlock {
         self.st.on_free(req, bytes);
         Ok(())
     }
-    fn release_cached(&mut self, dev: &mut dyn Device) -> Result<u64, AllocError> {
+    fn empty_cache(&mut self, dev: &mut dyn Device) -> Result<u64, AllocError> {
         let mut n = 0;
         for (bytes, addrs) in std::mem::take(&mut self.cached) {
             for a in addrs {
