@@ -331,3 +331,62 @@ fn simulated_device_within_one_percent() {
         );
     }
 }
+
+/// PyTorch's `reserved_bytes.all.peak` under each `PYTORCH_CUDA_ALLOC_CONF` of
+/// `traces/*-<setting>.stats.json` (the same seeded workloads re-run with that setting, not
+/// traced), against the emulation with the same setting on the default simulated device.
+const SETTINGS: [(&str, &str); 4] = [
+    ("native", ""),
+    ("max_split_size_mb_128", "max_split_size_mb:128"),
+    ("roundup_power2_divisions_4", "roundup_power2_divisions:4"),
+    ("expandable_segments_True", "expandable_segments:True"),
+];
+
+fn replay_with(trace: &Trace, conf: &str) -> (u64, u64, u64) {
+    use gpumem_core::torch::TorchConfig;
+    let mut dev = SimDevice::default();
+    let mut alloc = TorchCachingPool::with_conf(TorchConfig::parse(conf).expect("conf"));
+    let r = gpumem::replay::replay(
+        trace,
+        &mut alloc,
+        &mut dev,
+        &gpumem::replay::ReplayConfig::default(),
+        &mut |_| {},
+    )
+    .expect("replay");
+    assert_eq!(r.oom_count, 0);
+    (
+        r.peak_reserved_bytes,
+        r.peak_allocated_bytes,
+        alloc.torch_stats().num_device_alloc,
+    )
+}
+
+#[test]
+fn every_setting_within_one_percent_of_pytorch() {
+    let mut worst = 0.0f64;
+    for name in TRACES {
+        let (trace, _) = load(name);
+        for (setting, conf) in SETTINGS {
+            let path = traces_dir().join(format!("{name}-{setting}.stats.json"));
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let stats: serde_json::Value = serde_json::from_str(&text).expect("stats JSON");
+            let torch = stat(&stats, "reserved_bytes.all.peak");
+            let (mine, allocated, device_allocs) = replay_with(&trace, conf);
+            let err = rel_err(mine, torch);
+            worst = worst.max(err);
+            eprintln!(
+                "{name} {setting}: emulated reserved peak {mine}, PyTorch {torch} ({:+.3} %); allocated peak {allocated} (PyTorch {}); device allocs {device_allocs} (PyTorch {})",
+                (mine as f64 - torch as f64) / torch as f64 * 100.0,
+                stat(&stats, "allocated_bytes.all.peak"),
+                stat(&stats, "num_device_alloc"),
+            );
+            if setting == "native" {
+                assert_eq!(mine, torch, "{name}: native must stay exact");
+            }
+        }
+    }
+    eprintln!("worst relative error {:.3} %", worst * 100.0);
+    assert!(worst <= 0.01, "worst relative error {worst}");
+}
