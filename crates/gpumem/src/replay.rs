@@ -8,7 +8,11 @@
 //! - an allocation that fails with out-of-memory (after the allocator released its cache and
 //!   retried, as every allocator must) is counted in `oom_count` and dropped together with its
 //!   later free, and the replay goes on;
-//! - only events of [`ReplayConfig::device`] are replayed (one pool per device).
+//! - only events of [`ReplayConfig::device`] are replayed (one pool per device);
+//! - for the `torch` emulation, each run of recorded `segment_free` / `segment_unmap` events is
+//!   a `torch.cuda.empty_cache()` (or an OOM's cache release) of the recorded run: the
+//!   emulation empties its cache there too.
+//!   (Other allocators are left alone: `empty_cache()` does not reach a plug-in allocator.)
 use std::time::Instant;
 
 use gpumem_core::{AllocError, Allocator, Device, DeviceError, DriverCounters, Stats};
@@ -342,7 +346,20 @@ pub fn replay(
 
     let mut index: u64 = 0;
     let mut peak_reserved_seen = 0u64;
+    let honour_empty_cache = name == "torch";
+    let mut in_release_run = false;
     for e in trace.events.iter().filter(|e| e.device == opts.device) {
+        let release_event = matches!(e.action, Action::SegmentFree | Action::SegmentUnmap);
+        if release_event && honour_empty_cache && !in_release_run {
+            alloc
+                .empty_cache(dev)
+                .map_err(|source| ReplayError::Allocator {
+                    event: index,
+                    allocator: name.clone(),
+                    source,
+                })?;
+        }
+        in_release_run = release_event;
         match e.action {
             Action::Alloc => {
                 // A duplicate live address can only come from a lenient read: free the old one.

@@ -42,8 +42,12 @@ pub struct TorchConfig {
     /// (1.0 = no limit).
     pub per_process_memory_fraction: f64,
     /// The memory limit in bytes (`set_per_process_memory_fraction` × total memory), when one
-    /// is set: `cudaMalloc` is not even tried past it. `gpumem replay --capacity` sets it.
+    /// is set: `cudaMalloc` is not even tried past it.
     pub allowed_memory_bytes: Option<u64>,
+    /// The device capacity is the memory limit (as if `set_per_process_memory_fraction` had
+    /// set it there): `gpumem replay --capacity` and `gpumem tune --capacity` set this, so
+    /// `garbage_collection_threshold` acts.
+    pub limit_to_capacity: bool,
 }
 
 // Thresholds and fractions are never NaN: `parse` and `from_recorded` refuse them.
@@ -59,6 +63,7 @@ impl Default for TorchConfig {
             expandable_segments: false,
             per_process_memory_fraction: 1.0,
             allowed_memory_bytes: None,
+            limit_to_capacity: false,
         }
     }
 }
@@ -406,22 +411,28 @@ impl TorchConfig {
         self.roundup_power2_divisions[index.min(ROUNDUP_INTERVALS - 1)]
     }
 
-    /// The memory limit in bytes on a device of `capacity_bytes`: the explicit
-    /// [`TorchConfig::allowed_memory_bytes`], else `per_process_memory_fraction` × capacity
-    /// when the fraction is below 1 (PyTorch's `allowed_memory_maximum`).
+    /// The memory limit in bytes on a device of `capacity_bytes` (PyTorch's
+    /// `allowed_memory_maximum`): the smallest of [`TorchConfig::allowed_memory_bytes`],
+    /// `per_process_memory_fraction` × capacity (when the fraction is below 1) and the
+    /// capacity itself under [`TorchConfig::limit_to_capacity`]; `None` when none applies.
     pub fn allowed_bytes(&self, capacity_bytes: u64) -> Option<u64> {
         let by_fraction = (self.per_process_memory_fraction < 1.0)
             .then(|| (self.per_process_memory_fraction * capacity_bytes as f64) as u64);
-        match (self.allowed_memory_bytes, by_fraction) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [
+            self.allowed_memory_bytes,
+            by_fraction,
+            self.limit_to_capacity.then_some(capacity_bytes),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Whether every setting is PyTorch's default (the memory limit aside).
     pub fn is_native(&self) -> bool {
         TorchConfig {
             allowed_memory_bytes: None,
+            limit_to_capacity: false,
             ..*self
         } == TorchConfig::default()
     }
@@ -613,5 +624,10 @@ mod tests {
         };
         assert_eq!(c.allowed_bytes(1000), Some(300));
         assert_eq!(TorchConfig::default().allowed_bytes(1000), None);
+        let c = TorchConfig {
+            limit_to_capacity: true,
+            ..TorchConfig::default()
+        };
+        assert_eq!(c.allowed_bytes(1000), Some(1000));
     }
 }
