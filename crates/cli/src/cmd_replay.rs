@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use gpumem::core::config::AllocatorConfig;
 use gpumem::core::registry;
-use gpumem::core::sim::{SimDevice, DEFAULT_CAPACITY};
+use gpumem::core::sim::{RecordedCheck, SimDevice, DEFAULT_CAPACITY};
 use gpumem::core::{Allocator, Device, DriverCall};
 use gpumem::plot::{Chart, Series, PALETTE};
 use gpumem::replay::{self, ReplayConfig, ReplayReport, TraceSummary};
@@ -54,6 +54,12 @@ pub struct ReplayArgs {
     /// Fill every block with a pattern at allocation and verify it at free (real devices).
     #[arg(long)]
     pub canary: bool,
+    /// The PYTORCH_CUDA_ALLOC_CONF the `torch` emulation follows (PyTorch's syntax, e.g.
+    /// `expandable_segments:True,max_split_size_mb:128`); default: the trace's own
+    /// `allocator_settings`, else native. With --capacity, the capacity is the memory limit
+    /// (as `torch.cuda.set_per_process_memory_fraction` sets it).
+    #[arg(long, value_name = "CONF")]
+    pub torch_conf: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -89,6 +95,13 @@ struct JsonAllocator {
     canary_errors: u64,
     /// Peak physical bytes the device itself counted (segments and handles it handed out).
     device_peak_used_bytes: u64,
+    /// `torch`: the PYTORCH_CUDA_ALLOC_CONF emulated (`native` for the defaults).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    torch_conf: Option<String>,
+    /// `torch` on the simulated device with the recorded run's setting: its cudaMalloc /
+    /// cudaFree sequence against the trace's `segment_alloc` / `segment_free` events.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    emulation_check: Option<gpumem::core::sim::RecordedCheck>,
     /// Real devices: peak of cuMemGetInfo's used memory above its value at the start.
     #[serde(skip_serializing_if = "Option::is_none")]
     driver_peak_delta_bytes: Option<u64>,
@@ -220,8 +233,16 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         return crate::cmd_analyze::print_state(&a.trace, &trace, a.json);
     }
     let capacity = a.capacity.unwrap_or(DEFAULT_CAPACITY);
+    let (torch_conf, conf_source) = crate::cmd_tune::torch_conf(a.torch_conf.as_deref(), &trace)?;
+    // The recorded addresses apply when the emulation runs the recorded run's setting on an
+    // unlimited simulated device.
+    let follow_recorded = conf_source != crate::cmd_tune::ConfSource::Flag && a.capacity.is_none();
     let config = AllocatorConfig {
         segment_bytes: a.segment_size,
+        torch: gpumem::core::torch::TorchConfig {
+            limit_to_capacity: a.capacity.is_some(),
+            ..torch_conf
+        },
         ..AllocatorConfig::default()
     };
     let summaries: Vec<(u32, TraceSummary)> = devices
@@ -246,6 +267,12 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         for s in trace.skipped.iter().take(5) {
             eprintln!("  skipped: {s}");
         }
+        if names.contains(&"torch") {
+            eprintln!(
+                "torch emulation: PYTORCH_CUDA_ALLOC_CONF {} ({conf_source})",
+                torch_conf
+            );
+        }
         if !trace.preexisting.is_empty() {
             let n = trace.preexisting.len();
             eprintln!(
@@ -262,10 +289,23 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         pb.set_message(name.to_string());
         let started = Instant::now();
         let mut per_dev = Vec::new();
+        let mut checks = Vec::new();
         let mut done_before = 0u64;
         for &(d, ref s) in &summaries {
             let mut alloc = registry::build(name, &config)?;
-            let mut dev = open_device(&target, capacity)?;
+            let mut recording = (*name == "torch"
+                && follow_recorded
+                && matches!(target, Target::Sim))
+            .then(|| gpumem::torch_replay::recording_device(&trace, d, &config.torch, capacity));
+            let mut opened = match recording {
+                Some(_) => None,
+                None => Some(open_device(&target, capacity)?),
+            };
+            let dev: &mut dyn Device = match (recording.as_mut(), opened.as_mut()) {
+                (Some(r), _) => r,
+                (None, Some(o)) => o.as_mut(),
+                (None, None) => bail!("no device opened"),
+            };
             let opts = ReplayConfig {
                 device: d,
                 timeline_points: if a.timeline.is_some() { 2000 } else { 0 },
@@ -278,10 +318,11 @@ pub fn run(a: ReplayArgs) -> Result<()> {
                 }
                 pb.set_position(done_before + n);
             };
-            let r = replay::replay(&trace, alloc.as_mut(), dev.as_mut(), &opts, &mut cb)
-                .with_context(|| {
+            let r =
+                replay::replay(&trace, alloc.as_mut(), dev, &opts, &mut cb).with_context(|| {
                     format!("replaying {} with {name} on device {d}", a.trace.display())
                 })?;
+            checks.extend(recording.as_ref().and_then(SimDevice::recorded_check));
             done_before += s.events;
             per_dev.push(r);
         }
@@ -323,6 +364,25 @@ pub fn run(a: ReplayArgs) -> Result<()> {
             None
         };
         let mut ja = json_allocator(name, &per_dev, &summaries, min_cap);
+        if *name == "torch" {
+            ja.torch_conf = Some(config.torch.to_string());
+            // Several devices: the first divergence, else the calls of all together.
+            ja.emulation_check = checks
+                .iter()
+                .find(|c| matches!(c, RecordedCheck::Diverges { .. }))
+                .copied()
+                .or_else(|| {
+                    (!checks.is_empty()).then(|| RecordedCheck::Matches {
+                        calls: checks
+                            .iter()
+                            .map(|c| match c {
+                                RecordedCheck::Matches { calls } => *calls,
+                                RecordedCheck::Diverges { .. } => 0,
+                            })
+                            .sum(),
+                    })
+                });
+        }
         if !matches!(target, Target::Sim) {
             let mut total = 0u64;
             for &(d, _) in &summaries {
@@ -428,6 +488,8 @@ fn json_allocator(
         },
         canary_errors: sum(&|r| r.canary_errors),
         device_peak_used_bytes: sum(&|r| r.device_peak_used_bytes),
+        torch_conf: None,
+        emulation_check: None,
         driver_peak_delta_bytes: per_dev
             .iter()
             .map(|r| r.driver_peak_delta_bytes)
@@ -562,6 +624,11 @@ fn print_table(j: &JsonOut, capacity: u64) {
             );
         }
     }
+    for a in &j.allocators {
+        if let Some(c) = &a.emulation_check {
+            println!("{} emulation {c}", a.name);
+        }
+    }
     if !j.pytorch_recorded.is_empty() {
         let parts: Vec<String> = j
             .pytorch_recorded
@@ -592,7 +659,9 @@ fn print_table(j: &JsonOut, capacity: u64) {
     println!("res/req: peak reserved / peak requested (1.000 = no memory lost to rounding or fragmentation).");
     println!("ext.frag: highest external fragmentation 1 - largest free block / free bytes; frag@pk: the same at peak reserved.");
     println!("driver time: modelled from H200 call costs on the simulated device, measured on a real one.");
-    println!("2nd half: driver calls made during the second half of the events (the steady state).");
+    println!(
+        "2nd half: driver calls made during the second half of the events (the steady state)."
+    );
 }
 
 fn human_secs(s: f64) -> String {

@@ -5,6 +5,7 @@ mod cmd_analyze;
 mod cmd_cuda;
 mod cmd_pinned;
 mod cmd_replay;
+mod cmd_tune;
 mod units;
 
 /// GPU memory toolkit: replay allocation traces through allocators, inspect and benchmark
@@ -20,6 +21,8 @@ struct Cli {
 enum Command {
     /// Replay an allocation trace through allocators and report reserved memory and fragmentation.
     Replay(cmd_replay::ReplayArgs),
+    /// Rank PYTORCH_CUDA_ALLOC_CONF settings by the memory a trace needs under each.
+    Tune(cmd_tune::TuneArgs),
     /// Devices, memory, granularity and pool figures (needs a CUDA driver).
     Info(cmd_cuda::InfoArgs),
     /// Allocate blocks and show each pointer as the driver and the pool see it (needs CUDA).
@@ -88,6 +91,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Replay(a) => cmd_replay::run(a),
+        Command::Tune(a) => cmd_tune::run(a),
         Command::Info(a) => cmd_cuda::info(a),
         Command::Inspect(a) => cmd_cuda::inspect(a),
         Command::Vmm(a) => cmd_cuda::vmm(a),

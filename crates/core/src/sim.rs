@@ -125,6 +125,8 @@ pub struct SimDevice {
     fault_at: Option<u64>,
     /// Recorded cudaMalloc/cudaFree calls to follow (see [`SimDevice::follow_recorded`]).
     script: Option<Script>,
+    /// Live segments placed at recorded addresses outside the simulated address space.
+    foreign: std::collections::BTreeSet<u64>,
 }
 
 /// What a recorded driver call did.
@@ -177,9 +179,10 @@ impl std::fmt::Display for RecordedCheck {
     /// `diverges at event K: recorded X, emulated Y`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         fn call(k: RecordedKind, addr: u64, bytes: u64) -> String {
-            match k {
-                RecordedKind::Alloc => format!("cudaMalloc({bytes})"),
-                RecordedKind::Free => format!("cudaFree({addr:#x}, {bytes} B)"),
+            match (k, addr) {
+                (RecordedKind::Alloc, 0) => format!("cudaMalloc({bytes})"),
+                (RecordedKind::Alloc, a) => format!("cudaMalloc({bytes}) at {a:#x}"),
+                (RecordedKind::Free, a) => format!("cudaFree({a:#x}, {bytes} B)"),
             }
         }
         match self {
@@ -251,6 +254,7 @@ impl SimDevice {
             calls_made: 0,
             fault_at: None,
             script: None,
+            foreign: std::collections::BTreeSet::new(),
         }
     }
 
@@ -312,13 +316,31 @@ impl SimDevice {
         let r = s.calls.get(s.next).copied();
         match r {
             Some(c) if c.kind == RecordedKind::Alloc && c.bytes == bytes => {
-                // The recorded range must be free address space here.
-                let Some((&start, &len)) = self.free_va.range(..=c.addr).next_back() else {
+                // The recorded range must be free address space here, or lie outside the
+                // simulated address space without touching a live segment.
+                let Some(end) = c.addr.checked_add(rounded) else {
                     return diverge(s, r);
                 };
-                if c.addr.checked_add(rounded).is_none_or(|e| e > start + len) {
+                let inside = self
+                    .free_va
+                    .range(..=c.addr)
+                    .next_back()
+                    .filter(|(&st, &len)| end <= st + len);
+                let Some((&start, &len)) = inside else {
+                    let space_end = DEFAULT_BASE + (1u64 << 46);
+                    let outside = end <= DEFAULT_BASE || c.addr >= space_end;
+                    let overlaps = self
+                        .segments
+                        .range(..end)
+                        .next_back()
+                        .is_some_and(|(&a, &b)| a + b > c.addr);
+                    if outside && !overlaps {
+                        s.next += 1;
+                        self.foreign.insert(c.addr);
+                        return Some(c.addr);
+                    }
                     return diverge(s, r);
-                }
+                };
                 s.next += 1;
                 self.free_va.remove(&start);
                 if c.addr > start {
@@ -540,7 +562,9 @@ impl Device for SimDevice {
         self.scripted_free(addr, bytes);
         self.segments.remove(&addr);
         self.used -= bytes;
-        self.give_va(addr, bytes);
+        if !self.foreign.remove(&addr) {
+            self.give_va(addr, bytes);
+        }
         Ok(())
     }
 
@@ -813,7 +837,7 @@ mod tests {
         let check = d.recorded_check().unwrap();
         assert_eq!(
             check.to_string(),
-            "diverges at event 0: recorded cudaMalloc(2097152), emulated cudaMalloc(4194304)"
+            format!("diverges at event 0: recorded cudaMalloc(2097152) at {base:#x}, emulated cudaMalloc(4194304)")
         );
         assert_ne!(d.alloc_segment(2 * mib).unwrap(), base);
         assert_eq!(d.recorded_check(), Some(check));

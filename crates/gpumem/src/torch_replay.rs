@@ -53,6 +53,23 @@ pub fn preexisting_allocs(trace: &Trace, device: u32, conf: &TorchConfig, capaci
     pool.torch_stats().num_device_alloc
 }
 
+/// A simulated device of `capacity_bytes` that hands out the addresses `trace` recorded on
+/// `device` (when it recorded segment events) for the emulation under `conf`.
+pub fn recording_device(
+    trace: &Trace,
+    device: u32,
+    conf: &TorchConfig,
+    capacity_bytes: u64,
+) -> SimDevice {
+    let mut dev = SimDevice::new(capacity_bytes);
+    let calls = recorded_calls(trace, device);
+    if !calls.is_empty() {
+        let skip = preexisting_allocs(trace, device, conf, capacity_bytes);
+        dev.follow_recorded(calls, skip);
+    }
+    dev
+}
+
 /// What one replay through the emulation measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct TorchReplay {
@@ -83,14 +100,11 @@ pub fn replay_torch(
     opts: &ReplayConfig,
     progress: &mut dyn FnMut(u64),
 ) -> Result<TorchReplay, ReplayError> {
-    let mut dev = SimDevice::new(capacity_bytes);
-    if follow_recorded {
-        let calls = recorded_calls(trace, opts.device);
-        if !calls.is_empty() {
-            let skip = preexisting_allocs(trace, opts.device, conf, capacity_bytes);
-            dev.follow_recorded(calls, skip);
-        }
-    }
+    let mut dev = if follow_recorded {
+        recording_device(trace, opts.device, conf, capacity_bytes)
+    } else {
+        SimDevice::new(capacity_bytes)
+    };
     let mut pool = TorchCachingPool::with_conf(*conf);
     let report = replay::replay(trace, &mut pool, &mut dev, opts, progress)?;
     Ok(TorchReplay {

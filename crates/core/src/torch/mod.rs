@@ -167,12 +167,11 @@ pub struct TorchCachingPool {
 type Found = Option<u32>;
 
 impl TorchCachingPool {
-    /// A new, empty allocator with native settings. No
-    /// [`AllocatorConfig`](crate::config::AllocatorConfig) field applies: PyTorch's sizes are
-    /// fixed.
+    /// A new, empty allocator under the settings of
+    /// [`AllocatorConfig::torch`](crate::config::AllocatorConfig::torch) (native by default);
+    /// no other field applies: PyTorch's sizes are fixed.
     pub fn new(config: &AllocatorConfig) -> Self {
-        let _ = config;
-        TorchCachingPool::default()
+        TorchCachingPool::with_conf(config.torch)
     }
 
     /// A new, empty allocator under `conf` (a parsed `PYTORCH_CUDA_ALLOC_CONF`).
