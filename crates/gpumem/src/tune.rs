@@ -114,11 +114,13 @@ impl TuneReport {
     }
 }
 
+/// A unit of work for [`parallel`].
+type Job<'a, T> = Box<dyn FnOnce() -> T + Send + 'a>;
+
 /// Runs `jobs` closures on `threads` threads, results in job order.
-fn parallel<T: Send>(threads: usize, jobs: Vec<Box<dyn FnOnce() -> T + Send + '_>>) -> Vec<T> {
+fn parallel<T: Send>(threads: usize, jobs: Vec<Job<'_, T>>) -> Vec<T> {
     let n = jobs.len();
-    let queue: Mutex<Vec<Option<Box<dyn FnOnce() -> T + Send + '_>>>> =
-        Mutex::new(jobs.into_iter().map(Some).collect());
+    let queue: Mutex<Vec<Option<Job<'_, T>>>> = Mutex::new(jobs.into_iter().map(Some).collect());
     let next = AtomicUsize::new(0);
     let results: Mutex<Vec<Option<T>>> = Mutex::new((0..n).map(|_| None).collect());
     std::thread::scope(|s| {
@@ -173,8 +175,7 @@ pub fn tune(
         ..ReplayConfig::default()
     };
     let capacity = capacity_bytes.unwrap_or(DEFAULT_CAPACITY);
-    let mut jobs: Vec<Box<dyn FnOnce() -> Result<Option<TuneRow>, ReplayError> + Send + '_>> =
-        Vec::new();
+    let mut jobs: Vec<Job<'_, Result<Option<TuneRow>, ReplayError>>> = Vec::new();
     for conf in confs {
         let opts = &opts;
         jobs.push(Box::new(move || {

@@ -404,6 +404,9 @@ impl FreeSet {
     }
 }
 
+/// Unmapped ranges of expandable segments of one pool, by `(stream, address)`.
+pub(crate) type UnmappedSet = BTreeMap<(u64, u64), u32>;
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -453,6 +456,3 @@ mod tests {
         }
     }
 }
-
-/// Unmapped ranges of expandable segments of one pool, by `(stream, address)`.
-pub(crate) type UnmappedSet = BTreeMap<(u64, u64), u32>;

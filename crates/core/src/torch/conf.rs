@@ -417,7 +417,7 @@ impl TorchConfig {
     /// capacity itself under [`TorchConfig::limit_to_capacity`]; `None` when none applies.
     pub fn allowed_bytes(&self, capacity_bytes: u64) -> Option<u64> {
         let by_fraction = (self.per_process_memory_fraction < 1.0)
-            .then(|| (self.per_process_memory_fraction * capacity_bytes as f64) as u64);
+            .then_some((self.per_process_memory_fraction * capacity_bytes as f64) as u64);
         [
             self.allowed_memory_bytes,
             by_fraction,

@@ -532,8 +532,10 @@ fn roundup_power2_divisions_round_requests() {
 fn garbage_collection_frees_old_segments_past_the_threshold() {
     // A 100 MiB limit with threshold 0.5: past 50 MiB reserved, a cudaMalloc first frees
     // cached whole segments at least as old as the average.
-    let mut conf = TorchConfig::parse("garbage_collection_threshold:0.5").unwrap();
-    conf.allowed_memory_bytes = Some(100 * MIB);
+    let conf = TorchConfig {
+        allowed_memory_bytes: Some(100 * MIB),
+        ..TorchConfig::parse("garbage_collection_threshold:0.5").unwrap()
+    };
     let mut t = TorchCachingPool::with_conf(conf);
     let mut d = SimDevice::default();
     let a = alloc(&mut t, &mut d, 30 * MIB);
@@ -555,8 +557,10 @@ fn garbage_collection_frees_old_segments_past_the_threshold() {
 
 #[test]
 fn memory_limit_refuses_without_a_device_call() {
-    let mut conf = TorchConfig::default();
-    conf.allowed_memory_bytes = Some(50 * MIB);
+    let conf = TorchConfig {
+        allowed_memory_bytes: Some(50 * MIB),
+        ..TorchConfig::default()
+    };
     let mut t = TorchCachingPool::with_conf(conf);
     let mut d = SimDevice::default();
     let _a = alloc(&mut t, &mut d, 30 * MIB);

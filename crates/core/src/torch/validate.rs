@@ -61,7 +61,10 @@ pub(super) fn validate(t: &TorchCachingPool) -> Result<(), AllocError> {
                     b.addr
                 ));
             }
-            if b.size == 0 || b.size % MIN_BLOCK_BYTES != 0 || b.addr % MIN_BLOCK_BYTES != 0 {
+            if b.size == 0
+                || !b.size.is_multiple_of(MIN_BLOCK_BYTES)
+                || !b.addr.is_multiple_of(MIN_BLOCK_BYTES)
+            {
                 return bad(format!(
                     "block {:#x}: size {} or address unaligned",
                     b.addr, b.size
