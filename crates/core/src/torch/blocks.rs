@@ -148,6 +148,10 @@ fn class_of(size: u64) -> usize {
     (((log - SUB_BITS + 1) as usize) << SUB_BITS) + sub
 }
 
+/// Where an entry sits in a [`SizeIndex`]: its class and its index in the class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Pos(u32, u32);
+
 /// One stream's free blocks in `(size, address)` order: log-linear size classes, each a
 /// sorted vector of keys, and a bitmap of the non-empty classes. A search looks in the class
 /// of the size, then jumps to the next non-empty class; inserts and removals touch one
@@ -241,14 +245,37 @@ impl SizeIndex {
     /// The first entry at or after `key`.
     #[inline]
     fn at_or_after(&self, key: u128) -> Option<(u128, u32)> {
+        self.at_or_after_pos(key).map(|(e, _)| e)
+    }
+
+    /// The first entry at or after `key` with its position `(class, index in the class)`.
+    #[inline]
+    fn at_or_after_pos(&self, key: u128) -> Option<((u128, u32), Pos)> {
         let c = class_of(key_size(key));
         let v = &self.classes[c];
         let at = v.partition_point(|e| e.0 < key);
         if let Some(&e) = v.get(at) {
-            return Some(e);
+            return Some((e, Pos(c as u32, at as u32)));
         }
         let n = self.next_class(c + 1)?;
-        self.classes[n].first().copied()
+        self.classes[n].first().map(|&e| (e, Pos(n as u32, 0)))
+    }
+
+    /// Removes the entry at `pos` (from [`SizeIndex::at_or_after_pos`], nothing changed
+    /// since) and returns it.
+    #[inline]
+    fn remove_at(&mut self, pos: Pos) -> Option<(u128, u32)> {
+        let c = pos.0 as usize;
+        let v = self.classes.get_mut(c)?;
+        if pos.1 as usize >= v.len() {
+            return None;
+        }
+        let e = v.remove(pos.1 as usize);
+        if v.is_empty() {
+            self.bits[c / 64] &= !(1 << (c % 64));
+        }
+        self.len -= 1;
+        Some(e)
     }
 
     /// The first entry after `key` (exclusive).
@@ -368,6 +395,27 @@ impl FreeSet {
     #[inline]
     pub fn lower_bound(&self, stream: u64, size: u64) -> Option<(u128, u32)> {
         self.of(stream)?.at_or_after(size_key(size, 0))
+    }
+
+    /// [`FreeSet::lower_bound`] with the position of the block, for [`FreeSet::remove_at`].
+    #[inline]
+    pub fn lower_bound_pos(&self, stream: u64, size: u64) -> Option<(u128, u32, Pos)> {
+        self.of(stream)?
+            .at_or_after_pos(size_key(size, 0))
+            .map(|((k, i), p)| (k, i, p))
+    }
+
+    /// Removes the block of `stream` at `pos` (found by [`FreeSet::lower_bound_pos`] with no
+    /// change since); the removed `(key, index)`.
+    #[inline]
+    pub fn remove_at(&mut self, stream: u64, pos: Pos) -> Option<(u128, u32)> {
+        let i = match self.streams.first() {
+            Some((s, _)) if *s == stream => 0,
+            _ => self.stream_pos(stream).ok()?,
+        };
+        let e = self.streams[i].1.remove_at(pos)?;
+        self.len -= 1;
+        Some(e)
     }
 
     /// The block of `stream` right after `key`.

@@ -173,6 +173,13 @@ impl TorchCachingPool {
         let max_pages = (total.saturating_add(total / 8)).div_ceil(page).max(1);
         let bytes = page.saturating_mul(max_pages);
         let va = dev.reserve_va(bytes)?;
+        if va == 0 {
+            let _ = dev.free_va(va, bytes);
+            return Err(DeviceError::Invalid {
+                call: "cuMemAddressReserve",
+                detail: "the reserved range is at address 0".into(),
+            });
+        }
         let id = self.expandable.len() as u32;
         self.expandable.push(Some(ExpandableSegment {
             va,

@@ -53,7 +53,6 @@
 //! size).
 use std::collections::BTreeMap;
 
-use rustc_hash::FxHashMap;
 use serde::Serialize;
 
 use crate::config::AllocatorConfig;
@@ -63,6 +62,7 @@ use crate::{AllocError, Allocator, Block as UserBlock, Counter, Device, Stats, S
 mod blocks;
 pub mod conf;
 mod expandable;
+mod live;
 mod release;
 pub mod sizes;
 #[cfg(test)]
@@ -150,7 +150,7 @@ pub struct TorchCachingPool {
     /// Expandable segments by index (`None` once released).
     expandable: Vec<Option<ExpandableSegment>>,
     /// User address → slab index of its block (they differ only for alignments above 512).
-    live: FxHashMap<u64, u32>,
+    live: live::LiveMap,
     /// Null blocks (0-byte requests) handed out and not yet freed.
     null_blocks: u64,
     /// Bytes of all free mapped blocks.
@@ -247,7 +247,8 @@ impl TorchCachingPool {
         if gc {
             self.get_free_calls[p] += 1;
         }
-        let (mut key, mut idx) = self.free[p].lower_bound(stream, rounded)?;
+        let (mut key, mut idx, pos) = self.free[p].lower_bound_pos(stream, rounded)?;
+        let first = idx;
         if self.slab.get(idx).is_expandable() {
             if self.conf.expandable_segments {
                 // Best fit counts the unmapped space after a block as part of it, so a block
@@ -278,6 +279,18 @@ impl TorchCachingPool {
         if rounded >= max_split
             && size >= rounded.saturating_add(self.conf.max_non_split_rounding_bytes)
         {
+            return None;
+        }
+        if idx == first {
+            // The block found first: take it out where the search found it.
+            let size = self.slab.get(idx).size;
+            if self.free[p]
+                .remove_at(stream, pos)
+                .is_some_and(|(_, i)| i == idx)
+            {
+                self.free_bytes -= size;
+                return Some(idx);
+            }
             return None;
         }
         self.remove_free(idx);
@@ -324,13 +337,13 @@ impl TorchCachingPool {
             Err(DeviceError::OutOfMemory { .. }) => return Ok(None),
             Err(e) => return Err(e),
         };
-        if addr % MIN_BLOCK_BYTES != 0 {
-            // Every PyTorch block address is a multiple of 512; a device that breaks this
-            // cannot be emulated. Give the segment back and refuse.
+        if addr == 0 || !addr.is_multiple_of(MIN_BLOCK_BYTES) {
+            // Every PyTorch block address is a non-null multiple of 512; a device that breaks
+            // this cannot be emulated. Give the segment back and refuse.
             let _ = dev.free_segment(addr);
             return Err(DeviceError::Invalid {
                 call: "cuMemAlloc",
-                detail: format!("segment {addr:#x} is not {MIN_BLOCK_BYTES}-byte aligned"),
+                detail: format!("segment {addr:#x} is null or not {MIN_BLOCK_BYTES}-byte aligned"),
             });
         }
         self.segments.insert(
@@ -605,7 +618,7 @@ impl Allocator for TorchCachingPool {
     /// null block (address 0) is accepted while one is outstanding.
     fn deallocate(&mut self, dev: &mut dyn Device, addr: u64) -> Result<(), AllocError> {
         let _ = dev;
-        let Some(i) = self.live.remove(&addr) else {
+        let Some(i) = self.live.remove(addr) else {
             if addr == 0 && self.null_blocks > 0 {
                 self.null_blocks -= 1;
                 return Ok(());

@@ -146,7 +146,12 @@ pub(super) fn validate(t: &TorchCachingPool) -> Result<(), AllocError> {
             t.live.len()
         ));
     }
-    for (&u, &i) in &t.live {
+    for (u, i) in t.live.iter() {
+        if t.live.get(u) != Some(i) {
+            return bad(format!(
+                "live address {u:#x} cannot be found in the live table"
+            ));
+        }
         let b = t.slab.get(i);
         if !b.allocated || u < b.addr || u >= b.addr + b.size {
             return bad(format!(
