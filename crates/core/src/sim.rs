@@ -159,6 +159,8 @@ pub struct SimDevice {
     next_handle: u64,
     calls_made: u64,
     fault_at: Option<u64>,
+    /// Smallest physical usage a refused request would have reached (`used + bytes`).
+    smallest_refused_demand: Option<u64>,
 }
 
 impl Default for SimDevice {
@@ -198,6 +200,7 @@ impl SimDevice {
             next_handle: 1,
             calls_made: 0,
             fault_at: None,
+            smallest_refused_demand: None,
         }
     }
 
@@ -215,6 +218,16 @@ impl SimDevice {
     /// Highest physical usage seen, in bytes.
     pub fn peak_used_bytes(&self) -> u64 {
         self.peak_used
+    }
+
+    /// The smallest physical usage, in bytes, that a request refused for lack of memory
+    /// would have reached (`used + bytes` at the refusal); `None` if none was refused.
+    ///
+    /// With [`Self::peak_used_bytes`] it bounds the capacities that would have given the
+    /// same answers: every request the device granted fits in any capacity of at least the
+    /// peak, and every refused one is refused by any capacity below this figure.
+    pub fn smallest_refused_demand_bytes(&self) -> Option<u64> {
+        self.smallest_refused_demand
     }
 
     /// Live segments, reserved ranges, mappings and unreleased handles; all zero means
@@ -238,6 +251,8 @@ impl SimDevice {
                 name: "CUDA_ERROR_UNKNOWN (injected fault)".into(),
             });
         }
+        // A request above the whole device is refused at once, not timed as a huge call.
+        let bytes = bytes.min(self.capacity.max(1));
         let seconds = match self.cost_memo.get(call as usize).copied().flatten() {
             Some((b, s)) if b == bytes => s,
             _ => {
@@ -259,11 +274,18 @@ impl SimDevice {
                 self.peak_used = self.peak_used.max(n);
                 Ok(())
             }
-            _ => Err(DeviceError::OutOfMemory {
-                requested_bytes: bytes,
-                free_bytes: self.capacity.saturating_sub(self.used),
-                capacity_bytes: self.capacity,
-            }),
+            _ => {
+                let demand = self.used.saturating_add(bytes);
+                self.smallest_refused_demand = Some(
+                    self.smallest_refused_demand
+                        .map_or(demand, |d| d.min(demand)),
+                );
+                Err(DeviceError::OutOfMemory {
+                    requested_bytes: bytes,
+                    free_bytes: self.capacity.saturating_sub(self.used),
+                    capacity_bytes: self.capacity,
+                })
+            }
         }
     }
 
