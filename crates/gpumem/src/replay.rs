@@ -117,7 +117,8 @@ pub struct ReplayReport {
     /// Internal fragmentation `(allocated − requested) / allocated` at peak allocated.
     pub internal_fragmentation_at_peak: f64,
     /// Highest free bytes inside segments or pages that also hold live blocks (PyTorch's
-    /// `inactive_split_bytes` peak), over the samples.
+    /// `inactive_split_bytes` peak): exact where the allocator tracks it (torch), else the
+    /// highest of the fragmentation samples.
     pub peak_inactive_split_bytes: u64,
     /// Times the pool released its cache and retried after the device refused memory
     /// (PyTorch's `num_alloc_retries`).
@@ -577,8 +578,9 @@ pub fn replay_summarized(
                 report.peak_external_fragmentation = report
                     .peak_external_fragmentation
                     .max(s.external_fragmentation());
-                report.peak_inactive_split_bytes =
-                    report.peak_inactive_split_bytes.max(s.inactive_split_bytes);
+                report.peak_inactive_split_bytes = report
+                    .peak_inactive_split_bytes
+                    .max(s.inactive_split_bytes.peak);
             }
             if index.is_multiple_of(4096) {
                 progress(index);
@@ -615,8 +617,9 @@ pub fn replay_summarized(
         report.peak_external_fragmentation = report
             .peak_external_fragmentation
             .max(s.external_fragmentation());
-        report.peak_inactive_split_bytes =
-            report.peak_inactive_split_bytes.max(s.inactive_split_bytes);
+        report.peak_inactive_split_bytes = report
+            .peak_inactive_split_bytes
+            .max(s.inactive_split_bytes.peak);
     }
     report.alloc_retries = s.alloc_retries;
     report.driver_calls = calls;

@@ -401,3 +401,49 @@ fn impossible_requests_are_counted_and_the_replay_goes_on() {
         assert!(r.modelled_driver_seconds < 1.0, "{name}: {r:?}");
     }
 }
+
+/// PyTorch's own figures for the shipped traces (`traces/*-native.stats.json`): the torch
+/// emulation's `inactive_split_bytes` peak, `num_device_alloc`, `num_device_free` and
+/// `num_alloc_retries` as the replay reports them.
+#[test]
+fn pytorch_metrics_match_the_recorded_stats() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../traces");
+    for name in ["resnet_train", "gpt2_train", "mixed_sizes"] {
+        let trace = gpumem::trace::read_path(
+            &dir.join(format!("{name}.pickle.gz")),
+            gpumem::trace::ReadConfig::default(),
+        )
+        .unwrap();
+        let text = std::fs::read_to_string(dir.join(format!("{name}-native.stats.json"))).unwrap();
+        let rec: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let mut a = registry::build("torch", &AllocatorConfig::default()).unwrap();
+        let mut d = SimDevice::default();
+        let r = replay::replay(
+            &trace,
+            a.as_mut(),
+            &mut d,
+            &ReplayConfig::default(),
+            &mut |_| {},
+        )
+        .unwrap();
+        let want = rec["inactive_split_bytes.all.peak"].as_u64().unwrap() as f64;
+        let got = r.peak_inactive_split_bytes as f64;
+        assert!(
+            (got / want - 1.0).abs() < 0.01,
+            "{name}: inactive split {got} vs {want}"
+        );
+        use gpumem::core::DriverCall;
+        let calls = &r.driver_calls;
+        assert_eq!(
+            calls.get(DriverCall::Alloc) + calls.get(DriverCall::Create),
+            rec["num_device_alloc"].as_u64().unwrap(),
+            "{name}"
+        );
+        assert_eq!(
+            calls.get(DriverCall::Free) + calls.get(DriverCall::Release),
+            rec["num_device_free"].as_u64().unwrap(),
+            "{name}"
+        );
+        assert_eq!(r.alloc_retries, rec["num_alloc_retries"].as_u64().unwrap());
+    }
+}

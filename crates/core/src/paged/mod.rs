@@ -1597,7 +1597,7 @@ impl Allocator for PagedPool {
             .max()
             .unwrap_or(0);
         // Free bytes inside mapped pages that hold live blocks (idle pages are excluded above).
-        s.inactive_split_bytes = s.free_bytes;
+        s.inactive_split_bytes.add(s.free_bytes);
         s
     }
 
