@@ -114,7 +114,68 @@ fn table_and_timeline() {
             && s.contains("torch: peak reserved")
             && s.contains("paged: peak reserved")
     );
+    // The simulated H200 has what cuMemGetInfo reports on the real one.
+    assert!(out.contains("capacity 139.8 GiB"), "{out}");
+    // Under --capacity: the capacity as a line, failed allocations as marks.
+    let (ok, _, err) = gpumem(&[
+        "replay",
+        "traces/mixed_sizes.pickle.gz",
+        "-a",
+        "torch,paged",
+        "--capacity",
+        "3GiB",
+        "--timeline",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let s = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        s.contains("capacity") && s.contains("failed allocations (red marks)"),
+        "{s}"
+    );
+    assert!(s.contains("#d62728"));
     let _ = std::fs::remove_file(svg);
+}
+
+#[test]
+fn driver_time_is_shown_as_a_share_of_the_trace() {
+    let (ok, out, err) = gpumem(&[
+        "replay",
+        "traces/mixed_sizes.pickle.gz",
+        "-a",
+        "paged",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let d = v["trace"]["duration_seconds"].as_f64().unwrap();
+    assert!(d > 0.0);
+    let a = &v["allocators"][0];
+    let share = a["driver_share_of_trace"].as_f64().unwrap();
+    let secs = a["modelled_driver_seconds"].as_f64().unwrap();
+    assert!(
+        (share - secs / d).abs() < 1e-9 * share.max(1.0),
+        "{share} vs {secs} / {d}"
+    );
+    // Seconds per call kind add up to the total.
+    let by: f64 = a["driver_seconds"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|x| x.as_f64().unwrap())
+        .sum();
+    assert!((by - secs).abs() < 1e-9, "{by} vs {secs}");
+    // The external trace without timestamps has no share.
+    let (ok, out, err) = gpumem(&[
+        "replay",
+        "traces/external/finetune_no_timestamps.pickle.gz",
+        "-a",
+        "paged",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(v["allocators"][0]["driver_share_of_trace"].is_null());
 }
 
 #[test]
