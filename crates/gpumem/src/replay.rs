@@ -933,12 +933,14 @@ mod tests {
 
     #[test]
     fn summary_saturates_on_sizes_near_2_64() {
-        let mut t = Trace::default();
-        t.events = vec![
-            ev(Action::Alloc, 1, 1000),
-            ev(Action::Alloc, 2, u64::MAX),
-            ev(Action::Free, 2, 0),
-        ];
+        let mut t = Trace {
+            events: vec![
+                ev(Action::Alloc, 1, 1000),
+                ev(Action::Alloc, 2, u64::MAX),
+                ev(Action::Free, 2, 0),
+            ],
+            ..Trace::default()
+        };
         t.events[0].time_us = Some(-5);
         t.events[2].time_us = Some(1_000_000);
         let s = summarize(&t, 0);
