@@ -69,7 +69,7 @@ impl Default for MinCapacityConfig {
         MinCapacityConfig {
             upper_bytes: gpumem_core::sim::DEFAULT_CAPACITY,
             resolution_bytes: gpumem_core::sim::DEFAULT_GRANULARITY,
-            max_replays: 64,
+            max_replays: 256,
         }
     }
 }
