@@ -27,7 +27,7 @@ pub struct Chart {
     pub panels: Vec<(String, String, Vec<Series>)>,
     /// One y scale for every panel (the highest point of all), so panels compare by eye.
     pub shared_y: bool,
-    /// Per panel (same order), x positions marked by a short red tick above the x axis
+    /// Per panel (same order), x positions marked by a short black tick above the x axis
     /// (e.g. failed allocations); panels without an entry get none.
     pub x_marks: Vec<Vec<f64>>,
 }
@@ -221,7 +221,7 @@ impl Chart {
                 if !d.is_empty() {
                     let _ = write!(
                         o,
-                        r##"<path d="{}" stroke="#d62728" stroke-width="1"/>"##,
+                        r##"<path d="{}" stroke="#000" stroke-width="1"/>"##,
                         d.trim_end()
                     );
                 }
@@ -343,7 +343,10 @@ mod tests {
         // The small panel's axis reaches 40 only with the shared scale.
         assert!(shared.matches(">40<").count() == 2, "{shared}");
         assert!(own.matches(">40<").count() == 1);
-        assert!(shared.contains("#d62728"), "failed-allocation marks drawn");
+        assert!(
+            shared.contains(r##"stroke="#000""##),
+            "failed-allocation marks drawn"
+        );
     }
 
     #[test]

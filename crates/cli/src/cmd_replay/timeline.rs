@@ -60,7 +60,7 @@ pub(super) fn timeline_chart(
                 run.name,
                 human_bytes(peak_res),
                 if failed > 0 {
-                    format!(", {failed} failed allocations (red marks)")
+                    format!(", {failed} failed allocations (black ticks on the x axis)")
                 } else {
                     String::new()
                 }
