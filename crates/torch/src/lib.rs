@@ -181,7 +181,14 @@ pub unsafe extern "C" fn gpumem_configure(conf: *const c_char) -> c_int {
 pub unsafe extern "C" fn gpumem_stats_json(device: c_int, buf: *mut c_char, len: usize) -> isize {
     let text = guard(None, || {
         let d = usize::try_from(device).ok()?;
-        Some(plugin().stats_json(d).to_string())
+        Some(match PLUGIN.get() {
+            Some(p) => p.stats_json(d).to_string(),
+            // Not started: report the settings it would start with, and zeros, without
+            // starting it (so gpumem_configure still works afterwards).
+            None => Plugin::new(conf::parse(&conf_text()).0, true)
+                .stats_json(d)
+                .to_string(),
+        })
     });
     let Some(text) = text else { return -1 };
     if !buf.is_null() && len > 0 {
@@ -200,10 +207,11 @@ pub unsafe extern "C" fn gpumem_stats_json(device: c_int, buf: *mut c_char, len:
 /// waits for their events). Returns the bytes released, or -1 on error (reported once).
 #[no_mangle]
 pub extern "C" fn gpumem_empty_cache() -> i64 {
-    guard(-1, || match plugin().empty_cache() {
+    let Some(p) = PLUGIN.get() else { return 0 };
+    guard(-1, || match p.empty_cache() {
         Ok(b) => b as i64,
         Err(e) => {
-            plugin().report(Report::PoolError, || format!("empty_cache: {e}"));
+            p.report(Report::PoolError, || format!("empty_cache: {e}"));
             -1
         }
     })
@@ -212,7 +220,9 @@ pub extern "C" fn gpumem_empty_cache() -> i64 {
 /// Sets every peak figure (allocated, requested, reserved, blocks) to its current value.
 #[no_mangle]
 pub extern "C" fn gpumem_reset_peak_stats() {
-    guard((), || plugin().reset_peak_stats())
+    if let Some(p) = PLUGIN.get() {
+        guard((), || p.reset_peak_stats())
+    }
 }
 
 /// Starts writing gpumem's JSON-lines trace to the file `path` (created or truncated): a
@@ -253,7 +263,8 @@ pub extern "C" fn gpumem_record_stop() -> i64 {
 /// Checks every pool's invariants: 0 if they hold, -1 if not (the reason on stderr).
 #[no_mangle]
 pub extern "C" fn gpumem_validate() -> c_int {
-    guard(-1, || match plugin().validate() {
+    let Some(p) = PLUGIN.get() else { return 0 };
+    guard(-1, || match p.validate() {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("gpumem_torch: validate: {e}");
