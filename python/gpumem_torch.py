@@ -19,7 +19,8 @@ What PyTorch does not forward to a pluggable allocator, and what to use instead:
   undone. To route only part of a program through gpumem, use ``use_pool()`` instead.
 
 Settings (``conf``) use the syntax of ``GPUMEM_CONF``: ``key=value`` pairs separated by commas,
-or a dict. Keys: strategy (paged, torch, tlsf, buddy, best-fit), reserve, release_threshold,
+or a dict. Keys: strategy (paged, torch, tlsf, buddy, best-fit), mode (direct: PyTorch's
+stream semantics, the default; pool: gpumem's DevicePool), reserve, release_threshold,
 max_cached_block, shard_cache, segment (sizes such as 256MiB or 4GiB), page_cache_pages
 (a whole number), backend (cuda, or sim for tests without a GPU), sim_capacity.
 """
@@ -44,6 +45,7 @@ __all__ = [
 #: Keys GPUMEM_CONF accepts (the same list as crates/torch/src/conf.rs).
 KEYS = (
     "strategy",
+    "mode",
     "reserve",
     "release_threshold",
     "max_cached_block",
@@ -91,6 +93,8 @@ def check_conf(conf):
         if key == "strategy" and value not in STRATEGIES:
             raise ValueError(f"gpumem conf: bad value {value!r} for 'strategy' "
                              f"(expected one of paged, torch, tlsf, buddy, best-fit)")
+        if key == "mode" and value not in ("direct", "pool"):
+            raise ValueError(f"gpumem conf: bad value {value!r} for 'mode' (expected direct or pool)")
         if key == "backend" and value not in ("cuda", "sim"):
             raise ValueError(f"gpumem conf: bad value {value!r} for 'backend' (expected cuda or sim)")
         if key == "page_cache_pages" and not value.isdigit():

@@ -36,7 +36,8 @@ class ConfChecks(unittest.TestCase):
 
     def test_bad_keys_and_values_are_named(self):
         for conf, words in [
-            ("colour=red", ["unknown key 'colour'", "strategy, reserve"]),
+            ("colour=red", ["unknown key 'colour'", "strategy, mode, reserve"]),
+            ("mode=eager", ["'eager'", "direct or pool"]),
             ("strategy=slab", ["'slab'", "'strategy'"]),
             ("reserve=12XB", ["'12XB'", "'reserve'"]),
             ("page_cache_pages=-3", ["'-3'", "'page_cache_pages'"]),

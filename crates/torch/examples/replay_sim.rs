@@ -51,7 +51,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let s = plugin.stats_json(0);
     let reserved = s["reserved_bytes.all.peak"].as_u64().unwrap_or(0);
     println!(
-        "{path}: {} events in {:.2?}; peak requested {} B, peak allocated {} B, peak reserved {} B ({:.4} x requested), driver calls {}, ooms {}",
+        "{path}: {} events in {:.2?}; peak requested {} B, peak allocated {} B, peak reserved {} B ({:.4} x requested), driver calls {} (modelled H200 time {:.3} s), ooms {}",
         trace.events.len(),
         t.elapsed(),
         peak_req,
@@ -59,6 +59,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         reserved,
         reserved as f64 / peak_req.max(1) as f64,
         s["driver_calls.total"],
+        s["driver_seconds"].as_f64().unwrap_or(0.0),
         s["num_ooms"],
     );
     Ok(())

@@ -8,10 +8,11 @@
 //! | key | value | default |
 //! |---|---|---|
 //! | `strategy` | `paged`, `torch`, `tlsf`, `buddy`, `best-fit` | `paged` |
+//! | `mode` | `direct` (PyTorch's stream semantics, see [`crate::direct`]) or `pool` (gpumem's `DevicePool`, size-class caches, events) | `direct` |
 //! | `reserve` | bytes taken from the device at the pool's creation and kept cached | 256 MiB |
-//! | `release_threshold` | reserved bytes above which freed memory goes back to the device (`none`: never) | none |
-//! | `max_cached_block` | largest block kept in the stream caches; larger ones go straight back to the strategy | 1 GiB |
-//! | `shard_cache` | bytes one thread's cache may hold before it is flushed | 2 GiB |
+//! | `release_threshold` | `mode=pool`: reserved bytes above which freed memory goes back to the device (`none`: never) | none |
+//! | `max_cached_block` | `mode=pool`: largest block kept in the stream caches; larger ones go back to the strategy behind an event | 1 GiB |
+//! | `shard_cache` | `mode=pool`: bytes one thread's cache may hold before it is flushed | 2 GiB |
 //! | `segment` | segment size of the segmented strategies (`tlsf`, `buddy`, `best-fit`) | 256 MiB |
 //! | `page_cache_pages` | free physical pages `paged` keeps before releasing them | 1024 |
 //! | `backend` | `cuda`, or `sim` (the simulated device: tests without a GPU) | `cuda` |
@@ -30,8 +31,9 @@ use gpumem_core::config::AllocatorConfig;
 use gpumem_core::registry;
 
 /// Keys `GPUMEM_CONF` accepts, in the order of the table above.
-pub const KEYS: [&str; 9] = [
+pub const KEYS: [&str; 10] = [
     "strategy",
+    "mode",
     "reserve",
     "release_threshold",
     "max_cached_block",
@@ -51,11 +53,22 @@ pub enum Backend {
     Sim,
 }
 
+/// How blocks go back to the strategy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// [`crate::direct::DirectPool`]: at once on the main stream (PyTorch's semantics).
+    Direct,
+    /// gpumem's `DevicePool`: size-class caches per stream, events before the strategy.
+    Pool,
+}
+
 /// The plug-in's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Conf {
     /// Allocator strategy, a name of [`registry::NAMES`].
     pub strategy: &'static str,
+    /// How blocks go back to the strategy.
+    pub mode: Mode,
     /// Where memory comes from.
     pub backend: Backend,
     /// Capacity of the simulated device, in bytes (only with [`Backend::Sim`]).
@@ -70,6 +83,7 @@ impl Default for Conf {
     fn default() -> Self {
         Conf {
             strategy: "paged",
+            mode: Mode::Direct,
             backend: Backend::Cuda,
             sim_capacity_bytes: 80 << 30,
             pool: PoolConfig::default(),
@@ -149,6 +163,13 @@ fn apply(c: &mut Conf, key: &str, value: &str) -> Result<(), ConfError> {
             match names.as_slice() {
                 [one] => c.strategy = one,
                 _ => return Err(bad("expected one strategy".into())),
+            }
+        }
+        "mode" => {
+            c.mode = match value {
+                "direct" => Mode::Direct,
+                "pool" => Mode::Pool,
+                _ => return Err(bad("expected direct or pool".into())),
             }
         }
         "reserve" => c.pool.reserve_bytes = size()?,
@@ -247,11 +268,12 @@ mod tests {
     #[test]
     fn every_key_sets_its_field() {
         let c = parse_strict(
-            " strategy = best_fit , reserve=0, release_threshold=none, max_cached_block=64M, \
+            " strategy = best_fit , mode=pool, reserve=0, release_threshold=none, max_cached_block=64M, \
              shard_cache=1.5GiB, segment=2MB, page_cache_pages=7, backend=sim, sim_capacity=1G",
         )
         .unwrap();
         assert_eq!(c.strategy, "best-fit");
+        assert_eq!(c.mode, Mode::Pool);
         assert_eq!(c.pool.reserve_bytes, 0);
         assert_eq!(c.pool.release_threshold_bytes, u64::MAX);
         assert_eq!(c.pool.max_cached_block_bytes, 64 << 20);
@@ -277,7 +299,7 @@ mod tests {
         assert!(text[0].contains("`nope` for `strategy`"), "{}", text[0]);
         assert!(text[1].contains("`12XB` for `reserve`") && text[1].contains("unknown unit `xb`"));
         assert!(text[2].starts_with("GPUMEM_CONF: unknown key `colour`"));
-        assert!(text[2].contains("strategy, reserve, release_threshold"));
+        assert!(text[2].contains("strategy, mode, reserve, release_threshold"));
         assert_eq!(text[3], "GPUMEM_CONF: `oops` is not key=value; ignored");
         assert!(text[4].contains("`0` for `segment`"));
         assert_eq!(parse_strict("colour=red"), Err(e[2].clone()));

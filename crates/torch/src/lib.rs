@@ -33,6 +33,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod conf;
+pub mod direct;
 pub mod metered;
 pub mod state;
 

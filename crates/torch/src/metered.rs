@@ -59,6 +59,11 @@ impl<D: Device> Metered<D> {
         (m, reserved)
     }
 
+    /// The wrapped device.
+    pub fn inner_mut(&mut self) -> &mut D {
+        &mut self.inner
+    }
+
     fn after<T>(&mut self, r: Result<T, DeviceError>) -> Result<T, DeviceError> {
         self.reserved.set(self.inner.used_bytes());
         r

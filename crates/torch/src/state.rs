@@ -16,13 +16,14 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use gpumem::cuda::pool::{DevicePool, PoolError, PoolStats, RawBlock};
-use gpumem::cuda::{CudaEvents, ManualEvents};
+use gpumem::cuda::{CudaEvents, ManualEvents, StreamEvents};
 use gpumem_core::sim::SimDevice;
 use gpumem_core::{Device, DriverCall, DriverCounters};
 use rustc_hash::FxHashMap;
 use serde_json::{json, Map, Value};
 
-use crate::conf::{Backend, Conf};
+use crate::conf::{Backend, Conf, Mode};
+use crate::direct::{Deferred, DirectPool};
 use crate::metered::{Metered, Reserved};
 
 /// Devices a process may use (ordinals `0..MAX_DEVICES`).
@@ -38,6 +39,34 @@ trait Pool: Send + Sync {
     fn stats(&self) -> Result<PoolStats, PoolError>;
     fn validate(&self) -> Result<(), PoolError>;
     fn counters(&self) -> Result<DriverCounters, PoolError>;
+    /// `mode=direct`: unmaps postponed now, postponed so far, waited for; side-stream waits.
+    fn deferral(&self) -> Option<(usize, u64, u64, u64)> {
+        None
+    }
+}
+
+impl<D: Device> Pool for DirectPool<D> {
+    fn alloc_raw(&self, size_bytes: u64, stream: u64) -> Result<RawBlock, PoolError> {
+        self.alloc(size_bytes, stream)
+    }
+    fn free_raw(&self, b: RawBlock) -> Result<(), PoolError> {
+        self.free(&b)
+    }
+    fn empty_cache(&self) -> Result<u64, PoolError> {
+        DirectPool::empty_cache(self)
+    }
+    fn stats(&self) -> Result<PoolStats, PoolError> {
+        DirectPool::stats(self)
+    }
+    fn validate(&self) -> Result<(), PoolError> {
+        DirectPool::validate(self)
+    }
+    fn counters(&self) -> Result<DriverCounters, PoolError> {
+        DirectPool::counters(self)
+    }
+    fn deferral(&self) -> Option<(usize, u64, u64, u64)> {
+        self.deferral_counts().ok()
+    }
 }
 
 impl<D: Device> Pool for DevicePool<D> {
@@ -690,6 +719,19 @@ impl Plugin {
         }
         m.insert("driver_calls".into(), Value::Object(calls));
         m.insert("driver_calls.total".into(), json!(dc.total()));
+        m.insert(
+            "mode".into(),
+            json!(match self.conf.mode {
+                Mode::Direct => "direct",
+                Mode::Pool => "pool",
+            }),
+        );
+        if let Some((now, postponed, waited, side)) = d.and_then(|d| d.pool.deferral()) {
+            m.insert("unmaps_postponed_now".into(), json!(now));
+            m.insert("unmaps_postponed".into(), json!(postponed));
+            m.insert("unmaps_waited".into(), json!(waited));
+            m.insert("side_stream_waits".into(), json!(side));
+        }
         m.insert("driver_seconds".into(), json!(dc.seconds));
         let mut reports = Map::new();
         const NAMES: [&str; REPORT_KINDS] = [
@@ -716,25 +758,67 @@ impl Plugin {
 }
 
 fn open_device(ordinal: usize, conf: &Conf) -> Result<DeviceState, String> {
-    let alloc =
-        gpumem_core::registry::build(conf.strategy, &conf.allocator).map_err(|e| e.to_string())?;
-    let (pool, reserved): (Box<dyn Pool>, _) = match conf.backend {
+    match conf.backend {
         Backend::Sim => {
-            let (dev, reserved) = Metered::new(SimDevice::new(conf.sim_capacity_bytes));
-            let events = Box::new(ManualEvents::immediate());
-            let pool = DevicePool::new(alloc, dev, events, conf.pool).map_err(|e| e.to_string())?;
-            (Box::new(pool), reserved)
+            let events: Arc<dyn StreamEvents> = Arc::new(ManualEvents::immediate());
+            make_state(
+                SimDevice::new(conf.sim_capacity_bytes),
+                events,
+                conf,
+                conf.pool,
+            )
         }
         Backend::Cuda => {
             let dev = gpumem::cuda::open(ordinal).map_err(|e| e.to_string())?;
-            let events = CudaEvents::new(&dev).map_err(|e| e.to_string())?;
+            let events: Arc<dyn StreamEvents> =
+                Arc::new(CudaEvents::new(&dev).map_err(|e| e.to_string())?);
             let opts = gpumem::cuda::pool::PoolConfig {
                 pitch_align_bytes: dev.pitch_align_bytes(),
                 ..conf.pool
             };
+            make_state(dev, events, conf, opts)
+        }
+    }
+}
+
+/// Events shared between the pool and its device adaptor.
+struct SharedEvents(Arc<dyn StreamEvents>);
+
+impl StreamEvents for SharedEvents {
+    fn record(&self, stream: u64) -> Result<u64, gpumem_core::DeviceError> {
+        self.0.record(stream)
+    }
+    fn query(&self, event: u64) -> Result<bool, gpumem_core::DeviceError> {
+        self.0.query(event)
+    }
+    fn synchronize(&self, event: u64) -> Result<(), gpumem_core::DeviceError> {
+        self.0.synchronize(event)
+    }
+    fn recycle(&self, event: u64) {
+        self.0.recycle(event)
+    }
+}
+
+fn make_state<D: Device + 'static>(
+    dev: D,
+    events: Arc<dyn StreamEvents>,
+    conf: &Conf,
+    opts: gpumem::cuda::pool::PoolConfig,
+) -> Result<DeviceState, String> {
+    let alloc =
+        gpumem_core::registry::build(conf.strategy, &conf.allocator).map_err(|e| e.to_string())?;
+    let fail = |e: PoolError| format!("{} pool: {e}", conf.strategy);
+    let (pool, reserved): (Box<dyn Pool>, _) = match conf.mode {
+        Mode::Direct => {
+            let (dev, reserved) = Metered::new(Deferred::new(dev, Arc::clone(&events)));
+            let pool = DirectPool::new(alloc, dev, events, opts.align_bytes, opts.reserve_bytes)
+                .map_err(fail)?;
+            (Box::new(pool), reserved)
+        }
+        Mode::Pool => {
             let (dev, reserved) = Metered::new(dev);
-            let pool = DevicePool::new(alloc, dev, Box::new(events), opts)
-                .map_err(|e| format!("{} pool: {e}", conf.strategy))?;
+            let pool =
+                DevicePool::new(alloc, dev, Box::new(SharedEvents(events)), opts).map_err(fail)?;
             (Box::new(pool), reserved)
         }
     };
