@@ -239,10 +239,11 @@ def run_child(a):
         out["ooms"] = ooms
         if g is not None:
             s = g.memory_stats()
-            out["gpumem"] = {k: s[k] for k in (
-                "num_ooms", "num_alloc_retries", "num_bad_frees", "num_errors", "driver_calls.total",
+            out["gpumem"] = {k: s.get(k) for k in (
+                "mode", "num_ooms", "num_alloc_retries", "num_bad_frees", "num_errors", "driver_calls.total",
                 "driver_seconds", "cache_hits", "cache_misses", "fragmentation", "requested_bytes.all.peak",
-                "num_alloc_calls", "pending_blocks", "first_reports")}
+                "num_alloc_calls", "pending_blocks", "unmaps_postponed", "unmaps_waited", "side_stream_waits",
+                "first_reports")}
     except Exception as e:  # keep the other runs going; the parent reports it
         import traceback
         out["error"] = f"{type(e).__name__}: {e}"[:800]
@@ -370,6 +371,8 @@ def run_soak(a):
         "leaked_blocks": s["live_blocks"], "errors": errors + s["num_errors"],
         "bad_frees": s["num_bad_frees"], "ooms": s["num_ooms"],
         "driver_calls": s["driver_calls.total"],
+        "unmaps_postponed": s.get("unmaps_postponed"), "unmaps_waited": s.get("unmaps_waited"),
+        "mode": s.get("mode"),
     }
     if errors:
         res["last_error"] = last
