@@ -16,11 +16,16 @@
 //! int     gpumem_validate(void);
 //! ```
 //!
-//! One [`gpumem::cuda::pool::DevicePool`] per device, created on first use, with the strategy
-//! and options of `GPUMEM_CONF` (see [`conf`]; e.g. `strategy=paged,reserve=256MiB`), or of
-//! the string given to `gpumem_configure` before the first call. Stream-ordered reuse is the
-//! pool's: a block freed on stream S is reusable on S at once, on another stream only after
-//! S's work at the time of the free has completed.
+//! One pool per device, created on first use, with the strategy and options of `GPUMEM_CONF`
+//! (see [`conf`]; e.g. `strategy=paged,reserve=256MiB`), or of the string given to
+//! `gpumem_configure` before the first call. By default (`mode=direct`, see [`direct`]) the
+//! pool has PyTorch's own stream semantics: a block freed on the device's main stream goes
+//! straight back to the strategy and is reusable there at once by a request of any size
+//! (unmapping of its pages waits for the GPU); a block freed on another stream, only after
+//! that stream's work at the time of the free has completed. `mode=pool` uses gpumem's
+//! [`gpumem::cuda::pool::DevicePool`] instead (size-class caches per stream; everything else
+//! reaches the strategy behind an event), which costs memory and time under PyTorch's
+//! run-ahead CPU (BENCHMARKS.md, issue 13).
 //!
 //! At the C boundary nothing panics or unwinds: every export runs inside `catch_unwind`, and
 //! a caught panic is reported once on stderr and turned into NULL / -1. A failed allocation
@@ -272,4 +277,23 @@ pub extern "C" fn gpumem_validate() -> c_int {
             -1
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_becomes_the_fallback_and_is_counted() {
+        let before = plugin().stats_json(0)["reports"]["panic"].as_u64().unwrap();
+        let r = guard(-7, || -> i32 { panic!("boom") });
+        assert_eq!(r, -7);
+        let s = plugin().stats_json(0);
+        assert_eq!(s["reports"]["panic"].as_u64().unwrap(), before + 1);
+        assert!(s["first_reports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m.as_str().unwrap().contains("internal panic caught: boom")));
+    }
 }

@@ -829,3 +829,101 @@ fn make_state<D: Device + 'static>(
         counters: Counters::default(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conf::parse_strict;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// Allocate this many bytes on stream index 0..3 (0 is the NULL stream).
+        Alloc(i64, u8),
+        /// Free the live block with this index (modulo the live count).
+        Free(usize),
+        /// Free an address gpumem never handed out.
+        BadFree(u64),
+        EmptyCache,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            5 => (0i64..(24 << 20), 0u8..3).prop_map(|(n, s)| Op::Alloc(n, s)),
+            4 => any::<usize>().prop_map(Op::Free),
+            1 => any::<u64>().prop_map(Op::BadFree),
+            1 => Just(Op::EmptyCache),
+        ]
+    }
+
+    fn check(conf: &str, ops: Vec<Op>) -> Result<(), TestCaseError> {
+        let p = Plugin::new(parse_strict(conf).unwrap(), true);
+        let mut live: Vec<(u64, i64, u64)> = Vec::new();
+        let mut bad = 0i64;
+        for op in ops {
+            match op {
+                Op::Alloc(n, s) => {
+                    let stream = [0, 0x700, 0x900][s as usize];
+                    match p.malloc(n, 0, stream) {
+                        Some(a) => {
+                            prop_assert!(n > 0);
+                            for &(b, m, _) in &live {
+                                prop_assert!(a + n as u64 <= b || b + m as u64 <= a, "overlap");
+                            }
+                            live.push((a, n, stream));
+                        }
+                        None => prop_assert_eq!(n, 0, "a 1 GiB device never runs out here"),
+                    }
+                }
+                Op::Free(i) if !live.is_empty() => {
+                    let (a, n, s) = live.swap_remove(i % live.len());
+                    p.free(a, n, 0, s);
+                }
+                Op::Free(_) => {}
+                Op::BadFree(a) => {
+                    let a = a | 1; // odd: never a block address
+                    p.free(a, 8, 0, 0);
+                    if p.devices[0].get().is_some() {
+                        bad += 1;
+                    }
+                }
+                Op::EmptyCache => {
+                    p.empty_cache().unwrap();
+                }
+            }
+            p.validate().unwrap();
+            let s = p.stats_json(0);
+            prop_assert_eq!(s["live_blocks"].as_u64().unwrap(), live.len() as u64);
+            prop_assert_eq!(
+                s["requested_bytes.all.current"].as_i64().unwrap(),
+                live.iter().map(|x| x.1).sum::<i64>()
+            );
+            prop_assert_eq!(s["num_bad_frees"].as_i64().unwrap(), bad);
+            prop_assert_eq!(s["num_errors"].as_i64().unwrap(), 0);
+        }
+        for (a, n, s) in live.drain(..) {
+            p.free(a, n, 0, s);
+        }
+        p.empty_cache().unwrap();
+        let s = p.stats_json(0);
+        prop_assert_eq!(s["live_blocks"].as_u64().unwrap(), 0);
+        prop_assert_eq!(s["allocated_bytes.all.current"].as_i64().unwrap(), 0);
+        if p.devices[0].get().is_some() {
+            prop_assert_eq!(s["reserved_bytes.all.current"].as_i64().unwrap(), 0);
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        #[test]
+        fn direct_mode_keeps_blocks_apart_and_figures_right(ops in prop::collection::vec(op(), 1..120)) {
+            check("backend=sim,sim_capacity=1GiB,strategy=paged,reserve=0", ops)?;
+        }
+
+        #[test]
+        fn pool_mode_keeps_blocks_apart_and_figures_right(ops in prop::collection::vec(op(), 1..120)) {
+            check("backend=sim,sim_capacity=1GiB,strategy=tlsf,mode=pool,reserve=0", ops)?;
+        }
+    }
+}
