@@ -71,7 +71,8 @@ fn conf_text() -> String {
         .unwrap_or_default()
 }
 
-/// The process's plug-in, started on first use from [`conf_text`]; bad items of the
+/// The process's plug-in, started on first use from the settings of `gpumem_configure`, else
+/// `GPUMEM_CONF` (else the defaults); bad items of the
 /// settings are reported once on stderr.
 pub fn plugin() -> &'static Plugin {
     PLUGIN.get_or_init(|| {
