@@ -113,6 +113,8 @@ struct JsonAllocator {
     driver_seconds: serde_json::Map<String, serde_json::Value>,
     driver_calls_total: u64,
     modelled_driver_seconds: f64,
+    /// Driver calls made during the second half of the events (the steady state).
+    steady_state_driver_calls: u64,
     /// Driver seconds ÷ the trace's own duration, when it has timestamps.
     #[serde(skip_serializing_if = "Option::is_none")]
     driver_share_of_trace: Option<f64>,
@@ -680,6 +682,7 @@ fn json_allocator(
         driver_calls: calls,
         driver_seconds: secs_by,
         modelled_driver_seconds: modelled,
+        steady_state_driver_calls: sum(&|r| r.steady_state_driver_calls),
         driver_share_of_trace: duration_us
             .filter(|&d| d > 0)
             .map(|d| modelled / (d as f64 * 1e-6)),

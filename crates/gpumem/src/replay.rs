@@ -143,6 +143,9 @@ pub struct ReplayReport {
     pub driver_calls: DriverCounters,
     /// Seconds the driver calls took (modelled on the simulated device, measured on CUDA).
     pub modelled_driver_seconds: f64,
+    /// Driver calls made while the second half of the events was replayed (the steady state
+    /// of a training loop: a caching allocator makes almost none there).
+    pub steady_state_driver_calls: u64,
     /// `modelled_driver_seconds` ÷ the trace's own duration (first to last `time_us` of the
     /// replayed device's events), when the trace has timestamps.
     pub driver_share_of_trace: Option<f64>,
@@ -450,6 +453,7 @@ pub fn replay_summarized(
         failed_events: Vec::new(),
         driver_calls: DriverCounters::default(),
         modelled_driver_seconds: 0.0,
+        steady_state_driver_calls: 0,
         driver_share_of_trace: None,
         device_peak_used_bytes: 0,
         driver_peak_delta_bytes: None,
@@ -484,6 +488,8 @@ pub fn replay_summarized(
     let mut index: u64 = 0;
     let mut peak_reserved_seen = 0u64;
     let mut bucket: Option<Sample> = None;
+    let half = summary.events / 2;
+    let mut calls_at_half = (half == 0).then(|| dev.counters().total());
     for e in trace.events.iter().filter(|e| e.device == opts.device) {
         match e.action {
             Action::Alloc => {
@@ -560,6 +566,9 @@ pub fn replay_summarized(
             b.reserved_bytes.add(rs);
         }
         index += 1;
+        if index == half {
+            calls_at_half = Some(dev.counters().total());
+        }
         if driver_baseline.is_some() && dev.used_bytes() > used_high {
             used_high = dev.used_bytes();
             if let (Some(now), Some(peak)) = (dev.driver_used_bytes(), driver_peak.as_mut()) {
@@ -597,7 +606,8 @@ pub fn replay_summarized(
         _ => seconds,
     };
     let s = alloc.stats();
-    let calls = dev.counters().since(&calls_before);
+    let after = dev.counters();
+    let calls = after.since(&calls_before);
     report.peak_reserved_bytes = s.reserved_bytes.peak;
     report.peak_allocated_bytes = s.allocated_bytes.peak;
     report.peak_requested_bytes = s.requested_bytes.peak;
@@ -626,6 +636,9 @@ pub fn replay_summarized(
     report.alloc_retries = s.alloc_retries;
     report.driver_calls = calls;
     report.modelled_driver_seconds = calls.seconds;
+    report.steady_state_driver_calls = after
+        .total()
+        .saturating_sub(calls_at_half.unwrap_or(after.total()));
     report.driver_share_of_trace = summary
         .duration_us
         .filter(|&d| d > 0)

@@ -91,6 +91,11 @@ fn columns(j: &JsonOut) -> Vec<Column> {
         cell: |a| a.driver_calls_total.to_string(),
     });
     c.push(Column {
+        header: "2nd half",
+        width: 8,
+        cell: |a| a.steady_state_driver_calls.to_string(),
+    });
+    c.push(Column {
         header: "driver time",
         width: 11,
         cell: |a| human_secs(a.modelled_driver_seconds),
@@ -297,6 +302,9 @@ pub(super) fn print_notes(j: &JsonOut, capacity: u64) {
     println!("inact.split: peak free bytes inside segments or pages that hold live blocks (PyTorch's inactive_split_bytes); retries: cache released and retried after the device refused (num_alloc_retries).");
     println!("driver time: modelled from H200 call costs per kind and size on the simulated device, measured on a real one{}.",
         if j.trace.duration_seconds.is_some() { "; of trace: that time as a share of the trace's own duration" } else { "" });
+    println!(
+        "2nd half: driver calls made during the second half of the events (the steady state)."
+    );
     println!("events/s: events replayed per CPU second of the replaying thread (allocators replay side by side on the simulated device).");
 }
 
