@@ -18,7 +18,12 @@ here=$(cd "$(dirname "$0")" && pwd)
 out=${1:?usage: run.sh OUT.jsonl [OUT.md]}
 md=${2:-${out%.jsonl}.md}
 : >"$out"
-command -v nvcc >/dev/null || { echo "nvcc not found: baselines not built"; exit 2; }
+if ! command -v nvcc >/dev/null; then
+  for d in /usr/local/cuda/bin /usr/local/cuda-13*/bin /usr/local/cuda-12*/bin /opt/cuda/bin; do
+    [ -x "$d/nvcc" ] && PATH="$d:$PATH" && break
+  done
+fi
+command -v nvcc >/dev/null || { echo "nvcc not found (PATH, /usr/local/cuda*/bin): baselines not built"; exit 2; }
 arch=${NVCC_ARCH:-sm_90}
 build=$(mktemp -d)
 trap 'rm -rf "$build"' EXIT
