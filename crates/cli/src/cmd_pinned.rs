@@ -4,7 +4,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use gpumem::pinned::advise::{self, Direction, MemoryKind, Pattern, TransferPoint, TransferTable};
 use gpumem::pinned::transfer::{self, MappedMethod, TransferBench};
-use gpumem::pinned::{cuda_available, sysinfo, CopyKind, CudaHost, StagingConfig};
+use gpumem::pinned::{sysinfo, CopyKind, CudaContext, StagingConfig};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use serde_json::json;
@@ -297,10 +297,10 @@ pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
     if a.host_only {
         return host_only(&a);
     }
-    if let Err(e) = cuda_available() {
+    if let Err(e) = gpumem::cuda::init() {
         bail!("{e}\n`gpumem bench transfer` measures copies over PCIe and needs a CUDA device; `gpumem bench pinned` measures the mlock fallback without one");
     }
-    let host = CudaHost::new(a.device)?;
+    let host = CudaContext::new(a.device)?;
     let device = host.name().unwrap_or_else(|_| "unknown".into());
     let bus = host.pci_bus_id().unwrap_or_default();
     let max = *a.sizes.last().context("no sizes")? as usize;
@@ -609,7 +609,7 @@ pub fn bench_pinned(a: BenchPinnedArgs) -> Result<()> {
     let (host, note) = if a.no_cuda {
         (None, "mlock fallback (--no-cuda)".to_string())
     } else {
-        match CudaHost::new(a.device) {
+        match CudaContext::new(a.device) {
             Ok(h) => (Some(h), "CUDA".to_string()),
             Err(e) => (None, format!("mlock fallback: {e}")),
         }

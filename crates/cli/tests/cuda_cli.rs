@@ -27,7 +27,7 @@ fn cuda_commands_fail_cleanly_without_a_driver() {
         let (code, _out, err) = gpumem(args);
         assert_eq!(code, 1, "{args:?}: {err}");
         assert!(
-            err.starts_with("error: no CUDA driver found (searched libcuda.so"),
+            err.starts_with("error: no NVIDIA driver (libcuda.so.1) found"),
             "{args:?}: {err}"
         );
         assert!(

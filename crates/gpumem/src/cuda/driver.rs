@@ -588,6 +588,20 @@ pub(crate) use sys::CUmem_advise as MemAdvise;
 pub(crate) use sys::CUmemoryPool as MemPool;
 /// The raw pointer-attribute enum.
 pub(crate) use sys::CUpointer_attribute as PointerAttr;
+/// CU_MEMHOSTREGISTER_PORTABLE.
+pub(crate) const HOST_REGISTER_PORTABLE: u32 = sys::CU_MEMHOSTREGISTER_PORTABLE;
+/// CU_MEMHOSTREGISTER_DEVICEMAP.
+pub(crate) const HOST_REGISTER_DEVICEMAP: u32 = sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+/// CU_MEMHOSTALLOC_PORTABLE.
+pub(crate) const HOST_ALLOC_PORTABLE: u32 = sys::CU_MEMHOSTALLOC_PORTABLE;
+/// CU_MEMHOSTALLOC_DEVICEMAP.
+pub(crate) const HOST_ALLOC_DEVICEMAP: u32 = sys::CU_MEMHOSTALLOC_DEVICEMAP;
+/// CU_MEMHOSTALLOC_WRITECOMBINED.
+pub(crate) const HOST_ALLOC_WRITECOMBINED: u32 = sys::CU_MEMHOSTALLOC_WRITECOMBINED;
+/// The raw function handle.
+pub(crate) use sys::CUfunction as Function;
+/// The raw module handle.
+pub(crate) use sys::CUmodule as Module;
 
 /// cuMemAllocPitch: (address, pitch in bytes).
 pub(crate) fn mem_alloc_pitch(
@@ -605,4 +619,259 @@ pub(crate) fn mem_alloc_pitch(
         width_bytes.saturating_mul(height),
     )?;
     Ok((p, pitch as u64))
+}
+
+/// cuDeviceGetPCIBusId, e.g. `0000:3B:00.0`.
+pub(crate) fn device_pci_bus_id(dev: CUdevice) -> Result<String, DeviceError> {
+    let mut buf = [0 as std::ffi::c_char; 32];
+    // SAFETY: the driver writes at most 32 bytes, NUL-terminated, into `buf`.
+    check("cuDeviceGetPCIBusId", unsafe {
+        sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), 32, dev)
+    })?;
+    // SAFETY: the driver NUL-terminated the string inside `buf`.
+    let s = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+    Ok(s.to_string_lossy().into_owned())
+}
+
+/// cuMemHostAlloc of `bytes` page-locked host bytes with `flags` (CU_MEMHOSTALLOC_*).
+pub(crate) fn mem_host_alloc(bytes: usize, flags: u32) -> Result<*mut c_void, DeviceError> {
+    let mut p = ptr::null_mut();
+    // SAFETY: `p` is a valid out-pointer; the memory is owned by the caller until
+    // cuMemFreeHost.
+    check_alloc(
+        "cuMemHostAlloc",
+        unsafe { sys::cuMemHostAlloc(&mut p, bytes, flags) },
+        bytes as u64,
+    )?;
+    Ok(p)
+}
+
+/// cuMemFreeHost.
+///
+/// # Safety
+/// 1. `p` came from cuMemHostAlloc, is not freed yet and no queued copy still uses it
+///    (cuMemFreeHost).
+pub(crate) unsafe fn mem_free_host(p: *mut c_void) -> Result<(), DeviceError> {
+    // SAFETY: the caller upholds the contract above.
+    check("cuMemFreeHost", unsafe { sys::cuMemFreeHost(p) })
+}
+
+/// cuMemHostGetDevicePointer: the device address of mapped pinned host memory.
+///
+/// # Safety
+/// 1. `p` lies in memory pinned with CU_MEMHOSTALLOC_DEVICEMAP or registered with
+///    CU_MEMHOSTREGISTER_DEVICEMAP (cuMemHostGetDevicePointer).
+pub(crate) unsafe fn mem_host_get_device_pointer(p: *mut c_void) -> Result<u64, DeviceError> {
+    let mut d: sys::CUdeviceptr = 0;
+    // SAFETY: `d` is a valid out-pointer; the caller upholds the contract above.
+    check("cuMemHostGetDevicePointer", unsafe {
+        sys::cuMemHostGetDevicePointer_v2(&mut d, p, 0)
+    })?;
+    Ok(d)
+}
+
+/// cuMemHostRegister of `[p, p + bytes)` with `flags` (CU_MEMHOSTREGISTER_*).
+///
+/// # Safety
+/// 1. `[p, p + bytes)` is host memory owned by the caller that stays mapped until
+///    cuMemHostUnregister (cuMemHostRegister).
+pub(crate) unsafe fn mem_host_register(
+    p: *mut c_void,
+    bytes: usize,
+    flags: u32,
+) -> Result<(), DeviceError> {
+    // SAFETY: the caller upholds the contract above.
+    check("cuMemHostRegister", unsafe {
+        sys::cuMemHostRegister_v2(p, bytes, flags)
+    })
+}
+
+/// cuMemHostUnregister.
+///
+/// # Safety
+/// 1. `p` is the start of a range registered by cuMemHostRegister; no queued copy uses it
+///    (cuMemHostUnregister).
+pub(crate) unsafe fn mem_host_unregister(p: *mut c_void) -> Result<(), DeviceError> {
+    // SAFETY: the caller upholds the contract above.
+    check("cuMemHostUnregister", unsafe {
+        sys::cuMemHostUnregister(p)
+    })
+}
+
+/// cuMemcpyHtoDAsync on `stream`.
+///
+/// # Safety
+/// 1. `[src, src + bytes)` is readable host memory that stays valid and unchanged until the
+///    copy completes;
+/// 2. `[dst, dst + bytes)` lies inside a live device allocation (cuMemcpyHtoDAsync).
+pub(crate) unsafe fn memcpy_htod_async(
+    dst: u64,
+    src: *const u8,
+    bytes: usize,
+    stream: CUstream,
+) -> Result<(), DeviceError> {
+    // SAFETY: the caller upholds the contract above.
+    check("cuMemcpyHtoDAsync", unsafe {
+        sys::cuMemcpyHtoDAsync_v2(dst, src.cast::<c_void>(), bytes, stream)
+    })
+}
+
+/// cuMemcpyDtoHAsync on `stream`.
+///
+/// # Safety
+/// 1. `[dst, dst + bytes)` is writable host memory that nobody else touches until the copy
+///    completes;
+/// 2. `[src, src + bytes)` lies inside a live device allocation (cuMemcpyDtoHAsync).
+pub(crate) unsafe fn memcpy_dtoh_async(
+    dst: *mut u8,
+    src: u64,
+    bytes: usize,
+    stream: CUstream,
+) -> Result<(), DeviceError> {
+    // SAFETY: the caller upholds the contract above.
+    check("cuMemcpyDtoHAsync", unsafe {
+        sys::cuMemcpyDtoHAsync_v2(dst.cast::<c_void>(), src, bytes, stream)
+    })
+}
+
+/// cuMemcpyDtoDAsync on `stream` (mapped host addresses count as device addresses).
+///
+/// # Safety
+/// 1. Both ranges lie inside live device (or mapped host) allocations that stay alive until
+///    the copy completes (cuMemcpyDtoDAsync).
+pub(crate) unsafe fn memcpy_dtod_async(
+    dst: u64,
+    src: u64,
+    bytes: usize,
+    stream: CUstream,
+) -> Result<(), DeviceError> {
+    // SAFETY: the caller upholds the contract above.
+    check("cuMemcpyDtoDAsync", unsafe {
+        sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream)
+    })
+}
+
+/// cuStreamWaitEvent (CU_EVENT_WAIT_DEFAULT).
+///
+/// # Safety
+/// 1. `s` and `e` are live handles of the current context (cuStreamWaitEvent).
+pub(crate) unsafe fn stream_wait_event(s: CUstream, e: CUevent) -> Result<(), DeviceError> {
+    // SAFETY: the caller upholds the contract above.
+    check("cuStreamWaitEvent", unsafe {
+        sys::cuStreamWaitEvent(s, e, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT as u32)
+    })
+}
+
+/// cuEventCreate with timing (`CU_EVENT_DEFAULT`) or without (`CU_EVENT_DISABLE_TIMING`,
+/// cheaper to record and query).
+pub(crate) fn event_create_timed(timing: bool) -> Result<CUevent, DeviceError> {
+    let flags = if timing {
+        sys::CUevent_flags::CU_EVENT_DEFAULT
+    } else {
+        sys::CUevent_flags::CU_EVENT_DISABLE_TIMING
+    };
+    let mut e = ptr::null_mut();
+    // SAFETY: `e` is a valid out-pointer; the event is owned by the caller.
+    check("cuEventCreate", unsafe {
+        sys::cuEventCreate(&mut e, flags as u32)
+    })?;
+    Ok(e)
+}
+
+/// cuEventElapsedTime (or cuEventElapsedTime_v2, whichever the driver exports: CUDA 12.8
+/// added the second and CUDA 13 headers use it), in milliseconds from `start` to `end`.
+///
+/// # Safety
+/// 1. Both events are live, created with timing and completed (cuEventElapsedTime).
+pub(crate) unsafe fn event_elapsed_time(start: CUevent, end: CUevent) -> Result<f32, DeviceError> {
+    type ElapsedFn = unsafe extern "C" fn(*mut f32, sys::CUevent, sys::CUevent) -> sys::CUresult;
+    static ELAPSED: std::sync::OnceLock<Option<ElapsedFn>> = std::sync::OnceLock::new();
+    let f = ELAPSED.get_or_init(|| {
+        // SAFETY: the library is loaded (an event exists); both symbols have this signature
+        // in cuda.h.
+        unsafe {
+            let lib = sys::culib();
+            lib.get::<ElapsedFn>(b"cuEventElapsedTime_v2")
+                .or_else(|_| lib.get::<ElapsedFn>(b"cuEventElapsedTime"))
+                .map(|s| *s)
+                .ok()
+        }
+    });
+    let f = f.ok_or_else(|| DeviceError::Driver {
+        call: "cuEventElapsedTime",
+        name: "symbol not found in the driver".into(),
+    })?;
+    let mut ms = 0f32;
+    // SAFETY: `ms` is a valid out-pointer; the caller upholds the contract above.
+    check("cuEventElapsedTime", unsafe { f(&mut ms, start, end) })?;
+    Ok(ms)
+}
+
+/// cuModuleLoadData of a NUL-terminated PTX text.
+pub(crate) fn module_load_data(image: &std::ffi::CStr) -> Result<sys::CUmodule, DeviceError> {
+    let mut m = ptr::null_mut();
+    // SAFETY: `image` is NUL-terminated and outlives the call; `m` is a valid out-pointer.
+    check("cuModuleLoadData", unsafe {
+        sys::cuModuleLoadData(&mut m, image.as_ptr().cast::<c_void>())
+    })?;
+    Ok(m)
+}
+
+/// cuModuleGetFunction.
+///
+/// # Safety
+/// 1. `module` is a live module of the current context (cuModuleGetFunction).
+pub(crate) unsafe fn module_get_function(
+    module: sys::CUmodule,
+    name: &std::ffi::CStr,
+) -> Result<sys::CUfunction, DeviceError> {
+    let mut f = ptr::null_mut();
+    // SAFETY: `f` is a valid out-pointer; `name` is NUL-terminated; the caller upholds the
+    // contract above.
+    check("cuModuleGetFunction", unsafe {
+        sys::cuModuleGetFunction(&mut f, module, name.as_ptr())
+    })?;
+    Ok(f)
+}
+
+/// cuModuleUnload.
+///
+/// # Safety
+/// 1. `module` is live, unloaded once, and none of its functions is used afterwards
+///    (cuModuleUnload).
+pub(crate) unsafe fn module_unload(module: sys::CUmodule) -> Result<(), DeviceError> {
+    // SAFETY: the caller upholds the contract above.
+    check("cuModuleUnload", unsafe { sys::cuModuleUnload(module) })
+}
+
+/// cuLaunchKernel of a 1-D grid with no shared memory.
+///
+/// # Safety
+/// 1. `func` is a live function whose parameters are exactly the pointed-to values of
+///    `params`, which stay valid for the call;
+/// 2. `stream` is a live stream of the current context; whatever the kernel touches stays
+///    alive until it completes (cuLaunchKernel).
+pub(crate) unsafe fn launch_kernel(
+    func: sys::CUfunction,
+    grid: u32,
+    block: u32,
+    stream: CUstream,
+    params: &mut [*mut c_void],
+) -> Result<(), DeviceError> {
+    // SAFETY: the caller upholds the contract above.
+    check("cuLaunchKernel", unsafe {
+        sys::cuLaunchKernel(
+            func,
+            grid,
+            1,
+            1,
+            block,
+            1,
+            1,
+            0,
+            stream,
+            params.as_mut_ptr(),
+            ptr::null_mut(),
+        )
+    })
 }

@@ -5,8 +5,8 @@ use std::sync::Mutex;
 
 use gpumem_core::DeviceError;
 
-use super::driver::{self, CUcontext, CUdevice, CUevent, CUstream};
-use super::CudaDevice;
+use super::driver::{self, CUevent, CUstream};
+use super::{CudaContext, CudaDevice};
 
 /// Stream events as the pool needs them. Streams and events are opaque `u64` ids (for CUDA,
 /// the `CUstream` / `CUevent` pointers; stream 0 is the legacy default stream).
@@ -122,45 +122,34 @@ impl StreamEvents for ManualEvents {
 }
 
 /// CUDA events of one device's context, created with CU_EVENT_DISABLE_TIMING and reused.
-/// Holds its own reference to the primary context (cuDevicePrimaryCtxRetain).
+/// Holds a clone of the device's [`CudaContext`].
 #[derive(Debug)]
 pub struct CudaEvents {
-    dev: CUdevice,
-    ctx: CUcontext,
+    ctx: CudaContext,
     free: Mutex<Vec<usize>>,
 }
-
-// SAFETY: events and the context may be used from any thread once the context is current
-// there; every method makes it current first. The free list is behind a mutex.
-unsafe impl Send for CudaEvents {}
-// SAFETY: as above; no method hands out interior references.
-unsafe impl Sync for CudaEvents {}
 
 impl CudaEvents {
     /// Events for `device`'s context.
     ///
     /// # Errors
-    /// A failed cuDevicePrimaryCtxRetain.
+    /// None today (kept for a context that cannot be shared).
     pub fn new(device: &CudaDevice) -> Result<Self, DeviceError> {
-        let dev = device.device_raw();
-        // SAFETY: `dev` is a valid device; released once in Drop.
-        let ctx = unsafe { driver::primary_ctx_retain(dev)? };
-        Ok(CudaEvents {
-            dev,
-            ctx,
-            free: Mutex::new(Vec::new()),
-        })
+        Ok(Self::for_context(device.context()))
     }
 
-    fn bind(&self) -> Result<(), DeviceError> {
-        // SAFETY: our retained primary context, released only in Drop.
-        unsafe { driver::ctx_set_current(self.ctx) }
+    /// Events for `ctx`.
+    pub fn for_context(ctx: &CudaContext) -> Self {
+        CudaEvents {
+            ctx: ctx.clone(),
+            free: Mutex::new(Vec::new()),
+        }
     }
 }
 
 impl StreamEvents for CudaEvents {
     fn record(&self, stream: u64) -> Result<u64, DeviceError> {
-        self.bind()?;
+        self.ctx.bind()?;
         let reused = self.free.lock().map_err(|_| poisoned())?.pop();
         let e = match reused {
             Some(e) => e as CUevent,
@@ -175,12 +164,12 @@ impl StreamEvents for CudaEvents {
         Ok(e as u64)
     }
     fn query(&self, event: u64) -> Result<bool, DeviceError> {
-        self.bind()?;
+        self.ctx.bind()?;
         // SAFETY: `event` came from `record` and is not recycled yet.
         unsafe { driver::event_query(event as CUevent) }
     }
     fn synchronize(&self, event: u64) -> Result<(), DeviceError> {
-        self.bind()?;
+        self.ctx.bind()?;
         // SAFETY: as in query.
         unsafe { driver::event_synchronize(event as CUevent) }
     }
@@ -193,79 +182,13 @@ impl StreamEvents for CudaEvents {
 
 impl Drop for CudaEvents {
     fn drop(&mut self) {
-        if self.bind().is_ok() {
+        if self.ctx.bind().is_ok() {
             if let Ok(mut f) = self.free.lock() {
                 for e in f.drain(..) {
                     // SAFETY: each free-listed event is live and destroyed once here.
                     let _ = unsafe { driver::event_destroy(e as CUevent) };
                 }
             }
-        }
-        // SAFETY: matches the retain in `new`.
-        let _ = unsafe { driver::primary_ctx_release(self.dev) };
-    }
-}
-
-/// A non-blocking CUDA stream of one device (cuStreamCreate), destroyed on drop. Holds its
-/// own reference to the primary context.
-#[derive(Debug)]
-pub struct CudaStream {
-    dev: CUdevice,
-    ctx: CUcontext,
-    stream: CUstream,
-}
-
-// SAFETY: a stream may be used from any thread with its context current; methods bind first.
-unsafe impl Send for CudaStream {}
-// SAFETY: as above; the handle is only read.
-unsafe impl Sync for CudaStream {}
-
-impl CudaStream {
-    /// Creates a stream on `device`.
-    ///
-    /// # Errors
-    /// A failed cuCtxSetCurrent or cuStreamCreate.
-    pub fn new(device: &CudaDevice) -> Result<Self, DeviceError> {
-        let dev = device.device_raw();
-        // SAFETY: `dev` is a valid device; released once in Drop (or below on failure).
-        let ctx = unsafe { driver::primary_ctx_retain(dev)? };
-        // SAFETY: just retained.
-        let made = unsafe { driver::ctx_set_current(ctx) }.and_then(|()| driver::stream_create());
-        match made {
-            Ok(stream) => Ok(CudaStream { dev, ctx, stream }),
-            Err(e) => {
-                // SAFETY: matches the retain above.
-                let _ = unsafe { driver::primary_ctx_release(dev) };
-                Err(e)
-            }
-        }
-    }
-    /// The stream id to pass to the pool (the `CUstream` as an integer).
-    pub fn id(&self) -> u64 {
-        self.stream as u64
-    }
-    /// Waits for all work on the stream (cuStreamSynchronize).
-    ///
-    /// # Errors
-    /// A failed driver call.
-    pub fn synchronize(&self) -> Result<(), DeviceError> {
-        // SAFETY: the context is live while the device is; the stream is ours.
-        unsafe {
-            driver::ctx_set_current(self.ctx)?;
-            driver::stream_synchronize(self.stream)
-        }
-    }
-}
-
-impl Drop for CudaStream {
-    fn drop(&mut self) {
-        // SAFETY: our stream, destroyed once with its context current; then the context
-        // reference taken in `new` is released.
-        unsafe {
-            if driver::ctx_set_current(self.ctx).is_ok() {
-                let _ = driver::stream_destroy(self.stream);
-            }
-            let _ = driver::primary_ctx_release(self.dev);
         }
     }
 }

@@ -21,8 +21,8 @@
 //! }
 //! ```
 
-use super::driver::{check_range, CudaHost, DeviceBuffer, Event, Stream};
 use super::{HostAllocFlags, PinnedBuffer, PinnedError, Result};
+use crate::cuda::{CudaContext, DeviceBuffer, Event, Stream};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
@@ -360,7 +360,7 @@ impl StagingRing {
     ///
     /// # Errors
     /// [`PinnedError::InvalidArgument`] for zero sizes; driver errors.
-    pub fn new_cuda(host: &CudaHost, config: StagingConfig) -> Result<Self> {
+    pub fn new_cuda(host: &CudaContext, config: StagingConfig) -> Result<Self> {
         Self::check(&config)?;
         let mut bufs = Vec::with_capacity(config.buffers);
         let mut events = Vec::with_capacity(config.buffers);
@@ -509,7 +509,8 @@ impl StagingRing {
         dst_offset: usize,
         stream: &Stream,
     ) -> Result<()> {
-        check_range(dst, dst_offset, src.len())?;
+        dst.check_range("cuMemcpyHtoDAsync", dst_offset, src.len())
+            .map_err(|e| PinnedError::InvalidArgument(e.to_string()))?;
         let events = std::mem::take(&mut self.events);
         let mut dma = CudaDma::new(events, stream, dst.device_ptr() + dst_offset as u64)?;
         let r = self.stage_h2d(src, &mut dma);
@@ -529,7 +530,8 @@ impl StagingRing {
         dst: &mut [u8],
         stream: &Stream,
     ) -> Result<()> {
-        check_range(src, src_offset, dst.len())?;
+        src.check_range("cuMemcpyDtoHAsync", src_offset, dst.len())
+            .map_err(|e| PinnedError::InvalidArgument(e.to_string()))?;
         let events = std::mem::take(&mut self.events);
         let mut dma = CudaDma::new(events, stream, src.device_ptr() + src_offset as u64)?;
         let r = self.stage_d2h(dst, &mut dma);
@@ -595,7 +597,7 @@ impl StagingDma for CudaDma<'_> {
         self.stream
             .copy_h2d_raw(self.device + dst_offset as u64, src, len)?;
         let stream = self.stream;
-        self.event(slot)?.record(stream)
+        Ok(self.event(slot)?.record(stream)?)
     }
 
     unsafe fn start_d2h(
@@ -608,11 +610,11 @@ impl StagingDma for CudaDma<'_> {
         self.stream
             .copy_d2h_raw(dst, self.device + src_offset as u64, len)?;
         let stream = self.stream;
-        self.event(slot)?.record(stream)
+        Ok(self.event(slot)?.record(stream)?)
     }
 
     fn wait(&mut self, slot: usize) -> Result<()> {
-        self.event(slot)?.synchronize()
+        Ok(self.event(slot)?.synchronize()?)
     }
 }
 

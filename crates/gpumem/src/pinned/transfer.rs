@@ -4,11 +4,11 @@
 //! one warm-up copy); allocation calls with the host's monotonic clock.
 
 use super::advise::{AllocPoint, Direction, MemoryKind};
-use super::driver::{cuda_err, CopyKernel, CudaHost, DeviceBuffer, Event, Stream};
 use super::staging::{StagingConfig, StagingRing};
 use super::sysinfo::{numa_node_of_address, numa_node_of_pci};
 use super::{HostAllocFlags, HostRegistration, PinnedBuffer, PinnedError, PinnedPool, Result};
 use super::{PinnedPoolConfig, DEFAULT_REGISTER_CHUNK_BYTES};
+use crate::cuda::{driver, CopyKernel, CudaContext, DeviceBuffer, Event, Stream};
 use std::time::Instant;
 
 /// Median of `v` (sorted in place); 0 for an empty slice.
@@ -38,7 +38,7 @@ pub enum MappedMethod {
 /// Host and device buffers and streams for transfer measurements, allocated once for the
 /// largest size.
 pub struct TransferBench {
-    host: CudaHost,
+    host: CudaContext,
     s1: Stream,
     s2: Stream,
     start: Event,
@@ -79,7 +79,7 @@ impl TransferBench {
     /// # Errors
     /// Driver errors (out of memory, ...).
     pub fn new(
-        host: &CudaHost,
+        host: &CudaContext,
         max_bytes: usize,
         kinds: &[MemoryKind],
         staging: StagingConfig,
@@ -265,9 +265,9 @@ impl TransferBench {
                     match &self.kernel {
                         // SAFETY: both ranges are live allocations of ≥ bytes, 16-byte aligned
                         // (page-aligned starts), disjoint; synchronised before return.
-                        Some(k) => unsafe { k.launch(s, dst, src, bytes) },
+                        Some(k) => Ok(unsafe { k.launch(s, dst, src, bytes) }?),
                         // SAFETY: as above.
-                        None => unsafe { s.copy_d2d_raw(dst, src, bytes) },
+                        None => Ok(unsafe { s.copy_d2d_raw(dst, src, bytes) }?),
                     }
                 };
                 match dir {
@@ -400,7 +400,7 @@ impl TransferBench {
         let copy = |s: &Stream| -> Result<()> {
             // SAFETY: the host buffer is owned by self and outlives the copy, which is
             // synchronised before the measurement returns.
-            unsafe { s.copy_h2d_raw(dev_a, p, bytes) }
+            Ok(unsafe { s.copy_h2d_raw(dev_a, p, bytes) }?)
         };
         // Device-to-device copies between the two halves of dev_b (the H2D copy writes dev_a).
         let half = (self.max_bytes / 2) & !15;
@@ -417,7 +417,7 @@ impl TransferBench {
         let mut t_copy = Vec::new();
         let mut t_dd = Vec::new();
         for _ in 0..3 {
-            let (t, r) = time(|| copy(&self.s1).and_then(|()| self.s1.synchronize()));
+            let (t, r) = time(|| copy(&self.s1).and_then(|()| Ok(self.s1.synchronize()?)));
             r?;
             t_copy.push(t);
             let (t, r) = time(|| dd(&self.s2).and_then(|()| self.s2.synchronize()));
@@ -430,14 +430,14 @@ impl TransferBench {
         let mut alone = Vec::new();
         let mut both = Vec::new();
         for _ in 0..repeats.max(1) {
-            let (t, r) = time(|| copy(&self.s1).and_then(|()| self.s1.synchronize()));
+            let (t, r) = time(|| copy(&self.s1).and_then(|()| Ok(self.s1.synchronize()?)));
             r?;
             alone_copy.push(t);
             let (t, r) = time(|| -> Result<()> {
                 for _ in 0..reps {
                     dd(&self.s2)?;
                 }
-                self.s2.synchronize()
+                Ok(self.s2.synchronize()?)
             });
             r?;
             alone.push(t);
@@ -447,7 +447,7 @@ impl TransferBench {
                 }
                 copy(&self.s1)?;
                 self.s1.synchronize()?;
-                self.s2.synchronize()
+                Ok(self.s2.synchronize()?)
             });
             r?;
             both.push(t);
@@ -547,7 +547,7 @@ fn time<T>(f: impl FnOnce() -> T) -> (f64, T) {
 /// # Errors
 /// Driver or OS errors ([`PinnedError::MemlockLimit`] on the fallback).
 pub fn alloc_costs(
-    host: Option<&CudaHost>,
+    host: Option<&CudaContext>,
     bytes: usize,
     repeats: usize,
 ) -> Result<Vec<AllocPoint>> {
@@ -583,11 +583,11 @@ pub fn alloc_costs(
             let (mut a, mut f) = (Vec::new(), Vec::new());
             for _ in 0..repeats {
                 // SAFETY: raw cuMemHostAlloc / cuMemFreeHost pair; the memory is never read.
-                let (ta, p) = time(|| unsafe { cudarc::driver::result::malloc_host(bytes, 0) });
-                let p = p.map_err(cuda_err("cuMemHostAlloc"))?;
+                let (ta, p) = time(|| driver::mem_host_alloc(bytes, 0));
+                let p = p?;
                 // SAFETY: `p` came from cuMemHostAlloc above and is freed once.
-                let (tf, r) = time(|| unsafe { cudarc::driver::result::free_host(p) });
-                r.map_err(cuda_err("cuMemFreeHost"))?;
+                let (tf, r) = time(|| unsafe { driver::mem_free_host(p) });
+                r?;
                 a.push(ta);
                 f.push(tf);
             }
@@ -678,7 +678,7 @@ pub const OVERHEAD_REQUESTS: [u64; 6] = [
 ///
 /// # Errors
 /// The pool's errors (cap, driver, `RLIMIT_MEMLOCK`).
-pub fn pool_overhead(host: Option<&CudaHost>, requests: &[u64]) -> Result<super::PinnedStats> {
+pub fn pool_overhead(host: Option<&CudaContext>, requests: &[u64]) -> Result<super::PinnedStats> {
     let source = match host {
         Some(h) => super::pool::PinnedSource::Cuda(h.clone(), HostAllocFlags::DEFAULT),
         None => super::pool::PinnedSource::Locked,

@@ -4,27 +4,29 @@
 
 use gpumem::pinned::transfer::TransferBench;
 use gpumem::pinned::{
-    advise::MemoryKind, cuda_available, CopyKind, CudaHost, DeviceBuffer, HostAllocFlags,
-    HostRegistration, PinnedBuffer, PinnedError, PinnedPool, PinnedPoolConfig, PinnedSource,
-    StagingConfig, StagingRing, Stream,
+    advise::MemoryKind, CopyKind, CudaContext, DeviceBuffer, HostAllocFlags, HostRegistration,
+    PinnedBuffer, PinnedPool, PinnedPoolConfig, PinnedSource, StagingConfig, StagingRing, Stream,
 };
 
 #[test]
 fn without_a_driver_every_entry_point_says_so() {
-    if cuda_available().is_ok() {
+    if gpumem::cuda::init().is_ok() {
         return;
     }
-    let no_driver = |r: Result<(), PinnedError>| match r {
-        Err(PinnedError::NoDriver { detail }) => assert!(!detail.is_empty()),
-        other => panic!("{other:?}"),
-    };
-    no_driver(CudaHost::new(0).map(|_| ()));
+    let e = CudaContext::new(0).map(|_| ()).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            gpumem::cuda::CudaError::NoDriver { .. } | gpumem::cuda::CudaError::Unusable(_)
+        ),
+        "{e:?}"
+    );
     // The pool falls back to mlock instead of failing.
     assert!(!PinnedPool::new(PinnedPoolConfig::auto(0)).is_cuda());
 }
 
-fn host() -> CudaHost {
-    CudaHost::new(0).expect("a CUDA device")
+fn host() -> CudaContext {
+    CudaContext::new(0).expect("a CUDA device")
 }
 
 #[test]

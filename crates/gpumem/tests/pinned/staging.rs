@@ -106,10 +106,11 @@ impl FakeDma {
     fn check_fail(&mut self) -> Result<(), PinnedError> {
         self.starts += 1;
         if self.fail_at == Some(self.starts) {
-            return Err(PinnedError::Cuda {
+            return Err(gpumem_core::DeviceError::Driver {
                 call: "cuMemcpyHtoDAsync",
                 name: "CUDA_ERROR_ILLEGAL_ADDRESS".into(),
-            });
+            }
+            .into());
         }
         Ok(())
     }
