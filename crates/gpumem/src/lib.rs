@@ -11,8 +11,10 @@
 pub mod cuda;
 pub mod pinned;
 pub mod plot;
+pub mod pool;
 pub mod replay;
 pub mod trace;
+pub mod vmm;
 
 pub use gpumem_core as core;
 pub use gpumem_core::sim::SimDevice;

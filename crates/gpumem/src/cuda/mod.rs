@@ -1,15 +1,20 @@
 //! The CUDA backend: the driver API through cudarc, loaded at run time.
 //!
 //! Layers, as in cudarc:
-//! - `driver` (private): thin `unsafe` wrappers over `cudarc::driver::sys`, one per CUDA call,
-//!   each returning `Result<_, DeviceError>` with the call's name and the CUDA error name;
+//! - `driver.rs` (crate-private): the one `result` layer, thin wrappers over
+//!   `cudarc::driver::sys`, one function per CUDA call, each returning
+//!   `Result<_, DeviceError>` with the call's name and the CUDA error name; nothing else in
+//!   gpumem calls the driver;
 //! - one RAII family ([`CudaContext`], [`Stream`], [`Event`], [`DeviceBuffer`], [`CopyKernel`]),
 //!   each holding its context, used by the device, the pool's events and pinned memory;
 //! - safe types that leave the module: [`CudaDevice`] (implements [`gpumem_core::Device`]:
 //!   cuMemAlloc segments and VMM arenas), [`CudaEvents`] (stream-ordered reuse), [`Managed`]
-//!   (cuMemAllocManaged with a free-memory guard), and the device-independent
-//!   [`pool::DevicePool`], [`pitch`] and [`vmm`] page-table views, which also run on
-//!   [`gpumem_core::sim::SimDevice`].
+//!   (cuMemAllocManaged with a free-memory guard), and peer access per pool block.
+//!
+//! The device-independent pieces that run on CUDA and on [`gpumem_core::sim::SimDevice`]
+//! alike live outside: the pool in [`crate::pool`], the page-table view in [`crate::vmm`], the
+//! `Capped` and `Tracked` adaptors in [`gpumem_core::adaptor`] (re-exported here under their
+//! old paths).
 //!
 //! Nothing here links against `libcuda`: the library is opened on first use. When it is missing,
 //! [`init`] (called by every entry point) returns [`CudaError::NoDriver`], which keeps every file searched
@@ -20,23 +25,23 @@ use std::sync::OnceLock;
 use gpumem_core::DeviceError;
 
 pub mod bench;
-pub mod capped;
 mod context;
 mod device;
 pub(crate) mod driver;
 mod events;
 mod managed;
-pub mod pitch;
-pub mod pool;
-pub mod vmm;
+mod peer;
 
-pub use capped::Capped;
+pub use crate::vmm;
 pub use context::{CopyKernel, CudaContext, DeviceBuffer, Event, Stream, COPY16_PTX};
 pub use device::{
     CudaDevice, DeviceInfo, MemoryType, PointerInfo, FULL_CHECK_BYTES, SAMPLE_WINDOWS,
     SAMPLE_WINDOW_BYTES,
 };
-pub use events::{CudaEvents, ManualEvents, StreamEvents};
+pub use events::CudaEvents;
+pub use gpumem_core::adaptor::Capped;
+// The device-agnostic pool lived here once; these keep the old paths working.
+pub use crate::pool::{self, pitch, ManualEvents, StreamEvents};
 pub use managed::{
     managed_guard, managed_margin, Advice, Managed, ManagedBuffer, MANAGED_MARGIN_BYTES,
 };
