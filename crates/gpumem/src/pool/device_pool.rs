@@ -615,7 +615,7 @@ impl<D: Device> DevicePool<D> {
     /// Checks the allocator's invariants.
     ///
     /// # Errors
-    /// The allocator's [`AllocError::Internal`].
+    /// The allocator's [`gpumem_core::AllocError::Internal`].
     pub fn validate(&self) -> Result<(), PoolError> {
         Ok(self.central()?.alloc.validate()?)
     }

@@ -115,7 +115,7 @@ pub struct PoolConfig {
     pub shard_cache_bytes: u64,
     /// Alignment of every block, in bytes.
     pub align_bytes: u64,
-    /// Row pitch alignment for pitched allocations, in bytes (see [`super::pitch`]).
+    /// Row pitch alignment for pitched allocations, in bytes (see [`pitch`]).
     pub pitch_align_bytes: u64,
 }
 
