@@ -5,6 +5,7 @@ mod cmd_analyze;
 mod cmd_cuda;
 mod cmd_pinned;
 mod cmd_replay;
+mod progress;
 mod units;
 
 /// GPU memory toolkit: replay allocation traces through allocators, inspect and benchmark

@@ -3,6 +3,8 @@
 //! text rendering and the demonstration arena.
 use gpumem_core::{Device, DeviceError, PhysHandle};
 
+use crate::units::bytes_compact;
+
 pub use gpumem_core::adaptor::{MappingRecord, PageRow, PageState, PageTable, Tracked, VmmBook};
 
 /// Renders page tables as text, one line per row (mapped runs and holes), for `gpumem vmm`.
@@ -14,8 +16,8 @@ pub fn render(tables: &[PageTable]) -> String {
             s,
             "arena {:#x}: {} reserved, {} mapped",
             t.va_start,
-            human(t.reserved_bytes),
-            human(t.mapped_bytes)
+            bytes_compact(t.reserved_bytes),
+            bytes_compact(t.mapped_bytes)
         );
         let _ = writeln!(
             s,
@@ -43,32 +45,14 @@ pub fn render(tables: &[PageTable]) -> String {
                 r.va_start,
                 r.va_end,
                 h,
-                human(r.bytes),
-                human(r.page_bytes),
+                bytes_compact(r.bytes),
+                bytes_compact(r.page_bytes),
                 st,
                 acc
             );
         }
     }
     s
-}
-
-/// Bytes in binary units (`2 MiB`, `512 B`).
-pub fn human(bytes: u64) -> String {
-    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = bytes as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < U.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{bytes} B")
-    } else if v.fract() == 0.0 {
-        format!("{v:.0} {}", U[i])
-    } else {
-        format!("{v:.1} {}", U[i])
-    }
 }
 
 /// A demonstration arena for `gpumem vmm`: reserves `reserve_bytes`, maps every other page of
@@ -220,12 +204,5 @@ mod tests {
             Some((0x1000_0000, 4 * G))
         );
         assert_eq!(b.reservation_of(0x1000_0000 + 4 * G), None);
-    }
-
-    #[test]
-    fn human_sizes() {
-        assert_eq!(human(512), "512 B");
-        assert_eq!(human(2 << 20), "2 MiB");
-        assert_eq!(human(3 << 29), "1.5 GiB");
     }
 }

@@ -351,6 +351,66 @@ pub struct Advice {
     pub reason: String,
 }
 
+/// Where `gpumem bench transfer` caches its table for `gpumem advise`:
+/// `$XDG_CACHE_HOME/gpumem/transfer.json`, else `~/.cache/gpumem/transfer.json`; `None`
+/// when neither variable is set.
+pub fn cache_path() -> Option<std::path::PathBuf> {
+    use std::path::PathBuf;
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("gpumem").join("transfer.json"))
+}
+
+/// The cached table and where it was read from; `None` if there is none or it cannot be
+/// read as a table.
+pub fn load_cached_table() -> Option<(std::path::PathBuf, TransferTable)> {
+    let p = cache_path()?;
+    let text = std::fs::read_to_string(&p).ok()?;
+    serde_json::from_str(&text).ok().map(|t| (p, t))
+}
+
+/// Merges `update` into the cached table (its transfers replace the cached ones if it has
+/// any, its allocation costs likewise; a table of another device is replaced whole) and
+/// writes it back. Returns the file written.
+///
+/// # Errors
+/// An I/O error naming the file (or that neither `XDG_CACHE_HOME` nor `HOME` is set).
+pub fn store_table(update: TransferTable) -> std::io::Result<std::path::PathBuf> {
+    let p = cache_path().ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "neither XDG_CACHE_HOME nor HOME is set",
+        )
+    })?;
+    let mut t = match load_cached_table() {
+        Some((_, old)) if old.device == update.device => old,
+        _ => TransferTable {
+            source: String::new(),
+            device: update.device.clone(),
+            transfers: Vec::new(),
+            alloc: Vec::new(),
+        },
+    };
+    t.source = update.source;
+    if !update.transfers.is_empty() {
+        t.transfers = update.transfers;
+    }
+    if !update.alloc.is_empty() {
+        t.alloc = update.alloc;
+    }
+    let with_path = |e: std::io::Error, what: &str, path: &std::path::Path| {
+        std::io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
+    };
+    if let Some(dir) = p.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| with_path(e, "creating", dir))?;
+    }
+    let text = serde_json::to_string_pretty(&t).map_err(std::io::Error::other)?;
+    std::fs::write(&p, text).map_err(|e| with_path(e, "writing", &p))?;
+    Ok(p)
+}
+
 /// Recommends a kind for `pattern` from `table`.
 ///
 /// Rules: asynchronous copies need pinned (pooled or write-combined) or mapped memory;

@@ -35,6 +35,63 @@ pub enum MappedMethod {
     DtoD(String),
 }
 
+/// The staging settings a sweep tries: chunk × buffers × threads × copy kind. Copy threads
+/// stay at least two below the CPU count: the caller's thread and the driver's need cores too,
+/// and a ring whose copy threads have to share cores collapses (seen on the H200 host: a
+/// 16-thread ring on 16 cores collapsed minutes after the sweep measured it; see BENCHMARKS.md).
+pub fn sweep_grid() -> Vec<StagingConfig> {
+    let cpus = std::thread::available_parallelism().map_or(4, std::num::NonZeroUsize::get);
+    let max_threads = cpus.saturating_sub(2).max(1);
+    let mut thread_counts: Vec<usize> = [4usize, 8, 12, 16]
+        .into_iter()
+        .filter(|&t| t <= max_threads)
+        .collect();
+    if thread_counts.is_empty() {
+        thread_counts.push(max_threads);
+    }
+    let mut grid = Vec::new();
+    for chunk in [1usize << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 64 << 20] {
+        for buffers in [2usize, 4, 8] {
+            for &threads in &thread_counts {
+                for copy in [super::CopyKind::Libc, super::CopyKind::NonTemporal] {
+                    grid.push(StagingConfig {
+                        chunk_bytes: chunk,
+                        buffers,
+                        threads,
+                        copy,
+                    });
+                }
+            }
+        }
+    }
+    grid
+}
+
+/// The bandwidth chart of `gpumem bench transfer --plot`: one line per series of
+/// `(bytes, GB/s)` points, size on a log axis.
+pub fn bandwidth_chart(series: &[(String, Vec<(u64, f64)>)], device: &str) -> crate::plot::Chart {
+    use crate::plot::{Chart, Series, PALETTE};
+    Chart {
+        title: format!("{device} — host↔device bandwidth"),
+        x_label: "transfer size".into(),
+        log_x: true,
+        panels: vec![(
+            String::new(),
+            "GB/s".into(),
+            series
+                .iter()
+                .enumerate()
+                .map(|(i, (label, pts))| Series {
+                    label: label.clone(),
+                    color: PALETTE[i % PALETTE.len()].into(),
+                    dashed: false,
+                    points: pts.iter().map(|&(b, g)| (b as f64, g)).collect(),
+                })
+                .collect(),
+        )],
+    }
+}
+
 /// Host and device buffers and streams for transfer measurements, allocated once for the
 /// largest size.
 pub struct TransferBench {
