@@ -190,8 +190,8 @@ pub fn init() -> Result<(), CudaError> {
         let missing: Vec<&str> = REQUIRED_SYMBOLS
             .iter()
             .copied()
-            // SAFETY: only looks symbols up in the library found above.
             .filter(|name| {
+                // SAFETY: only looks symbols up in the library found above.
                 unsafe {
                     cudarc::driver::sys::culib().get::<*const std::ffi::c_void>(name.as_bytes())
                 }

@@ -468,8 +468,11 @@ impl TransferBench {
         }
         let src = self.dev_b.device_ptr();
         let dst = src + half as u64;
-        // SAFETY (each use): both halves lie inside dev_b and do not overlap.
-        let dd = |s: &Stream| unsafe { s.copy_d2d_raw(dst, src, half) };
+        let dd = |s: &Stream| {
+            // SAFETY: both halves lie inside dev_b, which outlives every use, and do not
+            // overlap.
+            unsafe { s.copy_d2d_raw(dst, src, half) }
+        };
         // All three timings on the host clock, since two streams are involved.
         let mut t_copy = Vec::new();
         let mut t_dd = Vec::new();
