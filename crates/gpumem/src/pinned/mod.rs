@@ -187,6 +187,19 @@ pub enum PinnedError {
         /// The pool's cap, in bytes.
         cap_bytes: u64,
     },
+    /// A measurement needs more host memory than the machine has available.
+    #[error(
+        "{what} needs {needed_bytes} B of host memory, but only {available_bytes} B are \
+         available (MemAvailable, cgroup limit): choose smaller sizes"
+    )]
+    HostMemory {
+        /// What needs it, e.g. `bench pinned at 100 GiB`.
+        what: String,
+        /// Bytes it needs.
+        needed_bytes: u64,
+        /// Bytes available.
+        available_bytes: u64,
+    },
     /// A request that cannot be served as asked (zero size, size overflow, misuse).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
