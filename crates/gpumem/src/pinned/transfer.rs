@@ -777,8 +777,13 @@ mod tests {
         let cpus = std::thread::available_parallelism().map_or(4, std::num::NonZeroUsize::get);
         let t = default_copy_threads();
         assert!((1..=12).contains(&t));
-        assert!(t <= cpus.saturating_sub(2).max(1), "{t} threads on {cpus} CPUs");
-        assert!(sweep_grid().iter().all(|c| c.threads <= cpus.saturating_sub(2).max(1)));
+        assert!(
+            t <= cpus.saturating_sub(2).max(1),
+            "{t} threads on {cpus} CPUs"
+        );
+        assert!(sweep_grid()
+            .iter()
+            .all(|c| c.threads <= cpus.saturating_sub(2).max(1)));
     }
 
     #[test]
