@@ -69,7 +69,7 @@ build() {
     die "cargo test --no-run failed (compiler messages are in $json)"
   local list
   list=$(python3 -c '
-import json, sys
+import json, os, sys
 for line in open(sys.argv[1]):
     try:
         m = json.loads(line)
@@ -77,11 +77,19 @@ for line in open(sys.argv[1]):
         continue
     t = m.get("target", {})
     if m.get("reason") == "compiler-artifact" and m.get("executable") and "test" in t.get("kind", []):
-        # Integration tests whose source holds GPU tests (ignored as "needs a CUDA device").
-        try:
-            src = open(t["src_path"]).read()
-        except OSError:
-            continue
+        # Integration tests whose source holds GPU tests (ignored as "needs a CUDA device");
+        # a test made of main.rs and modules is searched in its whole directory.
+        path = t["src_path"]
+        files = [path]
+        if os.path.basename(path) == "main.rs":
+            d = os.path.dirname(path)
+            files = [os.path.join(d, f) for f in os.listdir(d) if f.endswith(".rs")]
+        src = ""
+        for f in files:
+            try:
+                src += open(f).read()
+            except OSError:
+                pass
         if "needs a CUDA device" in src:
             print(t["name"], m["executable"])
 ' "$json") || die "cannot read cargo's JSON"
@@ -253,7 +261,7 @@ PY
 
   # 4. pinned host memory: scripts/pinned-bench.sh (transfer, pinned allocation, advise); its
   #    files are packed into one archive, since the device tool brings back at most 8 files.
-  #    (Its ignored CUDA tests already ran in step 2: pinned_cuda is carried like cuda_device.)
+  #    (Its ignored CUDA tests already ran in step 2: the pinned test binary is carried like cuda.)
   if ! want pinned; then
     :
   elif [ -x "$ROOT/scripts/pinned-bench.sh" ]; then

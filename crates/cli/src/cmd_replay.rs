@@ -439,6 +439,10 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     }
     let names = registry::parse_list(&a.allocator)?;
     let read_started = Instant::now();
+    if matches!(target, Target::Cuda(_)) {
+        // Before reading a trace that may take a while: a missing driver is known at once.
+        gpumem::cuda::init()?;
+    }
     let trace = trace::read_path(&a.trace, ReadConfig { lenient: a.lenient })?;
     let read_seconds = read_started.elapsed().as_secs_f64();
     let devices = replay::devices(&trace);

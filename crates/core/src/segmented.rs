@@ -1,6 +1,6 @@
 //! A device-level pool of segments (cuMemAlloc), each sub-allocated by its own [`Arena`].
 //!
-//! This is the seed design (a pre-allocated 256 MiB pool, grown by more pools) generalised
+//! The classic design (a pre-allocated 256 MiB pool, grown by more pools) generalised
 //! over the three range allocators: [`SegmentedPool::buddy`], [`SegmentedPool::tlsf`],
 //! [`SegmentedPool::best_fit`].
 //!

@@ -117,10 +117,8 @@ fn bad_sizes_and_devices_are_null() {
     assert!(after >= before + 4, "{before} -> {after}");
     assert_eq!(stats(2)["initialized"], false);
     // SAFETY: len 0 writes nothing; -1 is refused before any write.
-    assert_eq!(
-        unsafe { gpumem_stats_json(-1, std::ptr::null_mut(), 0) },
-        -1
-    );
+    let r = unsafe { gpumem_stats_json(-1, std::ptr::null_mut(), 0) };
+    assert_eq!(r, -1);
 }
 
 #[test]

@@ -45,7 +45,7 @@ impl Case {
     /// Label for tables (`256 B`, `1 GiB`, `mixed`).
     pub fn label(&self) -> String {
         match self {
-            Case::Fixed(b) => super::vmm::human(*b),
+            Case::Fixed(b) => crate::units::bytes_compact(*b),
             Case::Mixed => "mixed".into(),
         }
     }

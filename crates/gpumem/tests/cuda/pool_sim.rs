@@ -8,8 +8,7 @@ use gpumem::cuda::{ManualEvents, StreamEvents};
 use gpumem_core::sim::SimDevice;
 use gpumem_core::Device;
 
-mod cuda_common;
-use cuda_common::SegmentPerBlock;
+use crate::common::SegmentPerBlock;
 
 const MIB: u64 = 1 << 20;
 

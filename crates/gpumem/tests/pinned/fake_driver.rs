@@ -1,84 +1,35 @@
-//! The CUDA paths of pinned memory against a fake driver (tests/pinned_fakecuda/libcuda.c):
+//! The CUDA paths of pinned memory against a fake driver (tests/support/libcuda.c):
 //! device memory is host memory and copies are memcpy, so data movement, call sequences,
 //! error reporting and the release of every handle are checked on machines without a GPU.
 //!
-//! The test compiles the fake with the C compiler (`$CC` or `cc`; skipped with a message when
-//! there is none) and runs itself again with `LD_LIBRARY_PATH` pointing at it, since the
-//! driver library is loaded once per process.
+//! The harness (tests/support/fakecuda.rs) builds the fake and runs the test again in a
+//! child process that loads it.
 
+use crate::support::{against_fake_driver, live, test_name};
 use gpumem::pinned::advise::{Direction, MemoryKind};
 use gpumem::pinned::transfer::{alloc_costs, TransferBench};
 use gpumem::pinned::{
-    cuda_available, CopyKind, CudaHost, DeviceBuffer, HostAllocFlags, HostRegistration,
-    PinnedBuffer, PinnedError, PinnedPool, PinnedPoolConfig, PinnedSource, StagingConfig,
-    StagingRing, Stream,
+    CopyKind, CudaContext, DeviceBuffer, HostAllocFlags, HostRegistration, PinnedBuffer,
+    PinnedError, PinnedPool, PinnedPoolConfig, PinnedSource, StagingConfig, StagingRing, Stream,
 };
-use std::path::PathBuf;
-use std::process::Command;
-
-const CHILD: &str = "GPUMEM_FAKE_CUDA_CHILD";
-const NAME: &str = "cuda_paths_against_a_fake_driver";
 
 #[test]
 fn cuda_paths_against_a_fake_driver() {
-    if std::env::var_os(CHILD).is_some() {
-        return child();
-    }
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    if Command::new(&cc).arg("--version").output().is_err() {
-        eprintln!("skipped: no C compiler `{cc}` to build the fake libcuda.so");
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("gpumem-fakecuda-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/pinned_fakecuda/libcuda.c");
-    let out = Command::new(&cc)
-        .args(["-O1", "-shared", "-fPIC", "-o"])
-        .arg(dir.join("libcuda.so"))
-        .arg(&src)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    against_fake_driver(
+        &test_name(module_path!(), "cuda_paths_against_a_fake_driver"),
+        child,
     );
-    let run = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
-        .env(CHILD, "1")
-        .env("LD_LIBRARY_PATH", &dir)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&run.stdout),
-        String::from_utf8_lossy(&run.stderr)
-    );
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(run.status.success(), "child failed:\n{text}");
-    assert!(text.contains("1 passed"), "the child ran nothing:\n{text}");
-}
-
-/// What the fake still holds: 0 host allocations, 1 device allocations, 2 events, 3 streams.
-fn live(what: i32) -> i64 {
-    // SAFETY: the fake library is loaded (cuda_available succeeded) and exports this
-    // `long fake_cuda_live(int)`.
-    unsafe {
-        let lib = libc::dlopen(c"libcuda.so".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
-        assert!(!lib.is_null(), "the fake libcuda.so is not loaded");
-        let f = libc::dlsym(lib, c"fake_cuda_live".as_ptr());
-        assert!(!f.is_null(), "libcuda.so is not the fake");
-        let f: extern "C" fn(i32) -> i64 = std::mem::transmute(f);
-        f(what)
-    }
 }
 
 fn child() {
-    cuda_available().expect("the fake driver loads");
-    let h = CudaHost::new(0).unwrap();
-    assert_eq!(h.name().unwrap(), "Fake CUDA device");
+    gpumem::cuda::init().expect("the fake driver loads");
+    let h = CudaContext::new(0).unwrap();
+    assert_eq!(h.name().unwrap(), "Fake H200");
     assert_eq!(h.pci_bus_id().unwrap(), "0000:3B:00.0");
-    assert!(matches!(CudaHost::new(1), Err(PinnedError::Cuda { .. })));
+    assert!(matches!(
+        CudaContext::new(1),
+        Err(gpumem::cuda::CudaError::Device(_))
+    ));
 
     buffers(&h);
     registration(&h);
@@ -97,7 +48,7 @@ fn child() {
     }
 }
 
-fn buffers(h: &CudaHost) {
+fn buffers(h: &CudaContext) {
     for flags in [
         HostAllocFlags::DEFAULT,
         HostAllocFlags::PORTABLE,
@@ -123,13 +74,13 @@ fn buffers(h: &CudaHost) {
         assert_eq!(back[49_999], 5);
         assert!(matches!(
             s.copy_d2h(&mut back, &d, 50_001),
-            Err(PinnedError::InvalidArgument(_))
+            Err(gpumem_core::DeviceError::Invalid { .. })
         ));
     }
     assert_eq!(live(0), 0);
 }
 
-fn registration(h: &CudaHost) {
+fn registration(h: &CudaContext) {
     let mut v = vec![7u8; 10 * 4096 + 123];
     let base = v.as_mut_ptr() as usize;
     {
@@ -140,7 +91,7 @@ fn registration(h: &CudaHost) {
     // A page in the third chunk already registered by someone else: the call fails at that
     // chunk with the driver's error name, and the first two are rolled back.
     let page = (base + 8 * 4096 + 4095) & !4095;
-    // SAFETY (test): registers one page of `v`, unregistered below.
+    // SAFETY: registers one page of `v`, unregistered below.
     unsafe {
         cudarc::driver::sys::cuMemHostRegister_v2(page as *mut _, 4096, 0)
             .result()
@@ -157,7 +108,7 @@ fn registration(h: &CudaHost) {
         }
         other => panic!("{other}"),
     }
-    // SAFETY (test): the page registered above.
+    // SAFETY: the page registered above.
     unsafe {
         cudarc::driver::sys::cuMemHostUnregister(page as *mut _)
             .result()
@@ -168,7 +119,7 @@ fn registration(h: &CudaHost) {
     assert_eq!(r.chunks().len(), 1);
 }
 
-fn pool(h: &CudaHost) {
+fn pool(h: &CudaContext) {
     let pool = PinnedPool::new(PinnedPoolConfig {
         source: PinnedSource::Cuda(h.clone(), HostAllocFlags::MAPPED),
         cap_bytes: Some(8 << 20),
@@ -201,7 +152,7 @@ fn pool(h: &CudaHost) {
     assert_eq!(live(2), 0, "the pool's events were destroyed");
 }
 
-fn staging(h: &CudaHost) {
+fn staging(h: &CudaContext) {
     let s = Stream::new(h).unwrap();
     let n = (5 << 20) + 321;
     let d = DeviceBuffer::new(h, n + 100).unwrap();
@@ -239,7 +190,7 @@ fn staging(h: &CudaHost) {
     }
 }
 
-fn bench(h: &CudaHost) {
+fn bench(h: &CudaContext) {
     let mut b = TransferBench::new(
         h,
         4 << 20,

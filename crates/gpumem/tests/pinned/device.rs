@@ -4,27 +4,29 @@
 
 use gpumem::pinned::transfer::TransferBench;
 use gpumem::pinned::{
-    advise::MemoryKind, cuda_available, CopyKind, CudaHost, DeviceBuffer, HostAllocFlags,
-    HostRegistration, PinnedBuffer, PinnedError, PinnedPool, PinnedPoolConfig, PinnedSource,
-    StagingConfig, StagingRing, Stream,
+    advise::MemoryKind, CopyKind, CudaContext, DeviceBuffer, HostAllocFlags, HostRegistration,
+    PinnedBuffer, PinnedPool, PinnedPoolConfig, PinnedSource, StagingConfig, StagingRing, Stream,
 };
 
 #[test]
 fn without_a_driver_every_entry_point_says_so() {
-    if cuda_available().is_ok() {
+    if gpumem::cuda::init().is_ok() {
         return;
     }
-    let no_driver = |r: Result<(), PinnedError>| match r {
-        Err(PinnedError::NoDriver { detail }) => assert!(!detail.is_empty()),
-        other => panic!("{other:?}"),
-    };
-    no_driver(CudaHost::new(0).map(|_| ()));
+    let e = CudaContext::new(0).map(|_| ()).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            gpumem::cuda::CudaError::NoDriver { .. } | gpumem::cuda::CudaError::Unusable(_)
+        ),
+        "{e:?}"
+    );
     // The pool falls back to mlock instead of failing.
     assert!(!PinnedPool::new(PinnedPoolConfig::auto(0)).is_cuda());
 }
 
-fn host() -> CudaHost {
-    CudaHost::new(0).expect("a CUDA device")
+fn host() -> CudaContext {
+    CudaContext::new(0).expect("a CUDA device")
 }
 
 #[test]
@@ -79,10 +81,10 @@ fn pool_on_cuda_waits_for_the_copy_before_reuse() {
     let d = DeviceBuffer::new(&h, 256 << 20).unwrap();
     let mut b = pool.alloc(256 << 20).unwrap();
     b.fill(3);
-    // SAFETY (test): the block stays alive until the event recorded below completes: the pool
-    // will not hand it out before then.
     // 20 copies: ≈100 ms of work, so the next request surely finds the block busy.
     for _ in 0..20 {
+        // SAFETY: the block stays alive until the event recorded below completes: the pool
+        // will not hand it out before then.
         unsafe { s.copy_h2d_raw(d.device_ptr(), b.as_ptr(), b.len()).unwrap() };
     }
     b.record_stream(&s).unwrap();
@@ -103,7 +105,7 @@ fn pool_on_cuda_waits_for_the_copy_before_reuse() {
     for _ in 0..3 {
         let mut again = pool.alloc(256 << 20).unwrap();
         assert!(again.as_ptr() == addr || again.as_ptr() == other_addr);
-        // SAFETY (test): as above.
+        // SAFETY: as above.
         unsafe {
             s.copy_h2d_raw(d.device_ptr(), again.as_ptr(), again.len())
                 .unwrap()

@@ -1,6 +1,6 @@
 //! [`Capped`]: a device whose memory is limited below what it really has, so a trace recorded
 //! on a smaller GPU replays on a larger one with the same out-of-memory points.
-use gpumem_core::{Device, DeviceError, DriverCounters, PhysHandle};
+use crate::{Device, DeviceError, DriverCounters, PhysHandle};
 
 /// Wraps a device and refuses (CUDA_ERROR_OUT_OF_MEMORY, without calling the driver) any
 /// segment or physical allocation that would take its used bytes past `cap_bytes`.
@@ -89,7 +89,7 @@ impl<D: Device> Device for Capped<D> {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use gpumem_core::sim::SimDevice;
+    use crate::sim::SimDevice;
 
     #[test]
     fn cap_refuses_past_the_limit_without_calling_the_device() {

@@ -3,13 +3,12 @@
 use gpumem::cuda::bench::{self, AsyncCuda, Budget, Case, ContextBinder, PoolBackend, RawCuda};
 use gpumem::cuda::pitch::pitch_bytes;
 use gpumem::cuda::pool::{DevicePool, PoolConfig};
-use gpumem::cuda::{self, Advice, CudaError, CudaEvents, CudaStream, MemoryType};
+use gpumem::cuda::{self, Advice, CudaError, CudaEvents, MemoryType, Stream};
 use gpumem_core::config::AllocatorConfig;
 use gpumem_core::registry;
 use gpumem_core::{Device, DeviceError, DriverCall};
 
-mod cuda_common;
-use cuda_common::SegmentPerBlock;
+use crate::common::SegmentPerBlock;
 
 const MIB: u64 = 1 << 20;
 
@@ -170,8 +169,8 @@ fn driver_oom_is_an_error_value_and_leaves_nothing_pending() {
 #[ignore = "needs a CUDA device"]
 fn pool_stream_ordered_reuse_with_real_events() {
     let d = dev0();
-    let s1 = CudaStream::new(&d).expect("stream");
-    let s2 = CudaStream::new(&d).expect("stream");
+    let s1 = Stream::new(d.context()).expect("stream");
+    let s2 = Stream::new(d.context()).expect("stream");
     let events = CudaEvents::new(&d).expect("events");
     let o = PoolConfig {
         reserve_bytes: 0,
@@ -202,7 +201,7 @@ fn pool_stream_ordered_reuse_with_real_events() {
 fn every_strategy_serves_blocks_with_intact_canaries() {
     for name in registry::NAMES {
         let d = dev0();
-        let s = CudaStream::new(&d).expect("stream");
+        let s = Stream::new(d.context()).expect("stream");
         let events = CudaEvents::new(&d).expect("events");
         let pool = DevicePool::new(
             registry::build(name, &AllocatorConfig::default()).expect("build"),
@@ -247,8 +246,8 @@ fn every_strategy_serves_blocks_with_intact_canaries() {
 fn pool_recovers_from_oom_by_releasing_its_cache() {
     let d = dev0();
     let free = d.mem_info().expect("info").0;
-    let s1 = CudaStream::new(&d).expect("stream");
-    let s2 = CudaStream::new(&d).expect("stream");
+    let s1 = Stream::new(d.context()).expect("stream");
+    let s2 = Stream::new(d.context()).expect("stream");
     let events = CudaEvents::new(&d).expect("events");
     let o = PoolConfig {
         reserve_bytes: 0,

@@ -1,73 +1,29 @@
-//! The CUDA backend against a fake driver (tests/cuda_fakecuda/libcuda.c): device memory is
+//! The CUDA backend against a fake driver (tests/support/libcuda.c): device memory is
 //! host memory, so the FFI plumbing (symbols, arguments, out-pointers), the bookkeeping of
 //! segments and VMM objects, stream-ordered reuse with driver events, the canary fill/check
 //! and the release of every handle run on machines without a GPU.
 //!
-//! The test compiles the fake with the C compiler (`$CC` or `cc`; skipped with a message when
-//! there is none) and runs itself again with `LD_LIBRARY_PATH` pointing at it, since the
-//! driver library is loaded once per process. (Same pattern as pinned_fakecuda.rs.)
-use std::path::PathBuf;
-use std::process::Command;
-
+//! The harness (tests/support/fakecuda.rs) builds the fake and runs the test again in a
+//! child process that loads it.
 use gpumem::cuda::bench::{self, AsyncCuda, Budget, Case, ContextBinder, PoolBackend, RawCuda};
 use gpumem::cuda::pitch::pitch_bytes;
 use gpumem::cuda::pool::{DevicePool, PoolConfig};
-use gpumem::cuda::{self, Advice, Capped, CudaError, CudaEvents, CudaStream, MemoryType};
+use gpumem::cuda::{self, Advice, Capped, CudaError, CudaEvents, MemoryType, Stream};
 use gpumem_core::config::AllocatorConfig;
 use gpumem_core::registry;
 use gpumem_core::{Device, DeviceError, DriverCall};
 
-mod cuda_common;
-use cuda_common::SegmentPerBlock;
+use crate::common::SegmentPerBlock;
+use crate::support::{against_fake_driver, test_name};
 
-const CHILD: &str = "GPUMEM_CUDA_FAKE_CHILD";
-const NAME: &str = "cuda_backend_against_a_fake_driver";
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
 #[test]
 fn cuda_backend_against_a_fake_driver() {
-    if std::env::var_os(CHILD).is_some() {
-        return child();
-    }
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    if Command::new(&cc).arg("--version").output().is_err() {
-        eprintln!("skipped: no C compiler `{cc}` to build the fake libcuda.so");
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("gpumem-cuda-fakecuda-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/cuda_fakecuda/libcuda.c");
-    let out = Command::new(&cc)
-        .args(["-O1", "-shared", "-fPIC", "-o"])
-        .arg(dir.join("libcuda.so"))
-        .arg(&src)
-        .arg("-lpthread")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let run = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
-        .env(CHILD, "1")
-        .env("LD_LIBRARY_PATH", &dir)
-        .env_remove("GPUMEM_NO_CUDA")
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&run.stdout),
-        String::from_utf8_lossy(&run.stderr)
-    );
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(run.status.success(), "child failed:\n{text}");
-    assert!(text.contains("1 passed"), "the child ran nothing:\n{text}");
-    assert!(
-        !text.contains("FAKE:"),
-        "the fake driver saw an illegal call:\n{text}"
+    against_fake_driver(
+        &test_name(module_path!(), "cuda_backend_against_a_fake_driver"),
+        child,
     );
 }
 
@@ -176,8 +132,8 @@ fn vmm_and_page_table() {
 
 fn pool_on_the_driver() {
     let d = cuda::open(0).unwrap();
-    let s1 = CudaStream::new(&d).unwrap();
-    let s2 = CudaStream::new(&d).unwrap();
+    let s1 = Stream::new(d.context()).unwrap();
+    let s2 = Stream::new(d.context()).unwrap();
     let events = CudaEvents::new(&d).unwrap();
     let o = PoolConfig {
         reserve_bytes: 0,
