@@ -4,7 +4,7 @@ use anyhow::{bail, Result};
 use gpumem::trace::analysis::analyze;
 use gpumem::trace::Trace;
 
-use crate::units::human_bytes;
+use gpumem::units::bytes as human_bytes;
 
 /// Prints the state analysis of `trace.segments` (table, or JSON with `json`).
 pub fn print_state(path: &std::path::Path, trace: &Trace, json: bool) -> Result<()> {

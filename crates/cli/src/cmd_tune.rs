@@ -15,9 +15,9 @@ pub struct TuneArgs {
     /// The trace: a PyTorch memory snapshot (.pickle or .pickle.gz), an RMM log CSV, or
     /// gpumem JSON lines.
     pub trace: PathBuf,
-    /// The device capacity to fit in (e.g. 80GiB); it is also the memory limit, as
-    /// `torch.cuda.set_per_process_memory_fraction` would set it, so the
-    /// garbage_collection_threshold settings are tried too.
+    /// The device capacity to fit in (e.g. 80GiB): the table counts the OOMs at that size,
+    /// and the garbage_collection_threshold settings are tried too, with the capacity as
+    /// their memory limit (as `torch.cuda.set_per_process_memory_fraction` would set it).
     #[arg(long, value_parser = parse_size)]
     pub capacity: Option<u64>,
     /// Print one JSON object instead of a table.
@@ -105,7 +105,7 @@ fn print_report(a: &TuneArgs, r: &TuneReport, recorded: bool) {
     );
     if let Some(c) = r.capacity_bytes {
         println!(
-            "capacity {} (also the memory limit, as set_per_process_memory_fraction sets it)",
+            "capacity {} (the garbage_collection_threshold settings take it as their memory limit, as set_per_process_memory_fraction sets it)",
             human_bytes(c)
         );
     }

@@ -6,17 +6,22 @@
 //! - [`torch_replay`]: the PyTorch caching-allocator emulation as PyTorch ran a trace, with
 //!   its self-check; [`tune`]: which `PYTORCH_CUDA_ALLOC_CONF` a trace needs least memory with;
 //! - [`cuda`]: the CUDA backend (cudarc, loaded at run time);
-//! - [`pinned`]: page-locked host memory, a capped caching pool and staged copies.
+//! - [`pinned`]: page-locked host memory, a capped caching pool and staged copies;
+//! - [`pool`]: the stream-ordered device pool over any device;
+//! - [`units`]: sizes, durations and rates for people; [`plot`]: SVG charts.
 #![warn(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod cuda;
 pub mod pinned;
 pub mod plot;
+pub mod pool;
 pub mod replay;
 pub mod torch_replay;
 pub mod trace;
 pub mod tune;
+pub mod units;
+pub mod vmm;
 
 pub use gpumem_core as core;
 pub use gpumem_core::sim::SimDevice;

@@ -10,10 +10,13 @@
 //! places newer segments below older ones, as the CUDA driver usually does.
 use gpumem_core::sim::{RecordedCall, RecordedCheck, RecordedKind, SimDevice};
 use gpumem_core::torch::{TorchCachingPool, TorchConfig, TorchStats};
-use gpumem_core::{Allocator, Device};
+use gpumem_core::Allocator;
 use serde::Serialize;
 
-use crate::replay::{self, ReplayConfig, ReplayError, ReplayReport};
+use crate::replay::{
+    self, MinCapacityConfig, MinCapacityOutcome, ReplayConfig, ReplayError, ReplayReport,
+    TraceSummary,
+};
 use crate::trace::{Action, Trace};
 
 /// The cudaMalloc (`segment_alloc`) and cudaFree (`segment_free`) calls the trace recorded
@@ -115,32 +118,40 @@ pub fn replay_torch(
     })
 }
 
-/// The smallest capacity (to `resolution_bytes`) with which the trace completes without an
-/// out-of-memory under `conf`, between the trace's peak requested bytes and `upper_bytes`;
-/// `None` if even `upper_bytes` does not complete. The memory limit is the capacity (as
-/// `set_per_process_memory_fraction` would set it), so `garbage_collection_threshold` acts.
+/// The smallest capacity (to the 2 MiB granularity) with which the trace completes without
+/// an out-of-memory under `conf`, between the trace's peak requested bytes and
+/// `upper_bytes`; `None` if even `upper_bytes` does not complete. With
+/// `garbage_collection_threshold` the capacity is also the memory limit (as
+/// `set_per_process_memory_fraction` would set it, so the collector acts), and the search
+/// bisects: the collector's behaviour changes with every capacity. At most `max_replays`
+/// replays scan for exact figures before the rest is bisected.
 ///
 /// # Errors
 /// A [`ReplayError`] from one of the replays.
 pub fn min_capacity(
     trace: &Trace,
+    summary: &TraceSummary,
     conf: &TorchConfig,
     upper_bytes: u64,
-    resolution_bytes: u64,
+    max_replays: u64,
     opts: &ReplayConfig,
 ) -> Result<Option<u64>, ReplayError> {
+    let gc = conf.garbage_collection_threshold > 0.0;
     let conf = TorchConfig {
-        limit_to_capacity: true,
+        limit_to_capacity: gc,
         ..*conf
     };
-    let mut make = || -> Box<dyn Allocator> { Box::new(TorchCachingPool::with_conf(conf)) };
-    let mut make_dev = |c: u64| -> Box<dyn Device> { Box::new(SimDevice::new(c)) };
-    replay::min_capacity(
-        trace,
-        &mut make,
-        &mut make_dev,
+    let make = || -> Box<dyn Allocator> { Box::new(TorchCachingPool::with_conf(conf)) };
+    let make_dev = |c: u64| SimDevice::new(c);
+    let search = MinCapacityConfig {
         upper_bytes,
-        resolution_bytes,
-        opts,
+        max_replays: if gc { 0 } else { max_replays },
+        ..MinCapacityConfig::default()
+    };
+    Ok(
+        match replay::min_capacity(trace, summary, &make, &make_dev, &search, opts)? {
+            MinCapacityOutcome::Found(m) => Some(m.smallest_bytes),
+            MinCapacityOutcome::NeverCompletes(_) => None,
+        },
     )
 }

@@ -16,15 +16,17 @@ use std::time::Instant;
 use gpumem_core::config::AllocatorConfig;
 use gpumem_core::sim::{SimDevice, DEFAULT_CAPACITY};
 use gpumem_core::torch::TorchConfig;
-use gpumem_core::{Allocator, Device};
+use gpumem_core::Allocator;
 use serde::Serialize;
 
-use crate::replay::{self, ReplayConfig, ReplayError};
+use crate::replay::{self, MinCapacityConfig, MinCapacityOutcome, ReplayConfig, ReplayError};
 use crate::torch_replay;
 use crate::trace::Trace;
 
-/// Bisection resolution of the smallest capacity, in bytes (the 2 MiB of a page).
+/// Resolution of the smallest capacity, in bytes (the 2 MiB of a page).
 pub const RESOLUTION_BYTES: u64 = 2 << 20;
+/// Replays per setting that scan for its exact smallest capacity before the rest is bisected.
+pub const MAX_REPLAYS: u64 = 24;
 
 /// The settings tried: see the module documentation. With `with_gc`, the garbage-collection
 /// thresholds too (they act only under a memory limit).
@@ -169,7 +171,7 @@ pub fn tune(
     if !confs.contains(&own) {
         confs.push(own);
     }
-    let summary = replay::summarize(trace, device);
+    let summary = &replay::summarize(trace, device);
     let opts = ReplayConfig {
         device,
         ..ReplayConfig::default()
@@ -180,19 +182,23 @@ pub fn tune(
         let opts = &opts;
         jobs.push(Box::new(move || {
             let run_conf = TorchConfig {
-                limit_to_capacity: capacity_bytes.is_some(),
+                // The memory limit makes the collector act (it changes nothing else but
+                // expandable segments' accounting, so it is set only where it matters).
+                limit_to_capacity: capacity_bytes.is_some()
+                    && conf.garbage_collection_threshold > 0.0,
                 ..conf
             };
             let follow = conf == own && capacity_bytes.is_none();
             let r =
                 torch_replay::replay_torch(trace, &run_conf, capacity, follow, opts, &mut |_| {})?;
-            // The run on an unlimited device bounds the bisection from above.
+            // The run on an unlimited device bounds the search from above.
             let upper = if capacity_bytes.is_none() && r.report.oom_count == 0 {
                 r.report.peak_reserved_bytes.max(RESOLUTION_BYTES)
             } else {
                 DEFAULT_CAPACITY
             };
-            let min_cap = torch_replay::min_capacity(trace, &conf, upper, RESOLUTION_BYTES, opts)?;
+            let min_cap =
+                torch_replay::min_capacity(trace, &summary, &conf, upper, MAX_REPLAYS, opts)?;
             let rep = &r.report;
             Ok(Some(TuneRow {
                 setting: conf.to_string(),
@@ -209,34 +215,42 @@ pub fn tune(
     }
     // gpumem's own paged allocator, for comparison.
     jobs.push(Box::new(move || {
-        let mut make = || -> Box<dyn Allocator> {
+        let make = || -> Box<dyn Allocator> {
             Box::new(gpumem_core::paged::PagedPool::new(
                 &AllocatorConfig::default(),
             ))
         };
-        let mut make_dev = |c: u64| -> Box<dyn Device> { Box::new(SimDevice::new(c)) };
-        let min = replay::min_capacity(
+        let make_dev = |c: u64| SimDevice::new(c);
+        let search = MinCapacityConfig {
+            upper_bytes: DEFAULT_CAPACITY,
+            max_replays: MAX_REPLAYS,
+            ..MinCapacityConfig::default()
+        };
+        let outcome = replay::min_capacity(
             trace,
-            &mut make,
-            &mut make_dev,
-            DEFAULT_CAPACITY,
-            RESOLUTION_BYTES,
+            summary,
+            &make,
+            &make_dev,
+            &search,
             &ReplayConfig {
                 device,
                 ..ReplayConfig::default()
             },
         )?;
-        Ok(min.map(|m| TuneRow {
-            setting: "paged".into(),
-            conf: String::new(),
-            is_trace_setting: false,
-            peak_reserved_bytes: 0,
-            reserved_over_requested: 0.0,
-            min_capacity_bytes: Some(m),
-            oom_count: 0,
-            driver_calls: 0,
-            modelled_driver_seconds: 0.0,
-        }))
+        Ok(match outcome {
+            MinCapacityOutcome::Found(m) => Some(TuneRow {
+                setting: "paged".into(),
+                conf: String::new(),
+                is_trace_setting: false,
+                peak_reserved_bytes: 0,
+                reserved_over_requested: 0.0,
+                min_capacity_bytes: Some(m.smallest_bytes),
+                oom_count: 0,
+                driver_calls: 0,
+                modelled_driver_seconds: 0.0,
+            }),
+            MinCapacityOutcome::NeverCompletes(_) => None,
+        })
     }));
     let mut results = parallel(threads, jobs);
     let paged = results
