@@ -198,7 +198,7 @@ pub fn tune(
                 DEFAULT_CAPACITY
             };
             let min_cap =
-                torch_replay::min_capacity(trace, &summary, &conf, upper, MAX_REPLAYS, opts)?;
+                torch_replay::min_capacity(trace, summary, &conf, upper, MAX_REPLAYS, opts)?;
             let rep = &r.report;
             Ok(Some(TuneRow {
                 setting: conf.to_string(),
