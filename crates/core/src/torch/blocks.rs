@@ -128,24 +128,18 @@ pub(crate) fn key_size(key: u128) -> u64 {
     (key >> 64) as u64
 }
 
-/// Sub-classes per power of two in a [`SizeIndex`] (log-linear classes, 4 bits).
-const SUB_BITS: u32 = 4;
-/// Size classes: exact for the first 16 multiples of 512 B, then 16 per power of two, up to
-/// 2^64 bytes.
-const CLASSES: usize = ((64 - 9 - SUB_BITS as usize) + 1) << SUB_BITS;
+/// The size classes of a [`SizeIndex`]: gpumem's one log-linear binning
+/// ([`crate::size_class::LogLinear`], 16 classes per power of two) over units of 512 B.
+type Classes = crate::size_class::LogLinear<4>;
+/// Size classes.
+const CLASSES: usize = Classes::BIN_COUNT as usize;
 /// Words of the class bitmap.
 const WORDS: usize = CLASSES.div_ceil(64);
 
 /// Size class of a size in bytes, monotone in the size (sizes below 512 B share class 0).
 #[inline]
 fn class_of(size: u64) -> usize {
-    let units = size >> 9;
-    if units < (1 << SUB_BITS) {
-        return units as usize;
-    }
-    let log = 63 - units.leading_zeros();
-    let sub = (units >> (log - SUB_BITS)) as usize & ((1 << SUB_BITS) - 1);
-    (((log - SUB_BITS + 1) as usize) << SUB_BITS) + sub
+    Classes::floor(size >> 9) as usize
 }
 
 /// Where an entry sits in a [`SizeIndex`]: its class and its index in the class.

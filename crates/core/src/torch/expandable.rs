@@ -8,7 +8,9 @@
 //! unmapped blocks together leave room (`find_expandable_block`, `map_block`). Pages are
 //! unmapped (cuMemUnmap + cuMemRelease per page) only when the cache is released
 //! (`unmap_block` from `release_cached_blocks`, on `empty_cache` or an OOM); a segment left
-//! with no mapped page gives its range back (cuMemAddressFree).
+//! with no mapped page gives its range back (cuMemAddressFree). As in PyTorch, a segment
+//! whose very first mapping ran out of memory keeps its range with nothing mapped (releasing
+//! visits mapped free blocks only); it serves a later request on its stream.
 use crate::device::{DeviceError, PhysHandle};
 use crate::Device;
 

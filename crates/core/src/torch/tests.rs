@@ -409,7 +409,13 @@ proptest::proptest! {
         t.validate().unwrap();
         t.empty_cache(&mut d).unwrap();
         t.validate().unwrap();
-        proptest::prop_assert_eq!(d.live_objects(), (0, 0, 0, 0));
+        let (segs, reserved, maps, handles) = d.live_objects();
+        proptest::prop_assert_eq!((segs, maps, handles), (0, 0, 0));
+        if !t.conf().expandable_segments {
+            // (An expandable segment whose first mapping ran out of memory keeps its range
+            // with nothing mapped, as in PyTorch: release_blocks only visits mapped blocks.)
+            proptest::prop_assert_eq!(reserved, 0);
+        }
         proptest::prop_assert_eq!(t.stats().reserved_bytes.current, 0);
         proptest::prop_assert_eq!(t.stats().free_bytes, 0);
         if !t.conf().expandable_segments {
