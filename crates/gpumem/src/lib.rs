@@ -12,6 +12,7 @@ pub mod cuda;
 pub mod pinned;
 pub mod plot;
 pub mod replay;
+pub mod report;
 pub mod trace;
 
 pub use gpumem_core as core;
