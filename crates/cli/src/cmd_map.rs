@@ -47,7 +47,9 @@ fn terminal_width() -> Option<usize> {
     if !std::io::stdout().is_terminal() {
         return None;
     }
-    ratatui::crossterm::terminal::size().ok().map(|(w, _)| w as usize)
+    ratatui::crossterm::terminal::size()
+        .ok()
+        .map(|(w, _)| w as usize)
 }
 
 pub fn run(a: MapArgs) -> Result<()> {

@@ -49,7 +49,9 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
     match num.trim().parse::<f64>() {
         Ok(v) if v * scale >= 0.05 && v.is_finite() => Ok(Duration::from_secs_f64(v * scale)),
         Ok(_) => Err(format!("`{s}`: expected an interval of at least 50ms")),
-        Err(_) => Err(format!("`{s}`: expected an interval such as 1s, 500ms or 2")),
+        Err(_) => Err(format!(
+            "`{s}`: expected an interval such as 1s, 500ms or 2"
+        )),
     }
 }
 
@@ -118,7 +120,10 @@ fn selected(spec: &str, count: u32) -> Result<Vec<u32>> {
         },
     };
     if n >= count {
-        bail!("--device cuda:{n}: this machine has {count} GPU(s) (cuda:0 to cuda:{})", count - 1);
+        bail!(
+            "--device cuda:{n}: this machine has {count} GPU(s) (cuda:0 to cuda:{})",
+            count - 1
+        );
     }
     Ok(vec![n])
 }
@@ -333,7 +338,11 @@ fn draw(f: &mut ratatui::Frame, s: &Sample, interval: Duration) {
                 human_bytes(d.driver_reserved_bytes),
                 human_bytes(d.unattributed_bytes)
             )))
-            .gauge_style(Style::default().fg(if ratio > 0.9 { Color::Red } else { Color::Green }))
+            .gauge_style(Style::default().fg(if ratio > 0.9 {
+                Color::Red
+            } else {
+                Color::Green
+            }))
             .ratio(ratio)
             .label(format!(
                 "{} of {} used ({:.1} %)",
@@ -355,7 +364,11 @@ fn draw(f: &mut ratatui::Frame, s: &Sample, interval: Duration) {
             .collect();
         let t = Table::new(
             rows,
-            [Constraint::Length(10), Constraint::Min(20), Constraint::Length(14)],
+            [
+                Constraint::Length(10),
+                Constraint::Min(20),
+                Constraint::Length(14),
+            ],
         )
         .header(Row::new(vec!["pid", "process", "used"]).bold());
         f.render_widget(t, areas[k + 1]);
@@ -388,8 +401,15 @@ fn draw(f: &mut ratatui::Frame, s: &Sample, interval: Duration) {
             ],
         )
         .header(
-            Row::new(vec!["gpumem pool", "device", "strategy", "reserved", "peak", "allocated"])
-                .bold(),
+            Row::new(vec![
+                "gpumem pool",
+                "device",
+                "strategy",
+                "reserved",
+                "peak",
+                "allocated",
+            ])
+            .bold(),
         )
         .block(Block::bordered().title(" gpumem pools "));
         f.render_widget(t, areas[k]);

@@ -92,6 +92,7 @@ fn map_json(m: &MemoryMap) -> Value {
         "allocator": m.allocator,
         "rows": m.rows.iter().map(|r| json!({
             "kind": r.kind,
+            "region_base": r.region_base as f64,
             "base": r.base as f64,
             "bytes": r.bytes as f64,
             "shown": r.shown_bytes as f64,
@@ -165,6 +166,7 @@ fn data(r: &Report) -> Value {
         "peak_requested_event": r.peak_requested_event,
         "peak_requested_bytes": r.summary.peak_requested_bytes,
         "columns": first.map(|c| c.first_event.clone()).unwrap_or_default(),
+        "va_gap_merge_bytes": super::map::VA_GAP_MERGE_BYTES,
         "states": STATES.iter().map(|s| s.label()).collect::<Vec<_>>(),
         "allocators": allocators,
         "blocks": blocks,
@@ -239,7 +241,10 @@ fn stack_html(r: &Report, stack: Option<u32>, frames: usize) -> String {
             let f = r.stacks.frames_of(s);
             let mut out: Vec<String> = f.iter().take(frames).map(|x| esc(x)).collect();
             if f.len() > frames {
-                out.push(format!("<span class=\"muted\">… {} more</span>", f.len() - frames));
+                out.push(format!(
+                    "<span class=\"muted\">… {} more</span>",
+                    f.len() - frames
+                ));
             }
             out.join("<br>")
         }
@@ -258,7 +263,8 @@ fn peak_tables(r: &Report, o: &mut String) {
     );
     o.push_str("<h3>By allocation site</h3><table id=\"sites\"><thead><tr><th>site</th><th>blocks</th><th>requested</th><th>share</th></tr></thead><tbody>\n");
     for s in r.sites_at_peak().iter().take(15) {
-        let _ = writeln!(
+        let _ =
+            writeln!(
             o,
             "<tr><td title=\"{}\">{}</td><td>{}</td><td data-bytes=\"{}\">{}</td><td>{}</td></tr>",
             esc(&s.stack.map(|x| r.stacks.frames_of(x).join("\n")).unwrap_or_default()),
@@ -291,7 +297,9 @@ fn peak_tables(r: &Report, o: &mut String) {
 
 fn snapshot_table(r: &Report, o: &mut String) {
     let Some(rec) = &r.snapshot_map else {
-        o.push_str("<p class=\"muted\">The trace recorded no segments (only PyTorch snapshots do).</p>\n");
+        o.push_str(
+            "<p class=\"muted\">The trace recorded no segments (only PyTorch snapshots do).</p>\n",
+        );
         return;
     };
     let last = r.events().saturating_sub(1);
@@ -362,7 +370,10 @@ pub fn render(r: &Report) -> String {
         .unwrap_or_else(|_| "{}".into())
         .replace("</", "<\\/");
     TEMPLATE
-        .replace("{{TITLE}}", &esc(&format!("gpumem report: {}", r.trace_name)))
+        .replace(
+            "{{TITLE}}",
+            &esc(&format!("gpumem report: {}", r.trace_name)),
+        )
         .replace("{{UPLOT_CSS}}", UPLOT_CSS)
         .replace("{{STYLE}}", STYLE)
         .replace("{{SUMMARY}}", &summary)

@@ -32,6 +32,10 @@ pub enum SpanState {
     Unmapped = 4,
 }
 
+/// Never-mapped stretches of a VA range shorter than this are shown inside one row; longer
+/// ones split the range into rows (bytes).
+pub const VA_GAP_MERGE_BYTES: u64 = 256 << 20;
+
 /// Every state, in legend order.
 pub const STATES: [SpanState; 5] = [
     SpanState::Live,
@@ -82,24 +86,28 @@ pub struct Span {
     pub bytes: u64,
     /// State.
     pub state: SpanState,
-    /// For a live block: its index in the trace's block list (or the recorded segment's
-    /// block index for a snapshot map).
+    /// For a live block: its index in the trace's block list (`None` in a recorded map).
     pub block: Option<usize>,
     /// For a live block: the bytes requested.
     pub requested_bytes: u64,
 }
 
-/// One row: a segment or a VA range.
+/// One row: a segment, or a part of a VA range.
+///
+/// A VA range is mostly addresses that are never mapped (gpumem reserves a multiple of the
+/// device's memory), and its pages may be used at both ends: it is shown as one row per
+/// cluster of pages the run ever mapped, clusters closer than [`VA_GAP_MERGE_BYTES`] merged.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct MapRow {
     /// Segment or VA range.
     pub kind: RegionKind,
-    /// First address.
-    pub base: u64,
-    /// Bytes of the region.
+    /// First address of the segment or VA range the row belongs to.
+    pub region_base: u64,
+    /// Bytes of that segment or VA range.
     pub bytes: u64,
-    /// Bytes shown: the whole segment, or a VA range up to the highest page the run ever
-    /// mapped in it (the rest is never touched).
+    /// First address shown in the row.
+    pub base: u64,
+    /// Bytes shown from `base`: the whole segment, or one cluster of a VA range.
     pub shown_bytes: u64,
     /// Spans covering `[0, shown_bytes)` in order.
     pub spans: Vec<Span>,
@@ -114,6 +122,17 @@ pub struct MemoryMap {
     pub event: u64,
     /// Rows in address order.
     pub rows: Vec<MapRow>,
+}
+
+/// Appends `s`, merging it into the last span when both have the same state and block.
+fn push(out: &mut Vec<Span>, s: Span) {
+    if let Some(l) = out.last_mut() {
+        if l.state == s.state && l.block == s.block && l.offset + l.bytes == s.offset {
+            l.bytes += s.bytes;
+            return;
+        }
+    }
+    out.push(s);
 }
 
 /// Cuts `[0, len)` into spans: `ivs` (sorted, disjoint `(offset, bytes, block, requested)`)
@@ -135,32 +154,41 @@ fn paint(under: Vec<Span>, ivs: &[(u64, u64, Option<usize>, u64)], state: SpanSt
                 break;
             }
             if o > at {
-                out.push(Span {
-                    offset: at,
-                    bytes: o - at,
-                    ..s
-                });
+                push(
+                    &mut out,
+                    Span {
+                        offset: at,
+                        bytes: o - at,
+                        ..s
+                    },
+                );
                 at = o;
             }
             let stop = iv_end.min(end);
-            out.push(Span {
-                offset: at,
-                bytes: stop - at,
-                state,
-                block: blk,
-                requested_bytes: req,
-            });
+            push(
+                &mut out,
+                Span {
+                    offset: at,
+                    bytes: stop - at,
+                    state,
+                    block: blk,
+                    requested_bytes: req,
+                },
+            );
             at = stop;
             if iv_end <= end {
                 i += 1;
             }
         }
         if at < end {
-            out.push(Span {
-                offset: at,
-                bytes: end - at,
-                ..s
-            });
+            push(
+                &mut out,
+                Span {
+                    offset: at,
+                    bytes: end - at,
+                    ..s
+                },
+            );
         }
     }
     out
@@ -218,31 +246,23 @@ impl MemoryMap {
                 .iter()
                 .map(|&(a, n, i, req)| (a - r.base, n.min(end - a), Some(i), req))
                 .collect();
-            let row = match r.kind {
+            match r.kind {
                 RegionKind::Segment => {
                     let free = if ivs.is_empty() {
                         SpanState::FreeCached
                     } else {
                         SpanState::SplitRemainder
                     };
-                    MapRow {
+                    rows.push(MapRow {
                         kind: r.kind,
-                        base: r.base,
+                        region_base: r.base,
                         bytes: r.bytes,
+                        base: r.base,
                         shown_bytes: r.bytes,
                         spans: paint(whole(r.bytes, free), &ivs, SpanState::Live),
-                    }
+                    });
                 }
                 RegionKind::VaRange => {
-                    // Shown up to the highest end the run ever mapped in this range.
-                    let shown = run
-                        .mappings
-                        .iter()
-                        .filter(|m| m.va >= r.base && m.va < end)
-                        .map(|m| (m.va + m.bytes).min(end) - r.base)
-                        .max()
-                        .unwrap_or(0)
-                        .max(ivs.last().map_or(0, |&(o, n, _, _)| o + n));
                     let ml = maps_now.partition_point(|m| m.0 < r.base);
                     let mh = maps_now.partition_point(|m| m.0 < end);
                     let mapped: Vec<_> = maps_now[ml..mh]
@@ -250,20 +270,26 @@ impl MemoryMap {
                         .map(|&(va, n)| (va - r.base, n.min(end - va), None, 0))
                         .collect();
                     let spans = paint(
-                        paint(whole(r.bytes, SpanState::Unmapped), &mapped, SpanState::IdleMapped),
+                        paint(
+                            whole(r.bytes, SpanState::Unmapped),
+                            &mapped,
+                            SpanState::IdleMapped,
+                        ),
                         &ivs,
                         SpanState::Live,
                     );
-                    MapRow {
-                        kind: r.kind,
-                        base: r.base,
-                        bytes: r.bytes,
-                        shown_bytes: shown,
-                        spans: truncate(spans, shown),
+                    for (ws, we) in va_clusters(run, r.base, r.bytes) {
+                        rows.push(MapRow {
+                            kind: r.kind,
+                            region_base: r.base,
+                            bytes: r.bytes,
+                            base: r.base + ws,
+                            shown_bytes: we - ws,
+                            spans: window(&spans, ws, we),
+                        });
                     }
                 }
-            };
-            rows.push(row);
+            }
         }
         MemoryMap {
             allocator: run.name.clone(),
@@ -281,7 +307,7 @@ impl MemoryMap {
             .map(|s| {
                 let split = s.blocks.len() > 1;
                 let mut spans = Vec::with_capacity(s.blocks.len());
-                for (i, b) in s.blocks.iter().enumerate() {
+                for b in &s.blocks {
                     let offset = b.address.saturating_sub(s.address);
                     if offset >= s.total_size_bytes {
                         continue;
@@ -297,12 +323,14 @@ impl MemoryMap {
                         } else {
                             SpanState::FreeCached
                         },
-                        block: live.then_some(i),
+                        // Recorded blocks carry no trace index.
+                        block: None,
                         requested_bytes: if live { b.requested_bytes } else { 0 },
                     });
                 }
                 MapRow {
                     kind: RegionKind::Segment,
+                    region_base: s.address,
                     base: s.address,
                     bytes: s.total_size_bytes,
                     shown_bytes: s.total_size_bytes,
@@ -328,11 +356,19 @@ impl MemoryMap {
 
     /// Live blocks in the map.
     pub fn live_blocks(&self) -> usize {
-        self.rows
+        let mut v: Vec<(u64, u64, Option<usize>)> = self
+            .rows
             .iter()
-            .flat_map(|r| &r.spans)
-            .filter(|s| s.state == SpanState::Live)
-            .count()
+            .flat_map(|r| r.spans.iter().map(move |s| (r.base, s)))
+            .filter(|(_, s)| s.state == SpanState::Live)
+            .map(|(b, s)| (b, s.offset, s.block))
+            .collect();
+        // A block cut by a row boundary counts once; a recorded map has no block ids.
+        v.sort_unstable();
+        let mut ids: Vec<usize> = v.iter().filter_map(|x| x.2).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.len() + v.iter().filter(|x| x.2.is_none()).count()
     }
 
     /// The smallest power-of-two cell size (at least 512 bytes) with which every row, one
@@ -401,7 +437,14 @@ impl MemoryMap {
             .iter()
             .filter(|r| r.kind == RegionKind::Segment)
             .count();
-        let vas = self.rows.len() - segs;
+        let mut va_bases: Vec<u64> = self
+            .rows
+            .iter()
+            .filter(|r| r.kind == RegionKind::VaRange)
+            .map(|r| r.region_base)
+            .collect();
+        va_bases.dedup();
+        let vas = va_bases.len();
         let mut o = String::new();
         let at = if self.event == NEVER {
             "at dump time".to_string()
@@ -458,13 +501,44 @@ impl MemoryMap {
     }
 }
 
-fn truncate(spans: Vec<Span>, len: u64) -> Vec<Span> {
+/// The clusters `(start, end)` (offsets from `base`) of the pages `run` ever mapped in the VA
+/// range `[base, base + bytes)`, merged across gaps up to [`VA_GAP_MERGE_BYTES`]; one empty
+/// cluster at 0 when nothing was ever mapped there.
+pub fn va_clusters(run: &AllocatorRun, base: u64, bytes: u64) -> Vec<(u64, u64)> {
+    let end = base + bytes;
+    let mut iv: Vec<(u64, u64)> = run
+        .mappings
+        .iter()
+        .filter(|m| m.va >= base && m.va < end)
+        .map(|m| (m.va - base, (m.va + m.bytes).min(end) - base))
+        .collect();
+    iv.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for (s, e) in iv {
+        match out.last_mut() {
+            Some(l) if s <= l.1.saturating_add(VA_GAP_MERGE_BYTES) => l.1 = l.1.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    if out.is_empty() {
+        out.push((0, 0));
+    }
+    out
+}
+
+/// The spans of `[ws, we)`, with offsets from `ws`.
+fn window(spans: &[Span], ws: u64, we: u64) -> Vec<Span> {
     spans
-        .into_iter()
-        .filter(|s| s.offset < len)
-        .map(|mut s| {
-            s.bytes = s.bytes.min(len - s.offset);
-            s
+        .iter()
+        .filter(|s| s.offset < we && s.offset + s.bytes > ws)
+        .map(|s| {
+            let a = s.offset.max(ws);
+            let b = (s.offset + s.bytes).min(we);
+            Span {
+                offset: a - ws,
+                bytes: b - a,
+                ..*s
+            }
         })
         .collect()
 }
@@ -486,7 +560,11 @@ mod tests {
     #[test]
     fn paint_cuts_spans() {
         let base = whole(100, SpanState::Unmapped);
-        let m = paint(base, &[(10, 20, None, 0), (50, 50, None, 0)], SpanState::IdleMapped);
+        let m = paint(
+            base,
+            &[(10, 20, None, 0), (50, 50, None, 0)],
+            SpanState::IdleMapped,
+        );
         assert_eq!(
             m,
             vec![
@@ -498,15 +576,16 @@ mod tests {
         );
         let l = paint(m, &[(20, 40, Some(3), 7)], SpanState::Live);
         assert_eq!(l.iter().map(|s| s.bytes).sum::<u64>(), 100);
+        // The block's pieces over mapped and unmapped bytes merge into one span.
         assert_eq!(
-            l.iter().map(|s| (s.offset, s.state)).collect::<Vec<_>>(),
+            l.iter()
+                .map(|s| (s.offset, s.bytes, s.state))
+                .collect::<Vec<_>>(),
             vec![
-                (0, SpanState::Unmapped),
-                (10, SpanState::IdleMapped),
-                (20, SpanState::Live),
-                (30, SpanState::Live),
-                (50, SpanState::Live),
-                (60, SpanState::IdleMapped),
+                (0, 10, SpanState::Unmapped),
+                (10, 10, SpanState::IdleMapped),
+                (20, 40, SpanState::Live),
+                (60, 40, SpanState::IdleMapped),
             ]
         );
         assert_eq!(l[2].block, Some(3));

@@ -2,7 +2,6 @@
 // packed arrays. The map logic mirrors crates/gpumem/src/report/map.rs (MemoryMap::at, cells).
 (function () {
   'use strict';
-  const t0 = performance.now();
   const D = JSON.parse(document.getElementById('gpumem-data').textContent);
   const NEVER32 = 4294967295;
   const STATE_COLORS = ['#2f8f46', '#e5a00d', '#7fb3e6', '#a774c9', '#e4e7ec'];
@@ -40,6 +39,12 @@
   }
 
   // ---------------------------------------------------------------- memory map (mirror of map.rs)
+  // Appends span s, merging it into the last one when both have the same state and block.
+  function push(out, s) {
+    const l = out[out.length - 1];
+    if (l && l[2] === s[2] && l[3] === s[3] && l[0] + l[1] === s[0]) { l[1] += s[1]; return; }
+    out.push(s);
+  }
   function paint(under, ivs, state) {
     // under: [[off, bytes, state, block, requested]], ivs: sorted disjoint [off, bytes, block, requested]
     const out = [];
@@ -51,13 +56,13 @@
         const o = ivs[i][0], ivEnd = ivs[i][0] + ivs[i][1];
         if (ivEnd <= at) { i++; continue; }
         if (o >= end) break;
-        if (o > at) { out.push([at, o - at, s[2], s[3], s[4]]); at = o; }
+        if (o > at) { push(out, [at, o - at, s[2], s[3], s[4]]); at = o; }
         const stop = Math.min(ivEnd, end);
-        out.push([at, stop - at, state, ivs[i][2], ivs[i][3]]);
+        push(out, [at, stop - at, state, ivs[i][2], ivs[i][3]]);
         at = stop;
         if (ivEnd <= end) i++;
       }
-      if (at < end) out.push([at, end - at, s[2], s[3], s[4]]);
+      if (at < end) push(out, [at, end - at, s[2], s[3], s[4]]);
     }
     return out;
   }
@@ -98,26 +103,35 @@
       }
       if (R.kind[r] === 0) {
         const free = ivs.length === 0 ? 2 : 1;
-        rows.push({ kind: 'segment', base, bytes, shown: bytes, spans: paint([[0, bytes, free, -1, 0]], ivs, 0) });
+        rows.push({ kind: 'segment', regionBase: base, base, bytes, shown: bytes, spans: paint([[0, bytes, free, -1, 0]], ivs, 0) });
       } else {
-        let shown = A.maxMapEnd[r];
-        if (ivs.length) shown = Math.max(shown, ivs[ivs.length - 1][0] + ivs[ivs.length - 1][1]);
         const ml = lowerBound(maps, base, (i) => M.va[i]);
         const mh = lowerBound(maps, end, (i) => M.va[i]);
         const mapped = [];
         for (let k = ml; k < mh; k++) { const i = maps[k]; mapped.push([M.va[i] - base, Math.min(M.bytes[i], end - M.va[i]), -1, 0]); }
-        let spans = paint(paint([[0, bytes, 4, -1, 0]], mapped, 3), ivs, 0);
-        spans = spans.filter((s) => s[0] < shown).map((s) => [s[0], Math.min(s[1], shown - s[0]), s[2], s[3], s[4]]);
-        rows.push({ kind: 'VA range', base, bytes, shown, spans });
+        const spans = paint(paint([[0, bytes, 4, -1, 0]], mapped, 3), ivs, 0);
+        for (const [ws, we] of A.clusters[r]) {
+          const w = [];
+          for (const sp of spans) {
+            if (sp[0] >= we || sp[0] + sp[1] <= ws) continue;
+            const a = Math.max(sp[0], ws), b = Math.min(sp[0] + sp[1], we);
+            w.push([a - ws, b - a, sp[2], sp[3], sp[4]]);
+          }
+          rows.push({ kind: 'VA range', regionBase: base, base: base + ws, bytes, shown: we - ws, spans: w });
+        }
       }
     }
     return { rows };
   }
   function totals(map) {
     const t = [0, 0, 0, 0, 0];
-    let blocks = 0;
-    for (const r of map.rows) for (const s of r.spans) { t[s[2]] += s[1]; if (s[2] === 0) blocks++; }
-    return { t, blocks };
+    const ids = new Set();
+    let anonymous = 0;
+    for (const r of map.rows) for (const s of r.spans) {
+      t[s[2]] += s[1];
+      if (s[2] === 0) { if (s[3] >= 0) ids.add(s[3]); else anonymous++; }
+    }
+    return { t, blocks: ids.size + anonymous };
   }
   function cellBytes(map, width, maxLines) {
     const budget = width * maxLines;
@@ -214,8 +228,9 @@
     const row = m.map.rows[ri];
     const off = (i - m.c.first[ri]) * m.c.cell;
     const s = spanAt(row, Math.min(off + m.c.cell / 2, Math.max(0, row.shown - 1)));
-    let h = '<b>' + esc(row.kind) + '</b> ' + hex(row.base) + ', ' + fmtBytes(row.bytes) +
-      (row.shown < row.bytes ? ' (' + fmtBytes(row.shown) + ' shown)' : '') + '\ncell ' + hex(row.base + off) + ' (one cell = ' + fmtBytes(m.c.cell) + ')';
+    let h = '<b>' + esc(row.kind) + '</b> ' + hex(row.regionBase) + ', ' + fmtBytes(row.bytes) +
+      (row.kind !== 'segment' ? ' (showing ' + hex(row.base) + ' to ' + hex(row.base + row.shown) + ', the pages it ever mapped)' : '') +
+      '\ncell ' + hex(row.base + off) + ' (one cell = ' + fmtBytes(m.c.cell) + ')';
     if (s) {
       h += '\n<b>' + esc(D.states[s[2]]) + '</b>: ' + hex(row.base + s[0]) + ', ' + fmtBytes(s[1]);
       if (s[2] === 0) {
@@ -257,7 +272,7 @@
     for (let c = 0; c < v.length; c++) { out[2 * c] = v[c]; out[2 * c + 1] = v[c]; }
     return out;
   }
-  function makeChart(title, seriesList, fmt) {
+  function makeChart(title, seriesList, fmt, log) {
     const el = document.createElement('div');
     $('charts').appendChild(el);
     const w = Math.max(300, Math.floor(($('charts').clientWidth - 16) / 2));
@@ -265,12 +280,14 @@
     const data = [x].concat(seriesList.map((s) => s.y));
     const opts = {
       title, width: w, height: 230,
-      scales: { x: { time: false } },
+      scales: log ? { x: { time: false }, y: { distr: 3, log: 10 } } : { x: { time: false } },
       legend: { live: true },
       cursor: { sync: { key: 'gpumem' }, drag: { x: true, y: false } },
       axes: [
         { label: 'event', size: 40, values: (u, v) => v.map((x) => x >= 1e6 ? (x / 1e6) + 'M' : x >= 1e3 ? (x / 1e3) + 'k' : x) },
-        { size: 70, values: (u, v) => v.map(fmt) },
+        log
+          ? { size: 70, values: (u, v) => v.map((x) => (Math.abs(Math.log10(x) - Math.round(Math.log10(x))) < 1e-9 ? fmt(x) : '')) }
+          : { size: 70, values: (u, v) => v.map(fmt) },
       ],
       series: [{ label: 'event', value: (u, v) => v == null ? '' : Math.round(v) }].concat(seriesList.map((s, i) => ({
         label: s.label, stroke: s.color || SERIES_COLORS[i % SERIES_COLORS.length], width: s.width || 1.25,
@@ -297,15 +314,17 @@
     const A = D.allocators;
     const flat = (v) => { const o = new Float64Array(2 * D.columns.length); o.fill(v); return o; };
     const reserved = [{ label: 'requested', y: interleave(A[0].series.requested), color: '#111', width: 1.5 }]
-      .concat(A.map((a, i) => ({ label: a.name + ' reserved', y: interleave(a.series.reserved), color: SERIES_COLORS[i % 7] })))
-      .concat(D.recorded.map((r) => ({ label: 'PyTorch recorded peak (' + r.conf + ')', y: flat(r.reserved_peak_bytes), color: '#8a4b00', dash: [6, 4] })));
+      .concat(A.map((a, i) => ({ label: a.name, y: interleave(a.series.reserved), color: SERIES_COLORS[i % 7] })))
+      .concat(D.recorded.map((r) => ({ label: 'PyTorch peak (' + r.conf + ')', y: flat(r.reserved_peak_bytes), color: '#8a4b00', dash: [6, 4] })));
     makeChart('Reserved bytes (from the device)', reserved, fmtBytes);
     const allocated = [{ label: 'requested', y: interleave(A[0].series.requested), color: '#111', width: 1.5 }]
       .concat(A.map((a, i) => ({ label: a.name, y: interleave(a.series.allocated), color: SERIES_COLORS[i % 7] })))
-      .concat(D.recorded.filter((r) => r.allocated_peak_bytes != null).map((r) => ({ label: 'PyTorch recorded allocated peak (' + r.conf + ')', y: flat(r.allocated_peak_bytes), color: '#8a4b00', dash: [6, 4] })));
+      .concat(D.recorded.filter((r) => r.allocated_peak_bytes != null).map((r) => ({ label: 'PyTorch peak (' + r.conf + ')', y: flat(r.allocated_peak_bytes), color: '#8a4b00', dash: [6, 4] })));
     makeChart('Allocated bytes (live blocks after rounding)', allocated, fmtBytes);
     makeChart('External fragmentation (1 − largest free / free)', A.map((a, i) => ({ label: a.name, y: interleave(a.series.fragmentation), color: SERIES_COLORS[i % 7] })), (v) => (v * 100).toFixed(v < 0.1 ? 1 : 0) + ' %');
-    makeChart('Driver calls (cumulative)', A.map((a, i) => ({ label: a.name, y: doubled(a.series.driver_calls), color: SERIES_COLORS[i % 7] })), (v) => v >= 1e6 ? (v / 1e6).toFixed(2) + 'M' : v >= 1e3 ? (v / 1e3).toFixed(1) + 'k' : String(Math.round(v)));
+    // Log scale: pools differ by orders of magnitude; no call yet is left out (a gap).
+    const calls = (a) => Array.from(doubled(a.series.driver_calls), (v) => (v >= 1 ? v : null));
+    makeChart('Driver calls (cumulative, log scale)', A.map((a, i) => ({ label: a.name, y: calls(a), color: SERIES_COLORS[i % 7] })), (v) => v >= 1e6 ? (v / 1e6).toFixed(2) + 'M' : v >= 1e3 ? (v / 1e3).toFixed(1) + 'k' : String(Math.round(v)), true);
   }
 
   // ---------------------------------------------------------------- the map section
@@ -326,11 +345,12 @@
     const { t, blocks } = totals(map);
     legend($('map-legend'), t);
     const segs = map.rows.filter((r) => r.kind === 'segment').length;
+    const vas = new Set(map.rows.filter((r) => r.kind !== 'segment').map((r) => r.regionBase)).size;
     const tags = [];
     if (current === A.peak_reserved_event) tags.push('peak reserved of ' + A.name);
     if (current === D.peak_requested_event) tags.push('peak requested');
     $('map-caption').textContent = A.name + ' after event ' + current + ' of ' + D.events + (tags.length ? ' (' + tags.join(', ') + ')' : '') + ': ' +
-      segs + ' segments, ' + (map.rows.length - segs) + ' VA ranges; ' + fmtBytes(t[0]) + ' live in ' + blocks + ' blocks. Hover for details.';
+      segs + ' segments, ' + vas + ' VA ranges; ' + fmtBytes(t[0]) + ' live in ' + blocks + ' blocks. Hover for details.';
     draws++;
   }
   function setupMap() {
@@ -360,7 +380,7 @@
   function staticMap(canvasId, captionId, m, what) {
     const canvas = $(canvasId);
     if (!m) { canvas.parentElement.hidden = true; return; }
-    const map = { rows: m.rows.map((r) => ({ kind: r.kind === 'segment' ? 'segment' : 'VA range', base: r.base, bytes: r.bytes, shown: r.shown, spans: r.spans.map((s) => [s[0], s[1], s[2], -1, s[3]]) })) };
+    const map = { rows: m.rows.map((r) => ({ kind: r.kind === 'segment' ? 'segment' : 'VA range', regionBase: r.region_base, base: r.base, bytes: r.bytes, shown: r.shown, spans: r.spans.map((s) => [s[0], s[1], s[2], -1, s[3]]) })) };
     drawMap(canvas, map, 40);
     const { t, blocks } = totals(map);
     $(captionId).textContent = what + ': ' + map.rows.length + ' segments, ' + fmtBytes(t[0]) + ' live in ' + blocks + ' blocks, ' + fmtBytes(t[1]) + ' split remainder, ' + fmtBytes(t[2]) + ' free (cached)';
@@ -401,23 +421,35 @@
       A.mappingsV = views(buf, A.mappings);
       A.placementsV = views(buf, A.placements);
       const R = A.regionsV, M = A.mappingsV;
-      A.maxMapEnd = new Float64Array(R.base.length);
-      // Highest end the run ever mapped in each VA range (the part of it the map shows).
+      // Clusters of the pages the run ever mapped in each VA range (mirror of map.rs va_clusters).
+      A.clusters = [];
       for (let r = 0; r < R.base.length; r++) {
-        if (R.kind[r] !== 1) continue;
+        if (R.kind[r] !== 1) { A.clusters.push(null); continue; }
         const base = R.base[r], end = base + R.bytes[r];
-        let m = 0;
-        for (let k = 0; k < M.va.length; k++) if (M.va[k] >= base && M.va[k] < end) m = Math.max(m, Math.min(M.va[k] + M.bytes[k], end) - base);
-        A.maxMapEnd[r] = m;
+        const iv = [];
+        for (let k = 0; k < M.va.length; k++) if (M.va[k] >= base && M.va[k] < end) iv.push([M.va[k] - base, Math.min(M.va[k] + M.bytes[k], end) - base]);
+        iv.sort((a, b) => a[0] - b[0] || a[1] - b[1]);
+        const out = [];
+        for (const [s0, e0] of iv) {
+          const l = out[out.length - 1];
+          if (l && s0 <= l[1] + D.va_gap_merge_bytes) l[1] = Math.max(l[1], e0); else out.push([s0, e0]);
+        }
+        if (!out.length) out.push([0, 0]);
+        A.clusters.push(out);
       }
     }
     buildCharts();
     setupMap();
     staticMap('snap-recorded', 'snap-caption-recorded', D.snapshot_map, 'PyTorch, recorded at dump time');
     staticMap('snap-emulated', 'snap-caption-emulated', D.torch_end_map, 'torch emulation after the last event');
+    // Deep links: #allocator=paged&event=1234.
+    const h = new URLSearchParams(location.hash.replace(/^#/, ''));
+    const want = D.allocators.findIndex((a) => a.name === h.get('allocator'));
+    if (want >= 0) $('map-allocator').value = String(want);
     const ai = Number($('map-allocator').value) || 0;
-    setEvent(D.allocators[ai].peak_reserved_event);
-    const loadMs = performance.now() - t0;
+    setEvent(h.has('event') ? Number(h.get('event')) : D.allocators[ai].peak_reserved_event);
+    // Since navigation start: includes reading and parsing the page itself.
+    const loadMs = performance.now();
     document.body.dataset.loadedMs = loadMs.toFixed(0);
     status.textContent = 'Page built in ' + loadMs.toFixed(0) + ' ms (' + D.events + ' events, ' + D.blocksV.requested.length + ' blocks, ' + D.allocators.length + ' allocators).';
     if (location.hash.includes('selftest')) selftest(loadMs);
@@ -425,6 +457,6 @@
   main().catch((e) => {
     window.__gpumemErrors.push('report: ' + (e && e.stack || e));
     status.textContent = 'The page could not be built: ' + e;
-    if (location.hash.includes('selftest')) selftest(performance.now() - t0);
+    if (location.hash.includes('selftest')) selftest(performance.now());
   });
 })();

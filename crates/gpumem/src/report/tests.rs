@@ -90,7 +90,17 @@ fn columns_hold_the_replay_figures() {
     let run = &r.runs[0];
     let c = &run.columns;
     assert_eq!(c.len(), 6);
-    assert_eq!(c.max[0], vec![3.0 * 1048576.0, 6.0 * 1048576.0, 3.0 * 1048576.0, 3145728.0 + 1024.0, 1024.0, 0.0]);
+    assert_eq!(
+        c.max[0],
+        vec![
+            3.0 * 1048576.0,
+            6.0 * 1048576.0,
+            3.0 * 1048576.0,
+            3145728.0 + 1024.0,
+            1024.0,
+            0.0
+        ]
+    );
     assert_eq!(c.max[2][0], (256u64 << 20) as f64);
     assert_eq!(r.replays[0].peak_reserved_bytes, 256 << 20);
     assert_eq!(run.oom_count, 0);
@@ -101,7 +111,10 @@ fn event_out_of_range_is_an_error() {
     let r = small_report(&["tlsf"]);
     assert!(matches!(
         r.map(0, Some(6)),
-        Err(ReportError::EventOutOfRange { event: 6, events: 6 })
+        Err(ReportError::EventOutOfRange {
+            event: 6,
+            events: 6
+        })
     ));
     assert!(r.map(0, Some(5)).is_ok());
 }
