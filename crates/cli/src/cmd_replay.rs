@@ -207,7 +207,13 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         bail!("--canary needs a device with memory contents: use --device cuda (the simulated device keeps none)");
     }
     let read_started = Instant::now();
-    let trace = trace::read_path(&a.trace, ReadConfig { lenient: a.lenient })?;
+    let trace = trace::read_path(
+        &a.trace,
+        ReadConfig {
+            lenient: a.lenient,
+            ..ReadConfig::default()
+        },
+    )?;
     let read_seconds = read_started.elapsed().as_secs_f64();
     let devices = replay::devices(&trace);
     let has_blocks = trace

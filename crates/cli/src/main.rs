@@ -50,8 +50,13 @@ struct ConvertArgs {
 
 fn convert(a: ConvertArgs) -> anyhow::Result<()> {
     use anyhow::Context;
-    let trace =
-        gpumem::trace::read_path(&a.trace, gpumem::trace::ReadConfig { lenient: a.lenient })?;
+    let trace = gpumem::trace::read_path(
+        &a.trace,
+        gpumem::trace::ReadConfig {
+            lenient: a.lenient,
+            ..Default::default()
+        },
+    )?;
     if a.output == "-" {
         gpumem::trace::jsonl::write_jsonl(&trace, std::io::stdout().lock())?;
     } else {

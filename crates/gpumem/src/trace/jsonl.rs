@@ -307,7 +307,7 @@ mod tests {
         let t = read_jsonl(
             "t",
             b"{\"action\":\"alloc\",\"addr\":1,\"size\":1}\n{\"action\":\"alloc\",\"addr\":1,\"size\":1}\nnot json\n",
-            ReadConfig { lenient: true },
+            ReadConfig { lenient: true, ..ReadConfig::default() },
         )
         .unwrap();
         assert_eq!(

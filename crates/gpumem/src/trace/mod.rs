@@ -19,6 +19,9 @@ pub mod jsonl;
 mod live;
 pub mod pickle;
 pub mod rmm;
+pub mod stacks;
+
+pub use stacks::{FrameRef, StackId, StackTable};
 
 /// What happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -60,6 +63,87 @@ pub struct Event {
     pub time_us: Option<i64>,
     /// Requested alignment in bytes (gpumem JSON lines only; default 256).
     pub align: Option<u64>,
+}
+
+impl Event {
+    /// An event of `action` for the block or segment at `addr` of `size_bytes` bytes, on the
+    /// default stream of device 0, with no time and no alignment.
+    pub fn new(action: Action, addr: u64, size_bytes: u64) -> Event {
+        Event {
+            action,
+            addr,
+            size_bytes,
+            stream: 0,
+            device: 0,
+            time_us: None,
+            align: None,
+        }
+    }
+
+    /// A request of `size_bytes` bytes served at `addr` (device 0, default stream).
+    ///
+    /// ```
+    /// use gpumem::trace::{Action, Event};
+    /// let e = Event::alloc(0x1000, 512).on_device(1).on_stream(7);
+    /// assert_eq!((e.action, e.addr, e.size_bytes, e.device, e.stream), (Action::Alloc, 0x1000, 512, 1, 7));
+    /// ```
+    pub fn alloc(addr: u64, size_bytes: u64) -> Event {
+        Event::new(Action::Alloc, addr, size_bytes)
+    }
+
+    /// The block at `addr` goes back to the allocator; `size_bytes` is its size, 0 when
+    /// unknown (device 0, default stream).
+    pub fn free(addr: u64, size_bytes: u64) -> Event {
+        Event::new(Action::Free, addr, size_bytes)
+    }
+
+    /// The same event on device ordinal `device`.
+    #[must_use]
+    pub fn on_device(mut self, device: u32) -> Event {
+        self.device = device;
+        self
+    }
+
+    /// The same event on stream `stream` (a CUDA stream handle; 0 = default stream).
+    #[must_use]
+    pub fn on_stream(mut self, stream: u64) -> Event {
+        self.stream = stream;
+        self
+    }
+}
+
+/// An out-of-memory that the snapshot recorded (`oom` trace entry): what the failing request
+/// met. The request itself is the [`Action::Oom`] event at [`RecordedOom::event`] (its
+/// `size_bytes`, `device` and `stream`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct RecordedOom {
+    /// Index in [`Trace::events`] of the [`Action::Oom`] event.
+    pub event: u64,
+    /// Bytes the driver reported free on the device at that moment (`device_free`), when the
+    /// entry had it.
+    pub device_free_bytes: Option<u64>,
+}
+
+/// The caching allocator's settings recorded in a snapshot (`allocator_settings`, PyTorch 2.1
+/// and later).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct AllocatorSettings {
+    /// The `PYTORCH_CUDA_ALLOC_CONF` string in force (e.g. `expandable_segments:True`); empty
+    /// when the variable was unset.
+    pub alloc_conf: String,
+    /// `max_split_size` in bytes; `None` when unlimited (PyTorch writes -1) or absent.
+    pub max_split_size_bytes: Option<u64>,
+    /// `garbage_collection_threshold` (fraction of the memory limit; 0 = off).
+    pub garbage_collection_threshold: Option<f64>,
+    /// `expandable_segments`.
+    pub expandable_segments: Option<bool>,
+    /// `roundup_power2_divisions` as `(key, divisions)` pairs in the order recorded: the key is
+    /// the size interval as PyTorch names it (`"1"`, `"2"`, ... in MiB; the interval of sizes
+    /// from that many MiB to twice as many), 0 divisions = no rounding in that interval.
+    pub roundup_power2_divisions: Vec<(String, u64)>,
+    /// Every recorded key with its value as text (Python's `repr` style), the ones above
+    /// included, in the order recorded.
+    pub all: Vec<(String, String)>,
 }
 
 /// A block that was already live when recording started: freed in the trace, never allocated.
@@ -139,6 +223,15 @@ pub struct Trace {
     pub skipped: Vec<String>,
     /// How many events were skipped in total.
     pub skipped_count: u64,
+    /// Python stacks of the events, interned (filled only under [`ReadConfig::keep_frames`]).
+    pub stacks: StackTable,
+    /// The stack of each event (same length as [`Trace::events`]) when the trace was read with
+    /// [`ReadConfig::keep_frames`] from a snapshot; empty otherwise. See [`Trace::stack_of`].
+    pub event_stacks: Vec<StackId>,
+    /// The snapshot's `allocator_settings`, when it had them.
+    pub allocator_settings: Option<AllocatorSettings>,
+    /// What each recorded out-of-memory met, one per [`Action::Oom`] event, in event order.
+    pub ooms: Vec<RecordedOom>,
 }
 
 /// How many reasons [`Trace::skipped`] keeps.
@@ -152,6 +245,12 @@ impl Trace {
         if self.skipped.len() < SKIPPED_KEPT {
             self.skipped.push(reason);
         }
+    }
+
+    /// The Python stack of event `index` (see [`Trace::stacks`] to read its frames): `None`
+    /// when the trace was read without [`ReadConfig::keep_frames`], or `index` is out of range.
+    pub fn stack_of(&self, index: usize) -> Option<StackId> {
+        self.event_stacks.get(index).copied()
     }
 
     /// Number of events with the given action.
@@ -258,10 +357,20 @@ pub enum TraceError {
 }
 
 /// Reading options.
+///
+/// ```
+/// use gpumem::trace::ReadConfig;
+/// let with_stacks = ReadConfig { keep_frames: true, ..ReadConfig::default() };
+/// assert!(!with_stacks.lenient);
+/// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ReadConfig {
     /// Skip and count malformed events instead of failing.
     pub lenient: bool,
+    /// Keep each snapshot trace entry's Python stack (`frames`: file name, line, function
+    /// name) in [`Trace::stacks`] and [`Trace::event_stacks`]. Off by default: a plain replay
+    /// does not need them and reads faster without them. Other formats carry no stacks.
+    pub keep_frames: bool,
 }
 
 /// Reads a trace file, detecting the format (and gzip) from the content.

@@ -34,6 +34,7 @@ use super::{
     Action, Event, Format, PreexistingBlock, ReadConfig, SnapshotBlock, SnapshotSegment, Trace,
     TraceError,
 };
+use super::{AllocatorSettings, RecordedOom, StackId};
 use vm::{Value, Vm, VmError};
 
 /// Most keys a segment or block dict may have (PyTorch writes about a dozen).
@@ -73,6 +74,54 @@ impl Vm<'_> {
             ));
         }
         Ok(d)
+    }
+
+    /// Reads `allocator_settings` (a dict of str keys); `None` when it is not a dict.
+    fn allocator_settings(&self, v: Value) -> Option<AllocatorSettings> {
+        let d = self.as_dict(v)?;
+        let d = self.small_dict(d, "allocator_settings").ok()?;
+        let mut out = AllocatorSettings::default();
+        for kv in self.containers[d as usize].items.chunks_exact(2) {
+            let Value::Str(k) = kv[0] else { continue };
+            let key = String::from_utf8_lossy(self.str_bytes(k)).into_owned();
+            let v = kv[1];
+            match (key.as_str(), v) {
+                (k, Value::Str(s)) if k.starts_with("PYTORCH_") && k.ends_with("_ALLOC_CONF") => {
+                    out.alloc_conf = String::from_utf8_lossy(self.str_bytes(s)).into_owned();
+                }
+                ("max_split_size", Value::Int(i)) => {
+                    out.max_split_size_bytes = u64::try_from(i).ok();
+                }
+                ("max_split_size", Value::UInt(u)) => out.max_split_size_bytes = Some(u),
+                ("garbage_collection_threshold", Value::Float(f)) => {
+                    out.garbage_collection_threshold = Some(f);
+                }
+                ("garbage_collection_threshold", Value::Int(i)) => {
+                    out.garbage_collection_threshold = Some(i as f64);
+                }
+                ("expandable_segments", Value::Bool(b)) => out.expandable_segments = Some(b),
+                ("roundup_power2_divisions", _) => {
+                    if let Some(rd) = self.as_dict(v) {
+                        for kv in self.containers[rd as usize].items.chunks_exact(2).take(64) {
+                            if let (Value::Str(k), Value::Int(n)) = (kv[0], kv[1]) {
+                                let k = String::from_utf8_lossy(self.str_bytes(k)).into_owned();
+                                out.roundup_power2_divisions.push((k, n.max(0) as u64));
+                            }
+                        }
+                    } else if let Some(list) = self.as_seq(v) {
+                        for (i, &n) in list.iter().enumerate().take(64) {
+                            if let Value::Int(n) = n {
+                                let k = (1u64 << i.min(63)).to_string();
+                                out.roundup_power2_divisions.push((k, n.max(0) as u64));
+                            }
+                        }
+                    }
+                }
+                _ => {}
+            }
+            out.all.push((key, self.repr(v, 2)));
+        }
+        Some(out)
     }
 
     fn segment(&self, v: Value) -> Result<SnapshotSegment, String> {
@@ -165,6 +214,7 @@ fn malformed(name: &str, index: u64, message: String) -> TraceError {
 /// `options.lenient`, which skips and counts bad entries).
 pub fn read_snapshot(name: &str, data: &[u8], options: ReadConfig) -> Result<Trace, TraceError> {
     let mut vm = Vm::new(data);
+    vm.keep_frames = options.keep_frames;
     let root = match vm.run() {
         Ok(v) => v,
         Err(VmError::Refused { offset, opcode }) => {
@@ -200,13 +250,17 @@ pub fn read_snapshot(name: &str, data: &[u8], options: ReadConfig) -> Result<Tra
         }
     };
     let events = std::mem::take(&mut vm.events);
-    build_trace(name, &vm, events, root, options)
+    let mut trace = build_trace(name, &vm, events, root, options)?;
+    if options.keep_frames {
+        trace.stacks = std::mem::take(&mut vm.stacks);
+    }
+    Ok(trace)
 }
 
 fn build_trace(
     name: &str,
     vm: &Vm<'_>,
-    mut events: Vec<Event>,
+    events: Vec<Event>,
     root: Value,
     options: ReadConfig,
 ) -> Result<Trace, TraceError> {
@@ -215,7 +269,12 @@ fn build_trace(
         ..Trace::default()
     };
     let (segments_v, traces_v) = match vm.as_dict(root) {
-        Some(d) => (vm.dict_get(d, "segments"), vm.dict_get(d, "device_traces")),
+        Some(d) => {
+            if let Some(v) = vm.dict_get(d, "allocator_settings") {
+                trace.allocator_settings = vm.allocator_settings(v);
+            }
+            (vm.dict_get(d, "segments"), vm.dict_get(d, "device_traces"))
+        }
         None if vm.as_seq(root).is_some() => (Some(root), None),
         None => {
             return Err(TraceError::NotATrace {
@@ -313,17 +372,6 @@ fn build_trace(
             order.extend(l.iter().enumerate().map(|(i, &v)| (d as u32, i as u32, v)));
         }
         order.sort_by_key(|&(_, _, v)| time_of(v).unwrap_or(i64::MIN));
-        // Gather the events in that order, so that the pass below reads them in index order.
-        let mut sorted = Vec::with_capacity(events.len());
-        for slot in &mut order {
-            if let Value::Entry(k) = slot.2 {
-                if let Some(&e) = events.get(k as usize) {
-                    sorted.push(e);
-                    slot.2 = Value::Entry((sorted.len() - 1) as u32);
-                }
-            }
-        }
-        events = sorted;
     }
     let items: Box<dyn Iterator<Item = (u32, u32, Value)>> = if interleave {
         Box::new(order.into_iter())
@@ -334,26 +382,41 @@ fn build_trace(
                 .map(move |(i, &v)| (d as u32, i as u32, v))
         }))
     };
-    // Events are compacted in place: `w` is where the next kept event goes, `r` the first
-    // event not read yet (each converted entry is read once, in index order).
-    let (mut w, mut r) = (0usize, 0usize);
+    let mut out: Vec<Event> = Vec::with_capacity(events.len());
+    let keep_frames = options.keep_frames;
     for (d, i, v) in items {
         let global = first[d as usize] + u64::from(i);
         let result = match v {
             Value::SkipEntry => continue,
-            Value::Entry(k) if (k as usize) >= r && (k as usize) < events.len() => {
+            // An entry listed twice (the same dict object twice in a list) is read twice, as
+            // Python reads it.
+            Value::Entry(k) if (k as usize) < events.len() => {
                 let k = k as usize;
-                r = k + 1;
                 let mut ev = events[k];
                 ev.device = d;
-                let checked = live.check(&mut ev, w as u64, &mut trace.preexisting, size_hint);
+                let at = out.len() as u64;
+                let checked = live.check(&mut ev, at, &mut trace.preexisting, size_hint);
                 if checked.is_ok() {
-                    events[w] = ev;
-                    w += 1;
+                    out.push(ev);
+                    if keep_frames {
+                        trace
+                            .event_stacks
+                            .push(vm.event_stacks.get(k).copied().unwrap_or(StackId::EMPTY));
+                    }
+                    if ev.action == Action::Oom {
+                        let free = vm
+                            .oom_free
+                            .binary_search_by_key(&(k as u32), |&(e, _)| e)
+                            .ok()
+                            .and_then(|j| vm.oom_free[j].1);
+                        trace.ooms.push(RecordedOom {
+                            event: at,
+                            device_free_bytes: free,
+                        });
+                    }
                 }
                 checked
             }
-            Value::Entry(_) => Err("a trace entry listed twice".to_string()),
             Value::BadEntry(b) => Err(vm
                 .bad
                 .get(b as usize)
@@ -373,8 +436,8 @@ fn build_trace(
             }
         }
     }
-    events.truncate(w);
-    trace.events = events;
+    drop(events);
+    trace.events = out;
     // Blocks allocated at dump time at addresses no event touches: live all along.
     // (Only the active blocks are looked up, so this costs a map of those, not of all events.)
     let mut active: AddrMap<bool> = AddrMap::default();
@@ -469,7 +532,15 @@ mod tests {
         let start = std::time::Instant::now();
         let e = read(&p).unwrap_err();
         assert!(e.to_string().contains("segment dict has 20000 keys"), "{e}");
-        let t = read_snapshot("t", &p, ReadConfig { lenient: true }).unwrap();
+        let t = read_snapshot(
+            "t",
+            &p,
+            ReadConfig {
+                lenient: true,
+                ..ReadConfig::default()
+            },
+        )
+        .unwrap();
         assert_eq!(t.skipped_count, u64::from(n) + 1);
         assert!(
             start.elapsed().as_secs() < 20,

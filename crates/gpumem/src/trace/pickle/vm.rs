@@ -19,7 +19,8 @@
 //! kept of it (the event it became, the stack it held), never read as another container.
 
 use super::entry::{classify, Known};
-use crate::trace::Event;
+use crate::trace::{Event, StackId, StackTable};
+use rustc_hash::FxHashMap;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) enum Value {
@@ -129,9 +130,27 @@ pub(super) struct Vm<'a> {
     /// Trace entries converted so far (events, skipped and malformed).
     pub(super) converted: u64,
     /// Work list of [`Vm::recycle`], kept to avoid an allocation per entry.
-    pub(super) todo: Vec<(u32, usize)>,
+    pub(super) todo: Vec<(u32, u32, usize)>,
     /// Items being appended by [`Vm::appends`], kept to avoid an allocation per batch.
     pub(super) scratch: Vec<Value>,
+    /// Keep the Python stacks of the entries ([`crate::trace::ReadConfig::keep_frames`]).
+    pub(super) keep_frames: bool,
+    /// Interned stacks (when `keep_frames`).
+    pub(super) stacks: StackTable,
+    /// Stack of each converted event (when `keep_frames`), parallel to `events`.
+    pub(super) event_stacks: Vec<StackId>,
+    /// Stack interned for a `frames` list, by container serial (it outlives the container).
+    pub(super) stack_memo: FxHashMap<u32, StackId>,
+    /// Frame interned for a frame dict, by container serial.
+    pub(super) frame_memo: FxHashMap<u32, u32>,
+    /// Frame ids of the stack being interned, kept to avoid an allocation per entry.
+    pub(super) frame_scratch: Vec<u32>,
+    /// What each converted entry dict became, by container serial (ascending when
+    /// `tombstones_sorted`), for references to it that come back through the memo.
+    pub(super) tombstones: Vec<(u32, Value)>,
+    pub(super) tombstones_sorted: bool,
+    /// `device_free` of each `oom` event: (index in `events`, bytes).
+    pub(super) oom_free: Vec<(u32, Option<u64>)>,
 }
 
 pub(super) type VmResult<T> = Result<T, VmError>;
@@ -155,6 +174,15 @@ impl<'a> Vm<'a> {
             converted: 0,
             todo: Vec::new(),
             scratch: Vec::new(),
+            keep_frames: false,
+            stacks: StackTable::default(),
+            event_stacks: Vec::new(),
+            stack_memo: FxHashMap::default(),
+            frame_memo: FxHashMap::default(),
+            frame_scratch: Vec::new(),
+            tombstones: Vec::new(),
+            tombstones_sorted: true,
+            oom_free: Vec::new(),
         }
     }
 
@@ -418,6 +446,50 @@ impl<'a> Vm<'a> {
                 None => "a container that was part of a trace entry".into(),
             },
             Value::Entry(_) | Value::SkipEntry | Value::BadEntry(_) => "a trace entry".into(),
+        }
+    }
+
+    /// A short Python-`repr`-like text of `v` (containers to `depth` levels, at most 64 items).
+    pub(super) fn repr(&self, v: Value, depth: usize) -> String {
+        match v {
+            Value::None => "None".into(),
+            Value::Bool(true) => "True".into(),
+            Value::Bool(false) => "False".into(),
+            Value::Int(i) => i.to_string(),
+            Value::UInt(u) => u.to_string(),
+            Value::Float(f) => format!("{f:?}"),
+            Value::Str(s) => format!("{:?}", String::from_utf8_lossy(self.str_bytes(s))),
+            Value::Obj(..) if depth > 0 => match self.obj(v) {
+                Some((_, c)) => {
+                    let (open, close) = match c.kind {
+                        Kind::List => ("[", "]"),
+                        Kind::Tuple => ("(", ")"),
+                        Kind::Set | Kind::Dict => ("{", "}"),
+                    };
+                    let parts: Vec<String> = if c.kind == Kind::Dict {
+                        c.items
+                            .chunks_exact(2)
+                            .take(64)
+                            .map(|kv| {
+                                format!(
+                                    "{}: {}",
+                                    self.repr(kv[0], depth - 1),
+                                    self.repr(kv[1], depth - 1)
+                                )
+                            })
+                            .collect()
+                    } else {
+                        c.items
+                            .iter()
+                            .take(64)
+                            .map(|&x| self.repr(x, depth - 1))
+                            .collect()
+                    };
+                    format!("{open}{}{close}", parts.join(", "))
+                }
+                None => self.describe(v),
+            },
+            other => self.describe(other),
         }
     }
 
