@@ -223,6 +223,11 @@ pub struct Trace {
     pub skipped: Vec<String>,
     /// How many events were skipped in total.
     pub skipped_count: u64,
+    /// Things the reader noticed that do not stop it (an unknown key that looks like a typo
+    /// of a known one, ...), each naming its place in the file; first [`SKIPPED_KEPT`] kept.
+    pub warnings: Vec<String>,
+    /// Set when a lenient read salvaged a truncated file: where it was cut and what was kept.
+    pub truncated: Option<String>,
     /// Python stacks of the events, interned (filled only under [`ReadConfig::keep_frames`]).
     pub stacks: StackTable,
     /// The stack of each event (same length as [`Trace::events`]) when the trace was read with
@@ -251,6 +256,13 @@ impl Trace {
     /// when the trace was read without [`ReadConfig::keep_frames`], or `index` is out of range.
     pub fn stack_of(&self, index: usize) -> Option<StackId> {
         self.event_stacks.get(index).copied()
+    }
+
+    /// Records a warning (see [`Trace::warnings`]).
+    pub fn warn(&mut self, warning: String) {
+        if self.warnings.len() < SKIPPED_KEPT {
+            self.warnings.push(warning);
+        }
     }
 
     /// Number of events with the given action.
@@ -373,19 +385,44 @@ pub struct ReadConfig {
     pub keep_frames: bool,
 }
 
-/// Reads a trace file, detecting the format (and gzip) from the content.
+/// Reads a trace file, detecting the format (and gzip) from the content; `-` reads standard
+/// input.
 ///
-/// The whole file is read into memory; a gzip'd file is inflated in memory first.
+/// The first bytes are looked at before the rest is read (see [`detect::read_sniffed`]), so
+/// a file that is not a trace is refused at once whatever its size. The whole trace is then
+/// read into memory; a gzip'd one is inflated in memory, up to [`detect::inflate_limit`] of
+/// its size.
 ///
 /// # Errors
 /// [`TraceError::Io`] when the file cannot be read; otherwise as [`read_bytes`].
 pub fn read_path(path: &std::path::Path, options: ReadConfig) -> Result<Trace, TraceError> {
+    if path.as_os_str() == "-" {
+        let name = "standard input";
+        let (data, format) = detect::read_sniffed(name, std::io::stdin().lock(), None)?;
+        return read_detected(name, &data, format, options);
+    }
     let name = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|source| TraceError::Io {
+    let io = |source| TraceError::Io {
         path: name.clone(),
         source,
-    })?;
-    read_bytes(&name, &bytes, options)
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let size = file.metadata().ok().map(|m| m.len());
+    let (data, format) = detect::read_sniffed(&name, std::io::BufReader::new(file), size)?;
+    read_detected(&name, &data, format, options)
+}
+
+fn read_detected(
+    name: &str,
+    data: &[u8],
+    format: Format,
+    options: ReadConfig,
+) -> Result<Trace, TraceError> {
+    match format {
+        Format::TorchSnapshot => pickle::read_snapshot(name, data, options),
+        Format::RmmCsv => rmm::read_rmm(name, data, options),
+        Format::JsonLines => jsonl::read_jsonl(name, data, options),
+    }
 }
 
 /// Reads a trace held in memory; `name` is the file name that errors carry.
@@ -397,17 +434,12 @@ pub fn read_path(path: &std::path::Path, options: ReadConfig) -> Result<Trace, T
 ///   the index is an event index or a line number;
 /// - [`TraceError::Refused`]: a pickle that asks for a class, a global or a persistent id.
 pub fn read_bytes(name: &str, bytes: &[u8], options: ReadConfig) -> Result<Trace, TraceError> {
-    let inflated;
-    let data = if detect::is_gzip(bytes) {
-        inflated = detect::gunzip(name, bytes)?;
-        &inflated[..]
-    } else {
-        bytes
-    };
-    match detect::detect(data) {
-        Ok(Format::TorchSnapshot) => pickle::read_snapshot(name, data, options),
-        Ok(Format::RmmCsv) => rmm::read_rmm(name, data, options),
-        Ok(Format::JsonLines) => jsonl::read_jsonl(name, data, options),
+    if detect::is_gzip(bytes) {
+        let (data, format) = detect::read_sniffed(name, bytes, Some(bytes.len() as u64))?;
+        return read_detected(name, &data, format, options);
+    }
+    match detect::detect(bytes) {
+        Ok(format) => read_detected(name, bytes, format, options),
         Err(what) => Err(TraceError::NotATrace {
             path: name.to_string(),
             what,
