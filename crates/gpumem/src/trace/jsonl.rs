@@ -104,9 +104,12 @@ fn json_error(e: &serde_json::Error) -> String {
     }
 }
 
+/// An unknown key and the known key it is one edit away from.
+type Typo = (String, &'static str);
+
 /// Keys of `text` (a JSON object) that are not known but one edit (insert, delete, replace or
 /// swap two neighbours) away from a known key: `(unknown, known)`.
-fn near_misses(text: &str) -> Vec<(String, &'static str)> {
+fn near_misses(text: &str) -> Vec<Typo> {
     let Ok(map) = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(text) else {
         return Vec::new();
     };
@@ -141,7 +144,7 @@ enum Parsed {
 }
 
 /// Parses one line; also returns unknown keys that look like typos of known ones.
-fn parse_line(text: &str) -> Result<(Parsed, Vec<(String, &'static str)>), String> {
+fn parse_line(text: &str) -> Result<(Parsed, Vec<Typo>), String> {
     let (l, typos) = match serde_json::from_str::<StrictLine>(text) {
         Ok(l) => (Line::from(l), Vec::new()),
         Err(strict) => match serde_json::from_str::<Line>(text) {
