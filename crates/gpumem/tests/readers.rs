@@ -553,3 +553,52 @@ fn shared_frames_snapshot_reads_with_its_stacks() {
     assert!(t.stacks.frame_table.len() <= 50);
     assert!(t.stacks.strings.len() <= 100);
 }
+
+/// Issue 9 item 4: under --lenient a truncated snapshot (raw or gzip'd) gives the events read
+/// before the cut and says so; strict reading still refuses it.
+#[test]
+fn lenient_salvages_truncated_snapshots() {
+    let gz = std::fs::read(fixture("shared_frames.pickle.gz")).unwrap();
+    let raw = {
+        use std::io::Read;
+        let mut v = Vec::new();
+        flate2::read::GzDecoder::new(&gz[..])
+            .read_to_end(&mut v)
+            .unwrap();
+        v
+    };
+    let whole = read_bytes("whole", &raw, strict()).unwrap();
+    let mut last = 0;
+    for k in 1..10 {
+        let cut = raw.len() * k / 10;
+        assert!(read_bytes("cut", &raw[..cut], strict()).is_err());
+        let t = read_bytes("cut", &raw[..cut], lenient()).unwrap();
+        let note = t.truncated.as_deref().unwrap();
+        assert!(
+            note.contains(&format!("cut at byte offset {cut}")),
+            "{note}"
+        );
+        assert!(
+            note.contains(&format!("kept the {} events", t.events.len())),
+            "{note}"
+        );
+        // What was kept is the start of the whole trace, and more is kept from a later cut.
+        assert_eq!(t.events[..], whole.events[..t.events.len()], "cut {cut}");
+        assert!(t.events.len() >= last, "cut {cut}");
+        // Roughly the share of the file before the cut (within one 1000-entry batch).
+        let share = whole.events.len() * k / 10;
+        assert!(
+            t.events.len() + 700 >= share,
+            "cut {cut}: {}",
+            t.events.len()
+        );
+        last = t.events.len();
+    }
+    // A gzip file cut in the middle: the inflated part is salvaged too.
+    let cut = gz.len() / 2;
+    assert!(read_bytes("cut.gz", &gz[..cut], strict()).is_err());
+    let t = read_bytes("cut.gz", &gz[..cut], lenient()).unwrap();
+    let note = t.truncated.as_deref().unwrap();
+    assert!(note.starts_with("gzip data truncated"), "{note}");
+    assert!(t.events.len() > 500, "{}", t.events.len());
+}

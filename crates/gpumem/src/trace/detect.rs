@@ -99,21 +99,34 @@ fn bomb(name: &str, limit: u64, compressed: u64) -> TraceError {
     }
 }
 
+/// What [`read_sniffed`] read.
+#[derive(Debug)]
+pub struct Sniffed {
+    /// The (inflated) bytes.
+    pub data: Vec<u8>,
+    /// Their format.
+    pub format: Format,
+    /// Under `lenient`: the gzip stream ended early or broke, and `data` is what it gave
+    /// before that (the message says where).
+    pub gzip_cut: Option<String>,
+}
+
 /// Reads a trace from `reader`, deciding from its first bytes (after gunzip, streamed) whether
 /// it can be a trace before reading the rest: random data, an archive or a gzip of zeros is
 /// refused after [`SNIFF_BYTES`] bytes at most. A gzip stream may inflate to
-/// [`inflate_limit`] of its size (`compressed_hint` when known, else what was read).
-/// Returns the (inflated) bytes and their format.
+/// [`inflate_limit`] of its size (`compressed_hint` when known, else what was read so far).
+/// With `lenient`, a gzip stream that is cut short or corrupt gives what it inflated before.
 ///
 /// # Errors
 /// [`TraceError::Io`] when reading fails; [`TraceError::NotATrace`] for data that is not a
 /// trace (named as [`detect`] names it) or a gzip bomb; [`TraceError::Malformed`] for corrupt
-/// or truncated gzip data.
+/// or truncated gzip data (unless `lenient` and some data came before the damage).
 pub fn read_sniffed(
     name: &str,
     mut reader: impl Read,
     compressed_hint: Option<u64>,
-) -> Result<(Vec<u8>, Format), TraceError> {
+    lenient: bool,
+) -> Result<Sniffed, TraceError> {
     let io = |source| TraceError::Io {
         path: name.to_string(),
         source,
@@ -134,39 +147,52 @@ pub fn read_sniffed(
         let mut data = head;
         read_limited(name, reader, &mut data, None)?;
         let format = detect(&data).map_err(not_a_trace)?;
-        return Ok((data, format));
+        return Ok(Sniffed {
+            data,
+            format,
+            gzip_cut: None,
+        });
     }
-    // Gzip: inflate the first bytes only, and look at them.
+    // Gzip: inflate a chunk at a time; look at the first bytes before going on. The limit
+    // grows with the compressed bytes read so far when the size is not known in advance
+    // (standard input).
     let counted = Counted {
         inner: std::io::Cursor::new(head).chain(reader),
         bytes: 0,
     };
     let mut gz = flate2::read::MultiGzDecoder::new(counted);
-    let mut data = Vec::with_capacity(SNIFF_BYTES);
-    read_limited(
-        name,
-        (&mut gz).take(SNIFF_BYTES as u64),
-        &mut data,
-        Some((u64::MAX, 0)),
-    )?;
-    let complete = data.len() < SNIFF_BYTES;
-    detect_with(&data, complete).map_err(|what| not_a_trace(format!("after gunzip, {what}")))?;
-    // Inflate the rest a chunk at a time. The limit grows with the compressed bytes read so
-    // far when the size is not known in advance (standard input).
-    let mut chunk = [0u8; 1 << 16];
+    let mut data: Vec<u8> = Vec::with_capacity(SNIFF_BYTES);
+    let mut chunk = vec![0u8; 1 << 16];
+    let mut sniffed = false;
+    let mut gzip_cut = None;
     loop {
-        let n = gz.read(&mut chunk).map_err(|e| TraceError::Malformed {
-            path: name.to_string(),
-            index: 0,
-            message: format!(
-                "gzip data truncated or corrupt after {} inflated bytes: {e}",
-                data.len()
-            ),
-        })?;
+        let n = match gz.read(&mut chunk) {
+            Ok(n) => n,
+            Err(e) => {
+                let what = format!(
+                    "gzip data truncated or corrupt after {} inflated bytes: {e}",
+                    data.len()
+                );
+                if lenient && data.len() >= SNIFF_BYTES.min(64) {
+                    gzip_cut = Some(what);
+                    break;
+                }
+                return Err(TraceError::Malformed {
+                    path: name.to_string(),
+                    index: 0,
+                    message: what,
+                });
+            }
+        };
+        data.extend_from_slice(&chunk[..n]);
+        if !sniffed && (n == 0 || data.len() >= SNIFF_BYTES) {
+            sniffed = true;
+            detect_with(&data, n == 0)
+                .map_err(|what| not_a_trace(format!("after gunzip, {what}")))?;
+        }
         if n == 0 {
             break;
         }
-        data.extend_from_slice(&chunk[..n]);
         let compressed = compressed_hint.unwrap_or(0).max(gz.get_ref().bytes);
         let limit = inflate_limit(compressed);
         if data.len() as u64 > limit {
@@ -174,7 +200,11 @@ pub fn read_sniffed(
         }
     }
     let format = detect(&data).map_err(|what| not_a_trace(format!("after gunzip, {what}")))?;
-    Ok((data, format))
+    Ok(Sniffed {
+        data,
+        format,
+        gzip_cut,
+    })
 }
 
 /// A reader that counts the bytes read through it.
@@ -396,7 +426,7 @@ mod tests {
             fill: 0x01,
             served: 0,
         };
-        let e = read_sniffed("random.bin", random, None).unwrap_err();
+        let e = read_sniffed("random.bin", random, None, false).unwrap_err();
         assert!(e.to_string().contains("binary data"), "{e}");
         // An endless gzip stream of zeros (a decompression bomb) is refused after its first
         // inflated bytes.
@@ -406,7 +436,7 @@ mod tests {
             served: 0,
         };
         let gz = flate2::read::GzEncoder::new(zeros, flate2::Compression::fast());
-        let e = read_sniffed("zeros.gz", gz, None).unwrap_err();
+        let e = read_sniffed("zeros.gz", gz, None, false).unwrap_err();
         let text = e.to_string();
         assert!(text.contains("after gunzip, binary data"), "{text}");
         assert!(text.contains("00 00 00 00"), "{text}");
@@ -416,7 +446,7 @@ mod tests {
             fill: b'x',
             served: 0,
         };
-        let e = read_sniffed("notes.txt", text, None).unwrap_err();
+        let e = read_sniffed("notes.txt", text, None, false).unwrap_err();
         assert!(e.to_string().contains("hello world"), "{e}");
     }
 

@@ -398,8 +398,8 @@ pub struct ReadConfig {
 pub fn read_path(path: &std::path::Path, options: ReadConfig) -> Result<Trace, TraceError> {
     if path.as_os_str() == "-" {
         let name = "standard input";
-        let (data, format) = detect::read_sniffed(name, std::io::stdin().lock(), None)?;
-        return read_detected(name, &data, format, options);
+        let sniffed = detect::read_sniffed(name, std::io::stdin().lock(), None, options.lenient)?;
+        return read_detected(name, sniffed, options);
     }
     let name = path.display().to_string();
     let io = |source| TraceError::Io {
@@ -408,11 +408,30 @@ pub fn read_path(path: &std::path::Path, options: ReadConfig) -> Result<Trace, T
     };
     let file = std::fs::File::open(path).map_err(io)?;
     let size = file.metadata().ok().map(|m| m.len());
-    let (data, format) = detect::read_sniffed(&name, std::io::BufReader::new(file), size)?;
-    read_detected(&name, &data, format, options)
+    let reader = std::io::BufReader::new(file);
+    let sniffed = detect::read_sniffed(&name, reader, size, options.lenient)?;
+    read_detected(&name, sniffed, options)
 }
 
 fn read_detected(
+    name: &str,
+    sniffed: detect::Sniffed,
+    options: ReadConfig,
+) -> Result<Trace, TraceError> {
+    let mut trace = read_format(name, &sniffed.data, sniffed.format, options)?;
+    if let Some(cut) = sniffed.gzip_cut {
+        trace.truncated = Some(match trace.truncated.take() {
+            Some(t) => format!("{cut}; {t}"),
+            None => format!(
+                "{cut}; kept the {} events inflated before",
+                trace.events.len()
+            ),
+        });
+    }
+    Ok(trace)
+}
+
+fn read_format(
     name: &str,
     data: &[u8],
     format: Format,
@@ -435,11 +454,11 @@ fn read_detected(
 /// - [`TraceError::Refused`]: a pickle that asks for a class, a global or a persistent id.
 pub fn read_bytes(name: &str, bytes: &[u8], options: ReadConfig) -> Result<Trace, TraceError> {
     if detect::is_gzip(bytes) {
-        let (data, format) = detect::read_sniffed(name, bytes, Some(bytes.len() as u64))?;
-        return read_detected(name, &data, format, options);
+        let sniffed = detect::read_sniffed(name, bytes, Some(bytes.len() as u64), options.lenient)?;
+        return read_detected(name, sniffed, options);
     }
     match detect::detect(bytes) {
-        Ok(format) => read_detected(name, bytes, format, options),
+        Ok(format) => read_format(name, bytes, format, options),
         Err(what) => Err(TraceError::NotATrace {
             path: name.to_string(),
             what,

@@ -35,7 +35,7 @@ use super::{
     TraceError,
 };
 use super::{AllocatorSettings, RecordedOom, StackId};
-use vm::{Value, Vm, VmError};
+use vm::{Kind, Value, Vm, VmError};
 
 /// Most keys a segment or block dict may have (PyTorch writes about a dozen).
 const MAX_RECORD_KEYS: usize = 1024;
@@ -74,6 +74,79 @@ impl Vm<'_> {
             ));
         }
         Ok(d)
+    }
+
+    /// After a truncated read: gathers what the stack holds of a snapshot (the device trace
+    /// lists and the entries waiting to be appended to the last one, the `segments` list when
+    /// it was complete) into a new root dict.
+    fn salvage(&mut self) -> Result<Value, VmError> {
+        let mut stack = std::mem::take(&mut self.stack);
+        self.convert_entries(&mut stack);
+        let is_entry =
+            |v: &Value| matches!(v, Value::Entry(_) | Value::SkipEntry | Value::BadEntry(_));
+        let mut devices: Vec<Vec<Value>> = Vec::new();
+        let mut segments = None;
+        for (i, &v) in stack.iter().enumerate() {
+            if is_entry(&v) {
+                if devices.is_empty() {
+                    devices.push(Vec::new());
+                }
+                if let Some(d) = devices.last_mut() {
+                    d.push(v);
+                }
+                continue;
+            }
+            let Some((_, c)) = self.obj(v) else { continue };
+            match c.kind {
+                Kind::List => {
+                    let holds_entries = c.items.iter().any(is_entry);
+                    let next_is_entry = stack.get(i + 1).is_some_and(is_entry);
+                    if holds_entries || next_is_entry || !devices.is_empty() {
+                        devices.push(c.items.clone());
+                    } else if i > 0 {
+                        if let Value::Str(k) = stack[i - 1] {
+                            if self.str_bytes(k) == b"segments" {
+                                segments = Some(v);
+                            }
+                        }
+                    }
+                }
+                // The entry being built when the file ended: nothing after it is a device list.
+                Kind::Dict if !devices.is_empty() => break,
+                _ => {}
+            }
+        }
+        if devices.is_empty() && segments.is_none() {
+            return Err(VmError::Malformed {
+                offset: self.pos,
+                what: "nothing to salvage".into(),
+            });
+        }
+        let at = self.pos;
+        let mut lists = Vec::with_capacity(devices.len());
+        for d in devices {
+            let l = self.new_container(Kind::List, at)?;
+            if let Value::Obj(i, _) = l {
+                self.containers[i as usize].items = d;
+            }
+            lists.push(l);
+        }
+        let outer = self.new_container(Kind::List, at)?;
+        if let Value::Obj(i, _) = outer {
+            self.containers[i as usize].items = lists;
+        }
+        let root = self.new_container(Kind::Dict, at)?;
+        self.push_str(b"device_traces", at)?;
+        let mut items = vec![self.stack.pop().unwrap_or(Value::None), outer];
+        if let Some(sv) = segments {
+            self.push_str(b"segments", at)?;
+            items.push(self.stack.pop().unwrap_or(Value::None));
+            items.push(sv);
+        }
+        if let Value::Obj(i, _) = root {
+            self.containers[i as usize].items = items;
+        }
+        Ok(root)
     }
 
     /// Reads `allocator_settings` (a dict of str keys); `None` when it is not a dict.
@@ -225,6 +298,35 @@ pub fn read_snapshot(name: &str, data: &[u8], options: ReadConfig) -> Result<Tra
                      external object; a trace reader never imports or executes anything"
                 ),
             })
+        }
+        Err(VmError::Truncated { offset, what }) if options.lenient => {
+            let cut = format!(
+                "the file is cut at byte offset {offset} of {} ({what})",
+                data.len()
+            );
+            let root = vm.salvage().map_err(|_| {
+                malformed(
+                    name,
+                    vm.converted,
+                    format!("{cut}, and nothing before the cut could be salvaged"),
+                )
+            })?;
+            let events = std::mem::take(&mut vm.events);
+            let mut trace = build_trace(name, &vm, events, root, options)?;
+            if options.keep_frames {
+                trace.stacks = std::mem::take(&mut vm.stacks);
+            }
+            trace.truncated = Some(format!(
+                "{cut}: kept the {} events read before the cut (the rest of the recording is \
+                 lost{})",
+                trace.events.len(),
+                if trace.segments.is_empty() {
+                    ", and so are the segments"
+                } else {
+                    ""
+                }
+            ));
+            return Ok(trace);
         }
         Err(VmError::Truncated { offset, what }) => {
             return Err(malformed(
