@@ -220,7 +220,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         .events
         .iter()
         .any(|e| matches!(e.action, trace::Action::Alloc | trace::Action::Free));
-    if !has_blocks {
+    if !has_blocks && trace.preexisting.is_empty() {
         return crate::cmd_analyze::print_state(&a.trace, &trace, a.json);
     }
     let capacity = a.capacity.unwrap_or(DEFAULT_CAPACITY);
@@ -247,9 +247,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
                 String::new()
             }
         );
-        for s in trace.skipped.iter().take(5) {
-            eprintln!("  skipped: {s}");
-        }
+        print_read_notes(&trace);
         if !trace.preexisting.is_empty() {
             let n = trace.preexisting.len();
             eprintln!(
@@ -381,6 +379,23 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         print_table(&json, capacity);
     }
     Ok(())
+}
+
+/// Prints to standard error what the reader noticed: a salvaged truncation, skipped events
+/// (the first five, then how many more) and warnings.
+pub fn print_read_notes(trace: &trace::Trace) {
+    if let Some(t) = &trace.truncated {
+        eprintln!("  truncated: {t}");
+    }
+    for s in trace.skipped.iter().take(5) {
+        eprintln!("  skipped: {s}");
+    }
+    if trace.skipped_count > 5 {
+        eprintln!("  ... and {} more skipped", trace.skipped_count - 5);
+    }
+    for w in &trace.warnings {
+        eprintln!("  warning: {w}");
+    }
 }
 
 fn json_allocator(
