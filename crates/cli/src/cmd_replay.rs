@@ -207,14 +207,20 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         bail!("--canary needs a device with memory contents: use --device cuda (the simulated device keeps none)");
     }
     let read_started = Instant::now();
-    let trace = trace::read_path(&a.trace, ReadConfig { lenient: a.lenient })?;
+    let trace = trace::read_path(
+        &a.trace,
+        ReadConfig {
+            lenient: a.lenient,
+            ..ReadConfig::default()
+        },
+    )?;
     let read_seconds = read_started.elapsed().as_secs_f64();
     let devices = replay::devices(&trace);
     let has_blocks = trace
         .events
         .iter()
         .any(|e| matches!(e.action, trace::Action::Alloc | trace::Action::Free));
-    if !has_blocks {
+    if !has_blocks && trace.preexisting.is_empty() {
         return crate::cmd_analyze::print_state(&a.trace, &trace, a.json);
     }
     let capacity = a.capacity.unwrap_or(DEFAULT_CAPACITY);
@@ -241,9 +247,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
                 String::new()
             }
         );
-        for s in trace.skipped.iter().take(5) {
-            eprintln!("  skipped: {s}");
-        }
+        print_read_notes(&trace);
         if !trace.preexisting.is_empty() {
             let n = trace.preexisting.len();
             eprintln!(
@@ -375,6 +379,23 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         print_table(&json, capacity);
     }
     Ok(())
+}
+
+/// Prints to standard error what the reader noticed: a salvaged truncation, skipped events
+/// (the first five, then how many more) and warnings.
+pub fn print_read_notes(trace: &trace::Trace) {
+    if let Some(t) = &trace.truncated {
+        eprintln!("  truncated: {t}");
+    }
+    for s in trace.skipped.iter().take(5) {
+        eprintln!("  skipped: {s}");
+    }
+    if trace.skipped_count > 5 {
+        eprintln!("  ... and {} more skipped", trace.skipped_count - 5);
+    }
+    for w in &trace.warnings {
+        eprintln!("  warning: {w}");
+    }
 }
 
 fn json_allocator(
