@@ -64,6 +64,7 @@ pub fn run(a: MapArgs) -> Result<()> {
         a.segment_size,
         a.trace_device,
         a.lenient,
+        false,
         true,
     )?;
     if r.runs.len() != 1 {

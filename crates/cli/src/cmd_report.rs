@@ -47,6 +47,7 @@ pub fn build(
     segment_size: u64,
     trace_device: Option<u32>,
     lenient: bool,
+    keep_frames: bool,
     quiet: bool,
 ) -> Result<report::Report> {
     if capacity == Some(0) {
@@ -57,7 +58,13 @@ pub fn build(
     }
     let names = registry::parse_list(allocators)?;
     let started = Instant::now();
-    let trace = trace::read_path(path, ReadConfig { lenient })?;
+    let trace = trace::read_path(
+        path,
+        ReadConfig {
+            lenient,
+            keep_frames,
+        },
+    )?;
     if !quiet {
         eprintln!(
             "read {} ({} events, {:.2} s)",
@@ -104,6 +111,7 @@ pub fn run(a: ReportArgs) -> Result<()> {
         a.segment_size,
         a.trace_device,
         a.lenient,
+        true,
         quiet,
     )?;
     let html = report::html::render(&r);

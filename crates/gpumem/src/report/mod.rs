@@ -20,7 +20,7 @@ use gpumem_core::{registry, AllocError};
 use serde::Serialize;
 
 use crate::replay::{self, ReplayConfig, ReplayError, ReplayReport, TraceSummary};
-use crate::trace::{Format, Trace};
+use crate::trace::{Format, StackId, Trace};
 
 pub mod downsample;
 pub mod html;
@@ -160,10 +160,45 @@ impl StackTable {
 }
 
 /// The stacks of a trace's events: the table and each event's stack id (by index into
-/// `trace.events`). Snapshots read without frames give an empty table.
+/// `trace.events`; `None` for an event without frames). A trace read without
+/// [`ReadConfig::keep_frames`](crate::trace::ReadConfig::keep_frames) gives an empty table.
 pub fn trace_stacks(trace: &Trace) -> (StackTable, Vec<Option<u32>>) {
-    let _ = trace;
-    (StackTable::default(), Vec::new())
+    let mut table = StackTable::default();
+    if trace.event_stacks.is_empty() {
+        return (table, Vec::new());
+    }
+    let mut frame_ids: std::collections::HashMap<String, u32> = Default::default();
+    // Trace stack id -> ours, made on first use so that only stacks of events are kept.
+    let mut ours: Vec<Option<u32>> = vec![None; trace.stacks.len()];
+    let mut per_event = Vec::with_capacity(trace.event_stacks.len());
+    for &id in &trace.event_stacks {
+        if id == StackId::EMPTY {
+            per_event.push(None);
+            continue;
+        }
+        let slot = id.0 as usize;
+        if let Some(Some(s)) = ours.get(slot) {
+            per_event.push(Some(*s));
+            continue;
+        }
+        let mut frames = Vec::new();
+        for f in trace.stacks.frames(id) {
+            let text = f.to_string();
+            let next = table.frames.len() as u32;
+            let fid = *frame_ids.entry(text.clone()).or_insert_with(|| {
+                table.frames.push(text);
+                next
+            });
+            frames.push(fid);
+        }
+        let s = table.stacks.len() as u32;
+        table.stacks.push(frames);
+        if let Some(o) = ours.get_mut(slot) {
+            *o = Some(s);
+        }
+        per_event.push(Some(s));
+    }
+    (table, per_event)
 }
 
 /// Live blocks of one allocation site at the moment of peak requested memory.
