@@ -143,3 +143,58 @@ fn the_page_references_nothing_outside_itself() {
     assert_eq!(urls.len(), 1);
     assert!(lower.contains("/*! https://github.com/leeoniya/uplot"));
 }
+
+#[test]
+fn stacks_of_a_snapshot_with_frames_show_where_the_memory_comes_from() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/report_frames.pickle.gz");
+    let cfg = ReadConfig {
+        keep_frames: true,
+        ..ReadConfig::default()
+    };
+    let t = gpumem::trace::read_path(&path, cfg).unwrap();
+    let r = report::build(&t, "report_frames", &ReportConfig::default(), &mut |_| {}).unwrap();
+    // At the peak: two 24 MiB weights, three 6 MiB activations, two 3 MiB gradients.
+    let sites = r.sites_at_peak();
+    let got: Vec<(&str, u64, u64)> = sites
+        .iter()
+        .map(|s| (s.site.as_str(), s.blocks, s.requested_bytes >> 20))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("model.py:12 __init__", 2, 48),
+            // The innermost frame in user code, not torch/nn/functional.py.
+            ("model.py:40 forward", 3, 18),
+            ("train.py:55 step", 2, 6),
+        ]
+    );
+    let html = report::html::render(&r);
+    let doc = Html::parse_document(&html);
+    let first_site: String = doc
+        .select(&sel("#sites tbody tr td"))
+        .next()
+        .unwrap()
+        .text()
+        .collect();
+    assert_eq!(first_site, "model.py:12 __init__");
+    let stack: String = doc
+        .select(&sel("#largest td.stack"))
+        .nth(2)
+        .unwrap()
+        .text()
+        .collect();
+    // Frames one per line (`<br>`), innermost first.
+    assert_eq!(
+        stack,
+        "torch/nn/functional.py:2380 linearmodel.py:40 forwardtrain.py:51 step"
+    );
+    let data: String = doc
+        .select(&sel("#gpumem-data"))
+        .next()
+        .unwrap()
+        .text()
+        .collect();
+    let v: serde_json::Value = serde_json::from_str(&data).unwrap();
+    assert_eq!(v["stacks"]["stacks"].as_array().unwrap().len(), 3);
+}

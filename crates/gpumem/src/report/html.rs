@@ -298,7 +298,7 @@ fn peak_tables(r: &Report, o: &mut String) {
 fn snapshot_table(r: &Report, o: &mut String) {
     let Some(rec) = &r.snapshot_map else {
         o.push_str(
-            "<p class=\"muted\">The trace recorded no segments (only PyTorch snapshots do).</p>\n",
+            "<p class=\"muted\">The trace recorded no segments (PyTorch snapshots list them at dump time).</p>\n",
         );
         return;
     };

@@ -201,10 +201,30 @@ pub fn trace_stacks(trace: &Trace) -> (StackTable, Vec<Option<u32>>) {
     (table, per_event)
 }
 
+/// Whether a frame is in PyTorch or another installed package rather than the user's code.
+fn is_library_frame(frame: &str) -> bool {
+    frame.starts_with("torch/")
+        || frame.contains("/torch/")
+        || frame.contains("site-packages/")
+        || frame.contains("dist-packages/")
+        || frame.starts_with('<')
+}
+
+/// The allocation site of a stack (innermost first): its innermost frame in the user's code,
+/// or its innermost frame when every frame is in a library.
+pub fn site_frame<'a>(frames: &[&'a str]) -> Option<&'a str> {
+    frames
+        .iter()
+        .copied()
+        .find(|f| !is_library_frame(f))
+        .or_else(|| frames.first().copied())
+}
+
 /// Live blocks of one allocation site at the moment of peak requested memory.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SiteShare {
-    /// The site: the innermost frame of the stack, or `(no stack recorded)`.
+    /// The site: the innermost frame of the stack in the user's code ([`site_frame`]), or
+    /// `(no stack recorded)`.
     pub site: String,
     /// A representative stack id (for the page's tooltip).
     pub stack: Option<u32>,
@@ -292,7 +312,7 @@ impl Report {
             let b = &self.blocks[i];
             let site = b
                 .stack
-                .and_then(|s| self.stacks.frames_of(s).first().map(|f| f.to_string()))
+                .and_then(|s| site_frame(&self.stacks.frames_of(s)).map(str::to_string))
                 .unwrap_or_else(|| "(no stack recorded)".to_string());
             let e = by.entry(site.clone()).or_insert(SiteShare {
                 site,
