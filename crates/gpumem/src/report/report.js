@@ -227,7 +227,13 @@
     const ri = m.c.row[i];
     const row = m.map.rows[ri];
     const off = (i - m.c.first[ri]) * m.c.cell;
-    const s = spanAt(row, Math.min(off + m.c.cell / 2, Math.max(0, row.shown - 1)));
+    // The cell's largest live block if it holds one, else what lies at its middle.
+    let s = null;
+    for (let k = Math.max(0, lowerBound(row.spans, off + 1, (x) => x[0]) - 1); k < row.spans.length && row.spans[k][0] < off + m.c.cell; k++) {
+      const x = row.spans[k];
+      if (x[2] === 0 && x[0] + x[1] > off && (!s || x[1] > s[1])) s = x;
+    }
+    if (!s) s = spanAt(row, Math.min(off + m.c.cell / 2, Math.max(0, row.shown - 1)));
     let h = '<b>' + esc(row.kind) + '</b> ' + hex(row.regionBase) + ', ' + fmtBytes(row.bytes) +
       (row.kind !== 'segment' ? ' (showing ' + hex(row.base) + ' to ' + hex(row.base + row.shown) + ', the pages it ever mapped)' : '') +
       '\ncell ' + hex(row.base + off) + ' (one cell = ' + fmtBytes(m.c.cell) + ')';
@@ -279,7 +285,7 @@
     const x = xs();
     const data = [x].concat(seriesList.map((s) => s.y));
     const opts = {
-      title, width: w, height: 230,
+      title, width: w, height: 200,
       scales: log ? { x: { time: false }, y: { distr: 3, log: 10 } } : { x: { time: false } },
       legend: { live: true },
       cursor: { sync: { key: 'gpumem' }, drag: { x: true, y: false } },
@@ -405,6 +411,17 @@
     if (draws !== before + 1) problems.push('moving the slider did not redraw the map');
     if (!$('map-caption').textContent.includes('after event ' + target + ' ')) problems.push('the caption does not show event ' + target);
     if (charts.length !== 4) problems.push(charts.length + ' charts drawn, expected 4');
+    // Hover the first live cell of the map: the tooltip must describe the block.
+    const canvas = $('map-canvas'), m = canvas._map;
+    const liveCell = m ? m.c.st.indexOf(1) : -1;
+    if (liveCell >= 0) {
+      const rect = canvas.getBoundingClientRect();
+      canvas.dispatchEvent(new MouseEvent('mousemove', {
+        clientX: rect.left + (liveCell % m.cols) * CELL_W + 1, clientY: rect.top + Math.floor(liveCell / m.cols) * CELL_H + 1, bubbles: true,
+      }));
+      if (tip.hidden || !tip.textContent.includes('live:') || !tip.textContent.includes('allocated at event')) problems.push('hovering a live cell shows no block: ' + tip.textContent);
+      tip.hidden = true;
+    }
     const errs = window.__gpumemErrors;
     for (const e of errs) problems.push('console: ' + e);
     const out = document.createElement('pre');
