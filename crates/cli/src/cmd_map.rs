@@ -5,8 +5,6 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use clap::Args;
 
-use crate::units::parse_size;
-
 /// Arguments of `gpumem map`.
 #[derive(Args)]
 pub struct MapArgs {
@@ -23,24 +21,14 @@ pub struct MapArgs {
     /// a PyTorch snapshot recorded at dump time.
     #[arg(long, short, default_value = "torch")]
     pub allocator: String,
-    /// Capacity of the simulated device (e.g. 80GiB, 141GB).
-    #[arg(long, value_parser = parse_size)]
-    pub capacity: Option<u64>,
-    /// Segment size for the buddy, tlsf and best-fit pools.
-    #[arg(long, value_parser = parse_size, default_value = "256MiB")]
-    pub segment_size: u64,
-    /// Device ordinal of the trace to show (default: the first with events).
-    #[arg(long)]
-    pub trace_device: Option<u32>,
+    #[command(flatten)]
+    pub replay: crate::cmd_report::ReplayOptions,
     /// Cells per line (default: the terminal's width, or 100 when not a terminal).
     #[arg(long)]
     pub width: Option<usize>,
     /// Lines of the map, at most (the cell size grows until the map fits).
     #[arg(long, default_value_t = 40)]
     pub lines: usize,
-    /// Skip and count malformed events instead of stopping at the first.
-    #[arg(long)]
-    pub lenient: bool,
 }
 
 fn terminal_width() -> Option<usize> {
@@ -60,10 +48,7 @@ pub fn run(a: MapArgs) -> Result<()> {
     let r = crate::cmd_report::build(
         &a.trace,
         if recorded { "torch" } else { &a.allocator },
-        a.capacity,
-        a.segment_size,
-        a.trace_device,
-        a.lenient,
+        &a.replay,
         false,
         true,
     )?;

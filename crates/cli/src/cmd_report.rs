@@ -25,6 +25,13 @@ pub struct ReportArgs {
     /// or `all`.
     #[arg(long, short, default_value = "all")]
     pub allocator: String,
+    #[command(flatten)]
+    pub replay: ReplayOptions,
+}
+
+/// How `report` and `map` read and replay the trace.
+#[derive(Args)]
+pub struct ReplayOptions {
     /// Capacity of the simulated device (e.g. 80GiB, 141GB).
     #[arg(long, value_parser = parse_size)]
     pub capacity: Option<u64>,
@@ -43,13 +50,11 @@ pub struct ReportArgs {
 pub fn build(
     path: &std::path::Path,
     allocators: &str,
-    capacity: Option<u64>,
-    segment_size: u64,
-    trace_device: Option<u32>,
-    lenient: bool,
+    o: &ReplayOptions,
     keep_frames: bool,
     quiet: bool,
 ) -> Result<report::Report> {
+    let (capacity, segment_size) = (o.capacity, o.segment_size);
     if capacity == Some(0) {
         bail!("--capacity 0: expected a device capacity above zero (e.g. 80GiB)");
     }
@@ -61,7 +66,7 @@ pub fn build(
     let trace = trace::read_path(
         path,
         ReadConfig {
-            lenient,
+            lenient: o.lenient,
             keep_frames,
         },
     )?;
@@ -80,7 +85,7 @@ pub fn build(
             segment_bytes: segment_size,
             ..AllocatorConfig::default()
         },
-        device: trace_device,
+        device: o.trace_device,
         ..ReportConfig::default()
     };
     let started = Instant::now();
@@ -104,16 +109,7 @@ pub fn build(
 
 pub fn run(a: ReportArgs) -> Result<()> {
     let quiet = !std::io::stderr().is_terminal() && std::env::var_os("GPUMEM_VERBOSE").is_none();
-    let r = build(
-        &a.trace,
-        &a.allocator,
-        a.capacity,
-        a.segment_size,
-        a.trace_device,
-        a.lenient,
-        true,
-        quiet,
-    )?;
+    let r = build(&a.trace, &a.allocator, &a.replay, true, quiet)?;
     let html = report::html::render(&r);
     std::fs::write(&a.output, &html).with_context(|| format!("writing {}", a.output.display()))?;
     eprintln!(

@@ -326,9 +326,8 @@ fn snapshot_table(r: &Report, o: &mut String) {
         );
     };
     row("PyTorch, recorded at dump time", rec);
-    match &emu {
-        Some(m) => row(&format!("torch emulation after event {last}"), m),
-        None => {}
+    if let Some(m) = &emu {
+        row(&format!("torch emulation after event {last}"), m);
     }
     o.push_str("</tbody></table>\n");
     if emu.is_none() {
