@@ -613,7 +613,9 @@ fn print_table(j: &JsonOut, capacity: u64) {
     println!("res/req: peak reserved / peak requested (1.000 = no memory lost to rounding or fragmentation).");
     println!("ext.frag: highest external fragmentation 1 - largest free block / free bytes; frag@pk: the same at peak reserved.");
     println!("driver time: modelled from H200 call costs on the simulated device, measured on a real one.");
-    println!("2nd half: driver calls made during the second half of the events (the steady state).");
+    println!(
+        "2nd half: driver calls made during the second half of the events (the steady state)."
+    );
 }
 
 fn human_secs(s: f64) -> String {

@@ -22,15 +22,27 @@ fn map_prints_the_golden_map_in_a_pipe() {
     let trace = dir.join("small.jsonl");
     std::fs::write(&trace, TRACE).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_gpumem"))
-        .args(["map", "--allocator", "torch", "--width", "64", "--lines", "12"])
+        .args([
+            "map",
+            "--allocator",
+            "torch",
+            "--width",
+            "64",
+            "--lines",
+            "12",
+        ])
         .args(["--segment-size", "32MiB"])
         .arg(&trace)
         .output()
         .unwrap();
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let golden = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../gpumem/tests/golden/map_torch_peak.txt");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let golden =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../gpumem/tests/golden/map_torch_peak.txt");
     let want = std::fs::read_to_string(golden).unwrap();
     let got = String::from_utf8(out.stdout).unwrap();
     assert!(!got.contains('\x1b'), "colour codes in a pipe");
@@ -51,7 +63,10 @@ fn map_refuses_an_event_past_the_end() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("event 11 is past the end of the trace (11 events)"), "{err}");
+    assert!(
+        err.contains("event 11 is past the end of the trace (11 events)"),
+        "{err}"
+    );
 }
 
 #[test]

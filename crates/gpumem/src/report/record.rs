@@ -297,32 +297,36 @@ pub fn record<D: Device>(
     let mut oom_count = 0u64;
     let mut peak_reserved = 0u64;
     let mut peak_reserved_event = 0u64;
-    // Pre-existing blocks (alloc_event 0 and before the first trace alloc) are placed at event 0
-    // like any other event-0 block: blocks are in allocation order.
+    // At event 0 the allocations come first: they include the pre-existing blocks, which
+    // event 0 may free. At a later event the frees come first: an event is either one free or
+    // one allocation, and a lenient read's duplicate allocation frees the old block first.
     for ev in 0..events.max(1) {
         dev.event = ev;
-        // Frees first: an event is either a free or an alloc, and a block freed at `ev` was
-        // allocated before it.
-        while next_free < frees.len() && frees[next_free].0 == ev {
-            let b = frees[next_free].1;
-            next_free += 1;
-            if let Some(p) = placements[b] {
-                alloc.deallocate(&mut dev, p.addr).map_err(|e| (ev, e))?;
-            }
-        }
-        while next_alloc < blocks.len() && blocks[next_alloc].alloc_event == ev {
-            let b = &blocks[next_alloc];
-            match alloc.allocate(&mut dev, b.requested_bytes, b.align, b.stream) {
-                Ok(block) => {
-                    placements[next_alloc] = Some(Placement {
-                        addr: block.addr,
-                        allocated_bytes: block.allocated_bytes,
-                    })
+        for step in if ev == 0 { [1, 0] } else { [0, 1] } {
+            if step == 0 {
+                while next_free < frees.len() && frees[next_free].0 == ev {
+                    let b = frees[next_free].1;
+                    next_free += 1;
+                    if let Some(p) = placements[b] {
+                        alloc.deallocate(&mut dev, p.addr).map_err(|e| (ev, e))?;
+                    }
                 }
-                Err(e) if e.is_oom() => oom_count += 1,
-                Err(e) => return Err((ev, e)),
+                continue;
             }
-            next_alloc += 1;
+            while next_alloc < blocks.len() && blocks[next_alloc].alloc_event == ev {
+                let b = &blocks[next_alloc];
+                match alloc.allocate(&mut dev, b.requested_bytes, b.align, b.stream) {
+                    Ok(block) => {
+                        placements[next_alloc] = Some(Placement {
+                            addr: block.addr,
+                            allocated_bytes: block.allocated_bytes,
+                        })
+                    }
+                    Err(e) if e.is_oom() => oom_count += 1,
+                    Err(e) => return Err((ev, e)),
+                }
+                next_alloc += 1;
+            }
         }
         let s = alloc.stats();
         if s.reserved_bytes.current > peak_reserved {

@@ -118,3 +118,30 @@ fn event_out_of_range_is_an_error() {
     ));
     assert!(r.map(0, Some(5)).is_ok());
 }
+
+#[test]
+fn a_block_live_before_recording_and_freed_by_event_0_is_placed_then_freed() {
+    let mut t = crate::trace::Trace::default();
+    t.preexisting.push(crate::trace::PreexistingBlock {
+        addr: 9,
+        size_bytes: 4 << 20,
+        device: 0,
+        freed_at_event: Some(0),
+    });
+    t.events = vec![
+        crate::trace::Event::free(9, 4 << 20),
+        crate::trace::Event::alloc(1, 1024),
+    ];
+    let cfg = ReportConfig {
+        allocators: vec!["tlsf".into()],
+        ..ReportConfig::default()
+    };
+    let r = build(&t, "x", &cfg, &mut |_| {}).unwrap();
+    assert_eq!(r.blocks[0].free_event, 0);
+    assert!(r.runs[0].placements[0].is_some());
+    // After event 0 the pre-existing block is gone; after event 1 only the new one is live.
+    assert_eq!(r.map(0, Some(0)).unwrap().live_blocks(), 0);
+    let m = r.map(0, Some(1)).unwrap();
+    assert_eq!(m.live_blocks(), 1);
+    assert_eq!(m.totals()[0], 1024);
+}
