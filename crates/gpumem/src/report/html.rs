@@ -79,14 +79,6 @@ fn ev32(e: u64) -> u32 {
     }
 }
 
-fn ev_f(e: u64) -> f64 {
-    if e == NEVER {
-        -1.0
-    } else {
-        e as f64
-    }
-}
-
 fn map_json(m: &MemoryMap) -> Value {
     json!({
         "allocator": m.allocator,
@@ -135,14 +127,14 @@ fn data(r: &Report) -> Value {
                     "kind": p.u32s(regions.iter().map(|x| x.kind as u32)),
                     "base": p.f64s(regions.iter().map(|x| x.base as f64)),
                     "bytes": p.f64s(regions.iter().map(|x| x.bytes as f64)),
-                    "created": p.f64s(regions.iter().map(|x| ev_f(x.created))),
-                    "released": p.f64s(regions.iter().map(|x| ev_f(x.released))),
+                    "created": p.u32s(regions.iter().map(|x| ev32(x.created))),
+                    "released": p.u32s(regions.iter().map(|x| ev32(x.released))),
                 },
                 "mappings": {
                     "va": p.f64s(maps.iter().map(|x| x.va as f64)),
                     "bytes": p.f64s(maps.iter().map(|x| x.bytes as f64)),
-                    "mapped": p.f64s(maps.iter().map(|x| ev_f(x.mapped))),
-                    "unmapped": p.f64s(maps.iter().map(|x| ev_f(x.unmapped))),
+                    "mapped": p.u32s(maps.iter().map(|x| ev32(x.mapped))),
+                    "unmapped": p.u32s(maps.iter().map(|x| ev32(x.unmapped))),
                 },
                 "placements": {
                     "addr": p.f64s(run.placements.iter().map(|x| x.map_or(-1.0, |q| q.addr as f64))),

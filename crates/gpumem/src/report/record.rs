@@ -346,6 +346,7 @@ pub fn record<D: Device>(
     }
     alloc.validate().map_err(|e| (events, e))?;
     let (regions, mappings) = dev.into_log();
+    let mappings = coalesce(mappings);
     Ok(AllocatorRun {
         name: alloc.name().to_string(),
         regions,
@@ -355,4 +356,55 @@ pub fn record<D: Device>(
         peak_reserved_event,
         oom_count,
     })
+}
+
+/// Merges mappings that touch and were mapped and unmapped during the same events (a
+/// page-mapped pool maps each page of a block with its own handle): the map cannot tell them
+/// apart, and a million-event trace would otherwise carry millions of them. Returns them
+/// ordered by (mapping event, address).
+pub fn coalesce(mut m: Vec<Mapping>) -> Vec<Mapping> {
+    m.sort_unstable_by_key(|x| (x.mapped, x.unmapped, x.va));
+    let mut out: Vec<Mapping> = Vec::with_capacity(m.len());
+    for x in m {
+        match out.last_mut() {
+            Some(l)
+                if l.mapped == x.mapped && l.unmapped == x.unmapped && l.va + l.bytes == x.va =>
+            {
+                l.bytes += x.bytes
+            }
+            _ => out.push(x),
+        }
+    }
+    out.sort_unstable_by_key(|x| (x.mapped, x.va));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(va: u64, bytes: u64, mapped: u64, unmapped: u64) -> Mapping {
+        Mapping {
+            va,
+            bytes,
+            mapped,
+            unmapped,
+        }
+    }
+
+    #[test]
+    fn coalesce_merges_only_touching_mappings_of_the_same_events() {
+        let got = coalesce(vec![
+            m(4, 2, 1, 9),
+            m(0, 2, 1, 9),
+            m(2, 2, 1, 9),
+            m(6, 2, 1, 8),  // unmapped at another event
+            m(10, 2, 1, 9), // not touching
+            m(8, 2, 2, 9),  // mapped at another event
+        ]);
+        assert_eq!(
+            got,
+            vec![m(0, 6, 1, 9), m(6, 2, 1, 8), m(10, 2, 1, 9), m(8, 2, 2, 9)]
+        );
+    }
 }

@@ -2,7 +2,10 @@
 // packed arrays. The map logic mirrors crates/gpumem/src/report/map.rs (MemoryMap::at, cells).
 (function () {
   'use strict';
+  // Milliseconds since navigation start at each step of building the page (in data-phases).
+  const phases = { script: performance.now() };
   const D = JSON.parse(document.getElementById('gpumem-data').textContent);
+  phases.parsed = performance.now();
   const NEVER32 = 4294967295;
   const STATE_COLORS = ['#2f8f46', '#e5a00d', '#7fb3e6', '#a774c9', '#e4e7ec'];
   const SERIES_COLORS = ['#3559c7', '#d9480f', '#2f9e44', '#ae3ec9', '#0c8599', '#e67700', '#5c7cfa'];
@@ -20,10 +23,15 @@
   function esc(s) { return String(s).replace(/[&<>"]/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;' }[c])); }
 
   async function inflate(b64) {
-    const bin = atob(b64);
-    const n = bin.length;
-    const u8 = new Uint8Array(n);
-    for (let i = 0; i < n; i++) u8[i] = bin.charCodeAt(i);
+    let u8;
+    if (Uint8Array.fromBase64) {
+      u8 = Uint8Array.fromBase64(b64);
+    } else {
+      const bin = atob(b64);
+      const n = bin.length;
+      u8 = new Uint8Array(n);
+      for (let i = 0; i < n; i++) u8[i] = bin.charCodeAt(i);
+    }
     const stream = new Blob([u8]).stream().pipeThrough(new DecompressionStream('gzip'));
     return new Response(stream).arrayBuffer();
   }
@@ -74,7 +82,7 @@
 
   function buildMap(A, e) {
     const B = D.blocksV;
-    const liveAt = (from, to) => from <= e && (to < 0 || e < to);
+    const liveAt = (from, to) => from <= e && (to === NEVER32 || e < to);
     const R = A.regionsV, M = A.mappingsV, P = A.placementsV;
     const regions = [];
     for (let i = 0; i < R.base.length; i++) if (liveAt(R.created[i], R.released[i])) regions.push(i);
@@ -432,6 +440,7 @@
 
   async function main() {
     const buf = await inflate(D.packed);
+    phases.inflated = performance.now();
     D.blocksV = views(buf, D.blocks);
     for (const A of D.allocators) {
       A.regionsV = views(buf, A.regions);
@@ -440,11 +449,15 @@
       const R = A.regionsV, M = A.mappingsV;
       // Clusters of the pages the run ever mapped in each VA range (mirror of map.rs va_clusters).
       A.clusters = [];
+      const byVa = Array.from(M.va.keys()).sort((a, b) => M.va[a] - M.va[b]);
       for (let r = 0; r < R.base.length; r++) {
         if (R.kind[r] !== 1) { A.clusters.push(null); continue; }
         const base = R.base[r], end = base + R.bytes[r];
         const iv = [];
-        for (let k = 0; k < M.va.length; k++) if (M.va[k] >= base && M.va[k] < end) iv.push([M.va[k] - base, Math.min(M.va[k] + M.bytes[k], end) - base]);
+        for (let k = lowerBound(byVa, base, (i) => M.va[i]); k < byVa.length && M.va[byVa[k]] < end; k++) {
+          const i = byVa[k];
+          iv.push([M.va[i] - base, Math.min(M.va[i] + M.bytes[i], end) - base]);
+        }
         iv.sort((a, b) => a[0] - b[0] || a[1] - b[1]);
         const out = [];
         for (const [s0, e0] of iv) {
@@ -455,7 +468,9 @@
         A.clusters.push(out);
       }
     }
+    phases.arrays = performance.now();
     buildCharts();
+    phases.charts = performance.now();
     setupMap();
     staticMap('snap-recorded', 'snap-caption-recorded', D.snapshot_map, 'PyTorch, recorded at dump time');
     staticMap('snap-emulated', 'snap-caption-emulated', D.torch_end_map, 'torch emulation after the last event');
@@ -467,6 +482,8 @@
     setEvent(h.has('event') ? Number(h.get('event')) : D.allocators[ai].peak_reserved_event);
     // Since navigation start: includes reading and parsing the page itself.
     const loadMs = performance.now();
+    phases.map = loadMs;
+    document.body.dataset.phases = Object.entries(phases).map(([k, v]) => k + ' ' + v.toFixed(0)).join(', ');
     document.body.dataset.loadedMs = loadMs.toFixed(0);
     status.textContent = 'Page built in ' + loadMs.toFixed(0) + ' ms (' + D.events + ' events, ' + D.blocksV.requested.length + ' blocks, ' + D.allocators.length + ' allocators).';
     if (location.hash.includes('selftest')) selftest(loadMs);
