@@ -42,7 +42,7 @@ for (let k = 0; k < runs; k++) {
   const wall = Date.now() - t0;
   const result = await evaluate("(document.getElementById('selftest-result') || {}).textContent || ''");
   const phases = await evaluate('document.body.dataset.phases');
-  console.log(`run ${k + 1}: page built ${loaded} ms after navigation start, ${wall} ms wall; self-test: ${result.split('\n')[0]}; ${phases}`);
+  console.log(`run ${k + 1}: page built ${loaded} ms after navigation start, ${wall} ms wall; self-test: ${result.replace('\n', '; ')}; ${phases}`);
 }
 ws.close();
 browser.kill();

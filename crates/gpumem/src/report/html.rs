@@ -267,7 +267,7 @@ fn peak_tables(r: &Report, o: &mut String) {
             pct(if total == 0 { 0.0 } else { s.requested_bytes as f64 / total as f64 }),
         );
     }
-    o.push_str("</tbody></table>\n<h3>Largest live blocks</h3><table id=\"largest\"><thead><tr><th>requested</th><th>allocated at event</th><th>freed at event</th><th>stack (innermost first)</th></tr></thead><tbody>\n");
+    o.push_str("</tbody></table>\n<h3>Largest live blocks</h3><table id=\"largest\"><thead><tr><th>requested</th><th>allocated at event</th><th>freed at event</th><th class=\"stack\">stack (innermost first)</th></tr></thead><tbody>\n");
     for &i in live.iter().take(20) {
         let b = &r.blocks[i];
         let _ = writeln!(
