@@ -35,9 +35,11 @@ fn terminal_width() -> Option<usize> {
     if !std::io::stdout().is_terminal() {
         return None;
     }
+    // A pseudo-terminal without a size reports 0 columns.
     ratatui::crossterm::terminal::size()
         .ok()
         .map(|(w, _)| w as usize)
+        .filter(|&w| w >= 20)
 }
 
 pub fn run(a: MapArgs) -> Result<()> {

@@ -464,17 +464,24 @@ impl MemoryMap {
         ));
         let cells = self.cells(cell);
         for line in cells.chunks(width) {
+            // In colour, one escape code per run of cells of the same state.
+            let mut last: Option<SpanState> = None;
             for c in line {
                 match (c, color) {
                     (None, _) => o.push(' '),
                     (Some(s), false) => o.push(s.plain_char()),
                     (Some(s), true) => {
                         let (code, ch) = s.ansi();
-                        o.push_str(code);
+                        if last != Some(*s) {
+                            o.push_str(code);
+                            last = Some(*s);
+                        }
                         o.push(ch);
-                        o.push_str("\x1b[0m");
                     }
                 }
+            }
+            if last.is_some() {
+                o.push_str("\x1b[0m");
             }
             o.push('\n');
         }
