@@ -327,6 +327,33 @@ fn snapshot_table(r: &Report, o: &mut String) {
     }
 }
 
+/// `template` with each `{{KEY}}` replaced by its value, in one pass (a value that contains
+/// `{{...}}`, such as a trace named so, is left as it is).
+fn fill(template: &str, values: &[(&str, &str)]) -> String {
+    let mut out =
+        String::with_capacity(template.len() + values.iter().map(|v| v.1.len()).sum::<usize>());
+    let mut rest = template;
+    while let Some(i) = rest.find("{{") {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 2..];
+        match after.find("}}").and_then(|j| {
+            let key = &after[..j];
+            values.iter().find(|v| v.0 == key).map(|v| (v.1, j))
+        }) {
+            Some((v, j)) => {
+                out.push_str(v);
+                rest = &after[j + 2..];
+            }
+            None => {
+                out.push_str("{{");
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// The page for `r`, one self-contained HTML document.
 pub fn render(r: &Report) -> String {
     let mut summary = String::new();
@@ -360,19 +387,33 @@ pub fn render(r: &Report) -> String {
     let data = serde_json::to_string(&data(r))
         .unwrap_or_else(|_| "{}".into())
         .replace("</", "<\\/");
-    TEMPLATE
-        .replace(
-            "{{TITLE}}",
-            &esc(&format!("gpumem report: {}", r.trace_name)),
-        )
-        .replace("{{UPLOT_CSS}}", UPLOT_CSS)
-        .replace("{{STYLE}}", STYLE)
-        .replace("{{SUMMARY}}", &summary)
-        .replace("{{COMPARISON}}", &table)
-        .replace("{{PEAK}}", &peak)
-        .replace("{{SEGMENTS}}", &seg)
-        .replace("{{UPLOT_LICENSE}}", &esc(UPLOT_LICENSE))
-        .replace("{{UPLOT_JS}}", UPLOT_JS)
-        .replace("{{SCRIPT}}", SCRIPT)
-        .replace("{{DATA}}", &data)
+    let title = esc(&format!("gpumem report: {}", r.trace_name));
+    let license = esc(UPLOT_LICENSE);
+    fill(
+        TEMPLATE,
+        &[
+            ("TITLE", &title),
+            ("UPLOT_CSS", UPLOT_CSS),
+            ("STYLE", STYLE),
+            ("SUMMARY", &summary),
+            ("COMPARISON", &table),
+            ("PEAK", &peak),
+            ("SEGMENTS", &seg),
+            ("UPLOT_LICENSE", &license),
+            ("UPLOT_JS", UPLOT_JS),
+            ("SCRIPT", SCRIPT),
+            ("DATA", &data),
+        ],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fill;
+
+    #[test]
+    fn fill_replaces_once_and_keeps_unknown_keys() {
+        let got = fill("<t>{{A}}</t>{{B}}{{C}}", &[("A", "x {{B}} y"), ("B", "2")]);
+        assert_eq!(got, "<t>x {{B}} y</t>2{{C}}");
+    }
 }
