@@ -183,7 +183,7 @@ fn pct(x: f64) -> String {
 
 fn comparison_table(r: &Report, o: &mut String) {
     let peak_req = r.summary.peak_requested_bytes;
-    o.push_str("<table id=\"comparison\"><thead><tr><th>allocator</th><th>peak reserved</th><th>reserved / requested</th><th>peak allocated</th><th>ext. frag. at peak</th><th>peak ext. frag.</th><th>int. frag. at peak</th><th>OOMs</th><th>driver calls</th><th>modelled driver time</th></tr></thead><tbody>\n");
+    o.push_str("<table id=\"comparison\"><thead><tr><th>allocator</th><th>peak reserved</th><th>reserved / requested</th><th>peak allocated</th><th>ext. frag. at peak</th><th>peak ext. frag.</th><th>int. frag. at peak</th><th>OOMs</th><th>driver calls</th><th title=\"driver calls made during the second half of the events (the steady state)\">of which in the 2nd half</th><th>modelled driver time</th></tr></thead><tbody>\n");
     for x in &r.replays {
         let calls: Vec<String> = gpumem_core::DriverCall::ALL
             .iter()
@@ -192,7 +192,7 @@ fn comparison_table(r: &Report, o: &mut String) {
             .collect();
         let _ = writeln!(
             o,
-            "<tr data-allocator=\"{n}\"><td>{n}</td><td data-bytes=\"{pr}\">{prh}</td><td>{ratio:.3}</td><td data-bytes=\"{pa}\">{pah}</td><td>{efp}</td><td>{pef}</td><td>{ifp}</td><td>{oom}</td><td title=\"{calls}\">{total}</td><td>{secs:.3} s</td></tr>",
+            "<tr data-allocator=\"{n}\"><td>{n}</td><td data-bytes=\"{pr}\">{prh}</td><td>{ratio:.3}</td><td data-bytes=\"{pa}\">{pah}</td><td>{efp}</td><td>{pef}</td><td>{ifp}</td><td>{oom}</td><td title=\"{calls}\">{total}</td><td>{steady}</td><td>{secs:.3} s</td></tr>",
             n = esc(&x.name),
             pr = x.peak_reserved_bytes,
             prh = human(x.peak_reserved_bytes),
@@ -205,6 +205,7 @@ fn comparison_table(r: &Report, o: &mut String) {
             oom = x.oom_count,
             calls = esc(&calls.join(", ")),
             total = x.driver_calls.total(),
+            steady = x.steady_state_driver_calls,
             secs = x.modelled_driver_seconds,
         );
     }
@@ -216,7 +217,7 @@ fn comparison_table(r: &Report, o: &mut String) {
         };
         let _ = writeln!(
             o,
-            "<tr class=\"recorded\"><td>PyTorch, recorded ({})</td><td data-bytes=\"{}\">{}</td><td>{ratio:.3}</td><td>{}</td><td colspan=\"6\">torch.cuda.memory_stats() of the traced run</td></tr>",
+            "<tr class=\"recorded\"><td>PyTorch, recorded ({})</td><td data-bytes=\"{}\">{}</td><td>{ratio:.3}</td><td>{}</td><td colspan=\"7\">torch.cuda.memory_stats() of the traced run</td></tr>",
             esc(&rec.conf),
             rec.reserved_peak_bytes,
             human(rec.reserved_peak_bytes),
