@@ -12,17 +12,27 @@
 #           carry/gpumem  carry/tests/<test-target>  carry/traces/...
 #
 #   scripts/gpu-check.sh run [GROUP...]   (on the device machine, from the repository root)
-#       GROUPs (default: all, in this order): info tests bench pinned replay — e.g.
+#       GROUPs (default: all, in this order): info baselines tests bench pinned replay — e.g.
 #       `run replay` in a second device call when one call's 10 minutes are not enough.
+#       Group `torch` runs only when named, in a call of its own (`run torch`, ~7 min):
+#       scripts/torch-compare.py with libgpumem_torch.so as PyTorch's allocator (smoke check,
+#       1,000-step soak, native vs expandable_segments vs gpumem on four workloads); its
+#       files are packed into torch.tar.gz.
 #       Runs, each step under its own time limit, continuing after a failing step:
 #         1. gpumem info (table, and --json), gpumem inspect, gpumem vmm
+#         1b. scripts/baselines/run.sh: gpumem's C++/CUDA baseline programs, built with nvcc
+#            from the repository (cudaMalloc, cuMemAlloc, cudaMallocAsync, VMM calls by size,
+#            host allocation, copies; PyTorch's c10 allocator when torch imports), into
+#            baselines.jsonl and the table baselines.md (with bench alloc's speedups against
+#            the faster baseline once step 3 has run)
 #         2. every GPU test binary with --ignored --test-threads 1
 #         3. gpumem bench alloc --device cuda (strategies vs cuMemAlloc and cuMemAllocAsync)
 #         4. scripts/pinned-bench.sh (pinned host memory: transfers, allocation, advise)
 #         5. gpumem replay of every shipped trace with --device cuda --canary, all strategies,
 #            smallest trace first, until the time budget runs out
 #       Writes under $OUT if set (else carry/out): gpu-check.log (everything),
-#       info.json, replay.jsonl, bench-alloc.json, pinned.tar.gz, summary.txt — few files,
+#       info.json, baselines.jsonl, baselines.md, replay.jsonl, bench-alloc.json, pinned.tar.gz,
+#       summary.txt — few files,
 #       since the device tool brings back at most 8. Prints a summary table (step, status, seconds) last.
 #       Exit status 0 only if no step failed.
 #
@@ -59,7 +69,7 @@ build() {
     die "cargo test --no-run failed (compiler messages are in $json)"
   local list
   list=$(python3 -c '
-import json, sys
+import json, os, sys
 for line in open(sys.argv[1]):
     try:
         m = json.loads(line)
@@ -67,11 +77,19 @@ for line in open(sys.argv[1]):
         continue
     t = m.get("target", {})
     if m.get("reason") == "compiler-artifact" and m.get("executable") and "test" in t.get("kind", []):
-        # Integration tests whose source holds GPU tests (ignored as "needs a CUDA device").
-        try:
-            src = open(t["src_path"]).read()
-        except OSError:
-            continue
+        # Integration tests whose source holds GPU tests (ignored as "needs a CUDA device");
+        # a test made of main.rs and modules is searched in its whole directory.
+        path = t["src_path"]
+        files = [path]
+        if os.path.basename(path) == "main.rs":
+            d = os.path.dirname(path)
+            files = [os.path.join(d, f) for f in os.listdir(d) if f.endswith(".rs")]
+        src = ""
+        for f in files:
+            try:
+                src += open(f).read()
+            except OSError:
+                pass
         if "needs a CUDA device" in src:
             print(t["name"], m["executable"])
 ' "$json") || die "cannot read cargo's JSON"
@@ -88,10 +106,13 @@ for line in open(sys.argv[1]):
   done <<<"$list"
   [ "$carried" -gt 0 ] || die "no test binary with ignored (GPU) tests found"
   cp -r traces/. "$CARRY/traces/" || die "cannot copy traces"
-  # The anchor programs (not part of gpumem) travel in carry/ only, to be measured side by side.
-  if [ -d ../shared/anchors ]; then
-    mkdir -p "$CARRY/anchors" && cp ../shared/anchors/*.cu ../shared/anchors/*.cpp "$CARRY/anchors/" 2>/dev/null
-  fi
+  # The PyTorch plug-in (issue 13): the library, the Python module and the comparison script.
+  echo "== cargo build --release -p gpumem-torch"
+  cargo build --release -p gpumem-torch || die "cargo build -p gpumem-torch failed"
+  mkdir -p "$CARRY/torch" || die "cannot create $CARRY/torch"
+  strip -o "$CARRY/torch/libgpumem_torch.so" "$target/release/libgpumem_torch.so" || die "strip libgpumem_torch.so failed"
+  cp python/gpumem_torch.py scripts/torch-compare.py "$CARRY/torch/" || die "cannot copy the plug-in's Python files"
+  # The baseline programs (scripts/baselines/) are built by nvcc on the device machine.
   echo "== carry/ holds $(du -sh "$CARRY" | cut -f1):"
   find "$CARRY" -type f | sort | sed 's/^/   /'
 }
@@ -177,7 +198,7 @@ run() {
   GROUPS_WANTED=("$@")
   local g
   for g in "${GROUPS_WANTED[@]}"; do
-    case "$g" in info | anchors | tests | bench | pinned | replay) ;; *) echo "unknown step group: $g" >&2; exit 2 ;; esac
+    case "$g" in info | baselines | anchors | tests | bench | pinned | replay | torch) ;; *) echo "unknown step group: $g" >&2; exit 2 ;; esac
   done
   export CARRY OUTDIR
   export -f json_to replay_one
@@ -199,8 +220,13 @@ run() {
     step "vmm" 60 "$CARRY/gpumem" vmm --device cuda
   fi
 
+  # 1b. gpumem's own baseline programs (C++/CUDA, scripts/baselines/), built here with nvcc and
+  # run in the same call as gpumem's benchmarks; `anchors` is the group's former name.
+  if want baselines || want anchors; then
+    step "baselines (nvcc)" 300 "$ROOT/scripts/baselines/run.sh" "$OUTDIR/baselines.jsonl" "$OUTDIR/baselines.md"
+  fi
+
   # 2. GPU tests
-  want anchors && step "anchors (nvcc)" 240 "$ROOT/scripts/anchors.sh" "$CARRY/anchors" "$OUTDIR/anchors.jsonl"
 
   local t
   for t in "$CARRY"/tests/*; do
@@ -227,10 +253,15 @@ for dev in json.load(open(sys.argv[1])):
         print("  error:", e)
 PY
   fi
+  # Every speedup against the faster baseline of this run (Rust or C++), into baselines.md.
+  if [ -s "$OUTDIR/baselines.jsonl" ] && [ -s "$OUTDIR/bench-alloc.json" ] && command -v python3 >/dev/null; then
+    python3 "$ROOT/scripts/baselines/table.py" "$OUTDIR/baselines.jsonl" "$OUTDIR/bench-alloc.json" \
+      >"$OUTDIR/baselines.md" 2>>"$LOG" && cat "$OUTDIR/baselines.md" >>"$LOG"
+  fi
 
   # 4. pinned host memory: scripts/pinned-bench.sh (transfer, pinned allocation, advise); its
   #    files are packed into one archive, since the device tool brings back at most 8 files.
-  #    (Its ignored CUDA tests already ran in step 2: pinned_cuda is carried like cuda_device.)
+  #    (Its ignored CUDA tests already ran in step 2: the pinned test binary is carried like cuda.)
   if ! want pinned; then
     :
   elif [ -x "$ROOT/scripts/pinned-bench.sh" ]; then
@@ -240,6 +271,21 @@ PY
     fi
   else
     STEPS+=("pinned benchmarks"); STATUS+=("SKIP (no scripts/pinned-bench.sh)"); SECS+=(0)
+  fi
+
+  # 4b. PyTorch with gpumem as its allocator (only when named: it needs a call of its own)
+  local g2 torch_named=0
+  for g2 in "${GROUPS_WANTED[@]}"; do [ "$g2" = torch ] && torch_named=1; done
+  if [ "$torch_named" -eq 1 ]; then
+    if [ -f "$CARRY/torch/libgpumem_torch.so" ] && command -v python3 >/dev/null; then
+      step "torch-compare" 560 python3 "$CARRY/torch/torch-compare.py" --lib "$CARRY/torch/libgpumem_torch.so" \
+        --out "$OUTDIR/torch" --smoke --soak --warmup 3 --steps 12 --budget-s "${GPU_CHECK_TORCH_BUDGET_S:-420}"
+      if [ -d "$OUTDIR/torch" ]; then
+        tar -C "$OUTDIR" -czf "$OUTDIR/torch.tar.gz" torch && rm -rf "$OUTDIR/torch"
+      fi
+    else
+      STEPS+=("torch-compare"); STATUS+=("SKIP (no carry/torch or python3)"); SECS+=(0)
+    fi
   fi
 
   # 5. replay every shipped trace on the GPU, every strategy, with canaries; smallest first,
@@ -277,7 +323,7 @@ case "${1:-}" in
     ;;
   *)
     echo "usage: scripts/gpu-check.sh build   # here: release CLI + GPU test binaries into carry/" >&2
-    echo "       scripts/gpu-check.sh run [GROUP...]  # on the device machine; GROUPs: info anchors tests bench pinned replay (default all)" >&2
+    echo "       scripts/gpu-check.sh run [GROUP...]  # on the device machine; GROUPs: info baselines tests bench pinned replay (default all), torch (only when named)" >&2
     exit 2
     ;;
 esac

@@ -4,7 +4,7 @@ use anyhow::{bail, Result};
 use gpumem::trace::analysis::analyze;
 use gpumem::trace::Trace;
 
-use crate::units::human_bytes;
+use gpumem::units::bytes as human_bytes;
 
 /// How to record a snapshot worth replaying, in one line.
 pub const HOW_TO_RECORD: &str = "to record one, call \

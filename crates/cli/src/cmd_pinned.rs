@@ -1,28 +1,29 @@
 //! `gpumem bench transfer`, `gpumem bench pinned`, `gpumem advise`: pinned host memory.
-use crate::units::{human_bytes, parse_size};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use gpumem::pinned::advise::{self, Direction, MemoryKind, Pattern, TransferPoint, TransferTable};
 use gpumem::pinned::transfer::{self, MappedMethod, TransferBench};
-use gpumem::pinned::{cuda_available, sysinfo, CopyKind, CudaHost, StagingConfig};
-use indicatif::{ProgressBar, ProgressStyle};
+use gpumem::pinned::{sysinfo, CopyKind, CudaContext, StagingConfig};
+use gpumem::units::{self, parse_size};
 use serde::Serialize;
 use serde_json::json;
-use std::io::IsTerminal;
 use std::path::PathBuf;
 
-fn parse_sizes(s: &str) -> Result<Vec<u64>, String> {
-    let mut v = s
-        .split(',')
-        .filter(|t| !t.trim().is_empty())
-        .map(parse_size)
-        .collect::<Result<Vec<_>, _>>()?;
-    if v.is_empty() || v.contains(&0) {
-        return Err(format!("`{s}`: give sizes > 0, separated by commas"));
+fn parse_transfer_size(s: &str) -> Result<u64, String> {
+    match parse_size(s)? {
+        0 => Err(format!(
+            "`{s}`: a transfer of 0 B needs no memory; give its size, e.g. 4KiB"
+        )),
+        n => Ok(n),
     }
-    v.sort_unstable();
-    v.dedup();
-    Ok(v)
+}
+
+fn parse_thread_count(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err(format!("`{s}`: a thread count is at least 1")),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("`{s}`: {e}")),
+    }
 }
 
 fn parse_kinds(s: &str) -> Result<Vec<MemoryKind>, String> {
@@ -54,62 +55,6 @@ fn parse_copy(s: &str) -> Result<CopyKind, String> {
     }
 }
 
-/// Where `bench transfer` caches its table for `advise`:
-/// `$XDG_CACHE_HOME/gpumem/transfer.json`, else `~/.cache/gpumem/transfer.json`.
-fn cache_path() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("gpumem").join("transfer.json"))
-}
-
-fn load_cached_table() -> Option<(PathBuf, TransferTable)> {
-    let p = cache_path()?;
-    let text = std::fs::read_to_string(&p).ok()?;
-    serde_json::from_str(&text).ok().map(|t| (p, t))
-}
-
-/// Merges `update` into the cached table (transfers replace transfers if any, alloc replaces
-/// alloc if any) and writes it back.
-fn store_table(update: TransferTable) -> Result<PathBuf> {
-    let p = cache_path().context("neither XDG_CACHE_HOME nor HOME is set")?;
-    let mut t = match load_cached_table() {
-        Some((_, old)) if old.device == update.device => old,
-        _ => TransferTable {
-            source: String::new(),
-            device: update.device.clone(),
-            transfers: Vec::new(),
-            alloc: Vec::new(),
-        },
-    };
-    t.source = update.source;
-    if !update.transfers.is_empty() {
-        t.transfers = update.transfers;
-    }
-    if !update.alloc.is_empty() {
-        t.alloc = update.alloc;
-    }
-    if let Some(dir) = p.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    std::fs::write(&p, serde_json::to_string_pretty(&t)?)
-        .with_context(|| format!("writing {}", p.display()))?;
-    Ok(p)
-}
-
-fn progress(len: u64) -> ProgressBar {
-    if std::io::stderr().is_terminal() {
-        let pb = ProgressBar::new(len);
-        if let Ok(style) = ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}") {
-            pb.set_style(style);
-        }
-        pb
-    } else {
-        ProgressBar::hidden()
-    }
-}
-
 fn now_utc() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -121,7 +66,7 @@ fn now_utc() -> String {
 #[derive(Args)]
 pub struct BenchTransferArgs {
     /// Sizes per copy, comma-separated, with units.
-    #[arg(long, default_value = "4KiB,16KiB,64KiB,256KiB,1MiB,4MiB,8MiB,16MiB,64MiB,256MiB,1GiB", value_parser = parse_sizes)]
+    #[arg(long, default_value = "4KiB,16KiB,64KiB,256KiB,1MiB,4MiB,8MiB,16MiB,64MiB,256MiB,1GiB", value_parser = units::parse_size_set)]
     pub sizes: std::vec::Vec<u64>,
     /// Host memory kinds: pageable, pinned, write_combined, mapped, staged.
     #[arg(long, default_value = "pageable,pinned,write_combined,mapped,staged", value_parser = parse_kinds)]
@@ -141,9 +86,10 @@ pub struct BenchTransferArgs {
     /// Staging ring: pinned buffers.
     #[arg(long, default_value_t = 4)]
     pub stage_buffers: usize,
-    /// Staging ring: host threads copying each chunk (the caller included).
-    #[arg(long, default_value_t = 12)]
-    pub stage_threads: usize,
+    /// Staging ring: host threads copying each chunk (the caller included); default two
+    /// below the CPU count, at most 12.
+    #[arg(long, value_parser = parse_thread_count)]
+    pub stage_threads: Option<usize>,
     /// Staging ring: `nt` (non-temporal stores) or `libc` (memcpy).
     #[arg(long, default_value = "nt", value_parser = parse_copy)]
     pub stage_copy: CopyKind,
@@ -187,55 +133,31 @@ struct SweepRow {
     d2h_gbps: f64,
 }
 
-/// The staging settings a sweep tries: chunk × buffers × threads × copy kind. Copy threads
-/// stay at least two below the CPU count: the caller's thread and the driver's need cores too,
-/// and a ring whose copy threads have to share cores collapses (seen on the H200 host: a
-/// 16-thread ring on 16 cores measured 50.7 GB/s in the sweep and 7.8 GB/s minutes later).
-fn sweep_grid() -> Vec<StagingConfig> {
-    let cpus = std::thread::available_parallelism().map_or(4, std::num::NonZeroUsize::get);
-    let max_threads = cpus.saturating_sub(2).max(1);
-    let mut thread_counts: Vec<usize> = [4usize, 8, 12, 16]
-        .into_iter()
-        .filter(|&t| t <= max_threads)
-        .collect();
-    if thread_counts.is_empty() {
-        thread_counts.push(max_threads);
-    }
-    let mut grid = Vec::new();
-    for chunk in [1usize << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 64 << 20] {
-        for buffers in [2usize, 4, 8] {
-            for &threads in &thread_counts {
-                for copy in [CopyKind::Libc, CopyKind::NonTemporal] {
-                    grid.push(StagingConfig {
-                        chunk_bytes: chunk,
-                        buffers,
-                        threads,
-                        copy,
-                    });
-                }
-            }
-        }
-    }
-    grid
-}
-
 /// `bench transfer --host-only`: the host side of staged copies (fill and drain of the ring
 /// with no DMA), over the sweep grid, for the largest size. Needs no GPU.
 fn host_only(a: &BenchTransferArgs) -> Result<()> {
     let max = *a.sizes.last().context("no sizes")? as usize;
+    // A source and a destination of the largest size, and the ring.
+    let ring = a.stage_chunk.saturating_mul(a.stage_buffers as u64);
+    sysinfo::ensure_host_memory(
+        (max as u64).saturating_mul(2).saturating_add(ring),
+        &format!("bench transfer --host-only at {}", units::bytes(max as u64)),
+    )?;
     let src = vec![0x5au8; max];
     let mut dst = vec![0u8; max];
     let grid = if a.staging_sweep {
-        sweep_grid()
+        transfer::sweep_grid()
     } else {
         vec![StagingConfig {
             chunk_bytes: a.stage_chunk as usize,
             buffers: a.stage_buffers,
-            threads: a.stage_threads,
+            threads: a
+                .stage_threads
+                .unwrap_or_else(transfer::default_copy_threads),
             copy: a.stage_copy,
         }]
     };
-    let pb = progress(grid.len() as u64);
+    let pb = crate::progress::bar(grid.len() as u64);
     let mut rows = Vec::new();
     for c in grid {
         let mut ring = gpumem::pinned::StagingRing::new_locked(c)?;
@@ -275,13 +197,13 @@ fn host_only(a: &BenchTransferArgs) -> Result<()> {
     } else {
         println!(
             "host side of staged copies of {} (no DMA), GB/s:",
-            human_bytes(max as u64)
+            units::bytes(max as u64)
         );
         for s in &rows {
             println!(
                 "threads {:>2} chunk {:>9} buffers {} {:?}: fill {:.2} drain {:.2}",
                 s.config.threads,
-                human_bytes(s.config.chunk_bytes as u64),
+                units::bytes(s.config.chunk_bytes as u64),
                 s.config.buffers,
                 s.config.copy,
                 s.h2d_gbps,
@@ -297,17 +219,23 @@ pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
     if a.host_only {
         return host_only(&a);
     }
-    if let Err(e) = cuda_available() {
+    if let Err(e) = gpumem::cuda::init() {
         bail!("{e}\n`gpumem bench transfer` measures copies over PCIe and needs a CUDA device; `gpumem bench pinned` measures the mlock fallback without one");
     }
-    let host = CudaHost::new(a.device)?;
+    let host = CudaContext::new(a.device)?;
     let device = host.name().unwrap_or_else(|_| "unknown".into());
     let bus = host.pci_bus_id().unwrap_or_default();
     let max = *a.sizes.last().context("no sizes")? as usize;
+    sysinfo::ensure_host_memory(
+        (max as u64).saturating_mul(2),
+        &format!("bench transfer at {}", units::bytes(max as u64)),
+    )?;
     let mut staging = StagingConfig {
         chunk_bytes: a.stage_chunk as usize,
         buffers: a.stage_buffers,
-        threads: a.stage_threads,
+        threads: a
+            .stage_threads
+            .unwrap_or_else(transfer::default_copy_threads),
         copy: a.stage_copy,
     };
     let mut bench = TransferBench::new(&host, max, &a.kinds, staging)
@@ -316,8 +244,8 @@ pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
     // Staging sweep.
     let mut sweep = Vec::new();
     if a.staging_sweep && a.kinds.contains(&MemoryKind::Staged) {
-        let grid = sweep_grid();
-        let pb = progress(grid.len() as u64);
+        let grid = transfer::sweep_grid();
+        let pb = crate::progress::bar(grid.len() as u64);
         pb.set_message("staging sweep");
         for c in grid {
             bench.set_staging(c)?;
@@ -350,14 +278,14 @@ pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
             }
         }
     }
-    let pb = progress(points.len() as u64);
+    let pb = crate::progress::bar(points.len() as u64);
     let mut rows = Vec::new();
     for (kind, dir, bytes) in points {
         pb.set_message(format!(
             "{} {} {}",
             kind.name(),
             dir.name(),
-            human_bytes(bytes)
+            units::bytes(bytes)
         ));
         let repeats = if bytes >= 256 << 20 {
             a.repeats.min(5)
@@ -474,7 +402,7 @@ pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
     let cached = if a.no_cache {
         None
     } else {
-        match store_table(table) {
+        match advise::store_table(table) {
             Ok(p) => Some(p),
             Err(e) => {
                 eprintln!("warning: could not cache the table for `gpumem advise`: {e:#}");
@@ -483,8 +411,11 @@ pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
         }
     };
     if let Some(path) = &a.plot {
-        std::fs::write(path, svg::plot(&rows_for_plot(&rows), &device))
-            .with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(
+            path,
+            transfer::bandwidth_chart(&rows_for_plot(&rows), &device).to_svg(),
+        )
+        .with_context(|| format!("writing {}", path.display()))?;
     }
     for w in &numa_warnings {
         eprintln!("warning: {w}");
@@ -514,7 +445,7 @@ pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
         println!("mapped: {mapped_method}");
         println!(
             "staging: {} chunks × {}, {} threads, {:?}",
-            human_bytes(staging.chunk_bytes as u64),
+            units::bytes(staging.chunk_bytes as u64),
             staging.buffers,
             staging.threads,
             staging.copy
@@ -528,7 +459,7 @@ pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
                 "{:<15} {:<5} {:>10} {:>10.2} {:>9}",
                 r.kind.name(),
                 r.direction.name(),
-                human_bytes(r.bytes),
+                units::bytes(r.bytes),
                 r.gbps,
                 r.pct_of_best_pinned
                     .map_or("-".to_string(), |p| format!("{p:.1}"))
@@ -539,7 +470,7 @@ pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
             println!(
                 "sweep: threads {:>2} chunk {:>9} buffers {} {:?}: h2d {:.2} d2h {:.2} GB/s",
                 s.config.threads,
-                human_bytes(s.config.chunk_bytes as u64),
+                units::bytes(s.config.chunk_bytes as u64),
                 s.config.buffers,
                 s.config.copy,
                 s.h2d_gbps,
@@ -585,7 +516,7 @@ fn rows_for_plot(rows: &[Row]) -> Vec<(String, Vec<(u64, f64)>)> {
 #[derive(Args)]
 pub struct BenchPinnedArgs {
     /// Sizes per allocation, comma-separated, with units.
-    #[arg(long, default_value = "1MiB,16MiB,256MiB,1GiB", value_parser = parse_sizes)]
+    #[arg(long, default_value = "1MiB,16MiB,256MiB,1GiB", value_parser = units::parse_size_set)]
     pub sizes: std::vec::Vec<u64>,
     /// Repeats per point (median); the pool's warm figure uses at least 1000.
     #[arg(long, default_value_t = 5)]
@@ -606,10 +537,13 @@ pub struct BenchPinnedArgs {
 
 /// `gpumem bench pinned`.
 pub fn bench_pinned(a: BenchPinnedArgs) -> Result<()> {
+    if let Some(&max) = a.sizes.last() {
+        sysinfo::ensure_host_memory(max, &format!("bench pinned at {}", units::bytes(max)))?;
+    }
     let (host, note) = if a.no_cuda {
         (None, "mlock fallback (--no-cuda)".to_string())
     } else {
-        match CudaHost::new(a.device) {
+        match CudaContext::new(a.device) {
             Ok(h) => (Some(h), "CUDA".to_string()),
             Err(e) => (None, format!("mlock fallback: {e}")),
         }
@@ -623,12 +557,12 @@ pub fn bench_pinned(a: BenchPinnedArgs) -> Result<()> {
         .as_ref()
         .and_then(|h| h.name().ok())
         .unwrap_or_else(|| "host (no CUDA)".to_string());
-    let pb = progress(a.sizes.len() as u64 + 1);
+    let pb = crate::progress::bar(a.sizes.len() as u64 + 1);
     let mut points = Vec::new();
     for &s in &a.sizes {
-        pb.set_message(human_bytes(s));
+        pb.set_message(units::bytes(s));
         let p = transfer::alloc_costs(host.as_ref(), s as usize, a.repeats)
-            .with_context(|| format!("measuring {}", human_bytes(s)))?;
+            .with_context(|| format!("measuring {}", units::bytes(s)))?;
         points.extend(p);
         pb.inc(1);
     }
@@ -652,7 +586,7 @@ pub fn bench_pinned(a: BenchPinnedArgs) -> Result<()> {
     let cached = if a.no_cache || host.is_none() {
         None
     } else {
-        store_table(TransferTable {
+        advise::store_table(TransferTable {
             source: format!("measured by gpumem bench pinned, {}", now_utc()),
             device: device.clone(),
             transfers: Vec::new(),
@@ -685,16 +619,16 @@ pub fn bench_pinned(a: BenchPinnedArgs) -> Result<()> {
             println!(
                 "{:<18} {:>10} {:>14} {:>14}",
                 p.method,
-                human_bytes(p.bytes),
-                fmt_time(p.alloc_s),
-                fmt_time(p.free_s)
+                units::bytes(p.bytes),
+                units::duration(p.alloc_s),
+                units::duration(p.free_s)
             );
         }
         match &overhead {
             Ok(s) => println!(
                 "pool on 1 MiB, 3 MiB, 5 MiB, 100 MiB, 300 MiB, 1 GiB + 1 B: pinned {} for {} requested, pinned_over_requested = {:.4}",
-                human_bytes(s.pinned_bytes.current),
-                human_bytes(s.requested_bytes.current),
+                units::bytes(s.pinned_bytes.current),
+                units::bytes(s.requested_bytes.current),
                 s.pinned_over_requested()
             ),
             Err(e) => println!("pool overhead not measured: {e}"),
@@ -703,21 +637,11 @@ pub fn bench_pinned(a: BenchPinnedArgs) -> Result<()> {
     Ok(())
 }
 
-fn fmt_time(s: f64) -> String {
-    if s >= 1e-3 {
-        format!("{:.3} ms", s * 1e3)
-    } else if s >= 1e-6 {
-        format!("{:.3} µs", s * 1e6)
-    } else {
-        format!("{:.0} ns", s * 1e9)
-    }
-}
-
 /// Arguments of `gpumem advise`.
 #[derive(Args)]
 pub struct AdviseArgs {
-    /// Bytes per transfer, with units.
-    #[arg(long, value_parser = parse_size)]
+    /// Bytes per transfer, with units (at least 1 B).
+    #[arg(long, value_parser = parse_transfer_size)]
     pub size: u64,
     /// Transfers per second (0: a one-off).
     #[arg(long, default_value_t = 0.0)]
@@ -749,7 +673,7 @@ pub fn advise(a: AdviseArgs) -> Result<()> {
             &std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
         )
         .with_context(|| format!("parsing {}", p.display()))?,
-        None => match load_cached_table() {
+        None => match advise::load_cached_table() {
             Some((_, t)) if !t.transfers.is_empty() => {
                 // Allocation costs missing from a measured table: the built-in ones.
                 let mut t = t;
@@ -778,7 +702,7 @@ pub fn advise(a: AdviseArgs) -> Result<()> {
     println!(
         "{} {} per transfer, {}/s{}, over {} s; figures: {} ({})",
         direction.name(),
-        human_bytes(a.size),
+        units::bytes(a.size),
         a.per_second,
         if a.asynchronous { ", asynchronous" } else { "" },
         a.horizon,
@@ -793,9 +717,9 @@ pub fn advise(a: AdviseArgs) -> Result<()> {
         println!(
             "{:<15} {:>12} {:>14} {:>12} {:>8.1}  {}",
             o.kind.name(),
-            fmt_time(o.transfer_s),
-            fmt_time(o.alloc_per_transfer_s),
-            fmt_time(o.total_s),
+            units::duration(o.transfer_s),
+            units::duration(o.alloc_per_transfer_s),
+            units::duration(o.total_s),
             o.busy_fraction * 100.0,
             o.excluded.as_deref().unwrap_or(o.how)
         );
@@ -803,160 +727,11 @@ pub fn advise(a: AdviseArgs) -> Result<()> {
     if let Some(u) = adv.unpooled_pinned_s {
         println!(
             "(pinned memory allocated and freed per transfer, without a pool: {} per transfer)",
-            fmt_time(u)
+            units::duration(u)
         );
     }
     println!("recommended: {} — {}", adv.recommended.name(), adv.reason);
     Ok(())
-}
-
-/// A small SVG line chart: bandwidth against size, log x axis.
-mod svg {
-    use std::fmt::Write;
-
-    const W: f64 = 900.0;
-    const H: f64 = 520.0;
-    const L: f64 = 70.0;
-    const R: f64 = 220.0;
-    const T: f64 = 40.0;
-    const B: f64 = 60.0;
-    const COLORS: [&str; 8] = [
-        "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
-    ];
-
-    fn esc(s: &str) -> String {
-        s.replace('&', "&amp;")
-            .replace('<', "&lt;")
-            .replace('>', "&gt;")
-    }
-
-    /// One line per series of `(bytes, GB/s)` points.
-    pub fn plot(series: &[(String, Vec<(u64, f64)>)], title: &str) -> String {
-        let pts = series.iter().flat_map(|s| s.1.iter());
-        let (mut xmin, mut xmax, mut ymax) = (f64::MAX, f64::MIN, 0.0f64);
-        for &(b, g) in pts {
-            let x = (b.max(1) as f64).log2();
-            xmin = xmin.min(x);
-            xmax = xmax.max(x);
-            ymax = ymax.max(g);
-        }
-        if xmin > xmax {
-            (xmin, xmax) = (0.0, 1.0);
-        }
-        if xmax - xmin < 1.0 {
-            xmax = xmin + 1.0;
-        }
-        let ymax = (ymax * 1.1 / 10.0).ceil().max(1.0) * 10.0;
-        let px = |b: u64| L + ((b.max(1) as f64).log2() - xmin) / (xmax - xmin) * (W - L - R);
-        let py = |g: f64| H - B - g / ymax * (H - T - B);
-        let mut s = String::new();
-        let _ = writeln!(
-            s,
-            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">"#
-        );
-        let _ = writeln!(s, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
-        let _ = writeln!(
-            s,
-            r#"<text x="{}" y="22" font-size="15" text-anchor="middle">{} — host↔device bandwidth</text>"#,
-            (W - R + L) / 2.0,
-            esc(title)
-        );
-        // Axes and grid.
-        for i in 0..=5 {
-            let g = ymax * i as f64 / 5.0;
-            let y = py(g);
-            let _ = writeln!(
-                s,
-                r##"<line x1="{L}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{g:.0}</text>"##,
-                W - R,
-                L - 6.0,
-                y + 4.0
-            );
-        }
-        let mut e = xmin.ceil() as i64;
-        while e as f64 <= xmax {
-            if e % 2 == 0 || xmax - xmin <= 12.0 {
-                let x = px(1u64 << e.clamp(0, 62));
-                let label = crate::units::human_bytes(1u64 << e.clamp(0, 62));
-                let _ = writeln!(
-                    s,
-                    r##"<line x1="{x:.1}" y1="{T}" x2="{x:.1}" y2="{:.1}" stroke="#eee"/><text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
-                    H - B,
-                    H - B + 18.0,
-                    label.replace(".00", "")
-                );
-            }
-            e += 1;
-        }
-        let _ = writeln!(
-            s,
-            r#"<line x1="{L}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="black"/><line x1="{L}" y1="{T}" x2="{L}" y2="{:.1}" stroke="black"/>"#,
-            H - B,
-            W - R,
-            H - B,
-            H - B
-        );
-        let _ = writeln!(
-            s,
-            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">bytes per copy (log scale)</text><text x="18" y="{:.1}" transform="rotate(-90 18 {:.1})" text-anchor="middle">GB/s (1e9 B/s)</text>"#,
-            (W - R + L) / 2.0,
-            H - 15.0,
-            (H - B + T) / 2.0,
-            (H - B + T) / 2.0
-        );
-        for (i, (name, pts)) in series.iter().enumerate() {
-            let color = COLORS[i % COLORS.len()];
-            let dash = match i / COLORS.len() {
-                0 => "",
-                1 => r#" stroke-dasharray="6 3""#,
-                _ => r#" stroke-dasharray="2 3""#,
-            };
-            let mut p = pts.clone();
-            p.sort_by_key(|q| q.0);
-            let path: Vec<String> = p
-                .iter()
-                .map(|&(b, g)| format!("{:.1},{:.1}", px(b), py(g)))
-                .collect();
-            let _ = writeln!(
-                s,
-                r#"<polyline fill="none" stroke="{color}" stroke-width="2"{dash} points="{}"/>"#,
-                path.join(" ")
-            );
-            let ly = T + 16.0 * i as f64;
-            let _ = writeln!(
-                s,
-                r#"<line x1="{:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="2"{dash}/><text x="{:.1}" y="{:.1}">{}</text>"#,
-                W - R + 15.0,
-                W - R + 40.0,
-                W - R + 46.0,
-                ly + 4.0,
-                esc(name)
-            );
-        }
-        s.push_str("</svg>\n");
-        s
-    }
-
-    #[cfg(test)]
-    mod tests {
-        #[test]
-        fn plots_every_series_with_a_log_axis() {
-            let s = super::plot(
-                &[
-                    ("pinned h2d".into(), vec![(4096, 0.9), (1 << 30, 55.5)]),
-                    ("pageable h2d".into(), vec![(4096, 0.9), (1 << 30, 8.4)]),
-                ],
-                "H200 <test>",
-            );
-            assert!(s.starts_with("<svg"));
-            assert!(s.trim_end().ends_with("</svg>"));
-            assert_eq!(s.matches("<polyline").count(), 2);
-            assert!(s.contains("H200 &lt;test&gt;"));
-            // The first point sits on the left edge of the plot, the last on the right.
-            assert!(s.contains("points=\"70.0,"));
-            assert!(s.contains("680.0,"));
-        }
-    }
 }
 
 #[cfg(test)]
@@ -964,10 +739,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn size_lists_parse_sorted_and_deduplicated() {
-        assert_eq!(parse_sizes("1MiB,4KiB,1MiB").unwrap(), vec![4096, 1 << 20]);
-        assert!(parse_sizes("0").is_err());
-        assert!(parse_sizes("").is_err());
+    fn lists_parse() {
+        assert_eq!(
+            units::parse_size_set("1MiB,4KiB,1MiB").unwrap(),
+            vec![4096, 1 << 20]
+        );
+        assert!(units::parse_size_set("0").is_err());
+        assert!(units::parse_size_set("").is_err());
         assert_eq!(
             parse_kinds("pinned,wc").unwrap(),
             vec![MemoryKind::Pinned, MemoryKind::WriteCombined]

@@ -9,6 +9,7 @@ mod cmd_pinned;
 mod cmd_replay;
 mod cmd_report;
 mod cmd_watch;
+mod progress;
 mod units;
 
 /// GPU memory toolkit: replay allocation traces through allocators, inspect and benchmark
@@ -16,6 +17,9 @@ mod units;
 #[derive(Parser)]
 #[command(name = "gpumem", version, about, long_about = None)]
 struct Cli {
+    /// Say more on failure (e.g. every library file searched for the CUDA driver).
+    #[arg(short, long, global = true)]
+    verbose: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -57,6 +61,7 @@ enum BenchCommand {
 
 fn main() {
     let cli = Cli::parse();
+    let verbose = cli.verbose;
     let result = match cli.command {
         Command::Replay(a) => cmd_replay::run(a),
         Command::Report(a) => cmd_report::run(a),
@@ -80,8 +85,24 @@ fn main() {
             return;
         }
         eprintln!("error: {}", error_text(&e));
+        if let Some(searched) = no_driver_search(&e) {
+            if verbose {
+                eprintln!("searched for the driver: {}", searched.join(", "));
+            } else if !searched.is_empty() {
+                eprintln!("(-v lists the {} library names searched)", searched.len());
+            }
+        }
         std::process::exit(1);
     }
+}
+
+/// The library names searched for the CUDA driver, when `e` is (or wraps) a missing driver.
+fn no_driver_search(e: &anyhow::Error) -> Option<&[String]> {
+    e.chain()
+        .find_map(|c| match c.downcast_ref::<gpumem::cuda::CudaError>() {
+            Some(gpumem::cuda::CudaError::NoDriver { searched }) => Some(searched.as_slice()),
+            _ => None,
+        })
 }
 
 /// The error and its causes, each cause printed once: library errors often already include

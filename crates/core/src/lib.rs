@@ -15,6 +15,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 #![warn(missing_docs)]
 
+pub mod adaptor;
 pub mod align;
 pub mod arena;
 pub mod best_fit;
@@ -31,6 +32,7 @@ pub mod stats;
 pub mod tlsf;
 pub mod torch;
 
+pub use adaptor::{Capped, Tracked, VmmBook};
 pub use arena::Arena;
 pub use config::AllocatorConfig;
 pub use device::{Device, DeviceError, DriverCall, DriverCounters, PhysHandle};

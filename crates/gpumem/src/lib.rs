@@ -4,16 +4,21 @@
 //! - [`trace`]: readers for PyTorch memory snapshots, RMM logs and gpumem's JSON lines;
 //! - [`replay`]: replays a trace through allocators on a simulated (or real) device;
 //! - [`cuda`]: the CUDA backend (cudarc, loaded at run time);
-//! - [`pinned`]: page-locked host memory, a capped caching pool and staged copies.
+//! - [`pinned`]: page-locked host memory, a capped caching pool and staged copies;
+//! - [`pool`]: the stream-ordered device pool over any device;
+//! - [`units`]: sizes, durations and rates for people; [`plot`]: SVG charts.
 #![warn(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod cuda;
 pub mod pinned;
 pub mod plot;
+pub mod pool;
 pub mod replay;
 pub mod report;
 pub mod trace;
+pub mod units;
+pub mod vmm;
 
 pub use gpumem_core as core;
 pub use gpumem_core::sim::SimDevice;

@@ -89,7 +89,7 @@ fn the_page_parses_and_holds_the_replay_figures() {
         .unwrap()
         .text()
         .collect();
-    assert_eq!(first, "12 MiB");
+    assert_eq!(first, "12.00 MiB");
     // The data the script reads is JSON with the right shape.
     let data: String = doc
         .select(&sel("#gpumem-data"))

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use super::driver::{self, CUcontext, CUdevice, DeviceAttr, PointerAttr};
 use super::vmm::{PageTable, VmmBook};
+use super::CudaContext;
 
 /// Blocks up to this size are checked whole by [`CudaDevice`]'s `check_pattern`, in bytes.
 pub const FULL_CHECK_BYTES: u64 = 1 << 20;
@@ -105,7 +106,7 @@ pub struct PointerInfo {
 pub struct CudaDevice {
     ordinal: usize,
     dev: CUdevice,
-    ctx: CUcontext,
+    ctx: CudaContext,
     info: DeviceInfo,
     used: u64,
     counters: DriverCounters,
@@ -122,9 +123,8 @@ impl CudaDevice {
     /// Opens device `ordinal` (the driver is loaded and the ordinal checked by
     /// [`super::open`], which is the public entry point).
     pub(crate) fn open_checked(ordinal: usize) -> Result<Self, DeviceError> {
-        let dev = driver::device_get(ordinal)?;
-        // SAFETY: `dev` comes from cuDeviceGet; Drop releases the context exactly once.
-        let ctx = unsafe { driver::primary_ctx_retain(dev)? };
+        let ctx = CudaContext::retain(ordinal)?;
+        let dev = ctx.device_raw();
         let mut d = CudaDevice {
             ordinal,
             dev,
@@ -183,13 +183,17 @@ impl CudaDevice {
     /// # Errors
     /// `DeviceError::Driver` if cuCtxSetCurrent fails.
     pub fn bind(&self) -> Result<(), DeviceError> {
-        // SAFETY: `self.ctx` was retained in open_checked and is released only in Drop.
-        unsafe { driver::ctx_set_current(self.ctx) }
+        self.ctx.bind()
     }
 
-    /// The retained primary context (for events and streams of this device).
+    /// The device's primary context, for streams, events and pinned memory of this device.
+    pub fn context(&self) -> &CudaContext {
+        &self.ctx
+    }
+
+    /// The retained primary context, raw.
     pub(crate) fn context_raw(&self) -> CUcontext {
-        self.ctx
+        self.ctx.context_raw()
     }
 
     /// The raw `CUdevice`.
@@ -277,9 +281,10 @@ impl CudaDevice {
     /// A failed cuPointerGetAttribute (e.g. CUDA_ERROR_INVALID_VALUE for a host address).
     pub fn pointer_info(&self, addr: u64) -> Result<PointerInfo, DeviceError> {
         self.bind()?;
-        // SAFETY (all five): each T is the type the driver writes for that attribute:
-        // c_int for ordinal, c_uint for memory type, bools as c_int flags, CUdeviceptr (u64)
-        // for the range start and size_t (usize) for the range size.
+        // Each T below is the type the driver writes for that attribute: c_int for ordinal,
+        // c_uint for memory type, bools as c_int flags, CUdeviceptr (u64) for the range start
+        // and size_t (usize) for the range size.
+        // SAFETY: c_int for the device ordinal, as above.
         let device_ordinal: i32 = unsafe {
             driver::pointer_attribute(addr, PointerAttr::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)?
         };
@@ -436,9 +441,8 @@ impl CudaDevice {
 
 impl Drop for CudaDevice {
     fn drop(&mut self) {
+        // The context itself is released when the last clone of `ctx` goes.
         self.release_everything();
-        // SAFETY: matches the retain in open_checked; nothing of the context is used after.
-        let _ = unsafe { driver::primary_ctx_release(self.dev) };
     }
 }
 

@@ -1,16 +1,23 @@
 //! The CUDA backend: the driver API through cudarc, loaded at run time.
 //!
 //! Layers, as in cudarc:
-//! - `driver` (private): thin `unsafe` wrappers over `cudarc::driver::sys`, one per CUDA call,
-//!   each returning `Result<_, DeviceError>` with the call's name and the CUDA error name;
+//! - `driver.rs` (crate-private): the one `result` layer, thin wrappers over
+//!   `cudarc::driver::sys`, one function per CUDA call, each returning
+//!   `Result<_, DeviceError>` with the call's name and the CUDA error name; nothing else in
+//!   gpumem calls the driver;
+//! - one RAII family ([`CudaContext`], [`Stream`], [`Event`], [`DeviceBuffer`], [`CopyKernel`]),
+//!   each holding its context, used by the device, the pool's events and pinned memory;
 //! - safe types that leave the module: [`CudaDevice`] (implements [`gpumem_core::Device`]:
 //!   cuMemAlloc segments and VMM arenas), [`CudaEvents`] (stream-ordered reuse), [`Managed`]
-//!   (cuMemAllocManaged with a free-memory guard), and the device-independent
-//!   [`pool::DevicePool`], [`pitch`] and [`vmm`] page-table views, which also run on
-//!   [`gpumem_core::sim::SimDevice`].
+//!   (cuMemAllocManaged with a free-memory guard), and peer access per pool block.
+//!
+//! The device-independent pieces that run on CUDA and on [`gpumem_core::sim::SimDevice`]
+//! alike live outside: the pool in [`crate::pool`], the page-table view in [`crate::vmm`], the
+//! `Capped` and `Tracked` adaptors in [`gpumem_core::adaptor`] (re-exported here under their
+//! old paths).
 //!
 //! Nothing here links against `libcuda`: the library is opened on first use. When it is missing,
-//! [`device_count`] and [`open`] return [`CudaError::NoDriver`] naming every file searched
+//! [`init`] (called by every entry point) returns [`CudaError::NoDriver`], which keeps every file searched
 //! (cudarc itself would panic; we check with its fallible probe first and catch any panic of a
 //! missing symbol).
 use std::sync::OnceLock;
@@ -18,21 +25,23 @@ use std::sync::OnceLock;
 use gpumem_core::DeviceError;
 
 pub mod bench;
-pub mod capped;
+mod context;
 mod device;
-mod driver;
+pub(crate) mod driver;
 mod events;
 mod managed;
-pub mod pitch;
-pub mod pool;
-pub mod vmm;
+mod peer;
 
-pub use capped::Capped;
+pub use crate::vmm;
+pub use context::{CopyKernel, CudaContext, DeviceBuffer, Event, Stream, COPY16_PTX};
 pub use device::{
     CudaDevice, DeviceInfo, MemoryType, PointerInfo, FULL_CHECK_BYTES, SAMPLE_WINDOWS,
     SAMPLE_WINDOW_BYTES,
 };
-pub use events::{CudaEvents, CudaStream, ManualEvents, StreamEvents};
+pub use events::CudaEvents;
+pub use gpumem_core::adaptor::Capped;
+// The device-agnostic pool lived here once; these keep the old paths working.
+pub use crate::pool::{self, pitch, ManualEvents, StreamEvents};
 pub use managed::{
     managed_guard, managed_margin, Advice, Managed, ManagedBuffer, MANAGED_MARGIN_BYTES,
 };
@@ -41,12 +50,12 @@ pub use managed::{
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CudaError {
     /// The driver library (`libcuda.so`) could not be opened.
-    #[error(
-        "no CUDA driver found (searched {}); use the simulated device: --device sim",
-        searched.join(", ")
-    )]
+    /// The search list is kept for `-v`; the message names only the library a Linux
+    /// driver installs.
+    #[error("no NVIDIA driver (libcuda.so.1) found; use the simulated device: --device sim")]
     NoDriver {
-        /// Every library file name tried, in order.
+        /// Every library file name tried, in order (empty when `GPUMEM_NO_CUDA` turned the
+        /// probe off).
         searched: Vec<String>,
     },
     /// The driver is there but reports no device with this ordinal.
@@ -92,7 +101,7 @@ pub fn searched_library_names() -> Vec<String> {
 
 /// Runs `f`, turning a panic inside cudarc (a missing library or symbol) into
 /// [`CudaError::Unusable`].
-fn guarded<T>(f: impl FnOnce() -> Result<T, CudaError>) -> Result<T, CudaError> {
+pub(crate) fn guarded<T>(f: impl FnOnce() -> Result<T, CudaError>) -> Result<T, CudaError> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(r) => r,
         Err(p) => {
@@ -106,7 +115,46 @@ fn guarded<T>(f: impl FnOnce() -> Result<T, CudaError>) -> Result<T, CudaError> 
     }
 }
 
+/// The driver entry points gpumem calls outside a [`guarded`] section (pinned memory and
+/// copies): checked at [`init`] so that an old driver is a clear error, not a panic in cudarc.
+const REQUIRED_SYMBOLS: [&str; 32] = [
+    "cuInit",
+    "cuDeviceGet",
+    "cuDeviceGetAttribute",
+    "cuDeviceGetName",
+    "cuDeviceGetPCIBusId",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuCtxSetCurrent",
+    "cuMemHostAlloc",
+    "cuMemFreeHost",
+    "cuMemHostGetDevicePointer_v2",
+    "cuMemHostRegister_v2",
+    "cuMemHostUnregister",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuMemcpyHtoDAsync_v2",
+    "cuMemcpyDtoHAsync_v2",
+    "cuMemcpyDtoDAsync_v2",
+    "cuStreamCreate",
+    "cuStreamDestroy_v2",
+    "cuStreamSynchronize",
+    "cuStreamWaitEvent",
+    "cuEventCreate",
+    "cuEventRecord",
+    "cuEventQuery",
+    "cuEventSynchronize",
+    "cuEventDestroy_v2",
+    "cuModuleLoadData",
+    "cuModuleGetFunction",
+    "cuModuleUnload",
+    "cuLaunchKernel",
+    "cuGetErrorName",
+];
+
 /// Whether a driver library can be opened, without panicking (cudarc's `is_culib_present`).
+/// The one presence check of gpumem: `GPUMEM_NO_CUDA` (any value) answers `false`, to test
+/// the no-driver paths on a machine that has one.
 pub fn driver_present() -> bool {
     static PRESENT: OnceLock<bool> = OnceLock::new();
     *PRESENT.get_or_init(|| {
@@ -120,17 +168,41 @@ pub fn driver_present() -> bool {
     })
 }
 
-/// Loads the driver and runs cuInit once.
+/// Loads the driver, checks that it exports every function gpumem calls, and runs cuInit,
+/// once; every entry point of the CUDA backend and of pinned memory calls it first.
 ///
 /// # Errors
-/// [`CudaError::NoDriver`] when no library is found, [`CudaError::Device`] if cuInit fails.
+/// [`CudaError::NoDriver`] when no library is found (or `GPUMEM_NO_CUDA` is set),
+/// [`CudaError::Unusable`] when it lacks a function, [`CudaError::Device`] if cuInit fails.
 pub fn init() -> Result<(), CudaError> {
     static INIT: OnceLock<Result<(), CudaError>> = OnceLock::new();
     INIT.get_or_init(|| {
         if !driver_present() {
-            return Err(CudaError::NoDriver {
-                searched: searched_library_names(),
-            });
+            let searched = if std::env::var_os("GPUMEM_NO_CUDA").is_some() {
+                Vec::new()
+            } else {
+                searched_library_names()
+            };
+            return Err(CudaError::NoDriver { searched });
+        }
+        // cudarc panics when it calls a symbol the driver lacks: look for every one called
+        // outside a guarded section first, and name the missing ones.
+        let missing: Vec<&str> = REQUIRED_SYMBOLS
+            .iter()
+            .copied()
+            .filter(|name| {
+                // SAFETY: only looks symbols up in the library found above.
+                unsafe {
+                    cudarc::driver::sys::culib().get::<*const std::ffi::c_void>(name.as_bytes())
+                }
+                .is_err()
+            })
+            .collect();
+        if !missing.is_empty() {
+            return Err(CudaError::Unusable(format!(
+                "the CUDA driver library lacks {} (driver too old?)",
+                missing.join(", ")
+            )));
         }
         guarded(|| driver::init().map_err(CudaError::from))
     })
@@ -260,7 +332,7 @@ mod tests {
         };
         assert_eq!(
             e.to_string(),
-            "no CUDA driver found (searched libcuda.so, libcuda.so.1); use the simulated device: --device sim"
+            "no NVIDIA driver (libcuda.so.1) found; use the simulated device: --device sim"
         );
     }
 

@@ -1,10 +1,10 @@
 //! [`PinnedBuffer`] (cuMemHostAlloc or mmap + mlock) and [`HostRegistration`]
 //! (cuMemHostRegister or mlock of the caller's memory, in chunks).
 
-use super::driver::{cuda_err, CudaHost};
 use super::locked::{map_locked, memlock_error, page_size, unmap_locked};
 use super::{HostAllocFlags, PinnedError, Result};
-use cudarc::driver::sys;
+use crate::cuda::driver;
+use crate::cuda::CudaContext;
 use std::ffi::c_void;
 use std::ptr::NonNull;
 
@@ -25,7 +25,7 @@ pub struct PinnedBuffer {
 #[derive(Debug)]
 enum Backing {
     Cuda {
-        host: CudaHost,
+        host: CudaContext,
         flags: HostAllocFlags,
         device_ptr: Option<u64>,
     },
@@ -47,17 +47,16 @@ impl PinnedBuffer {
     /// # Errors
     /// [`PinnedError::InvalidArgument`] for 0 bytes; [`PinnedError::Cuda`] from the driver
     /// (`CUDA_ERROR_OUT_OF_MEMORY` when the OS refuses to pin that much).
-    pub fn new_cuda(host: &CudaHost, len: usize, flags: HostAllocFlags) -> Result<Self> {
+    pub fn new_cuda(host: &CudaContext, len: usize, flags: HostAllocFlags) -> Result<Self> {
         if len == 0 {
             return Err(PinnedError::InvalidArgument(
                 "a pinned buffer of 0 B".into(),
             ));
         }
         host.bind()?;
-        // SAFETY: cuMemHostAlloc with a current context; the memory is zeroed below before any
+        // cuMemHostAlloc with a current context; the memory is zeroed below before any
         // slice is made of it.
-        let raw = unsafe { cudarc::driver::result::malloc_host(len, flags.to_cuda()) }
-            .map_err(cuda_err("cuMemHostAlloc"))?;
+        let raw = driver::mem_host_alloc(len, flags.to_cuda())?;
         let ptr = NonNull::new(raw.cast::<u8>())
             .ok_or_else(|| PinnedError::Internal("cuMemHostAlloc returned null".into()))?;
         // The buffer owns the memory from here on: an early return frees it.
@@ -73,11 +72,8 @@ impl PinnedBuffer {
         // SAFETY: [ptr, ptr + len) was just allocated and is writable.
         unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, len) };
         if flags.mapped {
-            let mut dptr: sys::CUdeviceptr = 0;
             // SAFETY: `raw` was allocated with CU_MEMHOSTALLOC_DEVICEMAP in this context.
-            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, raw, 0) }
-                .result()
-                .map_err(cuda_err("cuMemHostGetDevicePointer"))?;
+            let dptr = unsafe { driver::mem_host_get_device_pointer(raw) }?;
             if let Backing::Cuda { device_ptr, .. } = &mut buf.backing {
                 *device_ptr = Some(dptr);
             }
@@ -172,9 +168,7 @@ impl Drop for PinnedBuffer {
                 // in the wrong context.
                 if host.bind().is_ok() {
                     // SAFETY: the pointer came from cuMemHostAlloc and is freed exactly once.
-                    let _ = unsafe {
-                        cudarc::driver::result::free_host(self.ptr.as_ptr().cast::<c_void>())
-                    };
+                    let _ = unsafe { driver::mem_free_host(self.ptr.as_ptr().cast::<c_void>()) };
                 }
             }
             Backing::Locked { map_len } => {
@@ -201,7 +195,7 @@ pub struct HostRegistration<'a> {
     chunks: Vec<(usize, usize)>,
     base: *const u8,
     len: usize,
-    host: Option<CudaHost>,
+    host: Option<CudaContext>,
     device_ptr: Option<u64>,
     _memory: std::marker::PhantomData<&'a mut [u8]>,
 }
@@ -221,7 +215,7 @@ impl<'a> HostRegistration<'a> {
     /// [`PinnedError::Register`] for the first chunk that failed (the others rolled back);
     /// [`PinnedError::Cuda`] if the device address cannot be read.
     pub fn new_cuda(
-        host: &CudaHost,
+        host: &CudaContext,
         memory: &'a mut [u8],
         chunk_bytes: usize,
         portable: bool,
@@ -230,10 +224,10 @@ impl<'a> HostRegistration<'a> {
         host.bind()?;
         let mut flags = 0;
         if portable {
-            flags |= sys::CU_MEMHOSTREGISTER_PORTABLE;
+            flags |= driver::HOST_REGISTER_PORTABLE;
         }
         if mapped {
-            flags |= sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+            flags |= driver::HOST_REGISTER_DEVICEMAP;
         }
         let base = memory.as_mut_ptr();
         let len = memory.len();
@@ -245,13 +239,16 @@ impl<'a> HostRegistration<'a> {
             |addr, n| {
                 // SAFETY: [addr, addr + n) lies inside `memory`, borrowed for 'a; registering
                 // does not change its contents.
-                unsafe { sys::cuMemHostRegister_v2(addr as *mut c_void, n, flags) }
-                    .result()
-                    .map_err(|e| format!("{:?}", e.0))
+                unsafe { driver::mem_host_register(addr as *mut c_void, n, flags) }.map_err(|e| {
+                    match e {
+                        gpumem_core::DeviceError::Driver { name, .. } => name,
+                        other => other.to_string(),
+                    }
+                })
             },
             |addr, _| {
                 // SAFETY: `addr` starts a chunk registered just before.
-                let _ = unsafe { sys::cuMemHostUnregister(addr as *mut c_void) };
+                let _ = unsafe { driver::mem_host_unregister(addr as *mut c_void) };
             },
         )
         .map_err(|f| f.into_error("cuMemHostRegister", len))?;
@@ -264,11 +261,8 @@ impl<'a> HostRegistration<'a> {
             _memory: std::marker::PhantomData,
         };
         if mapped {
-            let mut dptr: sys::CUdeviceptr = 0;
             // SAFETY: `base` lies in memory registered with CU_MEMHOSTREGISTER_DEVICEMAP.
-            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, base.cast::<c_void>(), 0) }
-                .result()
-                .map_err(cuda_err("cuMemHostGetDevicePointer"))?;
+            let dptr = unsafe { driver::mem_host_get_device_pointer(base.cast::<c_void>()) }?;
             reg.device_ptr = Some(dptr);
         }
         Ok(reg)
@@ -345,7 +339,7 @@ impl Drop for HostRegistration<'_> {
                 if host.bind().is_ok() {
                     for &(addr, _) in &self.chunks {
                         // SAFETY: each chunk was registered once by new_cuda.
-                        let _ = unsafe { sys::cuMemHostUnregister(addr as *mut c_void) };
+                        let _ = unsafe { driver::mem_host_unregister(addr as *mut c_void) };
                     }
                 }
             }

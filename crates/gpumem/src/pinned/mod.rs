@@ -3,10 +3,11 @@
 //! Pageable memory (`malloc`, `Vec`) cannot be read by the GPU's copy engines directly: the
 //! driver first copies it into a pinned bounce buffer of its own, then DMAs from there, and
 //! an "async" copy from it is synchronous for the host. Page-locked memory is DMA'd directly,
-//! at the link's rate (≈55.5 GB/s on the H200's PCIe gen 5 x16 against 8–14 GB/s pageable),
+//! at the link's rate (several times the pageable path; BENCHMARKS.md has the H200's figures),
 //! and lets copies overlap host work and kernels. It costs: allocation is slow
-//! (`cuMemHostAlloc` of 1 GiB ≈ 0.4 s), and pinned pages cannot be swapped, so pinning too much
-//! starves the rest of the machine (keep it under half of RAM).
+//! (`cuMemHostAlloc` takes milliseconds per MiB-sized buffer and scales with the size), and
+//! pinned pages cannot be swapped, so pinning too much starves the rest of the machine (keep
+//! it under half of RAM).
 //!
 //! This module offers:
 //! - [`PinnedBuffer`]: one `cuMemHostAlloc` allocation (flags: default, portable, mapped,
@@ -21,8 +22,10 @@
 //! - [`transfer`]: the measurements behind `gpumem bench transfer` / `bench pinned`.
 //! - [`advise`]: the pageable / pinned / staged / mapped decision, made quantitative.
 
+use crate::cuda::CudaError;
+use gpumem_core::DeviceError;
+
 mod buffer;
-pub mod driver;
 mod locked;
 mod pool;
 pub mod size_class;
@@ -32,11 +35,12 @@ pub mod sysinfo;
 pub mod advise;
 pub mod transfer;
 
+/// The CUDA types pinned memory works with, from the one CUDA layer ([`crate::cuda`]).
+pub use crate::cuda::{CopyKernel, CudaContext, DeviceBuffer, Event, Stream, COPY16_PTX};
 pub use buffer::{HostRegistration, PinnedBuffer, DEFAULT_REGISTER_CHUNK_BYTES};
-pub use driver::{cuda_available, CudaHost, DeviceBuffer, Event, Stream};
 pub use locked::{memlock_limit, MemlockLimit};
 pub use pool::PinnedSource;
-pub use pool::{Fence, PinnedPool, PinnedPoolConfig, PinnedStats, PooledBuffer};
+pub use pool::{PinnedPool, PinnedPoolConfig, PinnedStats, PooledBuffer};
 pub use staging::{CopyKind, CopyPool, NullDma, StagingConfig, StagingDma, StagingRing};
 
 /// How a [`PinnedBuffer`] is allocated (the flags of `cuMemHostAlloc`).
@@ -80,16 +84,16 @@ impl HostAllocFlags {
 
     /// The `Flags` argument of `cuMemHostAlloc`.
     pub fn to_cuda(self) -> u32 {
-        use cudarc::driver::sys;
+        use crate::cuda::driver;
         let mut f = 0;
         if self.portable {
-            f |= sys::CU_MEMHOSTALLOC_PORTABLE;
+            f |= driver::HOST_ALLOC_PORTABLE;
         }
         if self.mapped {
-            f |= sys::CU_MEMHOSTALLOC_DEVICEMAP;
+            f |= driver::HOST_ALLOC_DEVICEMAP;
         }
         if self.write_combined {
-            f |= sys::CU_MEMHOSTALLOC_WRITECOMBINED;
+            f |= driver::HOST_ALLOC_WRITECOMBINED;
         }
         f
     }
@@ -118,20 +122,10 @@ impl std::fmt::Display for HostAllocFlags {
 /// Errors of pinned host memory.
 #[derive(Debug, thiserror::Error)]
 pub enum PinnedError {
-    /// The CUDA driver library (`libcuda.so`) could not be loaded or initialised.
-    #[error("no CUDA driver found ({detail}); pinned memory falls back to mlock")]
-    NoDriver {
-        /// What was searched or what failed.
-        detail: String,
-    },
-    /// A CUDA driver call failed.
-    #[error("{call} failed: {name}")]
-    Cuda {
-        /// The driver call, e.g. `cuMemHostAlloc`.
-        call: &'static str,
-        /// The CUDA error name, e.g. `CUDA_ERROR_OUT_OF_MEMORY`.
-        name: String,
-    },
+    /// No usable CUDA driver ([`CudaError::NoDriver`], [`CudaError::Unusable`]) or a failed
+    /// driver call ([`CudaError::Device`], naming the call and the CUDA error).
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
     /// One chunk of a chunked registration failed; the chunks before it were rolled back.
     #[error(
         "{call} of chunk {chunk} (offset {offset_bytes} B, {len_bytes} B) of a {total_bytes} B \
@@ -193,12 +187,31 @@ pub enum PinnedError {
         /// The pool's cap, in bytes.
         cap_bytes: u64,
     },
+    /// A measurement needs more host memory than the machine has available.
+    #[error(
+        "{what} needs {needed_bytes} B of host memory, but only {available_bytes} B are \
+         available (MemAvailable, cgroup limit): choose smaller sizes"
+    )]
+    HostMemory {
+        /// What needs it, e.g. `bench pinned at 100 GiB`.
+        what: String,
+        /// Bytes it needs.
+        needed_bytes: u64,
+        /// Bytes available.
+        available_bytes: u64,
+    },
     /// A request that cannot be served as asked (zero size, size overflow, misuse).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     /// A broken invariant (a bug in gpumem).
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+impl From<DeviceError> for PinnedError {
+    fn from(e: DeviceError) -> Self {
+        PinnedError::Cuda(CudaError::Device(e))
+    }
 }
 
 /// Result of this module.

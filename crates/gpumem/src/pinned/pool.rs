@@ -8,8 +8,8 @@
 //! total is capped (default: half of RAM or of the cgroup limit): past the cap the pool
 //! first releases cached blocks, then fails with [`PinnedError::CapExceeded`].
 //!
-//! A block used by an asynchronous copy carries fences ([`PooledBuffer::record_stream`] or
-//! [`PooledBuffer::record_fence`]); it is handed out again only once they have completed.
+//! A block used by an asynchronous copy carries events ([`PooledBuffer::record_stream`] or
+//! [`PooledBuffer::record_event`]); it is handed out again only once they have completed.
 //!
 //! ```
 //! use gpumem::pinned::{PinnedError, PinnedPool, PinnedPoolConfig};
@@ -31,28 +31,19 @@
 //! }
 //! ```
 
-use super::driver::{CudaHost, Event, Stream};
 use super::size_class::class_bytes;
 use super::sysinfo::default_pinned_cap_bytes;
 use super::{HostAllocFlags, PinnedBuffer, PinnedError, Result};
+use crate::cuda::{CudaContext, Event, Stream, StreamEvents};
 use gpumem_core::stats::Counter;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-
-/// Something that completes: a CUDA event recorded after the last use of a block.
-pub trait Fence: Send + Sync {
-    /// Whether the work it follows has finished.
-    ///
-    /// # Errors
-    /// The backend's error (a failed `cuEventQuery`).
-    fn is_complete(&self) -> Result<bool>;
-}
 
 /// Where a pool's memory comes from.
 #[derive(Debug, Clone)]
 pub enum PinnedSource {
     /// `cuMemHostAlloc` with these flags in this device's context.
-    Cuda(CudaHost, HostAllocFlags),
+    Cuda(CudaContext, HostAllocFlags),
     /// Anonymous memory locked with `mlock` (no CUDA).
     Locked,
 }
@@ -71,7 +62,7 @@ impl PinnedPoolConfig {
     /// CUDA device `ordinal` with default flags if a driver is present, else the mlock
     /// fallback; default cap.
     pub fn auto(ordinal: usize) -> Self {
-        let source = match CudaHost::new(ordinal) {
+        let source = match CudaContext::new(ordinal) {
             Ok(h) => PinnedSource::Cuda(h, HostAllocFlags::DEFAULT),
             Err(_) => PinnedSource::Locked,
         };
@@ -140,17 +131,19 @@ impl PinnedStats {
     }
 }
 
-/// What keeps a cached block from reuse: a CUDA event (recycled once complete) or any fence.
+/// What keeps a cached block from reuse: a CUDA event (recycled by the pool once complete),
+/// or an event of any [`StreamEvents`] (the device pool's abstraction; given back to it once
+/// complete).
 enum Guard {
     Event(Event),
-    Other(Box<dyn Fence>),
+    Stream(Arc<dyn StreamEvents>, u64),
 }
 
 impl Guard {
     fn is_complete(&self) -> Result<bool> {
         match self {
-            Guard::Event(e) => e.query(),
-            Guard::Other(f) => f.is_complete(),
+            Guard::Event(e) => Ok(e.query()?),
+            Guard::Stream(events, id) => Ok(events.query(*id)?),
         }
     }
 }
@@ -175,10 +168,13 @@ impl State {
     /// Keeps the events of completed guards for reuse (the others are dropped).
     fn recycle(&mut self, guards: Vec<Guard>) {
         for g in guards {
-            if let Guard::Event(e) = g {
-                if self.events.len() < MAX_IDLE_EVENTS {
-                    self.events.push(e);
+            match g {
+                Guard::Event(e) => {
+                    if self.events.len() < MAX_IDLE_EVENTS {
+                        self.events.push(e);
+                    }
                 }
+                Guard::Stream(events, id) => events.recycle(id),
             }
         }
     }
@@ -530,12 +526,12 @@ impl PooledBuffer {
             let pos = st
                 .events
                 .iter()
-                .rposition(|e| e.host().same_device_context(stream.host()));
+                .rposition(|e| e.context().same_context(stream.context()));
             pos.map(|i| st.events.swap_remove(i))
         };
         let mut ev = match idle {
             Some(e) => e,
-            None => Event::new(stream.host(), false)?,
+            None => Event::new(stream.context(), false)?,
         };
         ev.record(stream)?;
         self.fences.push(Guard::Event(ev));
@@ -570,9 +566,12 @@ impl PooledBuffer {
         }
     }
 
-    /// Adds a fence that must complete before the block is reused.
-    pub fn record_fence(&mut self, fence: Box<dyn Fence>) {
-        self.fences.push(Guard::Other(fence));
+    /// Adds an event, recorded by `events` after the block's last use, that must complete
+    /// ([`StreamEvents::query`]) before the block is reused; it is given back to `events`
+    /// ([`StreamEvents::recycle`]) once complete. Any backend's events work: a
+    /// [`crate::cuda::CudaEvents`], or [`crate::cuda::ManualEvents`] in tests.
+    pub fn record_event(&mut self, events: Arc<dyn StreamEvents>, event: u64) {
+        self.fences.push(Guard::Stream(events, event));
     }
 }
 
@@ -618,15 +617,7 @@ impl Drop for PooledBuffer {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicBool, Ordering};
-
-    /// A fence the test completes by hand.
-    struct Flag(Arc<AtomicBool>);
-    impl Fence for Flag {
-        fn is_complete(&self) -> Result<bool> {
-            Ok(self.0.load(Ordering::SeqCst))
-        }
-    }
+    use crate::cuda::ManualEvents;
 
     fn pool(cap: u64) -> PinnedPool {
         PinnedPool::new(PinnedPoolConfig::locked(cap))
@@ -712,8 +703,10 @@ mod tests {
             Ok(a) => a,
             Err(e) => return assert!(lockable(&e), "{e}"),
         };
-        let done = Arc::new(AtomicBool::new(false));
-        a.record_fence(Box::new(Flag(Arc::clone(&done))));
+        let events = Arc::new(ManualEvents::new());
+        let copy_stream = 7;
+        let ev = events.record(copy_stream).unwrap();
+        a.record_event(Arc::clone(&events) as Arc<dyn StreamEvents>, ev);
         let addr_a = a.as_ptr();
         drop(a);
         let b = p.alloc(8192).unwrap();
@@ -721,9 +714,10 @@ mod tests {
         assert_eq!(p.stats().busy_skips, 1);
         // The busy block also cannot be released to make room.
         assert_eq!(p.empty_cache(), 0);
-        done.store(true, Ordering::SeqCst);
+        events.complete_stream(copy_stream);
         let c = p.alloc(8192).unwrap();
         assert_eq!(c.as_ptr(), addr_a);
+        assert_eq!(events.live(), 0, "the completed event was not given back");
         p.validate().unwrap();
     }
 

@@ -4,11 +4,11 @@
 //! one warm-up copy); allocation calls with the host's monotonic clock.
 
 use super::advise::{AllocPoint, Direction, MemoryKind};
-use super::driver::{cuda_err, CopyKernel, CudaHost, DeviceBuffer, Event, Stream};
 use super::staging::{StagingConfig, StagingRing};
 use super::sysinfo::{numa_node_of_address, numa_node_of_pci};
 use super::{HostAllocFlags, HostRegistration, PinnedBuffer, PinnedError, PinnedPool, Result};
 use super::{PinnedPoolConfig, DEFAULT_REGISTER_CHUNK_BYTES};
+use crate::cuda::{driver, CopyKernel, CudaContext, DeviceBuffer, Event, Stream};
 use std::time::Instant;
 
 /// Median of `v` (sorted in place); 0 for an empty slice.
@@ -35,10 +35,76 @@ pub enum MappedMethod {
     DtoD(String),
 }
 
+/// Copy threads of a staging ring when none are asked for: two below the CPU count (as in
+/// [`sweep_grid`]), between 1 and 12.
+pub fn default_copy_threads() -> usize {
+    let cpus = std::thread::available_parallelism().map_or(4, std::num::NonZeroUsize::get);
+    cpus.saturating_sub(2).clamp(1, 12)
+}
+
+/// The staging settings a sweep tries: chunk × buffers × threads × copy kind. Copy threads
+/// stay at least two below the CPU count: the caller's thread and the driver's need cores too,
+/// and a ring whose copy threads have to share cores collapses (seen on the H200 host: a
+/// 16-thread ring on 16 cores collapsed minutes after the sweep measured it; see BENCHMARKS.md).
+pub fn sweep_grid() -> Vec<StagingConfig> {
+    let cpus = std::thread::available_parallelism().map_or(4, std::num::NonZeroUsize::get);
+    let max_threads = cpus.saturating_sub(2).max(1);
+    let mut thread_counts: Vec<usize> = [4usize, 8, 12, 16]
+        .into_iter()
+        .filter(|&t| t <= max_threads)
+        .collect();
+    if thread_counts.is_empty() {
+        thread_counts.push(max_threads);
+    }
+    let mut grid = Vec::new();
+    for chunk in [1usize << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 64 << 20] {
+        for buffers in [2usize, 4, 8] {
+            for &threads in &thread_counts {
+                for copy in [super::CopyKind::Libc, super::CopyKind::NonTemporal] {
+                    grid.push(StagingConfig {
+                        chunk_bytes: chunk,
+                        buffers,
+                        threads,
+                        copy,
+                    });
+                }
+            }
+        }
+    }
+    grid
+}
+
+/// The bandwidth chart of `gpumem bench transfer --plot`: one line per series of
+/// `(bytes, GB/s)` points, size on a log axis.
+pub fn bandwidth_chart(series: &[(String, Vec<(u64, f64)>)], device: &str) -> crate::plot::Chart {
+    use crate::plot::{Chart, Series, PALETTE};
+    Chart {
+        title: format!("{device} — host↔device bandwidth"),
+        x_label: "transfer size".into(),
+        log_x: true,
+        panels: vec![(
+            String::new(),
+            "GB/s".into(),
+            series
+                .iter()
+                .enumerate()
+                .map(|(i, (label, pts))| Series {
+                    label: label.clone(),
+                    color: PALETTE[i % PALETTE.len()].into(),
+                    dashed: false,
+                    points: pts.iter().map(|&(b, g)| (b as f64, g)).collect(),
+                })
+                .collect(),
+        )],
+        shared_y: false,
+        x_marks: Vec::new(),
+    }
+}
+
 /// Host and device buffers and streams for transfer measurements, allocated once for the
 /// largest size.
 pub struct TransferBench {
-    host: CudaHost,
+    host: CudaContext,
     s1: Stream,
     s2: Stream,
     start: Event,
@@ -79,7 +145,7 @@ impl TransferBench {
     /// # Errors
     /// Driver errors (out of memory, ...).
     pub fn new(
-        host: &CudaHost,
+        host: &CudaContext,
         max_bytes: usize,
         kinds: &[MemoryKind],
         staging: StagingConfig,
@@ -265,9 +331,9 @@ impl TransferBench {
                     match &self.kernel {
                         // SAFETY: both ranges are live allocations of ≥ bytes, 16-byte aligned
                         // (page-aligned starts), disjoint; synchronised before return.
-                        Some(k) => unsafe { k.launch(s, dst, src, bytes) },
+                        Some(k) => Ok(unsafe { k.launch(s, dst, src, bytes) }?),
                         // SAFETY: as above.
-                        None => unsafe { s.copy_d2d_raw(dst, src, bytes) },
+                        None => Ok(unsafe { s.copy_d2d_raw(dst, src, bytes) }?),
                     }
                 };
                 match dir {
@@ -400,7 +466,7 @@ impl TransferBench {
         let copy = |s: &Stream| -> Result<()> {
             // SAFETY: the host buffer is owned by self and outlives the copy, which is
             // synchronised before the measurement returns.
-            unsafe { s.copy_h2d_raw(dev_a, p, bytes) }
+            Ok(unsafe { s.copy_h2d_raw(dev_a, p, bytes) }?)
         };
         // Device-to-device copies between the two halves of dev_b (the H2D copy writes dev_a).
         let half = (self.max_bytes / 2) & !15;
@@ -411,13 +477,16 @@ impl TransferBench {
         }
         let src = self.dev_b.device_ptr();
         let dst = src + half as u64;
-        // SAFETY (each use): both halves lie inside dev_b and do not overlap.
-        let dd = |s: &Stream| unsafe { s.copy_d2d_raw(dst, src, half) };
+        let dd = |s: &Stream| {
+            // SAFETY: both halves lie inside dev_b, which outlives every use, and do not
+            // overlap.
+            unsafe { s.copy_d2d_raw(dst, src, half) }
+        };
         // All three timings on the host clock, since two streams are involved.
         let mut t_copy = Vec::new();
         let mut t_dd = Vec::new();
         for _ in 0..3 {
-            let (t, r) = time(|| copy(&self.s1).and_then(|()| self.s1.synchronize()));
+            let (t, r) = time(|| copy(&self.s1).and_then(|()| Ok(self.s1.synchronize()?)));
             r?;
             t_copy.push(t);
             let (t, r) = time(|| dd(&self.s2).and_then(|()| self.s2.synchronize()));
@@ -430,14 +499,14 @@ impl TransferBench {
         let mut alone = Vec::new();
         let mut both = Vec::new();
         for _ in 0..repeats.max(1) {
-            let (t, r) = time(|| copy(&self.s1).and_then(|()| self.s1.synchronize()));
+            let (t, r) = time(|| copy(&self.s1).and_then(|()| Ok(self.s1.synchronize()?)));
             r?;
             alone_copy.push(t);
             let (t, r) = time(|| -> Result<()> {
                 for _ in 0..reps {
                     dd(&self.s2)?;
                 }
-                self.s2.synchronize()
+                Ok(self.s2.synchronize()?)
             });
             r?;
             alone.push(t);
@@ -447,7 +516,7 @@ impl TransferBench {
                 }
                 copy(&self.s1)?;
                 self.s1.synchronize()?;
-                self.s2.synchronize()
+                Ok(self.s2.synchronize()?)
             });
             r?;
             both.push(t);
@@ -547,7 +616,7 @@ fn time<T>(f: impl FnOnce() -> T) -> (f64, T) {
 /// # Errors
 /// Driver or OS errors ([`PinnedError::MemlockLimit`] on the fallback).
 pub fn alloc_costs(
-    host: Option<&CudaHost>,
+    host: Option<&CudaContext>,
     bytes: usize,
     repeats: usize,
 ) -> Result<Vec<AllocPoint>> {
@@ -583,11 +652,11 @@ pub fn alloc_costs(
             let (mut a, mut f) = (Vec::new(), Vec::new());
             for _ in 0..repeats {
                 // SAFETY: raw cuMemHostAlloc / cuMemFreeHost pair; the memory is never read.
-                let (ta, p) = time(|| unsafe { cudarc::driver::result::malloc_host(bytes, 0) });
-                let p = p.map_err(cuda_err("cuMemHostAlloc"))?;
+                let (ta, p) = time(|| driver::mem_host_alloc(bytes, 0));
+                let p = p?;
                 // SAFETY: `p` came from cuMemHostAlloc above and is freed once.
-                let (tf, r) = time(|| unsafe { cudarc::driver::result::free_host(p) });
-                r.map_err(cuda_err("cuMemFreeHost"))?;
+                let (tf, r) = time(|| unsafe { driver::mem_free_host(p) });
+                r?;
                 a.push(ta);
                 f.push(tf);
             }
@@ -678,7 +747,7 @@ pub const OVERHEAD_REQUESTS: [u64; 6] = [
 ///
 /// # Errors
 /// The pool's errors (cap, driver, `RLIMIT_MEMLOCK`).
-pub fn pool_overhead(host: Option<&CudaHost>, requests: &[u64]) -> Result<super::PinnedStats> {
+pub fn pool_overhead(host: Option<&CudaContext>, requests: &[u64]) -> Result<super::PinnedStats> {
     let source = match host {
         Some(h) => super::pool::PinnedSource::Cuda(h.clone(), HostAllocFlags::DEFAULT),
         None => super::pool::PinnedSource::Locked,
@@ -702,6 +771,22 @@ pub fn pool_overhead(host: Option<&CudaHost>, requests: &[u64]) -> Result<super:
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    /// `bench transfer --host-only` defaulted to 12 copy threads on a 2-core machine: the
+    /// default stays two below the CPU count (at least 1, at most 12).
+    #[test]
+    fn default_copy_threads_fit_the_machine() {
+        let cpus = std::thread::available_parallelism().map_or(4, std::num::NonZeroUsize::get);
+        let t = default_copy_threads();
+        assert!((1..=12).contains(&t));
+        assert!(
+            t <= cpus.saturating_sub(2).max(1),
+            "{t} threads on {cpus} CPUs"
+        );
+        assert!(sweep_grid()
+            .iter()
+            .all(|c| c.threads <= cpus.saturating_sub(2).max(1)));
+    }
 
     #[test]
     fn medians() {

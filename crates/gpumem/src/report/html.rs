@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use super::map::{MemoryMap, STATES};
 use super::record::NEVER;
 use super::Report;
-use crate::cuda::vmm::human;
+use crate::units::bytes as human;
 
 const TEMPLATE: &str = include_str!("page.html");
 const STYLE: &str = include_str!("report.css");

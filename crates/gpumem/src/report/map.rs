@@ -13,8 +13,8 @@
 use serde::Serialize;
 
 use super::record::{AllocatorRun, RegionKind, TraceBlock, NEVER};
-use crate::cuda::vmm::human;
 use crate::trace::SnapshotSegment;
+use crate::units::bytes as human;
 
 /// State of a span of a row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -485,7 +485,10 @@ impl MemoryMap {
             }
             o.push('\n');
         }
-        o.push_str(&format!("one cell = {}; ", human(cell)));
+        o.push_str(&format!(
+            "one cell = {}; ",
+            crate::units::bytes_compact(cell)
+        ));
         let mut first = true;
         for (i, s) in STATES.iter().enumerate() {
             if t[i] == 0 && *s != SpanState::Live {

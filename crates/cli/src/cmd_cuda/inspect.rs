@@ -1,0 +1,273 @@
+//! `gpumem inspect`: blocks as the driver and the pool see them.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use gpumem::cuda::{self, CudaDevice, CudaEvents, DeviceSel, ManualEvents, PointerInfo};
+use gpumem::pool::{DevicePool, PoolConfig};
+use gpumem::units::bytes_compact as human;
+use gpumem::vmm::{Tracked, VmmBook};
+use gpumem_core::config::AllocatorConfig;
+use gpumem_core::registry;
+use gpumem_core::sim::SimDevice;
+use gpumem_core::Device;
+use serde::Serialize;
+
+use super::{ordinals, yes};
+
+/// Arguments of `gpumem inspect`.
+#[derive(Args)]
+pub struct InspectArgs {
+    /// Device: sim, cuda (= cuda:0), cuda:N or all.
+    #[arg(long, default_value = "cuda")]
+    pub device: DeviceSel,
+    /// Strategies (comma-separated, or `all`).
+    #[arg(long, default_value = "all")]
+    pub strategies: String,
+    /// Block sizes to allocate (comma-separated: 256,64KiB,3MiB,64MiB).
+    #[arg(long, default_value = "256,64KiB,3MiB,64MiB", value_parser = gpumem::units::parse_size_list)]
+    pub sizes: std::vec::Vec<u64>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What the pool knows of a device's memory.
+pub(super) trait Introspect: Device {
+    fn segment_list(&self) -> Vec<(u64, u64)>;
+    fn book(&self) -> &VmmBook;
+    fn driver_view(&self, addr: u64) -> Option<Result<PointerInfo, String>>;
+}
+
+impl Introspect for CudaDevice {
+    fn segment_list(&self) -> Vec<(u64, u64)> {
+        self.segments()
+    }
+    fn book(&self) -> &VmmBook {
+        self.vmm_book()
+    }
+    fn driver_view(&self, addr: u64) -> Option<Result<PointerInfo, String>> {
+        Some(self.pointer_info(addr).map_err(|e| e.to_string()))
+    }
+}
+
+impl Introspect for Tracked<SimDevice> {
+    fn segment_list(&self) -> Vec<(u64, u64)> {
+        self.segments.iter().map(|(a, b)| (*a, *b)).collect()
+    }
+    fn book(&self) -> &VmmBook {
+        &self.book
+    }
+    fn driver_view(&self, _addr: u64) -> Option<Result<PointerInfo, String>> {
+        None
+    }
+}
+
+#[derive(Serialize)]
+struct PoolView {
+    strategy: String,
+    requested_bytes: u64,
+    class_bytes: u64,
+    /// "segment" (cuMemAlloc) or "vmm" (mapped pages) or "unknown".
+    backing: String,
+    backing_start: u64,
+    backing_bytes: u64,
+    block_offset: u64,
+    /// Physical handles of the pages under the block (VMM), in order.
+    pages: Vec<u64>,
+}
+
+#[derive(Serialize)]
+struct InspectRow {
+    addr: u64,
+    pool: PoolView,
+    driver: Option<PointerInfo>,
+    driver_error: Option<String>,
+}
+
+fn pool_view<D: Introspect>(d: &D, strategy: &str, addr: u64, req: u64, class: u64) -> PoolView {
+    let mut v = PoolView {
+        strategy: strategy.to_string(),
+        requested_bytes: req,
+        class_bytes: class,
+        backing: "unknown".into(),
+        backing_start: 0,
+        backing_bytes: 0,
+        block_offset: 0,
+        pages: Vec::new(),
+    };
+    if let Some((s, b)) = d
+        .segment_list()
+        .into_iter()
+        .find(|(s, b)| addr >= *s && addr < s + b)
+    {
+        v.backing = "segment".into();
+        v.backing_start = s;
+        v.backing_bytes = b;
+        v.block_offset = addr - s;
+        return v;
+    }
+    let book = d.book();
+    if let Some((s, b)) = book.reservation_of(addr) {
+        v.backing = "vmm".into();
+        v.backing_start = s;
+        v.backing_bytes = b;
+        v.block_offset = addr - s;
+        let end = addr + req.max(1);
+        let mut at = addr;
+        while at < end {
+            match book.mapping_of(at) {
+                Some((ms, m)) => {
+                    v.pages.push(m.handle);
+                    at = ms + m.bytes;
+                }
+                None => break,
+            }
+        }
+    }
+    v
+}
+
+fn inspect_on<D: Introspect>(
+    pool: &DevicePool<D>,
+    sizes: &[u64],
+    rows: &mut Vec<InspectRow>,
+) -> Result<()> {
+    let blocks: Vec<_> = sizes
+        .iter()
+        .map(|&s| {
+            pool.alloc(s, 0)
+                .with_context(|| format!("{}: allocating {}", pool.name(), human(s)))
+        })
+        .collect::<Result<_>>()?;
+    for b in &blocks {
+        let (view, drv) = pool.with_device(|d| {
+            (
+                pool_view(d, pool.name(), b.addr(), b.size_bytes(), b.class_bytes()),
+                d.driver_view(b.addr()),
+            )
+        })?;
+        let (driver, driver_error) = match drv {
+            Some(Ok(p)) => (Some(p), None),
+            Some(Err(e)) => (None, Some(e)),
+            None => (None, None),
+        };
+        rows.push(InspectRow {
+            addr: b.addr(),
+            pool: view,
+            driver,
+            driver_error,
+        });
+    }
+    Ok(())
+}
+
+pub fn inspect(a: InspectArgs) -> Result<()> {
+    let names = registry::parse_list(&a.strategies)?;
+    let mut rows = Vec::new();
+    let mut errors = Vec::new();
+    let opts = PoolConfig::default();
+    for name in &names {
+        let alloc = registry::build(name, &AllocatorConfig::default())?;
+        let r = if a.device == DeviceSel::Sim {
+            DevicePool::new(
+                alloc,
+                Tracked::new(SimDevice::default()),
+                Box::new(ManualEvents::immediate()),
+                opts,
+            )
+            .map_err(anyhow::Error::from)
+            .and_then(|p| inspect_on(&p, &a.sizes, &mut rows))
+        } else {
+            let mut res = Ok(());
+            for o in ordinals(a.device)? {
+                let dev = cuda::open(o)?;
+                let events = CudaEvents::new(&dev)?;
+                let o2 = PoolConfig {
+                    pitch_align_bytes: dev.pitch_align_bytes(),
+                    ..opts
+                };
+                res = DevicePool::new(alloc_again(name)?, dev, Box::new(events), o2)
+                    .map_err(anyhow::Error::from)
+                    .and_then(|p| inspect_on(&p, &a.sizes, &mut rows));
+                if res.is_err() {
+                    break;
+                }
+            }
+            drop(alloc);
+            res
+        };
+        if let Err(e) = r {
+            errors.push(format!("{name}: {e:#}"));
+        }
+    }
+    if a.json {
+        #[derive(Serialize)]
+        struct Out<'a> {
+            rows: &'a [InspectRow],
+            errors: &'a [String],
+        }
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&Out {
+                rows: &rows,
+                errors: &errors
+            })?
+        );
+    } else {
+        println!(
+            "{:<9} {:>9} {:>16} | {:<8} {:>16} {:>10} {:>10} {:<6} | {:>4} {:<8} {:>16} {:>10} {:<5}",
+            "strategy", "size", "address", "backing", "start", "bytes", "offset", "pages", "dev", "type", "range start", "range", "vmm"
+        );
+        for r in &rows {
+            let p = &r.pool;
+            let pages = if p.pages.is_empty() {
+                "-".to_string()
+            } else {
+                p.pages.len().to_string()
+            };
+            let (dev, ty, rs, rb, vm) = match &r.driver {
+                Some(d) => (
+                    d.device_ordinal.to_string(),
+                    format!("{:?}", d.memory_type).to_lowercase(),
+                    format!("{:#x}", d.range_start),
+                    human(d.range_bytes),
+                    yes(d.vmm_mapped).to_string(),
+                ),
+                None => (
+                    "-".into(),
+                    r.driver_error.clone().unwrap_or_else(|| "(sim)".into()),
+                    "-".into(),
+                    "-".into(),
+                    "-".into(),
+                ),
+            };
+            println!(
+                "{:<9} {:>9} {:>#16x} | {:<8} {:>#16x} {:>10} {:>10} {:<6} | {:>4} {:<8} {:>16} {:>10} {:<5}",
+                p.strategy,
+                human(p.requested_bytes),
+                r.addr,
+                p.backing,
+                p.backing_start,
+                human(p.backing_bytes),
+                p.block_offset,
+                pages,
+                dev,
+                ty,
+                rs,
+                rb,
+                vm
+            );
+        }
+        for e in &errors {
+            eprintln!("error: {e}");
+        }
+    }
+    if rows.is_empty() && !errors.is_empty() {
+        bail!("no strategy could allocate ({} errors)", errors.len());
+    }
+    Ok(())
+}
+
+pub(super) fn alloc_again(name: &str) -> Result<Box<dyn gpumem_core::Allocator>> {
+    Ok(registry::build(name, &AllocatorConfig::default())?)
+}

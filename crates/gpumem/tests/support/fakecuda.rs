@@ -1,0 +1,108 @@
+//! The one harness of the fake-driver tests (tests/cuda and tests/pinned): builds the fake
+//! driver (tests/support/libcuda.c) with the C compiler (`$CC` or `cc`) and runs one test
+//! again in a child process with `LD_LIBRARY_PATH` pointing at it, since the driver library
+//! is loaded once per process. The same re-run serves tests that need another environment
+//! (e.g. `GPUMEM_NO_CUDA`).
+#![allow(dead_code)]
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::Command;
+
+const CHILD: &str = "GPUMEM_TEST_CHILD";
+
+/// Whether this process is the child of [`run_in_child`].
+pub fn in_child() -> bool {
+    std::env::var_os(CHILD).is_some()
+}
+
+/// The name libtest knows a test by: `module_path` without the crate, then `::name`.
+pub fn test_name(module_path: &str, name: &str) -> String {
+    match module_path.split_once("::") {
+        Some((_, rest)) => format!("{rest}::{name}"),
+        None => name.to_string(),
+    }
+}
+
+/// Runs test `name` (a full libtest name, see [`test_name`]) again in a child process with
+/// `env` set (and `remove` unset); fails unless the child passed exactly that test and printed
+/// no "FAKE:" line (a broken driver rule). Returns the child's output.
+pub fn run_in_child(name: &str, env: &[(&str, OsString)], remove: &[&str]) -> String {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        name,
+        "--nocapture",
+        "--test-threads=1",
+        "--include-ignored",
+    ])
+    .env(CHILD, "1");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    for k in remove {
+        cmd.env_remove(k);
+    }
+    let run = cmd.output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(run.status.success(), "child failed:\n{text}");
+    assert!(text.contains("1 passed"), "the child ran nothing:\n{text}");
+    assert!(
+        !text.contains("FAKE:"),
+        "the fake driver saw an illegal call:\n{text}"
+    );
+    text
+}
+
+/// Runs `child` against the fake driver: in the parent, builds it and re-runs test `name`
+/// (as [`test_name`] gives it) in a child process; in the child, calls `child`. Skipped with
+/// a message where there is no C compiler.
+pub fn against_fake_driver(name: &str, child: impl FnOnce()) {
+    if in_child() {
+        return child();
+    }
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    if Command::new(&cc).arg("--version").output().is_err() {
+        eprintln!("skipped: no C compiler `{cc}` to build the fake libcuda.so");
+        return;
+    }
+    let tag = name.replace("::", "-");
+    let dir = std::env::temp_dir().join(format!("gpumem-fakecuda-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/support/libcuda.c");
+    let out = Command::new(&cc)
+        .args(["-O1", "-shared", "-fPIC", "-o"])
+        .arg(dir.join("libcuda.so"))
+        .arg(&src)
+        .arg("-lpthread")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    run_in_child(
+        name,
+        &[("LD_LIBRARY_PATH", dir.clone().into_os_string())],
+        &["GPUMEM_NO_CUDA"],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// What the fake still holds: 0 host allocations, 1 device allocations, 2 events, 3 streams.
+pub fn live(what: i32) -> i64 {
+    // SAFETY: the fake library is loaded (the driver was initialised) and exports
+    // `long fake_cuda_live(int)`.
+    unsafe {
+        let lib = libc::dlopen(c"libcuda.so".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+        assert!(!lib.is_null(), "the fake libcuda.so is not loaded");
+        let f = libc::dlsym(lib, c"fake_cuda_live".as_ptr());
+        assert!(!f.is_null(), "libcuda.so is not the fake");
+        let f: extern "C" fn(i32) -> i64 = std::mem::transmute(f);
+        f(what)
+    }
+}
