@@ -488,6 +488,16 @@
     document.body.dataset.phases = Object.entries(phases).map(([k, v]) => k + ' ' + v.toFixed(0)).join(', ');
     document.body.dataset.loadedMs = loadMs.toFixed(0);
     status.textContent = 'Page built in ' + loadMs.toFixed(0) + ' ms (' + D.events + ' events, ' + D.blocksV.requested.length + ' blocks, ' + D.allocators.length + ' allocators).';
+    // Charts and map follow the window's width.
+    let resizeTimer = 0;
+    window.addEventListener('resize', () => {
+      clearTimeout(resizeTimer);
+      resizeTimer = setTimeout(() => {
+        const w = Math.max(300, Math.floor(($('charts').clientWidth - 16) / 2));
+        for (const u of charts) u.setSize({ width: w, height: u.height });
+        redrawMap();
+      }, 150);
+    });
     if (location.hash.includes('selftest')) selftest(loadMs);
   }
   main().catch((e) => {
