@@ -10,6 +10,7 @@ use gpumem::core::registry;
 use gpumem::core::sim::{SimDevice, DEFAULT_CAPACITY};
 use gpumem::core::{Allocator, Device, DriverCall};
 use gpumem::plot::{Chart, Series, PALETTE};
+use gpumem::recorded_oom::{self, OomVerdict};
 use gpumem::replay::{self, ReplayConfig, ReplayReport, TraceSummary};
 use gpumem::trace::{self, ReadConfig};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -148,6 +149,8 @@ struct JsonOut {
     pytorch_recorded: Vec<Recorded>,
     device: String,
     capacity_bytes: u64,
+    /// The snapshot's recorded OOMs and whether each allocator would have avoided them.
+    recorded_ooms: Vec<OomVerdict>,
     allocators: Vec<JsonAllocator>,
 }
 
@@ -364,6 +367,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         pytorch_recorded: recorded_figures(&a.trace, peak_requested),
         device: a.device.clone(),
         capacity_bytes: capacity,
+        recorded_ooms: oom_verdicts(&trace, &names, config)?,
         allocators: out,
     };
     if let Some(path) = &a.timeline {
@@ -473,7 +477,49 @@ fn json_allocator(
     }
 }
 
+/// Verdicts on the trace's recorded OOMs, on the simulated device (see `recorded_oom`).
+fn oom_verdicts(
+    trace: &trace::Trace,
+    names: &[&str],
+    config: AllocatorConfig,
+) -> Result<Vec<OomVerdict>> {
+    if trace.count(trace::Action::Oom) == 0 {
+        return Ok(Vec::new());
+    }
+    let mut make = |n: &str| -> Box<dyn Allocator> {
+        registry::build(n, &config).expect("allocator names were validated")
+    };
+    let mut make_dev = |c: u64| -> Box<dyn Device> { Box::new(SimDevice::new(c)) };
+    Ok(recorded_oom::verdicts(
+        trace,
+        names,
+        &mut make,
+        &mut make_dev,
+    )?)
+}
+
+fn print_oom_verdicts(j: &JsonOut) {
+    for v in &j.recorded_ooms {
+        println!(
+            "recorded OOM at event {} (device {}): {} requested, {} reserved + {} free on the device = {} usable",
+            v.event,
+            v.device,
+            human_bytes(v.request_bytes),
+            human_bytes(v.reserved_bytes),
+            v.device_free_bytes.map_or("?".into(), human_bytes),
+            v.capacity_bytes.map_or("?".into(), human_bytes),
+        );
+        for line in v.lines(&human_bytes) {
+            println!("  {line}");
+        }
+    }
+    if !j.recorded_ooms.is_empty() {
+        println!();
+    }
+}
+
 fn print_table(j: &JsonOut, capacity: u64) {
+    print_oom_verdicts(j);
     let t = &j.trace;
     println!(
         "trace {}: {} events ({} allocs, {} frees), peak requested {}, largest request {}",

@@ -11,6 +11,7 @@
 pub mod cuda;
 pub mod pinned;
 pub mod plot;
+pub mod recorded_oom;
 pub mod replay;
 pub mod trace;
 
