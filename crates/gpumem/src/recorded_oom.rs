@@ -257,14 +257,16 @@ mod tests {
 
     #[test]
     fn reserved_counts_segment_events_forward_or_back_from_the_dump() {
-        let mut t = Trace::default();
-        t.events = vec![
-            Event::new(Action::SegmentAlloc, 0, 100),
-            Event::new(Action::SegmentAlloc, 100, 50),
-            Event::new(Action::SegmentFree, 0, 100),
-            Event::new(Action::Oom, 0, 10),
-            Event::new(Action::SegmentAlloc, 200, 30).on_device(1),
-        ];
+        let mut t = Trace {
+            events: vec![
+                Event::new(Action::SegmentAlloc, 0, 100),
+                Event::new(Action::SegmentAlloc, 100, 50),
+                Event::new(Action::SegmentFree, 0, 100),
+                Event::new(Action::Oom, 0, 10),
+                Event::new(Action::SegmentAlloc, 200, 30).on_device(1),
+            ],
+            ..Trace::default()
+        };
         assert_eq!(reserved_before(&t, 0, 3), 50);
         assert_eq!(reserved_before(&t, 0, 1), 100);
         // The dump shows 500 bytes on device 0: 450 were there before recording started.
