@@ -6,21 +6,9 @@ use gpumem::core::{
 };
 use gpumem::core::{Allocator, Device};
 use gpumem::replay::{self, ReplayConfig};
-use gpumem::trace::{Action, Event, PreexistingBlock, Trace};
+use gpumem::trace::{Event, PreexistingBlock, Trace};
 
 const MIB: u64 = 1 << 20;
-
-fn ev(action: Action, addr: u64, size: u64) -> Event {
-    Event {
-        action,
-        addr,
-        size_bytes: size,
-        stream: 0,
-        device: 0,
-        time_us: None,
-        align: None,
-    }
-}
 
 /// A small deterministic workload: a sawtooth of mixed sizes with frees in another order.
 fn workload() -> Trace {
@@ -36,16 +24,16 @@ fn workload() -> Trace {
             6..=8 => MIB + x % (8 * MIB),
             _ => 30 * MIB + x % (200 * MIB),
         };
-        t.events.push(ev(Action::Alloc, 0x1000 + i * 64, size));
+        t.events.push(Event::alloc(0x1000 + i * 64, size));
         live.push(0x1000 + i * 64);
         if live.len() > 40 {
             let k = (x >> 20) as usize % live.len();
             let a = live.swap_remove(k);
-            t.events.push(ev(Action::Free, a, 0));
+            t.events.push(Event::free(a, 0));
         }
     }
     for a in live {
-        t.events.push(ev(Action::Free, a, 0));
+        t.events.push(Event::free(a, 0));
     }
     t
 }
@@ -151,9 +139,9 @@ fn preexisting_blocks_are_live_from_the_start() {
         freed_at_event: Some(1),
     });
     t.events = vec![
-        ev(Action::Alloc, 2, 50 * MIB),
-        ev(Action::Free, 1, 100 * MIB),
-        ev(Action::Free, 2, 0),
+        Event::alloc(2, 50 * MIB),
+        Event::free(1, 100 * MIB),
+        Event::free(2, 0),
     ];
     let mut a = registry::build("tlsf", &AllocatorConfig::default()).unwrap();
     let mut d = SimDevice::new(1 << 40);
