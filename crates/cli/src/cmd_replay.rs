@@ -69,6 +69,12 @@ struct JsonTrace {
     preexisting_blocks: u64,
     skipped_events: u64,
     devices: Vec<u32>,
+    /// Where a truncated file was cut and what was kept (--lenient).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    truncated: Option<String>,
+    /// What the reader warned about (key typos, ...).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    warnings: Vec<String>,
 }
 
 #[derive(Serialize)]
@@ -363,6 +369,8 @@ pub fn run(a: ReplayArgs) -> Result<()> {
             preexisting_blocks: trace.preexisting.len() as u64,
             skipped_events: trace.skipped_count,
             devices: devices.clone(),
+            truncated: trace.truncated.clone(),
+            warnings: trace.warnings.clone(),
         },
         pytorch_recorded: recorded_figures(&a.trace, peak_requested),
         device: a.device.clone(),
