@@ -508,6 +508,16 @@ fn reads_what_python_reads_with_random_sharing() {
                 .map(|o| serde_json::json!([o.event, o.device_free_bytes]))
                 .collect();
             assert_eq!(serde_json::Value::Array(ooms), want["ooms"], "{name}: ooms");
+            let segments: Vec<serde_json::Value> = t
+                .segments
+                .iter()
+                .map(|s| serde_json::json!([s.address, s.total_size_bytes, s.blocks.len()]))
+                .collect();
+            assert_eq!(
+                serde_json::Value::Array(segments),
+                want["segments"],
+                "{name}: segments"
+            );
             let settings = t.allocator_settings.as_ref().unwrap();
             assert_eq!(settings.alloc_conf, want["alloc_conf"], "{name}");
             assert_eq!(settings.max_split_size_bytes, None, "{name}");
