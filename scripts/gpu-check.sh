@@ -14,6 +14,10 @@
 #   scripts/gpu-check.sh run [GROUP...]   (on the device machine, from the repository root)
 #       GROUPs (default: all, in this order): info tests bench pinned replay — e.g.
 #       `run replay` in a second device call when one call's 10 minutes are not enough.
+#       Group `torch` runs only when named, in a call of its own (`run torch`, ~7 min):
+#       scripts/torch-compare.py with libgpumem_torch.so as PyTorch's allocator (smoke check,
+#       1,000-step soak, native vs expandable_segments vs gpumem on four workloads); its
+#       files are packed into torch.tar.gz.
 #       Runs, each step under its own time limit, continuing after a failing step:
 #         1. gpumem info (table, and --json), gpumem inspect, gpumem vmm
 #         2. every GPU test binary with --ignored --test-threads 1
@@ -88,6 +92,12 @@ for line in open(sys.argv[1]):
   done <<<"$list"
   [ "$carried" -gt 0 ] || die "no test binary with ignored (GPU) tests found"
   cp -r traces/. "$CARRY/traces/" || die "cannot copy traces"
+  # The PyTorch plug-in (issue 13): the library, the Python module and the comparison script.
+  echo "== cargo build --release -p gpumem-torch"
+  cargo build --release -p gpumem-torch || die "cargo build -p gpumem-torch failed"
+  mkdir -p "$CARRY/torch" || die "cannot create $CARRY/torch"
+  strip -o "$CARRY/torch/libgpumem_torch.so" "$target/release/libgpumem_torch.so" || die "strip libgpumem_torch.so failed"
+  cp python/gpumem_torch.py scripts/torch-compare.py "$CARRY/torch/" || die "cannot copy the plug-in's Python files"
   # The anchor programs (not part of gpumem) travel in carry/ only, to be measured side by side.
   if [ -d ../shared/anchors ]; then
     mkdir -p "$CARRY/anchors" && cp ../shared/anchors/*.cu ../shared/anchors/*.cpp "$CARRY/anchors/" 2>/dev/null
@@ -177,7 +187,7 @@ run() {
   GROUPS_WANTED=("$@")
   local g
   for g in "${GROUPS_WANTED[@]}"; do
-    case "$g" in info | anchors | tests | bench | pinned | replay) ;; *) echo "unknown step group: $g" >&2; exit 2 ;; esac
+    case "$g" in info | anchors | tests | bench | pinned | replay | torch) ;; *) echo "unknown step group: $g" >&2; exit 2 ;; esac
   done
   export CARRY OUTDIR
   export -f json_to replay_one
@@ -242,6 +252,21 @@ PY
     STEPS+=("pinned benchmarks"); STATUS+=("SKIP (no scripts/pinned-bench.sh)"); SECS+=(0)
   fi
 
+  # 4b. PyTorch with gpumem as its allocator (only when named: it needs a call of its own)
+  local g2 torch_named=0
+  for g2 in "${GROUPS_WANTED[@]}"; do [ "$g2" = torch ] && torch_named=1; done
+  if [ "$torch_named" -eq 1 ]; then
+    if [ -f "$CARRY/torch/libgpumem_torch.so" ] && command -v python3 >/dev/null; then
+      step "torch-compare" 560 python3 "$CARRY/torch/torch-compare.py" --lib "$CARRY/torch/libgpumem_torch.so" \
+        --out "$OUTDIR/torch" --smoke --soak --warmup 3 --steps 12 --budget-s "${GPU_CHECK_TORCH_BUDGET_S:-420}"
+      if [ -d "$OUTDIR/torch" ]; then
+        tar -C "$OUTDIR" -czf "$OUTDIR/torch.tar.gz" torch && rm -rf "$OUTDIR/torch"
+      fi
+    else
+      STEPS+=("torch-compare"); STATUS+=("SKIP (no carry/torch or python3)"); SECS+=(0)
+    fi
+  fi
+
   # 5. replay every shipped trace on the GPU, every strategy, with canaries; smallest first,
   #    last because they take the longest (the time budget skips what does not fit)
   local tr
@@ -277,7 +302,7 @@ case "${1:-}" in
     ;;
   *)
     echo "usage: scripts/gpu-check.sh build   # here: release CLI + GPU test binaries into carry/" >&2
-    echo "       scripts/gpu-check.sh run [GROUP...]  # on the device machine; GROUPs: info anchors tests bench pinned replay (default all)" >&2
+    echo "       scripts/gpu-check.sh run [GROUP...]  # on the device machine; GROUPs: info anchors tests bench pinned replay (default all), torch (only when named)" >&2
     exit 2
     ;;
 esac

@@ -90,6 +90,8 @@ struct JsonAllocator {
     driver_calls: serde_json::Map<String, serde_json::Value>,
     driver_calls_total: u64,
     modelled_driver_seconds: f64,
+    /// Driver calls made during the second half of the events (the steady state).
+    steady_state_driver_calls: u64,
     events_per_second: f64,
     canary_errors: u64,
     /// Peak physical bytes the device itself counted (segments and handles it handed out).
@@ -451,6 +453,7 @@ fn json_allocator(
         driver_calls_total: sum(&|r| r.driver_calls.total()),
         driver_calls: calls,
         modelled_driver_seconds: per_dev.iter().map(|r| r.modelled_driver_seconds).sum(),
+        steady_state_driver_calls: sum(&|r| r.steady_state_driver_calls),
         events_per_second: if secs > 0.0 {
             events as f64 / secs
         } else {
@@ -555,7 +558,7 @@ fn print_table(j: &JsonOut, capacity: u64) {
     let has_min = j.allocators.iter().any(|a| a.min_capacity_bytes.is_some());
     let has_canary = j.device != "sim";
     print!(
-        "{:<9} {:>12} {:>12} {:>9} {:>9} {:>9} {:>5} {:>12} {:>11} {:>11}",
+        "{:<9} {:>12} {:>12} {:>9} {:>9} {:>9} {:>5} {:>12} {:>8} {:>11} {:>11}",
         "allocator",
         "peak reserv.",
         "peak alloc.",
@@ -564,6 +567,7 @@ fn print_table(j: &JsonOut, capacity: u64) {
         "frag@pk",
         "OOMs",
         "driver calls",
+        "2nd half",
         "driver time",
         "events/s"
     );
@@ -576,7 +580,7 @@ fn print_table(j: &JsonOut, capacity: u64) {
     println!();
     for a in &j.allocators {
         print!(
-            "{:<9} {:>12} {:>12} {:>9.3} {:>9.3} {:>9.3} {:>5} {:>12} {:>11} {:>11}",
+            "{:<9} {:>12} {:>12} {:>9.3} {:>9.3} {:>9.3} {:>5} {:>12} {:>8} {:>11} {:>11}",
             a.name,
             human_bytes(a.peak_reserved_bytes),
             human_bytes(a.peak_allocated_bytes),
@@ -585,6 +589,7 @@ fn print_table(j: &JsonOut, capacity: u64) {
             a.external_fragmentation_at_peak,
             a.oom_count,
             a.driver_calls_total,
+            a.steady_state_driver_calls,
             human_secs(a.modelled_driver_seconds),
             human_rate(a.events_per_second)
         );
@@ -662,6 +667,9 @@ fn print_table(j: &JsonOut, capacity: u64) {
     println!("res/req: peak reserved / peak requested (1.000 = no memory lost to rounding or fragmentation).");
     println!("ext.frag: highest external fragmentation 1 - largest free block / free bytes; frag@pk: the same at peak reserved.");
     println!("driver time: modelled from H200 call costs on the simulated device, measured on a real one.");
+    println!(
+        "2nd half: driver calls made during the second half of the events (the steady state)."
+    );
 }
 
 fn human_secs(s: f64) -> String {

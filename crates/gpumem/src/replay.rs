@@ -83,6 +83,9 @@ pub struct ReplayReport {
     pub driver_calls: DriverCounters,
     /// Seconds the driver calls took (modelled on the simulated device, measured on CUDA).
     pub modelled_driver_seconds: f64,
+    /// Driver calls made while the second half of the events was replayed (the steady state
+    /// of a training loop: a caching allocator makes almost none there).
+    pub steady_state_driver_calls: u64,
     /// Highest physical bytes the device reported in use (the device's own view).
     pub device_peak_used_bytes: u64,
     /// Peak of the driver's own figure of memory in use (cuMemGetInfo total − free) above
@@ -313,6 +316,7 @@ pub fn replay(
         first_oom_request_bytes: None,
         driver_calls: DriverCounters::default(),
         modelled_driver_seconds: 0.0,
+        steady_state_driver_calls: 0,
         device_peak_used_bytes: 0,
         driver_peak_delta_bytes: None,
         events_per_second: 0.0,
@@ -342,6 +346,8 @@ pub fn replay(
 
     let mut index: u64 = 0;
     let mut peak_reserved_seen = 0u64;
+    let half = summary.events / 2;
+    let mut calls_at_half = (half == 0).then(|| dev.counters().total());
     for e in trace.events.iter().filter(|e| e.device == opts.device) {
         match e.action {
             Action::Alloc => {
@@ -394,6 +400,9 @@ pub fn replay(
             _ => {}
         }
         index += 1;
+        if index == half {
+            calls_at_half = Some(dev.counters().total());
+        }
         if driver_baseline.is_some() && dev.used_bytes() > used_high {
             used_high = dev.used_bytes();
             if let (Some(now), Some(peak)) = (dev.driver_used_bytes(), driver_peak.as_mut()) {
@@ -457,6 +466,9 @@ pub fn replay(
         .max(s.external_fragmentation());
     report.driver_calls = calls;
     report.modelled_driver_seconds = calls.seconds;
+    report.steady_state_driver_calls = after
+        .total()
+        .saturating_sub(calls_at_half.unwrap_or(after.total()));
     report.device_peak_used_bytes = report.peak_reserved_bytes.max(dev.used_bytes());
     report.driver_peak_delta_bytes = driver_baseline
         .zip(driver_peak)
