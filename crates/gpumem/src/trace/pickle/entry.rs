@@ -169,7 +169,7 @@ impl Vm<'_> {
     /// Anything that is not a list of frame dicts is the empty stack, a frame dict without a
     /// string `filename`/`name` or an integer `line` gets "" or 0 there (stacks are
     /// informational; they never make an entry bad).
-    fn intern_stack_of(&mut self, frames: Value) -> StackId {
+    pub(super) fn intern_stack_of(&mut self, frames: Value) -> StackId {
         let Value::Obj(_, serial) = frames else {
             return StackId::EMPTY;
         };

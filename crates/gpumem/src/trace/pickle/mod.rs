@@ -197,7 +197,7 @@ impl Vm<'_> {
         Some(out)
     }
 
-    fn segment(&self, v: Value) -> Result<SnapshotSegment, String> {
+    fn segment(&mut self, v: Value) -> Result<SnapshotSegment, String> {
         let d = self
             .as_dict(v)
             .ok_or_else(|| format!("{}, expected a segment dict", self.describe(v)))?;
@@ -228,6 +228,7 @@ impl Vm<'_> {
             }
         };
         let mut blocks = Vec::new();
+        let mut block_frames = Vec::new();
         if let Some(bv) = self.dict_get(d, "blocks") {
             let list = self
                 .as_seq(bv)
@@ -244,6 +245,7 @@ impl Vm<'_> {
                 let requested = self.get_u64(bd, "requested_size", Some(0)).map_err(block)?;
                 let address = self.get_u64(bd, "address", Some(at)).map_err(block)?;
                 at = address.saturating_add(size_bytes);
+                block_frames.push(self.dict_get(bd, "frames"));
                 blocks.push(SnapshotBlock {
                     address,
                     size_bytes,
@@ -253,7 +255,15 @@ impl Vm<'_> {
                         0
                     },
                     state,
+                    stack: StackId::EMPTY,
                 });
+            }
+        }
+        if self.keep_frames {
+            for (b, f) in blocks.iter_mut().zip(block_frames) {
+                if let Some(f) = f {
+                    b.stack = self.intern_stack_of(f);
+                }
             }
         }
         Ok(SnapshotSegment {
@@ -312,7 +322,7 @@ pub fn read_snapshot(name: &str, data: &[u8], options: ReadConfig) -> Result<Tra
                 )
             })?;
             let events = std::mem::take(&mut vm.events);
-            let mut trace = build_trace(name, &vm, events, root, options)?;
+            let mut trace = build_trace(name, &mut vm, events, root, options)?;
             if options.keep_frames {
                 trace.stacks = std::mem::take(&mut vm.stacks);
             }
@@ -352,7 +362,7 @@ pub fn read_snapshot(name: &str, data: &[u8], options: ReadConfig) -> Result<Tra
         }
     };
     let events = std::mem::take(&mut vm.events);
-    let mut trace = build_trace(name, &vm, events, root, options)?;
+    let mut trace = build_trace(name, &mut vm, events, root, options)?;
     if options.keep_frames {
         trace.stacks = std::mem::take(&mut vm.stacks);
     }
@@ -361,7 +371,7 @@ pub fn read_snapshot(name: &str, data: &[u8], options: ReadConfig) -> Result<Tra
 
 fn build_trace(
     name: &str,
-    vm: &Vm<'_>,
+    vm: &mut Vm<'_>,
     events: Vec<Event>,
     root: Value,
     options: ReadConfig,
@@ -397,14 +407,18 @@ fn build_trace(
         });
     }
     if let Some(sv) = segments_v {
-        let list = vm.as_seq(sv).ok_or_else(|| {
-            malformed(
-                name,
-                0,
-                format!("'segments' is {}, expected a list", vm.describe(sv)),
-            )
-        })?;
-        for (i, &s) in list.iter().enumerate() {
+        // Copied: reading a segment may intern the stacks of its blocks (a mutable VM).
+        let list: Vec<Value> = vm
+            .as_seq(sv)
+            .ok_or_else(|| {
+                malformed(
+                    name,
+                    0,
+                    format!("'segments' is {}, expected a list", vm.describe(sv)),
+                )
+            })?
+            .to_vec();
+        for (i, s) in list.into_iter().enumerate() {
             match vm.segment(s) {
                 Ok(seg) => trace.segments.push(seg),
                 Err(e) if options.lenient => trace.skip(format!("segment {i}: {e}")),
