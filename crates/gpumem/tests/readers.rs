@@ -479,6 +479,12 @@ fn reads_what_python_reads_with_random_sharing() {
                 t.events.len(),
                 "{name}: one stack per event"
             );
+            let stack = |id| -> Vec<serde_json::Value> {
+                t.stacks
+                    .frames(id)
+                    .map(|f| serde_json::json!([f.filename, f.line, f.name]))
+                    .collect()
+            };
             for (i, (e, w)) in t.events.iter().zip(want_events).enumerate() {
                 let at = format!("{name} event {i}");
                 assert_eq!(
@@ -491,11 +497,7 @@ fn reads_what_python_reads_with_random_sharing() {
                 assert_eq!(e.stream, w["stream"].as_u64().unwrap(), "{at}: stream");
                 assert_eq!(e.time_us, w["time_us"].as_i64(), "{at}: time_us");
                 assert_eq!(u64::from(e.device), w["device"].as_u64().unwrap(), "{at}");
-                let frames: Vec<serde_json::Value> = t
-                    .stacks
-                    .frames(t.stack_of(i).unwrap())
-                    .map(|f| serde_json::json!([f.filename, f.line, f.name]))
-                    .collect();
+                let frames = stack(t.stack_of(i).unwrap());
                 assert_eq!(
                     serde_json::Value::Array(frames),
                     w["frames"],
@@ -508,6 +510,19 @@ fn reads_what_python_reads_with_random_sharing() {
                 .map(|o| serde_json::json!([o.event, o.device_free_bytes]))
                 .collect();
             assert_eq!(serde_json::Value::Array(ooms), want["ooms"], "{name}: ooms");
+            let segments: Vec<serde_json::Value> = t
+                .segments
+                .iter()
+                .map(|s| {
+                    let blocks: Vec<_> = s.blocks.iter().map(|b| stack(b.stack)).collect();
+                    serde_json::json!([s.address, s.total_size_bytes, blocks])
+                })
+                .collect();
+            assert_eq!(
+                serde_json::Value::Array(segments),
+                want["segments"],
+                "{name}: segments"
+            );
             let settings = t.allocator_settings.as_ref().unwrap();
             assert_eq!(settings.alloc_conf, want["alloc_conf"], "{name}");
             assert_eq!(settings.max_split_size_bytes, None, "{name}");

@@ -185,6 +185,9 @@ pub struct SnapshotBlock {
     pub requested_bytes: u64,
     /// `active_allocated`, `active_pending_free` or `inactive`.
     pub state: String,
+    /// The Python stack recorded with the block (its `frames`, the allocation's stack) when
+    /// read with [`ReadConfig::keep_frames`]; [`StackId::EMPTY`] otherwise.
+    pub stack: StackId,
 }
 
 /// A segment recorded in a snapshot's `segments`.

@@ -125,6 +125,11 @@ impl Vm<'_> {
 
     /// Remembers what the entry dict with this serial number became.
     fn set_tombstone(&mut self, serial: u32, v: Value) {
+        let (word, bit) = ((serial / 64) as usize, serial % 64);
+        if self.entry_serials.len() <= word {
+            self.entry_serials.resize(word + 1, 0);
+        }
+        self.entry_serials[word] |= 1 << bit;
         // Entries are converted in the order they were made, so serials arrive ascending and
         // the list stays sorted (a LIST/APPENDS of an older entry would break that: then it
         // is sorted again at the next look-up).
@@ -136,6 +141,11 @@ impl Vm<'_> {
 
     /// What the released entry dict with this serial number became, if it was one.
     pub(super) fn tombstone(&mut self, serial: u32) -> Option<Value> {
+        // Most stale references are to frames and stacks, not to entries: one bit says.
+        let word = self.entry_serials.get((serial / 64) as usize).copied();
+        if word.is_none_or(|w| w & (1 << (serial % 64)) == 0) {
+            return None;
+        }
         if !self.tombstones_sorted {
             self.tombstones.sort_by_key(|&(s, _)| s);
             self.tombstones_sorted = true;
@@ -159,7 +169,7 @@ impl Vm<'_> {
     /// Anything that is not a list of frame dicts is the empty stack, a frame dict without a
     /// string `filename`/`name` or an integer `line` gets "" or 0 there (stacks are
     /// informational; they never make an entry bad).
-    fn intern_stack_of(&mut self, frames: Value) -> StackId {
+    pub(super) fn intern_stack_of(&mut self, frames: Value) -> StackId {
         let Value::Obj(_, serial) = frames else {
             return StackId::EMPTY;
         };

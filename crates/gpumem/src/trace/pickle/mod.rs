@@ -1,30 +1,32 @@
 //! PyTorch memory snapshots (`torch.cuda.memory._dump_snapshot`), read by a small pickle VM.
 //!
-//! The VM follows the opcode table of CPython's `Lib/pickletools.py` and implements only the
-//! opcodes that build plain data: dicts, lists, tuples, sets, str, bytes, int, float, bool and
-//! None, for protocols 0 to 5 (the binary ones in full, the text ones for ints, floats, strings
-//! and the memo). It **never executes anything from the file**: an opcode that asks for a class,
-//! a global, an extension or a persistent id (`GLOBAL`, `STACK_GLOBAL`, `INST`, `OBJ`, `REDUCE`,
-//! `NEWOBJ`, `NEWOBJ_EX`, `BUILD`, `EXT1/2/4`, `PERSID`, `BINPERSID`, `NEXT_BUFFER`,
-//! `READONLY_BUFFER`) is refused with [`TraceError::Refused`] naming it and its byte offset.
-//!
-//! Speed: values are 16-byte `Copy` enums; strings live in one byte buffer and containers in one
-//! arena, so the memo (`BINGET` of `'alloc'`, `'addr'`, ...) is a copy of an index. A dict that
-//! is appended to a list and has an `action` string key is converted to an [`Event`] on the spot
-//! and its storage (and that of the containers created inside it, such as `frames`) is recycled,
-//! so memory stays proportional to the events, not to the pickle's object tree.
+//! Three rooms: `vm.rs` is the pickle VM (CPython's opcodes for plain data, **never executing
+//! anything from the file**: an opcode that asks for a class, a global, an extension or a
+//! persistent id is refused with [`TraceError::Refused`] naming it and its byte offset);
+//! `entry.rs` turns each trace-entry dict into an [`Event`] as soon as it is appended to its list,
+//! so memory stays proportional to the events, not to the pickle's object tree; this module
+//! assembles the [`Trace`] from what the VM built.
 //!
 //! Snapshot layout: a dict with `segments` (the allocator state at dump time), `device_traces`
-//! (one list of trace-entry dicts per device), optional `allocator_settings` and
-//! `external_annotations` (ignored). Entries: `action`, `addr`, `size`, `stream`, optional
-//! `time_us`, other keys ignored. `alloc` → [`Action::Alloc`], `free_completed` (and the older
-//! `free`) → [`Action::Free`], `free_requested` is skipped, the segment, `oom` and `snapshot`
-//! actions become the informational variants. A free of an address the trace never allocated
-//! is a block that existed before recording started: it goes to [`Trace::preexisting`]. Blocks
-//! the segments show allocated at dump time at addresses no event touches are pre-existing too,
-//! live through the whole recording (`freed_at_event: None`). Several devices: their events are
-//! interleaved by `time_us` when every entry has one, else listed device by device. A root that is a list (very old
-//! PyTorch dumped only the segments) is read as segments without a trace.
+//! (one list of trace-entry dicts per device), optional `allocator_settings` (kept in
+//! [`Trace::allocator_settings`]) and `external_annotations` (ignored). Entries: `action`,
+//! `addr`, `size`, `stream`, optional `time_us`, `frames` (kept under
+//! [`ReadConfig::keep_frames`]) and, for `oom`, `device_free` instead of `addr` (kept in
+//! [`Trace::ooms`]); other keys are ignored. `alloc` → [`Action::Alloc`], `free_completed` (and
+//! the older `free`) → [`Action::Free`], `free_requested` is skipped, the segment, `oom` and
+//! `snapshot` actions become the informational variants. A free of an address the trace never
+//! allocated is a block that existed before recording started: it goes to
+//! [`Trace::preexisting`]. Blocks the segments show allocated at dump time at addresses no event
+//! touches are pre-existing too, live through the whole recording (`freed_at_event: None`).
+//! Several devices: their events are interleaved by `time_us` when every entry has one, else
+//! listed device by device. A root that is a list (very old PyTorch dumped only the segments)
+//! is read as segments without a trace.
+//!
+//! Python's pickler shares objects through its memo (the same frame dict in many stacks, one
+//! `frames` list for a `free_requested` and its `free_completed`, ...): the reader reads what
+//! Python reads, whatever is shared, which a differential test against python3 checks. Under
+//! [`ReadConfig::lenient`] a truncated file gives the entries read before the cut
+//! ([`Trace::truncated`] says where).
 
 mod entry;
 mod vm;
@@ -197,7 +199,7 @@ impl Vm<'_> {
         Some(out)
     }
 
-    fn segment(&self, v: Value) -> Result<SnapshotSegment, String> {
+    fn segment(&mut self, v: Value) -> Result<SnapshotSegment, String> {
         let d = self
             .as_dict(v)
             .ok_or_else(|| format!("{}, expected a segment dict", self.describe(v)))?;
@@ -228,6 +230,7 @@ impl Vm<'_> {
             }
         };
         let mut blocks = Vec::new();
+        let mut block_frames = Vec::new();
         if let Some(bv) = self.dict_get(d, "blocks") {
             let list = self
                 .as_seq(bv)
@@ -244,6 +247,7 @@ impl Vm<'_> {
                 let requested = self.get_u64(bd, "requested_size", Some(0)).map_err(block)?;
                 let address = self.get_u64(bd, "address", Some(at)).map_err(block)?;
                 at = address.saturating_add(size_bytes);
+                block_frames.push(self.dict_get(bd, "frames"));
                 blocks.push(SnapshotBlock {
                     address,
                     size_bytes,
@@ -253,7 +257,15 @@ impl Vm<'_> {
                         0
                     },
                     state,
+                    stack: StackId::EMPTY,
                 });
+            }
+        }
+        if self.keep_frames {
+            for (b, f) in blocks.iter_mut().zip(block_frames) {
+                if let Some(f) = f {
+                    b.stack = self.intern_stack_of(f);
+                }
             }
         }
         Ok(SnapshotSegment {
@@ -312,7 +324,7 @@ pub fn read_snapshot(name: &str, data: &[u8], options: ReadConfig) -> Result<Tra
                 )
             })?;
             let events = std::mem::take(&mut vm.events);
-            let mut trace = build_trace(name, &vm, events, root, options)?;
+            let mut trace = build_trace(name, &mut vm, events, root, options)?;
             if options.keep_frames {
                 trace.stacks = std::mem::take(&mut vm.stacks);
             }
@@ -352,7 +364,7 @@ pub fn read_snapshot(name: &str, data: &[u8], options: ReadConfig) -> Result<Tra
         }
     };
     let events = std::mem::take(&mut vm.events);
-    let mut trace = build_trace(name, &vm, events, root, options)?;
+    let mut trace = build_trace(name, &mut vm, events, root, options)?;
     if options.keep_frames {
         trace.stacks = std::mem::take(&mut vm.stacks);
     }
@@ -361,7 +373,7 @@ pub fn read_snapshot(name: &str, data: &[u8], options: ReadConfig) -> Result<Tra
 
 fn build_trace(
     name: &str,
-    vm: &Vm<'_>,
+    vm: &mut Vm<'_>,
     events: Vec<Event>,
     root: Value,
     options: ReadConfig,
@@ -397,14 +409,18 @@ fn build_trace(
         });
     }
     if let Some(sv) = segments_v {
-        let list = vm.as_seq(sv).ok_or_else(|| {
-            malformed(
-                name,
-                0,
-                format!("'segments' is {}, expected a list", vm.describe(sv)),
-            )
-        })?;
-        for (i, &s) in list.iter().enumerate() {
+        // Copied: reading a segment may intern the stacks of its blocks (a mutable VM).
+        let list: Vec<Value> = vm
+            .as_seq(sv)
+            .ok_or_else(|| {
+                malformed(
+                    name,
+                    0,
+                    format!("'segments' is {}, expected a list", vm.describe(sv)),
+                )
+            })?
+            .to_vec();
+        for (i, s) in list.into_iter().enumerate() {
             match vm.segment(s) {
                 Ok(seg) => trace.segments.push(seg),
                 Err(e) if options.lenient => trace.skip(format!("segment {i}: {e}")),

@@ -149,6 +149,8 @@ pub(super) struct Vm<'a> {
     /// `tombstones_sorted`), for references to it that come back through the memo.
     pub(super) tombstones: Vec<(u32, Value)>,
     pub(super) tombstones_sorted: bool,
+    /// One bit per container serial: set for the entry dicts in `tombstones`.
+    pub(super) entry_serials: Vec<u64>,
     /// `device_free` of each `oom` event: (index in `events`, bytes).
     pub(super) oom_free: Vec<(u32, Option<u64>)>,
 }
@@ -182,6 +184,7 @@ impl<'a> Vm<'a> {
             frame_scratch: Vec::new(),
             tombstones: Vec::new(),
             tombstones_sorted: true,
+            entry_serials: Vec::new(),
             oom_free: Vec::new(),
         }
     }
