@@ -20,7 +20,7 @@
 #       files are packed into torch.tar.gz.
 #       Runs, each step under its own time limit, continuing after a failing step:
 #         1. gpumem info (table, and --json), gpumem inspect, gpumem vmm, gpumem watch --once
-#            (text, and --json into watch.json)
+#            (text and --json, into the log)
 #         1b. scripts/baselines/run.sh: gpumem's C++/CUDA baseline programs, built with nvcc
 #            from the repository (cudaMalloc, cuMemAlloc, cudaMallocAsync, VMM calls by size,
 #            host allocation, copies; PyTorch's c10 allocator when torch imports), into
@@ -32,7 +32,7 @@
 #         5. gpumem replay of every shipped trace with --device cuda --canary, all strategies,
 #            smallest trace first, until the time budget runs out
 #       Writes under $OUT if set (else carry/out): gpu-check.log (everything),
-#       info.json, watch.json, baselines.jsonl, baselines.md, replay.jsonl, bench-alloc.json, pinned.tar.gz,
+#       info.json, baselines.jsonl, baselines.md, replay.jsonl, bench-alloc.json, pinned.tar.gz,
 #       summary.txt — few files,
 #       since the device tool brings back at most 8. Prints a summary table (step, status, seconds) last.
 #       Exit status 0 only if no step failed.
@@ -221,7 +221,7 @@ run() {
     step "vmm" 60 "$CARRY/gpumem" vmm --device cuda
     # report: one NVML sample, as text and JSON (no terminal needed).
     step "watch --once" 60 "$CARRY/gpumem" watch --once
-    step "watch --once --json" 60 json_to "$OUTDIR/watch.json" "$CARRY/gpumem" watch --once --json
+    step "watch --once --json" 60 "$CARRY/gpumem" watch --once --json
   fi
 
   # 1b. gpumem's own baseline programs (C++/CUDA, scripts/baselines/), built here with nvcc and
