@@ -3,11 +3,19 @@
 use std::process::Command;
 
 fn gpumem(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpumem"))
-        .args(args)
-        .env("GPUMEM_NO_CUDA", "1")
-        .output()
-        .expect("run gpumem");
+    run(args, true)
+}
+
+/// Runs the CLI with the driver forced off (`no_cuda`) or left to the machine.
+fn run(args: &[&str], no_cuda: bool) -> (i32, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpumem"));
+    cmd.args(args);
+    if no_cuda {
+        cmd.env("GPUMEM_NO_CUDA", "1");
+    } else {
+        cmd.env_remove("GPUMEM_NO_CUDA");
+    }
+    let out = cmd.output().expect("run gpumem");
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -79,16 +87,7 @@ fn simulated_device_commands_run() {
 
 /// The same, without forcing the driver off (to see what was searched where there is none).
 fn gpumem_plain(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpumem"))
-        .args(args)
-        .env_remove("GPUMEM_NO_CUDA")
-        .output()
-        .expect("run gpumem");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    run(args, false)
 }
 
 /// MemAvailable in bytes (0 if unknown), to keep the "too large" inputs too large.
