@@ -77,6 +77,11 @@ fn simulated_device_commands_run() {
         "--json",
     ]);
     assert_eq!(code, 0, "{err}");
+    // It says what it measures there (33-38 ns for every strategy said nothing by itself).
+    assert!(
+        err.contains("CPU cost") && err.contains("not driver time"),
+        "{err}"
+    );
     let j: serde_json::Value = serde_json::from_str(&out).expect("json");
     let rows = j[0]["rows"].as_array().expect("rows");
     assert_eq!(rows.len(), 2);
@@ -179,31 +184,6 @@ fn benchmark_edges_are_refused_clearly() {
             "{refs:?}: {err}"
         );
     }
-}
-
-#[test]
-fn bench_alloc_on_the_simulated_device_says_what_it_measures() {
-    let (code, _, err) = gpumem(&[
-        "bench",
-        "alloc",
-        "--device",
-        "sim",
-        "--strategies",
-        "tlsf",
-        "--sizes",
-        "4KiB",
-        "--threads",
-        "1",
-        "--time-ms",
-        "5",
-        "--mixed",
-        "false",
-    ]);
-    assert_eq!(code, 0, "{err}");
-    assert!(
-        err.contains("CPU cost") && err.contains("not driver time"),
-        "{err}"
-    );
 }
 
 #[test]
