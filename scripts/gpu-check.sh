@@ -12,7 +12,7 @@
 #           carry/gpumem  carry/tests/<test-target>  carry/traces/...
 #
 #   scripts/gpu-check.sh run [GROUP...]   (on the device machine, from the repository root)
-#       GROUPs (default: all, in this order): info tests bench pinned replay — e.g.
+#       GROUPs (default: all, in this order): info baselines tests bench pinned replay — e.g.
 #       `run replay` in a second device call when one call's 10 minutes are not enough.
 #       Group `torch` runs only when named, in a call of its own (`run torch`, ~7 min):
 #       scripts/torch-compare.py with libgpumem_torch.so as PyTorch's allocator (smoke check,
@@ -20,13 +20,19 @@
 #       files are packed into torch.tar.gz.
 #       Runs, each step under its own time limit, continuing after a failing step:
 #         1. gpumem info (table, and --json), gpumem inspect, gpumem vmm
+#         1b. scripts/baselines/run.sh: gpumem's C++/CUDA baseline programs, built with nvcc
+#            from the repository (cudaMalloc, cuMemAlloc, cudaMallocAsync, VMM calls by size,
+#            host allocation, copies; PyTorch's c10 allocator when torch imports), into
+#            baselines.jsonl and the table baselines.md (with bench alloc's speedups against
+#            the faster baseline once step 3 has run)
 #         2. every GPU test binary with --ignored --test-threads 1
 #         3. gpumem bench alloc --device cuda (strategies vs cuMemAlloc and cuMemAllocAsync)
 #         4. scripts/pinned-bench.sh (pinned host memory: transfers, allocation, advise)
 #         5. gpumem replay of every shipped trace with --device cuda --canary, all strategies,
 #            smallest trace first, until the time budget runs out
 #       Writes under $OUT if set (else carry/out): gpu-check.log (everything),
-#       info.json, replay.jsonl, bench-alloc.json, pinned.tar.gz, summary.txt — few files,
+#       info.json, baselines.jsonl, baselines.md, replay.jsonl, bench-alloc.json, pinned.tar.gz,
+#       summary.txt — few files,
 #       since the device tool brings back at most 8. Prints a summary table (step, status, seconds) last.
 #       Exit status 0 only if no step failed.
 #
@@ -106,10 +112,7 @@ for line in open(sys.argv[1]):
   mkdir -p "$CARRY/torch" || die "cannot create $CARRY/torch"
   strip -o "$CARRY/torch/libgpumem_torch.so" "$target/release/libgpumem_torch.so" || die "strip libgpumem_torch.so failed"
   cp python/gpumem_torch.py scripts/torch-compare.py "$CARRY/torch/" || die "cannot copy the plug-in's Python files"
-  # The anchor programs (not part of gpumem) travel in carry/ only, to be measured side by side.
-  if [ -d ../shared/anchors ]; then
-    mkdir -p "$CARRY/anchors" && cp ../shared/anchors/*.cu ../shared/anchors/*.cpp "$CARRY/anchors/" 2>/dev/null
-  fi
+  # The baseline programs (scripts/baselines/) are built by nvcc on the device machine.
   echo "== carry/ holds $(du -sh "$CARRY" | cut -f1):"
   find "$CARRY" -type f | sort | sed 's/^/   /'
 }
@@ -195,7 +198,7 @@ run() {
   GROUPS_WANTED=("$@")
   local g
   for g in "${GROUPS_WANTED[@]}"; do
-    case "$g" in info | anchors | tests | bench | pinned | replay | torch) ;; *) echo "unknown step group: $g" >&2; exit 2 ;; esac
+    case "$g" in info | baselines | anchors | tests | bench | pinned | replay | torch) ;; *) echo "unknown step group: $g" >&2; exit 2 ;; esac
   done
   export CARRY OUTDIR
   export -f json_to replay_one
@@ -217,8 +220,13 @@ run() {
     step "vmm" 60 "$CARRY/gpumem" vmm --device cuda
   fi
 
+  # 1b. gpumem's own baseline programs (C++/CUDA, scripts/baselines/), built here with nvcc and
+  # run in the same call as gpumem's benchmarks; `anchors` is the group's former name.
+  if want baselines || want anchors; then
+    step "baselines (nvcc)" 300 "$ROOT/scripts/baselines/run.sh" "$OUTDIR/baselines.jsonl" "$OUTDIR/baselines.md"
+  fi
+
   # 2. GPU tests
-  want anchors && step "anchors (nvcc)" 240 "$ROOT/scripts/anchors.sh" "$CARRY/anchors" "$OUTDIR/anchors.jsonl"
 
   local t
   for t in "$CARRY"/tests/*; do
@@ -244,6 +252,11 @@ for dev in json.load(open(sys.argv[1])):
     for e in dev["errors"]:
         print("  error:", e)
 PY
+  fi
+  # Every speedup against the faster baseline of this run (Rust or C++), into baselines.md.
+  if [ -s "$OUTDIR/baselines.jsonl" ] && [ -s "$OUTDIR/bench-alloc.json" ] && command -v python3 >/dev/null; then
+    python3 "$ROOT/scripts/baselines/table.py" "$OUTDIR/baselines.jsonl" "$OUTDIR/bench-alloc.json" \
+      >"$OUTDIR/baselines.md" 2>>"$LOG" && cat "$OUTDIR/baselines.md" >>"$LOG"
   fi
 
   # 4. pinned host memory: scripts/pinned-bench.sh (transfer, pinned allocation, advise); its
@@ -310,7 +323,7 @@ case "${1:-}" in
     ;;
   *)
     echo "usage: scripts/gpu-check.sh build   # here: release CLI + GPU test binaries into carry/" >&2
-    echo "       scripts/gpu-check.sh run [GROUP...]  # on the device machine; GROUPs: info anchors tests bench pinned replay (default all), torch (only when named)" >&2
+    echo "       scripts/gpu-check.sh run [GROUP...]  # on the device machine; GROUPs: info baselines tests bench pinned replay (default all), torch (only when named)" >&2
     exit 2
     ;;
 esac

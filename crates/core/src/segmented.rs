@@ -387,6 +387,14 @@ impl Allocator for SegmentedPool {
         let (free, largest) = self.free_figures();
         s.free_bytes = free;
         s.largest_free_bytes = largest;
+        let split: u64 = self
+            .segments
+            .values()
+            .map(|g| g.arena.report())
+            .filter(|r| r.allocations > 0)
+            .map(|r| r.free_bytes)
+            .sum();
+        s.inactive_split_bytes.add(split);
         s
     }
 

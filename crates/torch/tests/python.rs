@@ -7,17 +7,19 @@ use std::process::Command;
 #[test]
 fn python_module_tests_pass() {
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    // target/<profile>/deps/python-HASH -> target/<profile>/libgpumem_torch.so
+    // The test runs as target/<profile>/deps/python-HASH. `cargo test` leaves the cdylib it
+    // builds beside it in deps/; `cargo build` also copies it to target/<profile>/.
     let exe = std::env::current_exe().unwrap();
-    let lib = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .map(|p| p.join("libgpumem_torch.so"))
-        .unwrap();
-    assert!(
-        lib.is_file(),
-        "cargo builds the cdylib with the tests: {lib:?}"
-    );
+    let deps = exe.parent().unwrap().to_path_buf();
+    let candidates = [
+        deps.join("libgpumem_torch.so"),
+        deps.parent().unwrap().join("libgpumem_torch.so"),
+    ];
+    let lib = candidates
+        .iter()
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("cargo builds the cdylib with the tests: none of {candidates:?}"))
+        .clone();
     let out = match Command::new("python3")
         .args(["-m", "unittest", "discover", "-s", "python", "-v"])
         .current_dir(&repo)
