@@ -96,6 +96,7 @@ pub fn bandwidth_chart(series: &[(String, Vec<(u64, f64)>)], device: &str) -> cr
                 })
                 .collect(),
         )],
+        ..Chart::default()
     }
 }
 
