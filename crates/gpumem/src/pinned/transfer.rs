@@ -96,7 +96,8 @@ pub fn bandwidth_chart(series: &[(String, Vec<(u64, f64)>)], device: &str) -> cr
                 })
                 .collect(),
         )],
-        ..Chart::default()
+        shared_y: false,
+        x_marks: Vec::new(),
     }
 }
 
