@@ -200,15 +200,7 @@ fn host_only(a: &BenchTransferArgs) -> Result<()> {
             units::bytes(max as u64)
         );
         for s in &rows {
-            println!(
-                "threads {:>2} chunk {:>9} buffers {} {:?}: fill {:.2} drain {:.2}",
-                s.config.threads,
-                units::bytes(s.config.chunk_bytes as u64),
-                s.config.buffers,
-                s.config.copy,
-                s.h2d_gbps,
-                s.d2h_gbps
-            );
+            println!("{}", sweep_line(s, "fill", "drain", ""));
         }
     }
     Ok(())
@@ -467,15 +459,7 @@ pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
         }
         println!("summary: {summary}");
         for s in &sweep {
-            println!(
-                "sweep: threads {:>2} chunk {:>9} buffers {} {:?}: h2d {:.2} d2h {:.2} GB/s",
-                s.config.threads,
-                units::bytes(s.config.chunk_bytes as u64),
-                s.config.buffers,
-                s.config.copy,
-                s.h2d_gbps,
-                s.d2h_gbps
-            );
+            println!("sweep: {}", sweep_line(s, "h2d", "d2h", " GB/s"));
         }
         for o in &overlap {
             println!(
@@ -498,6 +482,19 @@ pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
         bail!("a data check failed: {verify:?}");
     }
     Ok(())
+}
+
+/// One staging configuration and its two rates, as the sweep tables print it.
+fn sweep_line(s: &SweepRow, a: &str, b: &str, unit: &str) -> String {
+    format!(
+        "threads {:>2} chunk {:>9} buffers {} {:?}: {a} {:.2} {b} {:.2}{unit}",
+        s.config.threads,
+        units::bytes(s.config.chunk_bytes as u64),
+        s.config.buffers,
+        s.config.copy,
+        s.h2d_gbps,
+        s.d2h_gbps
+    )
 }
 
 fn rows_for_plot(rows: &[Row]) -> Vec<(String, Vec<(u64, f64)>)> {

@@ -55,10 +55,20 @@ impl std::fmt::Display for ConfSource {
     }
 }
 
-/// The setting the trace recorded, if it recorded one.
+/// The setting the trace recorded (a snapshot's `allocator_settings`), if it recorded one.
 pub fn recorded_conf(trace: &Trace) -> Result<Option<TorchConfig>> {
-    let _ = trace;
-    Ok(None)
+    let Some(s) = &trace.allocator_settings else {
+        return Ok(None);
+    };
+    let conf = TorchConfig::from_recorded(
+        &s.alloc_conf,
+        s.max_split_size_bytes,
+        s.garbage_collection_threshold,
+        s.expandable_segments,
+        &s.roundup_power2_divisions,
+    )
+    .context("the trace's allocator_settings")?;
+    Ok(Some(conf))
 }
 
 /// The torch emulation's setting: `--torch-conf` when given, else the trace's own.
@@ -79,7 +89,13 @@ pub fn run(a: TuneArgs) -> Result<()> {
     if a.capacity == Some(0) {
         anyhow::bail!("--capacity 0: expected a device capacity above zero (e.g. 80GiB)");
     }
-    let trace = trace::read_path(&a.trace, ReadConfig { lenient: a.lenient })?;
+    let trace = trace::read_path(
+        &a.trace,
+        ReadConfig {
+            lenient: a.lenient,
+            ..ReadConfig::default()
+        },
+    )?;
     let own = recorded_conf(&trace)?;
     let report = tune::tune(&trace, own, a.capacity, a.device, a.threads)
         .with_context(|| format!("tuning {}", a.trace.display()))?;

@@ -2,10 +2,14 @@
 use clap::{Parser, Subcommand};
 
 mod cmd_analyze;
+mod cmd_convert;
 mod cmd_cuda;
+mod cmd_map;
 mod cmd_pinned;
 mod cmd_replay;
+mod cmd_report;
 mod cmd_tune;
+mod cmd_watch;
 mod progress;
 mod units;
 
@@ -27,6 +31,12 @@ enum Command {
     Replay(cmd_replay::ReplayArgs),
     /// Rank PYTORCH_CUDA_ALLOC_CONF settings by the memory a trace needs under each.
     Tune(cmd_tune::TuneArgs),
+    /// One self-contained HTML page: timelines, memory maps, what holds memory at the peak.
+    Report(cmd_report::ReportArgs),
+    /// The memory map of one allocator at one event, in the terminal.
+    Map(cmd_map::MapArgs),
+    /// A live view of each GPU's memory (NVML), or one sample with --once.
+    Watch(cmd_watch::WatchArgs),
     /// Devices, memory, granularity and pool figures (needs a CUDA driver).
     Info(cmd_cuda::InfoArgs),
     /// Allocate blocks and show each pointer as the driver and the pool see it (needs CUDA).
@@ -37,48 +47,9 @@ enum Command {
     #[command(subcommand)]
     Bench(BenchCommand),
     /// Convert a trace (PyTorch snapshot, RMM log) to gpumem JSON lines.
-    Convert(ConvertArgs),
+    Convert(cmd_convert::ConvertArgs),
     /// Recommend pageable, pinned, staged or mapped memory for a transfer pattern.
     Advise(cmd_pinned::AdviseArgs),
-}
-
-/// Arguments of `gpumem convert`.
-#[derive(clap::Args)]
-struct ConvertArgs {
-    /// The trace to read (format detected from the content).
-    trace: std::path::PathBuf,
-    /// Where to write the JSON lines (`-` for standard output).
-    #[arg(long, short, default_value = "-")]
-    output: String,
-    /// Skip and count malformed events instead of stopping at the first.
-    #[arg(long)]
-    lenient: bool,
-}
-
-fn convert(a: ConvertArgs) -> anyhow::Result<()> {
-    use anyhow::Context;
-    let trace =
-        gpumem::trace::read_path(&a.trace, gpumem::trace::ReadConfig { lenient: a.lenient })?;
-    if a.output == "-" {
-        gpumem::trace::jsonl::write_jsonl(&trace, std::io::stdout().lock())?;
-    } else {
-        let f =
-            std::fs::File::create(&a.output).with_context(|| format!("creating {}", a.output))?;
-        gpumem::trace::jsonl::write_jsonl(&trace, f)
-            .with_context(|| format!("writing {}", a.output))?;
-        eprintln!(
-            "wrote {} events and {} pre-existing blocks to {}{}",
-            trace.events.len(),
-            trace.preexisting.len(),
-            a.output,
-            if trace.skipped_count > 0 {
-                format!(" ({} bad events skipped)", trace.skipped_count)
-            } else {
-                String::new()
-            }
-        );
-    }
-    Ok(())
 }
 
 #[derive(Subcommand)]
@@ -97,6 +68,9 @@ fn main() {
     let result = match cli.command {
         Command::Replay(a) => cmd_replay::run(a),
         Command::Tune(a) => cmd_tune::run(a),
+        Command::Report(a) => cmd_report::run(a),
+        Command::Map(a) => cmd_map::run(a),
+        Command::Watch(a) => cmd_watch::run(a),
         Command::Info(a) => cmd_cuda::info(a),
         Command::Inspect(a) => cmd_cuda::inspect(a),
         Command::Vmm(a) => cmd_cuda::vmm(a),
@@ -104,7 +78,7 @@ fn main() {
         Command::Bench(BenchCommand::Transfer(a)) => cmd_pinned::bench_transfer(a),
         Command::Bench(BenchCommand::Pinned(a)) => cmd_pinned::bench_pinned(a),
         Command::Advise(a) => cmd_pinned::advise(a),
-        Command::Convert(a) => convert(a),
+        Command::Convert(a) => cmd_convert::run(a),
     };
     if let Err(e) = result {
         // A reader closing the pipe (`gpumem convert T | head`) is not an error.

@@ -203,54 +203,10 @@ fn apply(c: &mut Conf, key: &str, value: &str) -> Result<(), ConfError> {
     Ok(())
 }
 
-/// Parses a size with an optional unit: B, KB/MB/GB/TB (powers of 1000), KiB/MiB/GiB/TiB
-/// (powers of 1024), K/M/G/T (binary, like PyTorch and nvidia-smi); a fraction is allowed
-/// (`1.5GiB`) and rounded to the nearest byte.
-///
-/// # Errors
-/// A message naming the text and what was expected.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let num: String = num.chars().filter(|&c| c != '_').collect();
-    if num.is_empty() {
-        return Err(format!(
-            "`{s}`: expected a size such as 4GiB, 256MiB, 1.5GB or 4096"
-        ));
-    }
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "kb" => 1_000,
-        "mb" => 1_000_000,
-        "gb" => 1_000_000_000,
-        "tb" => 1_000_000_000_000,
-        "k" | "kib" => 1 << 10,
-        "m" | "mib" => 1 << 20,
-        "g" | "gib" => 1 << 30,
-        "t" | "tib" => 1 << 40,
-        other => {
-            return Err(format!(
-                "`{s}`: unknown unit `{other}` (expected B, KB, MB, GB, TB, KiB, MiB, GiB or TiB)"
-            ))
-        }
-    };
-    if let Ok(n) = num.parse::<u64>() {
-        return n
-            .checked_mul(mult)
-            .ok_or_else(|| format!("`{s}`: too large"));
-    }
-    let f: f64 = num
-        .parse()
-        .map_err(|_| format!("`{s}`: `{num}` is not a number"))?;
-    let v = f * mult as f64;
-    if !v.is_finite() || v < 0.0 || v >= u64::MAX as f64 {
-        return Err(format!("`{s}`: out of range"));
-    }
-    Ok(v.round() as u64)
-}
+/// Sizes are parsed as everywhere in gpumem ([`gpumem::units::parse_size`]): B, KB/MB/GB/TB
+/// (powers of 1000), KiB/MiB/GiB/TiB (powers of 1024), K/M/G/T (binary); a fraction is
+/// allowed (`1.5GiB`) and rounded to the nearest byte.
+pub use gpumem::units::parse_size;
 
 #[cfg(test)]
 mod tests {

@@ -50,6 +50,21 @@ fn to_usize(call: &'static str, bytes: u64) -> Result<usize, DeviceError> {
     })
 }
 
+/// Whether a driver library can be opened (cudarc's fallible probe; the loader itself would
+/// panic).
+pub(crate) fn library_present() -> bool {
+    // SAFETY: is_culib_present only dlopens candidate names (running the library's
+    // initialisers, which the CUDA driver allows) and drops each handle again.
+    unsafe { sys::is_culib_present() }
+}
+
+/// Whether the loaded driver library exports `name` (call after [`library_present`]).
+pub(crate) fn has_symbol(name: &str) -> bool {
+    // SAFETY: only looks a symbol up in the library found by `library_present`; the pointer
+    // is not used.
+    unsafe { sys::culib().get::<*const c_void>(name.as_bytes()) }.is_ok()
+}
+
 /// cuInit(0).
 pub(crate) fn init() -> Result<(), DeviceError> {
     // SAFETY: cuInit takes only flags; the library is loaded (caller checked its presence).
