@@ -728,6 +728,8 @@ fn convert_reads_stdin_refuses_its_input_and_keeps_segments() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["trace"]["peak_requested_bytes"], 1000);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn torch_conf_and_the_emulation_self_check() {
     // The trace's own (native) setting on the recorded addresses: the self-check passes.
