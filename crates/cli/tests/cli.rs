@@ -775,6 +775,27 @@ fn torch_conf_and_the_emulation_self_check() {
     assert_eq!(t["torch_conf"], "expandable_segments:True");
     assert!(t.get("emulation_check").is_none());
     assert_eq!(t["peak_reserved_bytes"], 5_429_526_528u64);
+    // garbage_collection_threshold under --capacity (the memory limit): the run completes
+    // at 6 GiB, so the smallest capacity found is at most that.
+    let (ok, out, err) = gpumem(&[
+        "replay",
+        "traces/mixed_sizes.pickle.gz",
+        "-a",
+        "torch",
+        "--torch-conf",
+        "garbage_collection_threshold:0.6",
+        "--capacity",
+        "6GiB",
+        "--min-capacity",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let t = &v["allocators"][0];
+    assert_eq!(t["oom_count"], 0);
+    let floor = v["trace"]["peak_requested_bytes"].as_u64().unwrap();
+    let min = t["min_capacity_bytes"].as_u64().unwrap();
+    assert!(min >= floor && min <= 6 << 30, "{min}");
     // A bad setting names the key.
     let (ok, _, err) = gpumem(&[
         "replay",

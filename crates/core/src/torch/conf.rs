@@ -46,7 +46,9 @@ pub struct TorchConfig {
     pub allowed_memory_bytes: Option<u64>,
     /// The device capacity is the memory limit (as if `set_per_process_memory_fraction` had
     /// set it there): `gpumem replay --capacity` and `gpumem tune --capacity` set this, so
-    /// `garbage_collection_threshold` acts.
+    /// `garbage_collection_threshold` acts. (The device itself refuses past its capacity, so
+    /// the emulation leaves that refusal to it: for expandable segments the device counts the
+    /// pages mapped where PyTorch's limit counts the allocation size.)
     pub limit_to_capacity: bool,
 }
 

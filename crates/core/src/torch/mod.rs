@@ -324,7 +324,15 @@ impl TorchCachingPool {
             self.torch.num_alloc_retries += 1;
             self.tracker.stats.alloc_retries += 1;
         }
-        if let Some(allowed) = self.allowed(dev) {
+        // The limit refuses without a call. (Under `limit_to_capacity` alone the limit is the
+        // device's capacity, which refuses the same cudaMalloc itself: the device then sees
+        // the demand it refused, which the smallest-capacity search reads.)
+        let limit = TorchConfig {
+            limit_to_capacity: false,
+            ..self.conf
+        }
+        .allowed_bytes(dev.capacity_bytes());
+        if let Some(allowed) = limit {
             if self.total_allocated.saturating_add(alloc_size) > allowed {
                 return Ok(None);
             }
