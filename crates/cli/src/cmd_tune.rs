@@ -7,7 +7,7 @@ use gpumem::core::torch::TorchConfig;
 use gpumem::trace::{self, ReadConfig, Trace};
 use gpumem::tune::{self, TuneReport};
 
-use crate::units::{human_bytes, parse_size};
+use gpumem::units::{bytes as human_bytes, parse_size};
 
 /// Arguments of `gpumem tune`.
 #[derive(Args)]
