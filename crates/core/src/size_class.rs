@@ -1,71 +1,165 @@
-//! Size classes of the TLSF arena ([`crate::tlsf::Tlsf`]): the two-level index of
-//! Masmano et al., "TLSF: a New Dynamic Memory Allocator for Real-Time Systems" (ECRTS 2004),
-//! laid out as in offset-allocator (a tiny floating-point number: exponent, then mantissa).
+//! Log-linear size classes, the one binning of gpumem: the two-level index of TLSF
+//! (Masmano et al., "TLSF: a New Dynamic Memory Allocator for Real-Time Systems", ECRTS 2004),
+//! laid out as in offset-allocator (a tiny floating-point number: exponent, then mantissa),
+//! and parametrised, as rlsf's `map_floor`/`map_ceil`, by the bits of the second level.
+//! Users: the TLSF arena's bins ([`TlsfBins`], 16 slices per power of two), the device pool's
+//! size classes (4 per power of two, `gpumem::pool`) and the pinned pool's (32 per power of
+//! two in whole pages, `gpumem::pinned::size_class`).
 //!
-//! A size in bytes maps to a *bin* `first_level * SL_COUNT + second_level`:
-//! - sizes below [`SL_COUNT`] are exact (first level 0, second level = the size);
-//! - a larger size with highest set bit `l` has first level `l - SL_BITS + 1` and second level
-//!   the [`SL_BITS`] bits right below bit `l`, so each power-of-two range is cut into
-//!   [`SL_COUNT`] equal slices.
+//! With `B = SUB_BITS`, a size in bytes maps to a *bin* `first_level * 2^B + second_level`:
+//! - sizes below `2^B` are exact (first level 0, second level = the size);
+//! - a larger size with highest set bit `l` has first level `l - B + 1` and second level
+//!   the `B` bits right below bit `l`, so each power-of-two range is cut into `2^B` equal
+//!   slices, and rounding up to a bin wastes less than `1 / 2^B` of the size.
 //!
-//! Every block in bin `b` has at least [`bin_min_bytes`]`(b)` bytes and fewer than
-//! `bin_min_bytes(b + 1)`. Free blocks go to [`bin_floor`] of their size; a request of `n`
-//! bytes searches from [`bin_ceil`]`(n)` upward, where every block is large enough.
+//! Every size in bin `b` is at least [`LogLinear::min_bytes`]`(b)` and below
+//! `min_bytes(b + 1)`. A free block goes to [`LogLinear::floor`] of its size; a request of
+//! `n` bytes searches from [`LogLinear::ceil`]`(n)` upward, where every block is large enough.
 
-/// Bits of the second level: each power-of-two range is cut into `2^SL_BITS` slices.
+/// The log-linear binning with `2^SUB_BITS` slices per power of two (see the module docs).
+/// A type without values: everything is an associated constant or function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogLinear<const SUB_BITS: u32>;
+
+impl<const SUB_BITS: u32> LogLinear<SUB_BITS> {
+    /// Bits of the second level.
+    pub const SUB_BITS: u32 = SUB_BITS;
+    /// Slices per power-of-two range.
+    pub const SUB_COUNT: u32 = 1 << SUB_BITS;
+    /// Mask of the second-level part of a bin index.
+    pub const SUB_MASK: u32 = Self::SUB_COUNT - 1;
+    /// First-level classes: one linear class below `SUB_COUNT` bytes, then one per power of
+    /// two from `2^SUB_BITS` to `2^63`.
+    pub const FL_COUNT: u32 = u64::BITS - SUB_BITS + 1;
+    /// Bins in all.
+    pub const BIN_COUNT: u32 = Self::FL_COUNT * Self::SUB_COUNT;
+
+    /// The bin a free block of `size_bytes` belongs to (rounds down): the last bin whose
+    /// [`Self::min_bytes`] is ≤ `size_bytes`.
+    #[inline]
+    pub const fn floor(size_bytes: u64) -> u32 {
+        if size_bytes < Self::SUB_COUNT as u64 {
+            // Exact classes; the cast is lossless because the value is below SUB_COUNT.
+            return size_bytes as u32;
+        }
+        let top = u64::BITS - 1 - size_bytes.leading_zeros(); // ≥ SUB_BITS
+        let fl = top - SUB_BITS + 1;
+        // The SUB_BITS bits right below the top bit; masking makes the cast lossless.
+        let sl = ((size_bytes >> (top - SUB_BITS)) & Self::SUB_MASK as u64) as u32;
+        (fl << SUB_BITS) | sl
+    }
+
+    /// The first bin all of whose sizes are at least `size_bytes` (rounds up); `None` when no
+    /// bin does (sizes above the last bin's minimum).
+    #[inline]
+    pub const fn ceil(size_bytes: u64) -> Option<u32> {
+        let b = Self::floor(size_bytes);
+        if Self::min_bytes(b) == size_bytes {
+            Some(b)
+        } else if b + 1 < Self::BIN_COUNT {
+            Some(b + 1)
+        } else {
+            None
+        }
+    }
+
+    /// The smallest size, in bytes, that belongs to `bin` (`bin < BIN_COUNT`).
+    #[inline]
+    pub const fn min_bytes(bin: u32) -> u64 {
+        let fl = bin >> SUB_BITS;
+        let sl = (bin & Self::SUB_MASK) as u64;
+        if fl == 0 {
+            sl
+        } else {
+            (Self::SUB_COUNT as u64 | sl) << (fl - 1)
+        }
+    }
+
+    /// `size_bytes` rounded up to the smallest size of its [`Self::ceil`] bin; `None` past the
+    /// last bin.
+    #[inline]
+    pub const fn round_up(size_bytes: u64) -> Option<u64> {
+        match Self::ceil(size_bytes) {
+            Some(b) => Some(Self::min_bytes(b)),
+            None => None,
+        }
+    }
+}
+
+/// Bits of the TLSF arena's second level: each power-of-two range is cut into 16 slices.
 pub const SL_BITS: u32 = 4;
-/// Slices per power-of-two range (16).
-pub const SL_COUNT: u32 = 1 << SL_BITS;
-/// Mask of the second-level part of a bin index.
-pub const SL_MASK: u32 = SL_COUNT - 1;
-/// First-level classes: one linear class below `SL_COUNT` bytes, then one per power of two
-/// from `2^SL_BITS` to `2^63` (61).
-pub const FL_COUNT: u32 = u64::BITS - SL_BITS + 1;
-/// Bins in all (976).
-pub const BIN_COUNT: u32 = FL_COUNT * SL_COUNT;
+/// The TLSF arena's bins.
+pub type TlsfBins = LogLinear<SL_BITS>;
+/// Slices per power-of-two range of the TLSF bins (16).
+pub const SL_COUNT: u32 = TlsfBins::SUB_COUNT;
+/// Mask of the second-level part of a TLSF bin index.
+pub const SL_MASK: u32 = TlsfBins::SUB_MASK;
+/// First-level classes of the TLSF bins (61).
+pub const FL_COUNT: u32 = TlsfBins::FL_COUNT;
+/// TLSF bins in all (976).
+pub const BIN_COUNT: u32 = TlsfBins::BIN_COUNT;
 
-/// The bin a free block of `size_bytes` belongs to (rounds down): the last bin whose
-/// [`bin_min_bytes`] is ≤ `size_bytes`.
+/// [`LogLinear::floor`] of the TLSF bins.
+#[inline]
 pub fn bin_floor(size_bytes: u64) -> u32 {
-    if size_bytes < u64::from(SL_COUNT) {
-        // Exact classes; the cast is lossless because the value is below 16.
-        return size_bytes as u32;
-    }
-    let top = u64::BITS - 1 - size_bytes.leading_zeros(); // ≥ SL_BITS
-    let fl = top - SL_BITS + 1;
-    // The SL_BITS bits right below the top bit; masking makes the cast lossless.
-    let sl = ((size_bytes >> (top - SL_BITS)) & u64::from(SL_MASK)) as u32;
-    (fl << SL_BITS) | sl
+    TlsfBins::floor(size_bytes)
 }
 
-/// The first bin all of whose blocks hold at least `size_bytes` (rounds up); `None` when
-/// no bin does (sizes above the last bin's minimum).
+/// [`LogLinear::ceil`] of the TLSF bins.
+#[inline]
 pub fn bin_ceil(size_bytes: u64) -> Option<u32> {
-    let b = bin_floor(size_bytes);
-    if bin_min_bytes(b) == size_bytes {
-        Some(b)
-    } else if b + 1 < BIN_COUNT {
-        Some(b + 1)
-    } else {
-        None
-    }
+    TlsfBins::ceil(size_bytes)
 }
 
-/// The smallest size, in bytes, that belongs to `bin` (`bin < BIN_COUNT`).
+/// [`LogLinear::min_bytes`] of the TLSF bins.
+#[inline]
 pub fn bin_min_bytes(bin: u32) -> u64 {
-    let fl = bin >> SL_BITS;
-    let sl = u64::from(bin & SL_MASK);
-    if fl == 0 {
-        sl
-    } else {
-        (u64::from(SL_COUNT) | sl) << (fl - 1)
-    }
+    TlsfBins::min_bytes(bin)
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// The one property check, for any binning: floor and ceil bracket the size, a bin's
+    /// minimum maps back to it, rounding up wastes less than `1 / 2^B` of the size, and bins
+    /// are ordered.
+    fn check_binning<const B: u32>(n: u64) -> Result<(), TestCaseError> {
+        type L<const B: u32> = LogLinear<B>;
+        let f = L::<B>::floor(n);
+        prop_assert!(f < L::<B>::BIN_COUNT);
+        prop_assert!(L::<B>::min_bytes(f) <= n);
+        if f + 1 < L::<B>::BIN_COUNT {
+            prop_assert!(L::<B>::min_bytes(f + 1) > n);
+        }
+        prop_assert_eq!(L::<B>::floor(L::<B>::min_bytes(f)), f);
+        match L::<B>::ceil(n) {
+            Some(c) => {
+                prop_assert!(c == f || c == f + 1);
+                let up = L::<B>::min_bytes(c);
+                prop_assert!(up >= n);
+                prop_assert_eq!(L::<B>::round_up(n), Some(up));
+                // Waste below 1/2^B of the size (exact below 2^B).
+                prop_assert!(((up - n) as u128) << B < (n as u128).max(1) || up == n);
+                prop_assert!(c == 0 || L::<B>::min_bytes(c - 1) < n);
+            }
+            None => prop_assert!(n > L::<B>::min_bytes(L::<B>::BIN_COUNT - 1)),
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #[test]
+        fn every_binning_brackets_and_bounds_waste(
+            n in prop_oneof![0u64..1 << 20, any::<u64>(), (0u32..64).prop_map(|e| 1u64 << e)]
+        ) {
+            check_binning::<2>(n)?;
+            check_binning::<4>(n)?;
+            check_binning::<5>(n)?;
+        }
+    }
 
     #[test]
     fn layout_constants() {

@@ -4,7 +4,10 @@
 //! `max(2^(floor(log2 n) − SUBCLASS_BITS), PAGE_BYTES)`. For `n ≥ 128 KiB` the step is
 //! `2^floor(log2 n) / 32`, so the waste is below `1/32` (≈3.1 %) of the request; below that,
 //! to the next 4 KiB page (PyTorch's host allocator rounds to the next power of two: up
-//! to 2×). Pure arithmetic, no allocation.
+//! to 2×). From 128 KiB on the classes are the log-linear binning of
+//! [`gpumem_core::size_class::LogLinear`] with 32 slices per power of two. Pure arithmetic.
+
+use gpumem_core::size_class::LogLinear;
 
 /// The page the classes are counted in, in bytes (`mlock` and `cuMemHostAlloc` pin whole pages).
 pub const PAGE_BYTES: u64 = 4096;
@@ -29,12 +32,21 @@ pub fn step_bytes(n: u64) -> u64 {
     }
 }
 
-/// The bytes pinned for a request of `n` bytes (0 counts as 1), or `None` on overflow.
+/// The binning above [`TIGHT_FROM_BYTES`]: [`LogLinear`] with 32 classes per power of two.
+pub type PinnedClasses = LogLinear<SUBCLASS_BITS>;
+
+/// The bytes pinned for a request of `n` bytes (0 counts as 1), or `None` on overflow: whole
+/// pages below [`TIGHT_FROM_BYTES`], the [`PinnedClasses`] size from there on.
 pub fn class_bytes(n: u64) -> Option<u64> {
     let n = n.max(1);
-    let step = step_bytes(n);
-    n.checked_add(step - 1).map(|v| v & !(step - 1))
+    if n < TIGHT_FROM_BYTES {
+        return Some(n.div_ceil(PAGE_BYTES) * PAGE_BYTES);
+    }
+    PinnedClasses::round_up(n)
 }
+
+/// Number of page-sized classes, up to and including [`TIGHT_FROM_BYTES`] (32).
+const PAGE_CLASSES: u32 = (TIGHT_FROM_BYTES / PAGE_BYTES) as u32;
 
 /// Dense index of a class size (as returned by [`class_bytes`]); inverse of [`index_bytes`].
 /// `None` if `bytes` is not a class size.
@@ -42,32 +54,20 @@ pub fn class_index(bytes: u64) -> Option<u32> {
     if bytes < PAGE_BYTES || class_bytes(bytes) != Some(bytes) {
         return None;
     }
-    // Classes below TIGHT_FROM_BYTES are every page: index = pages − 1.
+    // Classes up to TIGHT_FROM_BYTES are every page: index = pages − 1.
     if bytes <= TIGHT_FROM_BYTES {
         return u32::try_from(bytes / PAGE_BYTES - 1).ok();
     }
-    let e = 63 - bytes.leading_zeros(); // ≥ 17
-    let base_e = 63 - TIGHT_FROM_BYTES.leading_zeros(); // 17
-    let sub = (bytes >> (e - SUBCLASS_BITS)) - SUBCLASSES; // 0..32
-    let first = (TIGHT_FROM_BYTES / PAGE_BYTES) as u32; // index of 128 KiB + one step
-    Some(first + (e - base_e) * SUBCLASSES as u32 + sub as u32 - 1)
+    Some(PAGE_CLASSES - 1 + PinnedClasses::floor(bytes) - PinnedClasses::floor(TIGHT_FROM_BYTES))
 }
 
 /// Class size of a dense index; inverse of [`class_index`]. `None` past `u64`.
 pub fn index_bytes(index: u32) -> Option<u64> {
-    let first = (TIGHT_FROM_BYTES / PAGE_BYTES) as u32; // 32
-    if index < first {
+    if index < PAGE_CLASSES {
         return Some((u64::from(index) + 1) * PAGE_BYTES);
     }
-    let k = index - first + 1; // 1.. : 128 KiB + k steps
-    let base_e = 63 - TIGHT_FROM_BYTES.leading_zeros();
-    let e = base_e + k / SUBCLASSES as u32;
-    let sub = u64::from(k % SUBCLASSES as u32);
-    if e >= 64 {
-        return None;
-    }
-    let v = u128::from(SUBCLASSES + sub) << (e - SUBCLASS_BITS);
-    u64::try_from(v).ok()
+    let bin = PinnedClasses::floor(TIGHT_FROM_BYTES).checked_add(index - (PAGE_CLASSES - 1))?;
+    (bin < PinnedClasses::BIN_COUNT).then(|| PinnedClasses::min_bytes(bin))
 }
 
 #[cfg(test)]

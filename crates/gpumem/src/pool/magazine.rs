@@ -5,7 +5,7 @@ use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::shard::Cached;
-use super::{MAGAZINE_BLOCKS, MAGAZINE_CLASSES, MIN_CLASS_BYTES, SUBCLASSES_LOG2};
+use super::{class_of_index, MAGAZINE_BLOCKS, MAGAZINE_CLASSES};
 
 /// Per-slot cache of one stream's blocks (see the module docs): per class index, a stack of
 /// addresses whose storage is allocated once, on the class's first push.
@@ -80,17 +80,6 @@ impl Magazine {
         self.blocks = 0;
         self.bytes = 0;
     }
-}
-
-/// Bytes of size class index `idx` (inverse of [`class_index`]).
-pub(super) fn class_of_index(idx: usize) -> u64 {
-    if idx == 0 {
-        return MIN_CLASS_BYTES;
-    }
-    let per = 1usize << SUBCLASSES_LOG2;
-    let q = (idx - 1) / per + 8;
-    let k = (idx - 1) % per + 1;
-    (1u64 << q) + ((k as u64) << (q as u32 - SUBCLASSES_LOG2))
 }
 
 /// A magazine behind an ownership flag: the thread of the slot takes it with one

@@ -45,6 +45,7 @@
 //! empty_cache`]) and retries once. The CUDA driver API keeps no "last error" slot (unlike
 //! the runtime's cudaGetLastError): CUDA_ERROR_OUT_OF_MEMORY is not sticky, so nothing is left
 //! pending in the context after a handled failure.
+use gpumem_core::size_class::LogLinear;
 use gpumem_core::{AllocError, DeviceError, Stats};
 use serde::Serialize;
 
@@ -71,15 +72,21 @@ pub const MIN_CLASS_BYTES: u64 = 256;
 /// Sub-classes per power of two: rounding wastes at most 1/4 of a block.
 pub const SUBCLASSES_LOG2: u32 = 2;
 
+/// The pool's binning: [`gpumem_core::size_class::LogLinear`] with 4 classes per power of
+/// two.
+pub type PoolClasses = LogLinear<SUBCLASSES_LOG2>;
+
+/// Bin of the smallest class ([`MIN_CLASS_BYTES`]); class index 0.
+const MIN_CLASS_BIN: u32 = PoolClasses::floor(MIN_CLASS_BYTES);
+
 /// Rounds `size_bytes` up to its size class: 256 B at least, then 4 classes per power of two
-/// (e.g. 320, 384, 448, 512, 640, ...).
+/// (e.g. 320, 384, 448, 512, 640, ...); `u64::MAX` past the last class.
+#[inline]
 pub fn class_bytes(size_bytes: u64) -> u64 {
     if size_bytes <= MIN_CLASS_BYTES {
         return MIN_CLASS_BYTES;
     }
-    let p = 63 - (size_bytes - 1).leading_zeros(); // size-1 in [2^p, 2^(p+1))
-    let mask = (1u64 << (p - SUBCLASSES_LOG2)) - 1; // the step is a power of two: no division
-    size_bytes.checked_add(mask).map_or(u64::MAX, |x| x & !mask)
+    PoolClasses::round_up(size_bytes).unwrap_or(u64::MAX)
 }
 
 /// Index of a size class (0 for 256 B, increasing with size).
@@ -88,13 +95,16 @@ pub fn class_index(size_bytes: u64) -> usize {
 }
 
 /// Index of `class_bytes`, which must already be a size class (a value of [`class_bytes`]).
+#[inline]
 fn index_of_class(c: u64) -> usize {
-    if c <= MIN_CLASS_BYTES {
-        return 0;
-    }
-    let q = 63 - (c - 1).leading_zeros(); // c-1 in [2^q, 2^(q+1))
-    let k = (c - (1u64 << q)) >> (q - SUBCLASSES_LOG2); // 1..=4
-    1 + ((q - 8) as usize) * (1 << SUBCLASSES_LOG2) + (k as usize - 1)
+    PoolClasses::floor(c.max(MIN_CLASS_BYTES)).saturating_sub(MIN_CLASS_BIN) as usize
+}
+
+/// Bytes of size class index `idx` (inverse of [`class_index`]).
+#[inline]
+fn class_of_index(idx: usize) -> u64 {
+    let bin = MIN_CLASS_BIN.saturating_add(u32::try_from(idx).unwrap_or(u32::MAX));
+    PoolClasses::min_bytes(bin.min(PoolClasses::BIN_COUNT - 1))
 }
 
 /// Settings of a [`DevicePool`].
@@ -201,7 +211,6 @@ pub struct PoolStats {
 
 #[cfg(test)]
 mod tests {
-    use super::magazine::class_of_index;
     use super::*;
 
     #[test]
