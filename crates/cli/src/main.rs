@@ -3,6 +3,7 @@ use clap::{Parser, Subcommand};
 
 mod cmd_analyze;
 mod cmd_cuda;
+mod cmd_multigpu;
 mod cmd_pinned;
 mod cmd_replay;
 mod progress;
