@@ -134,7 +134,11 @@ fn print_peer(r: &PeerReport) {
         "peer copies cuda:{a} <-> cuda:{b} ({} / {}); peer access {}",
         r.names[0],
         r.names[1],
-        if r.peer_access { "on both ways" } else { "not available (copies may be staged by the driver; no kernel path)" }
+        if r.peer_access {
+            "on both ways"
+        } else {
+            "not available (copies may be staged by the driver; no kernel path)"
+        }
     );
     if let Some(p) = r.attributes[0] {
         println!(
@@ -143,7 +147,10 @@ fn print_peer(r: &PeerReport) {
         );
     }
     match r.link.gbps_per_direction {
-        Some(g) => println!("link: {} {g:.1} GB/s per direction ({})", r.link.kind, r.link.source),
+        Some(g) => println!(
+            "link: {} {g:.1} GB/s per direction ({})",
+            r.link.kind, r.link.source
+        ),
         None => println!("link: unknown ({}); no % of link", r.link.source),
     }
     println!("GB/s = 1e9 B/s of payload, host-timed batches (median); baseline = plain cuMemcpyPeerAsync loop between cuMemAlloc buffers");

@@ -200,7 +200,9 @@ pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
     }
     let ordinal = match a.device {
         crate::cmd_multigpu::TransferDevice::One(n) => n,
-        crate::cmd_multigpu::TransferDevice::All => return crate::cmd_multigpu::bench_transfer_all(&a),
+        crate::cmd_multigpu::TransferDevice::All => {
+            return crate::cmd_multigpu::bench_transfer_all(&a)
+        }
     };
     let host = CudaContext::new(ordinal)?;
     let device = host.name().unwrap_or_else(|_| "unknown".into());

@@ -178,7 +178,9 @@ fn open_device(target: &Target, capacity: u64, trace_device: u32) -> Result<Box<
         Target::Cuda(n) => crate::cmd_cuda::open_replay_device(*n, capacity),
         Target::AllCuda => crate::cmd_cuda::open_replay_device(trace_device as usize, capacity)
             .with_context(|| {
-                format!("--device all replays the trace's device {trace_device} on cuda:{trace_device}")
+                format!(
+                    "--device all replays the trace's device {trace_device} on cuda:{trace_device}"
+                )
             }),
     }
 }

@@ -41,11 +41,11 @@ pub use device::{
     SAMPLE_WINDOW_BYTES,
 };
 pub use events::CudaEvents;
-pub use p2p::{
-    enable_peer_access, link_bandwidth, p2p_attributes, peer_copy, verify_peer_copy,
-    LinkEstimate, P2pAttributes, PeerCheck, PeerMethod,
-};
 pub use gpumem_core::adaptor::Capped;
+pub use p2p::{
+    enable_peer_access, link_bandwidth, p2p_attributes, peer_copy, verify_peer_copy, LinkEstimate,
+    P2pAttributes, PeerCheck, PeerMethod,
+};
 // The device-agnostic pool lived here once; these keep the old paths working.
 pub use crate::pool::{self, pitch, ManualEvents, StreamEvents};
 pub use managed::{

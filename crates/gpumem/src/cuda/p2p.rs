@@ -159,7 +159,9 @@ pub struct PeerCheck {
 impl PeerCheck {
     /// Whether every byte arrived, and nothing else changed.
     pub fn ok(&self) -> bool {
-        self.mismatched_bytes == 0 && self.damaged_guard_bytes == 0 && self.damaged_source_bytes == 0
+        self.mismatched_bytes == 0
+            && self.damaged_guard_bytes == 0
+            && self.damaged_source_bytes == 0
     }
 }
 
@@ -200,7 +202,9 @@ pub unsafe fn verify_peer_copy(
     if bytes == 0 || (method == PeerMethod::Kernel && bytes % 16 != 0) {
         return Err(DeviceError::Invalid {
             call: "verify_peer_copy",
-            detail: format!("{bytes} B: expected a positive size (a multiple of 16 for the kernel)"),
+            detail: format!(
+                "{bytes} B: expected a positive size (a multiple of 16 for the kernel)"
+            ),
         });
     }
     let region = bytes + 2 * GUARD_BYTES;
@@ -230,7 +234,11 @@ pub unsafe fn verify_peer_copy(
     src_stream.synchronize()?;
     let (head, rest) = back.split_at(GUARD_BYTES);
     let (body, tail) = rest.split_at(bytes);
-    let mismatches = body.iter().zip(&pattern).enumerate().filter(|(_, (a, b))| a != b);
+    let mismatches = body
+        .iter()
+        .zip(&pattern)
+        .enumerate()
+        .filter(|(_, (a, b))| a != b);
     let mut mismatched_bytes = 0u64;
     let mut first_mismatch = None;
     for (i, _) in mismatches {
@@ -246,8 +254,11 @@ pub unsafe fn verify_peer_copy(
         mismatched_bytes,
         first_mismatch,
         damaged_guard_bytes: damaged(head) + damaged(tail),
-        damaged_source_bytes: src_back.iter().zip(&pattern).filter(|(a, b)| a != b).count()
-            as u64,
+        damaged_source_bytes: src_back
+            .iter()
+            .zip(&pattern)
+            .filter(|(a, b)| a != b)
+            .count() as u64,
     })
 }
 
@@ -511,7 +522,8 @@ pub fn link_bandwidth(a: usize, b: usize) -> Result<LinkEstimate, CudaError> {
 mod tests {
     use super::*;
 
-    const TOPO: &str = "\u{1b}[4m\tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\u{1b}[0m\n\
+    const TOPO: &str =
+        "\u{1b}[4m\tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\u{1b}[0m\n\
 GPU0\t X \tNV18\tSYS\t0-47\t0\t\tN/A\n\
 GPU1\tNV18\t X \tSYS\t48-95\t1\t\tN/A\n\
 NIC0\tSYS\tSYS\t X \t\t\t\t\n\
@@ -563,7 +575,10 @@ Legend:\n\n  X    = Self\n  NV#  = Connection traversing a bonded set of # NVLin
         assert_ne!(bus_key("0000:3B:00.0"), bus_key("0000:5D:00.0"));
         assert_eq!(
             parse_gpu_bus_ids("0, 00000000:3B:00.0\n1, 00000000:5D:00.0\n"),
-            vec![(0, "00000000:3B:00.0".into()), (1, "00000000:5D:00.0".into())]
+            vec![
+                (0, "00000000:3B:00.0".into()),
+                (1, "00000000:5D:00.0".into())
+            ]
         );
     }
 
@@ -571,7 +586,10 @@ Legend:\n\n  X    = Self\n  NV#  = Connection traversing a bonded set of # NVLin
     fn pattern_has_no_short_period() {
         let v: Vec<u8> = (0..4096).map(|i| pattern_byte(7, i)).collect();
         for shift in [1usize, 2, 4, 16, 64, 256, 1024] {
-            assert!(v.iter().zip(&v[shift..]).any(|(a, b)| a != b), "period {shift}");
+            assert!(
+                v.iter().zip(&v[shift..]).any(|(a, b)| a != b),
+                "period {shift}"
+            );
         }
         assert_ne!(pattern_byte(1, 5), pattern_byte(2, 5));
     }

@@ -14,8 +14,8 @@ use gpumem_core::config::AllocatorConfig;
 use gpumem_core::{registry, DeviceError};
 
 use super::p2p::{
-    enable_peer_access, link_bandwidth, p2p_attributes, peer_copy, verify_peer_copy,
-    LinkEstimate, P2pAttributes, PeerCheck, PeerMethod, GUARD_BYTES,
+    enable_peer_access, link_bandwidth, p2p_attributes, peer_copy, verify_peer_copy, LinkEstimate,
+    P2pAttributes, PeerCheck, PeerMethod, GUARD_BYTES,
 };
 use super::{CopyKernel, CudaContext, CudaDevice, CudaError, CudaEvents, DeviceBuffer, Stream};
 use crate::pool::{DevicePool, PoolConfig, PoolError};
@@ -139,10 +139,8 @@ pub fn check_pool_peer_copies(
             let sblk = src.pool.alloc(bytes as u64, 0)?;
             let dblk = dst.pool.alloc((bytes + 2 * GUARD_BYTES) as u64, 0)?;
             if vmm && peers {
-                src.pool
-                    .set_peer_access(&sblk, dst.ctx.ordinal(), true)?;
-                dst.pool
-                    .set_peer_access(&dblk, src.ctx.ordinal(), true)?;
+                src.pool.set_peer_access(&sblk, dst.ctx.ordinal(), true)?;
+                dst.pool.set_peer_access(&dblk, src.ctx.ordinal(), true)?;
             }
             for method in [PeerMethod::Peer, PeerMethod::DtoD, PeerMethod::Kernel] {
                 if method == PeerMethod::Kernel && !peers {
@@ -180,10 +178,8 @@ pub fn check_pool_peer_copies(
                 });
             }
             if vmm && peers {
-                src.pool
-                    .set_peer_access(&sblk, dst.ctx.ordinal(), false)?;
-                dst.pool
-                    .set_peer_access(&dblk, src.ctx.ordinal(), false)?;
+                src.pool.set_peer_access(&sblk, dst.ctx.ordinal(), false)?;
+                dst.pool.set_peer_access(&dblk, src.ctx.ordinal(), false)?;
             }
         }
         sa.pool.validate()?;
@@ -334,8 +330,14 @@ pub fn peer_bandwidth(
 
     // Baseline buffers (cuMemAlloc) and pool blocks: one source and one destination per
     // direction on each device.
-    let plain_a = [DeviceBuffer::new(&sa.ctx, max)?, DeviceBuffer::new(&sa.ctx, max)?];
-    let plain_b = [DeviceBuffer::new(&sb.ctx, max)?, DeviceBuffer::new(&sb.ctx, max)?];
+    let plain_a = [
+        DeviceBuffer::new(&sa.ctx, max)?,
+        DeviceBuffer::new(&sa.ctx, max)?,
+    ];
+    let plain_b = [
+        DeviceBuffer::new(&sb.ctx, max)?,
+        DeviceBuffer::new(&sb.ctx, max)?,
+    ];
     let pool_a = [sa.pool.alloc(max as u64, 0)?, sa.pool.alloc(max as u64, 0)?];
     let pool_b = [sb.pool.alloc(max as u64, 0)?, sb.pool.alloc(max as u64, 0)?];
     // Buffer 0 of a side is the source of its outgoing copy, buffer 1 the destination of the
@@ -444,9 +446,7 @@ pub fn peer_bandwidth(
     let largest = rows.iter().map(|r| r.bytes).max();
     let pool_min_pct_of_baseline = rows
         .iter()
-        .filter(|r| {
-            Some(r.bytes) == largest && r.memory == "pool" && r.method == PeerMethod::DtoD
-        })
+        .filter(|r| Some(r.bytes) == largest && r.memory == "pool" && r.method == PeerMethod::DtoD)
         .filter_map(|r| r.pct_of_baseline)
         .reduce(f64::min);
     drop(pool_a);
@@ -457,11 +457,7 @@ pub fn peer_bandwidth(
     drop(sb);
     let checks = if cfg.check_bytes > 0 {
         progress("byte-for-byte checks");
-        check_pool_peer_copies(
-            a,
-            b,
-            usize::try_from(cfg.check_bytes).unwrap_or(usize::MAX),
-        )?
+        check_pool_peer_copies(a, b, usize::try_from(cfg.check_bytes).unwrap_or(usize::MAX))?
     } else {
         Vec::new()
     };

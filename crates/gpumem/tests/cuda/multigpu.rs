@@ -61,7 +61,11 @@ fn bandwidth_rows_are_complete(sizes: Vec<u64>) {
     assert!(r.peer_access);
     // Baseline + pool × (peer, dtod, kernel), 3 directions, each size.
     assert_eq!(r.rows.len(), 4 * 3 * n_sizes, "{:#?}", r.rows);
-    assert_eq!(labels, r.rows.len() + 1, "one label a point, one for the checks");
+    assert_eq!(
+        labels,
+        r.rows.len() + 1,
+        "one label a point, one for the checks"
+    );
     for row in &r.rows {
         assert!(row.gbps > 0.0 && row.median_s > 0.0, "{row:?}");
         let p = row.pct_of_baseline.expect("every row has a baseline");
@@ -70,7 +74,10 @@ fn bandwidth_rows_are_complete(sizes: Vec<u64>) {
         }
     }
     for dir in ["0->1", "1->0", "both"] {
-        assert_eq!(r.rows.iter().filter(|x| x.direction == dir).count(), 4 * n_sizes);
+        assert_eq!(
+            r.rows.iter().filter(|x| x.direction == dir).count(),
+            4 * n_sizes
+        );
     }
     assert!(r.pool_min_pct_of_baseline.is_some());
     assert_eq!(r.checks.len(), 12);
@@ -102,7 +109,8 @@ fn two_devices_against_a_fake_driver() {
             );
             drop(d1);
             peer_access_is_enabled_once();
-            peer_copies_are_exact((MIB + 48) as usize);
+            // Past several 2 MiB pages: the paged pool maps more than one page at once.
+            peer_copies_are_exact((24 * MIB + 16 * 1001) as usize);
             bandwidth_rows_are_complete(vec![64 * 1024, MIB]);
             assert_eq!(live(1), 0, "every device allocation freed");
             assert_eq!(live(3), 0, "every stream destroyed");
