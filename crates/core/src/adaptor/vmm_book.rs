@@ -235,9 +235,15 @@ mod tests {
         assert!(!b.is_mapped(19 * G, 2 * G), "runs past the mapping");
         assert!(!b.is_mapped(2 * G, 4 * G), "starts before the mapping");
         b.on_set_access(6 * G, 2 * G, 1, true);
-        assert_eq!(b.mapping_of(4 * G).map(|(_, m)| m.access.clone()), Some(vec![0, 1]));
+        assert_eq!(
+            b.mapping_of(4 * G).map(|(_, m)| m.access.clone()),
+            Some(vec![0, 1])
+        );
         b.on_set_access(6 * G, 2 * G, 1, false);
-        assert_eq!(b.mapping_of(4 * G).map(|(_, m)| m.access.clone()), Some(vec![0]));
+        assert_eq!(
+            b.mapping_of(4 * G).map(|(_, m)| m.access.clone()),
+            Some(vec![0])
+        );
         // Two mappings back to back cover a range across both; a hole does not.
         b.on_map(20 * G, 4 * G, 2);
         assert!(b.is_mapped(18 * G, 4 * G));

@@ -29,6 +29,7 @@ pub enum PeerMethod {
     /// cuMemcpyPeerAsync.
     Peer,
     /// cuMemcpyDtoDAsync on unified addresses.
+    #[serde(rename = "dtod")]
     DtoD,
     /// The copy16 kernel on the destination device, reading through the peer mapping.
     Kernel,
@@ -199,7 +200,7 @@ pub unsafe fn verify_peer_copy(
     bytes: usize,
     seed: u32,
 ) -> Result<PeerCheck, DeviceError> {
-    if bytes == 0 || (method == PeerMethod::Kernel && bytes % 16 != 0) {
+    if bytes == 0 || (method == PeerMethod::Kernel && !bytes.is_multiple_of(16)) {
         return Err(DeviceError::Invalid {
             call: "verify_peer_copy",
             detail: format!(
