@@ -12,10 +12,19 @@
 #           carry/gpumem  carry/tests/<test-target>  carry/traces/...
 #
 #   scripts/gpu-check.sh run [GROUP...]   (on the device machine, from the repository root)
-#       GROUPs (default: all, in this order): info tests bench pinned replay multigpu — e.g.
+#       GROUPs (default: all, in this order): info baselines tests bench pinned replay multigpu — e.g.
 #       `run replay` in a second device call when one call's 10 minutes are not enough.
+#       Group `torch` runs only when named, in a call of its own (`run torch`, ~7 min):
+#       scripts/torch-compare.py with libgpumem_torch.so as PyTorch's allocator (smoke check,
+#       1,000-step soak, native vs expandable_segments vs gpumem on four workloads); its
+#       files are packed into torch.tar.gz.
 #       Runs, each step under its own time limit, continuing after a failing step:
 #         1. gpumem info (table, and --json), gpumem inspect, gpumem vmm
+#         1b. scripts/baselines/run.sh: gpumem's C++/CUDA baseline programs, built with nvcc
+#            from the repository (cudaMalloc, cuMemAlloc, cudaMallocAsync, VMM calls by size,
+#            host allocation, copies; PyTorch's c10 allocator when torch imports), into
+#            baselines.jsonl and the table baselines.md (with bench alloc's speedups against
+#            the faster baseline once step 3 has run)
 #         2. every GPU test binary with --ignored --test-threads 1
 #         3. gpumem bench alloc --device cuda (strategies vs cuMemAlloc and cuMemAllocAsync)
 #         4. scripts/pinned-bench.sh (pinned host memory: transfers, allocation, advise)
@@ -25,10 +34,12 @@
 #         6. multigpu (2 devices or more; else one line "skipped: 1 device"): the two-device
 #            GPU tests, gpumem bench transfer --device all (host<->device per device, peer
 #            copies with % of the cuMemcpyPeerAsync baseline and % of link), the 90 % target
-#            as its own line, and gpumem replay traces/multigpu/two_devices.jsonl --device all
-#            --canary (device N's events on cuda:N)
+#            and the peer-copy byte checks as lines of their own, and gpumem replay
+#            traces/multigpu/two_devices.jsonl --device all --canary (device N's events on
+#            cuda:N); their JSON goes into replay.jsonl, one line each with a "step" key
 #       Writes under $OUT if set (else carry/out): gpu-check.log (everything),
-#       info.json, replay.jsonl, bench-alloc.json, pinned.tar.gz, multigpu.jsonl, summary.txt — few files,
+#       info.json, baselines.jsonl, baselines.md, replay.jsonl, bench-alloc.json, pinned.tar.gz,
+#       summary.txt — few files,
 #       since the device tool brings back at most 8. Prints a summary table (step, status, seconds) last.
 #       Exit status 0 only if no step failed.
 #
@@ -102,10 +113,13 @@ for line in open(sys.argv[1]):
   done <<<"$list"
   [ "$carried" -gt 0 ] || die "no test binary with ignored (GPU) tests found"
   cp -r traces/. "$CARRY/traces/" || die "cannot copy traces"
-  # The anchor programs (not part of gpumem) travel in carry/ only, to be measured side by side.
-  if [ -d ../shared/anchors ]; then
-    mkdir -p "$CARRY/anchors" && cp ../shared/anchors/*.cu ../shared/anchors/*.cpp "$CARRY/anchors/" 2>/dev/null
-  fi
+  # The PyTorch plug-in (issue 13): the library, the Python module and the comparison script.
+  echo "== cargo build --release -p gpumem-torch"
+  cargo build --release -p gpumem-torch || die "cargo build -p gpumem-torch failed"
+  mkdir -p "$CARRY/torch" || die "cannot create $CARRY/torch"
+  strip -o "$CARRY/torch/libgpumem_torch.so" "$target/release/libgpumem_torch.so" || die "strip libgpumem_torch.so failed"
+  cp python/gpumem_torch.py scripts/torch-compare.py "$CARRY/torch/" || die "cannot copy the plug-in's Python files"
+  # The baseline programs (scripts/baselines/) are built by nvcc on the device machine.
   echo "== carry/ holds $(du -sh "$CARRY" | cut -f1):"
   find "$CARRY" -type f | sort | sed 's/^/   /'
 }
@@ -213,7 +227,7 @@ run() {
   GROUPS_WANTED=("$@")
   local g
   for g in "${GROUPS_WANTED[@]}"; do
-    case "$g" in info | anchors | tests | bench | pinned | replay | multigpu) ;; *) echo "unknown step group: $g" >&2; exit 2 ;; esac
+    case "$g" in info | baselines | anchors | tests | bench | pinned | replay | torch | multigpu) ;; *) echo "unknown step group: $g" >&2; exit 2 ;; esac
   done
   export CARRY OUTDIR
   export -f json_to replay_one multigpu_json
@@ -235,8 +249,13 @@ run() {
     step "vmm" 60 "$CARRY/gpumem" vmm --device cuda
   fi
 
+  # 1b. gpumem's own baseline programs (C++/CUDA, scripts/baselines/), built here with nvcc and
+  # run in the same call as gpumem's benchmarks; `anchors` is the group's former name.
+  if want baselines || want anchors; then
+    step "baselines (nvcc)" 300 "$ROOT/scripts/baselines/run.sh" "$OUTDIR/baselines.jsonl" "$OUTDIR/baselines.md"
+  fi
+
   # 2. GPU tests
-  want anchors && step "anchors (nvcc)" 240 "$ROOT/scripts/anchors.sh" "$CARRY/anchors" "$OUTDIR/anchors.jsonl"
 
   local t
   for t in "$CARRY"/tests/*; do
@@ -263,6 +282,11 @@ for dev in json.load(open(sys.argv[1])):
         print("  error:", e)
 PY
   fi
+  # Every speedup against the faster baseline of this run (Rust or C++), into baselines.md.
+  if [ -s "$OUTDIR/baselines.jsonl" ] && [ -s "$OUTDIR/bench-alloc.json" ] && command -v python3 >/dev/null; then
+    python3 "$ROOT/scripts/baselines/table.py" "$OUTDIR/baselines.jsonl" "$OUTDIR/bench-alloc.json" \
+      >"$OUTDIR/baselines.md" 2>>"$LOG" && cat "$OUTDIR/baselines.md" >>"$LOG"
+  fi
 
   # 4. pinned host memory: scripts/pinned-bench.sh (transfer, pinned allocation, advise); its
   #    files are packed into one archive, since the device tool brings back at most 8 files.
@@ -278,11 +302,25 @@ PY
     STEPS+=("pinned benchmarks"); STATUS+=("SKIP (no scripts/pinned-bench.sh)"); SECS+=(0)
   fi
 
+  # 4b. PyTorch with gpumem as its allocator (only when named: it needs a call of its own)
+  local g2 torch_named=0
+  for g2 in "${GROUPS_WANTED[@]}"; do [ "$g2" = torch ] && torch_named=1; done
+  if [ "$torch_named" -eq 1 ]; then
+    if [ -f "$CARRY/torch/libgpumem_torch.so" ] && command -v python3 >/dev/null; then
+      step "torch-compare" 560 python3 "$CARRY/torch/torch-compare.py" --lib "$CARRY/torch/libgpumem_torch.so" \
+        --out "$OUTDIR/torch" --smoke --soak --warmup 3 --steps 12 --budget-s "${GPU_CHECK_TORCH_BUDGET_S:-420}"
+      if [ -d "$OUTDIR/torch" ]; then
+        tar -C "$OUTDIR" -czf "$OUTDIR/torch.tar.gz" torch && rm -rf "$OUTDIR/torch"
+      fi
+    else
+      STEPS+=("torch-compare"); STATUS+=("SKIP (no carry/torch or python3)"); SECS+=(0)
+    fi
+  fi
+
   # Devices visible (for the multigpu group): gpumem's own count, so CUDA_VISIBLE_DEVICES holds.
   local ndev=0
   if want multigpu; then
     ndev=$("$CARRY/gpumem" info --device all --json 2>/dev/null | grep -c '"ordinal":')
-    : >"$OUTDIR/multigpu.jsonl"
   fi
 
   # 5. replay every shipped trace on the GPU, every strategy, with canaries; smallest first,
@@ -300,7 +338,8 @@ PY
   BUDGET=$full_budget
 
   # 6. two devices: peer copies, peer bandwidth, a multi-device trace on both GPUs. Figures
-  #    and checks go to multigpu.jsonl; the 90 % target is a line of its own in the summary.
+  #    and checks go to replay.jsonl (lines with a "step" key; the device tool brings back 8
+  #    files at most); the 90 % target and the byte checks are lines of their own in the summary.
   if ! want multigpu; then
     :
   elif [ "${ndev:-0}" -lt 2 ]; then
@@ -313,20 +352,20 @@ PY
     else
       STEPS+=("multigpu tests"); STATUS+=("FAIL (no carry/tests/cuda)"); SECS+=(0)
     fi
-    step "multigpu bench transfer --device all" 300 multigpu_json "bench transfer --device all" "$OUTDIR/multigpu.jsonl" \
+    step "multigpu bench transfer --device all" 300 multigpu_json "bench transfer --device all" "$OUTDIR/replay.jsonl" \
       "$CARRY/gpumem" bench transfer --device all --sizes "${GPU_CHECK_MULTIGPU_SIZES:-1MiB,64MiB,256MiB,1GiB}" \
       --kinds pageable,pinned,staged --repeats 5 --no-cache --json
     local mt="$CARRY/traces/multigpu/two_devices.jsonl"
     if [ -f "$mt" ]; then
-      step "multigpu replay two_devices --device all" 200 multigpu_json "replay --device all" "$OUTDIR/multigpu.jsonl" \
+      step "multigpu replay two_devices --device all" 200 multigpu_json "replay --device all" "$OUTDIR/replay.jsonl" \
         "$CARRY/gpumem" replay "$mt" --device all --canary --allocator all --json
     else
       STEPS+=("multigpu replay"); STATUS+=("FAIL (no traces/multigpu/two_devices.jsonl)"); SECS+=(0)
     fi
     # The target and the figures, as summary lines and into the log.
-    if command -v python3 >/dev/null && [ -s "$OUTDIR/multigpu.jsonl" ]; then
+    if command -v python3 >/dev/null && [ -s "$OUTDIR/replay.jsonl" ]; then
       local lines
-      lines=$(python3 - "$OUTDIR/multigpu.jsonl" 2>>"$LOG" <<'PY'
+      lines=$(python3 - "$OUTDIR/replay.jsonl" 2>>"$LOG" <<'PY'
 import json, sys
 for line in open(sys.argv[1]):
     try:
@@ -397,7 +436,7 @@ case "${1:-}" in
     ;;
   *)
     echo "usage: scripts/gpu-check.sh build   # here: release CLI + GPU test binaries into carry/" >&2
-    echo "       scripts/gpu-check.sh run [GROUP...]  # on the device machine; GROUPs: info anchors tests bench pinned replay multigpu (default all)" >&2
+    echo "       scripts/gpu-check.sh run [GROUP...]  # on the device machine; GROUPs: info baselines tests bench pinned replay multigpu (default all), torch (only when named)" >&2
     exit 2
     ;;
 esac

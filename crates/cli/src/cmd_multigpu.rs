@@ -71,10 +71,19 @@ fn host_device(a: &BenchTransferArgs, ordinal: usize) -> Result<DeviceRows> {
         kinds = wanted.to_vec();
     }
     let max = *a.sizes.iter().max().context("no sizes")? as usize;
+    gpumem::pinned::sysinfo::ensure_host_memory(
+        (max as u64).saturating_mul(2),
+        &format!(
+            "bench transfer on cuda:{ordinal} at {}",
+            units::bytes(max as u64)
+        ),
+    )?;
     let staging = StagingConfig {
         chunk_bytes: a.stage_chunk as usize,
         buffers: a.stage_buffers,
-        threads: a.stage_threads,
+        threads: a
+            .stage_threads
+            .unwrap_or_else(gpumem::pinned::transfer::default_copy_threads),
         copy: a.stage_copy,
     };
     let mut bench = TransferBench::new(&host, max, &kinds, staging)

@@ -9,6 +9,23 @@ use serde::Serialize;
 use serde_json::json;
 use std::path::PathBuf;
 
+fn parse_transfer_size(s: &str) -> Result<u64, String> {
+    match parse_size(s)? {
+        0 => Err(format!(
+            "`{s}`: a transfer of 0 B needs no memory; give its size, e.g. 4KiB"
+        )),
+        n => Ok(n),
+    }
+}
+
+fn parse_thread_count(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err(format!("`{s}`: a thread count is at least 1")),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("`{s}`: {e}")),
+    }
+}
+
 fn parse_kinds(s: &str) -> Result<Vec<MemoryKind>, String> {
     s.split(',')
         .map(|t| {
@@ -71,9 +88,10 @@ pub struct BenchTransferArgs {
     /// Staging ring: pinned buffers.
     #[arg(long, default_value_t = 4)]
     pub stage_buffers: usize,
-    /// Staging ring: host threads copying each chunk (the caller included).
-    #[arg(long, default_value_t = 12)]
-    pub stage_threads: usize,
+    /// Staging ring: host threads copying each chunk (the caller included); default two
+    /// below the CPU count, at most 12.
+    #[arg(long, value_parser = parse_thread_count)]
+    pub stage_threads: Option<usize>,
     /// Staging ring: `nt` (non-temporal stores) or `libc` (memcpy).
     #[arg(long, default_value = "nt", value_parser = parse_copy)]
     pub stage_copy: CopyKind,
@@ -121,6 +139,12 @@ struct SweepRow {
 /// with no DMA), over the sweep grid, for the largest size. Needs no GPU.
 fn host_only(a: &BenchTransferArgs) -> Result<()> {
     let max = *a.sizes.last().context("no sizes")? as usize;
+    // A source and a destination of the largest size, and the ring.
+    let ring = a.stage_chunk.saturating_mul(a.stage_buffers as u64);
+    sysinfo::ensure_host_memory(
+        (max as u64).saturating_mul(2).saturating_add(ring),
+        &format!("bench transfer --host-only at {}", units::bytes(max as u64)),
+    )?;
     let src = vec![0x5au8; max];
     let mut dst = vec![0u8; max];
     let grid = if a.staging_sweep {
@@ -129,7 +153,9 @@ fn host_only(a: &BenchTransferArgs) -> Result<()> {
         vec![StagingConfig {
             chunk_bytes: a.stage_chunk as usize,
             buffers: a.stage_buffers,
-            threads: a.stage_threads,
+            threads: a
+                .stage_threads
+                .unwrap_or_else(transfer::default_copy_threads),
             copy: a.stage_copy,
         }]
     };
@@ -176,15 +202,7 @@ fn host_only(a: &BenchTransferArgs) -> Result<()> {
             units::bytes(max as u64)
         );
         for s in &rows {
-            println!(
-                "threads {:>2} chunk {:>9} buffers {} {:?}: fill {:.2} drain {:.2}",
-                s.config.threads,
-                units::bytes(s.config.chunk_bytes as u64),
-                s.config.buffers,
-                s.config.copy,
-                s.h2d_gbps,
-                s.d2h_gbps
-            );
+            println!("{}", sweep_line(s, "fill", "drain", ""));
         }
     }
     Ok(())
@@ -208,10 +226,16 @@ pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
     let device = host.name().unwrap_or_else(|_| "unknown".into());
     let bus = host.pci_bus_id().unwrap_or_default();
     let max = *a.sizes.last().context("no sizes")? as usize;
+    sysinfo::ensure_host_memory(
+        (max as u64).saturating_mul(2),
+        &format!("bench transfer at {}", units::bytes(max as u64)),
+    )?;
     let mut staging = StagingConfig {
         chunk_bytes: a.stage_chunk as usize,
         buffers: a.stage_buffers,
-        threads: a.stage_threads,
+        threads: a
+            .stage_threads
+            .unwrap_or_else(transfer::default_copy_threads),
         copy: a.stage_copy,
     };
     let mut bench = TransferBench::new(&host, max, &a.kinds, staging)
@@ -443,15 +467,7 @@ pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
         }
         println!("summary: {summary}");
         for s in &sweep {
-            println!(
-                "sweep: threads {:>2} chunk {:>9} buffers {} {:?}: h2d {:.2} d2h {:.2} GB/s",
-                s.config.threads,
-                units::bytes(s.config.chunk_bytes as u64),
-                s.config.buffers,
-                s.config.copy,
-                s.h2d_gbps,
-                s.d2h_gbps
-            );
+            println!("sweep: {}", sweep_line(s, "h2d", "d2h", " GB/s"));
         }
         for o in &overlap {
             println!(
@@ -474,6 +490,19 @@ pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
         bail!("a data check failed: {verify:?}");
     }
     Ok(())
+}
+
+/// One staging configuration and its two rates, as the sweep tables print it.
+fn sweep_line(s: &SweepRow, a: &str, b: &str, unit: &str) -> String {
+    format!(
+        "threads {:>2} chunk {:>9} buffers {} {:?}: {a} {:.2} {b} {:.2}{unit}",
+        s.config.threads,
+        units::bytes(s.config.chunk_bytes as u64),
+        s.config.buffers,
+        s.config.copy,
+        s.h2d_gbps,
+        s.d2h_gbps
+    )
 }
 
 fn rows_for_plot(rows: &[Row]) -> Vec<(String, Vec<(u64, f64)>)> {
@@ -513,6 +542,9 @@ pub struct BenchPinnedArgs {
 
 /// `gpumem bench pinned`.
 pub fn bench_pinned(a: BenchPinnedArgs) -> Result<()> {
+    if let Some(&max) = a.sizes.last() {
+        sysinfo::ensure_host_memory(max, &format!("bench pinned at {}", units::bytes(max)))?;
+    }
     let (host, note) = if a.no_cuda {
         (None, "mlock fallback (--no-cuda)".to_string())
     } else {
@@ -613,8 +645,8 @@ pub fn bench_pinned(a: BenchPinnedArgs) -> Result<()> {
 /// Arguments of `gpumem advise`.
 #[derive(Args)]
 pub struct AdviseArgs {
-    /// Bytes per transfer, with units.
-    #[arg(long, value_parser = parse_size)]
+    /// Bytes per transfer, with units (at least 1 B).
+    #[arg(long, value_parser = parse_transfer_size)]
     pub size: u64,
     /// Transfers per second (0: a one-off).
     #[arg(long, default_value_t = 0.0)]

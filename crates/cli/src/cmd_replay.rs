@@ -7,15 +7,21 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use gpumem::core::config::AllocatorConfig;
 use gpumem::core::registry;
-use gpumem::core::sim::{SimDevice, DEFAULT_CAPACITY};
+use gpumem::core::sim::{SimDevice, DEFAULT_CAPACITY, DEFAULT_GRANULARITY};
 use gpumem::core::{Allocator, Device, DriverCall};
-use gpumem::plot::{Chart, Series, PALETTE};
-use gpumem::replay::{self, ReplayConfig, ReplayReport, TraceSummary};
+use gpumem::replay::{
+    self, MinCapacityConfig, MinCapacityOutcome, ReplayConfig, ReplayReport, TraceSummary,
+};
 use gpumem::trace::{self, ReadConfig};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
 use crate::units::{human_bytes, parse_size};
+
+mod table;
+mod timeline;
+use table::{print_min_capacity, print_notes, print_table};
+use timeline::timeline_chart;
 
 /// Arguments of `gpumem replay`.
 #[derive(Args)]
@@ -28,11 +34,13 @@ pub struct ReplayArgs {
     #[arg(long, short, default_value = "all")]
     pub allocator: String,
     /// Device capacity (e.g. 80GiB, 141GB; K/M/G/T alone are binary like KiB/MiB/GiB/TiB,
-    /// KB/MB/GB/TB decimal); allocations that still do not fit after the pool released its
-    /// cache count as OOMs and are dropped (with their frees).
+    /// KB/MB/GB/TB decimal, a bare number is bytes; default: the H200's 139.8 GiB as
+    /// cuMemGetInfo reports it); allocations that still do not fit after the pool released
+    /// its cache count as OOMs and are dropped (with their frees), and the replay goes on.
     #[arg(long, value_parser = parse_size)]
     pub capacity: Option<u64>,
-    /// Also bisect, per allocator, the smallest capacity that completes the trace with no OOM.
+    /// Also find, per allocator, the smallest simulated capacity that completes the trace
+    /// with no failed allocation, and the smallest from which every larger one does.
     #[arg(long)]
     pub min_capacity: bool,
     /// Segment size for the buddy, tlsf and best-fit pools (each segment is one cuMemAlloc,
@@ -69,6 +77,9 @@ struct JsonTrace {
     preexisting_blocks: u64,
     skipped_events: u64,
     devices: Vec<u32>,
+    /// First to last `time_us` of the trace, in seconds, when it has timestamps.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    duration_seconds: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -80,10 +91,35 @@ struct JsonAllocator {
     peak_external_fragmentation: f64,
     external_fragmentation_at_peak: f64,
     internal_fragmentation_at_peak: f64,
+    /// Peak free bytes inside segments/pages that hold live blocks (PyTorch's name).
+    inactive_split_bytes_peak: u64,
+    /// Cache releases and retries after the device refused memory (PyTorch's name).
+    num_alloc_retries: u64,
+    /// cuMemAlloc + cuMemCreate calls (PyTorch's `num_device_alloc`).
+    num_device_alloc: u64,
+    /// cuMemFree + cuMemRelease calls (PyTorch's `num_device_free`).
+    num_device_free: u64,
     oom_count: u64,
+    /// Index of the first event whose allocation failed with out-of-memory (per device).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    first_oom_event: Option<u64>,
+    /// Allocations refused as impossible (unsupported alignment, size overflow).
+    refused_count: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    first_refusal: Option<String>,
+    /// Peak requested bytes of the blocks served (the trace's when nothing failed).
+    peak_requested_served_bytes: u64,
     driver_calls: serde_json::Map<String, serde_json::Value>,
+    /// Seconds per call kind (modelled, or measured on a real device).
+    driver_seconds: serde_json::Map<String, serde_json::Value>,
     driver_calls_total: u64,
     modelled_driver_seconds: f64,
+    /// Driver calls made during the second half of the events (the steady state).
+    steady_state_driver_calls: u64,
+    /// Driver seconds ÷ the trace's own duration, when it has timestamps.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    driver_share_of_trace: Option<f64>,
+    /// Events ÷ CPU seconds of the replaying thread.
     events_per_second: f64,
     canary_errors: u64,
     /// Peak physical bytes the device itself counted (segments and handles it handed out).
@@ -94,10 +130,24 @@ struct JsonAllocator {
     /// Real devices: the same replay's peak reserved on the simulated device.
     #[serde(skip_serializing_if = "Option::is_none")]
     simulated_peak_reserved_bytes: Option<u64>,
+    /// Smallest capacity that completes (single-device traces; per device below).
     #[serde(skip_serializing_if = "Option::is_none")]
     min_capacity_bytes: Option<u64>,
+    /// Smallest capacity from which every larger one completes (single-device traces).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    min_capacity_all_larger_bytes: Option<u64>,
+    /// Per device: the search's outcome.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    min_capacity: Vec<DeviceMinCapacity>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     per_device: Vec<serde_json::Value>,
+}
+
+#[derive(Clone, Serialize)]
+struct DeviceMinCapacity {
+    device: u32,
+    #[serde(flatten)]
+    outcome: MinCapacityOutcome,
 }
 
 /// PyTorch's own `memory_stats()` for the traced run, when a `<name>-<conf>.stats.json` lies
@@ -145,6 +195,8 @@ fn recorded_figures(trace: &std::path::Path, peak_requested: u64) -> Vec<Recorde
 #[derive(Serialize)]
 struct JsonOut {
     trace: JsonTrace,
+    /// How to read the figures: what failed allocations do, how events/s is measured.
+    semantics: &'static str,
     /// PyTorch's recorded figures for the same run (empty when none lie beside the trace).
     pytorch_recorded: Vec<Recorded>,
     device: String,
@@ -197,27 +249,211 @@ fn progress_bar(total: u64, enabled: bool) -> ProgressBar {
     pb
 }
 
-pub fn run(a: ReplayArgs) -> Result<()> {
-    let target = parse_device(&a.device)?;
+/// The largest `--capacity` accepted: the simulated device has 64 TiB of address space, and
+/// pools reserve address space of a few times the capacity in it.
+const MAX_CAPACITY: u64 = 16 << 40;
+
+/// Checks the flags that need no trace; returns warnings to print.
+fn check_args(a: &ReplayArgs, target: &Target) -> Result<Vec<String>> {
+    let mut warnings = Vec::new();
     if a.min_capacity && !matches!(target, Target::Sim) {
         bail!("--min-capacity runs many replays and is only offered on the simulated device");
     }
-    if a.capacity == Some(0) {
-        bail!("--capacity 0: expected a device capacity above zero (e.g. 80GiB)");
+    match a.capacity {
+        Some(0) => bail!("--capacity 0: expected a device capacity above zero (e.g. 80GiB)"),
+        Some(c) if c > MAX_CAPACITY => bail!(
+            "--capacity {}: above {} (the simulated device has 64 TiB of address space, and pools reserve several times their capacity in it; no GPU has more than a few hundred GiB)",
+            human_bytes(c),
+            human_bytes(MAX_CAPACITY)
+        ),
+        _ => {}
     }
     if a.segment_size == 0 {
         bail!("--segment-size 0: expected a segment size above zero (e.g. 256MiB)");
     }
+    if !a.segment_size.is_multiple_of(DEFAULT_GRANULARITY) {
+        warnings.push(format!(
+            "--segment-size {}: segments are rounded up to a multiple of the device granularity ({}), so {} is used",
+            human_bytes(a.segment_size),
+            human_bytes(DEFAULT_GRANULARITY),
+            human_bytes(a.segment_size.div_ceil(DEFAULT_GRANULARITY) * DEFAULT_GRANULARITY)
+        ));
+    }
+    if a.canary && matches!(target, Target::Sim) {
+        bail!("--canary needs a device with memory contents: use --device cuda (the simulated device keeps none)");
+    }
+    Ok(warnings)
+}
+
+/// Warnings that need the trace: a capacity that cannot hold the trace's requests.
+fn capacity_warnings(capacity: Option<u64>, summaries: &[(u32, TraceSummary)]) -> Vec<String> {
+    let Some(c) = capacity else {
+        return Vec::new();
+    };
+    let largest = summaries
+        .iter()
+        .map(|(_, s)| s.largest_request_bytes)
+        .max()
+        .unwrap_or(0);
+    let peak = summaries
+        .iter()
+        .map(|(_, s)| s.peak_requested_bytes)
+        .max()
+        .unwrap_or(0);
+    let unit_hint = if c < 1 << 20 {
+        " (a number without a unit is bytes: write 24GiB for 24 GiB)"
+    } else {
+        ""
+    };
+    if c < largest {
+        vec![format!(
+            "--capacity {} is smaller than the trace's largest request ({}): those allocations cannot succeed{unit_hint}",
+            human_bytes(c),
+            human_bytes(largest)
+        )]
+    } else if c < peak {
+        vec![format!(
+            "--capacity {} is below the trace's peak requested bytes ({}): allocations will fail{unit_hint}",
+            human_bytes(c),
+            human_bytes(peak)
+        )]
+    } else {
+        Vec::new()
+    }
+}
+
+/// Everything one allocator's replays produced.
+struct AllocatorRun {
+    name: &'static str,
+    per_dev: Vec<ReplayReport>,
+    min_capacity: Vec<DeviceMinCapacity>,
+    simulated_peak_reserved_bytes: Option<u64>,
+}
+
+/// What every allocator's replays share.
+struct Shared<'a> {
+    trace: &'a trace::Trace,
+    trace_path: &'a std::path::Path,
+    summaries: &'a [(u32, TraceSummary)],
+    target: &'a Target,
+    capacity: u64,
+    config: AllocatorConfig,
+    timeline: bool,
+    canary: bool,
+    min_capacity: bool,
+}
+
+/// Replays the trace through one allocator on every device of the trace, then (when asked)
+/// searches its smallest capacities. `progress` receives event counts as they are done.
+fn run_allocator(
+    sh: &Shared<'_>,
+    name: &'static str,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<AllocatorRun> {
+    let mut per_dev = Vec::new();
+    for &(d, ref s) in sh.summaries {
+        let mut alloc = registry::build(name, &sh.config)?;
+        let mut dev = open_device(sh.target, sh.capacity, d)?;
+        let opts = ReplayConfig {
+            device: d,
+            timeline_points: if sh.timeline { 2000 } else { 0 },
+            canary: sh.canary,
+            ..ReplayConfig::default()
+        };
+        let mut done = 0u64;
+        let mut cb = |n: u64| {
+            progress(n.saturating_sub(done));
+            done = n;
+        };
+        let r =
+            replay::replay_summarized(sh.trace, s, alloc.as_mut(), dev.as_mut(), &opts, &mut cb)
+                .with_context(|| {
+                    format!(
+                        "replaying {} with {name} on device {d}",
+                        sh.trace_path.display()
+                    )
+                })?;
+        per_dev.push(r);
+    }
+    let mut min_capacity = Vec::new();
+    if sh.min_capacity {
+        for (i, &(d, ref s)) in sh.summaries.iter().enumerate() {
+            // The upper bound must complete: twice what an unconstrained run reserved, or the
+            // default device when the run under --capacity failed.
+            let upper = if per_dev[i].failed_count() == 0 {
+                per_dev[i]
+                    .peak_reserved_bytes
+                    .max(1)
+                    .saturating_mul(2)
+                    .max(1 << 30)
+            } else {
+                DEFAULT_CAPACITY.max(sh.capacity)
+            };
+            let cfg = sh.config;
+            let make = || -> Box<dyn Allocator> {
+                // The name was built once above, so it builds again.
+                registry::build(name, &cfg).expect("allocator names were validated")
+            };
+            let make_dev = |c: u64| SimDevice::new(c);
+            let opts = ReplayConfig {
+                device: d,
+                ..ReplayConfig::default()
+            };
+            let search = MinCapacityConfig {
+                upper_bytes: upper,
+                resolution_bytes: DEFAULT_GRANULARITY,
+                ..MinCapacityConfig::default()
+            };
+            let outcome = replay::min_capacity(sh.trace, s, &make, &make_dev, &search, &opts)
+                .with_context(|| format!("smallest capacity of {name} on device {d}"))?;
+            min_capacity.push(DeviceMinCapacity { device: d, outcome });
+        }
+    }
+    let simulated_peak_reserved_bytes = if matches!(sh.target, Target::Sim) {
+        None
+    } else {
+        let mut total = 0u64;
+        for &(d, ref s) in sh.summaries {
+            let mut alloc = registry::build(name, &sh.config)?;
+            let mut sim = SimDevice::new(sh.capacity);
+            let opts = ReplayConfig {
+                device: d,
+                ..ReplayConfig::default()
+            };
+            total += replay::replay_summarized(
+                sh.trace,
+                s,
+                alloc.as_mut(),
+                &mut sim,
+                &opts,
+                &mut |_| {},
+            )?
+            .peak_reserved_bytes;
+        }
+        Some(total)
+    };
+    Ok(AllocatorRun {
+        name,
+        per_dev,
+        min_capacity,
+        simulated_peak_reserved_bytes,
+    })
+}
+
+pub fn run(a: ReplayArgs) -> Result<()> {
+    let target = parse_device(&a.device)?;
+    let mut warnings = check_args(&a, &target)?;
     if let Some(path) = &a.timeline {
         // Fail before a long replay, not after it.
         std::fs::write(path, "")
             .with_context(|| format!("--timeline: cannot write {}", path.display()))?;
     }
     let names = registry::parse_list(&a.allocator)?;
-    if a.canary && matches!(target, Target::Sim) {
-        bail!("--canary needs a device with memory contents: use --device cuda (the simulated device keeps none)");
-    }
     let read_started = Instant::now();
+    if matches!(target, Target::Cuda(_) | Target::AllCuda) {
+        // Before reading a trace that may take a while: a missing driver is known at once.
+        gpumem::cuda::init()?;
+    }
     let trace = trace::read_path(&a.trace, ReadConfig { lenient: a.lenient })?;
     let read_seconds = read_started.elapsed().as_secs_f64();
     let devices = replay::devices(&trace);
@@ -233,10 +469,12 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         segment_bytes: a.segment_size,
         ..AllocatorConfig::default()
     };
+    // Computed once: every replay and every capacity probe reuses them.
     let summaries: Vec<(u32, TraceSummary)> = devices
         .iter()
         .map(|&d| (d, replay::summarize(&trace, d)))
         .collect();
+    warnings.extend(capacity_warnings(a.capacity, &summaries));
     let total_events: u64 = summaries.iter().map(|(_, s)| s.events).sum();
     let show_progress = !a.json && std::io::stderr().is_terminal();
     if !a.json {
@@ -263,94 +501,83 @@ pub fn run(a: ReplayArgs) -> Result<()> {
             );
         }
     }
-
-    let mut out = Vec::new();
-    let mut reports: Vec<(String, Vec<ReplayReport>)> = Vec::new();
-    for name in &names {
-        let pb = progress_bar(total_events, show_progress);
-        pb.set_message(name.to_string());
-        let started = Instant::now();
-        let mut per_dev = Vec::new();
-        let mut done_before = 0u64;
-        for &(d, ref s) in &summaries {
-            let mut alloc = registry::build(name, &config)?;
-            let mut dev = open_device(&target, capacity, d)?;
-            let opts = ReplayConfig {
-                device: d,
-                timeline_points: if a.timeline.is_some() { 2000 } else { 0 },
-                canary: a.canary,
-                ..ReplayConfig::default()
-            };
-            let mut cb = |n: u64| {
-                if show_progress && started.elapsed() > Duration::from_secs(1) && pb.is_hidden() {
-                    pb.set_draw_target(ProgressDrawTarget::stderr());
-                }
-                pb.set_position(done_before + n);
-            };
-            let r = replay::replay(&trace, alloc.as_mut(), dev.as_mut(), &opts, &mut cb)
-                .with_context(|| {
-                    format!("replaying {} with {name} on device {d}", a.trace.display())
-                })?;
-            done_before += s.events;
-            per_dev.push(r);
-        }
-        pb.finish_and_clear();
-        let min_cap = if a.min_capacity {
-            let mut total = 0u64;
-            for (i, &(d, _)) in summaries.iter().enumerate() {
-                // The bound must complete: a run cut short by a small --capacity gives none.
-                let upper = if per_dev[i].oom_count == 0 {
-                    per_dev[i]
-                        .peak_reserved_bytes
-                        .max(1)
-                        .saturating_mul(2)
-                        .max(1 << 30)
-                } else {
-                    DEFAULT_CAPACITY.max(capacity)
-                };
-                let cfg = config;
-                let n = *name;
-                let mut make = || -> Box<dyn Allocator> {
-                    registry::build(n, &cfg).expect("allocator names were validated")
-                };
-                let mut make_dev = |c: u64| -> Box<dyn Device> { Box::new(SimDevice::new(c)) };
-                let opts = ReplayConfig {
-                    device: d,
-                    ..ReplayConfig::default()
-                };
-                match replay::min_capacity(&trace, &mut make, &mut make_dev, upper, 2 << 20, &opts)?
-                {
-                    Some(c) => total += c,
-                    None => bail!(
-                        "{name}: the trace does not complete even with {}: a single request is larger than that",
-                        human_bytes(upper)
-                    ),
-                }
-            }
-            Some(total)
-        } else {
-            None
-        };
-        let mut ja = json_allocator(name, &per_dev, &summaries, min_cap);
-        if !matches!(target, Target::Sim) {
-            let mut total = 0u64;
-            for &(d, _) in &summaries {
-                let mut alloc = registry::build(name, &config)?;
-                let mut sim = SimDevice::new(capacity);
-                let opts = ReplayConfig {
-                    device: d,
-                    ..ReplayConfig::default()
-                };
-                total += replay::replay(&trace, alloc.as_mut(), &mut sim, &opts, &mut |_| {})?
-                    .peak_reserved_bytes;
-            }
-            ja.simulated_peak_reserved_bytes = Some(total);
-        }
-        out.push(ja);
-        reports.push((name.to_string(), per_dev));
+    for w in &warnings {
+        eprintln!("warning: {w}");
     }
 
+    let shared = Shared {
+        trace: &trace,
+        trace_path: &a.trace,
+        summaries: &summaries,
+        target: &target,
+        capacity,
+        config,
+        timeline: a.timeline.is_some(),
+        canary: a.canary,
+        min_capacity: a.min_capacity,
+    };
+    let pb = progress_bar(total_events * names.len() as u64, show_progress);
+    pb.set_message(if names.len() == 1 {
+        names[0].to_string()
+    } else {
+        format!("{} allocators", names.len())
+    });
+    let started = Instant::now();
+    let progress = |n: u64| {
+        if show_progress && started.elapsed() > Duration::from_secs(1) && pb.is_hidden() {
+            pb.set_draw_target(ProgressDrawTarget::stderr());
+        }
+        pb.inc(n);
+    };
+    // On the simulated device the allocators replay side by side, one thread each (the
+    // capacity probes of one allocator run in order in its thread). On a real GPU they run
+    // one after the other: concurrent pools would share the driver and cuMemGetInfo.
+    let runs: Vec<Result<AllocatorRun>> = if matches!(target, Target::Sim) && names.len() > 1 {
+        std::thread::scope(|sc| {
+            let handles: Vec<_> = names
+                .iter()
+                .map(|&n| {
+                    let (sh, pr) = (&shared, &progress);
+                    sc.spawn(move || run_allocator(sh, n, pr))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("a replay thread panicked")))
+                })
+                .collect()
+        })
+    } else {
+        names
+            .iter()
+            .map(|&n| run_allocator(&shared, n, &progress))
+            .collect()
+    };
+    pb.finish_and_clear();
+    let runs: Vec<AllocatorRun> = runs.into_iter().collect::<Result<_>>()?;
+
+    let mut out = Vec::new();
+    for r in &runs {
+        let mut ja = json_allocator(r.name, &r.per_dev, &summaries);
+        ja.simulated_peak_reserved_bytes = r.simulated_peak_reserved_bytes;
+        ja.min_capacity = r.min_capacity.clone();
+        if let [only] = r.min_capacity.as_slice() {
+            if let MinCapacityOutcome::Found(m) = &only.outcome {
+                ja.min_capacity_bytes = Some(m.smallest_bytes);
+                ja.min_capacity_all_larger_bytes = Some(m.all_larger_bytes);
+            }
+        }
+        out.push(ja);
+    }
+    let min_caps: Vec<(&'static str, &[DeviceMinCapacity])> = runs
+        .iter()
+        .map(|r| (r.name, r.min_capacity.as_slice()))
+        .collect();
+
     let peak_requested: u64 = summaries.iter().map(|(_, s)| s.peak_requested_bytes).sum();
+    let duration_us = summaries.iter().filter_map(|(_, s)| s.duration_us).max();
     let json = JsonOut {
         trace: JsonTrace {
             path: a.trace.display().to_string(),
@@ -367,14 +594,17 @@ pub fn run(a: ReplayArgs) -> Result<()> {
             preexisting_blocks: trace.preexisting.len() as u64,
             skipped_events: trace.skipped_count,
             devices: devices.clone(),
+            duration_seconds: duration_us.map(|d| d as f64 * 1e-6),
         },
+        semantics: SEMANTICS,
         pytorch_recorded: recorded_figures(&a.trace, peak_requested),
         device: a.device.clone(),
         capacity_bytes: capacity,
         allocators: out,
     };
     if let Some(path) = &a.timeline {
-        let svg = timeline_chart(&a.trace, &reports).to_svg();
+        let cap = a.capacity.map(|c| c as f64);
+        let svg = timeline_chart(&a.trace, &runs, cap).to_svg();
         std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
         if !a.json {
             eprintln!("timeline written to {}", path.display());
@@ -383,35 +613,64 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     if a.json {
         println!("{}", serde_json::to_string_pretty(&json)?);
     } else {
-        print_table(&json, capacity);
+        print_table(&json, capacity, a.capacity.is_some());
+        if a.min_capacity {
+            print_min_capacity(&min_caps);
+        }
+        print_notes(&json, capacity);
+    }
+    // A search that found nothing for any allocator is a failure; one that found something
+    // for some allocators reports the others' reasons above and succeeds.
+    if a.min_capacity {
+        let any_found = min_caps.iter().any(|(_, mc)| {
+            mc.iter()
+                .all(|m| matches!(m.outcome, MinCapacityOutcome::Found(_)))
+        });
+        if !any_found {
+            bail!("no allocator completes the trace on any capacity tried (reasons above)");
+        }
     }
     Ok(())
 }
+
+/// What failed allocations do, and how speeds are measured (printed under the table and kept
+/// in `--json`).
+const SEMANTICS: &str = "A failed allocation (out of memory after the pool released its cache and retried, or a request the allocator refuses as impossible) is dropped with its later free and the replay goes on; PyTorch would raise OutOfMemoryError and stop there. Requested bytes count served blocks only. events/s = events replayed / CPU seconds of the replaying thread.";
 
 fn json_allocator(
     name: &str,
     per_dev: &[ReplayReport],
     summaries: &[(u32, TraceSummary)],
-    min_cap: Option<u64>,
 ) -> JsonAllocator {
     let sum = |f: &dyn Fn(&ReplayReport) -> u64| per_dev.iter().map(f).sum::<u64>();
-    let peak_requested: u64 = summaries.iter().map(|(_, s)| s.peak_requested_bytes).sum();
     let peak_reserved = sum(&|r| r.peak_reserved_bytes);
+    let peak_served = sum(&|r| r.peak_requested_bytes);
     let mut calls = serde_json::Map::new();
+    let mut secs_by = serde_json::Map::new();
     for c in DriverCall::ALL {
         let n: u64 = per_dev.iter().map(|r| r.driver_calls.get(c)).sum();
         calls.insert(c.short_name().to_string(), n.into());
+        let s: f64 = per_dev.iter().map(|r| r.driver_calls.seconds_of(c)).sum();
+        secs_by.insert(c.short_name().to_string(), s.into());
     }
-    let secs: f64 = per_dev.iter().map(|r| r.seconds).sum();
-    let events: u64 = summaries.iter().map(|(_, s)| s.events).sum();
+    let calls_of = |k: &[DriverCall]| -> u64 {
+        per_dev
+            .iter()
+            .map(|r| k.iter().map(|&c| r.driver_calls.get(c)).sum::<u64>())
+            .sum()
+    };
+    let cpu: f64 = per_dev.iter().map(|r| r.cpu_seconds).sum();
+    let events: u64 = per_dev.iter().map(|r| r.events_replayed).sum();
+    let modelled: f64 = per_dev.iter().map(|r| r.modelled_driver_seconds).sum();
+    let duration_us = summaries.iter().filter_map(|(_, s)| s.duration_us).max();
     JsonAllocator {
         name: name.to_string(),
         peak_reserved_bytes: peak_reserved,
         peak_allocated_bytes: sum(&|r| r.peak_allocated_bytes),
-        reserved_over_requested: if peak_requested == 0 {
+        reserved_over_requested: if peak_served == 0 {
             0.0
         } else {
-            peak_reserved as f64 / peak_requested as f64
+            peak_reserved as f64 / peak_served as f64
         },
         peak_external_fragmentation: per_dev
             .iter()
@@ -425,15 +684,24 @@ fn json_allocator(
             .iter()
             .map(|r| r.internal_fragmentation_at_peak)
             .fold(0.0, f64::max),
+        inactive_split_bytes_peak: sum(&|r| r.peak_inactive_split_bytes),
+        num_alloc_retries: sum(&|r| r.alloc_retries),
+        num_device_alloc: calls_of(&[DriverCall::Alloc, DriverCall::Create]),
+        num_device_free: calls_of(&[DriverCall::Free, DriverCall::Release]),
         oom_count: sum(&|r| r.oom_count),
+        first_oom_event: per_dev.iter().filter_map(|r| r.first_oom_event).min(),
+        refused_count: sum(&|r| r.refused_count),
+        first_refusal: per_dev.iter().find_map(|r| r.first_refusal.clone()),
+        peak_requested_served_bytes: peak_served,
         driver_calls_total: sum(&|r| r.driver_calls.total()),
         driver_calls: calls,
-        modelled_driver_seconds: per_dev.iter().map(|r| r.modelled_driver_seconds).sum(),
-        events_per_second: if secs > 0.0 {
-            events as f64 / secs
-        } else {
-            0.0
-        },
+        driver_seconds: secs_by,
+        modelled_driver_seconds: modelled,
+        steady_state_driver_calls: sum(&|r| r.steady_state_driver_calls),
+        driver_share_of_trace: duration_us
+            .filter(|&d| d > 0)
+            .map(|d| modelled / (d as f64 * 1e-6)),
+        events_per_second: if cpu > 0.0 { events as f64 / cpu } else { 0.0 },
         canary_errors: sum(&|r| r.canary_errors),
         device_peak_used_bytes: sum(&|r| r.device_peak_used_bytes),
         driver_peak_delta_bytes: per_dev
@@ -441,7 +709,9 @@ fn json_allocator(
             .map(|r| r.driver_peak_delta_bytes)
             .sum::<Option<u64>>(),
         simulated_peak_reserved_bytes: None,
-        min_capacity_bytes: min_cap,
+        min_capacity_bytes: None,
+        min_capacity_all_larger_bytes: None,
+        min_capacity: Vec::new(),
         per_device: if per_dev.len() > 1 {
             per_dev
                 .iter()
@@ -454,225 +724,13 @@ fn json_allocator(
                         "peak_allocated_bytes": r.peak_allocated_bytes,
                         "reserved_over_requested": r.reserved_over_requested,
                         "oom_count": r.oom_count,
+                        "first_oom_event": r.first_oom_event,
+                        "refused_count": r.refused_count,
                     })
                 })
                 .collect()
         } else {
             Vec::new()
         },
-    }
-}
-
-fn print_table(j: &JsonOut, capacity: u64) {
-    let t = &j.trace;
-    println!(
-        "trace {}: {} events ({} allocs, {} frees), peak requested {}, largest request {}",
-        t.path,
-        t.events,
-        t.alloc_events,
-        t.free_events,
-        human_bytes(t.peak_requested_bytes),
-        human_bytes(t.largest_request_bytes)
-    );
-    println!(
-        "device {} with capacity {}{}",
-        j.device,
-        human_bytes(capacity),
-        if t.devices.len() > 1 {
-            format!(
-                ", {} devices in the trace (figures summed)",
-                t.devices.len()
-            )
-        } else {
-            String::new()
-        }
-    );
-    println!();
-    let has_min = j.allocators.iter().any(|a| a.min_capacity_bytes.is_some());
-    let has_canary = j.device != "sim";
-    print!(
-        "{:<9} {:>12} {:>12} {:>9} {:>9} {:>9} {:>5} {:>12} {:>11} {:>11}",
-        "allocator",
-        "peak reserv.",
-        "peak alloc.",
-        "res/req",
-        "ext.frag",
-        "frag@pk",
-        "OOMs",
-        "driver calls",
-        "driver time",
-        "events/s"
-    );
-    if has_min {
-        print!(" {:>12}", "min capacity");
-    }
-    if has_canary {
-        print!(" {:>7}", "canary");
-    }
-    println!();
-    for a in &j.allocators {
-        print!(
-            "{:<9} {:>12} {:>12} {:>9.3} {:>9.3} {:>9.3} {:>5} {:>12} {:>11} {:>11}",
-            a.name,
-            human_bytes(a.peak_reserved_bytes),
-            human_bytes(a.peak_allocated_bytes),
-            a.reserved_over_requested,
-            a.peak_external_fragmentation,
-            a.external_fragmentation_at_peak,
-            a.oom_count,
-            a.driver_calls_total,
-            human_secs(a.modelled_driver_seconds),
-            human_rate(a.events_per_second)
-        );
-        if let Some(m) = a.min_capacity_bytes {
-            print!(" {:>12}", human_bytes(m));
-        } else if has_min {
-            print!(" {:>12}", "-");
-        }
-        if has_canary {
-            print!(
-                " {:>7}",
-                if a.canary_errors == 0 {
-                    "ok".to_string()
-                } else {
-                    format!("{} BAD", a.canary_errors)
-                }
-            );
-        }
-        println!();
-    }
-    if j.allocators
-        .iter()
-        .any(|a| a.simulated_peak_reserved_bytes.is_some())
-    {
-        println!();
-        println!(
-            "{:<9} {:>16} {:>16} {:>16} {:>10}",
-            "allocator", "pool reserved", "cuMemGetInfo Δ", "simulated", "real/sim"
-        );
-        for a in &j.allocators {
-            let sim = a.simulated_peak_reserved_bytes.unwrap_or(0);
-            println!(
-                "{:<9} {:>16} {:>16} {:>16} {:>10.4}",
-                a.name,
-                human_bytes(a.peak_reserved_bytes),
-                a.driver_peak_delta_bytes
-                    .map(human_bytes)
-                    .unwrap_or_else(|| "-".into()),
-                human_bytes(sim),
-                if sim == 0 {
-                    0.0
-                } else {
-                    a.driver_peak_delta_bytes.unwrap_or(a.peak_reserved_bytes) as f64 / sim as f64
-                }
-            );
-        }
-    }
-    if !j.pytorch_recorded.is_empty() {
-        let parts: Vec<String> = j
-            .pytorch_recorded
-            .iter()
-            .map(|r| {
-                format!(
-                    "{} {} ({:.3})",
-                    r.conf,
-                    human_bytes(r.reserved_bytes_peak),
-                    r.reserved_over_requested
-                )
-            })
-            .collect();
-        println!(
-            "PyTorch's own peak reserved for this run (memory_stats beside the trace): {}",
-            parts.join(", ")
-        );
-    }
-    let ooms: u64 = j.allocators.iter().map(|a| a.oom_count).sum();
-    if ooms > 0 {
-        println!();
-        println!(
-            "OOMs: allocations that did not fit in {} were dropped with their frees, so those rows served less than the trace requested (res/req can fall below 1).",
-            human_bytes(capacity)
-        );
-    }
-    println!();
-    println!("res/req: peak reserved / peak requested (1.000 = no memory lost to rounding or fragmentation).");
-    println!("ext.frag: highest external fragmentation 1 - largest free block / free bytes; frag@pk: the same at peak reserved.");
-    println!("driver time: modelled from H200 call costs on the simulated device, measured on a real one.");
-}
-
-fn human_secs(s: f64) -> String {
-    if s >= 1.0 {
-        format!("{s:.2} s")
-    } else if s >= 1e-3 {
-        format!("{:.1} ms", s * 1e3)
-    } else {
-        format!("{:.0} µs", s * 1e6)
-    }
-}
-
-fn human_rate(r: f64) -> String {
-    if r >= 1e6 {
-        format!("{:.1} M", r / 1e6)
-    } else if r >= 1e3 {
-        format!("{:.1} k", r / 1e3)
-    } else {
-        format!("{r:.0}")
-    }
-}
-
-fn timeline_chart(path: &std::path::Path, reports: &[(String, Vec<ReplayReport>)]) -> Chart {
-    let gib = (1u64 << 30) as f64;
-    let mut panels = Vec::new();
-    for (name, per_dev) in reports {
-        // Timelines of several devices are summed point by point.
-        let n = per_dev.iter().map(|r| r.timeline.len()).min().unwrap_or(0);
-        let mut req = Vec::with_capacity(n);
-        let mut all = Vec::with_capacity(n);
-        let mut res = Vec::with_capacity(n);
-        for i in 0..n {
-            let ev = per_dev[0].timeline[i].event as f64;
-            let s = |f: &dyn Fn(&replay::Sample) -> u64| {
-                per_dev.iter().map(|r| f(&r.timeline[i])).sum::<u64>() as f64 / gib
-            };
-            req.push((ev, s(&|x| x.requested_bytes)));
-            all.push((ev, s(&|x| x.allocated_bytes)));
-            res.push((ev, s(&|x| x.reserved_bytes)));
-        }
-        let peak_res: u64 = per_dev.iter().map(|r| r.peak_reserved_bytes).sum();
-        panels.push((
-            format!("{name}: peak reserved {}", human_bytes(peak_res)),
-            "GiB".to_string(),
-            vec![
-                Series {
-                    label: "reserved".into(),
-                    color: PALETTE[3].into(),
-                    dashed: false,
-                    points: res,
-                },
-                Series {
-                    label: "allocated".into(),
-                    color: PALETTE[0].into(),
-                    dashed: false,
-                    points: all,
-                },
-                Series {
-                    label: "requested".into(),
-                    color: PALETTE[2].into(),
-                    dashed: true,
-                    points: req,
-                },
-            ],
-        ));
-    }
-    Chart {
-        title: format!(
-            "gpumem replay {}",
-            path.file_name()
-                .map(|f| f.to_string_lossy().into_owned())
-                .unwrap_or_default()
-        ),
-        x_label: "event".into(),
-        log_x: false,
-        panels,
     }
 }

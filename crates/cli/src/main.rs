@@ -14,6 +14,9 @@ mod units;
 #[derive(Parser)]
 #[command(name = "gpumem", version, about, long_about = None)]
 struct Cli {
+    /// Say more on failure (e.g. every library file searched for the CUDA driver).
+    #[arg(short, long, global = true)]
+    verbose: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -88,6 +91,7 @@ enum BenchCommand {
 
 fn main() {
     let cli = Cli::parse();
+    let verbose = cli.verbose;
     let result = match cli.command {
         Command::Replay(a) => cmd_replay::run(a),
         Command::Info(a) => cmd_cuda::info(a),
@@ -108,8 +112,24 @@ fn main() {
             return;
         }
         eprintln!("error: {}", error_text(&e));
+        if let Some(searched) = no_driver_search(&e) {
+            if verbose {
+                eprintln!("searched for the driver: {}", searched.join(", "));
+            } else if !searched.is_empty() {
+                eprintln!("(-v lists the {} library names searched)", searched.len());
+            }
+        }
         std::process::exit(1);
     }
+}
+
+/// The library names searched for the CUDA driver, when `e` is (or wraps) a missing driver.
+fn no_driver_search(e: &anyhow::Error) -> Option<&[String]> {
+    e.chain()
+        .find_map(|c| match c.downcast_ref::<gpumem::cuda::CudaError>() {
+            Some(gpumem::cuda::CudaError::NoDriver { searched }) => Some(searched.as_slice()),
+            _ => None,
+        })
 }
 
 /// The error and its causes, each cause printed once: library errors often already include

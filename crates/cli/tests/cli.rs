@@ -87,6 +87,8 @@ fn capacity_limit_reports_ooms_and_min_capacity_is_between_floor_and_peak() {
     let min = a["min_capacity_bytes"].as_u64().unwrap();
     assert!(min >= v["trace"]["peak_requested_bytes"].as_u64().unwrap());
     assert!(min <= a["peak_reserved_bytes"].as_u64().unwrap() + (2 << 20));
+    assert!(a["min_capacity_all_larger_bytes"].as_u64().unwrap() >= min);
+    assert_eq!(a["min_capacity"][0]["found"]["exact"], true);
 }
 
 #[test]
@@ -112,7 +114,68 @@ fn table_and_timeline() {
             && s.contains("torch: peak reserved")
             && s.contains("paged: peak reserved")
     );
+    // The simulated H200 has what cuMemGetInfo reports on the real one.
+    assert!(out.contains("capacity 139.8 GiB"), "{out}");
+    // Under --capacity: the capacity as a line, failed allocations as marks.
+    let (ok, _, err) = gpumem(&[
+        "replay",
+        "traces/mixed_sizes.pickle.gz",
+        "-a",
+        "torch,paged",
+        "--capacity",
+        "3GiB",
+        "--timeline",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let s = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        s.contains("capacity") && s.contains("failed allocations (black ticks"),
+        "{s}"
+    );
+    assert!(s.contains(r##"stroke="#000""##));
     let _ = std::fs::remove_file(svg);
+}
+
+#[test]
+fn driver_time_is_shown_as_a_share_of_the_trace() {
+    let (ok, out, err) = gpumem(&[
+        "replay",
+        "traces/mixed_sizes.pickle.gz",
+        "-a",
+        "paged",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let d = v["trace"]["duration_seconds"].as_f64().unwrap();
+    assert!(d > 0.0);
+    let a = &v["allocators"][0];
+    let share = a["driver_share_of_trace"].as_f64().unwrap();
+    let secs = a["modelled_driver_seconds"].as_f64().unwrap();
+    assert!(
+        (share - secs / d).abs() < 1e-9 * share.max(1.0),
+        "{share} vs {secs} / {d}"
+    );
+    // Seconds per call kind add up to the total.
+    let by: f64 = a["driver_seconds"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|x| x.as_f64().unwrap())
+        .sum();
+    assert!((by - secs).abs() < 1e-9, "{by} vs {secs}");
+    // The external trace without timestamps has no share.
+    let (ok, out, err) = gpumem(&[
+        "replay",
+        "traces/external/finetune_no_timestamps.pickle.gz",
+        "-a",
+        "paged",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(v["allocators"][0]["driver_share_of_trace"].is_null());
 }
 
 #[test]
@@ -139,7 +202,10 @@ fn bad_inputs_get_clear_errors() {
     ]);
     assert!(!ok && err.contains("refused"), "{err}");
     let (ok, _, err) = gpumem(&["replay", "traces/mixed_sizes.pickle.gz", "--device", "tpu"]);
-    assert!(!ok && err.contains("expected sim, cuda, cuda:N or all"), "{err}");
+    assert!(
+        !ok && err.contains("expected sim, cuda, cuda:N or all"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -244,5 +310,214 @@ fn several_devices_get_one_pool_each_and_summed_figures() {
             .sum();
         assert_eq!(a["peak_reserved_bytes"].as_u64().unwrap(), sum);
     }
+    let _ = std::fs::remove_file(path);
+}
+
+fn jsonl_trace(tag: &str, lines: &[String]) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("gpumem-{tag}-{}.jsonl", std::process::id()));
+    std::fs::write(&path, lines.join("\n")).unwrap();
+    path
+}
+
+/// Issue 10: five 30 GiB blocks live with `--capacity 155GiB`: buddy (power-of-two blocks)
+/// cannot complete, the others can; the command keeps their results, gives buddy's real
+/// reason, and succeeds.
+#[test]
+fn min_capacity_keeps_other_results_and_names_the_real_reason() {
+    let g = 1u64 << 30;
+    let lines: Vec<String> = (1..=5)
+        .map(|i| format!(r#"{{"action":"alloc","addr":{i},"size":{}}}"#, 30 * g))
+        .collect();
+    let path = jsonl_trace("5x30", &lines);
+    let p = path.to_str().unwrap();
+    let (ok, out, err) = gpumem(&[
+        "replay",
+        p,
+        "-a",
+        "buddy,tlsf",
+        "--capacity",
+        "155GiB",
+        "--min-capacity",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let buddy = &v["allocators"][0];
+    let reason = buddy["min_capacity"][0]["never_completes"]["reason"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{buddy}"));
+    assert!(reason.contains("rounding"), "{reason}");
+    assert!(!reason.contains("single request"), "{reason}");
+    assert_eq!(v["allocators"][1]["min_capacity_bytes"], 150 * g);
+    let (ok, out, err) = gpumem(&[
+        "replay",
+        p,
+        "-a",
+        "buddy,tlsf",
+        "--capacity",
+        "155GiB",
+        "--min-capacity",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("does not complete even with"), "{out}");
+    // Nothing completes at all: a failure, with every reason printed.
+    let (ok, out, err) = gpumem(&[
+        "replay",
+        p,
+        "-a",
+        "buddy",
+        "--capacity",
+        "155GiB",
+        "--min-capacity",
+    ]);
+    assert!(!ok && err.contains("no allocator completes"), "{err}");
+    assert!(out.contains("rounding"), "{out}");
+    let _ = std::fs::remove_file(path);
+}
+
+/// Issue 10: alignments of 4 MiB and 2^40 and a size of 2^64 − 1 stopped every allocator
+/// with "event 1"; now they count as failed allocations and the replay goes on.
+#[test]
+fn impossible_requests_do_not_abort_the_replay() {
+    let lines: Vec<String> = vec![
+        r#"{"action":"alloc","addr":1,"size":1000}"#.into(),
+        format!(
+            r#"{{"action":"alloc","addr":2,"size":1000,"align":{}}}"#,
+            4u64 << 20
+        ),
+        format!(
+            r#"{{"action":"alloc","addr":3,"size":1000,"align":{}}}"#,
+            1u64 << 40
+        ),
+        format!(r#"{{"action":"alloc","addr":4,"size":{}}}"#, u64::MAX),
+        r#"{"action":"free","addr":2}"#.into(),
+        r#"{"action":"free","addr":1}"#.into(),
+    ];
+    let path = jsonl_trace("align", &lines);
+    let (ok, out, err) = gpumem(&["replay", path.to_str().unwrap(), "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for a in v["allocators"].as_array().unwrap() {
+        let failed = a["oom_count"].as_u64().unwrap() + a["refused_count"].as_u64().unwrap();
+        assert!((1..=3).contains(&failed), "{a}");
+        assert!(a["reserved_over_requested"].as_f64().unwrap() >= 1.0, "{a}");
+    }
+    let (ok, out, err) = gpumem(&["replay", path.to_str().unwrap(), "-a", "buddy"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("refused event index 1"), "{out}");
+    let _ = std::fs::remove_file(path);
+}
+
+/// Issue 10's capacity edges.
+#[test]
+fn capacity_edges_warn_or_refuse_clearly() {
+    // res/req stays a ratio of what was served, the first OOM is named, the row is marked.
+    let (ok, out, err) = gpumem(&[
+        "replay",
+        "traces/mixed_sizes.pickle.gz",
+        "-a",
+        "tlsf",
+        "--capacity",
+        "3GiB",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let a = &v["allocators"][0];
+    assert!(a["reserved_over_requested"].as_f64().unwrap() >= 1.0, "{a}");
+    assert!(a["first_oom_event"].as_u64().is_some(), "{a}");
+    assert!(v["semantics"].as_str().unwrap().contains("would raise"));
+    let (ok, out, _) = gpumem(&[
+        "replay",
+        "traces/mixed_sizes.pickle.gz",
+        "-a",
+        "tlsf",
+        "--capacity",
+        "3GiB",
+    ]);
+    assert!(
+        ok && out.contains('†') && out.contains("first OOM"),
+        "{out}"
+    );
+    // A bare number is bytes: warned, not silently failed.
+    let (ok, _, err) = gpumem(&[
+        "replay",
+        "traces/mixed_sizes.pickle.gz",
+        "-a",
+        "tlsf",
+        "--capacity",
+        "1B",
+    ]);
+    assert!(
+        ok && err.contains("smaller than the trace's largest request"),
+        "{err}"
+    );
+    assert!(err.contains("without a unit is bytes"), "{err}");
+    let (ok, _, err) = gpumem(&[
+        "replay",
+        "traces/mixed_sizes.pickle.gz",
+        "--capacity",
+        "18446744073709551615",
+    ]);
+    assert!(
+        !ok && err.contains("address space") && !err.contains("internal"),
+        "{err}"
+    );
+    let (ok, _, err) = gpumem(&[
+        "replay",
+        "traces/mixed_sizes.pickle.gz",
+        "-a",
+        "tlsf",
+        "--segment-size",
+        "1B",
+    ]);
+    assert!(ok && err.contains("rounded up"), "{err}");
+    let (ok, out, err) = gpumem(&[
+        "replay",
+        "traces/mixed_sizes.pickle.gz",
+        "-a",
+        "all,tlsf",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        v["allocators"].as_array().unwrap().len(),
+        5,
+        "tlsf runs once"
+    );
+}
+
+#[test]
+fn multi_device_min_capacity_is_per_device() {
+    let mib = 1u64 << 20;
+    let lines = vec![
+        format!(
+            r#"{{"action":"alloc","addr":1,"size":{},"device":0}}"#,
+            300 * mib
+        ),
+        format!(
+            r#"{{"action":"alloc","addr":1,"size":{},"device":1}}"#,
+            64 * mib
+        ),
+    ];
+    let path = jsonl_trace("2dev-min", &lines);
+    let (ok, out, err) = gpumem(&[
+        "replay",
+        path.to_str().unwrap(),
+        "-a",
+        "tlsf",
+        "--min-capacity",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let mc = v["allocators"][0]["min_capacity"].as_array().unwrap();
+    assert_eq!(mc.len(), 2);
+    assert_eq!(mc[0]["device"], 0);
+    assert_eq!(mc[0]["found"]["smallest_bytes"], 300 * mib);
+    assert_eq!(mc[1]["found"]["smallest_bytes"], 64 * mib);
+    // No summed figure that no single device needs.
+    assert!(v["allocators"][0]["min_capacity_bytes"].is_null());
     let _ = std::fs::remove_file(path);
 }

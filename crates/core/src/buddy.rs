@@ -2,7 +2,7 @@
 //! Knuth, TAOCP vol. 1, §2.5): blocks of `min_block << order` bytes, split in halves on
 //! allocation and merged with their buddy (`offset ^ size`) on free.
 //!
-//! The seed design pre-allocates a 256 MiB pool and hands out power-of-two blocks of at least
+//! The classic pool pre-allocates 256 MiB and hands out power-of-two blocks of at least
 //! 256 B; [`Buddy::new`] uses that minimum block, [`Buddy::with_min_block`] another.
 //!
 //! Capacity: any value. The usable range is the capacity rounded down to a multiple of the

@@ -86,6 +86,9 @@ pub struct DriverCounters {
     pub calls: [u64; 9],
     /// Seconds spent in driver calls (modelled on the simulated device, measured on CUDA).
     pub seconds: f64,
+    /// The same seconds per kind, indexed like [`DriverCall::ALL`] (what a calibration of
+    /// the cost model compares against).
+    pub seconds_by_call: [f64; 9],
 }
 
 impl DriverCounters {
@@ -97,6 +100,23 @@ impl DriverCounters {
     pub fn record(&mut self, call: DriverCall, seconds: f64) {
         self.calls[call as usize] += 1;
         self.seconds += seconds;
+        self.seconds_by_call[call as usize] += seconds;
+    }
+    /// Seconds spent in calls of one kind.
+    pub fn seconds_of(&self, call: DriverCall) -> f64 {
+        self.seconds_by_call[call as usize]
+    }
+    /// The calls and seconds made since `earlier` (a snapshot of the same counters).
+    pub fn since(&self, earlier: &DriverCounters) -> DriverCounters {
+        let mut d = DriverCounters {
+            seconds: self.seconds - earlier.seconds,
+            ..DriverCounters::default()
+        };
+        for i in 0..self.calls.len() {
+            d.calls[i] = self.calls[i].saturating_sub(earlier.calls[i]);
+            d.seconds_by_call[i] = self.seconds_by_call[i] - earlier.seconds_by_call[i];
+        }
+        d
     }
     /// All calls together.
     pub fn total(&self) -> u64 {

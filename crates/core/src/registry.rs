@@ -47,9 +47,31 @@ pub fn parse_list(list: &str) -> Result<Vec<&'static str>, UnknownAllocator> {
             None => return Err(UnknownAllocator(part.to_string())),
         }
     }
-    out.dedup();
+    // `all,tlsf` names tlsf twice: keep the first mention of each.
+    let mut seen = Vec::with_capacity(out.len());
+    out.retain(|n| {
+        let first = !seen.contains(n);
+        seen.push(*n);
+        first
+    });
     if out.is_empty() {
         return Err(UnknownAllocator(list.to_string()));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_given_twice_runs_once() {
+        assert_eq!(parse_list("all,tlsf").unwrap(), NAMES.to_vec());
+        assert_eq!(
+            parse_list("tlsf,paged,tlsf,bestfit").unwrap(),
+            vec!["tlsf", "paged", "best-fit"]
+        );
+        assert!(parse_list("tlsf,nope").is_err());
+        assert!(parse_list(",").is_err());
+    }
 }

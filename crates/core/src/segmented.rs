@@ -1,6 +1,6 @@
 //! A device-level pool of segments (cuMemAlloc), each sub-allocated by its own [`Arena`].
 //!
-//! This is the seed design (a pre-allocated 256 MiB pool, grown by more pools) generalised
+//! The classic design (a pre-allocated 256 MiB pool, grown by more pools) generalised
 //! over the three range allocators: [`SegmentedPool::buddy`], [`SegmentedPool::tlsf`],
 //! [`SegmentedPool::best_fit`].
 //!
@@ -387,6 +387,14 @@ impl Allocator for SegmentedPool {
         let (free, largest) = self.free_figures();
         s.free_bytes = free;
         s.largest_free_bytes = largest;
+        let split: u64 = self
+            .segments
+            .values()
+            .map(|g| g.arena.report())
+            .filter(|r| r.allocations > 0)
+            .map(|r| r.free_bytes)
+            .sum();
+        s.inactive_split_bytes.add(split);
         s
     }
 

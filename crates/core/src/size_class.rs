@@ -76,11 +76,17 @@ impl<const SUB_BITS: u32> LogLinear<SUB_BITS> {
     }
 
     /// `size_bytes` rounded up to the smallest size of its [`Self::ceil`] bin; `None` past the
-    /// last bin.
+    /// last bin. The same as `min_bytes(ceil(size))` (the property test checks it), computed
+    /// with one mask: the step of the range holding `size - 1` is a power of two.
     #[inline]
     pub const fn round_up(size_bytes: u64) -> Option<u64> {
-        match Self::ceil(size_bytes) {
-            Some(b) => Some(Self::min_bytes(b)),
+        if size_bytes <= Self::SUB_COUNT as u64 {
+            return Some(size_bytes);
+        }
+        let p = u64::BITS - 1 - (size_bytes - 1).leading_zeros(); // ≥ SUB_BITS
+        let mask = (1u64 << (p - SUB_BITS)) - 1;
+        match size_bytes.checked_add(mask) {
+            Some(x) => Some(x & !mask),
             None => None,
         }
     }
@@ -145,9 +151,30 @@ mod tests {
                 prop_assert!(((up - n) as u128) << B < (n as u128).max(1) || up == n);
                 prop_assert!(c == 0 || L::<B>::min_bytes(c - 1) < n);
             }
-            None => prop_assert!(n > L::<B>::min_bytes(L::<B>::BIN_COUNT - 1)),
+            None => {
+                prop_assert!(n > L::<B>::min_bytes(L::<B>::BIN_COUNT - 1));
+                prop_assert_eq!(L::<B>::round_up(n), None);
+            }
         }
         Ok(())
+    }
+
+    /// Every size below 2^16 and every power of two and its neighbours, for each binning used.
+    #[test]
+    fn round_up_is_the_ceil_bins_minimum() {
+        fn check<const B: u32>(n: u64) {
+            let want = LogLinear::<B>::ceil(n).map(LogLinear::<B>::min_bytes);
+            assert_eq!(LogLinear::<B>::round_up(n), want, "B = {B}, n = {n}");
+        }
+        let edges = (0..64).flat_map(|e| {
+            let p = 1u64 << e;
+            [p - 1, p, p + 1, p.saturating_mul(3) / 2, u64::MAX - p + 1]
+        });
+        for n in (0u64..1 << 16).chain(edges).chain([u64::MAX]) {
+            check::<2>(n);
+            check::<4>(n);
+            check::<5>(n);
+        }
     }
 
     proptest! {

@@ -45,6 +45,12 @@ pub struct Stats {
     pub free_bytes: u64,
     /// Largest contiguous free range inside reserved memory, in bytes.
     pub largest_free_bytes: u64,
+    /// Free bytes inside segments (or mapped pages) that also hold live blocks, in bytes:
+    /// PyTorch's `inactive_split_bytes`, memory that only a block fitting the gaps can use
+    /// and that `empty_cache()` cannot return. The peak is exact where the allocator tracks
+    /// it (torch); elsewhere it equals the current value and callers sample it. 0 where the
+    /// allocator does not say.
+    pub inactive_split_bytes: Counter,
 }
 
 impl Stats {

@@ -602,6 +602,7 @@ impl Allocator for TorchCachingPool {
         let mut s = self.tracker.stats;
         s.free_bytes = self.free_bytes;
         s.largest_free_bytes = self.largest_free();
+        s.inactive_split_bytes = self.torch.inactive_split_bytes;
         s
     }
 

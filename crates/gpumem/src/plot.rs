@@ -25,6 +25,11 @@ pub struct Chart {
     pub log_x: bool,
     /// Panels: (panel title, y label, series).
     pub panels: Vec<(String, String, Vec<Series>)>,
+    /// One y scale for every panel (the highest point of all), so panels compare by eye.
+    pub shared_y: bool,
+    /// Per panel (same order), x positions marked by a short black tick above the x axis
+    /// (e.g. failed allocations); panels without an entry get none.
+    pub x_marks: Vec<Vec<f64>>,
 }
 
 /// Ten distinguishable colours (matplotlib's tab10).
@@ -99,6 +104,11 @@ impl Chart {
                 x
             }
         };
+        let all_y_max = self
+            .panels
+            .iter()
+            .flat_map(|(_, _, series)| series.iter().flat_map(|s| s.points.iter()))
+            .fold(0.0f64, |m, &(_, y)| m.max(y));
         for (pi, (ptitle, ylabel, series)) in self.panels.iter().enumerate() {
             let top = mt + pi as f64 * (panel_h + 40.0);
             let pw = width - ml - mr;
@@ -108,6 +118,9 @@ impl Chart {
                 x0 = x0.min(tx(x));
                 x1 = x1.max(tx(x));
                 y1 = y1.max(y);
+            }
+            if self.shared_y {
+                y1 = all_y_max;
             }
             if !x0.is_finite() {
                 x0 = 0.0;
@@ -194,6 +207,25 @@ impl Chart {
                 top + panel_h / 2.0,
                 esc(ylabel)
             );
+            if let Some(marks) = self.x_marks.get(pi) {
+                let mut d = String::new();
+                for &x in marks {
+                    let px = sx(x);
+                    let _ = write!(
+                        d,
+                        "M{px:.1},{:.1} L{px:.1},{:.1} ",
+                        top + panel_h,
+                        top + panel_h - 10.0
+                    );
+                }
+                if !d.is_empty() {
+                    let _ = write!(
+                        o,
+                        r##"<path d="{}" stroke="#000" stroke-width="1"/>"##,
+                        d.trim_end()
+                    );
+                }
+            }
             for (si, s) in series.iter().enumerate() {
                 let mut d = String::new();
                 for (i, &(x, y)) in s.points.iter().enumerate() {
@@ -276,6 +308,7 @@ mod tests {
                     points: vec![(0.0, 1.0), (10.0, 3.0)],
                 }],
             )],
+            ..Chart::default()
         };
         let svg = c.to_svg();
         assert!(svg.starts_with("<svg"));
@@ -283,6 +316,37 @@ mod tests {
         assert!(svg.contains("reserved"));
         assert_eq!(svg.matches("<path").count(), 1);
         assert!(svg.trim_end().ends_with("</svg>"));
+    }
+
+    #[test]
+    fn shared_y_scale_and_marks() {
+        let panel = |top: f64| {
+            (
+                "p".to_string(),
+                "GiB".to_string(),
+                vec![Series {
+                    label: "reserved".into(),
+                    color: PALETTE[0].into(),
+                    dashed: false,
+                    points: vec![(0.0, 0.0), (10.0, top)],
+                }],
+            )
+        };
+        let mut c = Chart {
+            panels: vec![panel(1.0), panel(40.0)],
+            x_marks: vec![vec![5.0, 6.0], vec![]],
+            ..Chart::default()
+        };
+        let own = c.to_svg();
+        c.shared_y = true;
+        let shared = c.to_svg();
+        // The small panel's axis reaches 40 only with the shared scale.
+        assert!(shared.matches(">40<").count() == 2, "{shared}");
+        assert!(own.matches(">40<").count() == 1);
+        assert!(
+            shared.contains(r##"stroke="#000""##),
+            "failed-allocation marks drawn"
+        );
     }
 
     #[test]

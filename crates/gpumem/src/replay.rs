@@ -5,10 +5,20 @@
 //! - blocks live before recording started ([`Trace::preexisting`]) are allocated first;
 //! - `Alloc` asks the allocator for `size_bytes` with the event's alignment (or
 //!   [`ReplayConfig::default_align`]); `Free` returns the block;
-//! - an allocation that fails with out-of-memory (after the allocator released its cache and
-//!   retried, as every allocator must) is counted in `oom_count` and dropped together with its
-//!   later free, and the replay goes on;
-//! - only events of [`ReplayConfig::device`] are replayed (one pool per device).
+//! - an allocation that fails is counted and dropped together with its later free, and the
+//!   replay goes on (PyTorch would raise `OutOfMemoryError` and stop there): out-of-memory
+//!   after the allocator released its cache and retried, as every allocator must
+//!   ([`ReplayReport::oom_count`], a request of 2^63 bytes is one), or a request the
+//!   allocator refuses as impossible, an alignment it does not support or a size that
+//!   overflows with its padding ([`ReplayReport::refused_count`]); the report keeps the
+//!   index of the first of each;
+//! - only events of [`ReplayConfig::device`] are replayed (one pool per device); event
+//!   indices count that device's events from 0.
+//!
+//! Figures: `requested` bytes are those of the blocks actually served, so
+//! [`ReplayReport::reserved_over_requested`] is never below 1 even when allocations failed;
+//! events/s is events ÷ CPU seconds of the replaying thread (so replays run side by side on a
+//! busy machine measure the same), [`ReplayReport::seconds`] the wall time.
 use std::time::Instant;
 
 use gpumem_core::{AllocError, Allocator, Device, DeviceError, DriverCounters, Stats};
@@ -17,6 +27,9 @@ use serde::Serialize;
 
 use crate::trace::{Action, Trace};
 
+mod capacity;
+pub use capacity::{min_capacity, Incomplete, MinCapacity, MinCapacityConfig, MinCapacityOutcome};
+
 /// How to replay.
 #[derive(Debug, Clone, Copy)]
 pub struct ReplayConfig {
@@ -24,12 +37,17 @@ pub struct ReplayConfig {
     pub device: u32,
     /// Alignment used when an event carries none, in bytes.
     pub default_align: u64,
-    /// Timeline samples to keep (0 = none); figures are also sampled this often for the
-    /// fragmentation peaks (at least 1000 samples are taken for those).
+    /// Timeline buckets to keep (0 = none): each holds the lowest and highest figures over
+    /// its events, so no peak falls between two samples.
     pub timeline_points: u64,
     /// Fill every block with a pattern at allocation and check it at free (needs a device
     /// with memory contents; overlapping blocks show as canary errors).
     pub canary: bool,
+    /// Sample fragmentation figures (about 1000 times per replay); off for capacity probes.
+    pub sample_fragmentation: bool,
+    /// Stop at the first failed allocation (capacity probes only need to know whether the
+    /// trace completes).
+    pub stop_at_first_failure: bool,
 }
 
 impl Default for ReplayConfig {
@@ -39,21 +57,44 @@ impl Default for ReplayConfig {
             default_align: gpumem_core::DEFAULT_ALIGN,
             timeline_points: 0,
             canary: false,
+            sample_fragmentation: true,
+            stop_at_first_failure: false,
         }
     }
 }
 
-/// One point of the timeline: figures after event `event` (bytes).
+/// The lowest and highest value of a figure over a stretch of events, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct MinMax {
+    /// Lowest value.
+    pub min: u64,
+    /// Highest value.
+    pub max: u64,
+}
+
+impl MinMax {
+    fn new(v: u64) -> Self {
+        MinMax { min: v, max: v }
+    }
+    fn add(&mut self, v: u64) {
+        self.min = self.min.min(v);
+        self.max = self.max.max(v);
+    }
+}
+
+/// One bucket of the timeline: figures over events `first_event..=event` (bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Sample {
-    /// Index of the event just replayed.
+    /// Index of the first event of the bucket.
+    pub first_event: u64,
+    /// Index of the last event of the bucket.
     pub event: u64,
     /// Requested bytes of live blocks.
-    pub requested_bytes: u64,
+    pub requested_bytes: MinMax,
     /// Allocated bytes of live blocks.
-    pub allocated_bytes: u64,
+    pub allocated_bytes: MinMax,
     /// Reserved bytes held from the device.
-    pub reserved_bytes: u64,
+    pub reserved_bytes: MinMax,
 }
 
 /// What one replay measured.
@@ -67,7 +108,9 @@ pub struct ReplayReport {
     pub peak_allocated_bytes: u64,
     /// Highest requested bytes of the blocks that were actually served.
     pub peak_requested_bytes: u64,
-    /// `peak_reserved_bytes / peak requested of the trace` (1.0 is perfect).
+    /// `peak_reserved_bytes / peak_requested_bytes` (1.0 is perfect; never below 1 since
+    /// both count only served blocks). Equals peak reserved ÷ the trace's peak requested
+    /// when every allocation was served.
     pub reserved_over_requested: f64,
     /// Highest external fragmentation `1 − largest_free / free` over the samples.
     pub peak_external_fragmentation: f64,
@@ -75,14 +118,37 @@ pub struct ReplayReport {
     pub external_fragmentation_at_peak: f64,
     /// Internal fragmentation `(allocated − requested) / allocated` at peak allocated.
     pub internal_fragmentation_at_peak: f64,
+    /// Highest free bytes inside segments or pages that also hold live blocks (PyTorch's
+    /// `inactive_split_bytes` peak): exact where the allocator tracks it (torch), else the
+    /// highest of the fragmentation samples.
+    pub peak_inactive_split_bytes: u64,
+    /// Times the pool released its cache and retried after the device refused memory
+    /// (PyTorch's `num_alloc_retries`).
+    pub alloc_retries: u64,
     /// Allocations that failed with out-of-memory and were dropped.
     pub oom_count: u64,
-    /// Bytes requested by the first allocation that failed, if any.
+    /// Index of the first event whose allocation failed with out-of-memory.
+    pub first_oom_event: Option<u64>,
+    /// Bytes requested by the first allocation that failed with out-of-memory.
     pub first_oom_request_bytes: Option<u64>,
+    /// Allocations the allocator refused as impossible (alignment it does not support, size
+    /// that overflows) and that were dropped.
+    pub refused_count: u64,
+    /// The first refusal: event index and the allocator's reason.
+    pub first_refusal: Option<String>,
+    /// Indices of failed allocations (the first 10 000), for timeline marks.
+    #[serde(skip)]
+    pub failed_events: Vec<u64>,
     /// Driver calls by kind.
     pub driver_calls: DriverCounters,
     /// Seconds the driver calls took (modelled on the simulated device, measured on CUDA).
     pub modelled_driver_seconds: f64,
+    /// Driver calls made while the second half of the events was replayed (the steady state
+    /// of a training loop: a caching allocator makes almost none there).
+    pub steady_state_driver_calls: u64,
+    /// `modelled_driver_seconds` ÷ the trace's own duration (first to last `time_us` of the
+    /// replayed device's events), when the trace has timestamps.
+    pub driver_share_of_trace: Option<f64>,
     /// Highest physical bytes the device reported in use (the device's own view).
     pub device_peak_used_bytes: u64,
     /// Peak of the driver's own figure of memory in use (cuMemGetInfo total − free) above
@@ -90,24 +156,36 @@ pub struct ReplayReport {
     /// the driver's rounding. Sampled whenever the device's usage reaches a new high.
     /// `None` on the simulated device.
     pub driver_peak_delta_bytes: Option<u64>,
-    /// Events replayed per second of wall time (allocator + bookkeeping).
+    /// Events replayed per CPU second of the replaying thread (allocator + bookkeeping).
     pub events_per_second: f64,
+    /// Events replayed (fewer than the trace's when stopped at the first failure).
+    pub events_replayed: u64,
     /// Wall time of the replay, in seconds.
     pub seconds: f64,
+    /// CPU time of the replaying thread, in seconds.
+    pub cpu_seconds: f64,
     /// Blocks whose canary pattern was damaged (canary replays only).
     pub canary_errors: u64,
     /// Final statistics of the pool.
     pub final_stats: Stats,
-    /// Timeline samples (when asked for).
+    /// Timeline buckets (when asked for).
     #[serde(skip)]
     pub timeline: Vec<Sample>,
+}
+
+impl ReplayReport {
+    /// Allocations that failed, whatever the reason.
+    pub fn failed_count(&self) -> u64 {
+        self.oom_count + self.refused_count
+    }
 }
 
 /// A replay that could not go on.
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
-    /// The allocator refused an operation for a reason other than out-of-memory.
-    #[error("event {event}: {allocator}: {source}")]
+    /// The allocator failed for a reason other than out-of-memory or an impossible request
+    /// (a device error, or a bug).
+    #[error("event index {event}: {allocator}: {source}")]
     Allocator {
         /// Index of the event.
         event: u64,
@@ -118,7 +196,7 @@ pub enum ReplayError {
         source: AllocError,
     },
     /// The allocator's invariant checker failed after an event.
-    #[error("event {event}: {allocator}: validation failed: {source}")]
+    #[error("event index {event}: {allocator}: validation failed: {source}")]
     Invalid {
         /// Index of the event.
         event: u64,
@@ -129,7 +207,7 @@ pub enum ReplayError {
         source: AllocError,
     },
     /// The canary check itself failed (device error).
-    #[error("event {event}: canary: {source}")]
+    #[error("event index {event}: canary: {source}")]
     Canary {
         /// Index of the event.
         event: u64,
@@ -148,7 +226,8 @@ pub struct TraceSummary {
     pub allocs: u64,
     /// Free events.
     pub frees: u64,
-    /// Highest sum of requested bytes of live blocks (the floor for any allocator).
+    /// Highest sum of requested bytes of live blocks (the floor for any allocator);
+    /// saturates at `u64::MAX`.
     pub peak_requested_bytes: u64,
     /// Largest single request, in bytes.
     pub largest_request_bytes: u64,
@@ -156,41 +235,50 @@ pub struct TraceSummary {
     pub preexisting_blocks: u64,
     /// Frees of blocks that were never allocated and are not pre-existing (lenient reads).
     pub unmatched_frees: u64,
+    /// Microseconds from the first to the last event with a `time_us`, when the trace has
+    /// timestamps.
+    pub duration_us: Option<u64>,
 }
 
 /// Summarises the events of `device` in `trace`.
 pub fn summarize(trace: &Trace, device: u32) -> TraceSummary {
     let mut s = TraceSummary::default();
     let mut live: FxHashMap<u64, u64> = FxHashMap::default();
+    // Sizes near 2^64 come from hostile or broken files: saturate rather than wrap.
     let mut cur: u64 = 0;
     for p in trace.preexisting.iter().filter(|p| p.device == device) {
         live.insert(p.addr, p.size_bytes);
-        cur += p.size_bytes;
+        cur = cur.saturating_add(p.size_bytes);
         s.preexisting_blocks += 1;
     }
     s.peak_requested_bytes = cur;
+    let mut times: Option<(i64, i64)> = None;
     for e in trace.events.iter().filter(|e| e.device == device) {
         s.events += 1;
+        if let Some(t) = e.time_us {
+            times = Some(times.map_or((t, t), |(a, b)| (a.min(t), b.max(t))));
+        }
         match e.action {
             Action::Alloc => {
                 s.allocs += 1;
                 s.largest_request_bytes = s.largest_request_bytes.max(e.size_bytes);
                 if let Some(old) = live.insert(e.addr, e.size_bytes) {
-                    cur -= old;
+                    cur = cur.saturating_sub(old);
                 }
-                cur += e.size_bytes;
+                cur = cur.saturating_add(e.size_bytes);
                 s.peak_requested_bytes = s.peak_requested_bytes.max(cur);
             }
             Action::Free => {
                 s.frees += 1;
                 match live.remove(&e.addr) {
-                    Some(sz) => cur -= sz,
+                    Some(sz) => cur = cur.saturating_sub(sz),
                     None => s.unmatched_frees += 1,
                 }
             }
             _ => {}
         }
     }
+    s.duration_us = times.map(|(a, b)| b.abs_diff(a));
     s
 }
 
@@ -218,6 +306,16 @@ fn canary_pattern(trace_addr: u64) -> u32 {
     (z ^ (z >> 31)) as u32 | 1
 }
 
+/// CPU seconds of the calling thread, when the platform tells.
+fn thread_cpu_seconds() -> Option<f64> {
+    cpu_time::ThreadTime::try_now()
+        .ok()
+        .map(|t| t.as_duration().as_secs_f64())
+}
+
+/// Failed-allocation indices kept for the timeline's marks.
+const FAILED_EVENTS_KEPT: usize = 10_000;
+
 struct Live {
     addr: u64,
     bytes: u64,
@@ -230,6 +328,7 @@ struct State<'a> {
 }
 
 impl State<'_> {
+    /// Allocates; returns whether the allocation was served.
     #[allow(clippy::too_many_arguments)]
     fn alloc(
         &mut self,
@@ -241,7 +340,7 @@ impl State<'_> {
         size: u64,
         align: u64,
         stream: u64,
-    ) -> Result<(), ReplayError> {
+    ) -> Result<bool, ReplayError> {
         match alloc.allocate(dev, size, align, stream) {
             Ok(b) => {
                 if self.opts.canary && size >= 4 {
@@ -258,12 +357,26 @@ impl State<'_> {
                         bytes: size,
                     },
                 );
-                Ok(())
+                Ok(true)
             }
             Err(e) if e.is_oom() => {
                 report.oom_count += 1;
+                report.first_oom_event.get_or_insert(index);
                 report.first_oom_request_bytes.get_or_insert(size);
-                Ok(())
+                if report.failed_events.len() < FAILED_EVENTS_KEPT {
+                    report.failed_events.push(index);
+                }
+                Ok(false)
+            }
+            Err(e @ (AllocError::InvalidAlignment { .. } | AllocError::Overflow { .. })) => {
+                report.refused_count += 1;
+                report
+                    .first_refusal
+                    .get_or_insert_with(|| format!("event index {index}: {e}"));
+                if report.failed_events.len() < FAILED_EVENTS_KEPT {
+                    report.failed_events.push(index);
+                }
+                Ok(false)
             }
             Err(source) => Err(ReplayError::Allocator {
                 event: index,
@@ -279,8 +392,8 @@ impl State<'_> {
 /// `progress` is called now and then with the number of events done so far.
 ///
 /// # Errors
-/// [`ReplayError`] when the allocator fails for a reason other than out-of-memory (a bug, or a
-/// device error), or a canary check cannot run.
+/// [`ReplayError`] when the allocator fails for a reason other than out-of-memory or an
+/// impossible request (a bug, or a device error), or a canary check cannot run.
 pub fn replay(
     trace: &Trace,
     alloc: &mut dyn Allocator,
@@ -288,13 +401,34 @@ pub fn replay(
     opts: &ReplayConfig,
     progress: &mut dyn FnMut(u64),
 ) -> Result<ReplayReport, ReplayError> {
-    let name = alloc.name().to_string();
     let summary = summarize(trace, opts.device);
+    replay_summarized(trace, &summary, alloc, dev, opts, progress)
+}
+
+/// [`replay`] with the trace's summary for `opts.device` computed beforehand (by
+/// [`summarize`]), for callers that replay the same trace many times.
+///
+/// # Errors
+/// As [`replay`].
+pub fn replay_summarized(
+    trace: &Trace,
+    summary: &TraceSummary,
+    alloc: &mut dyn Allocator,
+    dev: &mut dyn Device,
+    opts: &ReplayConfig,
+    progress: &mut dyn FnMut(u64),
+) -> Result<ReplayReport, ReplayError> {
+    let name = alloc.name().to_string();
     let total = summary.events.max(1);
-    let frag_every = (total / 1000).max(16);
+    let frag_every = if opts.sample_fragmentation {
+        (total / 1000).max(16)
+    } else {
+        u64::MAX
+    };
     let timeline_every = total
         .checked_div(opts.timeline_points)
         .map_or(u64::MAX, |v| v.max(1));
+    let want_timeline = opts.timeline_points > 0;
     let mut st = State {
         live: FxHashMap::default(),
         opts,
@@ -309,14 +443,24 @@ pub fn replay(
         peak_external_fragmentation: 0.0,
         external_fragmentation_at_peak: 0.0,
         internal_fragmentation_at_peak: 0.0,
+        peak_inactive_split_bytes: 0,
+        alloc_retries: 0,
         oom_count: 0,
+        first_oom_event: None,
         first_oom_request_bytes: None,
+        refused_count: 0,
+        first_refusal: None,
+        failed_events: Vec::new(),
         driver_calls: DriverCounters::default(),
         modelled_driver_seconds: 0.0,
+        steady_state_driver_calls: 0,
+        driver_share_of_trace: None,
         device_peak_used_bytes: 0,
         driver_peak_delta_bytes: None,
         events_per_second: 0.0,
+        events_replayed: 0,
         seconds: 0.0,
+        cpu_seconds: 0.0,
         canary_errors: 0,
         final_stats: Stats::default(),
         timeline: Vec::new(),
@@ -326,6 +470,7 @@ pub fn replay(
     let mut driver_peak = driver_baseline;
     let mut used_high = dev.used_bytes();
     let started = Instant::now();
+    let cpu_started = thread_cpu_seconds();
 
     for p in trace.preexisting.iter().filter(|p| p.device == opts.device) {
         st.alloc(
@@ -342,6 +487,9 @@ pub fn replay(
 
     let mut index: u64 = 0;
     let mut peak_reserved_seen = 0u64;
+    let mut bucket: Option<Sample> = None;
+    let half = summary.events / 2;
+    let mut calls_at_half = (half == 0).then(|| dev.counters().total());
     for e in trace.events.iter().filter(|e| e.device == opts.device) {
         match e.action {
             Action::Alloc => {
@@ -356,7 +504,7 @@ pub fn replay(
                         })?;
                 }
                 let align = e.align.unwrap_or(opts.default_align);
-                st.alloc(
+                let served = st.alloc(
                     alloc,
                     dev,
                     &mut report,
@@ -366,6 +514,10 @@ pub fn replay(
                     align,
                     e.stream,
                 )?;
+                if !served && opts.stop_at_first_failure {
+                    index += 1;
+                    break;
+                }
             }
             Action::Free => {
                 if let Some(l) = st.live.remove(&e.addr) {
@@ -388,21 +540,46 @@ pub fn replay(
                             source,
                         })?;
                 }
-                // A free of a block dropped by an OOM (or of an unknown address in a lenient
-                // read) has nothing to return.
+                // A free of a block dropped by a failed allocation (or of an unknown address
+                // in a lenient read) has nothing to return.
             }
             _ => {}
         }
+        if want_timeline {
+            // Every event, so that no peak falls between two samples.
+            let s = alloc.stats();
+            let (rq, al, rs) = (
+                s.requested_bytes.current,
+                s.allocated_bytes.current,
+                s.reserved_bytes.current,
+            );
+            let b = bucket.get_or_insert(Sample {
+                first_event: index,
+                event: index,
+                requested_bytes: MinMax::new(rq),
+                allocated_bytes: MinMax::new(al),
+                reserved_bytes: MinMax::new(rs),
+            });
+            b.event = index;
+            b.requested_bytes.add(rq);
+            b.allocated_bytes.add(al);
+            b.reserved_bytes.add(rs);
+        }
         index += 1;
+        if index == half {
+            calls_at_half = Some(dev.counters().total());
+        }
         if driver_baseline.is_some() && dev.used_bytes() > used_high {
             used_high = dev.used_bytes();
             if let (Some(now), Some(peak)) = (dev.driver_used_bytes(), driver_peak.as_mut()) {
                 *peak = (*peak).max(now);
             }
         }
+        if want_timeline && index.is_multiple_of(timeline_every) {
+            report.timeline.extend(bucket.take());
+        }
         let sample_frag = index.is_multiple_of(frag_every);
-        let sample_timeline = index.is_multiple_of(timeline_every);
-        if sample_frag || sample_timeline || index.is_multiple_of(4096) {
+        if sample_frag || index.is_multiple_of(4096) {
             let s = alloc.stats();
             if s.reserved_bytes.peak > peak_reserved_seen {
                 peak_reserved_seen = s.reserved_bytes.peak;
@@ -412,36 +589,32 @@ pub fn replay(
                 report.peak_external_fragmentation = report
                     .peak_external_fragmentation
                     .max(s.external_fragmentation());
-            }
-            if sample_timeline {
-                report.timeline.push(Sample {
-                    event: index,
-                    requested_bytes: s.requested_bytes.current,
-                    allocated_bytes: s.allocated_bytes.current,
-                    reserved_bytes: s.reserved_bytes.current,
-                });
+                report.peak_inactive_split_bytes = report
+                    .peak_inactive_split_bytes
+                    .max(s.inactive_split_bytes.peak);
             }
             if index.is_multiple_of(4096) {
                 progress(index);
             }
         }
     }
+    report.timeline.extend(bucket.take());
     progress(index);
     let seconds = started.elapsed().as_secs_f64();
+    let cpu_seconds = match (cpu_started, thread_cpu_seconds()) {
+        (Some(a), Some(b)) if b > a => b - a,
+        _ => seconds,
+    };
     let s = alloc.stats();
     let after = dev.counters();
-    let mut calls = DriverCounters::default();
-    for (i, c) in calls.calls.iter_mut().enumerate() {
-        *c = after.calls[i].saturating_sub(calls_before.calls[i]);
-    }
-    calls.seconds = after.seconds - calls_before.seconds;
+    let calls = after.since(&calls_before);
     report.peak_reserved_bytes = s.reserved_bytes.peak;
     report.peak_allocated_bytes = s.allocated_bytes.peak;
     report.peak_requested_bytes = s.requested_bytes.peak;
-    report.reserved_over_requested = if summary.peak_requested_bytes == 0 {
+    report.reserved_over_requested = if s.requested_bytes.peak == 0 {
         0.0
     } else {
-        s.reserved_bytes.peak as f64 / summary.peak_requested_bytes as f64
+        s.reserved_bytes.peak as f64 / s.requested_bytes.peak as f64
     };
     report.internal_fragmentation_at_peak = if s.allocated_bytes.peak == 0 {
         0.0
@@ -452,18 +625,33 @@ pub fn replay(
             .saturating_sub(s.requested_bytes.peak) as f64
             / s.allocated_bytes.peak as f64
     };
-    report.peak_external_fragmentation = report
-        .peak_external_fragmentation
-        .max(s.external_fragmentation());
+    if opts.sample_fragmentation {
+        report.peak_external_fragmentation = report
+            .peak_external_fragmentation
+            .max(s.external_fragmentation());
+        report.peak_inactive_split_bytes = report
+            .peak_inactive_split_bytes
+            .max(s.inactive_split_bytes.peak);
+    }
+    report.alloc_retries = s.alloc_retries;
     report.driver_calls = calls;
     report.modelled_driver_seconds = calls.seconds;
+    report.steady_state_driver_calls = after
+        .total()
+        .saturating_sub(calls_at_half.unwrap_or(after.total()));
+    report.driver_share_of_trace = summary
+        .duration_us
+        .filter(|&d| d > 0)
+        .map(|d| calls.seconds / (d as f64 * 1e-6));
     report.device_peak_used_bytes = report.peak_reserved_bytes.max(dev.used_bytes());
     report.driver_peak_delta_bytes = driver_baseline
         .zip(driver_peak)
         .map(|(b, p)| p.saturating_sub(b));
     report.seconds = seconds;
-    report.events_per_second = if seconds > 0.0 {
-        index as f64 / seconds
+    report.cpu_seconds = cpu_seconds;
+    report.events_replayed = index;
+    report.events_per_second = if cpu_seconds > 0.0 {
+        index as f64 / cpu_seconds
     } else {
         0.0
     };
@@ -474,54 +662,6 @@ pub fn replay(
         source,
     })?;
     Ok(report)
-}
-
-/// Replays with `capacity` bytes and reports whether no allocation failed.
-fn completes(
-    trace: &Trace,
-    make: &mut dyn FnMut() -> Box<dyn Allocator>,
-    make_dev: &mut dyn FnMut(u64) -> Box<dyn Device>,
-    capacity: u64,
-    opts: &ReplayConfig,
-) -> Result<bool, ReplayError> {
-    let mut a = make();
-    let mut d = make_dev(capacity);
-    let r = replay(trace, a.as_mut(), d.as_mut(), opts, &mut |_| {})?;
-    Ok(r.oom_count == 0)
-}
-
-/// Bisects the smallest device capacity (to `resolution_bytes`) with which the trace
-/// completes without any out-of-memory, between the trace's peak requested bytes and
-/// `upper_bytes` (which must complete).
-///
-/// Returns `None` if even `upper_bytes` does not complete.
-///
-/// # Errors
-/// A [`ReplayError`] from one of the replays.
-pub fn min_capacity(
-    trace: &Trace,
-    make: &mut dyn FnMut() -> Box<dyn Allocator>,
-    make_dev: &mut dyn FnMut(u64) -> Box<dyn Device>,
-    upper_bytes: u64,
-    resolution_bytes: u64,
-    opts: &ReplayConfig,
-) -> Result<Option<u64>, ReplayError> {
-    let floor = summarize(trace, opts.device).peak_requested_bytes;
-    if !completes(trace, make, make_dev, upper_bytes, opts)? {
-        return Ok(None);
-    }
-    let mut lo = floor.saturating_sub(1); // fails (or is below the floor)
-    let mut hi = upper_bytes; // completes
-    let step = resolution_bytes.max(1);
-    while hi - lo > step {
-        let mid = lo + (hi - lo) / 2;
-        if completes(trace, make, make_dev, mid, opts)? {
-            hi = mid;
-        } else {
-            lo = mid;
-        }
-    }
-    Ok(Some(hi))
 }
 
 #[cfg(test)]
@@ -567,7 +707,26 @@ mod tests {
         assert_eq!(s.preexisting_blocks, 1);
         assert_eq!(s.unmatched_frees, 1);
         assert_eq!(s.largest_request_bytes, 100);
+        assert_eq!(s.duration_us, None);
         assert_eq!(devices(&t), vec![0]);
+    }
+
+    #[test]
+    fn summary_saturates_on_sizes_near_2_64() {
+        let mut t = Trace {
+            events: vec![
+                ev(Action::Alloc, 1, 1000),
+                ev(Action::Alloc, 2, u64::MAX),
+                ev(Action::Free, 2, 0),
+            ],
+            ..Trace::default()
+        };
+        t.events[0].time_us = Some(-5);
+        t.events[2].time_us = Some(1_000_000);
+        let s = summarize(&t, 0);
+        assert_eq!(s.peak_requested_bytes, u64::MAX);
+        assert_eq!(s.largest_request_bytes, u64::MAX);
+        assert_eq!(s.duration_us, Some(1_000_005));
     }
 
     #[test]

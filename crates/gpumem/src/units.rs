@@ -49,7 +49,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .parse()
         .map_err(|_| format!("`{s}`: `{num}` is not a number"))?;
     let v = f * mult as f64;
-    if !v.is_finite() || v < 0.0 || v > u64::MAX as f64 {
+    if !v.is_finite() || v < 0.0 || v >= u64::MAX as f64 {
         return Err(format!("`{s}`: out of range"));
     }
     Ok(v.round() as u64)
@@ -168,6 +168,8 @@ mod tests {
         assert!(parse_size("12XB").unwrap_err().contains("unknown unit"));
         assert!(parse_size("GiB").is_err());
         assert!(parse_size("99999999999TiB").is_err());
+        // 2^64 as a fraction is past u64 (u64::MAX as f64 rounds up to it).
+        assert!(parse_size("16777216.0TiB").is_err());
     }
 
     #[test]

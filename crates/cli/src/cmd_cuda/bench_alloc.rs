@@ -19,7 +19,11 @@ use super::ordinals;
 
 fn parse_threads(s: &str) -> Result<Vec<usize>, String> {
     s.split(',')
-        .map(|x| x.trim().parse::<usize>().map_err(|e| format!("`{x}`: {e}")))
+        .map(|x| match x.trim().parse::<usize>() {
+            Ok(0) => Err(format!("`{x}`: a thread count is at least 1")),
+            Ok(n) => Ok(n),
+            Err(e) => Err(format!("`{x}`: {e}")),
+        })
         .collect()
 }
 
@@ -41,8 +45,8 @@ pub struct BenchAllocArgs {
     /// Thread counts (comma-separated).
     #[arg(long, default_value = "1,4,16", value_parser = parse_threads)]
     pub threads: std::vec::Vec<usize>,
-    /// Time per measurement, in milliseconds.
-    #[arg(long, default_value_t = 100)]
+    /// Time per measurement, in milliseconds (at least 1).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
     pub time_ms: u64,
     /// Most pairs per thread per measurement.
     #[arg(long, default_value_t = 5_000_000)]
@@ -130,7 +134,14 @@ pub fn bench_alloc(a: BenchAllocArgs) -> Result<()> {
     let per_backend = (cases(&a).len() * a.threads.len()) as u64;
     let mut outs = Vec::new();
     let targets: Vec<Option<usize>> = match a.device {
-        DeviceSel::Sim => vec![None],
+        DeviceSel::Sim => {
+            eprintln!(
+                "note: on the simulated device this measures each strategy's own CPU cost (the \
+                 pool's hit path and the allocator's bookkeeping), not driver time: the \
+                 simulated driver calls cost nothing here. Use --device cuda for real figures."
+            );
+            vec![None]
+        }
         sel => ordinals(sel)?.into_iter().map(Some).collect(),
     };
     for target in targets {

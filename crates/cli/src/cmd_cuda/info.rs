@@ -14,9 +14,10 @@ use super::{ordinals, yes};
 /// Arguments of `gpumem info`.
 #[derive(Args)]
 pub struct InfoArgs {
-    /// Device: sim, cuda (= cuda:0), cuda:N or all.
-    #[arg(long, default_value = "all")]
-    pub device: DeviceSel,
+    /// Device: sim, cuda (= cuda:0), cuda:N or all. Default: every CUDA device, or the
+    /// simulated device (said so) where there is no driver.
+    #[arg(long)]
+    pub device: Option<DeviceSel>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -38,6 +39,22 @@ struct SimInfo {
 }
 
 pub fn info(a: InfoArgs) -> Result<()> {
+    let device = match a.device {
+        Some(d) => d,
+        None => match cuda::init() {
+            Ok(()) => DeviceSel::All,
+            Err(cuda::CudaError::NoDriver { .. }) => {
+                eprintln!(
+                    "note: no NVIDIA driver (libcuda.so.1) found: showing the simulated device (--device sim)"
+                );
+                DeviceSel::Sim
+            }
+            Err(e) => {
+                eprintln!("note: {e}: showing the simulated device (--device sim)");
+                DeviceSel::Sim
+            }
+        },
+    };
     let mut out = InfoOut {
         driver_present: cuda::driver_present(),
         devices: Vec::new(),
@@ -45,14 +62,14 @@ pub fn info(a: InfoArgs) -> Result<()> {
         pool_defaults: PoolConfig::default(),
         simulated: None,
     };
-    if a.device == DeviceSel::Sim {
+    if device == DeviceSel::Sim {
         let d = SimDevice::default();
         out.simulated = Some(SimInfo {
             capacity_bytes: d.capacity_bytes(),
             granularity_bytes: d.granularity_bytes(),
         });
     } else {
-        for o in ordinals(a.device)? {
+        for o in ordinals(device)? {
             out.devices.push(cuda::open(o)?.info());
         }
         let m = cuda::peer_matrix()?;

@@ -1596,6 +1596,8 @@ impl Allocator for PagedPool {
             .map(|r| u64::from(r.tree.max()) * UNIT_BYTES)
             .max()
             .unwrap_or(0);
+        // Free bytes inside mapped pages that hold live blocks (idle pages are excluded above).
+        s.inactive_split_bytes.add(s.free_bytes);
         s
     }
 

@@ -281,9 +281,10 @@ impl CudaDevice {
     /// A failed cuPointerGetAttribute (e.g. CUDA_ERROR_INVALID_VALUE for a host address).
     pub fn pointer_info(&self, addr: u64) -> Result<PointerInfo, DeviceError> {
         self.bind()?;
-        // SAFETY (all five): each T is the type the driver writes for that attribute:
-        // c_int for ordinal, c_uint for memory type, bools as c_int flags, CUdeviceptr (u64)
-        // for the range start and size_t (usize) for the range size.
+        // Each T below is the type the driver writes for that attribute: c_int for ordinal,
+        // c_uint for memory type, bools as c_int flags, CUdeviceptr (u64) for the range start
+        // and size_t (usize) for the range size.
+        // SAFETY: c_int for the device ordinal, as above.
         let device_ordinal: i32 = unsafe {
             driver::pointer_attribute(addr, PointerAttr::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)?
         };

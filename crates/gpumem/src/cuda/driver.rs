@@ -50,6 +50,21 @@ fn to_usize(call: &'static str, bytes: u64) -> Result<usize, DeviceError> {
     })
 }
 
+/// Whether a driver library can be opened (cudarc's fallible probe; the loader itself would
+/// panic).
+pub(crate) fn library_present() -> bool {
+    // SAFETY: is_culib_present only dlopens candidate names (running the library's
+    // initialisers, which the CUDA driver allows) and drops each handle again.
+    unsafe { sys::is_culib_present() }
+}
+
+/// Whether the loaded driver library exports `name` (call after [`library_present`]).
+pub(crate) fn has_symbol(name: &str) -> bool {
+    // SAFETY: only looks a symbol up in the library found by `library_present`; the pointer
+    // is not used.
+    unsafe { sys::culib().get::<*const c_void>(name.as_bytes()) }.is_ok()
+}
+
 /// cuInit(0).
 pub(crate) fn init() -> Result<(), DeviceError> {
     // SAFETY: cuInit takes only flags; the library is loaded (caller checked its presence).
@@ -141,12 +156,15 @@ pub(crate) fn can_access_peer(a: usize, b: usize) -> Result<bool, DeviceError> {
 /// 1. `dev` comes from cuDeviceGet; every retain must be matched by one
 ///    [`primary_ctx_release`] (cuDevicePrimaryCtxRelease).
 pub(crate) unsafe fn primary_ctx_retain(dev: CUdevice) -> Result<CUcontext, DeviceError> {
-    let mut c = ptr::null_mut();
-    check(
-        "cuDevicePrimaryCtxRetain",
-        sys::cuDevicePrimaryCtxRetain(&mut c, dev),
-    )?;
-    Ok(c)
+    // SAFETY: the caller upholds the # Safety contract above; out-pointers are locals.
+    unsafe {
+        let mut c = ptr::null_mut();
+        check(
+            "cuDevicePrimaryCtxRetain",
+            sys::cuDevicePrimaryCtxRetain(&mut c, dev),
+        )?;
+        Ok(c)
+    }
 }
 
 /// cuDevicePrimaryCtxRelease.
@@ -155,10 +173,13 @@ pub(crate) unsafe fn primary_ctx_retain(dev: CUdevice) -> Result<CUcontext, Devi
 /// 1. Matches one earlier [`primary_ctx_retain`] of `dev`; no memory of the context is used
 ///    after the last release (cuDevicePrimaryCtxRelease).
 pub(crate) unsafe fn primary_ctx_release(dev: CUdevice) -> Result<(), DeviceError> {
-    check(
-        "cuDevicePrimaryCtxRelease",
-        sys::cuDevicePrimaryCtxRelease_v2(dev),
-    )
+    // SAFETY: the caller upholds the # Safety contract above; out-pointers are locals.
+    unsafe {
+        check(
+            "cuDevicePrimaryCtxRelease",
+            sys::cuDevicePrimaryCtxRelease_v2(dev),
+        )
+    }
 }
 
 /// cuCtxSetCurrent.
@@ -166,7 +187,8 @@ pub(crate) unsafe fn primary_ctx_release(dev: CUdevice) -> Result<(), DeviceErro
 /// # Safety
 /// 1. `ctx` is a live context (retained and not yet released) (cuCtxSetCurrent).
 pub(crate) unsafe fn ctx_set_current(ctx: CUcontext) -> Result<(), DeviceError> {
-    check("cuCtxSetCurrent", sys::cuCtxSetCurrent(ctx))
+    // SAFETY: the caller upholds the # Safety contract above; out-pointers are locals.
+    unsafe { check("cuCtxSetCurrent", sys::cuCtxSetCurrent(ctx)) }
 }
 
 /// cuCtxSynchronize of the current context.
@@ -189,9 +211,9 @@ pub(crate) fn mem_get_info() -> Result<(u64, u64), DeviceError> {
 pub(crate) fn mem_alloc(bytes: u64) -> Result<u64, DeviceError> {
     let n = to_usize("cuMemAlloc", bytes)?;
     let mut p = 0;
-    // SAFETY: `p` is a valid out-pointer; the memory returned is owned by the caller.
     check_alloc(
         "cuMemAlloc",
+        // SAFETY: `p` is a valid out-pointer; the memory returned is owned by the caller.
         unsafe { sys::cuMemAlloc_v2(&mut p, n) },
         bytes,
     )?;
@@ -204,7 +226,8 @@ pub(crate) fn mem_alloc(bytes: u64) -> Result<u64, DeviceError> {
 /// 1. `addr` was returned by cuMemAlloc (or cuMemAllocManaged) in the current context and is
 ///    not freed yet; no queued work still uses it (cuMemFree).
 pub(crate) unsafe fn mem_free(addr: u64) -> Result<(), DeviceError> {
-    check("cuMemFree", sys::cuMemFree_v2(addr))
+    // SAFETY: the caller upholds the # Safety contract above; out-pointers are locals.
+    unsafe { check("cuMemFree", sys::cuMemFree_v2(addr)) }
 }
 
 /// cuMemAllocManaged with CU_MEM_ATTACH_GLOBAL.
@@ -212,9 +235,9 @@ pub(crate) fn mem_alloc_managed(bytes: u64) -> Result<u64, DeviceError> {
     let n = to_usize("cuMemAllocManaged", bytes)?;
     let mut p = 0;
     let flags = sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL as u32;
-    // SAFETY: `p` is a valid out-pointer; the memory is owned by the caller.
     check_alloc(
         "cuMemAllocManaged",
+        // SAFETY: `p` is a valid out-pointer; the memory is owned by the caller.
         unsafe { sys::cuMemAllocManaged(&mut p, n, flags) },
         bytes,
     )?;
@@ -250,11 +273,14 @@ pub(crate) unsafe fn mem_prefetch(
     loc: sys::CUmemLocation,
     stream: CUstream,
 ) -> Result<(), DeviceError> {
-    let n = to_usize("cuMemPrefetchAsync", bytes)?;
-    check(
-        "cuMemPrefetchAsync",
-        sys::cuMemPrefetchAsync_v2(addr, n, loc, 0, stream),
-    )
+    // SAFETY: the caller upholds the # Safety contract above; out-pointers are locals.
+    unsafe {
+        let n = to_usize("cuMemPrefetchAsync", bytes)?;
+        check(
+            "cuMemPrefetchAsync",
+            sys::cuMemPrefetchAsync_v2(addr, n, loc, 0, stream),
+        )
+    }
 }
 
 /// cuMemAdvise_v2.
@@ -267,8 +293,11 @@ pub(crate) unsafe fn mem_advise(
     advice: sys::CUmem_advise,
     loc: sys::CUmemLocation,
 ) -> Result<(), DeviceError> {
-    let n = to_usize("cuMemAdvise", bytes)?;
-    check("cuMemAdvise", sys::cuMemAdvise_v2(addr, n, advice, loc))
+    // SAFETY: the caller upholds the # Safety contract above; out-pointers are locals.
+    unsafe {
+        let n = to_usize("cuMemAdvise", bytes)?;
+        check("cuMemAdvise", sys::cuMemAdvise_v2(addr, n, advice, loc))
+    }
 }
 
 fn pinned_prop(ordinal: i32) -> sys::CUmemAllocationProp {
@@ -314,9 +343,9 @@ pub(crate) fn address_reserve(bytes: u64, align: u64) -> Result<u64, DeviceError
     let n = to_usize("cuMemAddressReserve", bytes)?;
     let a = to_usize("cuMemAddressReserve", align)?;
     let mut p = 0;
-    // SAFETY: `p` is a valid out-pointer; reserving address space touches no memory.
     check_alloc(
         "cuMemAddressReserve",
+        // SAFETY: `p` is a valid out-pointer; reserving address space touches no memory.
         unsafe { sys::cuMemAddressReserve(&mut p, n, a, 0, 0) },
         bytes,
     )?;
@@ -329,8 +358,11 @@ pub(crate) fn address_reserve(bytes: u64, align: u64) -> Result<u64, DeviceError
 /// 1. `[va, va + bytes)` is exactly one range from cuMemAddressReserve, wholly unmapped
 ///    (cuMemAddressFree).
 pub(crate) unsafe fn address_free(va: u64, bytes: u64) -> Result<(), DeviceError> {
-    let n = to_usize("cuMemAddressFree", bytes)?;
-    check("cuMemAddressFree", sys::cuMemAddressFree(va, n))
+    // SAFETY: the caller upholds the # Safety contract above; out-pointers are locals.
+    unsafe {
+        let n = to_usize("cuMemAddressFree", bytes)?;
+        check("cuMemAddressFree", sys::cuMemAddressFree(va, n))
+    }
 }
 
 /// cuMemCreate of `bytes` of pinned device memory on `ordinal`.
@@ -338,10 +370,10 @@ pub(crate) fn mem_create(bytes: u64, ordinal: i32) -> Result<u64, DeviceError> {
     let n = to_usize("cuMemCreate", bytes)?;
     let prop = pinned_prop(ordinal);
     let mut h = 0;
-    // SAFETY: `prop` is fully initialised; `h` is a valid out-pointer; the handle is owned by
-    // the caller until cuMemRelease.
     check_alloc(
         "cuMemCreate",
+        // SAFETY: `prop` is fully initialised; `h` is a valid out-pointer; the handle is owned by
+        // the caller until cuMemRelease.
         unsafe { sys::cuMemCreate(&mut h, n, &prop, 0) },
         bytes,
     )?;
@@ -354,7 +386,8 @@ pub(crate) fn mem_create(bytes: u64, ordinal: i32) -> Result<u64, DeviceError> {
 /// 1. `handle` came from cuMemCreate and is not released yet (cuMemRelease); its memory is
 ///    freed once every mapping of it is unmapped.
 pub(crate) unsafe fn mem_release(handle: u64) -> Result<(), DeviceError> {
-    check("cuMemRelease", sys::cuMemRelease(handle))
+    // SAFETY: the caller upholds the # Safety contract above; out-pointers are locals.
+    unsafe { check("cuMemRelease", sys::cuMemRelease(handle)) }
 }
 
 /// cuMemMap of the whole of `handle` (`bytes`, offset 0) at `va`.
@@ -363,8 +396,11 @@ pub(crate) unsafe fn mem_release(handle: u64) -> Result<(), DeviceError> {
 /// 1. `[va, va + bytes)` lies in a reserved range and is not mapped;
 /// 2. `handle` is live and exactly `bytes` long (cuMemMap).
 pub(crate) unsafe fn mem_map(va: u64, bytes: u64, handle: u64) -> Result<(), DeviceError> {
-    let n = to_usize("cuMemMap", bytes)?;
-    check("cuMemMap", sys::cuMemMap(va, n, 0, handle, 0))
+    // SAFETY: the caller upholds the # Safety contract above; out-pointers are locals.
+    unsafe {
+        let n = to_usize("cuMemMap", bytes)?;
+        check("cuMemMap", sys::cuMemMap(va, n, 0, handle, 0))
+    }
 }
 
 /// cuMemUnmap.
@@ -372,8 +408,11 @@ pub(crate) unsafe fn mem_map(va: u64, bytes: u64, handle: u64) -> Result<(), Dev
 /// # Safety
 /// 1. `[va, va + bytes)` covers whole mappings; no queued work uses them (cuMemUnmap).
 pub(crate) unsafe fn mem_unmap(va: u64, bytes: u64) -> Result<(), DeviceError> {
-    let n = to_usize("cuMemUnmap", bytes)?;
-    check("cuMemUnmap", sys::cuMemUnmap(va, n))
+    // SAFETY: the caller upholds the # Safety contract above; out-pointers are locals.
+    unsafe {
+        let n = to_usize("cuMemUnmap", bytes)?;
+        check("cuMemUnmap", sys::cuMemUnmap(va, n))
+    }
 }
 
 /// cuMemSetAccess with one descriptor per `(ordinal, read_write)`: `true` grants read-write,
@@ -386,22 +425,25 @@ pub(crate) unsafe fn mem_set_access(
     bytes: u64,
     access: &[(i32, bool)],
 ) -> Result<(), DeviceError> {
-    let n = to_usize("cuMemSetAccess", bytes)?;
-    let descs: Vec<sys::CUmemAccessDesc> = access
-        .iter()
-        .map(|&(o, rw)| sys::CUmemAccessDesc {
-            location: device_location(o),
-            flags: if rw {
-                sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-            } else {
-                sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE
-            },
-        })
-        .collect();
-    check(
-        "cuMemSetAccess",
-        sys::cuMemSetAccess(va, n, descs.as_ptr(), descs.len()),
-    )
+    // SAFETY: the caller upholds the # Safety contract above; out-pointers are locals.
+    unsafe {
+        let n = to_usize("cuMemSetAccess", bytes)?;
+        let descs: Vec<sys::CUmemAccessDesc> = access
+            .iter()
+            .map(|&(o, rw)| sys::CUmemAccessDesc {
+                location: device_location(o),
+                flags: if rw {
+                    sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+                } else {
+                    sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE
+                },
+            })
+            .collect();
+        check(
+            "cuMemSetAccess",
+            sys::cuMemSetAccess(va, n, descs.as_ptr(), descs.len()),
+        )
+    }
 }
 
 /// cuMemsetD32 (synchronous) of `words` 32-bit words at `addr`.
@@ -410,7 +452,8 @@ pub(crate) unsafe fn mem_set_access(
 /// 1. `[addr, addr + 4 * words)` is device memory of the current context that is mapped and
 ///    read-write for this device (cuMemsetD32).
 pub(crate) unsafe fn memset_d32(addr: u64, pattern: u32, words: usize) -> Result<(), DeviceError> {
-    check("cuMemsetD32", sys::cuMemsetD32_v2(addr, pattern, words))
+    // SAFETY: the caller upholds the # Safety contract above; out-pointers are locals.
+    unsafe { check("cuMemsetD32", sys::cuMemsetD32_v2(addr, pattern, words)) }
 }
 
 /// cuMemcpyDtoH (synchronous) into `dst`.
@@ -419,14 +462,17 @@ pub(crate) unsafe fn memset_d32(addr: u64, pattern: u32, words: usize) -> Result
 /// 1. `[src, src + size_of_val(dst))` is readable device memory of the current context
 ///    (cuMemcpyDtoH).
 pub(crate) unsafe fn memcpy_dtoh(dst: &mut [u32], src: u64) -> Result<(), DeviceError> {
-    check(
-        "cuMemcpyDtoH",
-        sys::cuMemcpyDtoH_v2(
-            dst.as_mut_ptr().cast::<c_void>(),
-            src,
-            std::mem::size_of_val(dst),
-        ),
-    )
+    // SAFETY: the caller upholds the # Safety contract above; out-pointers are locals.
+    unsafe {
+        check(
+            "cuMemcpyDtoH",
+            sys::cuMemcpyDtoH_v2(
+                dst.as_mut_ptr().cast::<c_void>(),
+                src,
+                std::mem::size_of_val(dst),
+            ),
+        )
+    }
 }
 
 /// cuPointerGetAttribute for a plain-old-data attribute of type `T`.
@@ -438,12 +484,15 @@ pub(crate) unsafe fn pointer_attribute<T: Copy + Default>(
     addr: u64,
     attr: sys::CUpointer_attribute,
 ) -> Result<T, DeviceError> {
-    let mut v = T::default();
-    check(
-        "cuPointerGetAttribute",
-        sys::cuPointerGetAttribute((&mut v as *mut T).cast::<c_void>(), attr, addr),
-    )?;
-    Ok(v)
+    // SAFETY: the caller upholds the # Safety contract above; out-pointers are locals.
+    unsafe {
+        let mut v = T::default();
+        check(
+            "cuPointerGetAttribute",
+            sys::cuPointerGetAttribute((&mut v as *mut T).cast::<c_void>(), attr, addr),
+        )?;
+        Ok(v)
+    }
 }
 
 /// cuStreamCreate (non-blocking).
@@ -461,7 +510,8 @@ pub(crate) fn stream_create() -> Result<CUstream, DeviceError> {
 /// # Safety
 /// 1. `s` came from cuStreamCreate and is not destroyed yet (cuStreamDestroy).
 pub(crate) unsafe fn stream_destroy(s: CUstream) -> Result<(), DeviceError> {
-    check("cuStreamDestroy", sys::cuStreamDestroy_v2(s))
+    // SAFETY: the caller upholds the # Safety contract above; out-pointers are locals.
+    unsafe { check("cuStreamDestroy", sys::cuStreamDestroy_v2(s)) }
 }
 
 /// cuStreamSynchronize.
@@ -469,7 +519,8 @@ pub(crate) unsafe fn stream_destroy(s: CUstream) -> Result<(), DeviceError> {
 /// # Safety
 /// 1. `s` is a live stream of the current context, or null (cuStreamSynchronize).
 pub(crate) unsafe fn stream_synchronize(s: CUstream) -> Result<(), DeviceError> {
-    check("cuStreamSynchronize", sys::cuStreamSynchronize(s))
+    // SAFETY: the caller upholds the # Safety contract above; out-pointers are locals.
+    unsafe { check("cuStreamSynchronize", sys::cuStreamSynchronize(s)) }
 }
 
 /// cuEventCreate with CU_EVENT_DISABLE_TIMING.
@@ -488,7 +539,8 @@ pub(crate) fn event_create() -> Result<CUevent, DeviceError> {
 /// 1. `e` is a live event and `s` a live stream (or null) of the current context
 ///    (cuEventRecord).
 pub(crate) unsafe fn event_record(e: CUevent, s: CUstream) -> Result<(), DeviceError> {
-    check("cuEventRecord", sys::cuEventRecord(e, s))
+    // SAFETY: the caller upholds the # Safety contract above; out-pointers are locals.
+    unsafe { check("cuEventRecord", sys::cuEventRecord(e, s)) }
 }
 
 /// cuEventQuery: `Ok(true)` when complete, `Ok(false)` on CUDA_ERROR_NOT_READY.
@@ -496,12 +548,15 @@ pub(crate) unsafe fn event_record(e: CUevent, s: CUstream) -> Result<(), DeviceE
 /// # Safety
 /// 1. `e` is a live event (cuEventQuery).
 pub(crate) unsafe fn event_query(e: CUevent) -> Result<bool, DeviceError> {
-    let r = sys::cuEventQuery(e);
-    if r == sys::CUresult::CUDA_ERROR_NOT_READY {
-        // Not an error: nothing is left pending in the context.
-        return Ok(false);
+    // SAFETY: the caller upholds the # Safety contract above; out-pointers are locals.
+    unsafe {
+        let r = sys::cuEventQuery(e);
+        if r == sys::CUresult::CUDA_ERROR_NOT_READY {
+            // Not an error: nothing is left pending in the context.
+            return Ok(false);
+        }
+        check("cuEventQuery", r).map(|()| true)
     }
-    check("cuEventQuery", r).map(|()| true)
 }
 
 /// cuEventSynchronize.
@@ -509,7 +564,8 @@ pub(crate) unsafe fn event_query(e: CUevent) -> Result<bool, DeviceError> {
 /// # Safety
 /// 1. `e` is a live event (cuEventSynchronize).
 pub(crate) unsafe fn event_synchronize(e: CUevent) -> Result<(), DeviceError> {
-    check("cuEventSynchronize", sys::cuEventSynchronize(e))
+    // SAFETY: the caller upholds the # Safety contract above; out-pointers are locals.
+    unsafe { check("cuEventSynchronize", sys::cuEventSynchronize(e)) }
 }
 
 /// cuEventDestroy.
@@ -517,7 +573,8 @@ pub(crate) unsafe fn event_synchronize(e: CUevent) -> Result<(), DeviceError> {
 /// # Safety
 /// 1. `e` is a live event, destroyed once (cuEventDestroy).
 pub(crate) unsafe fn event_destroy(e: CUevent) -> Result<(), DeviceError> {
-    check("cuEventDestroy", sys::cuEventDestroy_v2(e))
+    // SAFETY: the caller upholds the # Safety contract above; out-pointers are locals.
+    unsafe { check("cuEventDestroy", sys::cuEventDestroy_v2(e)) }
 }
 
 /// cuDeviceGetDefaultMemPool of `dev`.
@@ -538,15 +595,18 @@ pub(crate) unsafe fn mem_pool_set_release_threshold(
     pool: sys::CUmemoryPool,
     bytes: u64,
 ) -> Result<(), DeviceError> {
-    let mut v: u64 = bytes;
-    check(
-        "cuMemPoolSetAttribute",
-        sys::cuMemPoolSetAttribute(
-            pool,
-            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-            (&mut v as *mut u64).cast::<c_void>(),
-        ),
-    )
+    // SAFETY: the caller upholds the # Safety contract above; out-pointers are locals.
+    unsafe {
+        let mut v: u64 = bytes;
+        check(
+            "cuMemPoolSetAttribute",
+            sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut v as *mut u64).cast::<c_void>(),
+            ),
+        )
+    }
 }
 
 /// cuMemPoolTrimTo(pool, 0).
@@ -554,7 +614,8 @@ pub(crate) unsafe fn mem_pool_set_release_threshold(
 /// # Safety
 /// 1. `pool` is a live memory pool (cuMemPoolTrimTo).
 pub(crate) unsafe fn mem_pool_trim(pool: sys::CUmemoryPool) -> Result<(), DeviceError> {
-    check("cuMemPoolTrimTo", sys::cuMemPoolTrimTo(pool, 0))
+    // SAFETY: the caller upholds the # Safety contract above; out-pointers are locals.
+    unsafe { check("cuMemPoolTrimTo", sys::cuMemPoolTrimTo(pool, 0)) }
 }
 
 /// cuMemAllocAsync of `bytes` on `stream` (from the device's current pool).
@@ -562,14 +623,17 @@ pub(crate) unsafe fn mem_pool_trim(pool: sys::CUmemoryPool) -> Result<(), Device
 /// # Safety
 /// 1. `stream` is a live stream of the current context, or null (cuMemAllocAsync).
 pub(crate) unsafe fn mem_alloc_async(bytes: u64, stream: CUstream) -> Result<u64, DeviceError> {
-    let n = to_usize("cuMemAllocAsync", bytes)?;
-    let mut p = 0;
-    check_alloc(
-        "cuMemAllocAsync",
-        sys::cuMemAllocAsync(&mut p, n, stream),
-        bytes,
-    )?;
-    Ok(p)
+    // SAFETY: the caller upholds the # Safety contract above; out-pointers are locals.
+    unsafe {
+        let n = to_usize("cuMemAllocAsync", bytes)?;
+        let mut p = 0;
+        check_alloc(
+            "cuMemAllocAsync",
+            sys::cuMemAllocAsync(&mut p, n, stream),
+            bytes,
+        )?;
+        Ok(p)
+    }
 }
 
 /// cuMemFreeAsync.
@@ -577,7 +641,8 @@ pub(crate) unsafe fn mem_alloc_async(bytes: u64, stream: CUstream) -> Result<u64
 /// # Safety
 /// 1. `addr` came from cuMemAllocAsync and is not freed yet; `stream` is live (cuMemFreeAsync).
 pub(crate) unsafe fn mem_free_async(addr: u64, stream: CUstream) -> Result<(), DeviceError> {
-    check("cuMemFreeAsync", sys::cuMemFreeAsync(addr, stream))
+    // SAFETY: the caller upholds the # Safety contract above; out-pointers are locals.
+    unsafe { check("cuMemFreeAsync", sys::cuMemFreeAsync(addr, stream)) }
 }
 
 /// The raw attribute enum, re-exported for the device module.
@@ -612,9 +677,9 @@ pub(crate) fn mem_alloc_pitch(
     let w = to_usize("cuMemAllocPitch", width_bytes)?;
     let h = to_usize("cuMemAllocPitch", height)?;
     let (mut p, mut pitch) = (0, 0usize);
-    // SAFETY: valid out-pointers; the memory returned is owned by the caller.
     check_alloc(
         "cuMemAllocPitch",
+        // SAFETY: valid out-pointers; the memory returned is owned by the caller.
         unsafe { sys::cuMemAllocPitch_v2(&mut p, &mut pitch, w, h, elem_bytes) },
         width_bytes.saturating_mul(height),
     )?;
@@ -636,10 +701,10 @@ pub(crate) fn device_pci_bus_id(dev: CUdevice) -> Result<String, DeviceError> {
 /// cuMemHostAlloc of `bytes` page-locked host bytes with `flags` (CU_MEMHOSTALLOC_*).
 pub(crate) fn mem_host_alloc(bytes: usize, flags: u32) -> Result<*mut c_void, DeviceError> {
     let mut p = ptr::null_mut();
-    // SAFETY: `p` is a valid out-pointer; the memory is owned by the caller until
-    // cuMemFreeHost.
     check_alloc(
         "cuMemHostAlloc",
+        // SAFETY: `p` is a valid out-pointer; the memory is owned by the caller until
+        // cuMemFreeHost.
         unsafe { sys::cuMemHostAlloc(&mut p, bytes, flags) },
         bytes as u64,
     )?;

@@ -171,9 +171,7 @@ pub fn driver_present() -> bool {
         if std::env::var_os("GPUMEM_NO_CUDA").is_some() {
             return false;
         }
-        // SAFETY: is_culib_present only dlopens candidate names (running the library's
-        // initialisers, which the CUDA driver allows) and drops each handle again.
-        unsafe { cudarc::driver::sys::is_culib_present() }
+        driver::library_present()
     })
 }
 
@@ -199,13 +197,7 @@ pub fn init() -> Result<(), CudaError> {
         let missing: Vec<&str> = REQUIRED_SYMBOLS
             .iter()
             .copied()
-            // SAFETY: only looks symbols up in the library found above.
-            .filter(|name| {
-                unsafe {
-                    cudarc::driver::sys::culib().get::<*const std::ffi::c_void>(name.as_bytes())
-                }
-                .is_err()
-            })
+            .filter(|name| !driver::has_symbol(name))
             .collect();
         if !missing.is_empty() {
             return Err(CudaError::Unusable(format!(

@@ -256,6 +256,31 @@ impl TransferTable {
         })
     }
 
+    /// Seconds of the smallest measured transfer of `kind` in `direction` when `bytes` is
+    /// below its size, else 0: a copy never takes less than the smallest one measured (below
+    /// it, latency dominates, not bandwidth). The H2D figure stands in as in
+    /// [`TransferTable::gbps`].
+    pub fn latency_floor_s(&self, kind: MemoryKind, direction: Direction, bytes: u64) -> f64 {
+        let smallest = |dir: Direction| {
+            self.transfers
+                .iter()
+                .filter(|p| p.kind == kind && p.direction == dir && p.gbps > 0.0)
+                .min_by_key(|p| p.bytes)
+                .map(|p| (p.bytes, p.gbps))
+        };
+        let s = smallest(direction).or_else(|| {
+            if direction != Direction::H2d && kind != MemoryKind::Pageable {
+                smallest(Direction::H2d)
+            } else {
+                None
+            }
+        });
+        match s {
+            Some((sb, g)) if bytes < sb => sb as f64 / (g * 1e9),
+            _ => 0.0,
+        }
+    }
+
     /// Seconds of one allocation (and of its free) by `method` at `bytes`, interpolated
     /// like [`TransferTable::gbps`] but in log(time).
     pub fn alloc_cost(&self, method: &str, bytes: u64) -> Option<(f64, f64)> {
@@ -454,7 +479,7 @@ pub fn advise(table: &TransferTable, pattern: &Pattern) -> Advice {
         let Some(gbps) = table.gbps(kind, dir, b) else {
             continue;
         };
-        let transfer_s = b as f64 / (gbps * 1e9);
+        let transfer_s = (b as f64 / (gbps * 1e9)).max(table.latency_floor_s(kind, dir, b));
         let alloc_per_transfer_s = if pinned {
             warm + cold / (rate * pattern.horizon_s.max(0.0)).max(1.0)
         } else {
@@ -569,6 +594,37 @@ mod tests {
             pinned_cap_bytes: 64 << 30,
             horizon_s: 60.0,
         }
+    }
+
+    /// `advise --size 1B` once modelled a 1-byte copy at 1 ns (bandwidth alone) against
+    /// 4.55 µs for 4 KiB: below the smallest measured size the smallest copy's time is the
+    /// floor, so 1 B costs what 4 KiB costs; sizes inside the table are unchanged.
+    #[test]
+    fn a_tiny_copy_costs_no_less_than_the_smallest_measured() {
+        let t = TransferTable::h200();
+        let time = |bytes| {
+            let a = advise(&t, &pattern(bytes, 0.0, false));
+            a.options
+                .iter()
+                .find(|o| o.kind == MemoryKind::Pageable)
+                .map(|o| o.transfer_s)
+                .unwrap()
+        };
+        let smallest = t
+            .transfers
+            .iter()
+            .filter(|p| p.kind == MemoryKind::Pageable && p.direction == Direction::H2d)
+            .map(|p| p.bytes)
+            .min()
+            .unwrap();
+        let at_smallest = time(smallest);
+        assert!(at_smallest > 1e-6, "{at_smallest}");
+        assert_eq!(time(1), at_smallest);
+        assert_eq!(time(smallest / 2), at_smallest);
+        let g = t
+            .gbps(MemoryKind::Pageable, Direction::H2d, 4 * smallest)
+            .unwrap();
+        assert_eq!(time(4 * smallest), (4 * smallest) as f64 / (g * 1e9));
     }
 
     #[test]

@@ -129,10 +129,13 @@ pub(crate) fn map_locked(len: usize) -> Result<(std::ptr::NonNull<u8>, usize)> {
 /// 1. `(ptr, map_len)` was returned by [`map_locked`] and not yet unmapped.
 /// 2. Nothing references the memory any more.
 pub(crate) unsafe fn unmap_locked(ptr: std::ptr::NonNull<u8>, map_len: usize) {
-    // munmap unlocks the pages too; errors cannot be reported from Drop and leave nothing
-    // behind that a retry would fix.
-    libc::munlock(ptr.as_ptr().cast(), map_len);
-    libc::munmap(ptr.as_ptr().cast(), map_len);
+    // SAFETY: the caller upholds the # Safety contract of this function.
+    unsafe {
+        // munmap unlocks the pages too; errors cannot be reported from Drop and leave nothing
+        // behind that a retry would fix.
+        libc::munlock(ptr.as_ptr().cast(), map_len);
+        libc::munmap(ptr.as_ptr().cast(), map_len);
+    }
 }
 
 #[cfg(test)]

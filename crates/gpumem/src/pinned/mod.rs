@@ -3,10 +3,11 @@
 //! Pageable memory (`malloc`, `Vec`) cannot be read by the GPU's copy engines directly: the
 //! driver first copies it into a pinned bounce buffer of its own, then DMAs from there, and
 //! an "async" copy from it is synchronous for the host. Page-locked memory is DMA'd directly,
-//! at the link's rate (≈55.5 GB/s on the H200's PCIe gen 5 x16 against 8–14 GB/s pageable),
+//! at the link's rate (several times the pageable path; BENCHMARKS.md has the H200's figures),
 //! and lets copies overlap host work and kernels. It costs: allocation is slow
-//! (`cuMemHostAlloc` of 1 GiB ≈ 0.4 s), and pinned pages cannot be swapped, so pinning too much
-//! starves the rest of the machine (keep it under half of RAM).
+//! (`cuMemHostAlloc` takes milliseconds per MiB-sized buffer and scales with the size), and
+//! pinned pages cannot be swapped, so pinning too much starves the rest of the machine (keep
+//! it under half of RAM).
 //!
 //! This module offers:
 //! - [`PinnedBuffer`]: one `cuMemHostAlloc` allocation (flags: default, portable, mapped,
@@ -185,6 +186,19 @@ pub enum PinnedError {
         pinned_bytes: u64,
         /// The pool's cap, in bytes.
         cap_bytes: u64,
+    },
+    /// A measurement needs more host memory than the machine has available.
+    #[error(
+        "{what} needs {needed_bytes} B of host memory, but only {available_bytes} B are \
+         available (MemAvailable, cgroup limit): choose smaller sizes"
+    )]
+    HostMemory {
+        /// What needs it, e.g. `bench pinned at 100 GiB`.
+        what: String,
+        /// Bytes it needs.
+        needed_bytes: u64,
+        /// Bytes available.
+        available_bytes: u64,
     },
     /// A request that cannot be served as asked (zero size, size overflow, misuse).
     #[error("invalid argument: {0}")]

@@ -1,7 +1,8 @@
 //! Pageable copies through a ring of pinned staging buffers.
 //!
 //! The driver's own pageable path copies through a small pinned bounce buffer with one
-//! thread, one chunk at a time (≈8 GB/s H2D on the H200). [`StagingRing`] does the same
+//! thread, one chunk at a time (a fraction of the link's rate: BENCHMARKS.md, "Pinned host
+//! memory and transfers"). [`StagingRing`] does the same
 //! with `buffers` pinned chunks of `chunk_bytes`, each filled (or drained) by a persistent
 //! pool of `threads` threads that each `memcpy` a share of the chunk, while the copy engine
 //! DMAs the chunk before it: host copies overlap DMA, and the host side scales with threads.
@@ -43,41 +44,50 @@ pub enum CopyKind {
 /// # Safety
 /// `src` readable and `dst` writable for `len` bytes; the ranges do not overlap.
 unsafe fn copy_bytes(dst: *mut u8, src: *const u8, len: usize, kind: CopyKind) {
-    match kind {
-        CopyKind::Libc => std::ptr::copy_nonoverlapping(src, dst, len),
-        CopyKind::NonTemporal => copy_nt(dst, src, len),
+    // SAFETY: the caller upholds the # Safety contract of this function.
+    unsafe {
+        match kind {
+            CopyKind::Libc => std::ptr::copy_nonoverlapping(src, dst, len),
+            CopyKind::NonTemporal => copy_nt(dst, src, len),
+        }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 unsafe fn copy_nt(dst: *mut u8, src: *const u8, len: usize) {
-    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
-    // Head: up to the first 16-byte aligned destination byte.
-    let head = (dst.align_offset(16)).min(len);
-    std::ptr::copy_nonoverlapping(src, dst, head);
-    let mut off = head;
-    // Body: 64 bytes (a cache line) per step, streaming stores (SSE2: always on x86-64).
-    while off + 64 <= len {
-        let s = src.add(off).cast::<__m128i>();
-        let d = dst.add(off).cast::<__m128i>();
-        let a = _mm_loadu_si128(s);
-        let b = _mm_loadu_si128(s.add(1));
-        let c = _mm_loadu_si128(s.add(2));
-        let e = _mm_loadu_si128(s.add(3));
-        _mm_stream_si128(d, a);
-        _mm_stream_si128(d.add(1), b);
-        _mm_stream_si128(d.add(2), c);
-        _mm_stream_si128(d.add(3), e);
-        off += 64;
+    // SAFETY: the caller upholds the # Safety contract of this function.
+    unsafe {
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+        // Head: up to the first 16-byte aligned destination byte.
+        let head = (dst.align_offset(16)).min(len);
+        std::ptr::copy_nonoverlapping(src, dst, head);
+        let mut off = head;
+        // Body: 64 bytes (a cache line) per step, streaming stores (SSE2: always on x86-64).
+        while off + 64 <= len {
+            let s = src.add(off).cast::<__m128i>();
+            let d = dst.add(off).cast::<__m128i>();
+            let a = _mm_loadu_si128(s);
+            let b = _mm_loadu_si128(s.add(1));
+            let c = _mm_loadu_si128(s.add(2));
+            let e = _mm_loadu_si128(s.add(3));
+            _mm_stream_si128(d, a);
+            _mm_stream_si128(d.add(1), b);
+            _mm_stream_si128(d.add(2), c);
+            _mm_stream_si128(d.add(3), e);
+            off += 64;
+        }
+        // Make the streaming stores visible before anyone (the DMA engine) reads them.
+        _mm_sfence();
+        std::ptr::copy_nonoverlapping(src.add(off), dst.add(off), len - off);
     }
-    // Make the streaming stores visible before anyone (the DMA engine) reads them.
-    _mm_sfence();
-    std::ptr::copy_nonoverlapping(src.add(off), dst.add(off), len - off);
 }
 
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn copy_nt(dst: *mut u8, src: *const u8, len: usize) {
-    std::ptr::copy_nonoverlapping(src, dst, len);
+    // SAFETY: the caller upholds the # Safety contract of this function.
+    unsafe {
+        std::ptr::copy_nonoverlapping(src, dst, len);
+    }
 }
 
 struct Job {
@@ -215,44 +225,47 @@ impl CopyPool {
         len: usize,
         kind: CopyKind,
     ) -> Result<()> {
-        let parts = self.threads().min(len / MIN_SHARE_BYTES).max(1);
-        // Shares in whole cache lines.
-        let share = len.div_ceil(parts).div_ceil(64) * 64;
-        let mut sent = 0;
-        let mut off = share; // the caller takes [0, share)
-        for tx in self.senders.iter().take(parts - 1) {
-            if off >= len {
-                break;
-            }
-            let n = share.min(len - off);
-            let job = Job {
-                dst: dst.add(off) as usize,
-                src: src.add(off) as usize,
-                len: n,
-                kind,
-            };
-            if tx.send(job).is_err() {
-                // Wait for those already sent before reporting, so no worker outlives the
-                // borrow.
-                for _ in 0..sent {
-                    let _ = self.done.recv();
+        // SAFETY: the caller upholds the # Safety contract of this function.
+        unsafe {
+            let parts = self.threads().min(len / MIN_SHARE_BYTES).max(1);
+            // Shares in whole cache lines.
+            let share = len.div_ceil(parts).div_ceil(64) * 64;
+            let mut sent = 0;
+            let mut off = share; // the caller takes [0, share)
+            for tx in self.senders.iter().take(parts - 1) {
+                if off >= len {
+                    break;
                 }
+                let n = share.min(len - off);
+                let job = Job {
+                    dst: dst.add(off) as usize,
+                    src: src.add(off) as usize,
+                    len: n,
+                    kind,
+                };
+                if tx.send(job).is_err() {
+                    // Wait for those already sent before reporting, so no worker outlives the
+                    // borrow.
+                    for _ in 0..sent {
+                        let _ = self.done.recv();
+                    }
+                    return Err(PinnedError::Internal("a staging thread died".into()));
+                }
+                sent += 1;
+                off += n;
+            }
+            copy_bytes(dst, src, share.min(len), kind);
+            let mut lost = false;
+            for _ in 0..sent {
+                if recv_spinning(&self.done).is_none() {
+                    lost = true;
+                }
+            }
+            if lost {
                 return Err(PinnedError::Internal("a staging thread died".into()));
             }
-            sent += 1;
-            off += n;
+            Ok(())
         }
-        copy_bytes(dst, src, share.min(len), kind);
-        let mut lost = false;
-        for _ in 0..sent {
-            if recv_spinning(&self.done).is_none() {
-                lost = true;
-            }
-        }
-        if lost {
-            return Err(PinnedError::Internal("a staging thread died".into()));
-        }
-        Ok(())
     }
 }
 
@@ -594,10 +607,13 @@ impl StagingDma for CudaDma<'_> {
         dst_offset: usize,
         len: usize,
     ) -> Result<()> {
-        self.stream
-            .copy_h2d_raw(self.device + dst_offset as u64, src, len)?;
-        let stream = self.stream;
-        Ok(self.event(slot)?.record(stream)?)
+        // SAFETY: the caller upholds the # Safety contract of this function.
+        unsafe {
+            self.stream
+                .copy_h2d_raw(self.device + dst_offset as u64, src, len)?;
+            let stream = self.stream;
+            Ok(self.event(slot)?.record(stream)?)
+        }
     }
 
     unsafe fn start_d2h(
@@ -607,10 +623,14 @@ impl StagingDma for CudaDma<'_> {
         dst: *mut u8,
         len: usize,
     ) -> Result<()> {
-        self.stream
-            .copy_d2h_raw(dst, self.device + src_offset as u64, len)?;
-        let stream = self.stream;
-        Ok(self.event(slot)?.record(stream)?)
+        // SAFETY: the caller upholds the # Safety contract of this function.
+
+        unsafe {
+            self.stream
+                .copy_d2h_raw(dst, self.device + src_offset as u64, len)?;
+            let stream = self.stream;
+            Ok(self.event(slot)?.record(stream)?)
+        }
     }
 
     fn wait(&mut self, slot: usize) -> Result<()> {

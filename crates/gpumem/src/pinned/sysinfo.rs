@@ -42,6 +42,44 @@ pub fn parse_cgroup_limit(text: &str) -> Option<u64> {
     (v < (1u64 << 62)).then_some(v)
 }
 
+/// Memory the machine can give this process without swapping, in bytes: `MemAvailable` of
+/// /proc/meminfo, no more than the cgroup limit; `None` where neither is known.
+pub fn available_memory_bytes() -> Option<u64> {
+    let avail = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| parse_meminfo_available(&t));
+    match (avail, cgroup_memory_limit_bytes()) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// `MemAvailable` of a /proc/meminfo text, in bytes.
+pub fn parse_meminfo_available(text: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// Refuses a measurement that needs `needed_bytes` of host memory when the machine has less
+/// available ([`available_memory_bytes`]), instead of letting the allocation abort the
+/// process. Passes when the OS does not say.
+///
+/// # Errors
+/// [`super::PinnedError::HostMemory`] naming `what`, the bytes needed and available.
+pub fn ensure_host_memory(needed_bytes: u64, what: &str) -> super::Result<()> {
+    match available_memory_bytes() {
+        Some(available_bytes) if needed_bytes > available_bytes => {
+            Err(super::PinnedError::HostMemory {
+                what: what.to_string(),
+                needed_bytes,
+                available_bytes,
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The default cap of a [`super::PinnedPool`], in bytes: half of the smaller of physical
 /// memory and the cgroup limit (pinned pages cannot be swapped out; the usual advice is to
 /// keep them under half of RAM). 4 GiB when neither is known.
@@ -106,6 +144,26 @@ pub fn numa_node_count() -> usize {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn meminfo_available_and_a_clear_refusal() {
+        let text = "MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:   2048 kB\n";
+        assert_eq!(parse_meminfo_available(text), Some(2 << 20));
+        assert_eq!(parse_meminfo_available("MemTotal: 1 kB\n"), None);
+        // 2^62 B is more than any machine has: refused with the figures, not an abort.
+        match ensure_host_memory(1 << 62, "bench pinned at 4 EiB") {
+            Err(super::super::PinnedError::HostMemory {
+                needed_bytes,
+                available_bytes,
+                ..
+            }) => {
+                assert_eq!(needed_bytes, 1 << 62);
+                assert!(available_bytes < needed_bytes);
+            }
+            other => assert!(available_memory_bytes().is_none(), "{other:?}"),
+        }
+        assert!(ensure_host_memory(4096, "a page").is_ok());
+    }
 
     #[test]
     fn cgroup_limits_parse() {

@@ -35,6 +35,13 @@ pub enum MappedMethod {
     DtoD(String),
 }
 
+/// Copy threads of a staging ring when none are asked for: two below the CPU count (as in
+/// [`sweep_grid`]), between 1 and 12.
+pub fn default_copy_threads() -> usize {
+    let cpus = std::thread::available_parallelism().map_or(4, std::num::NonZeroUsize::get);
+    cpus.saturating_sub(2).clamp(1, 12)
+}
+
 /// The staging settings a sweep tries: chunk × buffers × threads × copy kind. Copy threads
 /// stay at least two below the CPU count: the caller's thread and the driver's need cores too,
 /// and a ring whose copy threads have to share cores collapses (seen on the H200 host: a
@@ -89,6 +96,7 @@ pub fn bandwidth_chart(series: &[(String, Vec<(u64, f64)>)], device: &str) -> cr
                 })
                 .collect(),
         )],
+        ..Chart::default()
     }
 }
 
@@ -468,8 +476,11 @@ impl TransferBench {
         }
         let src = self.dev_b.device_ptr();
         let dst = src + half as u64;
-        // SAFETY (each use): both halves lie inside dev_b and do not overlap.
-        let dd = |s: &Stream| unsafe { s.copy_d2d_raw(dst, src, half) };
+        let dd = |s: &Stream| {
+            // SAFETY: both halves lie inside dev_b, which outlives every use, and do not
+            // overlap.
+            unsafe { s.copy_d2d_raw(dst, src, half) }
+        };
         // All three timings on the host clock, since two streams are involved.
         let mut t_copy = Vec::new();
         let mut t_dd = Vec::new();
@@ -759,6 +770,22 @@ pub fn pool_overhead(host: Option<&CudaContext>, requests: &[u64]) -> Result<sup
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    /// `bench transfer --host-only` defaulted to 12 copy threads on a 2-core machine: the
+    /// default stays two below the CPU count (at least 1, at most 12).
+    #[test]
+    fn default_copy_threads_fit_the_machine() {
+        let cpus = std::thread::available_parallelism().map_or(4, std::num::NonZeroUsize::get);
+        let t = default_copy_threads();
+        assert!((1..=12).contains(&t));
+        assert!(
+            t <= cpus.saturating_sub(2).max(1),
+            "{t} threads on {cpus} CPUs"
+        );
+        assert!(sweep_grid()
+            .iter()
+            .all(|c| c.threads <= cpus.saturating_sub(2).max(1)));
+    }
 
     #[test]
     fn medians() {

@@ -111,7 +111,7 @@ fn class_of_index(idx: usize) -> u64 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct PoolConfig {
     /// Bytes allocated and freed at construction so the allocator keeps them cached (the
-    /// seed's pre-reserved 256 MiB pool); 0 for none.
+    /// classic pre-reserved 256 MiB pool); 0 for none.
     pub reserve_bytes: u64,
     /// Reserved bytes above which freed memory is given back to the device at the next slow
     /// path (cudaMemPool's release threshold); `u64::MAX` keeps everything.

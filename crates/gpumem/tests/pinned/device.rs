@@ -81,10 +81,10 @@ fn pool_on_cuda_waits_for_the_copy_before_reuse() {
     let d = DeviceBuffer::new(&h, 256 << 20).unwrap();
     let mut b = pool.alloc(256 << 20).unwrap();
     b.fill(3);
-    // SAFETY (test): the block stays alive until the event recorded below completes: the pool
-    // will not hand it out before then.
     // 20 copies: ≈100 ms of work, so the next request surely finds the block busy.
     for _ in 0..20 {
+        // SAFETY: the block stays alive until the event recorded below completes: the pool
+        // will not hand it out before then.
         unsafe { s.copy_h2d_raw(d.device_ptr(), b.as_ptr(), b.len()).unwrap() };
     }
     b.record_stream(&s).unwrap();
@@ -105,7 +105,7 @@ fn pool_on_cuda_waits_for_the_copy_before_reuse() {
     for _ in 0..3 {
         let mut again = pool.alloc(256 << 20).unwrap();
         assert!(again.as_ptr() == addr || again.as_ptr() == other_addr);
-        // SAFETY (test): as above.
+        // SAFETY: as above.
         unsafe {
             s.copy_h2d_raw(d.device_ptr(), again.as_ptr(), again.len())
                 .unwrap()

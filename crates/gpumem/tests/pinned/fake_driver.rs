@@ -91,7 +91,7 @@ fn registration(h: &CudaContext) {
     // A page in the third chunk already registered by someone else: the call fails at that
     // chunk with the driver's error name, and the first two are rolled back.
     let page = (base + 8 * 4096 + 4095) & !4095;
-    // SAFETY (test): registers one page of `v`, unregistered below.
+    // SAFETY: registers one page of `v`, unregistered below.
     unsafe {
         cudarc::driver::sys::cuMemHostRegister_v2(page as *mut _, 4096, 0)
             .result()
@@ -108,7 +108,7 @@ fn registration(h: &CudaContext) {
         }
         other => panic!("{other}"),
     }
-    // SAFETY (test): the page registered above.
+    // SAFETY: the page registered above.
     unsafe {
         cudarc::driver::sys::cuMemHostUnregister(page as *mut _)
             .result()

@@ -68,7 +68,7 @@ impl FakeDma {
                         len,
                         hash: h,
                     } => {
-                        // SAFETY (test): the ring keeps the staging buffer alive and promises
+                        // SAFETY: the ring keeps the staging buffer alive and promises
                         // not to touch it until `wait(slot)`; the hash checks the promise.
                         let s = unsafe { std::slice::from_raw_parts(src as *const u8, len) };
                         if hash(s) != h {
@@ -83,7 +83,7 @@ impl FakeDma {
                         dst,
                         len,
                     } => {
-                        // SAFETY (test): as above, for writing.
+                        // SAFETY: as above, for writing.
                         let d = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, len) };
                         d.copy_from_slice(&sh.device.lock().unwrap()[src_off..src_off + len]);
                         slot
@@ -125,7 +125,8 @@ impl StagingDma for FakeDma {
         len: usize,
     ) -> Result<(), PinnedError> {
         self.check_fail()?;
-        let h = hash(std::slice::from_raw_parts(src, len));
+        // SAFETY: the caller promises `[src, src + len)` is readable until `wait(slot)`.
+        let h = hash(unsafe { std::slice::from_raw_parts(src, len) });
         self.issued[slot] += 1;
         self.tx
             .as_ref()

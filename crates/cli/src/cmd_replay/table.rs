@@ -1,0 +1,329 @@
+//! The replay's table: one row per allocator, the columns in [`columns`], the smallest
+//! capacities and the notes under them.
+use super::{DeviceMinCapacity, JsonAllocator, JsonOut};
+use crate::units::human_bytes;
+use gpumem::replay::MinCapacityOutcome;
+
+/// One column of the replay table: header, width, and the cell of an allocator's row.
+/// Add a column by adding an entry in [`columns`].
+struct Column {
+    header: &'static str,
+    width: usize,
+    cell: fn(&JsonAllocator) -> String,
+}
+
+fn columns(j: &JsonOut) -> Vec<Column> {
+    let mut c = vec![
+        Column {
+            header: "allocator",
+            width: 9,
+            cell: |a| a.name.clone(),
+        },
+        Column {
+            header: "peak reserv.",
+            width: 12,
+            cell: |a| human_bytes(a.peak_reserved_bytes),
+        },
+        Column {
+            header: "peak alloc.",
+            width: 12,
+            cell: |a| human_bytes(a.peak_allocated_bytes),
+        },
+        Column {
+            header: "res/req",
+            width: 8,
+            // Rows with failed allocations divide by what they served: marked.
+            cell: |a| {
+                let mark = if a.oom_count + a.refused_count > 0 {
+                    "†"
+                } else {
+                    ""
+                };
+                format!("{:.3}{mark}", a.reserved_over_requested)
+            },
+        },
+        Column {
+            header: "ext.frag",
+            width: 8,
+            cell: |a| format!("{:.3}", a.peak_external_fragmentation),
+        },
+        Column {
+            header: "frag@pk",
+            width: 7,
+            cell: |a| format!("{:.3}", a.external_fragmentation_at_peak),
+        },
+        Column {
+            header: "inact.split",
+            width: 11,
+            cell: |a| human_bytes(a.inactive_split_bytes_peak),
+        },
+        Column {
+            header: "retries",
+            width: 7,
+            cell: |a| a.num_alloc_retries.to_string(),
+        },
+        Column {
+            header: "OOMs",
+            width: 5,
+            cell: |a| a.oom_count.to_string(),
+        },
+    ];
+    if j.allocators.iter().any(|a| a.oom_count > 0) {
+        c.push(Column {
+            header: "first OOM",
+            width: 9,
+            cell: |a| {
+                a.first_oom_event
+                    .map_or_else(|| "-".to_string(), |e| format!("#{e}"))
+            },
+        });
+    }
+    if j.allocators.iter().any(|a| a.refused_count > 0) {
+        c.push(Column {
+            header: "refused",
+            width: 7,
+            cell: |a| a.refused_count.to_string(),
+        });
+    }
+    c.push(Column {
+        header: "driver calls",
+        width: 12,
+        cell: |a| a.driver_calls_total.to_string(),
+    });
+    c.push(Column {
+        header: "2nd half",
+        width: 8,
+        cell: |a| a.steady_state_driver_calls.to_string(),
+    });
+    c.push(Column {
+        header: "driver time",
+        width: 11,
+        cell: |a| human_secs(a.modelled_driver_seconds),
+    });
+    if j.trace.duration_seconds.is_some() {
+        c.push(Column {
+            header: "of trace",
+            width: 8,
+            cell: |a| {
+                a.driver_share_of_trace
+                    .map_or_else(|| "-".to_string(), |s| format!("{:.1} %", s * 100.0))
+            },
+        });
+    }
+    c.push(Column {
+        header: "events/s",
+        width: 9,
+        cell: |a| human_rate(a.events_per_second),
+    });
+    if j.device != "sim" {
+        c.push(Column {
+            header: "canary",
+            width: 7,
+            cell: |a| {
+                if a.canary_errors == 0 {
+                    "ok".to_string()
+                } else {
+                    format!("{} BAD", a.canary_errors)
+                }
+            },
+        });
+    }
+    c
+}
+
+pub(super) fn print_table(j: &JsonOut, capacity: u64, capacity_given: bool) {
+    let t = &j.trace;
+    println!(
+        "trace {}: {} events ({} allocs, {} frees), peak requested {}, largest request {}{}",
+        t.path,
+        t.events,
+        t.alloc_events,
+        t.free_events,
+        human_bytes(t.peak_requested_bytes),
+        human_bytes(t.largest_request_bytes),
+        t.duration_seconds
+            .map(|d| format!(", {}", human_secs(d)))
+            .unwrap_or_default()
+    );
+    println!(
+        "device {} with capacity {}{}{}",
+        j.device,
+        human_bytes(capacity),
+        if j.device == "sim" && !capacity_given {
+            " (the H200's, as cuMemGetInfo reports it)"
+        } else {
+            ""
+        },
+        if t.devices.len() > 1 {
+            format!(
+                ", {} devices in the trace (figures summed; one pool and one such device each)",
+                t.devices.len()
+            )
+        } else {
+            String::new()
+        }
+    );
+    println!();
+    let cols = columns(j);
+    let line = |cells: Vec<String>| {
+        let mut s = String::new();
+        for (i, (c, v)) in cols.iter().zip(cells).enumerate() {
+            if i == 0 {
+                s.push_str(&format!("{v:<w$}", w = c.width));
+            } else {
+                s.push_str(&format!(" {v:>w$}", w = c.width));
+            }
+        }
+        println!("{}", s.trim_end());
+    };
+    line(cols.iter().map(|c| c.header.to_string()).collect());
+    for a in &j.allocators {
+        line(cols.iter().map(|c| (c.cell)(a)).collect());
+    }
+    if j.allocators
+        .iter()
+        .any(|a| a.simulated_peak_reserved_bytes.is_some())
+    {
+        println!();
+        println!(
+            "{:<9} {:>16} {:>16} {:>16} {:>10}",
+            "allocator", "pool reserved", "cuMemGetInfo Δ", "simulated", "real/sim"
+        );
+        for a in &j.allocators {
+            let sim = a.simulated_peak_reserved_bytes.unwrap_or(0);
+            println!(
+                "{:<9} {:>16} {:>16} {:>16} {:>10.4}",
+                a.name,
+                human_bytes(a.peak_reserved_bytes),
+                a.driver_peak_delta_bytes
+                    .map(human_bytes)
+                    .unwrap_or_else(|| "-".into()),
+                human_bytes(sim),
+                if sim == 0 {
+                    0.0
+                } else {
+                    a.driver_peak_delta_bytes.unwrap_or(a.peak_reserved_bytes) as f64 / sim as f64
+                }
+            );
+        }
+    }
+    if !j.pytorch_recorded.is_empty() {
+        let parts: Vec<String> = j
+            .pytorch_recorded
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} {} ({:.3})",
+                    r.conf,
+                    human_bytes(r.reserved_bytes_peak),
+                    r.reserved_over_requested
+                )
+            })
+            .collect();
+        println!(
+            "PyTorch's own peak reserved for this run (memory_stats beside the trace): {}",
+            parts.join(", ")
+        );
+    }
+}
+
+pub(super) fn print_min_capacity(min_caps: &[(&'static str, &[DeviceMinCapacity])]) {
+    println!();
+    println!("smallest simulated capacity (to the 2 MiB granularity):");
+    println!(
+        "{:<9} {:>6} {:>14} {:>18} {:>7}  note",
+        "allocator", "device", "completes at", "and every larger", "replays"
+    );
+    for (name, list) in min_caps {
+        for m in *list {
+            match &m.outcome {
+                MinCapacityOutcome::Found(f) => {
+                    let mut notes = Vec::new();
+                    if f.all_larger_bytes != f.smallest_bytes {
+                        notes.push(format!(
+                            "not monotone: completes at {} but fails somewhere below {}",
+                            human_bytes(f.smallest_bytes),
+                            human_bytes(f.all_larger_bytes)
+                        ));
+                    }
+                    if !f.exact {
+                        notes.push("partly bisected (assumes monotone above the scanned range)".into());
+                    }
+                    println!(
+                        "{:<9} {:>6} {:>14} {:>18} {:>7}  {}",
+                        name,
+                        m.device,
+                        human_bytes(f.smallest_bytes),
+                        human_bytes(f.all_larger_bytes),
+                        f.replays,
+                        notes.join("; ")
+                    );
+                }
+                MinCapacityOutcome::NeverCompletes(i) => println!(
+                    "{:<9} {:>6} {:>14} {:>18} {:>7}  does not complete even with {}: {} ({} failed allocation{}, the first at event index {})",
+                    name,
+                    m.device,
+                    "-",
+                    "-",
+                    1,
+                    human_bytes(i.upper_bytes),
+                    i.reason,
+                    i.failed_count,
+                    if i.failed_count == 1 { "" } else { "s" },
+                    i.first_failed_event
+                        .map_or_else(|| "?".to_string(), |e| e.to_string())
+                ),
+            }
+        }
+    }
+}
+
+pub(super) fn print_notes(j: &JsonOut, capacity: u64) {
+    let failed: u64 = j
+        .allocators
+        .iter()
+        .map(|a| a.oom_count + a.refused_count)
+        .sum();
+    if failed > 0 {
+        println!();
+        println!(
+            "† failed allocations (OOMs under {}, or refused) were dropped with their frees and the replay went on (PyTorch would have stopped at the first OOM); res/req divides by the peak requested bytes of the blocks served.",
+            human_bytes(capacity)
+        );
+        for a in &j.allocators {
+            if let Some(r) = &a.first_refusal {
+                println!("  {} refused {}", a.name, r);
+            }
+        }
+    }
+    println!();
+    println!("res/req: peak reserved / peak requested (1.000 = no memory lost to rounding or fragmentation).");
+    println!("ext.frag: highest external fragmentation 1 - largest free block / free bytes; frag@pk: the same at peak reserved.");
+    println!("inact.split: peak free bytes inside segments or pages that hold live blocks (PyTorch's inactive_split_bytes); retries: cache released and retried after the device refused (num_alloc_retries).");
+    println!("driver time: modelled from H200 call costs per kind and size on the simulated device, measured on a real one{}.",
+        if j.trace.duration_seconds.is_some() { "; of trace: that time as a share of the trace's own duration" } else { "" });
+    println!(
+        "2nd half: driver calls made during the second half of the events (the steady state)."
+    );
+    println!("events/s: events replayed per CPU second of the replaying thread (allocators replay side by side on the simulated device).");
+}
+
+fn human_secs(s: f64) -> String {
+    if s >= 1.0 {
+        format!("{s:.2} s")
+    } else if s >= 1e-3 {
+        format!("{:.1} ms", s * 1e3)
+    } else {
+        format!("{:.0} µs", s * 1e6)
+    }
+}
+
+fn human_rate(r: f64) -> String {
+    if r >= 1e6 {
+        format!("{:.1} M", r / 1e6)
+    } else if r >= 1e3 {
+        format!("{:.1} k", r / 1e3)
+    } else {
+        format!("{r:.0}")
+    }
+}

@@ -1,0 +1,287 @@
+//! `GPUMEM_CONF`: the plug-in's settings, as `key=value` pairs separated by commas, in the
+//! style of `PYTORCH_CUDA_ALLOC_CONF`:
+//!
+//! ```text
+//! GPUMEM_CONF=strategy=paged,reserve=256MiB,release_threshold=4GiB
+//! ```
+//!
+//! | key | value | default |
+//! |---|---|---|
+//! | `strategy` | `paged`, `torch`, `tlsf`, `buddy`, `best-fit` | `paged` |
+//! | `mode` | `direct` (PyTorch's stream semantics, see [`crate::direct`]) or `pool` (gpumem's `DevicePool`, size-class caches, events) | `direct` |
+//! | `reserve` | bytes taken from the device at the pool's creation and kept cached | 256 MiB |
+//! | `release_threshold` | `mode=pool`: reserved bytes above which freed memory goes back to the device (`none`: never) | none |
+//! | `max_cached_block` | `mode=pool`: largest block kept in the stream caches; larger ones go back to the strategy behind an event | 1 GiB |
+//! | `shard_cache` | `mode=pool`: bytes one thread's cache may hold before it is flushed | 2 GiB |
+//! | `segment` | segment size of the segmented strategies (`tlsf`, `buddy`, `best-fit`) | 256 MiB |
+//! | `page_cache_pages` | free physical pages `paged` keeps before releasing them | 1024 |
+//! | `backend` | `cuda`, or `sim` (the simulated device: tests without a GPU) | `cuda` |
+//! | `sim_capacity` | capacity of the simulated device | 80 GiB |
+//!
+//! Sizes take a unit: `B`, `KiB`/`MiB`/`GiB`/`TiB` (and `K`/`M`/`G`/`T`, binary as in PyTorch),
+//! `KB`/`MB`/`GB`/`TB` (decimal), or none (bytes). Keys and values are case-sensitive.
+//!
+//! [`parse`] is lenient, as the C boundary must be: an unknown key or bad value becomes a
+//! [`ConfError`] in the returned list and the default is kept. [`parse_strict`] fails on the
+//! first one.
+#![forbid(unsafe_code)]
+
+use gpumem::cuda::pool::PoolConfig;
+use gpumem_core::config::AllocatorConfig;
+use gpumem_core::registry;
+
+/// Keys `GPUMEM_CONF` accepts, in the order of the table above.
+pub const KEYS: [&str; 10] = [
+    "strategy",
+    "mode",
+    "reserve",
+    "release_threshold",
+    "max_cached_block",
+    "shard_cache",
+    "segment",
+    "page_cache_pages",
+    "backend",
+    "sim_capacity",
+];
+
+/// Where the pools take memory from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// The CUDA driver (cuMemAlloc, or the VMM calls for `paged`).
+    Cuda,
+    /// The simulated device of [`gpumem_core::sim`] (no memory behind the addresses).
+    Sim,
+}
+
+/// How blocks go back to the strategy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// [`crate::direct::DirectPool`]: at once on the main stream (PyTorch's semantics).
+    Direct,
+    /// gpumem's `DevicePool`: size-class caches per stream, events before the strategy.
+    Pool,
+}
+
+/// The plug-in's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conf {
+    /// Allocator strategy, a name of [`registry::NAMES`].
+    pub strategy: &'static str,
+    /// How blocks go back to the strategy.
+    pub mode: Mode,
+    /// Where memory comes from.
+    pub backend: Backend,
+    /// Capacity of the simulated device, in bytes (only with [`Backend::Sim`]).
+    pub sim_capacity_bytes: u64,
+    /// The device pool's settings (reserve, release threshold, caches).
+    pub pool: PoolConfig,
+    /// The strategy's settings (segment size, page cache).
+    pub allocator: AllocatorConfig,
+}
+
+impl Default for Conf {
+    fn default() -> Self {
+        Conf {
+            strategy: "paged",
+            mode: Mode::Direct,
+            backend: Backend::Cuda,
+            sim_capacity_bytes: 80 << 30,
+            pool: PoolConfig::default(),
+            allocator: AllocatorConfig::default(),
+        }
+    }
+}
+
+/// A setting that could not be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfError {
+    /// A key the plug-in does not know.
+    #[error("GPUMEM_CONF: unknown key `{key}` (expected one of {}); ignored", KEYS.join(", "))]
+    UnknownKey {
+        /// The key as written.
+        key: String,
+    },
+    /// A known key with a value that does not parse.
+    #[error("GPUMEM_CONF: bad value `{value}` for `{key}`: {why}; the default is used")]
+    BadValue {
+        /// The key.
+        key: String,
+        /// The value as written.
+        value: String,
+        /// What was expected.
+        why: String,
+    },
+    /// An item without `=`.
+    #[error("GPUMEM_CONF: `{item}` is not key=value; ignored")]
+    Syntax {
+        /// The item as written.
+        item: String,
+    },
+}
+
+/// Parses `GPUMEM_CONF` leniently: returns the settings (defaults where an item was bad) and
+/// every item that was ignored, in order. Empty items (`a=1,,b=2`) are skipped.
+pub fn parse(s: &str) -> (Conf, Vec<ConfError>) {
+    let mut c = Conf::default();
+    let mut errors = Vec::new();
+    for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let Some((key, value)) = item.split_once('=') else {
+            errors.push(ConfError::Syntax { item: item.into() });
+            continue;
+        };
+        let (key, value) = (key.trim(), value.trim());
+        if let Err(e) = apply(&mut c, key, value) {
+            errors.push(e);
+        }
+    }
+    (c, errors)
+}
+
+/// Parses `GPUMEM_CONF`, failing on the first item that [`parse`] would ignore.
+///
+/// # Errors
+/// The first [`ConfError`].
+pub fn parse_strict(s: &str) -> Result<Conf, ConfError> {
+    let (c, mut errors) = parse(s);
+    if errors.is_empty() {
+        Ok(c)
+    } else {
+        Err(errors.swap_remove(0))
+    }
+}
+
+fn apply(c: &mut Conf, key: &str, value: &str) -> Result<(), ConfError> {
+    let bad = |why: String| ConfError::BadValue {
+        key: key.into(),
+        value: value.into(),
+        why,
+    };
+    let size = || parse_size(value).map_err(bad);
+    match key {
+        "strategy" => {
+            let names = registry::parse_list(value).map_err(|e| bad(e.to_string()))?;
+            match names.as_slice() {
+                [one] => c.strategy = one,
+                _ => return Err(bad("expected one strategy".into())),
+            }
+        }
+        "mode" => {
+            c.mode = match value {
+                "direct" => Mode::Direct,
+                "pool" => Mode::Pool,
+                _ => return Err(bad("expected direct or pool".into())),
+            }
+        }
+        "reserve" => c.pool.reserve_bytes = size()?,
+        "release_threshold" => {
+            c.pool.release_threshold_bytes = if value == "none" { u64::MAX } else { size()? }
+        }
+        "max_cached_block" => c.pool.max_cached_block_bytes = size()?,
+        "shard_cache" => c.pool.shard_cache_bytes = size()?,
+        "segment" => {
+            let v = size()?;
+            if v == 0 {
+                return Err(bad("a segment must be at least 1 byte".into()));
+            }
+            c.allocator.segment_bytes = v;
+        }
+        "page_cache_pages" => {
+            c.allocator.page_cache_pages = value
+                .parse()
+                .map_err(|_| bad("expected a whole number of pages".into()))?
+        }
+        "backend" => {
+            c.backend = match value {
+                "cuda" => Backend::Cuda,
+                "sim" => Backend::Sim,
+                _ => return Err(bad("expected cuda or sim".into())),
+            }
+        }
+        "sim_capacity" => c.sim_capacity_bytes = size()?,
+        _ => return Err(ConfError::UnknownKey { key: key.into() }),
+    }
+    Ok(())
+}
+
+/// Sizes are parsed as everywhere in gpumem ([`gpumem::units::parse_size`]): B, KB/MB/GB/TB
+/// (powers of 1000), KiB/MiB/GiB/TiB (powers of 1024), K/M/G/T (binary); a fraction is
+/// allowed (`1.5GiB`) and rounded to the nearest byte.
+pub use gpumem::units::parse_size;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_issue_example_parses() {
+        let c = parse_strict("strategy=paged,reserve=256MiB,release_threshold=4GiB").unwrap();
+        assert_eq!(c.strategy, "paged");
+        assert_eq!(c.pool.reserve_bytes, 256 << 20);
+        assert_eq!(c.pool.release_threshold_bytes, 4 << 30);
+        assert_eq!(c.backend, Backend::Cuda);
+    }
+
+    #[test]
+    fn every_key_sets_its_field() {
+        let c = parse_strict(
+            " strategy = best_fit , mode=pool, reserve=0, release_threshold=none, max_cached_block=64M, \
+             shard_cache=1.5GiB, segment=2MB, page_cache_pages=7, backend=sim, sim_capacity=1G",
+        )
+        .unwrap();
+        assert_eq!(c.strategy, "best-fit");
+        assert_eq!(c.mode, Mode::Pool);
+        assert_eq!(c.pool.reserve_bytes, 0);
+        assert_eq!(c.pool.release_threshold_bytes, u64::MAX);
+        assert_eq!(c.pool.max_cached_block_bytes, 64 << 20);
+        assert_eq!(c.pool.shard_cache_bytes, 3 << 29);
+        assert_eq!(c.allocator.segment_bytes, 2_000_000);
+        assert_eq!(c.allocator.page_cache_pages, 7);
+        assert_eq!(c.backend, Backend::Sim);
+        assert_eq!(c.sim_capacity_bytes, 1 << 30);
+    }
+
+    #[test]
+    fn bad_items_are_named_and_defaults_kept() {
+        let (c, e) = parse("strategy=nope,reserve=12XB,colour=red,oops,,segment=0,reserve=1KiB");
+        let d = Conf::default();
+        assert_eq!(c.strategy, d.strategy);
+        assert_eq!(c.allocator.segment_bytes, d.allocator.segment_bytes);
+        assert_eq!(
+            c.pool.reserve_bytes, 1024,
+            "a later good item still applies"
+        );
+        assert_eq!(e.len(), 5, "{e:?}");
+        let text: Vec<String> = e.iter().map(ToString::to_string).collect();
+        assert!(text[0].contains("`nope` for `strategy`"), "{}", text[0]);
+        assert!(text[1].contains("`12XB` for `reserve`") && text[1].contains("unknown unit `xb`"));
+        assert!(text[2].starts_with("GPUMEM_CONF: unknown key `colour`"));
+        assert!(text[2].contains("strategy, mode, reserve, release_threshold"));
+        assert_eq!(text[3], "GPUMEM_CONF: `oops` is not key=value; ignored");
+        assert!(text[4].contains("`0` for `segment`"));
+        assert_eq!(parse_strict("colour=red"), Err(e[2].clone()));
+    }
+
+    #[test]
+    fn empty_conf_is_the_default() {
+        assert_eq!(parse(""), (Conf::default(), vec![]));
+        assert_eq!(parse(" , ,"), (Conf::default(), vec![]));
+    }
+
+    #[test]
+    fn sizes_round_trip_through_units() {
+        for (s, v) in [
+            ("4096", 4096),
+            ("1KiB", 1024),
+            ("1kb", 1000),
+            ("2M", 2 << 20),
+            ("0.5GiB", 1 << 29),
+            ("1_000B", 1000),
+            ("16T", 16 << 40),
+        ] {
+            assert_eq!(parse_size(s), Ok(v), "{s}");
+        }
+        for s in ["", "GiB", "1.2.3", "99999999999999999999T", "-1"] {
+            assert!(parse_size(s).is_err(), "{s}");
+        }
+    }
+}
