@@ -6,8 +6,34 @@ use gpumem::trace::Trace;
 
 use gpumem::units::bytes as human_bytes;
 
-/// Prints the state analysis of `trace.segments` (table, or JSON with `json`).
+/// How to record a snapshot worth replaying, in one line.
+pub const HOW_TO_RECORD: &str = "to record one, call \
+    torch.cuda.memory._record_memory_history(max_entries=1000000) before the model is loaded, \
+    run the steps, then torch.cuda.memory._dump_snapshot(\"snapshot.pickle\")";
+
+/// Prints the state analysis of `trace.segments` (table, or JSON with `json`). A PyTorch
+/// snapshot with no segments and no trace (recording was never enabled) is not an error: it
+/// says so, and how to record one.
 pub fn print_state(path: &std::path::Path, trace: &Trace, json: bool) -> Result<()> {
+    if trace.segments.is_empty() && trace.format == Some(gpumem::trace::Format::TorchSnapshot) {
+        let explanation = format!(
+            "the snapshot holds no segments and no trace entries: memory history was not being \
+             recorded when it was dumped; {HOW_TO_RECORD}"
+        );
+        if json {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&serde_json::json!({
+                    "trace": { "path": path.display().to_string(), "format": trace.format, "events": trace.events.len() },
+                    "recording": "empty",
+                    "explanation": explanation,
+                }))?
+            );
+        } else {
+            println!("{}: {explanation}", path.display());
+        }
+        return Ok(());
+    }
     if trace.segments.is_empty() {
         bail!(
             "{}: the file is a valid trace but holds no alloc/free events and no segments: nothing to replay or analyse",

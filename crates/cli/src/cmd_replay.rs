@@ -9,6 +9,7 @@ use gpumem::core::config::AllocatorConfig;
 use gpumem::core::registry;
 use gpumem::core::sim::{SimDevice, DEFAULT_CAPACITY, DEFAULT_GRANULARITY};
 use gpumem::core::{Allocator, Device, DriverCall};
+use gpumem::recorded_oom::{self, OomVerdict};
 use gpumem::replay::{
     self, MinCapacityConfig, MinCapacityOutcome, ReplayConfig, ReplayReport, TraceSummary,
 };
@@ -80,6 +81,12 @@ struct JsonTrace {
     /// First to last `time_us` of the trace, in seconds, when it has timestamps.
     #[serde(skip_serializing_if = "Option::is_none")]
     duration_seconds: Option<f64>,
+    /// Where a truncated file was cut and what was kept (--lenient).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    truncated: Option<String>,
+    /// What the reader warned about (key typos, ...).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    warnings: Vec<String>,
 }
 
 #[derive(Serialize)]
@@ -201,6 +208,8 @@ struct JsonOut {
     pytorch_recorded: Vec<Recorded>,
     device: String,
     capacity_bytes: u64,
+    /// The snapshot's recorded OOMs and whether each allocator would have avoided them.
+    recorded_ooms: Vec<OomVerdict>,
     allocators: Vec<JsonAllocator>,
 }
 
@@ -454,14 +463,20 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         // Before reading a trace that may take a while: a missing driver is known at once.
         gpumem::cuda::init()?;
     }
-    let trace = trace::read_path(&a.trace, ReadConfig { lenient: a.lenient })?;
+    let trace = trace::read_path(
+        &a.trace,
+        ReadConfig {
+            lenient: a.lenient,
+            ..ReadConfig::default()
+        },
+    )?;
     let read_seconds = read_started.elapsed().as_secs_f64();
     let devices = replay::devices(&trace);
     let has_blocks = trace
         .events
         .iter()
         .any(|e| matches!(e.action, trace::Action::Alloc | trace::Action::Free));
-    if !has_blocks {
+    if !has_blocks && trace.preexisting.is_empty() {
         return crate::cmd_analyze::print_state(&a.trace, &trace, a.json);
     }
     let capacity = a.capacity.unwrap_or(DEFAULT_CAPACITY);
@@ -490,9 +505,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
                 String::new()
             }
         );
-        for s in trace.skipped.iter().take(5) {
-            eprintln!("  skipped: {s}");
-        }
+        print_read_notes(&trace);
         if !trace.preexisting.is_empty() {
             let n = trace.preexisting.len();
             eprintln!(
@@ -595,11 +608,14 @@ pub fn run(a: ReplayArgs) -> Result<()> {
             skipped_events: trace.skipped_count,
             devices: devices.clone(),
             duration_seconds: duration_us.map(|d| d as f64 * 1e-6),
+            truncated: trace.truncated.clone(),
+            warnings: trace.warnings.clone(),
         },
         semantics: SEMANTICS,
         pytorch_recorded: recorded_figures(&a.trace, peak_requested),
         device: a.device.clone(),
         capacity_bytes: capacity,
+        recorded_ooms: oom_verdicts(&trace, &names, config)?,
         allocators: out,
     };
     if let Some(path) = &a.timeline {
@@ -613,6 +629,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     if a.json {
         println!("{}", serde_json::to_string_pretty(&json)?);
     } else {
+        print_oom_verdicts(&json);
         print_table(&json, capacity, a.capacity.is_some());
         if a.min_capacity {
             print_min_capacity(&min_caps);
@@ -636,6 +653,22 @@ pub fn run(a: ReplayArgs) -> Result<()> {
 /// What failed allocations do, and how speeds are measured (printed under the table and kept
 /// in `--json`).
 const SEMANTICS: &str = "A failed allocation (out of memory after the pool released its cache and retried, or a request the allocator refuses as impossible) is dropped with its later free and the replay goes on; PyTorch would raise OutOfMemoryError and stop there. Requested bytes count served blocks only. events/s = events replayed / CPU seconds of the replaying thread.";
+/// Prints to standard error what the reader noticed: a salvaged truncation, skipped events
+/// (the first five, then how many more) and warnings.
+pub fn print_read_notes(trace: &trace::Trace) {
+    if let Some(t) = &trace.truncated {
+        eprintln!("  truncated: {t}");
+    }
+    for s in trace.skipped.iter().take(5) {
+        eprintln!("  skipped: {s}");
+    }
+    if trace.skipped_count > 5 {
+        eprintln!("  ... and {} more skipped", trace.skipped_count - 5);
+    }
+    for w in &trace.warnings {
+        eprintln!("  warning: {w}");
+    }
+}
 
 fn json_allocator(
     name: &str,
@@ -732,5 +765,41 @@ fn json_allocator(
         } else {
             Vec::new()
         },
+    }
+}
+
+/// Verdicts on the trace's recorded OOMs, on the simulated device (see `recorded_oom`).
+fn oom_verdicts(
+    trace: &trace::Trace,
+    names: &[&str],
+    config: AllocatorConfig,
+) -> Result<Vec<OomVerdict>> {
+    if trace.count(trace::Action::Oom) == 0 {
+        return Ok(Vec::new());
+    }
+    let make = |n: &str| -> Box<dyn Allocator> {
+        registry::build(n, &config).expect("allocator names were validated")
+    };
+    let make_dev = |c: u64| SimDevice::new(c);
+    Ok(recorded_oom::verdicts(trace, names, &make, &make_dev)?)
+}
+
+fn print_oom_verdicts(j: &JsonOut) {
+    for v in &j.recorded_ooms {
+        println!(
+            "recorded OOM at event {} (device {}): {} requested, {} reserved + {} free on the device = {} usable",
+            v.event,
+            v.device,
+            human_bytes(v.request_bytes),
+            human_bytes(v.reserved_bytes),
+            v.device_free_bytes.map_or("?".into(), human_bytes),
+            v.capacity_bytes.map_or("?".into(), human_bytes),
+        );
+        for line in v.lines(&human_bytes) {
+            println!("  {line}");
+        }
+    }
+    if !j.recorded_ooms.is_empty() {
+        println!();
     }
 }

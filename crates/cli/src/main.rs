@@ -2,6 +2,7 @@
 use clap::{Parser, Subcommand};
 
 mod cmd_analyze;
+mod cmd_convert;
 mod cmd_cuda;
 mod cmd_multigpu;
 mod cmd_pinned;
@@ -35,48 +36,9 @@ enum Command {
     #[command(subcommand)]
     Bench(BenchCommand),
     /// Convert a trace (PyTorch snapshot, RMM log) to gpumem JSON lines.
-    Convert(ConvertArgs),
+    Convert(cmd_convert::ConvertArgs),
     /// Recommend pageable, pinned, staged or mapped memory for a transfer pattern.
     Advise(cmd_pinned::AdviseArgs),
-}
-
-/// Arguments of `gpumem convert`.
-#[derive(clap::Args)]
-struct ConvertArgs {
-    /// The trace to read (format detected from the content).
-    trace: std::path::PathBuf,
-    /// Where to write the JSON lines (`-` for standard output).
-    #[arg(long, short, default_value = "-")]
-    output: String,
-    /// Skip and count malformed events instead of stopping at the first.
-    #[arg(long)]
-    lenient: bool,
-}
-
-fn convert(a: ConvertArgs) -> anyhow::Result<()> {
-    use anyhow::Context;
-    let trace =
-        gpumem::trace::read_path(&a.trace, gpumem::trace::ReadConfig { lenient: a.lenient })?;
-    if a.output == "-" {
-        gpumem::trace::jsonl::write_jsonl(&trace, std::io::stdout().lock())?;
-    } else {
-        let f =
-            std::fs::File::create(&a.output).with_context(|| format!("creating {}", a.output))?;
-        gpumem::trace::jsonl::write_jsonl(&trace, f)
-            .with_context(|| format!("writing {}", a.output))?;
-        eprintln!(
-            "wrote {} events and {} pre-existing blocks to {}{}",
-            trace.events.len(),
-            trace.preexisting.len(),
-            a.output,
-            if trace.skipped_count > 0 {
-                format!(" ({} bad events skipped)", trace.skipped_count)
-            } else {
-                String::new()
-            }
-        );
-    }
-    Ok(())
 }
 
 #[derive(Subcommand)]
@@ -101,7 +63,7 @@ fn main() {
         Command::Bench(BenchCommand::Transfer(a)) => cmd_pinned::bench_transfer(a),
         Command::Bench(BenchCommand::Pinned(a)) => cmd_pinned::bench_pinned(a),
         Command::Advise(a) => cmd_pinned::advise(a),
-        Command::Convert(a) => convert(a),
+        Command::Convert(a) => cmd_convert::run(a),
     };
     if let Err(e) = result {
         // A reader closing the pipe (`gpumem convert T | head`) is not an error.

@@ -521,3 +521,214 @@ fn multi_device_min_capacity_is_per_device() {
     assert!(v["allocators"][0]["min_capacity_bytes"].is_null());
     let _ = std::fs::remove_file(path);
 }
+
+/// Runs gpumem with `input` on its standard input.
+fn gpumem_stdin(args: &[&str], input: &[u8]) -> (bool, String, String) {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpumem"))
+        .args(args)
+        .current_dir(repo())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let data = input.to_vec();
+    let writer = std::thread::spawn(move || {
+        // The reader may stop early (a refused input): a broken pipe is fine.
+        let _ = stdin.write_all(&data);
+    });
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+const FIXTURES: &str = "crates/gpumem/tests/fixtures";
+
+/// Issue 9 item 2: a recorded OOM gets a verdict per allocator, above the table and in --json.
+#[test]
+fn recorded_oom_gets_a_verdict_per_allocator() {
+    let f = format!("{FIXTURES}/recorded_oom.pickle");
+    let (ok, out, err) = gpumem(&["replay", &f, "-a", "torch,paged", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let ooms = v["recorded_ooms"].as_array().unwrap();
+    assert_eq!(ooms.len(), 1);
+    let o = &ooms[0];
+    let mib = 1u64 << 20;
+    // 50 segments of 20 MiB were reserved; the driver had 32 MiB free; 64 MiB were asked.
+    assert_eq!(o["reserved_bytes"], 1000 * mib);
+    assert_eq!(o["device_free_bytes"], 32 * mib);
+    assert_eq!(o["capacity_bytes"], 1032 * mib);
+    assert_eq!(o["request_bytes"], 64 * mib);
+    let by = |n: &str| {
+        o["allocators"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["name"] == n)
+            .unwrap()
+            .clone()
+    };
+    // PyTorch's caching allocator needs a new 64 MiB segment: 32 MiB short, as recorded.
+    let torch = by("torch");
+    assert_eq!(torch["fits"], false);
+    let short = -torch["margin_bytes"].as_i64().unwrap();
+    assert!((short - 32 * mib as i64).abs() <= 2 * mib as i64, "{short}");
+    // Pages: the run's peak (800 MiB) fits in 1032 MiB.
+    let paged = by("paged");
+    assert_eq!(paged["fits"], true);
+    let spare = paged["margin_bytes"].as_i64().unwrap();
+    assert!(
+        spare > 100 * mib as i64 && spare <= 232 * mib as i64,
+        "{spare}"
+    );
+    let (ok, out, err) = gpumem(&["replay", &f, "-a", "torch,paged"]);
+    assert!(ok, "{err}");
+    let first = out.lines().next().unwrap();
+    assert!(
+        first.starts_with("recorded OOM at event 200 (device 0)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("torch: fails, ") && out.contains("short (as recorded)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("paged: fits, ") && out.contains("to spare"),
+        "{out}"
+    );
+    // No OOM recorded: an empty list.
+    let (_, out, _) = gpumem(&[
+        "replay",
+        "traces/mixed_sizes.pickle.gz",
+        "-a",
+        "tlsf",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["recorded_ooms"], serde_json::json!([]));
+}
+
+/// Issue 9 item 3: a snapshot with nothing in it is explained, not an error.
+#[test]
+fn empty_snapshot_says_how_to_record() {
+    let f = format!("{FIXTURES}/no_recording.pickle");
+    let (ok, out, err) = gpumem(&["replay", &f]);
+    assert!(ok, "{err}");
+    assert_eq!(out.lines().count(), 1, "{out}");
+    assert!(out.contains("_record_memory_history(max_entries="), "{out}");
+    assert!(out.contains("_dump_snapshot"), "{out}");
+    let (ok, out, err) = gpumem(&["replay", &f, "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["recording"], "empty");
+    assert!(v["explanation"]
+        .as_str()
+        .unwrap()
+        .contains("before the model is loaded"));
+}
+
+/// Issue 9 items 4 and 8: what a lenient read skipped (first five, "and N more"), a salvaged
+/// truncation, and warnings about key typos.
+#[test]
+fn lenient_reads_say_what_they_skipped_and_salvaged() {
+    let dir = std::env::temp_dir().join(format!("gpumem-cli-lenient-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut lines = String::from("{\"action\":\"alloc\",\"addr\":1,\"size\":64,\"strem\":3}\n");
+    for i in 0..8 {
+        lines.push_str(&format!("{{\"action\":\"free\",\"addr\":{}}}\n", 100 + i));
+    }
+    let f = dir.join("bad.jsonl");
+    std::fs::write(&f, lines).unwrap();
+    let (ok, _, err) = gpumem(&["replay", f.to_str().unwrap(), "--lenient", "-a", "tlsf"]);
+    assert!(ok, "{err}");
+    assert_eq!(err.matches("  skipped: line").count(), 5, "{err}");
+    assert!(err.contains("... and 3 more skipped"), "{err}");
+    assert!(
+        err.contains("line 1: unknown key \"strem\" ignored; did you mean \"stream\"?"),
+        "{err}"
+    );
+    let snap = std::fs::read(repo().join(FIXTURES).join("recorded_oom.pickle")).unwrap();
+    let cut = dir.join("cut.pickle");
+    std::fs::write(&cut, &snap[..snap.len() / 2]).unwrap();
+    let (ok, _, err) = gpumem(&["replay", cut.to_str().unwrap(), "-a", "tlsf"]);
+    assert!(!ok && err.contains("truncated"), "{err}");
+    let (ok, _, err) = gpumem(&["replay", cut.to_str().unwrap(), "--lenient", "-a", "tlsf"]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("truncated: the file is cut at byte offset") && err.contains("kept the "),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Issue 9 items 6, 7 and 9: standard input, converting onto the input, segments-only
+/// snapshots.
+#[test]
+fn convert_reads_stdin_refuses_its_input_and_keeps_segments() {
+    let snap = std::fs::read(repo().join(FIXTURES).join("snapshot_p4.pickle.gz")).unwrap();
+    let (ok, from_stdin, err) = gpumem_stdin(&["convert", "-"], &snap);
+    assert!(ok, "{err}");
+    let (ok, from_file, err) = gpumem(&["convert", &format!("{FIXTURES}/snapshot_p4.pickle.gz")]);
+    assert!(ok, "{err}");
+    assert_eq!(from_stdin, from_file);
+    let (ok, out, err) = gpumem_stdin(&["replay", "-", "-a", "torch", "--json"], &snap);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["trace"]["alloc_events"], 3);
+    // Random bytes on standard input are refused on their first bytes.
+    let noise: Vec<u8> = (0..4_000_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let (ok, _, err) = gpumem_stdin(&["replay", "-"], &noise);
+    assert!(!ok && err.contains("binary data"), "{err}");
+
+    let dir = std::env::temp_dir().join(format!("gpumem-cli-convert-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let own = dir.join("t.jsonl");
+    std::fs::write(&own, &from_file).unwrap();
+    let spelled = format!("{}/./t.jsonl", dir.display());
+    let (ok, _, err) = gpumem(&["convert", own.to_str().unwrap(), "-o", &spelled]);
+    assert!(!ok && err.contains("that is the input file"), "{err}");
+    assert_eq!(std::fs::read_to_string(&own).unwrap(), from_file);
+    let out = dir.join("out.jsonl");
+    let (ok, _, err) = gpumem(&[
+        "convert",
+        own.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), from_file);
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with(".gpumem-convert-"))
+        .collect();
+    assert!(left.is_empty(), "temporary files left: {left:?}");
+
+    // Segments only: the allocated blocks become preexisting lines, and the file replays.
+    let seg = dir.join("segments.jsonl");
+    let (ok, _, err) = gpumem(&[
+        "convert",
+        &format!("{FIXTURES}/segments_only.pickle"),
+        "-o",
+        seg.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(err.contains("written as preexisting"), "{err}");
+    let text = std::fs::read_to_string(&seg).unwrap();
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(text.contains("\"action\":\"preexisting\"") && text.contains("\"size\":1000"));
+    let (ok, out, err) = gpumem(&["replay", seg.to_str().unwrap(), "-a", "torch", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["trace"]["peak_requested_bytes"], 1000);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -14,6 +14,7 @@ pub mod cuda;
 pub mod pinned;
 pub mod plot;
 pub mod pool;
+pub mod recorded_oom;
 pub mod replay;
 pub mod trace;
 pub mod units;

@@ -669,18 +669,6 @@ mod tests {
     use super::*;
     use crate::trace::{Event, PreexistingBlock};
 
-    fn ev(action: Action, addr: u64, size: u64) -> Event {
-        Event {
-            action,
-            addr,
-            size_bytes: size,
-            stream: 0,
-            device: 0,
-            time_us: None,
-            align: None,
-        }
-    }
-
     #[test]
     fn summary_counts_peak_and_preexisting() {
         let mut t = Trace::default();
@@ -691,13 +679,13 @@ mod tests {
             freed_at_event: Some(4),
         });
         t.events = vec![
-            ev(Action::Alloc, 1, 100),
-            ev(Action::Alloc, 2, 50),
-            ev(Action::Free, 1, 0),
-            ev(Action::SegmentAlloc, 7, 1 << 21),
-            ev(Action::Free, 99, 10),
-            ev(Action::Alloc, 3, 20),
-            ev(Action::Free, 12345, 0),
+            Event::alloc(1, 100),
+            Event::alloc(2, 50),
+            Event::free(1, 0),
+            Event::new(Action::SegmentAlloc, 7, 1 << 21),
+            Event::free(99, 10),
+            Event::alloc(3, 20),
+            Event::free(12345, 0),
         ];
         let s = summarize(&t, 0);
         assert_eq!(s.events, 7);
@@ -715,9 +703,9 @@ mod tests {
     fn summary_saturates_on_sizes_near_2_64() {
         let mut t = Trace {
             events: vec![
-                ev(Action::Alloc, 1, 1000),
-                ev(Action::Alloc, 2, u64::MAX),
-                ev(Action::Free, 2, 0),
+                Event::alloc(1, 1000),
+                Event::alloc(2, u64::MAX),
+                Event::free(2, 0),
             ],
             ..Trace::default()
         };

@@ -29,7 +29,10 @@ fn strict() -> ReadConfig {
 }
 
 fn lenient() -> ReadConfig {
-    ReadConfig { lenient: true }
+    ReadConfig {
+        lenient: true,
+        ..ReadConfig::default()
+    }
 }
 
 /// Compares a trace with python's counts.
@@ -405,7 +408,7 @@ proptest! {
     ) {
         let mut bytes = prefix.to_vec();
         bytes.extend_from_slice(&body);
-        if let Ok(t) = read_bytes("random", &bytes, ReadConfig { lenient }) {
+        if let Ok(t) = read_bytes("random", &bytes, ReadConfig { lenient, ..ReadConfig::default() }) {
             exercise(&t);
         }
     }
@@ -420,8 +423,197 @@ proptest! {
             let at = i.index(p.len());
             p[at] = b;
         }
-        if let Ok(t) = read_bytes("mutated", &p, ReadConfig { lenient }) {
+        if let Ok(t) = read_bytes("mutated", &p, ReadConfig { lenient, ..ReadConfig::default() }) {
             exercise(&t);
         }
     }
+}
+
+/// Runs a python3 script of tests/fixtures; panics with a clear message when python3 is missing.
+fn python(args: &[&str]) -> String {
+    let out = std::process::Command::new("python3")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "this test needs python3 on the PATH (it checks gpumem against Python's own \
+                 pickle module): running python3 failed: {e}"
+            )
+        });
+    assert!(
+        out.status.success(),
+        "python3 {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Python pickles random snapshot-shaped objects that share objects the way real snapshots do
+/// (and more) with protocols 2 to 5; gpumem must read exactly what Python reads, stacks
+/// included (issue 9, item 1).
+#[test]
+fn reads_what_python_reads_with_random_sharing() {
+    let dir = std::env::temp_dir().join(format!("gpumem-diff-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = fixture("snapshot_diff.py");
+    let cases: usize = python(&[script.to_str().unwrap(), dir.to_str().unwrap(), "24"])
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(cases, 24);
+    let with_frames = ReadConfig {
+        keep_frames: true,
+        ..ReadConfig::default()
+    };
+    let mut events_seen = 0usize;
+    for c in 0..cases {
+        let text = std::fs::read_to_string(dir.join(format!("case_{c}.json"))).unwrap();
+        let want: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let want_events = want["events"].as_array().unwrap();
+        for proto in 2..=5 {
+            let name = format!("case_{c}_p{proto}.pickle");
+            let t = read_path(&dir.join(&name), with_frames).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(t.events.len(), want_events.len(), "{name}: event count");
+            assert_eq!(
+                t.event_stacks.len(),
+                t.events.len(),
+                "{name}: one stack per event"
+            );
+            let stack = |id| -> Vec<serde_json::Value> {
+                t.stacks
+                    .frames(id)
+                    .map(|f| serde_json::json!([f.filename, f.line, f.name]))
+                    .collect()
+            };
+            for (i, (e, w)) in t.events.iter().zip(want_events).enumerate() {
+                let at = format!("{name} event {i}");
+                assert_eq!(
+                    gpumem::trace::jsonl::action_name(e.action),
+                    w["action"],
+                    "{at}"
+                );
+                assert_eq!(e.addr, w["addr"].as_u64().unwrap(), "{at}: addr");
+                assert_eq!(e.size_bytes, w["size"].as_u64().unwrap(), "{at}: size");
+                assert_eq!(e.stream, w["stream"].as_u64().unwrap(), "{at}: stream");
+                assert_eq!(e.time_us, w["time_us"].as_i64(), "{at}: time_us");
+                assert_eq!(u64::from(e.device), w["device"].as_u64().unwrap(), "{at}");
+                let frames = stack(t.stack_of(i).unwrap());
+                assert_eq!(
+                    serde_json::Value::Array(frames),
+                    w["frames"],
+                    "{at}: frames"
+                );
+            }
+            let ooms: Vec<serde_json::Value> = t
+                .ooms
+                .iter()
+                .map(|o| serde_json::json!([o.event, o.device_free_bytes]))
+                .collect();
+            assert_eq!(serde_json::Value::Array(ooms), want["ooms"], "{name}: ooms");
+            let segments: Vec<serde_json::Value> = t
+                .segments
+                .iter()
+                .map(|s| {
+                    let blocks: Vec<_> = s.blocks.iter().map(|b| stack(b.stack)).collect();
+                    serde_json::json!([s.address, s.total_size_bytes, blocks])
+                })
+                .collect();
+            assert_eq!(
+                serde_json::Value::Array(segments),
+                want["segments"],
+                "{name}: segments"
+            );
+            let settings = t.allocator_settings.as_ref().unwrap();
+            assert_eq!(settings.alloc_conf, want["alloc_conf"], "{name}");
+            assert_eq!(settings.max_split_size_bytes, None, "{name}");
+            // Without keep_frames: the same events, no stacks.
+            let plain = read_path(&dir.join(&name), strict()).unwrap();
+            assert_eq!(plain.events, t.events, "{name}");
+            assert!(plain.event_stacks.is_empty() && plain.stacks.is_empty());
+            events_seen += t.events.len();
+        }
+    }
+    assert!(
+        events_seen > 10_000,
+        "the cases are too small: {events_seen}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Issue 9 item 1, the small input: a stack that repeats a frame dict (recursion) and a
+/// free_requested / free_completed pair sharing one `frames` list, over 1000 entries.
+#[test]
+fn shared_frames_snapshot_reads_with_its_stacks() {
+    let f = fixture("shared_frames.pickle.gz");
+    let t = read_path(&f, strict()).unwrap();
+    assert_eq!(t.count(Action::Alloc), 1000);
+    assert_eq!(t.count(Action::Free), 1000);
+    let with = ReadConfig {
+        keep_frames: true,
+        ..ReadConfig::default()
+    };
+    let t = read_path(&f, with).unwrap();
+    assert_eq!(t.events.len(), 2000);
+    // Every alloc's stack has 7 frames, the last two repeating the first two (recursion).
+    let s = t.stack_of(0).unwrap();
+    let frames: Vec<String> = t.stacks.frames(s).map(|f| f.to_string()).collect();
+    assert_eq!(frames.len(), 7);
+    assert_eq!(frames[5..], frames[..2]);
+    assert!(frames[0].starts_with("/m/f") && frames[0].contains(".py:"));
+    // The free (free_completed) keeps the stack of the list it shared with free_requested.
+    let free = t.stack_of(1).unwrap();
+    assert_eq!(t.events[1].action, Action::Free);
+    assert_eq!(t.stacks.frames(free).count(), 3);
+    // 50 distinct frames at most, each file and function name stored once.
+    assert!(t.stacks.frame_table.len() <= 50);
+    assert!(t.stacks.strings.len() <= 100);
+}
+
+/// Issue 9 item 4: under --lenient a truncated snapshot (raw or gzip'd) gives the events read
+/// before the cut and says so; strict reading still refuses it.
+#[test]
+fn lenient_salvages_truncated_snapshots() {
+    let gz = std::fs::read(fixture("shared_frames.pickle.gz")).unwrap();
+    let raw = {
+        use std::io::Read;
+        let mut v = Vec::new();
+        flate2::read::GzDecoder::new(&gz[..])
+            .read_to_end(&mut v)
+            .unwrap();
+        v
+    };
+    let whole = read_bytes("whole", &raw, strict()).unwrap();
+    let mut last = 0;
+    for k in 1..10 {
+        let cut = raw.len() * k / 10;
+        assert!(read_bytes("cut", &raw[..cut], strict()).is_err());
+        let t = read_bytes("cut", &raw[..cut], lenient()).unwrap();
+        let note = t.truncated.as_deref().unwrap();
+        assert!(
+            note.contains(&format!("cut at byte offset {cut}")),
+            "{note}"
+        );
+        assert!(
+            note.contains(&format!("kept the {} events", t.events.len())),
+            "{note}"
+        );
+        // What was kept is the start of the whole trace, and more is kept from a later cut.
+        assert_eq!(t.events[..], whole.events[..t.events.len()], "cut {cut}");
+        assert!(t.events.len() >= last, "cut {cut}");
+        // Roughly the share of the file before the cut (within one 1000-entry batch).
+        let share = whole.events.len() * k / 10;
+        assert!(
+            t.events.len() + 700 >= share,
+            "cut {cut}: {}",
+            t.events.len()
+        );
+        last = t.events.len();
+    }
+    // A gzip file cut in the middle: the inflated part is salvaged too.
+    let cut = gz.len() / 2;
+    assert!(read_bytes("cut.gz", &gz[..cut], strict()).is_err());
+    let t = read_bytes("cut.gz", &gz[..cut], lenient()).unwrap();
+    let note = t.truncated.as_deref().unwrap();
+    assert!(note.starts_with("gzip data truncated"), "{note}");
+    assert!(t.events.len() > 500, "{}", t.events.len());
 }

@@ -6,22 +6,10 @@ use gpumem::core::{
 };
 use gpumem::core::{Allocator, Device};
 use gpumem::replay::{self, MinCapacityConfig, MinCapacityOutcome, ReplayConfig};
-use gpumem::trace::{Action, Event, PreexistingBlock, Trace};
+use gpumem::trace::{Event, PreexistingBlock, Trace};
 use proptest::prelude::*;
 
 const MIB: u64 = 1 << 20;
-
-fn ev(action: Action, addr: u64, size: u64) -> Event {
-    Event {
-        action,
-        addr,
-        size_bytes: size,
-        stream: 0,
-        device: 0,
-        time_us: None,
-        align: None,
-    }
-}
 
 /// A small deterministic workload: a sawtooth of mixed sizes with frees in another order.
 fn workload() -> Trace {
@@ -37,16 +25,16 @@ fn workload() -> Trace {
             6..=8 => MIB + x % (8 * MIB),
             _ => 30 * MIB + x % (200 * MIB),
         };
-        t.events.push(ev(Action::Alloc, 0x1000 + i * 64, size));
+        t.events.push(Event::alloc(0x1000 + i * 64, size));
         live.push(0x1000 + i * 64);
         if live.len() > 40 {
             let k = (x >> 20) as usize % live.len();
             let a = live.swap_remove(k);
-            t.events.push(ev(Action::Free, a, 0));
+            t.events.push(Event::free(a, 0));
         }
     }
     for a in live {
-        t.events.push(ev(Action::Free, a, 0));
+        t.events.push(Event::free(a, 0));
     }
     t
 }
@@ -175,13 +163,13 @@ fn min_capacity_reports_the_true_smallest_of_a_non_monotone_allocator() {
     const G: u64 = 1 << 30;
     let t = Trace {
         events: vec![
-            ev(Action::Alloc, 1, 4 * G),
-            ev(Action::Free, 1, 0),
-            ev(Action::Alloc, 2, 5 * G),
-            ev(Action::Free, 2, 0),
-            ev(Action::Alloc, 3, G),
-            ev(Action::Alloc, 4, 4 * G),
-            ev(Action::Alloc, 5, 7 * G / 2),
+            Event::alloc(1, 4 * G),
+            Event::free(1, 0),
+            Event::alloc(2, 5 * G),
+            Event::free(2, 0),
+            Event::alloc(3, G),
+            Event::alloc(4, 4 * G),
+            Event::alloc(5, 7 * G / 2),
         ],
         ..Trace::default()
     };
@@ -205,7 +193,7 @@ fn min_capacity_reports_the_true_smallest_of_a_non_monotone_allocator() {
 fn min_capacity_gives_the_reason_when_nothing_fits() {
     const G: u64 = 1 << 30;
     let t = Trace {
-        events: (1..=5).map(|i| ev(Action::Alloc, i, 30 * G)).collect(),
+        events: (1..=5).map(|i| Event::alloc(i, 30 * G)).collect(),
         ..Trace::default()
     };
     // 150 GiB live fit in 155 GiB, but buddy rounds each 30 GiB block to 32 GiB.
@@ -236,11 +224,11 @@ fn small_trace(ops: &[(bool, u64)]) -> Trace {
     for (i, &(alloc, x)) in ops.iter().enumerate() {
         if alloc || live.is_empty() {
             let size = (1 + x % 48) * MIB - (x % 3) * 4096;
-            t.events.push(ev(Action::Alloc, 1 + i as u64, size));
+            t.events.push(Event::alloc(1 + i as u64, size));
             live.push(1 + i as u64);
         } else {
             let a = live.swap_remove(x as usize % live.len());
-            t.events.push(ev(Action::Free, a, 0));
+            t.events.push(Event::free(a, 0));
         }
     }
     t
@@ -301,9 +289,9 @@ fn preexisting_blocks_are_live_from_the_start() {
         freed_at_event: Some(1),
     });
     t.events = vec![
-        ev(Action::Alloc, 2, 50 * MIB),
-        ev(Action::Free, 1, 100 * MIB),
-        ev(Action::Free, 2, 0),
+        Event::alloc(2, 50 * MIB),
+        Event::free(1, 100 * MIB),
+        Event::free(2, 0),
     ];
     let mut a = registry::build("tlsf", &AllocatorConfig::default()).unwrap();
     let mut d = SimDevice::new(1 << 40);
@@ -362,23 +350,23 @@ fn timeline_samples_requested_allocated_reserved() {
 fn impossible_requests_are_counted_and_the_replay_goes_on() {
     let mut t = Trace::default();
     let odd_align = |addr: u64, size: u64, align: u64| {
-        let mut e = ev(Action::Alloc, addr, size);
+        let mut e = Event::alloc(addr, size);
         e.align = Some(align);
         e
     };
     t.events = vec![
-        ev(Action::Alloc, 1, 1000),
+        Event::alloc(1, 1000),
         odd_align(2, 1000, 4 << 20),
         odd_align(3, 1000, 1 << 40),
-        ev(Action::Alloc, 4, u64::MAX),
-        ev(Action::Alloc, 5, 1 << 63),
-        ev(Action::Free, 2, 0),
-        ev(Action::Free, 3, 0),
-        ev(Action::Free, 4, 0),
-        ev(Action::Free, 5, 0),
-        ev(Action::Alloc, 6, 5000),
-        ev(Action::Free, 6, 0),
-        ev(Action::Free, 1, 0),
+        Event::alloc(4, u64::MAX),
+        Event::alloc(5, 1 << 63),
+        Event::free(2, 0),
+        Event::free(3, 0),
+        Event::free(4, 0),
+        Event::free(5, 0),
+        Event::alloc(6, 5000),
+        Event::free(6, 0),
+        Event::free(1, 0),
     ];
     for name in NAMES {
         let mut a = registry::build(name, &AllocatorConfig::default()).unwrap();

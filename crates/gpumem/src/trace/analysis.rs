@@ -254,6 +254,7 @@ mod tests {
                 "inactive"
             }
             .into(),
+            stack: crate::trace::StackId::EMPTY,
         }
     }
 

@@ -20,23 +20,205 @@ pub fn is_gzip(bytes: &[u8]) -> bool {
     bytes.starts_with(&GZIP_MAGIC)
 }
 
+/// How many bytes (inflated, for gzip) [`read_sniffed`] looks at before it reads the rest.
+pub const SNIFF_BYTES: usize = 64 << 10;
+
+/// Inflated bytes a gzip file may give at least, whatever its size: 1 GiB.
+pub const MIN_INFLATE_LIMIT_BYTES: u64 = 1 << 30;
+/// Inflated bytes a gzip file may give per compressed byte. Memory snapshots compress 10 to 20
+/// times; a decompression bomb (zeros) a thousand times.
+pub const MAX_INFLATE_RATIO: u64 = 100;
+
 /// Inflates a gzip file (all its members) in memory.
 ///
 /// # Errors
-/// [`TraceError::Malformed`] (index 0) when the gzip data is truncated or corrupt.
+/// [`TraceError::Malformed`] (index 0) when the gzip data is truncated or corrupt;
+/// [`TraceError::NotATrace`] when it inflates past the limit of [`read_sniffed`].
 pub fn gunzip(name: &str, bytes: &[u8]) -> Result<Vec<u8>, TraceError> {
+    let limit = inflate_limit(bytes.len() as u64);
     let mut out = Vec::with_capacity(bytes.len().saturating_mul(8));
-    flate2::read::MultiGzDecoder::new(bytes)
-        .read_to_end(&mut out)
-        .map_err(|e| TraceError::Malformed {
-            path: name.to_string(),
-            index: 0,
-            message: format!(
-                "gzip data truncated or corrupt after {} inflated bytes: {e}",
-                out.len()
-            ),
-        })?;
+    read_limited(
+        name,
+        flate2::read::MultiGzDecoder::new(bytes),
+        &mut out,
+        Some((limit, bytes.len() as u64)),
+    )?;
     Ok(out)
+}
+
+/// The most inflated bytes accepted from `compressed` bytes of gzip.
+pub fn inflate_limit(compressed: u64) -> u64 {
+    compressed
+        .saturating_mul(MAX_INFLATE_RATIO)
+        .max(MIN_INFLATE_LIMIT_BYTES)
+}
+
+/// Reads `reader` to its end into `out`; with `gzip = Some((limit, compressed))`, refuses to
+/// inflate past `limit` bytes and names gzip in read errors.
+fn read_limited(
+    name: &str,
+    reader: impl Read,
+    out: &mut Vec<u8>,
+    gzip: Option<(u64, u64)>,
+) -> Result<(), TraceError> {
+    let Some((limit, compressed)) = gzip else {
+        let mut reader = reader;
+        return reader
+            .read_to_end(out)
+            .map(|_| ())
+            .map_err(|source| TraceError::Io {
+                path: name.to_string(),
+                source,
+            });
+    };
+    let before = out.len() as u64;
+    let mut r = reader.take(limit.saturating_sub(before).saturating_add(1));
+    r.read_to_end(out).map_err(|e| TraceError::Malformed {
+        path: name.to_string(),
+        index: 0,
+        message: format!(
+            "gzip data truncated or corrupt after {} inflated bytes: {e}",
+            out.len()
+        ),
+    })?;
+    if out.len() as u64 > limit {
+        return Err(bomb(name, limit, compressed));
+    }
+    Ok(())
+}
+
+fn bomb(name: &str, limit: u64, compressed: u64) -> TraceError {
+    TraceError::NotATrace {
+        path: name.to_string(),
+        what: format!(
+            "gzip data that inflates past {limit} bytes ({MAX_INFLATE_RATIO} times its \
+             {compressed} compressed bytes, and at least {MIN_INFLATE_LIMIT_BYTES}): a \
+             decompression bomb, or an unusually repetitive file; gpumem stopped reading there. \
+             To read it anyway, decompress it yourself (gunzip -k) and pass the result"
+        ),
+    }
+}
+
+/// What [`read_sniffed`] read.
+#[derive(Debug)]
+pub struct Sniffed {
+    /// The (inflated) bytes.
+    pub data: Vec<u8>,
+    /// Their format.
+    pub format: Format,
+    /// Under `lenient`: the gzip stream ended early or broke, and `data` is what it gave
+    /// before that (the message says where).
+    pub gzip_cut: Option<String>,
+}
+
+/// Reads a trace from `reader`, deciding from its first bytes (after gunzip, streamed) whether
+/// it can be a trace before reading the rest: random data, an archive or a gzip of zeros is
+/// refused after [`SNIFF_BYTES`] bytes at most. A gzip stream may inflate to
+/// [`inflate_limit`] of its size (`compressed_hint` when known, else what was read so far).
+/// With `lenient`, a gzip stream that is cut short or corrupt gives what it inflated before.
+///
+/// # Errors
+/// [`TraceError::Io`] when reading fails; [`TraceError::NotATrace`] for data that is not a
+/// trace (named as [`detect`] names it) or a gzip bomb; [`TraceError::Malformed`] for corrupt
+/// or truncated gzip data (unless `lenient` and some data came before the damage).
+pub fn read_sniffed(
+    name: &str,
+    mut reader: impl Read,
+    compressed_hint: Option<u64>,
+    lenient: bool,
+) -> Result<Sniffed, TraceError> {
+    let io = |source| TraceError::Io {
+        path: name.to_string(),
+        source,
+    };
+    let mut head = Vec::with_capacity(SNIFF_BYTES);
+    reader
+        .by_ref()
+        .take(SNIFF_BYTES as u64)
+        .read_to_end(&mut head)
+        .map_err(io)?;
+    let not_a_trace = |what: String| TraceError::NotATrace {
+        path: name.to_string(),
+        what,
+    };
+    if !is_gzip(&head) {
+        let complete = head.len() < SNIFF_BYTES;
+        detect_with(&head, complete).map_err(not_a_trace)?;
+        let mut data = head;
+        read_limited(name, reader, &mut data, None)?;
+        let format = detect(&data).map_err(not_a_trace)?;
+        return Ok(Sniffed {
+            data,
+            format,
+            gzip_cut: None,
+        });
+    }
+    // Gzip: inflate a chunk at a time; look at the first bytes before going on. The limit
+    // grows with the compressed bytes read so far when the size is not known in advance
+    // (standard input).
+    let counted = Counted {
+        inner: std::io::Cursor::new(head).chain(reader),
+        bytes: 0,
+    };
+    let mut gz = flate2::read::MultiGzDecoder::new(counted);
+    let mut data: Vec<u8> = Vec::with_capacity(SNIFF_BYTES);
+    let mut chunk = vec![0u8; 1 << 16];
+    let mut sniffed = false;
+    let mut gzip_cut = None;
+    loop {
+        let n = match gz.read(&mut chunk) {
+            Ok(n) => n,
+            Err(e) => {
+                let what = format!(
+                    "gzip data truncated or corrupt after {} inflated bytes: {e}",
+                    data.len()
+                );
+                if lenient && data.len() >= SNIFF_BYTES.min(64) {
+                    gzip_cut = Some(what);
+                    break;
+                }
+                return Err(TraceError::Malformed {
+                    path: name.to_string(),
+                    index: 0,
+                    message: what,
+                });
+            }
+        };
+        data.extend_from_slice(&chunk[..n]);
+        if !sniffed && (n == 0 || data.len() >= SNIFF_BYTES) {
+            sniffed = true;
+            detect_with(&data, n == 0)
+                .map_err(|what| not_a_trace(format!("after gunzip, {what}")))?;
+        }
+        if n == 0 {
+            break;
+        }
+        let compressed = compressed_hint.unwrap_or(0).max(gz.get_ref().bytes);
+        let limit = inflate_limit(compressed);
+        if data.len() as u64 > limit {
+            return Err(bomb(name, limit, compressed));
+        }
+    }
+    let format = detect(&data).map_err(|what| not_a_trace(format!("after gunzip, {what}")))?;
+    Ok(Sniffed {
+        data,
+        format,
+        gzip_cut,
+    })
+}
+
+/// A reader that counts the bytes read through it.
+struct Counted<R> {
+    inner: R,
+    bytes: u64,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
 }
 
 /// Detects the format of (already inflated) `bytes`.
@@ -44,6 +226,32 @@ pub fn gunzip(name: &str, bytes: &[u8]) -> Result<Vec<u8>, TraceError> {
 /// # Errors
 /// A description of what the bytes are instead of a trace (for [`TraceError::NotATrace`]).
 pub fn detect(bytes: &[u8]) -> Result<Format, String> {
+    detect_with(bytes, true)
+}
+
+/// [`detect`] on the first bytes of a file; `complete` says whether they are the whole file.
+/// A text-protocol pickle is then recognised by its first byte alone, and white space or a
+/// first line longer than the bytes given leaves the decision to the whole file.
+///
+/// # Errors
+/// As [`detect`], only for what the first bytes already show.
+pub fn detect_with(bytes: &[u8], complete: bool) -> Result<Format, String> {
+    if !complete {
+        if matches!(bytes.first(), Some(b'(' | b'}' | b']')) {
+            return Ok(Format::TorchSnapshot);
+        }
+        let text = strip_bom(bytes);
+        let blank = text.iter().all(|b| b.is_ascii_whitespace());
+        let start = text.iter().position(|b| !b.is_ascii_whitespace());
+        let open_line = start.is_some_and(|s| !text[s..].contains(&b'\n'));
+        let binary = bytes[..bytes.len().min(512)]
+            .iter()
+            .any(|&b| b < 0x09 || (0x0e..0x20).contains(&b));
+        if (blank || open_line) && !binary {
+            // Undecided: let the whole file speak.
+            return Ok(Format::JsonLines);
+        }
+    }
     if bytes.is_empty() {
         return Err("the file is empty".into());
     }
@@ -189,5 +397,74 @@ mod tests {
         assert!(detect(b"\x28\xb5\x2f\xfd\x00")
             .unwrap_err()
             .contains("zstd -d"));
+    }
+
+    /// An endless source: `head`, then `fill` bytes forever (reading it all would never end).
+    struct Endless {
+        head: Vec<u8>,
+        fill: u8,
+        served: u64,
+    }
+
+    impl Read for Endless {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = buf.len().min(1 << 16);
+            for (i, b) in buf[..n].iter_mut().enumerate() {
+                let at = self.served as usize + i;
+                *b = self.head.get(at).copied().unwrap_or(self.fill);
+            }
+            self.served += n as u64;
+            Ok(n)
+        }
+    }
+
+    /// Issue 9 item 5: refused on the first bytes, never reading the whole input.
+    #[test]
+    fn refuses_on_the_first_bytes_of_endless_inputs() {
+        let random = Endless {
+            head: vec![0x6e, 0x71, 0x83, 0x55, 0x93, 0xb8, 0x39, 0xaa],
+            fill: 0x01,
+            served: 0,
+        };
+        let e = read_sniffed("random.bin", random, None, false).unwrap_err();
+        assert!(e.to_string().contains("binary data"), "{e}");
+        // An endless gzip stream of zeros (a decompression bomb) is refused after its first
+        // inflated bytes.
+        let zeros = Endless {
+            head: Vec::new(),
+            fill: 0,
+            served: 0,
+        };
+        let gz = flate2::read::GzEncoder::new(zeros, flate2::Compression::fast());
+        let e = read_sniffed("zeros.gz", gz, None, false).unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("after gunzip, binary data"), "{text}");
+        assert!(text.contains("00 00 00 00"), "{text}");
+        // Text that is neither format, on its first line.
+        let text = Endless {
+            head: b"hello world\n".to_vec(),
+            fill: b'x',
+            served: 0,
+        };
+        let e = read_sniffed("notes.txt", text, None, false).unwrap_err();
+        assert!(e.to_string().contains("hello world"), "{e}");
+    }
+
+    #[test]
+    fn the_inflate_limit_grows_with_the_compressed_size() {
+        assert_eq!(inflate_limit(0), MIN_INFLATE_LIMIT_BYTES);
+        assert_eq!(inflate_limit(1 << 20), MIN_INFLATE_LIMIT_BYTES);
+        assert_eq!(inflate_limit(100 << 20), 100 * (100 << 20));
+        assert_eq!(inflate_limit(u64::MAX), u64::MAX);
+        // Past the limit, reading stops with a message that says why and how to read the
+        // file anyway.
+        let mut out = Vec::new();
+        let err = read_limited("bomb.gz", &[0u8; 5000][..], &mut out, Some((1000, 10)))
+            .unwrap_err()
+            .to_string();
+        assert!(out.len() <= 1001, "read {} bytes", out.len());
+        assert!(err.contains("inflates past 1000 bytes"), "{err}");
+        assert!(err.contains("decompression bomb"), "{err}");
+        assert!(err.contains("gunzip -k"), "{err}");
     }
 }

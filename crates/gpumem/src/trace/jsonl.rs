@@ -20,19 +20,48 @@
 //! | `device` | unsigned integer | device ordinal; default 0 |
 //! | `time_us` | integer | microseconds since any epoch; optional |
 //! | `align` | unsigned integer, a power of two, bytes | requested alignment of an `alloc`; default 256 |
+//! | `device_free` | unsigned integer, bytes | `oom` only: what the driver reported free on the device when the request failed |
 //!
 //! Rules: an `alloc` at an `addr` that is live on the same device is an error, and so is a
 //! `free` of an `addr` that is not live. A block that was already allocated when recording
 //! started is declared by a `preexisting` line (`addr`, `size`, optional `device`), normally at
-//! the top of the file; it may then be freed like any other block. Unknown keys are ignored.
+//! the top of the file; it may then be freed like any other block. Unknown keys are ignored;
+//! one that is a single edit away from a known key (`aling`, `strem`) gets a warning in
+//! [`Trace::warnings`] naming its first line and the key it resembles.
 //! Errors name the line number (1-based). [`write_jsonl`] writes any [`Trace`] in this format,
 //! so PyTorch snapshots and RMM logs convert losslessly (for the fields above).
 use super::live::{Liveness, UnknownFree};
-use super::{Action, Event, Format, PreexistingBlock, ReadConfig, Trace, TraceError};
+use super::{Action, Event, Format, PreexistingBlock, ReadConfig, RecordedOom, Trace, TraceError};
 use serde::Deserialize;
 use std::io::Write;
 
 /// One line as deserialised (types checked by serde, meaning checked by [`read_jsonl`]).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StrictLine {
+    action: String,
+    addr: Option<u64>,
+    size: Option<u64>,
+    stream: Option<u64>,
+    device: Option<u32>,
+    time_us: Option<i64>,
+    align: Option<u64>,
+    device_free: Option<u64>,
+}
+
+/// The keys of a line, as [`StrictLine`] has them.
+const KEYS: [&str; 8] = [
+    "action",
+    "addr",
+    "size",
+    "stream",
+    "device",
+    "time_us",
+    "align",
+    "device_free",
+];
+
+/// [`StrictLine`] that ignores unknown keys (tried after the strict one refused one).
 #[derive(Deserialize)]
 struct Line {
     action: String,
@@ -42,6 +71,56 @@ struct Line {
     device: Option<u32>,
     time_us: Option<i64>,
     align: Option<u64>,
+    device_free: Option<u64>,
+}
+
+impl From<StrictLine> for Line {
+    fn from(l: StrictLine) -> Line {
+        Line {
+            action: l.action,
+            addr: l.addr,
+            size: l.size,
+            stream: l.stream,
+            device: l.device,
+            time_us: l.time_us,
+            align: l.align,
+            device_free: l.device_free,
+        }
+    }
+}
+
+/// serde_json's message without its "at line 1 column C" (each line is parsed alone, so that
+/// line number would contradict the file's), with the column kept.
+fn json_error(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    let msg = match text.rfind(" at line ") {
+        Some(i) => &text[..i],
+        None => &text,
+    };
+    if e.column() > 0 {
+        format!("{msg} (column {})", e.column())
+    } else {
+        msg.to_string()
+    }
+}
+
+/// An unknown key and the known key it is one edit away from.
+type Typo = (String, &'static str);
+
+/// Keys of `text` (a JSON object) that are not known but one edit (insert, delete, replace or
+/// swap two neighbours) away from a known key: `(unknown, known)`.
+fn near_misses(text: &str) -> Vec<Typo> {
+    let Ok(map) = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(text) else {
+        return Vec::new();
+    };
+    map.keys()
+        .filter(|k| !KEYS.contains(&k.as_str()))
+        .filter_map(|k| {
+            KEYS.iter()
+                .find(|known| strsim::damerau_levenshtein(k, known) == 1)
+                .map(|known| (k.clone(), *known))
+        })
+        .collect()
 }
 
 /// The name of an action in JSON lines.
@@ -60,12 +139,23 @@ pub fn action_name(action: Action) -> &'static str {
 
 /// What a line declares.
 enum Parsed {
-    Event(Event),
+    Event(Event, Option<u64>),
     Preexisting(PreexistingBlock),
 }
 
-fn parse_line(text: &str) -> Result<Parsed, String> {
-    let l: Line = serde_json::from_str(text).map_err(|e| e.to_string())?;
+/// Parses one line; also returns unknown keys that look like typos of known ones.
+fn parse_line(text: &str) -> Result<(Parsed, Vec<Typo>), String> {
+    let (l, typos) = match serde_json::from_str::<StrictLine>(text) {
+        Ok(l) => (Line::from(l), Vec::new()),
+        Err(strict) => match serde_json::from_str::<Line>(text) {
+            Ok(l) => (l, near_misses(text)),
+            Err(_) => return Err(json_error(&strict)),
+        },
+    };
+    Ok((parse_fields(l)?, typos))
+}
+
+fn parse_fields(l: Line) -> Result<Parsed, String> {
     let action = match l.action.as_str() {
         "alloc" => Action::Alloc,
         "free" => Action::Free,
@@ -105,15 +195,18 @@ fn parse_line(text: &str) -> Result<Parsed, String> {
             return Err(format!("\"align\" {a} is not a power of two"));
         }
     }
-    Ok(Parsed::Event(Event {
-        action,
-        addr,
-        size_bytes,
-        stream: l.stream.unwrap_or(0),
-        device: l.device.unwrap_or(0),
-        time_us: l.time_us,
-        align: l.align,
-    }))
+    Ok(Parsed::Event(
+        Event {
+            action,
+            addr,
+            size_bytes,
+            stream: l.stream.unwrap_or(0),
+            device: l.device.unwrap_or(0),
+            time_us: l.time_us,
+            align: l.align,
+        },
+        l.device_free,
+    ))
 }
 
 /// Reads gpumem JSON lines (see the module documentation).
@@ -131,6 +224,7 @@ pub fn read_jsonl(name: &str, data: &[u8], options: ReadConfig) -> Result<Trace,
     };
     let mut live = Liveness::new(UnknownFree::Error);
     let mut seen_first = false;
+    let mut warned = std::collections::BTreeSet::new();
     for (i, raw) in data.split(|&b| b == b'\n').enumerate() {
         let line_no = i as u64 + 1;
         let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
@@ -159,9 +253,28 @@ pub fn read_jsonl(name: &str, data: &[u8], options: ReadConfig) -> Result<Trace,
                 }
             }
         }
-        let result = parsed.and_then(|p| match p {
-            Parsed::Event(ev) => live.admit(&mut trace, ev, |_, _| 0),
-            Parsed::Preexisting(b) => live.declare_preexisting(&mut trace, b),
+        let result = parsed.and_then(|(p, typos)| {
+            for (unknown, known) in typos {
+                if warned.insert(unknown.clone()) {
+                    trace.warn(format!(
+                        "line {line_no}: unknown key {unknown:?} ignored; did you mean {known:?}?"
+                    ));
+                }
+            }
+            match p {
+                Parsed::Event(ev, device_free) => {
+                    let at = trace.events.len() as u64;
+                    live.admit(&mut trace, ev, |_, _| 0)?;
+                    if ev.action == Action::Oom {
+                        trace.ooms.push(RecordedOom {
+                            event: at,
+                            device_free_bytes: device_free,
+                        });
+                    }
+                    Ok(())
+                }
+                Parsed::Preexisting(b) => live.declare_preexisting(&mut trace, b),
+            }
         });
         if let Err(e) = result {
             if options.lenient {
@@ -237,7 +350,12 @@ pub fn write_jsonl<W: Write>(trace: &Trace, writer: W) -> std::io::Result<()> {
         }
         w.write_all(b"}\n")?;
     }
-    for e in &trace.events {
+    let ooms: std::collections::HashMap<u64, Option<u64>> = trace
+        .ooms
+        .iter()
+        .map(|o| (o.event, o.device_free_bytes))
+        .collect();
+    for (i, e) in trace.events.iter().enumerate() {
         write!(
             w,
             "{{\"action\":\"{}\",\"addr\":{}",
@@ -258,6 +376,12 @@ pub fn write_jsonl<W: Write>(trace: &Trace, writer: W) -> std::io::Result<()> {
         }
         if let Some(a) = e.align {
             write!(w, ",\"align\":{a}")?;
+        }
+        if e.action == Action::Oom {
+            let free = ooms.get(&(i as u64)).copied().flatten();
+            if let Some(f) = free {
+                write!(w, ",\"device_free\":{f}")?;
+            }
         }
         w.write_all(b"}\n")?;
     }
@@ -307,7 +431,7 @@ mod tests {
         let t = read_jsonl(
             "t",
             b"{\"action\":\"alloc\",\"addr\":1,\"size\":1}\n{\"action\":\"alloc\",\"addr\":1,\"size\":1}\nnot json\n",
-            ReadConfig { lenient: true },
+            ReadConfig { lenient: true, ..ReadConfig::default() },
         )
         .unwrap();
         assert_eq!(
@@ -336,5 +460,51 @@ mod tests {
         let back = read(std::str::from_utf8(&out).unwrap()).unwrap();
         assert_eq!(back.events, t.events);
         assert_eq!(back.preexisting, t.preexisting);
+    }
+
+    /// Issue 9 item 8: typos of known keys are warned about with their line; a negative size
+    /// names one line only.
+    #[test]
+    fn typo_keys_get_a_did_you_mean_and_errors_name_one_line() {
+        let t = read(
+            "{\"action\":\"alloc\",\"addr\":1,\"size\":100,\"note\":\"x\"}\n\
+             {\"action\":\"alloc\",\"addr\":2,\"size\":64,\"aling\":4096}\n\
+             {\"action\":\"alloc\",\"addr\":3,\"size\":64,\"strem\":7,\"aling\":8}\n",
+        )
+        .unwrap();
+        assert_eq!(t.events.len(), 3);
+        assert_eq!(t.events[1].align, None, "the typo is ignored, not guessed");
+        assert_eq!(
+            t.warnings,
+            [
+                "line 2: unknown key \"aling\" ignored; did you mean \"align\"?",
+                "line 3: unknown key \"strem\" ignored; did you mean \"stream\"?"
+            ]
+        );
+        let e = read(
+            "{\"action\":\"alloc\",\"addr\":1,\"size\":1}\n\n\
+             {\"action\":\"alloc\",\"addr\":2,\"size\":-64}\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("line 3: invalid value: integer `-64`"), "{e}");
+        assert!(!e.contains("line 1"), "two different lines named: {e}");
+        assert!(e.contains("(column "), "{e}");
+    }
+
+    #[test]
+    fn oom_device_free_round_trips() {
+        let text = "{\"action\":\"oom\",\"addr\":0,\"size\":4096,\"device_free\":1024}\n";
+        let t = read(text).unwrap();
+        assert_eq!(
+            t.ooms,
+            [RecordedOom {
+                event: 0,
+                device_free_bytes: Some(1024)
+            }]
+        );
+        let mut out = Vec::new();
+        write_jsonl(&t, &mut out).unwrap();
+        assert_eq!(String::from_utf8(out).unwrap(), text);
     }
 }

@@ -239,48 +239,35 @@ mod tests {
         );
     }
 
-    fn ev(action: Action, addr: u64, size: u64) -> Event {
-        Event {
-            action,
-            addr,
-            size_bytes: size,
-            stream: 0,
-            device: 0,
-            time_us: None,
-            align: None,
-        }
-    }
-
     #[test]
     fn duplicate_and_unknown() {
         let mut t = Trace::default();
         let mut l = Liveness::new(UnknownFree::Error);
-        l.admit(&mut t, ev(Action::Alloc, 16, 8), |_, _| 0).unwrap();
+        l.admit(&mut t, Event::alloc(16, 8), |_, _| 0).unwrap();
         assert!(l
-            .admit(&mut t, ev(Action::Alloc, 16, 8), |_, _| 0)
+            .admit(&mut t, Event::alloc(16, 8), |_, _| 0)
             .unwrap_err()
             .contains("already live"));
-        l.admit(&mut t, ev(Action::Free, 16, 0), |_, _| 0).unwrap();
+        l.admit(&mut t, Event::free(16, 0), |_, _| 0).unwrap();
         assert_eq!(t.events[1].size_bytes, 8, "free gets the block's size");
         assert!(l
-            .admit(&mut t, ev(Action::Free, 16, 0), |_, _| 0)
+            .admit(&mut t, Event::free(16, 0), |_, _| 0)
             .unwrap_err()
             .contains("freed at event 1 and not allocated since (a double free)"));
         assert!(l
-            .admit(&mut t, ev(Action::Free, 48, 0), |_, _| 0)
+            .admit(&mut t, Event::free(48, 0), |_, _| 0)
             .unwrap_err()
             .contains("never allocated"));
         assert_eq!(t.events.len(), 2);
         // Allocated again after its free: fine.
-        l.admit(&mut t, ev(Action::Alloc, 16, 4), |_, _| 0).unwrap();
+        l.admit(&mut t, Event::alloc(16, 4), |_, _| 0).unwrap();
     }
 
     #[test]
     fn preexisting() {
         let mut t = Trace::default();
         let mut l = Liveness::new(UnknownFree::Preexisting);
-        l.admit(&mut t, ev(Action::Free, 32, 0), |_, a| a * 2)
-            .unwrap();
+        l.admit(&mut t, Event::free(32, 0), |_, a| a * 2).unwrap();
         assert_eq!(
             t.preexisting,
             vec![PreexistingBlock {
@@ -293,9 +280,7 @@ mod tests {
         assert!(!l.is_live(0, 32));
         // The same address freed again without an alloc in between: a double free, not a
         // second pre-existing block.
-        let e = l
-            .admit(&mut t, ev(Action::Free, 32, 0), |_, _| 0)
-            .unwrap_err();
+        let e = l.admit(&mut t, Event::free(32, 0), |_, _| 0).unwrap_err();
         assert!(e.contains("double free"), "{e}");
         assert_eq!(t.preexisting.len(), 1);
     }

@@ -19,6 +19,9 @@ pub mod jsonl;
 mod live;
 pub mod pickle;
 pub mod rmm;
+pub mod stacks;
+
+pub use stacks::{FrameRef, StackId, StackTable};
 
 /// What happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -62,6 +65,87 @@ pub struct Event {
     pub align: Option<u64>,
 }
 
+impl Event {
+    /// An event of `action` for the block or segment at `addr` of `size_bytes` bytes, on the
+    /// default stream of device 0, with no time and no alignment.
+    pub fn new(action: Action, addr: u64, size_bytes: u64) -> Event {
+        Event {
+            action,
+            addr,
+            size_bytes,
+            stream: 0,
+            device: 0,
+            time_us: None,
+            align: None,
+        }
+    }
+
+    /// A request of `size_bytes` bytes served at `addr` (device 0, default stream).
+    ///
+    /// ```
+    /// use gpumem::trace::{Action, Event};
+    /// let e = Event::alloc(0x1000, 512).on_device(1).on_stream(7);
+    /// assert_eq!((e.action, e.addr, e.size_bytes, e.device, e.stream), (Action::Alloc, 0x1000, 512, 1, 7));
+    /// ```
+    pub fn alloc(addr: u64, size_bytes: u64) -> Event {
+        Event::new(Action::Alloc, addr, size_bytes)
+    }
+
+    /// The block at `addr` goes back to the allocator; `size_bytes` is its size, 0 when
+    /// unknown (device 0, default stream).
+    pub fn free(addr: u64, size_bytes: u64) -> Event {
+        Event::new(Action::Free, addr, size_bytes)
+    }
+
+    /// The same event on device ordinal `device`.
+    #[must_use]
+    pub fn on_device(mut self, device: u32) -> Event {
+        self.device = device;
+        self
+    }
+
+    /// The same event on stream `stream` (a CUDA stream handle; 0 = default stream).
+    #[must_use]
+    pub fn on_stream(mut self, stream: u64) -> Event {
+        self.stream = stream;
+        self
+    }
+}
+
+/// An out-of-memory that the snapshot recorded (`oom` trace entry): what the failing request
+/// met. The request itself is the [`Action::Oom`] event at [`RecordedOom::event`] (its
+/// `size_bytes`, `device` and `stream`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct RecordedOom {
+    /// Index in [`Trace::events`] of the [`Action::Oom`] event.
+    pub event: u64,
+    /// Bytes the driver reported free on the device at that moment (`device_free`), when the
+    /// entry had it.
+    pub device_free_bytes: Option<u64>,
+}
+
+/// The caching allocator's settings recorded in a snapshot (`allocator_settings`, PyTorch 2.1
+/// and later).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct AllocatorSettings {
+    /// The `PYTORCH_CUDA_ALLOC_CONF` string in force (e.g. `expandable_segments:True`); empty
+    /// when the variable was unset.
+    pub alloc_conf: String,
+    /// `max_split_size` in bytes; `None` when unlimited (PyTorch writes -1) or absent.
+    pub max_split_size_bytes: Option<u64>,
+    /// `garbage_collection_threshold` (fraction of the memory limit; 0 = off).
+    pub garbage_collection_threshold: Option<f64>,
+    /// `expandable_segments`.
+    pub expandable_segments: Option<bool>,
+    /// `roundup_power2_divisions` as `(key, divisions)` pairs in the order recorded: the key is
+    /// the size interval as PyTorch names it (`"1"`, `"2"`, ... in MiB; the interval of sizes
+    /// from that many MiB to twice as many), 0 divisions = no rounding in that interval.
+    pub roundup_power2_divisions: Vec<(String, u64)>,
+    /// Every recorded key with its value as text (Python's `repr` style), the ones above
+    /// included, in the order recorded.
+    pub all: Vec<(String, String)>,
+}
+
 /// A block that was already live when recording started: freed in the trace, never allocated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct PreexistingBlock {
@@ -101,6 +185,9 @@ pub struct SnapshotBlock {
     pub requested_bytes: u64,
     /// `active_allocated`, `active_pending_free` or `inactive`.
     pub state: String,
+    /// The Python stack recorded with the block (its `frames`, the allocation's stack) when
+    /// read with [`ReadConfig::keep_frames`]; [`StackId::EMPTY`] otherwise.
+    pub stack: StackId,
 }
 
 /// A segment recorded in a snapshot's `segments`.
@@ -139,6 +226,20 @@ pub struct Trace {
     pub skipped: Vec<String>,
     /// How many events were skipped in total.
     pub skipped_count: u64,
+    /// Things the reader noticed that do not stop it (an unknown key that looks like a typo
+    /// of a known one, ...), each naming its place in the file; first [`SKIPPED_KEPT`] kept.
+    pub warnings: Vec<String>,
+    /// Set when a lenient read salvaged a truncated file: where it was cut and what was kept.
+    pub truncated: Option<String>,
+    /// Python stacks of the events, interned (filled only under [`ReadConfig::keep_frames`]).
+    pub stacks: StackTable,
+    /// The stack of each event (same length as [`Trace::events`]) when the trace was read with
+    /// [`ReadConfig::keep_frames`] from a snapshot; empty otherwise. See [`Trace::stack_of`].
+    pub event_stacks: Vec<StackId>,
+    /// The snapshot's `allocator_settings`, when it had them.
+    pub allocator_settings: Option<AllocatorSettings>,
+    /// What each recorded out-of-memory met, one per [`Action::Oom`] event, in event order.
+    pub ooms: Vec<RecordedOom>,
 }
 
 /// How many reasons [`Trace::skipped`] keeps.
@@ -151,6 +252,19 @@ impl Trace {
         self.skipped_count += 1;
         if self.skipped.len() < SKIPPED_KEPT {
             self.skipped.push(reason);
+        }
+    }
+
+    /// The Python stack of event `index` (see [`Trace::stacks`] to read its frames): `None`
+    /// when the trace was read without [`ReadConfig::keep_frames`], or `index` is out of range.
+    pub fn stack_of(&self, index: usize) -> Option<StackId> {
+        self.event_stacks.get(index).copied()
+    }
+
+    /// Records a warning (see [`Trace::warnings`]).
+    pub fn warn(&mut self, warning: String) {
+        if self.warnings.len() < SKIPPED_KEPT {
+            self.warnings.push(warning);
         }
     }
 
@@ -258,25 +372,79 @@ pub enum TraceError {
 }
 
 /// Reading options.
+///
+/// ```
+/// use gpumem::trace::ReadConfig;
+/// let with_stacks = ReadConfig { keep_frames: true, ..ReadConfig::default() };
+/// assert!(!with_stacks.lenient);
+/// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ReadConfig {
     /// Skip and count malformed events instead of failing.
     pub lenient: bool,
+    /// Keep each snapshot trace entry's Python stack (`frames`: file name, line, function
+    /// name) in [`Trace::stacks`] and [`Trace::event_stacks`]. Off by default: a plain replay
+    /// does not need them and reads faster without them. Other formats carry no stacks.
+    pub keep_frames: bool,
 }
 
-/// Reads a trace file, detecting the format (and gzip) from the content.
+/// Reads a trace file, detecting the format (and gzip) from the content; `-` reads standard
+/// input.
 ///
-/// The whole file is read into memory; a gzip'd file is inflated in memory first.
+/// The first bytes are looked at before the rest is read (see [`detect::read_sniffed`]), so
+/// a file that is not a trace is refused at once whatever its size. The whole trace is then
+/// read into memory; a gzip'd one is inflated in memory, up to [`detect::inflate_limit`] of
+/// its size.
 ///
 /// # Errors
 /// [`TraceError::Io`] when the file cannot be read; otherwise as [`read_bytes`].
 pub fn read_path(path: &std::path::Path, options: ReadConfig) -> Result<Trace, TraceError> {
+    if path.as_os_str() == "-" {
+        let name = "standard input";
+        let sniffed = detect::read_sniffed(name, std::io::stdin().lock(), None, options.lenient)?;
+        return read_detected(name, sniffed, options);
+    }
     let name = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|source| TraceError::Io {
+    let io = |source| TraceError::Io {
         path: name.clone(),
         source,
-    })?;
-    read_bytes(&name, &bytes, options)
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let size = file.metadata().ok().map(|m| m.len());
+    let reader = std::io::BufReader::new(file);
+    let sniffed = detect::read_sniffed(&name, reader, size, options.lenient)?;
+    read_detected(&name, sniffed, options)
+}
+
+fn read_detected(
+    name: &str,
+    sniffed: detect::Sniffed,
+    options: ReadConfig,
+) -> Result<Trace, TraceError> {
+    let mut trace = read_format(name, &sniffed.data, sniffed.format, options)?;
+    if let Some(cut) = sniffed.gzip_cut {
+        trace.truncated = Some(match trace.truncated.take() {
+            Some(t) => format!("{cut}; {t}"),
+            None => format!(
+                "{cut}; kept the {} events inflated before",
+                trace.events.len()
+            ),
+        });
+    }
+    Ok(trace)
+}
+
+fn read_format(
+    name: &str,
+    data: &[u8],
+    format: Format,
+    options: ReadConfig,
+) -> Result<Trace, TraceError> {
+    match format {
+        Format::TorchSnapshot => pickle::read_snapshot(name, data, options),
+        Format::RmmCsv => rmm::read_rmm(name, data, options),
+        Format::JsonLines => jsonl::read_jsonl(name, data, options),
+    }
 }
 
 /// Reads a trace held in memory; `name` is the file name that errors carry.
@@ -288,17 +456,12 @@ pub fn read_path(path: &std::path::Path, options: ReadConfig) -> Result<Trace, T
 ///   the index is an event index or a line number;
 /// - [`TraceError::Refused`]: a pickle that asks for a class, a global or a persistent id.
 pub fn read_bytes(name: &str, bytes: &[u8], options: ReadConfig) -> Result<Trace, TraceError> {
-    let inflated;
-    let data = if detect::is_gzip(bytes) {
-        inflated = detect::gunzip(name, bytes)?;
-        &inflated[..]
-    } else {
-        bytes
-    };
-    match detect::detect(data) {
-        Ok(Format::TorchSnapshot) => pickle::read_snapshot(name, data, options),
-        Ok(Format::RmmCsv) => rmm::read_rmm(name, data, options),
-        Ok(Format::JsonLines) => jsonl::read_jsonl(name, data, options),
+    if detect::is_gzip(bytes) {
+        let sniffed = detect::read_sniffed(name, bytes, Some(bytes.len() as u64), options.lenient)?;
+        return read_detected(name, sniffed, options);
+    }
+    match detect::detect(bytes) {
+        Ok(format) => read_format(name, bytes, format, options),
         Err(what) => Err(TraceError::NotATrace {
             path: name.to_string(),
             what,

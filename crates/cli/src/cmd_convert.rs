@@ -1,0 +1,142 @@
+//! `gpumem convert`: any trace to gpumem JSON lines.
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use gpumem::trace::{self, Action, PreexistingBlock, ReadConfig, Trace};
+
+/// Arguments of `gpumem convert`.
+#[derive(clap::Args)]
+pub struct ConvertArgs {
+    /// The trace to read (format detected from the content; `-` reads standard input).
+    pub trace: PathBuf,
+    /// Where to write the JSON lines (`-` for standard output). Written to a temporary file
+    /// beside it and renamed, so a failed run leaves no half-written file; the input itself is
+    /// refused as output.
+    #[arg(long, short, default_value = "-")]
+    pub output: String,
+    /// Skip and count malformed events instead of stopping at the first; salvage a truncated
+    /// snapshot.
+    #[arg(long)]
+    pub lenient: bool,
+}
+
+pub fn run(a: ConvertArgs) -> Result<()> {
+    let output = (a.output != "-").then(|| PathBuf::from(&a.output));
+    if let Some(out) = &output {
+        if a.trace.as_os_str() != "-" && same_file(&a.trace, out) {
+            bail!(
+                "-o {}: that is the input file; converting it onto itself would destroy it (choose another output)",
+                out.display()
+            );
+        }
+    }
+    let mut trace = trace::read_path(
+        &a.trace,
+        ReadConfig {
+            lenient: a.lenient,
+            ..ReadConfig::default()
+        },
+    )?;
+    crate::cmd_replay::print_read_notes(&trace);
+    let has_blocks = trace
+        .events
+        .iter()
+        .any(|e| matches!(e.action, Action::Alloc | Action::Free));
+    let mut from_state = 0;
+    if !has_blocks && trace.preexisting.is_empty() {
+        if trace.segments.is_empty() {
+            bail!(
+                "{}: nothing to convert: no alloc/free events and no segments{}",
+                a.trace.display(),
+                if trace.format == Some(trace::Format::TorchSnapshot) {
+                    format!(" ({})", crate::cmd_analyze::HOW_TO_RECORD)
+                } else {
+                    String::new()
+                }
+            );
+        }
+        // A snapshot of the allocator's state without a trace: its allocated blocks are what
+        // an allocator must hold, so they become `preexisting` lines.
+        trace.preexisting = state_as_preexisting(&trace);
+        from_state = trace.preexisting.len();
+        if from_state == 0 {
+            bail!(
+                "{}: the snapshot holds {} segments but no allocated block and no trace: nothing to replay (`gpumem replay` shows the segments' state)",
+                a.trace.display(),
+                trace.segments.len()
+            );
+        }
+    }
+    let note = if from_state > 0 {
+        format!(
+            " (no trace in the snapshot: its {from_state} allocated blocks written as preexisting)"
+        )
+    } else {
+        String::new()
+    };
+    match &output {
+        None => {
+            trace::jsonl::write_jsonl(&trace, std::io::stdout().lock())?;
+        }
+        Some(out) => {
+            let dir = out
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            let mut tmp = tempfile::Builder::new()
+                .prefix(".gpumem-convert-")
+                .tempfile_in(dir)
+                .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
+            trace::jsonl::write_jsonl(&trace, tmp.as_file_mut())
+                .and_then(|()| tmp.as_file_mut().flush())
+                .with_context(|| format!("writing {}", out.display()))?;
+            tmp.persist(out)
+                .with_context(|| format!("writing {}", out.display()))?;
+            eprintln!(
+                "wrote {} events and {} pre-existing blocks to {}{}{note}",
+                trace.events.len(),
+                trace.preexisting.len(),
+                out.display(),
+                if trace.skipped_count > 0 {
+                    format!(" ({} bad events skipped)", trace.skipped_count)
+                } else {
+                    String::new()
+                }
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Whether `a` and `b` name the same existing file (through links or other spellings).
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    }
+}
+
+/// The blocks a snapshot's segments show allocated (`active_*`), as pre-existing blocks live
+/// throughout: the requested bytes when recorded, else the block size.
+fn state_as_preexisting(trace: &Trace) -> Vec<PreexistingBlock> {
+    trace
+        .segments
+        .iter()
+        .flat_map(|s| {
+            s.blocks
+                .iter()
+                .filter(|b| b.state.starts_with("active"))
+                .map(move |b| PreexistingBlock {
+                    addr: b.address,
+                    size_bytes: if b.requested_bytes > 0 {
+                        b.requested_bytes
+                    } else {
+                        b.size_bytes
+                    },
+                    device: s.device,
+                    freed_at_event: None,
+                })
+        })
+        .collect()
+}
