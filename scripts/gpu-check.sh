@@ -36,7 +36,10 @@
 #            copies with % of the cuMemcpyPeerAsync baseline and % of link), the 90 % target
 #            and the peer-copy byte checks as lines of their own, and gpumem replay
 #            traces/multigpu/two_devices.jsonl --device all --canary (device N's events on
-#            cuda:N); their JSON goes into replay.jsonl, one line each with a "step" key
+#            cuda:N); PyTorch with the plug-in (scripts/torch-multigpu.py: a model on cuda:1, a
+#            tensor moved between the GPUs, each pool back to its start) and its recorded trace
+#            replayed with --device all; their JSON goes into replay.jsonl, one line each with
+#            a "step" key
 #       Writes under $OUT if set (else carry/out): gpu-check.log (everything),
 #       info.json, baselines.jsonl, baselines.md, replay.jsonl, bench-alloc.json, pinned.tar.gz,
 #       summary.txt — few files,
@@ -361,6 +364,21 @@ PY
         "$CARRY/gpumem" replay "$mt" --device all --canary --allocator all --json
     else
       STEPS+=("multigpu replay"); STATUS+=("FAIL (no traces/multigpu/two_devices.jsonl)"); SECS+=(0)
+    fi
+    # PyTorch with the gpumem plug-in on both GPUs (issue 15, item 5), and its recorded trace
+    # replayed with --device all.
+    if [ -f "$CARRY/torch/libgpumem_torch.so" ] && python3 -c 'import torch' >/dev/null 2>&1; then
+      local tt
+      tt=$(mktemp --suffix=.jsonl)
+      step "multigpu torch: model on cuda:1, tensor moved" 240 multigpu_json "torch two GPUs" "$OUTDIR/replay.jsonl" \
+        python3 "$ROOT/scripts/torch-multigpu.py" --lib "$CARRY/torch/libgpumem_torch.so" --trace "$tt"
+      if [ -s "$tt" ]; then
+        step "multigpu replay torch trace --device all" 200 multigpu_json "replay torch trace --device all" "$OUTDIR/replay.jsonl" \
+          "$CARRY/gpumem" replay "$tt" --device all --canary --allocator all --json
+      fi
+      rm -f "$tt"
+    else
+      STEPS+=("multigpu torch"); STATUS+=("SKIP (no carry/torch or no torch)"); SECS+=(0)
     fi
     # The target and the figures, as summary lines and into the log.
     if command -v python3 >/dev/null && [ -s "$OUTDIR/replay.jsonl" ]; then
