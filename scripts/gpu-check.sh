@@ -19,7 +19,8 @@
 #       1,000-step soak, native vs expandable_segments vs gpumem on four workloads); its
 #       files are packed into torch.tar.gz.
 #       Runs, each step under its own time limit, continuing after a failing step:
-#         1. gpumem info (table, and --json), gpumem inspect, gpumem vmm
+#         1. gpumem info (table, and --json), gpumem inspect, gpumem vmm, gpumem watch --once
+#            (text and --json, into the log)
 #         1b. scripts/baselines/run.sh: gpumem's C++/CUDA baseline programs, built with nvcc
 #            from the repository (cudaMalloc, cuMemAlloc, cudaMallocAsync, VMM calls by size,
 #            host allocation, copies; PyTorch's c10 allocator when torch imports), into
@@ -250,6 +251,9 @@ run() {
     step "info --json" 60 json_to "$OUTDIR/info.json" "$CARRY/gpumem" info --device all --json
     step "inspect" 60 "$CARRY/gpumem" inspect --device cuda
     step "vmm" 60 "$CARRY/gpumem" vmm --device cuda
+    # report: one NVML sample, as text and JSON (no terminal needed).
+    step "watch --once" 60 "$CARRY/gpumem" watch --once
+    step "watch --once --json" 60 "$CARRY/gpumem" watch --once --json
   fi
 
   # 1b. gpumem's own baseline programs (C++/CUDA, scripts/baselines/), built here with nvcc and

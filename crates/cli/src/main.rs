@@ -4,9 +4,12 @@ use clap::{Parser, Subcommand};
 mod cmd_analyze;
 mod cmd_convert;
 mod cmd_cuda;
+mod cmd_map;
 mod cmd_multigpu;
 mod cmd_pinned;
 mod cmd_replay;
+mod cmd_report;
+mod cmd_watch;
 mod progress;
 mod units;
 
@@ -26,6 +29,12 @@ struct Cli {
 enum Command {
     /// Replay an allocation trace through allocators and report reserved memory and fragmentation.
     Replay(cmd_replay::ReplayArgs),
+    /// One self-contained HTML page: timelines, memory maps, what holds memory at the peak.
+    Report(cmd_report::ReportArgs),
+    /// The memory map of one allocator at one event, in the terminal.
+    Map(cmd_map::MapArgs),
+    /// A live view of each GPU's memory (NVML), or one sample with --once.
+    Watch(cmd_watch::WatchArgs),
     /// Devices, memory, granularity and pool figures (needs a CUDA driver).
     Info(cmd_cuda::InfoArgs),
     /// Allocate blocks and show each pointer as the driver and the pool see it (needs CUDA).
@@ -56,6 +65,9 @@ fn main() {
     let verbose = cli.verbose;
     let result = match cli.command {
         Command::Replay(a) => cmd_replay::run(a),
+        Command::Report(a) => cmd_report::run(a),
+        Command::Map(a) => cmd_map::run(a),
+        Command::Watch(a) => cmd_watch::run(a),
         Command::Info(a) => cmd_cuda::info(a),
         Command::Inspect(a) => cmd_cuda::inspect(a),
         Command::Vmm(a) => cmd_cuda::vmm(a),

@@ -16,6 +16,7 @@ pub mod plot;
 pub mod pool;
 pub mod recorded_oom;
 pub mod replay;
+pub mod report;
 pub mod trace;
 pub mod units;
 pub mod vmm;

@@ -1,0 +1,79 @@
+//! `gpumem map`: the memory map of one allocator at one event, as text.
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use clap::Args;
+
+/// Arguments of `gpumem map`.
+#[derive(Args)]
+pub struct MapArgs {
+    /// The trace: a PyTorch memory snapshot, an RMM log CSV or gpumem JSON lines.
+    pub trace: PathBuf,
+    /// The event after which to show the map (0-based; default: the allocator's peak of
+    /// reserved bytes).
+    #[arg(long, conflicts_with = "peak")]
+    pub event: Option<u64>,
+    /// Show the map at the allocator's peak of reserved bytes (the default).
+    #[arg(long)]
+    pub peak: bool,
+    /// The allocator (buddy, tlsf, best-fit, torch, paged), or `recorded` for the segments
+    /// a PyTorch snapshot recorded at dump time.
+    #[arg(long, short, default_value = "torch")]
+    pub allocator: String,
+    #[command(flatten)]
+    pub replay: crate::cmd_report::ReplayOptions,
+    /// Cells per line (default: the terminal's width, or 100 when not a terminal).
+    #[arg(long)]
+    pub width: Option<usize>,
+    /// Lines of the map, at most (the cell size grows until the map fits).
+    #[arg(long, default_value_t = 40)]
+    pub lines: usize,
+}
+
+fn terminal_width() -> Option<usize> {
+    if !std::io::stdout().is_terminal() {
+        return None;
+    }
+    // A pseudo-terminal without a size reports 0 columns.
+    ratatui::crossterm::terminal::size()
+        .ok()
+        .map(|(w, _)| w as usize)
+        .filter(|&w| w >= 20)
+}
+
+pub fn run(a: MapArgs) -> Result<()> {
+    if a.lines == 0 {
+        bail!("--lines 0: expected at least one line");
+    }
+    let recorded = a.allocator == "recorded";
+    let r = crate::cmd_report::build(
+        &a.trace,
+        if recorded { "torch" } else { &a.allocator },
+        &a.replay,
+        false,
+        true,
+    )?;
+    if r.runs.len() != 1 {
+        bail!(
+            "--allocator {}: expected one allocator (buddy, tlsf, best-fit, torch, paged or recorded)",
+            a.allocator
+        );
+    }
+    let map = if recorded {
+        match &r.snapshot_map {
+            Some(m) => m.clone(),
+            None => bail!(
+                "{}: the trace recorded no segments (only PyTorch snapshots do)",
+                a.trace.display()
+            ),
+        }
+    } else {
+        r.map(0, a.event)?
+    };
+    let width = a.width.or_else(terminal_width).unwrap_or(100).max(8);
+    let color = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let mut out = std::io::stdout().lock();
+    out.write_all(map.render_text(width, a.lines, color).as_bytes())?;
+    Ok(())
+}

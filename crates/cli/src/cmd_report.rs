@@ -1,0 +1,124 @@
+//! `gpumem report`: one self-contained HTML page (see `gpumem::report`).
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use gpumem::core::config::AllocatorConfig;
+use gpumem::core::registry;
+use gpumem::core::sim::DEFAULT_CAPACITY;
+use gpumem::report::{self, ReportConfig};
+use gpumem::trace::{self, ReadConfig};
+
+use crate::units::{human_bytes, parse_size};
+
+/// Arguments of `gpumem report`.
+#[derive(Args)]
+pub struct ReportArgs {
+    /// The trace: a PyTorch memory snapshot, an RMM log CSV or gpumem JSON lines.
+    pub trace: PathBuf,
+    /// Where to write the page.
+    #[arg(long, short, default_value = "report.html")]
+    pub output: PathBuf,
+    /// Allocators to compare: a comma-separated list of buddy, tlsf, best-fit, torch, paged,
+    /// or `all`.
+    #[arg(long, short, default_value = "all")]
+    pub allocator: String,
+    #[command(flatten)]
+    pub replay: ReplayOptions,
+}
+
+/// How `report` and `map` read and replay the trace.
+#[derive(Args)]
+pub struct ReplayOptions {
+    /// Capacity of the simulated device (e.g. 80GiB, 141GB).
+    #[arg(long, value_parser = parse_size)]
+    pub capacity: Option<u64>,
+    /// Segment size for the buddy, tlsf and best-fit pools.
+    #[arg(long, value_parser = parse_size, default_value = "256MiB")]
+    pub segment_size: u64,
+    /// Device ordinal of the trace to show (default: the first with events).
+    #[arg(long)]
+    pub trace_device: Option<u32>,
+    /// Skip and count malformed events instead of stopping at the first.
+    #[arg(long)]
+    pub lenient: bool,
+}
+
+/// Reads a trace and builds the report both `report` and `map` use.
+pub fn build(
+    path: &std::path::Path,
+    allocators: &str,
+    o: &ReplayOptions,
+    keep_frames: bool,
+    quiet: bool,
+) -> Result<report::Report> {
+    let (capacity, segment_size) = (o.capacity, o.segment_size);
+    if capacity == Some(0) {
+        bail!("--capacity 0: expected a device capacity above zero (e.g. 80GiB)");
+    }
+    if segment_size == 0 {
+        bail!("--segment-size 0: expected a segment size above zero (e.g. 256MiB)");
+    }
+    let names = registry::parse_list(allocators)?;
+    let started = Instant::now();
+    let trace = trace::read_path(
+        path,
+        ReadConfig {
+            lenient: o.lenient,
+            keep_frames,
+        },
+    )?;
+    if !quiet {
+        eprintln!(
+            "read {} ({} events, {:.2} s)",
+            path.display(),
+            trace.events.len(),
+            started.elapsed().as_secs_f64()
+        );
+    }
+    let cfg = ReportConfig {
+        allocators: names.iter().map(|s| s.to_string()).collect(),
+        capacity_bytes: capacity.unwrap_or(DEFAULT_CAPACITY),
+        allocator_config: AllocatorConfig {
+            segment_bytes: segment_size,
+            ..AllocatorConfig::default()
+        },
+        device: o.trace_device,
+        ..ReportConfig::default()
+    };
+    let started = Instant::now();
+    let mut r = report::build(&trace, &path.display().to_string(), &cfg, &mut |name| {
+        if !quiet {
+            eprintln!("  replaying with {name}");
+        }
+    })
+    .with_context(|| format!("building the report of {}", path.display()))?;
+    r.recorded = report::recorded_figures(path);
+    if !quiet {
+        eprintln!(
+            "replayed {} allocator{} in {:.2} s",
+            r.runs.len(),
+            if r.runs.len() == 1 { "" } else { "s" },
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(r)
+}
+
+pub fn run(a: ReportArgs) -> Result<()> {
+    let quiet = !std::io::stderr().is_terminal() && std::env::var_os("GPUMEM_VERBOSE").is_none();
+    let r = build(&a.trace, &a.allocator, &a.replay, true, quiet)?;
+    let html = report::html::render(&r);
+    std::fs::write(&a.output, &html).with_context(|| format!("writing {}", a.output.display()))?;
+    eprintln!(
+        "wrote {} ({}): {} events, {} allocator{}",
+        a.output.display(),
+        human_bytes(html.len() as u64),
+        r.events(),
+        r.runs.len(),
+        if r.runs.len() == 1 { "" } else { "s" }
+    );
+    Ok(())
+}

@@ -1,0 +1,89 @@
+//! `gpumem map` and `gpumem watch` as a user runs them.
+use std::path::Path;
+use std::process::Command;
+
+const TRACE: &str = r#"{"action":"alloc","addr":1,"size":8388608}
+{"action":"alloc","addr":2,"size":600}
+{"action":"alloc","addr":3,"size":3000000}
+{"action":"alloc","addr":4,"size":3000000}
+{"action":"alloc","addr":5,"size":70000}
+{"action":"free","addr":3}
+{"action":"alloc","addr":6,"size":25165824}
+{"action":"free","addr":2}
+{"action":"alloc","addr":7,"size":1000}
+{"action":"free","addr":6}
+{"action":"free","addr":4}
+"#;
+
+#[test]
+fn map_prints_the_golden_map_in_a_pipe() {
+    let dir = std::env::temp_dir().join(format!("gpumem-map-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("small.jsonl");
+    std::fs::write(&trace, TRACE).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_gpumem"))
+        .args([
+            "map",
+            "--allocator",
+            "torch",
+            "--width",
+            "64",
+            "--lines",
+            "12",
+        ])
+        .args(["--segment-size", "32MiB"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let golden =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../gpumem/tests/golden/map_torch_peak.txt");
+    let want = std::fs::read_to_string(golden).unwrap();
+    let got = String::from_utf8(out.stdout).unwrap();
+    assert!(!got.contains('\x1b'), "colour codes in a pipe");
+    assert_eq!(got, want);
+}
+
+#[test]
+fn map_refuses_an_event_past_the_end() {
+    let dir = std::env::temp_dir().join(format!("gpumem-map-cli-end-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("small.jsonl");
+    std::fs::write(&trace, TRACE).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_gpumem"))
+        .args(["map", "--event", "11"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("event 11 is past the end of the trace (11 events)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn watch_once_samples_or_says_why_not() {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpumem"))
+        .args(["watch", "--once", "--json"])
+        .output()
+        .unwrap();
+    if out.status.success() {
+        // A machine with the NVIDIA driver: one sample with at least one device.
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let devs = v["devices"].as_array().unwrap();
+        assert!(!devs.is_empty());
+        assert!(devs[0]["total_bytes"].as_u64().unwrap() > 0);
+    } else {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("NVML") || err.contains("no GPU"), "{err}");
+        assert!(out.stdout.is_empty());
+    }
+}

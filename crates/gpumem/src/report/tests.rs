@@ -1,0 +1,147 @@
+use super::*;
+use crate::trace::{read_bytes, ReadConfig};
+
+/// A small trace: two 3 MiB blocks, one freed, then a 1 KiB block.
+pub(crate) const SMALL: &str = r#"{"action":"alloc","addr":1,"size":3145728}
+{"action":"alloc","addr":2,"size":3145728}
+{"action":"free","addr":1}
+{"action":"alloc","addr":3,"size":1024}
+{"action":"free","addr":2}
+{"action":"free","addr":3}
+"#;
+
+fn small_report(allocators: &[&str]) -> Report {
+    let t = read_bytes("small.jsonl", SMALL.as_bytes(), ReadConfig::default()).unwrap();
+    let cfg = ReportConfig {
+        allocators: allocators.iter().map(|s| s.to_string()).collect(),
+        ..ReportConfig::default()
+    };
+    build(&t, "small.jsonl", &cfg, &mut |_| {}).unwrap()
+}
+
+#[test]
+fn blocks_and_peaks() {
+    let r = small_report(&["torch"]);
+    assert_eq!(r.blocks.len(), 3);
+    assert_eq!(r.blocks[0].alloc_event, 0);
+    assert_eq!(r.blocks[0].free_event, 2);
+    assert_eq!(r.blocks[2].free_event, 5);
+    assert_eq!(r.peak_requested_event, 1);
+    assert_eq!(r.live_at(1), vec![0, 1]);
+    assert_eq!(r.live_at(3), vec![1, 2]);
+    let sites = r.sites_at_peak();
+    assert_eq!(sites.len(), 1);
+    assert_eq!(sites[0].blocks, 2);
+    assert_eq!(sites[0].requested_bytes, 6 << 20);
+}
+
+#[test]
+fn torch_map_follows_the_events() {
+    let r = small_report(&["torch"]);
+    let run = &r.runs[0];
+    // A 3 MiB request takes a 20 MiB segment; the second is served from its remainder
+    // (PyTorch splits large blocks), so one segment.
+    let m1 = MemoryMap::at(run, &r.blocks, 1);
+    assert_eq!(m1.rows.len(), 1);
+    assert_eq!(m1.rows[0].bytes, 20 << 20);
+    let t = m1.totals();
+    assert_eq!(t[map::SpanState::Live as usize], 6 << 20);
+    assert_eq!(t[map::SpanState::SplitRemainder as usize], 14 << 20);
+    assert_eq!(m1.live_blocks(), 2);
+    // The 1 KiB block took a 2 MiB segment of the small pool; after every free both
+    // segments stay cached, whole.
+    let end = MemoryMap::at(run, &r.blocks, 5);
+    assert_eq!(end.rows.len(), 2);
+    let t = end.totals();
+    assert_eq!(t[map::SpanState::FreeCached as usize], 22 << 20);
+    assert_eq!(end.live_blocks(), 0);
+    // Every row's spans tile it.
+    for m in [&m1, &end] {
+        for row in &m.rows {
+            let mut at = 0;
+            for s in &row.spans {
+                assert_eq!(s.offset, at);
+                at += s.bytes;
+            }
+            assert_eq!(at, row.shown_bytes);
+        }
+    }
+}
+
+#[test]
+fn paged_map_shows_mapped_and_unmapped_pages() {
+    let r = small_report(&["paged"]);
+    let run = &r.runs[0];
+    assert!(run
+        .regions
+        .iter()
+        .all(|x| x.kind == record::RegionKind::VaRange));
+    let m = MemoryMap::at(run, &r.blocks, 1);
+    let t = m.totals();
+    assert_eq!(t[map::SpanState::Live as usize], 6 << 20);
+    // 6 MiB on 2 MiB pages: three pages mapped, all under live blocks.
+    assert_eq!(t[map::SpanState::IdleMapped as usize], 0);
+    assert!(m.rows.iter().all(|row| row.shown_bytes <= row.bytes));
+}
+
+#[test]
+fn columns_hold_the_replay_figures() {
+    let r = small_report(&["best-fit"]);
+    let run = &r.runs[0];
+    let c = &run.columns;
+    assert_eq!(c.len(), 6);
+    assert_eq!(
+        c.max[0],
+        vec![
+            3.0 * 1048576.0,
+            6.0 * 1048576.0,
+            3.0 * 1048576.0,
+            3145728.0 + 1024.0,
+            1024.0,
+            0.0
+        ]
+    );
+    assert_eq!(c.max[2][0], (256u64 << 20) as f64);
+    assert_eq!(r.replays[0].peak_reserved_bytes, 256 << 20);
+    assert_eq!(run.oom_count, 0);
+}
+
+#[test]
+fn event_out_of_range_is_an_error() {
+    let r = small_report(&["tlsf"]);
+    assert!(matches!(
+        r.map(0, Some(6)),
+        Err(ReportError::EventOutOfRange {
+            event: 6,
+            events: 6
+        })
+    ));
+    assert!(r.map(0, Some(5)).is_ok());
+}
+
+#[test]
+fn a_block_live_before_recording_and_freed_by_event_0_is_placed_then_freed() {
+    let mut t = crate::trace::Trace::default();
+    t.preexisting.push(crate::trace::PreexistingBlock {
+        addr: 9,
+        size_bytes: 4 << 20,
+        device: 0,
+        freed_at_event: Some(0),
+    });
+    t.events = vec![
+        crate::trace::Event::free(9, 4 << 20),
+        crate::trace::Event::alloc(1, 1024),
+    ];
+    let cfg = ReportConfig {
+        allocators: vec!["tlsf".into()],
+        ..ReportConfig::default()
+    };
+    let r = build(&t, "x", &cfg, &mut |_| {}).unwrap();
+    assert_eq!(r.blocks[0].free_event, 0);
+    assert!(r.runs[0].placements[0].is_some());
+    // After event 0 the pre-existing block is gone; after event 1 only the new one is live.
+    assert_eq!(r.map(0, Some(0)).unwrap().live_blocks(), 0);
+    let m = r.map(0, Some(1)).unwrap();
+    assert_eq!(m.live_blocks(), 1);
+    assert_eq!(m.totals()[0], 1024);
+}

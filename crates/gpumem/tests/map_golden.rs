@@ -1,0 +1,69 @@
+//! `gpumem map`'s text for a small trace, compared with golden files
+//! (`GPUMEM_UPDATE_GOLDEN=1 cargo test -p gpumem --test map_golden` rewrites them).
+use gpumem::report::{self, ReportConfig};
+use gpumem::trace::{read_bytes, ReadConfig};
+
+const TRACE: &str = r#"{"action":"alloc","addr":1,"size":8388608}
+{"action":"alloc","addr":2,"size":600}
+{"action":"alloc","addr":3,"size":3000000}
+{"action":"alloc","addr":4,"size":3000000}
+{"action":"alloc","addr":5,"size":70000}
+{"action":"free","addr":3}
+{"action":"alloc","addr":6,"size":25165824}
+{"action":"free","addr":2}
+{"action":"alloc","addr":7,"size":1000}
+{"action":"free","addr":6}
+{"action":"free","addr":4}
+"#;
+
+fn check(allocator: &str, event: Option<u64>, golden: &str) {
+    let t = read_bytes("small.jsonl", TRACE.as_bytes(), ReadConfig::default()).unwrap();
+    let cfg = ReportConfig {
+        allocators: vec![allocator.to_string()],
+        allocator_config: gpumem::core::AllocatorConfig {
+            segment_bytes: 32 << 20,
+            ..Default::default()
+        },
+        ..ReportConfig::default()
+    };
+    let r = report::build(&t, "small.jsonl", &cfg, &mut |_| {}).unwrap();
+    let text = r.map(0, event).unwrap().render_text(64, 12, false);
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(golden);
+    if std::env::var_os("GPUMEM_UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, &text).unwrap();
+    }
+    let want = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (set GPUMEM_UPDATE_GOLDEN=1 to write it)",
+            path.display()
+        )
+    });
+    assert_eq!(
+        text,
+        want,
+        "{allocator}: the map differs from {}",
+        path.display()
+    );
+}
+
+#[test]
+fn torch_at_its_peak() {
+    check("torch", None, "map_torch_peak.txt");
+}
+
+#[test]
+fn torch_at_the_end() {
+    check("torch", Some(10), "map_torch_end.txt");
+}
+
+#[test]
+fn paged_at_its_peak() {
+    check("paged", None, "map_paged_peak.txt");
+}
+
+#[test]
+fn best_fit_after_event_7() {
+    check("best-fit", Some(7), "map_best_fit_7.txt");
+}
