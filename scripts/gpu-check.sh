@@ -31,7 +31,7 @@
 #         4. scripts/pinned-bench.sh (pinned host memory: transfers, allocation, advise)
 #         5. gpumem replay of every shipped trace with --device cuda --canary, all strategies,
 #            smallest trace first, until the time budget runs out (less GPU_CHECK_MULTIGPU_S,
-#            default 200, kept for step 6 when it will run)
+#            default 240, kept for step 6 when it will run)
 #         6. multigpu (2 devices or more; else one line "skipped: 1 device"): the two-device
 #            GPU tests, gpumem bench transfer --device all (host<->device per device, peer
 #            copies with % of the cuMemcpyPeerAsync baseline and % of link), the 90 % target
@@ -336,7 +336,7 @@ PY
   local tr
   local rlimit=${GPU_CHECK_REPLAY_TIMEOUT_S:-150}
   local full_budget=$BUDGET
-  if want multigpu && [ "${ndev:-0}" -ge 2 ]; then BUDGET=$((BUDGET - ${GPU_CHECK_MULTIGPU_S:-200})); fi
+  if want multigpu && [ "${ndev:-0}" -ge 2 ]; then BUDGET=$((BUDGET - ${GPU_CHECK_MULTIGPU_S:-240})); fi
   while IFS= read -r tr; do
     want replay || break
     step "replay $(basename "$tr")" $((rlimit + 20)) replay_one "$tr" "$rlimit"

@@ -141,7 +141,7 @@ pub const CANARY: u8 = 0xC5;
 pub struct PeerCheck {
     /// The copy checked.
     pub method: PeerMethod,
-    /// Source and destination device ordinals.
+    /// Source device ordinal.
     pub src_device: usize,
     /// Destination device ordinal.
     pub dst_device: usize,
