@@ -9,6 +9,7 @@ Usage: torch-multigpu.py --lib libgpumem_torch.so [--trace two_gpus.jsonl]
 Prints one JSON object on stdout; exit status 0 when every check passed (or with fewer
 than two GPUs, printing "skipped: N device(s)"), 1 otherwise."""
 import argparse
+import gc
 import json
 import os
 import sys
@@ -75,6 +76,7 @@ def main():
     # Once unrecorded: PyTorch keeps some memory for the rest of the process on first use
     # (cuBLAS workspaces); the starting figures are taken after it.
     work()
+    gc.collect()
     torch.cuda.synchronize(0)
     torch.cuda.synchronize(1)
     start.update({d: allocated(d) for d in (0, 1)})
@@ -84,6 +86,7 @@ def main():
             work()
     else:
         work()
+    gc.collect()
     torch.cuda.synchronize(0)
     torch.cuda.synchronize(1)
     end = {d: allocated(d) for d in (0, 1)}
