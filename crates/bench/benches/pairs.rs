@@ -24,7 +24,7 @@ use gpumem_core::{Allocator, Arena, DEFAULT_ALIGN};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
-/// Arena size: the seed's 256 MiB pool.
+/// Arena size: a 256 MiB pre-allocated pool, as in the classic buddy design.
 const ARENA_BYTES: u64 = 256 * MIB;
 const SIZES: [(u64, &str); 4] = [
     (256, "256B"),

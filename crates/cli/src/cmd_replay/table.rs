@@ -98,7 +98,7 @@ fn columns(j: &JsonOut) -> Vec<Column> {
     c.push(Column {
         header: "driver time",
         width: 11,
-        cell: |a| human_secs(a.modelled_driver_seconds),
+        cell: |a| gpumem::units::duration(a.modelled_driver_seconds),
     });
     if j.trace.duration_seconds.is_some() {
         c.push(Column {
@@ -113,7 +113,7 @@ fn columns(j: &JsonOut) -> Vec<Column> {
     c.push(Column {
         header: "events/s",
         width: 9,
-        cell: |a| human_rate(a.events_per_second),
+        cell: |a| gpumem::units::rate(a.events_per_second),
     });
     if j.device != "sim" {
         c.push(Column {
@@ -142,7 +142,7 @@ pub(super) fn print_table(j: &JsonOut, capacity: u64, capacity_given: bool) {
         human_bytes(t.peak_requested_bytes),
         human_bytes(t.largest_request_bytes),
         t.duration_seconds
-            .map(|d| format!(", {}", human_secs(d)))
+            .map(|d| format!(", {}", gpumem::units::duration(d)))
             .unwrap_or_default()
     );
     println!(
@@ -306,24 +306,4 @@ pub(super) fn print_notes(j: &JsonOut, capacity: u64) {
         "2nd half: driver calls made during the second half of the events (the steady state)."
     );
     println!("events/s: events replayed per CPU second of the replaying thread (allocators replay side by side on the simulated device).");
-}
-
-fn human_secs(s: f64) -> String {
-    if s >= 1.0 {
-        format!("{s:.2} s")
-    } else if s >= 1e-3 {
-        format!("{:.1} ms", s * 1e3)
-    } else {
-        format!("{:.0} µs", s * 1e6)
-    }
-}
-
-fn human_rate(r: f64) -> String {
-    if r >= 1e6 {
-        format!("{:.1} M", r / 1e6)
-    } else if r >= 1e3 {
-        format!("{:.1} k", r / 1e3)
-    } else {
-        format!("{r:.0}")
-    }
 }

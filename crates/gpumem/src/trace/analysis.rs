@@ -154,22 +154,6 @@ pub fn analyze(segments: &[SnapshotSegment]) -> StateAnalysis {
     out
 }
 
-/// Bytes in a short human form (binary units).
-fn human(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = bytes as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
-
 impl fmt::Display for StateAnalysis {
     /// A table of the segments (largest first, at most 40 rows with `{}`; all with `{:#}`),
     /// then the totals.
@@ -202,13 +186,13 @@ impl fmt::Display for StateAnalysis {
                 } else {
                     &s.segment_type
                 },
-                human(s.size_bytes),
-                human(s.allocated_bytes),
-                human(s.free_bytes),
-                human(s.largest_free_bytes),
+                crate::units::bytes(s.size_bytes),
+                crate::units::bytes(s.allocated_bytes),
+                crate::units::bytes(s.free_bytes),
+                crate::units::bytes(s.largest_free_bytes),
                 100.0 * s.external_fragmentation,
                 s.inactive_split_blocks,
-                human(s.inactive_split_bytes),
+                crate::units::bytes(s.inactive_split_bytes),
             )?;
         }
         if rows.len() > limit {
@@ -221,18 +205,18 @@ impl fmt::Display for StateAnalysis {
             t.segments,
             t.blocks,
             t.active_blocks,
-            human(t.reserved_bytes),
-            human(t.allocated_bytes),
-            human(t.requested_bytes),
-            human(t.free_bytes)
+            crate::units::bytes(t.reserved_bytes),
+            crate::units::bytes(t.allocated_bytes),
+            crate::units::bytes(t.requested_bytes),
+            crate::units::bytes(t.free_bytes)
         )?;
         write!(
             f,
             "largest free block {}, external fragmentation {:.1}%, inactive split blocks {} ({})",
-            human(t.largest_free_bytes),
+            crate::units::bytes(t.largest_free_bytes),
             100.0 * t.external_fragmentation,
             t.inactive_split_blocks,
-            human(t.inactive_split_bytes)
+            crate::units::bytes(t.inactive_split_bytes)
         )
     }
 }
