@@ -12,7 +12,7 @@
 #           carry/gpumem  carry/tests/<test-target>  carry/traces/...
 #
 #   scripts/gpu-check.sh run [GROUP...]   (on the device machine, from the repository root)
-#       GROUPs (default: all, in this order): info baselines tests bench pinned replay — e.g.
+#       GROUPs (default: all, in this order): info baselines tests bench pinned replay multigpu — e.g.
 #       `run replay` in a second device call when one call's 10 minutes are not enough.
 #       Group `torch` runs only when named, in a call of its own (`run torch`, ~7 min):
 #       scripts/torch-compare.py with libgpumem_torch.so as PyTorch's allocator (smoke check,
@@ -30,7 +30,17 @@
 #         3. gpumem bench alloc --device cuda (strategies vs cuMemAlloc and cuMemAllocAsync)
 #         4. scripts/pinned-bench.sh (pinned host memory: transfers, allocation, advise)
 #         5. gpumem replay of every shipped trace with --device cuda --canary, all strategies,
-#            smallest trace first, until the time budget runs out
+#            smallest trace first, until the time budget runs out (less GPU_CHECK_MULTIGPU_S,
+#            default 240, kept for step 6 when it will run)
+#         6. multigpu (2 devices or more; else one line "skipped: 1 device"): the two-device
+#            GPU tests, gpumem bench transfer --device all (host<->device per device, peer
+#            copies with % of the cuMemcpyPeerAsync baseline and % of link), the 90 % target
+#            and the peer-copy byte checks as lines of their own, and gpumem replay
+#            traces/multigpu/two_devices.jsonl --device all --canary (device N's events on
+#            cuda:N); PyTorch with the plug-in (scripts/torch-multigpu.py: a model on cuda:1, a
+#            tensor moved between the GPUs, each pool back to its start) and its recorded trace
+#            replayed with --device all; their JSON goes into replay.jsonl, one line each with
+#            a "step" key
 #       Writes under $OUT if set (else carry/out): gpu-check.log (everything),
 #       info.json, baselines.jsonl, baselines.md, replay.jsonl, bench-alloc.json, pinned.tar.gz,
 #       summary.txt — few files,
@@ -166,6 +176,28 @@ json_to() {
   "$@" >"$file"
 }
 
+# multigpu_json STEP FILE COMMAND...: runs COMMAND (JSON on stdout), appends
+# {"step": STEP, "rc": RC, "report": JSON} to FILE; rc 3 when the JSON shows canary errors
+# (replay) or a failed peer-copy check.
+multigpu_json() {
+  local name=$1 file=$2
+  shift 2
+  local tmp
+  tmp=$(mktemp)
+  "$@" >"$tmp"
+  local rc=$?
+  printf '{"step": "%s", "rc": %d, "report": ' "$name" "$rc" >>"$file"
+  if [ -s "$tmp" ]; then tr -d '\n' <"$tmp" >>"$file"; else printf 'null' >>"$file"; fi
+  printf '}\n' >>"$file"
+  if grep -Eq '"canary_errors": *[1-9]|"mismatched_bytes": *[1-9]|"damaged_guard_bytes": *[1-9]|"damaged_source_bytes": *[1-9]' "$tmp"; then
+    echo "$name: wrong bytes (canary or peer-copy check)"
+    rm -f "$tmp"
+    return 3
+  fi
+  rm -f "$tmp"
+  return "$rc"
+}
+
 # replay_one TRACE LIMIT_S: one canary replay under its own time limit, so that a line with
 # its exit status (124: timed out) lands in replay.jsonl even when it is cut short.
 replay_one() {
@@ -199,10 +231,10 @@ run() {
   GROUPS_WANTED=("$@")
   local g
   for g in "${GROUPS_WANTED[@]}"; do
-    case "$g" in info | baselines | anchors | tests | bench | pinned | replay | torch) ;; *) echo "unknown step group: $g" >&2; exit 2 ;; esac
+    case "$g" in info | baselines | anchors | tests | bench | pinned | replay | torch | multigpu) ;; *) echo "unknown step group: $g" >&2; exit 2 ;; esac
   done
   export CARRY OUTDIR
-  export -f json_to replay_one
+  export -f json_to replay_one multigpu_json
   mkdir -p "$OUTDIR"
   : >"$LOG"
   : >"$OUTDIR/replay.jsonl"
@@ -292,15 +324,114 @@ PY
     fi
   fi
 
+  # Devices visible (for the multigpu group): gpumem's own count, so CUDA_VISIBLE_DEVICES holds.
+  local ndev=0
+  if want multigpu; then
+    ndev=$("$CARRY/gpumem" info --device all --json 2>/dev/null | grep -c '"ordinal":')
+  fi
+
   # 5. replay every shipped trace on the GPU, every strategy, with canaries; smallest first,
-  #    last because they take the longest (the time budget skips what does not fit)
+  #    last because they take the longest (the time budget skips what does not fit; with two
+  #    devices, GPU_CHECK_MULTIGPU_S of it is kept for the multigpu group)
   local tr
   local rlimit=${GPU_CHECK_REPLAY_TIMEOUT_S:-150}
+  local full_budget=$BUDGET
+  if want multigpu && [ "${ndev:-0}" -ge 2 ]; then BUDGET=$((BUDGET - ${GPU_CHECK_MULTIGPU_S:-240})); fi
   while IFS= read -r tr; do
     want replay || break
     step "replay $(basename "$tr")" $((rlimit + 20)) replay_one "$tr" "$rlimit"
   done < <(find "$CARRY/traces" \( -name '*.pickle.gz' -o -name '*.jsonl' -o -name '*.csv' \) -printf '%s %p\n' |
     sort -n | cut -d' ' -f2-)
+  BUDGET=$full_budget
+
+  # 6. two devices: peer copies, peer bandwidth, a multi-device trace on both GPUs. Figures
+  #    and checks go to replay.jsonl (lines with a "step" key; the device tool brings back 8
+  #    files at most); the 90 % target and the byte checks are lines of their own in the summary.
+  if ! want multigpu; then
+    :
+  elif [ "${ndev:-0}" -lt 2 ]; then
+    STEPS+=("multigpu"); STATUS+=("SKIP (skipped: ${ndev:-0} device)"); SECS+=(0)
+    log "== multigpu: skipped: ${ndev:-0} device"
+  else
+    local cudatests="$CARRY/tests/cuda"
+    if [ -x "$cudatests" ]; then
+      step "multigpu tests" 240 "$cudatests" --ignored --test-threads 1 multigpu vmm_arena peer_access
+    else
+      STEPS+=("multigpu tests"); STATUS+=("FAIL (no carry/tests/cuda)"); SECS+=(0)
+    fi
+    step "multigpu bench transfer --device all" 300 multigpu_json "bench transfer --device all" "$OUTDIR/replay.jsonl" \
+      "$CARRY/gpumem" bench transfer --device all --sizes "${GPU_CHECK_MULTIGPU_SIZES:-1MiB,64MiB,256MiB,1GiB}" \
+      --kinds pageable,pinned,staged --repeats 5 --no-cache --json
+    local mt="$CARRY/traces/multigpu/two_devices.jsonl"
+    if [ -f "$mt" ]; then
+      step "multigpu replay two_devices --device all" 200 multigpu_json "replay --device all" "$OUTDIR/replay.jsonl" \
+        "$CARRY/gpumem" replay "$mt" --device all --canary --allocator all --json
+    else
+      STEPS+=("multigpu replay"); STATUS+=("FAIL (no traces/multigpu/two_devices.jsonl)"); SECS+=(0)
+    fi
+    # PyTorch with the gpumem plug-in on both GPUs (issue 15, item 5), and its recorded trace
+    # replayed with --device all.
+    if [ -f "$CARRY/torch/libgpumem_torch.so" ] && python3 -c 'import torch' >/dev/null 2>&1; then
+      local tt
+      tt=$(mktemp --suffix=.jsonl)
+      step "multigpu torch: model on cuda:1, tensor moved" 240 multigpu_json "torch two GPUs" "$OUTDIR/replay.jsonl" \
+        python3 "$ROOT/scripts/torch-multigpu.py" --lib "$CARRY/torch/libgpumem_torch.so" --trace "$tt"
+      if [ -s "$tt" ]; then
+        step "multigpu replay torch trace --device all" 200 multigpu_json "replay torch trace --device all" "$OUTDIR/replay.jsonl" \
+          "$CARRY/gpumem" replay "$tt" --device all --canary --allocator all --json
+      fi
+      rm -f "$tt"
+    else
+      STEPS+=("multigpu torch"); STATUS+=("SKIP (no carry/torch or no torch)"); SECS+=(0)
+    fi
+    # The target and the figures, as summary lines and into the log.
+    if command -v python3 >/dev/null && [ -s "$OUTDIR/replay.jsonl" ]; then
+      local lines
+      lines=$(python3 - "$OUTDIR/replay.jsonl" 2>>"$LOG" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    r = m.get("report")
+    if not r or m.get("step") != "bench transfer --device all":
+        continue
+    for d in r.get("devices", []):
+        best = {}
+        for x in d["results"]:
+            k = (x["kind"], x["direction"])
+            best[k] = max(best.get(k, 0), x["gbps"])
+        print("INFO\tcuda:%d host<->device best GB/s: %s" % (d["ordinal"], ", ".join(
+            "%s %s %.1f" % (k[0], k[1], v) for k, v in sorted(best.items()))))
+    for p in r.get("peer", []):
+        a, b = p["devices"]
+        big = max((x["bytes"] for x in p["rows"]), default=0)
+        for x in p["rows"]:
+            if x["bytes"] == big:
+                print("INFO\tpeer %d<->%d %s %s %s: %.1f GB/s, %s of baseline, %s of link" % (
+                    a, b, x["method"], x["memory"], x["direction"], x["gbps"],
+                    "-" if x["pct_of_baseline"] is None else "%.1f %%" % x["pct_of_baseline"],
+                    "-" if x["pct_of_link"] is None else "%.1f %%" % x["pct_of_link"]))
+        print("INFO\tlink %d<->%d: %s" % (a, b, p["link"]["source"]))
+        pct = p.get("pool_min_pct_of_baseline")
+        st = "FAIL" if pct is None or pct < 90 else "ok"
+        print("STEP\tmultigpu peer %d<->%d pool >= 90%% baseline\t%s (%s)" % (
+            a, b, st, "n/a" if pct is None else "%.1f %%" % pct))
+        bad = sum(1 for c in p["checks"] if c["check"]["mismatched_bytes"] or c["check"]["damaged_guard_bytes"] or c["check"]["damaged_source_bytes"])
+        print("STEP\tmultigpu peer %d<->%d byte checks\t%s (%d of %d passed)" % (
+            a, b, "FAIL" if bad or not p["checks"] else "ok", len(p["checks"]) - bad, len(p["checks"])))
+PY
+)
+      local kind rest st
+      while IFS=$'\t' read -r kind rest st; do
+        case "$kind" in
+          INFO) log "   $rest" ;;
+          STEP) STEPS+=("$rest"); STATUS+=("$st"); SECS+=(0); log "== $rest: $st" ;;
+        esac
+      done <<<"$lines"
+    fi
+  fi
 
   # Summary, last.
   local failed=0 i
@@ -327,7 +458,7 @@ case "${1:-}" in
     ;;
   *)
     echo "usage: scripts/gpu-check.sh build   # here: release CLI + GPU test binaries into carry/" >&2
-    echo "       scripts/gpu-check.sh run [GROUP...]  # on the device machine; GROUPs: info baselines tests bench pinned replay (default all), torch (only when named)" >&2
+    echo "       scripts/gpu-check.sh run [GROUP...]  # on the device machine; GROUPs: info baselines tests bench pinned replay multigpu (default all), torch (only when named)" >&2
     exit 2
     ;;
 esac

@@ -77,9 +77,11 @@ pub struct BenchTransferArgs {
     /// Timed repeats per point (median); sizes ≥ 256 MiB use at most 5.
     #[arg(long, default_value_t = 11)]
     pub repeats: usize,
-    /// CUDA device ordinal.
-    #[arg(long, default_value_t = 0)]
-    pub device: usize,
+    /// CUDA device: an ordinal (`0`), `cuda:N`, or `all` (every device: host<->device
+    /// bandwidth of each, then peer copies between each pair; see `gpumem bench transfer
+    /// --device all --help`).
+    #[arg(long, default_value = "0", value_parser = crate::cmd_multigpu::parse_transfer_device)]
+    pub device: crate::cmd_multigpu::TransferDevice,
     /// Staging ring: bytes per chunk.
     #[arg(long, default_value = "16MiB", value_parser = parse_size)]
     pub stage_chunk: u64,
@@ -214,7 +216,13 @@ pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
     if let Err(e) = gpumem::cuda::init() {
         bail!("{e}\n`gpumem bench transfer` measures copies over PCIe and needs a CUDA device; `gpumem bench pinned` measures the mlock fallback without one");
     }
-    let host = CudaContext::new(a.device)?;
+    let ordinal = match a.device {
+        crate::cmd_multigpu::TransferDevice::One(n) => n,
+        crate::cmd_multigpu::TransferDevice::All => {
+            return crate::cmd_multigpu::bench_transfer_all(&a)
+        }
+    };
+    let host = CudaContext::new(ordinal)?;
     let device = host.name().unwrap_or_else(|_| "unknown".into());
     let bus = host.pci_bus_id().unwrap_or_default();
     let max = *a.sizes.last().context("no sizes")? as usize;

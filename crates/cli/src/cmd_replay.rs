@@ -57,7 +57,8 @@ pub struct ReplayArgs {
     /// Skip and count malformed events instead of stopping at the first.
     #[arg(long)]
     pub lenient: bool,
-    /// Where to allocate: `sim` (simulated H200, default), `cuda`, `cuda:N`.
+    /// Where to allocate: `sim` (simulated H200, default), `cuda`, `cuda:N`, or `all` (the
+    /// trace's device N on cuda:N, each on its own pool).
     #[arg(long, default_value = "sim")]
     pub device: String,
     /// Fill every block with a pattern at allocation and verify it at free (real devices).
@@ -228,23 +229,33 @@ struct JsonOut {
 enum Target {
     Sim,
     Cuda(usize),
+    /// Every device of the trace on the CUDA device of the same ordinal.
+    AllCuda,
 }
 
 fn parse_device(s: &str) -> Result<Target> {
     match s {
         "sim" => Ok(Target::Sim),
         "cuda" => Ok(Target::Cuda(0)),
+        "all" => Ok(Target::AllCuda),
         other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
             Some(Ok(n)) => Ok(Target::Cuda(n)),
-            _ => bail!("--device {other}: expected sim, cuda or cuda:N"),
+            _ => bail!("--device {other}: expected sim, cuda, cuda:N or all"),
         },
     }
 }
 
-fn open_device(target: &Target, capacity: u64) -> Result<Box<dyn Device>> {
+/// The device that replays the trace's device `trace_device`.
+fn open_device(target: &Target, capacity: u64, trace_device: u32) -> Result<Box<dyn Device>> {
     match target {
         Target::Sim => Ok(Box::new(SimDevice::new(capacity))),
         Target::Cuda(n) => crate::cmd_cuda::open_replay_device(*n, capacity),
+        Target::AllCuda => crate::cmd_cuda::open_replay_device(trace_device as usize, capacity)
+            .with_context(|| {
+                format!(
+                    "--device all replays the trace's device {trace_device} on cuda:{trace_device}"
+                )
+            }),
     }
 }
 
@@ -378,7 +389,7 @@ fn run_allocator(
         });
         let mut opened = match recording {
             Some(_) => None,
-            None => Some(open_device(sh.target, sh.capacity)?),
+            None => Some(open_device(sh.target, sh.capacity, d)?),
         };
         let dev: &mut dyn Device = match (recording.as_mut(), opened.as_mut()) {
             (Some(r), _) => r,
@@ -482,7 +493,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     }
     let names = registry::parse_list(&a.allocator)?;
     let read_started = Instant::now();
-    if matches!(target, Target::Cuda(_)) {
+    if matches!(target, Target::Cuda(_) | Target::AllCuda) {
         // Before reading a trace that may take a while: a missing driver is known at once.
         gpumem::cuda::init()?;
     }

@@ -5,6 +5,7 @@ mod cmd_analyze;
 mod cmd_convert;
 mod cmd_cuda;
 mod cmd_map;
+mod cmd_multigpu;
 mod cmd_pinned;
 mod cmd_replay;
 mod cmd_report;

@@ -202,7 +202,10 @@ fn bad_inputs_get_clear_errors() {
     ]);
     assert!(!ok && err.contains("refused"), "{err}");
     let (ok, _, err) = gpumem(&["replay", "traces/mixed_sizes.pickle.gz", "--device", "tpu"]);
-    assert!(!ok && err.contains("expected sim, cuda or cuda:N"), "{err}");
+    assert!(
+        !ok && err.contains("expected sim, cuda, cuda:N or all"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -151,6 +151,8 @@ pub(super) fn print_table(j: &JsonOut, capacity: u64, capacity_given: bool) {
         human_bytes(capacity),
         if j.device == "sim" && !capacity_given {
             " (the H200's, as cuMemGetInfo reports it)"
+        } else if j.device == "all" {
+            " (the trace's device N on cuda:N)"
         } else {
             ""
         },

@@ -107,10 +107,18 @@ impl VmmBook {
         }
     }
     /// Records a cuMemSetAccess over `[va, va + bytes)`: `ordinal` gets (`grant`) or loses
-    /// read-write access on every mapping that starts inside.
+    /// read-write access on every mapping that overlaps it (one that starts before `va` and
+    /// covers it included).
     pub fn on_set_access(&mut self, va: u64, bytes: u64, ordinal: i32, grant: bool) {
         let end = va.saturating_add(bytes);
-        for (_, m) in self.mappings.range_mut(va..end) {
+        let from = match self.mappings.range(..=va).next_back() {
+            Some((&s, m)) if s + m.bytes > va => s,
+            _ => va,
+        };
+        if from >= end {
+            return;
+        }
+        for (_, m) in self.mappings.range_mut(from..end) {
             m.access.retain(|&o| o != ordinal);
             if grant {
                 m.access.push(ordinal);
@@ -127,6 +135,10 @@ impl VmmBook {
             if s + m.bytes > va {
                 at = s + m.bytes;
             }
+        }
+        // One mapping covers the whole range (a range past `end` would panic).
+        if at >= end {
+            return true;
         }
         for (&s, m) in self.mappings.range(at..end) {
             if s != at {
@@ -200,5 +212,47 @@ fn hole(a: u64, b: u64, page_bytes: u64) -> PageRow {
         page_bytes,
         state: PageState::ReservedUnmapped,
         access: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const G: u64 = 2 << 20;
+
+    /// A range inside one larger mapping: covered, and access changes reach that mapping
+    /// (a peer grant on the pages of one block of a large mapping).
+    #[test]
+    fn a_range_inside_one_mapping() {
+        let mut b = VmmBook::default();
+        b.on_reserve(0, 64 * G);
+        b.on_map(4 * G, 16 * G, 1);
+        b.on_set_access(4 * G, 16 * G, 0, true);
+        assert!(b.is_mapped(6 * G, 2 * G));
+        assert!(b.is_mapped(4 * G, 16 * G));
+        assert!(b.is_mapped(19 * G, G));
+        assert!(!b.is_mapped(19 * G, 2 * G), "runs past the mapping");
+        assert!(!b.is_mapped(2 * G, 4 * G), "starts before the mapping");
+        b.on_set_access(6 * G, 2 * G, 1, true);
+        assert_eq!(
+            b.mapping_of(4 * G).map(|(_, m)| m.access.clone()),
+            Some(vec![0, 1])
+        );
+        b.on_set_access(6 * G, 2 * G, 1, false);
+        assert_eq!(
+            b.mapping_of(4 * G).map(|(_, m)| m.access.clone()),
+            Some(vec![0])
+        );
+        // Two mappings back to back cover a range across both; a hole does not.
+        b.on_map(20 * G, 4 * G, 2);
+        assert!(b.is_mapped(18 * G, 4 * G));
+        b.on_map(26 * G, 2 * G, 3);
+        assert!(!b.is_mapped(22 * G, 5 * G));
+        b.on_set_access(22 * G, 6 * G, 1, true);
+        let access = |va| b.mapping_of(va).map(|(_, m)| m.access.clone());
+        assert_eq!(access(20 * G), Some(vec![1]));
+        assert_eq!(access(26 * G), Some(vec![1]));
+        assert_eq!(access(4 * G), Some(vec![0]), "untouched");
     }
 }

@@ -235,6 +235,11 @@ impl Stream {
         &self.ctx
     }
 
+    /// The raw handle (owned by `self`).
+    pub(crate) fn raw(&self) -> CUstream {
+        self.raw
+    }
+
     /// Waits until all work queued on the stream is done (cuStreamSynchronize).
     ///
     /// # Errors
@@ -541,6 +546,11 @@ impl CopyKernel {
             sms,
             ctx: ctx.clone(),
         })
+    }
+
+    /// The context the kernel is loaded in.
+    pub fn context(&self) -> &CudaContext {
+        &self.ctx
     }
 
     /// Queues a copy of `bytes` bytes (rounded down to 16) from `src` to `dst`, device

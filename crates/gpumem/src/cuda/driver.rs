@@ -940,3 +940,57 @@ pub(crate) unsafe fn launch_kernel(
         )
     })
 }
+
+/// cuCtxEnablePeerAccess: lets the current context access memory of `peer` (cuMemAlloc
+/// memory, for kernels and UVA copies). `Ok(false)` when access was already enabled
+/// (CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED), `Ok(true)` when this call enabled it.
+///
+/// # Safety
+/// 1. `peer` is a live context of another device (cuCtxEnablePeerAccess).
+pub(crate) unsafe fn ctx_enable_peer_access(peer: CUcontext) -> Result<bool, DeviceError> {
+    // SAFETY: the caller upholds the contract above; flags must be 0.
+    let r = unsafe { sys::cuCtxEnablePeerAccess(peer, 0) };
+    if r == sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+        return Ok(false);
+    }
+    check("cuCtxEnablePeerAccess", r).map(|()| true)
+}
+
+/// cuDeviceGetP2PAttribute between devices `src` and `dst` (ordinals).
+pub(crate) fn device_p2p_attribute(
+    attr: sys::CUdevice_P2PAttribute,
+    src: usize,
+    dst: usize,
+) -> Result<i32, DeviceError> {
+    let (ds, dd) = (device_get(src)?, device_get(dst)?);
+    let mut v = 0;
+    // SAFETY: `v` is a valid out-pointer; both devices come from cuDeviceGet.
+    check("cuDeviceGetP2PAttribute", unsafe {
+        sys::cuDeviceGetP2PAttribute(&mut v, attr, ds, dd)
+    })?;
+    Ok(v)
+}
+
+/// The raw peer-attribute enum.
+pub(crate) use sys::CUdevice_P2PAttribute as P2pAttr;
+
+/// cuMemcpyPeerAsync of `bytes` from `src` in context `src_ctx` to `dst` in `dst_ctx`, on
+/// `stream` (works without peer access: the driver stages through the host then).
+///
+/// # Safety
+/// 1. Both ranges lie inside live device allocations of their contexts that stay alive until
+///    the copy completes; both contexts are live;
+/// 2. `stream` is a live stream of the current context (cuMemcpyPeerAsync).
+pub(crate) unsafe fn memcpy_peer_async(
+    dst: u64,
+    dst_ctx: CUcontext,
+    src: u64,
+    src_ctx: CUcontext,
+    bytes: usize,
+    stream: CUstream,
+) -> Result<(), DeviceError> {
+    // SAFETY: the caller upholds the contract above.
+    check("cuMemcpyPeerAsync", unsafe {
+        sys::cuMemcpyPeerAsync(dst, dst_ctx, src, src_ctx, bytes, stream)
+    })
+}

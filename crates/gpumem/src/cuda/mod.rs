@@ -30,7 +30,9 @@ mod device;
 pub(crate) mod driver;
 mod events;
 mod managed;
+pub mod p2p;
 mod peer;
+pub mod peer_bench;
 
 pub use crate::vmm;
 pub use context::{CopyKernel, CudaContext, DeviceBuffer, Event, Stream, COPY16_PTX};
@@ -40,6 +42,10 @@ pub use device::{
 };
 pub use events::CudaEvents;
 pub use gpumem_core::adaptor::Capped;
+pub use p2p::{
+    enable_peer_access, link_bandwidth, p2p_attributes, peer_copy, verify_peer_copy, LinkEstimate,
+    P2pAttributes, PeerCheck, PeerMethod,
+};
 // The device-agnostic pool lived here once; these keep the old paths working.
 pub use crate::pool::{self, pitch, ManualEvents, StreamEvents};
 pub use managed::{
@@ -117,7 +123,7 @@ pub(crate) fn guarded<T>(f: impl FnOnce() -> Result<T, CudaError>) -> Result<T, 
 
 /// The driver entry points gpumem calls outside a [`guarded`] section (pinned memory and
 /// copies): checked at [`init`] so that an old driver is a clear error, not a panic in cudarc.
-const REQUIRED_SYMBOLS: [&str; 32] = [
+const REQUIRED_SYMBOLS: [&str; 35] = [
     "cuInit",
     "cuDeviceGet",
     "cuDeviceGetAttribute",
@@ -150,6 +156,9 @@ const REQUIRED_SYMBOLS: [&str; 32] = [
     "cuModuleUnload",
     "cuLaunchKernel",
     "cuGetErrorName",
+    "cuCtxEnablePeerAccess",
+    "cuDeviceGetP2PAttribute",
+    "cuMemcpyPeerAsync",
 ];
 
 /// Whether a driver library can be opened, without panicking (cudarc's `is_culib_present`).

@@ -96,8 +96,7 @@ pub fn bandwidth_chart(series: &[(String, Vec<(u64, f64)>)], device: &str) -> cr
                 })
                 .collect(),
         )],
-        shared_y: false,
-        x_marks: Vec::new(),
+        ..Chart::default()
     }
 }
 

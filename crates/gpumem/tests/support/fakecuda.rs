@@ -61,6 +61,11 @@ pub fn run_in_child(name: &str, env: &[(&str, OsString)], remove: &[&str]) -> St
 /// (as [`test_name`] gives it) in a child process; in the child, calls `child`. Skipped with
 /// a message where there is no C compiler.
 pub fn against_fake_driver(name: &str, child: impl FnOnce()) {
+    against_fake_driver_with(name, &[], child);
+}
+
+/// As [`against_fake_driver`], with `env` set in the child too (e.g. `FAKE_CUDA_DEVICES`).
+pub fn against_fake_driver_with(name: &str, env: &[(&str, OsString)], child: impl FnOnce()) {
     if in_child() {
         return child();
     }
@@ -85,11 +90,9 @@ pub fn against_fake_driver(name: &str, child: impl FnOnce()) {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    run_in_child(
-        name,
-        &[("LD_LIBRARY_PATH", dir.clone().into_os_string())],
-        &["GPUMEM_NO_CUDA"],
-    );
+    let mut all = vec![("LD_LIBRARY_PATH", dir.clone().into_os_string())];
+    all.extend(env.iter().cloned());
+    run_in_child(name, &all, &["GPUMEM_NO_CUDA"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

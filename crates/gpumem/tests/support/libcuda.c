@@ -4,7 +4,12 @@
  * posix_memalign, every copy is a synchronous memcpy, events record a timestamp, the copy16
  * "kernel" is a memcpy of n16 * 16 bytes, VMM sits on mmap (reserve = PROT_NONE range,
  * map + set access = read-write pages). One device "Fake H200" of 16 GiB, 2 MiB granularity,
- * 512 B texture alignment, 4 SMs, driver 13.0.
+ * 512 B texture alignment, 4 SMs, driver 13.0; FAKE_CUDA_DEVICES=N (read at cuInit, 1 to 8)
+ * makes N such devices, each with its own primary context, that can all access each other
+ * (one memory budget is shared). Peer rules are checked: cuCtxEnablePeerAccess once per pair
+ * (again: CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED), and the copy16 kernel may touch another
+ * device's cuMemAlloc memory only with peer access enabled, and VMM pages only where
+ * cuMemSetAccess granted its device.
  *
  * It checks the rules the real driver enforces: a current context for every call that needs
  * one; map only inside a reservation and not twice, access only on mapped pages, unmap whole
@@ -43,8 +48,11 @@ enum {
 };
 
 static int initialised;
-static char primary_ctx;
-static int ctx_refs;
+#define MAX_DEV 8
+static int ndev = 1;
+static char primary_ctx[MAX_DEV];
+static int ctx_refs[MAX_DEV];
+static int peer_on[MAX_DEV][MAX_DEV];
 static __thread CUcontext current;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -56,13 +64,15 @@ static long live_host_allocs, live_dev_allocs, live_events, live_streams;
 static const unsigned long long CAP = 16ULL << 30, G = 2ULL << 20;
 static unsigned long long used = 0;
 enum { SEG = 0, MANAGED = 1, MAPPING = 2, RESERVE = 3 };
-struct rec { CUdeviceptr a; size_t n; int kind; int live; };
+struct rec { CUdeviceptr a; size_t n; int kind; int live; int dev; unsigned access; };
 static struct rec recs[1 << 16]; static int nrec = 0;
 static struct { size_t n; int live; } hs[1 << 16]; static int nh = 0;
+static int cur_dev(void);
 static void add(CUdeviceptr a, size_t n, int k) {
-    for (int i = 0; i < nrec; i++) if (!recs[i].live) { recs[i] = (struct rec){a, n, k, 1}; return; }
+    int d = cur_dev();
+    for (int i = 0; i < nrec; i++) if (!recs[i].live) { recs[i] = (struct rec){a, n, k, 1, d, 0}; return; }
     if (nrec == (1 << 16)) { fprintf(stderr, "FAKE: too many records\n"); abort(); }
-    recs[nrec++] = (struct rec){a, n, k, 1};
+    recs[nrec++] = (struct rec){a, n, k, 1, d, 0};
 }
 static struct rec *find(CUdeviceptr a, int k) {
     for (int i = 0; i < nrec; i++)
@@ -76,15 +86,24 @@ static double now(void) {
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
+/* The device of the current context (0 without one). */
+static int cur_dev(void) { return current ? (int)((char *)current - primary_ctx) : 0; }
+
 #define NEED_CTX() do { if (!initialised) return NOT_INITIALIZED; if (!current) return INVALID_CONTEXT; } while (0)
 
-CUresult cuInit(unsigned flags) { (void)flags; initialised = 1; return OK; }
+CUresult cuInit(unsigned flags) {
+    (void)flags;
+    const char *n = getenv("FAKE_CUDA_DEVICES");
+    if (n && atoi(n) >= 1 && atoi(n) <= MAX_DEV) ndev = atoi(n);
+    initialised = 1;
+    return OK;
+}
 CUresult cuDriverGetVersion(int *v) { *v = 13000; return OK; }
-CUresult cuDeviceGetCount(int *n) { *n = 1; return OK; }
+CUresult cuDeviceGetCount(int *n) { *n = ndev; return OK; }
 CUresult cuDeviceGet(CUdevice *d, int ordinal) {
     if (!initialised) return NOT_INITIALIZED;
-    if (ordinal != 0) return INVALID_DEVICE;
-    *d = 0;
+    if (ordinal < 0 || ordinal >= ndev) return INVALID_DEVICE;
+    *d = ordinal;
     return OK;
 }
 CUresult cuDeviceGetAttribute(int *v, int a, CUdevice d) {
@@ -101,35 +120,54 @@ CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
     return OK;
 }
 CUresult cuDeviceGetPCIBusId(char *id, int len, CUdevice d) {
-    (void)d;
-    strncpy(id, "0000:3B:00.0", len);
+    char b[16];
+    snprintf(b, sizeof b, "0000:%02X:00.0", 0x3B + 0x22 * d);
+    strncpy(id, b, len);
     if (len > 0) id[len - 1] = 0;
     return OK;
 }
 CUresult cuDeviceTotalMem_v2(size_t *b, CUdevice d) { (void)d; *b = CAP; return OK; }
-CUresult cuDeviceCanAccessPeer(int *v, CUdevice a, CUdevice b) { (void)a; (void)b; *v = 0; return OK; }
+CUresult cuDeviceCanAccessPeer(int *v, CUdevice a, CUdevice b) { *v = a != b && a >= 0 && b >= 0 && a < ndev && b < ndev; return OK; }
+/* 1 performance rank, 2 access supported, 3 native atomics, 4 CUDA array access. */
+CUresult cuDeviceGetP2PAttribute(int *v, int attr, CUdevice a, CUdevice b) {
+    if (a < 0 || b < 0 || a >= ndev || b >= ndev || a == b) return INVALID_DEVICE;
+    *v = attr == 1 ? 0 : 1;
+    return OK;
+}
 CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
     if (!initialised) return NOT_INITIALIZED;
-    (void)d;
-    pthread_mutex_lock(&lock); ctx_refs++; pthread_mutex_unlock(&lock);
-    *c = &primary_ctx;
+    if (d < 0 || d >= ndev) return INVALID_DEVICE;
+    pthread_mutex_lock(&lock); ctx_refs[d]++; pthread_mutex_unlock(&lock);
+    *c = &primary_ctx[d];
     return OK;
 }
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
-    (void)d;
+    if (d < 0 || d >= ndev) return INVALID_DEVICE;
     pthread_mutex_lock(&lock);
-    ctx_refs--;
-    if (ctx_refs < 0) { fprintf(stderr, "FAKE: ctx released too often\n"); abort(); }
+    ctx_refs[d]--;
+    if (ctx_refs[d] < 0) { fprintf(stderr, "FAKE: ctx released too often\n"); abort(); }
     pthread_mutex_unlock(&lock);
     return OK;
 }
 CUresult cuCtxGetCurrent(CUcontext *c) { *c = current; return OK; }
 CUresult cuCtxSetCurrent(CUcontext c) {
-    if (c && c != &primary_ctx) return INVALID_CONTEXT;
+    if (c && ((char *)c < primary_ctx || (char *)c >= primary_ctx + ndev)) return INVALID_CONTEXT;
     current = c;
     return OK;
 }
 CUresult cuCtxSynchronize(void) { return OK; }
+CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags) {
+    NEED_CTX();
+    if (flags) return INVALID_VALUE;
+    if ((char *)peer < primary_ctx || (char *)peer >= primary_ctx + ndev) return INVALID_CONTEXT;
+    int from = cur_dev(), to = (int)((char *)peer - primary_ctx);
+    if (from == to) return INVALID_DEVICE;
+    pthread_mutex_lock(&lock);
+    int was = peer_on[from][to];
+    peer_on[from][to] = 1;
+    pthread_mutex_unlock(&lock);
+    return was ? 704 /* CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED */ : OK;
+}
 
 CUresult cuGetErrorName(CUresult e, const char **s) {
     switch (e) {
@@ -254,7 +292,7 @@ CUresult cuPointerGetAttribute(void *out, int attr, CUdeviceptr p) {
     pthread_mutex_unlock(&lock);
     if (!r) return INVALID_VALUE;
     switch (attr) {
-    case 9: *(int *)out = 0; break;                /* device ordinal */
+    case 9: *(int *)out = r->dev; break;           /* device ordinal */
     case 2: *(unsigned *)out = 2; break;           /* memory type: device */
     case 11: *(CUdeviceptr *)out = r->a; break;    /* range start */
     case 12: *(size_t *)out = r->n; break;         /* range size */
@@ -326,10 +364,24 @@ CUresult cuMemMap(CUdeviceptr p, size_t n, size_t off, unsigned long long h, uns
     mmap((void *)(uintptr_t)p, n, PROT_NONE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     return OK;
 }
+/* CUmemAccessDesc: CUmemLocation {type, id}, flags (0 none, 1 read, 3 read-write). */
+typedef struct { int type; int id; int flags; } AccessDesc;
 CUresult cuMemSetAccess(CUdeviceptr p, size_t n, const void *d, size_t c) {
-    (void)d; (void)c;
+    const AccessDesc *desc = d;
+    pthread_mutex_lock(&lock);
     for (CUdeviceptr a = p; a < p + n; a += G)
-        if (!find(a, MAPPING)) { fprintf(stderr, "FAKE: access on unmapped\n"); return INVALID_VALUE; }
+        if (!find(a, MAPPING)) { pthread_mutex_unlock(&lock); fprintf(stderr, "FAKE: access on unmapped\n"); return INVALID_VALUE; }
+    for (size_t i = 0; i < c; i++)
+        if (desc[i].type != 1 || desc[i].id < 0 || desc[i].id >= ndev) { pthread_mutex_unlock(&lock); return INVALID_DEVICE; }
+    for (CUdeviceptr a = p; a < p + n;) {
+        struct rec *r = find(a, MAPPING);
+        for (size_t i = 0; i < c; i++) {
+            if (desc[i].flags) r->access |= 1u << desc[i].id;
+            else r->access &= ~(1u << desc[i].id);
+        }
+        a = r->a + r->n;
+    }
+    pthread_mutex_unlock(&lock);
     mprotect((void *)(uintptr_t)p, n, PROT_READ | PROT_WRITE);
     return OK;
 }
@@ -363,6 +415,12 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, CUstream s
 CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, CUstream st) {
     NEED_CTX(); (void)st;
     memcpy(d, (void *)(uintptr_t)s, n);
+    return OK;
+}
+CUresult cuMemcpyPeerAsync(CUdeviceptr d, CUcontext dc, CUdeviceptr s, CUcontext sc, size_t n, CUstream st) {
+    NEED_CTX(); (void)st;
+    if (!dc || !sc) return INVALID_CONTEXT;
+    memmove((void *)(uintptr_t)d, (void *)(uintptr_t)s, n);
     return OK;
 }
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) {
@@ -422,6 +480,33 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
     if (f != &function_tag || gx == 0 || bx == 0 || gy != 1 || gz != 1 || by != 1 || bz != 1 || bx > 1024)
         return INVALID_VALUE;
     uint64_t src = *(uint64_t *)params[0], dst = *(uint64_t *)params[1], n16 = *(uint64_t *)params[2];
+    /* A kernel reaches another device's memory only through peer access (cuMemAlloc memory)
+     * or a cuMemSetAccess grant (VMM pages). Host memory (no record) is not checked. */
+    uint64_t ends[2][2] = {{src, src + n16 * 16}, {dst, dst + n16 * 16}};
+    int me = cur_dev();
+    pthread_mutex_lock(&lock);
+    for (int k = 0; k < 2 && n16; k++) {
+        for (uint64_t a = ends[k][0]; a < ends[k][1];) {
+            struct rec *r = find(a, MAPPING);
+            if (r) {
+                if (!(r->access & (1u << me))) {
+                    pthread_mutex_unlock(&lock);
+                    fprintf(stderr, "FAKE: kernel on device %d touches VMM pages not granted to it\n", me);
+                    return 700; /* CUDA_ERROR_ILLEGAL_ADDRESS */
+                }
+                a = r->a + r->n;
+                continue;
+            }
+            r = find(a, SEG);
+            if (r && r->dev != me && !peer_on[me][r->dev]) {
+                pthread_mutex_unlock(&lock);
+                fprintf(stderr, "FAKE: kernel on device %d touches device %d's memory without peer access\n", me, r->dev);
+                return 700;
+            }
+            break;
+        }
+    }
+    pthread_mutex_unlock(&lock);
     memcpy((void *)(uintptr_t)dst, (void *)(uintptr_t)src, n16 * 16);
     return OK;
 }
