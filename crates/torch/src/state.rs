@@ -769,7 +769,12 @@ fn open_device(ordinal: usize, conf: &Conf) -> Result<DeviceState, String> {
             )
         }
         Backend::Cuda => {
-            let dev = gpumem::cuda::open(ordinal).map_err(|e| e.to_string())?;
+            let mut dev = gpumem::cuda::open(ordinal).map_err(|e| e.to_string())?;
+            // A tensor moved to another GPU is copied by that GPU's engines or kernels, which
+            // need access to this device's VMM pages (PyTorch grants it for its expandable
+            // segments too).
+            dev.share_mappings_with_peers()
+                .map_err(|e| format!("cuda:{ordinal}: peer access: {e}"))?;
             let events: Arc<dyn StreamEvents> =
                 Arc::new(CudaEvents::new(&dev).map_err(|e| e.to_string())?);
             let opts = gpumem::cuda::pool::PoolConfig {

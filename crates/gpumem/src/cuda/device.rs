@@ -113,6 +113,9 @@ pub struct CudaDevice {
     /// Live cuMemAlloc segments: addr -> bytes.
     segments: BTreeMap<u64, u64>,
     book: VmmBook,
+    /// Other devices granted read-write access whenever pages are opened
+    /// ([`CudaDevice::share_mappings_with_peers`]).
+    peers: Vec<i32>,
 }
 
 // SAFETY: a CUDA context may be used from any thread once made current there; every method
@@ -147,6 +150,7 @@ impl CudaDevice {
             counters: DriverCounters::default(),
             segments: BTreeMap::new(),
             book: VmmBook::default(),
+            peers: Vec::new(),
         };
         d.bind()?;
         let attr = |a| driver::device_attribute(dev, a);
@@ -319,6 +323,31 @@ impl CudaDevice {
             vmm_mapped: m.is_some(),
             vmm_handle: m.map(|(_, r)| r.handle),
         })
+    }
+
+    /// From now on, every cuMemSetAccess that opens newly mapped pages of this device also
+    /// grants read-write access to each other device that cuDeviceCanAccessPeer allows, in
+    /// the same call (one descriptor per device), as PyTorch's expandable segments do once
+    /// peer access is enabled. Without it, VMM memory of this device is invisible to the
+    /// others: a copy or kernel on another device that reads it fails with
+    /// CUDA_ERROR_INVALID_VALUE or an illegal address. Pages mapped before the call keep
+    /// their access. Returns the ordinals of the devices that now get access.
+    ///
+    /// # Errors
+    /// A failed cuDeviceGetCount or cuDeviceCanAccessPeer.
+    pub fn share_mappings_with_peers(&mut self) -> Result<Vec<usize>, DeviceError> {
+        let n = driver::device_count()?;
+        let mut out = Vec::new();
+        for o in (0..n).filter(|&o| o != self.ordinal) {
+            if driver::can_access_peer(o, self.ordinal)? {
+                out.push(o);
+            }
+        }
+        self.peers = out
+            .iter()
+            .map(|&o| i32::try_from(o).unwrap_or(i32::MAX))
+            .collect();
+        Ok(out)
     }
 
     /// Grants (`grant = true`, read-write) or revokes (PROT_NONE) access of device
@@ -584,11 +613,16 @@ impl Device for CudaDevice {
             ));
         }
         let ord = self.ordinal_i32();
+        let mut access = Vec::with_capacity(1 + self.peers.len());
+        access.push((ord, true));
+        access.extend(self.peers.iter().map(|&p| (p, true)));
         // SAFETY: wholly mapped (checked above).
         self.timed(DriverCall::SetAccess, || unsafe {
-            driver::mem_set_access(va, bytes, &[(ord, true)])
+            driver::mem_set_access(va, bytes, &access)
         })?;
-        self.book.on_set_access(va, bytes, ord, true);
+        for &(o, _) in &access {
+            self.book.on_set_access(va, bytes, o, true);
+        }
         Ok(())
     }
 
