@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use gpumem::core::config::AllocatorConfig;
 use gpumem::core::registry;
-use gpumem::core::sim::{SimDevice, DEFAULT_CAPACITY, DEFAULT_GRANULARITY};
+use gpumem::core::sim::{RecordedCheck, SimDevice, DEFAULT_CAPACITY, DEFAULT_GRANULARITY};
 use gpumem::core::{Allocator, Device, DriverCall};
 use gpumem::recorded_oom::{self, OomVerdict};
 use gpumem::replay::{
@@ -64,6 +64,12 @@ pub struct ReplayArgs {
     /// Fill every block with a pattern at allocation and verify it at free (real devices).
     #[arg(long)]
     pub canary: bool,
+    /// The PYTORCH_CUDA_ALLOC_CONF the `torch` emulation follows (PyTorch's syntax, e.g.
+    /// `expandable_segments:True,max_split_size_mb:128`); default: the trace's own
+    /// `allocator_settings`, else native. With --capacity, the capacity is also the memory
+    /// limit (as `torch.cuda.set_per_process_memory_fraction` sets it).
+    #[arg(long, value_name = "CONF")]
+    pub torch_conf: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -131,6 +137,13 @@ struct JsonAllocator {
     canary_errors: u64,
     /// Peak physical bytes the device itself counted (segments and handles it handed out).
     device_peak_used_bytes: u64,
+    /// `torch`: the PYTORCH_CUDA_ALLOC_CONF emulated (`native` for the defaults).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    torch_conf: Option<String>,
+    /// `torch` on the simulated device with the recorded run's setting: its cudaMalloc /
+    /// cudaFree sequence against the trace's `segment_alloc` / `segment_free` events.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    emulation_check: Option<RecordedCheck>,
     /// Real devices: peak of cuMemGetInfo's used memory above its value at the start.
     #[serde(skip_serializing_if = "Option::is_none")]
     driver_peak_delta_bytes: Option<u64>,
@@ -337,6 +350,8 @@ struct AllocatorRun {
     per_dev: Vec<ReplayReport>,
     min_capacity: Vec<DeviceMinCapacity>,
     simulated_peak_reserved_bytes: Option<u64>,
+    /// `torch` on recorded addresses: the self-check per device.
+    checks: Vec<RecordedCheck>,
 }
 
 /// What every allocator's replays share.
@@ -350,6 +365,9 @@ struct Shared<'a> {
     timeline: bool,
     canary: bool,
     min_capacity: bool,
+    /// The torch emulation runs the recorded run's setting on an unlimited simulated device:
+    /// it gets the recorded segment addresses and checks itself against them.
+    follow_recorded: bool,
 }
 
 /// Replays the trace through one allocator on every device of the trace, then (when asked)
@@ -360,9 +378,24 @@ fn run_allocator(
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<AllocatorRun> {
     let mut per_dev = Vec::new();
+    let mut checks = Vec::new();
     for &(d, ref s) in sh.summaries {
         let mut alloc = registry::build(name, &sh.config)?;
-        let mut dev = open_device(sh.target, sh.capacity, d)?;
+        let mut recording = (name == "torch"
+            && sh.follow_recorded
+            && matches!(sh.target, Target::Sim))
+        .then(|| {
+            gpumem::torch_replay::recording_device(sh.trace, d, &sh.config.torch, sh.capacity)
+        });
+        let mut opened = match recording {
+            Some(_) => None,
+            None => Some(open_device(sh.target, sh.capacity, d)?),
+        };
+        let dev: &mut dyn Device = match (recording.as_mut(), opened.as_mut()) {
+            (Some(r), _) => r,
+            (None, Some(o)) => o.as_mut(),
+            (None, None) => bail!("no device opened"),
+        };
         let opts = ReplayConfig {
             device: d,
             timeline_points: if sh.timeline { 2000 } else { 0 },
@@ -374,14 +407,14 @@ fn run_allocator(
             progress(n.saturating_sub(done));
             done = n;
         };
-        let r =
-            replay::replay_summarized(sh.trace, s, alloc.as_mut(), dev.as_mut(), &opts, &mut cb)
-                .with_context(|| {
-                    format!(
-                        "replaying {} with {name} on device {d}",
-                        sh.trace_path.display()
-                    )
-                })?;
+        let r = replay::replay_summarized(sh.trace, s, alloc.as_mut(), dev, &opts, &mut cb)
+            .with_context(|| {
+                format!(
+                    "replaying {} with {name} on device {d}",
+                    sh.trace_path.display()
+                )
+            })?;
+        checks.extend(recording.as_ref().and_then(SimDevice::recorded_check));
         per_dev.push(r);
     }
     let mut min_capacity = Vec::new();
@@ -446,6 +479,7 @@ fn run_allocator(
         per_dev,
         min_capacity,
         simulated_peak_reserved_bytes,
+        checks,
     })
 }
 
@@ -480,8 +514,13 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         return crate::cmd_analyze::print_state(&a.trace, &trace, a.json);
     }
     let capacity = a.capacity.unwrap_or(DEFAULT_CAPACITY);
+    let (torch_conf, conf_source) = crate::cmd_tune::torch_conf(a.torch_conf.as_deref(), &trace)?;
     let config = AllocatorConfig {
         segment_bytes: a.segment_size,
+        torch: gpumem::core::torch::TorchConfig {
+            limit_to_capacity: a.capacity.is_some(),
+            ..torch_conf
+        },
         ..AllocatorConfig::default()
     };
     // Computed once: every replay and every capacity probe reuses them.
@@ -506,6 +545,9 @@ pub fn run(a: ReplayArgs) -> Result<()> {
             }
         );
         print_read_notes(&trace);
+        if names.contains(&"torch") {
+            eprintln!("torch emulation: PYTORCH_CUDA_ALLOC_CONF {torch_conf} ({conf_source})");
+        }
         if !trace.preexisting.is_empty() {
             let n = trace.preexisting.len();
             eprintln!(
@@ -528,6 +570,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         timeline: a.timeline.is_some(),
         canary: a.canary,
         min_capacity: a.min_capacity,
+        follow_recorded: conf_source != crate::cmd_tune::ConfSource::Flag && a.capacity.is_none(),
     };
     let pb = progress_bar(total_events * names.len() as u64, show_progress);
     pb.set_message(if names.len() == 1 {
@@ -574,6 +617,10 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     let mut out = Vec::new();
     for r in &runs {
         let mut ja = json_allocator(r.name, &r.per_dev, &summaries);
+        if r.name == "torch" {
+            ja.torch_conf = Some(config.torch.to_string());
+            ja.emulation_check = combined_check(&r.checks);
+        }
         ja.simulated_peak_reserved_bytes = r.simulated_peak_reserved_bytes;
         ja.min_capacity = r.min_capacity.clone();
         if let [only] = r.min_capacity.as_slice() {
@@ -631,6 +678,11 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     } else {
         print_oom_verdicts(&json);
         print_table(&json, capacity, a.capacity.is_some());
+        for al in &json.allocators {
+            if let Some(c) = &al.emulation_check {
+                println!("{} emulation {c}", al.name);
+            }
+        }
         if a.min_capacity {
             print_min_capacity(&min_caps);
         }
@@ -648,6 +700,21 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// One self-check for several devices: the first divergence, else the calls of all together.
+fn combined_check(checks: &[RecordedCheck]) -> Option<RecordedCheck> {
+    if checks.is_empty() {
+        return None;
+    }
+    let mut calls = 0u64;
+    for c in checks {
+        match c {
+            RecordedCheck::Diverges { .. } => return Some(*c),
+            RecordedCheck::Matches { calls: n } => calls += n,
+        }
+    }
+    Some(RecordedCheck::Matches { calls })
 }
 
 /// What failed allocations do, and how speeds are measured (printed under the table and kept
@@ -737,6 +804,8 @@ fn json_allocator(
         events_per_second: if cpu > 0.0 { events as f64 / cpu } else { 0.0 },
         canary_errors: sum(&|r| r.canary_errors),
         device_peak_used_bytes: sum(&|r| r.device_peak_used_bytes),
+        torch_conf: None,
+        emulation_check: None,
         driver_peak_delta_bytes: per_dev
             .iter()
             .map(|r| r.driver_peak_delta_bytes)

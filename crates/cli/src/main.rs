@@ -9,6 +9,7 @@ mod cmd_multigpu;
 mod cmd_pinned;
 mod cmd_replay;
 mod cmd_report;
+mod cmd_tune;
 mod cmd_watch;
 mod progress;
 mod units;
@@ -29,6 +30,8 @@ struct Cli {
 enum Command {
     /// Replay an allocation trace through allocators and report reserved memory and fragmentation.
     Replay(cmd_replay::ReplayArgs),
+    /// Rank PYTORCH_CUDA_ALLOC_CONF settings by the memory a trace needs under each.
+    Tune(cmd_tune::TuneArgs),
     /// One self-contained HTML page: timelines, memory maps, what holds memory at the peak.
     Report(cmd_report::ReportArgs),
     /// The memory map of one allocator at one event, in the terminal.
@@ -65,6 +68,7 @@ fn main() {
     let verbose = cli.verbose;
     let result = match cli.command {
         Command::Replay(a) => cmd_replay::run(a),
+        Command::Tune(a) => cmd_tune::run(a),
         Command::Report(a) => cmd_report::run(a),
         Command::Map(a) => cmd_map::run(a),
         Command::Watch(a) => cmd_watch::run(a),

@@ -732,3 +732,106 @@ fn convert_reads_stdin_refuses_its_input_and_keeps_segments() {
     assert_eq!(v["trace"]["peak_requested_bytes"], 1000);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn torch_conf_and_the_emulation_self_check() {
+    // The trace's own (native) setting on the recorded addresses: the self-check passes.
+    let (ok, out, err) = gpumem(&[
+        "replay",
+        "traces/mixed_sizes.pickle.gz",
+        "-a",
+        "torch",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let t = &v["allocators"][0];
+    assert_eq!(t["torch_conf"], "native");
+    assert_eq!(t["emulation_check"]["result"], "matches");
+    assert_eq!(t["emulation_check"]["calls"], 59);
+    // PyTorch's figure beside the trace: 6,738,149,376 bytes (native).
+    assert_eq!(t["peak_reserved_bytes"], 6_738_149_376u64);
+    let (ok, out, err) = gpumem(&["replay", "traces/mixed_sizes.pickle.gz", "-a", "torch"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("torch emulation matches the recorded cudaMalloc sequence (59 calls)"),
+        "{out}"
+    );
+    assert!(
+        err.contains("PYTORCH_CUDA_ALLOC_CONF native (the trace's own allocator_settings)"),
+        "{err}"
+    );
+    // Another setting: no self-check (the sequence differs by design), PyTorch's figure for
+    // expandable segments: 5,429,526,528 bytes.
+    let (ok, out, err) = gpumem(&[
+        "replay",
+        "traces/mixed_sizes.pickle.gz",
+        "-a",
+        "torch",
+        "--torch-conf",
+        "expandable_segments:True",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let t = &v["allocators"][0];
+    assert_eq!(t["torch_conf"], "expandable_segments:True");
+    assert!(t.get("emulation_check").is_none());
+    assert_eq!(t["peak_reserved_bytes"], 5_429_526_528u64);
+    // garbage_collection_threshold under --capacity (the memory limit): the run completes
+    // at 6 GiB, so the smallest capacity found is at most that.
+    let (ok, out, err) = gpumem(&[
+        "replay",
+        "traces/mixed_sizes.pickle.gz",
+        "-a",
+        "torch",
+        "--torch-conf",
+        "garbage_collection_threshold:0.6",
+        "--capacity",
+        "6GiB",
+        "--min-capacity",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let t = &v["allocators"][0];
+    assert_eq!(t["oom_count"], 0);
+    let floor = v["trace"]["peak_requested_bytes"].as_u64().unwrap();
+    let min = t["min_capacity_bytes"].as_u64().unwrap();
+    assert!(min >= floor && min <= 6 << 30, "{min}");
+    // A bad setting names the key.
+    let (ok, _, err) = gpumem(&[
+        "replay",
+        "traces/mixed_sizes.pickle.gz",
+        "--torch-conf",
+        "max_split_size:128",
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("--torch-conf") && err.contains("max_split_size"),
+        "{err}"
+    );
+}
+
+#[test]
+fn tune_ranks_settings_and_prints_the_export_line() {
+    let (ok, out, err) = gpumem(&["tune", "traces/mixed_sizes.pickle.gz", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    assert!(rows.len() >= 17, "{}", rows.len());
+    let cap = |r: &serde_json::Value| r["min_capacity_bytes"].as_u64().unwrap();
+    for w in rows.windows(2) {
+        assert!(cap(&w[0]) <= cap(&w[1]), "ranked by smallest capacity");
+    }
+    let native = rows.iter().find(|r| r["setting"] == "native").unwrap();
+    assert_eq!(native["is_trace_setting"], true);
+    assert_eq!(native["peak_reserved_bytes"], 6_738_149_376u64);
+    let floor = v["peak_requested_bytes"].as_u64().unwrap();
+    assert!(cap(&rows[0]) >= floor && cap(&rows[0]) <= cap(native));
+    assert!(v["paged_min_capacity_bytes"].as_u64().unwrap() >= floor);
+    let (ok, out, err) = gpumem(&["tune", "traces/mixed_sizes.pickle.gz", "--capacity", "6GiB"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("garbage_collection_threshold:0.6"), "{out}");
+    assert!(out.contains("export PYTORCH_CUDA_ALLOC_CONF="), "{out}");
+}

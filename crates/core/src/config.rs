@@ -11,6 +11,8 @@ pub struct AllocatorConfig {
     pub min_block_bytes: u64,
     /// Free physical pages the `paged` strategy keeps cached before releasing them.
     pub page_cache_pages: u64,
+    /// The `PYTORCH_CUDA_ALLOC_CONF` the `torch` emulation follows (native by default).
+    pub torch: crate::torch::TorchConfig,
 }
 
 impl Default for AllocatorConfig {
@@ -19,6 +21,7 @@ impl Default for AllocatorConfig {
             segment_bytes: 256 << 20,
             min_block_bytes: 256,
             page_cache_pages: 1024,
+            torch: crate::torch::TorchConfig::default(),
         }
     }
 }

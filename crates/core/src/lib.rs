@@ -68,8 +68,9 @@ pub trait Allocator: Send {
     /// Short name as used on the command line (`buddy`, `tlsf`, `best-fit`, `torch`, `paged`).
     fn name(&self) -> &'static str;
 
-    /// Allocates `size_bytes` (0 is allowed and takes the smallest block) aligned to `align`
-    /// bytes for use on `stream`.
+    /// Allocates `size_bytes` aligned to `align` bytes for use on `stream`. 0 is allowed: it
+    /// takes the smallest block, or (`torch`, as PyTorch does) a null block at address 0
+    /// that reserves nothing and is freed at address 0.
     ///
     /// # Errors
     /// [`AllocError::OutOfMemory`] when neither the cache nor the device can supply the block,

@@ -159,8 +159,99 @@ pub struct SimDevice {
     next_handle: u64,
     calls_made: u64,
     fault_at: Option<u64>,
+    /// Recorded cudaMalloc/cudaFree calls to follow (see [`SimDevice::follow_recorded`]).
+    script: Option<Script>,
+    /// Live segments placed at recorded addresses outside the simulated address space.
+    foreign: std::collections::BTreeSet<u64>,
     /// Smallest physical usage a refused request would have reached (`used + bytes`).
     smallest_refused_demand: Option<u64>,
+}
+
+/// What a recorded driver call did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordedKind {
+    /// cudaMalloc (PyTorch's `segment_alloc`).
+    Alloc,
+    /// cudaFree (PyTorch's `segment_free`).
+    Free,
+}
+
+/// A cudaMalloc or cudaFree recorded in a trace, for [`SimDevice::follow_recorded`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct RecordedCall {
+    /// What the call did.
+    pub kind: RecordedKind,
+    /// Address of the segment.
+    pub addr: u64,
+    /// Bytes of the segment.
+    pub bytes: u64,
+    /// Index of the recording event in the trace.
+    pub event: u64,
+}
+
+/// Whether the calls made matched the recorded ones ([`SimDevice::recorded_check`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum RecordedCheck {
+    /// Every recorded call was made, in order, with the same size (and, for frees, address).
+    Matches {
+        /// Calls matched.
+        calls: u64,
+    },
+    /// The first call that differed.
+    Diverges {
+        /// Index of the recorded event where the sequences part (the last recorded call's
+        /// event when the device made a call the trace does not have).
+        event: u64,
+        /// The recorded call at that point, if any remained.
+        recorded: Option<RecordedCall>,
+        /// The call the device was asked for instead (kind, address for frees or 0, bytes),
+        /// if any.
+        emulated: Option<(RecordedKind, u64, u64)>,
+    },
+}
+
+impl std::fmt::Display for RecordedCheck {
+    /// `matches the recorded cudaMalloc sequence (N calls)` or
+    /// `diverges at event K: recorded X, emulated Y`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        fn call(k: RecordedKind, addr: u64, bytes: u64) -> String {
+            match (k, addr) {
+                (RecordedKind::Alloc, 0) => format!("cudaMalloc({bytes})"),
+                (RecordedKind::Alloc, a) => format!("cudaMalloc({bytes}) at {a:#x}"),
+                (RecordedKind::Free, a) => format!("cudaFree({a:#x}, {bytes} B)"),
+            }
+        }
+        match self {
+            RecordedCheck::Matches { calls } => {
+                write!(
+                    f,
+                    "matches the recorded cudaMalloc sequence ({calls} calls)"
+                )
+            }
+            RecordedCheck::Diverges {
+                event,
+                recorded,
+                emulated,
+            } => write!(
+                f,
+                "diverges at event {event}: recorded {}, emulated {}",
+                recorded.map_or("nothing".into(), |r| call(r.kind, r.addr, r.bytes)),
+                emulated.map_or("nothing".into(), |(k, a, b)| call(k, a, b)),
+            ),
+        }
+    }
+}
+
+/// The recorded calls being followed.
+#[derive(Debug, Clone)]
+struct Script {
+    calls: Vec<RecordedCall>,
+    next: usize,
+    /// Successful cudaMalloc calls still to make before following the script.
+    skip_allocs: u64,
+    divergence: Option<RecordedCheck>,
 }
 
 impl Default for SimDevice {
@@ -201,6 +292,128 @@ impl SimDevice {
             calls_made: 0,
             fault_at: None,
             smallest_refused_demand: None,
+            script: None,
+            foreign: std::collections::BTreeSet::new(),
+        }
+    }
+
+    /// Follows recorded driver calls: each cudaMalloc of the same size as the next recorded
+    /// `segment_alloc` returns the recorded address, each cudaFree must match the next
+    /// recorded `segment_free`, so an allocator whose choices depend on address order (the
+    /// PyTorch emulation) sees the addresses the recorded run saw. The first `skip_allocs`
+    /// successful cudaMallocs (blocks that were live before recording started) are placed as
+    /// usual. At the first call that differs the device stops following and places the rest
+    /// top-down; [`SimDevice::recorded_check`] says where.
+    pub fn follow_recorded(&mut self, calls: Vec<RecordedCall>, skip_allocs: u64) {
+        self.script = Some(Script {
+            calls,
+            next: 0,
+            skip_allocs,
+            divergence: None,
+        });
+    }
+
+    /// How the calls made compare with the ones given to [`SimDevice::follow_recorded`]
+    /// (`None` when none were given).
+    pub fn recorded_check(&self) -> Option<RecordedCheck> {
+        let s = self.script.as_ref()?;
+        if let Some(d) = s.divergence {
+            return Some(d);
+        }
+        Some(match s.calls.get(s.next) {
+            Some(r) => RecordedCheck::Diverges {
+                event: r.event,
+                recorded: Some(*r),
+                emulated: None,
+            },
+            None => RecordedCheck::Matches {
+                calls: s.next as u64,
+            },
+        })
+    }
+
+    /// The recorded address for a cudaMalloc of `rounded` bytes, if the script has one
+    /// (consumed), or `None` to place it as usual (recording a divergence if it differs).
+    fn scripted_alloc(&mut self, bytes: u64, rounded: u64) -> Option<u64> {
+        let s = self.script.as_mut()?;
+        if s.divergence.is_some() {
+            return None;
+        }
+        if s.skip_allocs > 0 {
+            s.skip_allocs -= 1;
+            return None;
+        }
+        let diverge = |s: &mut Script, r: Option<RecordedCall>| {
+            let event = r.or_else(|| s.calls.last().copied()).map_or(0, |c| c.event);
+            s.divergence = Some(RecordedCheck::Diverges {
+                event,
+                recorded: r,
+                emulated: Some((RecordedKind::Alloc, 0, bytes)),
+            });
+            None
+        };
+        let r = s.calls.get(s.next).copied();
+        match r {
+            Some(c) if c.kind == RecordedKind::Alloc && c.bytes == bytes => {
+                // The recorded range must be free address space here, or lie outside the
+                // simulated address space without touching a live segment.
+                let Some(end) = c.addr.checked_add(rounded) else {
+                    return diverge(s, r);
+                };
+                let inside = self
+                    .free_va
+                    .range(..=c.addr)
+                    .next_back()
+                    .filter(|(&st, &len)| end <= st + len);
+                let Some((&start, &len)) = inside else {
+                    let space_end = DEFAULT_BASE + (1u64 << 46);
+                    let outside = end <= DEFAULT_BASE || c.addr >= space_end;
+                    let overlaps = self
+                        .segments
+                        .range(..end)
+                        .next_back()
+                        .is_some_and(|(&a, &b)| a + b > c.addr);
+                    if outside && !overlaps {
+                        s.next += 1;
+                        self.foreign.insert(c.addr);
+                        return Some(c.addr);
+                    }
+                    return diverge(s, r);
+                };
+                s.next += 1;
+                self.free_va.remove(&start);
+                if c.addr > start {
+                    self.free_va.insert(start, c.addr - start);
+                }
+                let end = c.addr + rounded;
+                if start + len > end {
+                    self.free_va.insert(end, start + len - end);
+                }
+                Some(c.addr)
+            }
+            _ => diverge(s, r),
+        }
+    }
+
+    /// Checks a cudaFree of `addr` against the script.
+    fn scripted_free(&mut self, addr: u64, bytes: u64) {
+        let Some(s) = self.script.as_mut() else {
+            return;
+        };
+        if s.divergence.is_some() {
+            return;
+        }
+        let r = s.calls.get(s.next).copied();
+        match r {
+            Some(c) if c.kind == RecordedKind::Free && c.addr == addr => s.next += 1,
+            _ => {
+                let event = r.or_else(|| s.calls.last().copied()).map_or(0, |c| c.event);
+                s.divergence = Some(RecordedCheck::Diverges {
+                    event,
+                    recorded: r,
+                    emulated: Some((RecordedKind::Free, addr, bytes)),
+                });
+            }
         }
     }
 
@@ -381,6 +594,10 @@ impl Device for SimDevice {
             .ok_or_else(|| Self::invalid(c, format!("size {bytes} overflows")))?;
         self.begin(c, bytes)?;
         self.take_physical(rounded)?;
+        if let Some(addr) = self.scripted_alloc(bytes, rounded) {
+            self.segments.insert(addr, rounded);
+            return Ok(addr);
+        }
         match self.take_va(rounded) {
             Ok(addr) => {
                 self.segments.insert(addr, rounded);
@@ -400,9 +617,12 @@ impl Device for SimDevice {
             .get(&addr)
             .ok_or_else(|| Self::invalid(c, format!("{addr:#x} is not a live segment")))?;
         self.begin(c, bytes)?;
+        self.scripted_free(addr, bytes);
         self.segments.remove(&addr);
         self.used -= bytes;
-        self.give_va(addr, bytes);
+        if !self.foreign.remove(&addr) {
+            self.give_va(addr, bytes);
+        }
         Ok(())
     }
 
@@ -626,6 +846,60 @@ mod tests {
     use super::*;
 
     const G: u64 = DEFAULT_GRANULARITY;
+
+    #[test]
+    fn recorded_calls_are_followed_then_checked() {
+        let mib = 1u64 << 20;
+        let rec = |kind, addr, bytes, event| RecordedCall {
+            kind,
+            addr,
+            bytes,
+            event,
+        };
+        let base = DEFAULT_BASE + (1 << 30);
+        let calls = vec![
+            rec(RecordedKind::Alloc, base, 2 * mib, 0),
+            rec(RecordedKind::Alloc, base + 64 * mib, 20 * mib, 3),
+            rec(RecordedKind::Free, base, 2 * mib, 9),
+        ];
+        let mut d = SimDevice::default();
+        d.follow_recorded(calls.clone(), 1);
+        let skipped = d.alloc_segment(4 * mib).unwrap(); // placed as usual
+        assert_ne!(skipped, base);
+        assert_eq!(d.alloc_segment(2 * mib).unwrap(), base);
+        assert_eq!(d.alloc_segment(20 * mib).unwrap(), base + 64 * mib);
+        assert!(matches!(
+            d.recorded_check(),
+            Some(RecordedCheck::Diverges {
+                event: 9,
+                emulated: None,
+                ..
+            })
+        ));
+        d.free_segment(base).unwrap();
+        assert_eq!(
+            d.recorded_check(),
+            Some(RecordedCheck::Matches { calls: 3 })
+        );
+        assert_eq!(
+            d.recorded_check().unwrap().to_string(),
+            "matches the recorded cudaMalloc sequence (3 calls)"
+        );
+        // The freed range is address space again.
+        assert_eq!(d.alloc_segment(2 * mib).unwrap() % (2 * mib), 0);
+        // A size that differs: the device stops following and says where.
+        let mut d = SimDevice::default();
+        d.follow_recorded(calls, 0);
+        let a = d.alloc_segment(4 * mib).unwrap();
+        assert_ne!(a, base);
+        let check = d.recorded_check().unwrap();
+        assert_eq!(
+            check.to_string(),
+            format!("diverges at event 0: recorded cudaMalloc(2097152) at {base:#x}, emulated cudaMalloc(4194304)")
+        );
+        assert_ne!(d.alloc_segment(2 * mib).unwrap(), base);
+        assert_eq!(d.recorded_check(), Some(check));
+    }
 
     #[test]
     fn segments_count_against_capacity_and_are_rounded() {

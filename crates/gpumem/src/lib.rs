@@ -3,6 +3,8 @@
 //! GPU memory management on top of the pure algorithms of [`gpumem_core`]:
 //! - [`trace`]: readers for PyTorch memory snapshots, RMM logs and gpumem's JSON lines;
 //! - [`replay`]: replays a trace through allocators on a simulated (or real) device;
+//! - [`torch_replay`]: the PyTorch caching-allocator emulation as PyTorch ran a trace, with
+//!   its self-check; [`tune`]: which `PYTORCH_CUDA_ALLOC_CONF` a trace needs least memory with;
 //! - [`cuda`]: the CUDA backend (cudarc, loaded at run time);
 //! - [`pinned`]: page-locked host memory, a capped caching pool and staged copies;
 //! - [`pool`]: the stream-ordered device pool over any device;
@@ -17,7 +19,9 @@ pub mod pool;
 pub mod recorded_oom;
 pub mod replay;
 pub mod report;
+pub mod torch_replay;
 pub mod trace;
+pub mod tune;
 pub mod units;
 pub mod vmm;
 

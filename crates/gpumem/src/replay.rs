@@ -13,7 +13,11 @@
 //!   overflows with its padding ([`ReplayReport::refused_count`]); the report keeps the
 //!   index of the first of each;
 //! - only events of [`ReplayConfig::device`] are replayed (one pool per device); event
-//!   indices count that device's events from 0.
+//!   indices count that device's events from 0;
+//! - for the `torch` emulation, each run of recorded `segment_free` / `segment_unmap` events is
+//!   a `torch.cuda.empty_cache()` (or an OOM's cache release) of the recorded run: the
+//!   emulation empties its cache there too (other allocators are left alone:
+//!   `empty_cache()` does not reach a plug-in allocator).
 //!
 //! Figures: `requested` bytes are those of the blocks actually served, so
 //! [`ReplayReport::reserved_over_requested`] is never below 1 even when allocations failed;
@@ -490,7 +494,20 @@ pub fn replay_summarized(
     let mut bucket: Option<Sample> = None;
     let half = summary.events / 2;
     let mut calls_at_half = (half == 0).then(|| dev.counters().total());
+    let honour_empty_cache = name == "torch";
+    let mut in_release_run = false;
     for e in trace.events.iter().filter(|e| e.device == opts.device) {
+        let release_event = matches!(e.action, Action::SegmentFree | Action::SegmentUnmap);
+        if release_event && honour_empty_cache && !in_release_run {
+            alloc
+                .empty_cache(dev)
+                .map_err(|source| ReplayError::Allocator {
+                    event: index,
+                    allocator: name.clone(),
+                    source,
+                })?;
+        }
+        in_release_run = release_event;
         match e.action {
             Action::Alloc => {
                 // A duplicate live address can only come from a lenient read: free the old one.

@@ -1,0 +1,212 @@
+//! `gpumem tune`: which PYTORCH_CUDA_ALLOC_CONF runs a trace in the least memory.
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use gpumem::core::torch::TorchConfig;
+use gpumem::trace::{self, ReadConfig, Trace};
+use gpumem::tune::{self, TuneReport};
+
+use gpumem::units::{bytes as human_bytes, parse_size};
+
+/// Arguments of `gpumem tune`.
+#[derive(Args)]
+pub struct TuneArgs {
+    /// The trace: a PyTorch memory snapshot (.pickle or .pickle.gz), an RMM log CSV, or
+    /// gpumem JSON lines.
+    pub trace: PathBuf,
+    /// The device capacity to fit in (e.g. 80GiB): the table counts the OOMs at that size,
+    /// and the garbage_collection_threshold settings are tried too, with the capacity as
+    /// their memory limit (as `torch.cuda.set_per_process_memory_fraction` would set it).
+    #[arg(long, value_parser = parse_size)]
+    pub capacity: Option<u64>,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Device ordinal whose events are tuned.
+    #[arg(long, default_value_t = 0)]
+    pub device: u32,
+    /// Threads (0 = every core).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// Skip and count malformed events instead of stopping at the first.
+    #[arg(long)]
+    pub lenient: bool,
+}
+
+/// Where the torch emulation's setting came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfSource {
+    /// `--torch-conf`.
+    Flag,
+    /// The trace's `allocator_settings`.
+    Trace,
+    /// Neither: native.
+    Default,
+}
+
+impl std::fmt::Display for ConfSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ConfSource::Flag => "from --torch-conf",
+            ConfSource::Trace => "the trace's own allocator_settings",
+            ConfSource::Default => "native: the trace records no allocator_settings",
+        })
+    }
+}
+
+/// The setting the trace recorded (a snapshot's `allocator_settings`), if it recorded one.
+pub fn recorded_conf(trace: &Trace) -> Result<Option<TorchConfig>> {
+    let Some(s) = &trace.allocator_settings else {
+        return Ok(None);
+    };
+    let conf = TorchConfig::from_recorded(
+        &s.alloc_conf,
+        s.max_split_size_bytes,
+        s.garbage_collection_threshold,
+        s.expandable_segments,
+        &s.roundup_power2_divisions,
+    )
+    .context("the trace's allocator_settings")?;
+    Ok(Some(conf))
+}
+
+/// The torch emulation's setting: `--torch-conf` when given, else the trace's own.
+pub fn torch_conf(flag: Option<&str>, trace: &Trace) -> Result<(TorchConfig, ConfSource)> {
+    if let Some(s) = flag {
+        return Ok((
+            TorchConfig::parse(s).context("--torch-conf")?,
+            ConfSource::Flag,
+        ));
+    }
+    Ok(match recorded_conf(trace)? {
+        Some(c) => (c, ConfSource::Trace),
+        None => (TorchConfig::default(), ConfSource::Default),
+    })
+}
+
+pub fn run(a: TuneArgs) -> Result<()> {
+    if a.capacity == Some(0) {
+        anyhow::bail!("--capacity 0: expected a device capacity above zero (e.g. 80GiB)");
+    }
+    let trace = trace::read_path(
+        &a.trace,
+        ReadConfig {
+            lenient: a.lenient,
+            ..ReadConfig::default()
+        },
+    )?;
+    let own = recorded_conf(&trace)?;
+    let report = tune::tune(&trace, own, a.capacity, a.device, a.threads)
+        .with_context(|| format!("tuning {}", a.trace.display()))?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_report(&a, &report, own.is_some());
+    }
+    Ok(())
+}
+
+fn print_report(a: &TuneArgs, r: &TuneReport, recorded: bool) {
+    println!(
+        "trace {}: peak requested {}; its own setting: {}{}",
+        a.trace.display(),
+        human_bytes(r.peak_requested_bytes),
+        r.trace_setting,
+        if recorded {
+            ""
+        } else {
+            " (the trace records no allocator_settings)"
+        }
+    );
+    if let Some(c) = r.capacity_bytes {
+        println!(
+            "capacity {} (the garbage_collection_threshold settings take it as their memory limit, as set_per_process_memory_fraction sets it)",
+            human_bytes(c)
+        );
+    }
+    println!();
+    let w = r
+        .rows
+        .iter()
+        .map(|row| row.setting.len())
+        .max()
+        .unwrap_or(7)
+        .max(7);
+    println!(
+        "{:<w$} {:>13} {:>8} {:>13} {:>5} {:>7}",
+        "setting", "peak reserv.", "res/req", "min capacity", "OOMs", "calls",
+    );
+    for row in &r.rows {
+        println!(
+            "{:<w$} {:>13} {:>8.3} {:>13} {:>5} {:>7}{}",
+            row.setting,
+            human_bytes(row.peak_reserved_bytes),
+            row.reserved_over_requested,
+            row.min_capacity_bytes
+                .map(human_bytes)
+                .unwrap_or_else(|| "-".into()),
+            if r.capacity_bytes.is_some() {
+                row.oom_count.to_string()
+            } else {
+                "-".into()
+            },
+            row.driver_calls,
+            if row.is_trace_setting {
+                "  (the trace's own)"
+            } else {
+                ""
+            },
+        );
+    }
+    println!();
+    println!(
+        "peak reserv.: predicted peak reserved{}; res/req: ÷ peak requested; min capacity: smallest device that runs the trace with no OOM (to 2 MiB); calls: driver calls.",
+        if r.capacity_bytes.is_some() {
+            " at the capacity given"
+        } else {
+            ""
+        }
+    );
+    if let (Some(best), Some(own)) = (r.best(), r.trace_row()) {
+        let saving = match (best.min_capacity_bytes, own.min_capacity_bytes) {
+            (Some(b), Some(o)) if o > b => format!(
+                "{} less than the trace's own setting ({}) needs",
+                human_bytes(o - b),
+                own.setting
+            ),
+            _ => format!("no less than the trace's own setting ({})", own.setting),
+        };
+        println!("export PYTORCH_CUDA_ALLOC_CONF={}", shell_value(&best.conf));
+        println!(
+            "  needs {}: {saving}",
+            best.min_capacity_bytes
+                .map(human_bytes)
+                .unwrap_or_else(|| "-".into())
+        );
+    }
+    if let Some(p) = r.paged_min_capacity_bytes {
+        println!(
+            "gpumem's own `paged` allocator would need {} (usable from PyTorch through the gpumem plug-in)",
+            human_bytes(p)
+        );
+    }
+    eprintln!(
+        "{} settings in {:.1} s on {} thread{}",
+        r.rows.len(),
+        r.seconds,
+        r.threads,
+        if r.threads == 1 { "" } else { "s" }
+    );
+}
+
+/// The value as it can be pasted after `export NAME=` (empty for native).
+fn shell_value(conf: &str) -> String {
+    if conf.is_empty() {
+        "\"\"  # native: leave it unset".into()
+    } else if conf.contains(['[', ']', '>', ' ']) {
+        format!("'{conf}'")
+    } else {
+        conf.to_string()
+    }
+}

@@ -1,0 +1,390 @@
+//! Expandable segments (PyTorch's "Note [Expandable Segments]", `expandable_segments:True`).
+//!
+//! A segment is a virtual range reserved once per stream and pool (cuMemAddressReserve of
+//! 1⅛ × the device capacity, rounded to whole pages) and backed on demand by physical pages
+//! of 2 MiB (small pool) or 20 MiB (large pool): cuMemCreate and cuMemMap per page, one
+//! cuMemSetAccess per mapped run. The unmapped part of the range is kept as unmapped blocks;
+//! a request that no free block fits maps pages at the lowest address where free and
+//! unmapped blocks together leave room (`find_expandable_block`, `map_block`). Pages are
+//! unmapped (cuMemUnmap + cuMemRelease per page) only when the cache is released
+//! (`unmap_block` from `release_cached_blocks`, on `empty_cache` or an OOM); a segment left
+//! with no mapped page gives its range back (cuMemAddressFree). As in PyTorch, a segment
+//! whose very first mapping ran out of memory keeps its range with nothing mapped (releasing
+//! visits mapped free blocks only); it serves a later request on its stream.
+use crate::device::{DeviceError, PhysHandle};
+use crate::Device;
+
+use super::blocks::{Block, NIL};
+use super::{PoolKind, TorchCachingPool};
+
+/// One expandable segment.
+#[derive(Debug, Clone)]
+pub(crate) struct ExpandableSegment {
+    /// Start of the reserved range.
+    pub va: u64,
+    /// Bytes of one page (`segment_size_`).
+    pub page: u64,
+    /// Pages the range holds (`max_handles_`).
+    pub max_pages: u64,
+    /// The pool it serves.
+    pub pool: PoolKind,
+    /// Physical handle of each page, `None` where unmapped (trimmed at the end).
+    pub handles: Vec<Option<PhysHandle>>,
+}
+
+impl ExpandableSegment {
+    /// Bytes of the whole reserved range.
+    pub fn range_bytes(&self) -> u64 {
+        self.page * self.max_pages
+    }
+
+    /// Mapped bytes.
+    pub fn mapped_bytes(&self) -> u64 {
+        self.handles.iter().flatten().count() as u64 * self.page
+    }
+
+    /// Runs of mapped pages as `(start, bytes)`.
+    pub fn mapped_runs(&self) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let mut run: Option<(u64, u64)> = None;
+        for (i, h) in self.handles.iter().enumerate() {
+            let at = self.va + i as u64 * self.page;
+            match (h.is_some(), run.as_mut()) {
+                (true, Some(r)) => r.1 += self.page,
+                (true, None) => run = Some((at, self.page)),
+                (false, Some(_)) => out.extend(run.take()),
+                (false, None) => {}
+            }
+        }
+        out.extend(run);
+        out
+    }
+
+    /// Releases the handles of pages `begin..end` (after a failed step).
+    fn release_pages(&mut self, dev: &mut dyn Device, begin: u64, end: u64) {
+        for i in begin..end {
+            if let Some(h) = self.handles.get_mut(i as usize).and_then(Option::take) {
+                let _ = dev.release_physical(h);
+            }
+        }
+        while self.handles.last().is_some_and(Option::is_none) {
+            self.handles.pop();
+        }
+    }
+
+    /// `ExpandableSegment::map`: maps pages `begin..end` (create every handle, then map each,
+    /// then one set-access). `Ok(false)` when cuMemCreate runs out of memory (nothing stays
+    /// mapped or created).
+    fn map(&mut self, dev: &mut dyn Device, begin: u64, end: u64) -> Result<bool, DeviceError> {
+        if self.handles.len() < end as usize {
+            self.handles.resize(end as usize, None);
+        }
+        for i in begin..end {
+            match dev.create_physical(self.page) {
+                Ok(h) => self.handles[i as usize] = Some(h),
+                Err(e) => {
+                    self.release_pages(dev, begin, i);
+                    return match e {
+                        DeviceError::OutOfMemory { .. } => Ok(false),
+                        other => Err(other),
+                    };
+                }
+            }
+        }
+        for i in begin..end {
+            let Some(h) = self.handles[i as usize] else {
+                continue;
+            };
+            if let Err(e) = dev.map(self.va + i * self.page, self.page, h) {
+                for j in begin..i {
+                    let _ = dev.unmap(self.va + j * self.page, self.page);
+                }
+                self.release_pages(dev, begin, end);
+                return Err(e);
+            }
+        }
+        if let Err(e) = dev.set_access(self.va + begin * self.page, (end - begin) * self.page) {
+            for j in begin..end {
+                let _ = dev.unmap(self.va + j * self.page, self.page);
+            }
+            self.release_pages(dev, begin, end);
+            return Err(e);
+        }
+        Ok(true)
+    }
+
+    /// `unmapHandles`: unmaps and releases pages `begin..end`, one page at a time.
+    fn unmap(&mut self, dev: &mut dyn Device, begin: u64, end: u64) -> Result<(), DeviceError> {
+        for i in begin..end {
+            let Some(h) = self.handles.get(i as usize).copied().flatten() else {
+                continue;
+            };
+            dev.unmap(self.va + i * self.page, self.page)?;
+            self.handles[i as usize] = None;
+            dev.release_physical(h)?;
+        }
+        while self.handles.last().is_some_and(Option::is_none) {
+            self.handles.pop();
+        }
+        Ok(())
+    }
+}
+
+impl TorchCachingPool {
+    /// Whether block `i` exists and is not allocated (`allocatable`).
+    fn allocatable(&self, i: u32) -> bool {
+        i != NIL && !self.slab.get(i).allocated
+    }
+
+    /// Whether free and unmapped blocks from `i` on hold `size` bytes
+    /// (`has_available_address_space`).
+    fn has_room(&self, mut i: u32, size: u64) -> bool {
+        let mut bytes = 0u64;
+        while bytes < size && self.allocatable(i) {
+            bytes += self.slab.get(i).size;
+            i = self.slab.get(i).next;
+        }
+        bytes >= size
+    }
+
+    /// `find_expandable_block`: the lowest place in a segment of `stream` and `pool` with
+    /// room for `size` bytes (an unmapped block, or the free block just before one); a new
+    /// segment when none has room.
+    fn find_expandable_block(
+        &mut self,
+        dev: &mut dyn Device,
+        stream: u64,
+        pool: PoolKind,
+        size: u64,
+    ) -> Result<u32, DeviceError> {
+        let candidates: Vec<u32> = self.unmapped[pool.index()]
+            .range((stream, 0)..=(stream, u64::MAX))
+            .map(|(_, &i)| i)
+            .collect();
+        for mut c in candidates {
+            let prev = self.slab.get(c).prev;
+            if self.allocatable(prev) {
+                c = prev;
+            }
+            if self.has_room(c, size) {
+                return Ok(c);
+            }
+        }
+        let page = pool.expandable_page_bytes();
+        let total = dev.capacity_bytes();
+        let max_pages = (total.saturating_add(total / 8)).div_ceil(page).max(1);
+        let bytes = page.saturating_mul(max_pages);
+        let va = dev.reserve_va(bytes)?;
+        if va == 0 {
+            let _ = dev.free_va(va, bytes);
+            return Err(DeviceError::Invalid {
+                call: "cuMemAddressReserve",
+                detail: "the reserved range is at address 0".into(),
+            });
+        }
+        let id = self.expandable.len() as u32;
+        self.expandable.push(Some(ExpandableSegment {
+            va,
+            page,
+            max_pages,
+            pool,
+            handles: Vec::new(),
+        }));
+        let i = self.slab.insert(Block {
+            addr: va,
+            size: bytes,
+            requested: 0,
+            stream,
+            gc_base: 0,
+            prev: NIL,
+            next: NIL,
+            segment: id,
+            pool,
+            allocated: false,
+            mapped: false,
+        });
+        self.unmapped[pool.index()].insert((stream, va), i);
+        Ok(i)
+    }
+
+    /// `map_block`: maps the pages under the first `size` bytes of the unmapped block `i`,
+    /// splits off the rest, merges the mapped part with free neighbours and puts it into the
+    /// free set. `Ok(false)` when the device has no memory for the pages.
+    fn map_block(&mut self, dev: &mut dyn Device, i: u32, size: u64) -> Result<bool, DeviceError> {
+        let b = *self.slab.get(i);
+        let Some(es) = self
+            .expandable
+            .get_mut(b.segment as usize)
+            .and_then(Option::as_mut)
+        else {
+            return Err(DeviceError::Invalid {
+                call: "cuMemMap",
+                detail: format!("block {:#x} has no expandable segment", b.addr),
+            });
+        };
+        let begin = (b.addr - es.va) / es.page;
+        let end = (b.addr + size - es.va).div_ceil(es.page);
+        if begin == end {
+            return Ok(false);
+        }
+        if !es.map(dev, begin, end)? {
+            return Ok(false);
+        }
+        let mapped = (end - begin) * es.page;
+        self.unmapped[b.pool.index()].remove(&(b.stream, b.addr));
+        self.slab.get_mut(i).mapped = true;
+        if mapped < b.size {
+            let rest = self.slab.insert(Block {
+                addr: b.addr + mapped,
+                size: b.size - mapped,
+                prev: i,
+                mapped: false,
+                ..b
+            });
+            if b.next != NIL {
+                self.slab.get_mut(b.next).prev = rest;
+            }
+            let bm = self.slab.get_mut(i);
+            bm.next = rest;
+            bm.size = mapped;
+            self.unmapped[b.pool.index()].insert((b.stream, b.addr + mapped), rest);
+        }
+        let prev = self.slab.get(i).prev;
+        self.try_merge(i, prev);
+        let next = self.slab.get(i).next;
+        self.try_merge(i, next);
+        self.insert_free(i);
+        self.total_allocated += mapped;
+        self.tracker.stats.reserved_bytes.add(mapped);
+        self.torch.num_device_alloc += 1;
+        Ok(true)
+    }
+
+    /// `try_allocate_expandable_block`: room for `size` bytes mapped in an expandable
+    /// segment, taken out of the free set. `Ok(None)` when the pages cannot be had.
+    pub(super) fn try_allocate_expandable_block(
+        &mut self,
+        dev: &mut dyn Device,
+        stream: u64,
+        pool: PoolKind,
+        size: u64,
+    ) -> Result<Option<u32>, DeviceError> {
+        let mut c = self.find_expandable_block(dev, stream, pool, size)?;
+        let cb = *self.slab.get(c);
+        if !cb.mapped && !self.map_block(dev, c, cb.size.min(size))? {
+            return Ok(None);
+        }
+        while self.slab.get(c).size < size {
+            let remaining = size - self.slab.get(c).size;
+            let next = self.slab.get(c).next;
+            if next == NIL {
+                return Ok(None);
+            }
+            let want = remaining.min(self.slab.get(next).size);
+            if !self.map_block(dev, next, want)? {
+                return Ok(None);
+            }
+            c = next;
+        }
+        self.remove_free(c);
+        Ok(Some(c))
+    }
+
+    /// `unmap_block`: unmaps the whole pages inside the free block `i` of an expandable
+    /// segment, leaving the partial pages at both ends as free blocks. Returns the bytes
+    /// unmapped and the index of the unmapped block (which may have merged with unmapped
+    /// neighbours).
+    pub(super) fn unmap_block(
+        &mut self,
+        dev: &mut dyn Device,
+        i: u32,
+    ) -> Result<(u64, u32), DeviceError> {
+        let b = *self.slab.get(i);
+        let Some(es) = self
+            .expandable
+            .get_mut(b.segment as usize)
+            .and_then(Option::as_mut)
+        else {
+            return Ok((0, i));
+        };
+        let begin = (b.addr - es.va).div_ceil(es.page);
+        let end = (b.addr + b.size - es.va) / es.page;
+        if begin >= end {
+            return Ok((0, i));
+        }
+        es.unmap(dev, begin, end)?;
+        let start = es.va + begin * es.page;
+        let bytes = (end - begin) * es.page;
+        self.remove_free(i);
+        let before = start - b.addr;
+        if before > 0 {
+            let f = self.slab.insert(Block {
+                size: before,
+                prev: b.prev,
+                next: i,
+                ..b
+            });
+            if b.prev != NIL {
+                self.slab.get_mut(b.prev).next = f;
+            }
+            self.slab.get_mut(i).prev = f;
+            self.insert_free(f);
+        }
+        let after = b.size - before - bytes;
+        if after > 0 {
+            let next = self.slab.get(i).next;
+            let f = self.slab.insert(Block {
+                addr: start + bytes,
+                size: after,
+                prev: i,
+                next,
+                ..b
+            });
+            if next != NIL {
+                self.slab.get_mut(next).prev = f;
+            }
+            self.slab.get_mut(i).next = f;
+            self.insert_free(f);
+        }
+        {
+            let bm = self.slab.get_mut(i);
+            bm.addr = start;
+            bm.size = bytes;
+            bm.mapped = false;
+        }
+        let prev = self.slab.get(i).prev;
+        self.try_merge(i, prev);
+        let next = self.slab.get(i).next;
+        self.try_merge(i, next);
+        let u = *self.slab.get(i);
+        self.unmapped[u.pool.index()].insert((u.stream, u.addr), i);
+        self.total_allocated -= bytes;
+        self.tracker.stats.reserved_bytes.sub(bytes);
+        self.torch.num_device_free += 1;
+        Ok((bytes, i))
+    }
+
+    /// `release_expandable_segment`: the unmapped block `i` spans its whole segment; the
+    /// range goes back to the device (cuMemAddressFree).
+    pub(super) fn release_expandable_segment(
+        &mut self,
+        dev: &mut dyn Device,
+        i: u32,
+    ) -> Result<(), DeviceError> {
+        let b = *self.slab.get(i);
+        let Some(es) = self
+            .expandable
+            .get_mut(b.segment as usize)
+            .and_then(Option::take)
+        else {
+            return Ok(());
+        };
+        if let Err(e) = dev.free_va(es.va, es.range_bytes()) {
+            self.expandable[b.segment as usize] = Some(es);
+            return Err(e);
+        }
+        self.unmapped[b.pool.index()].remove(&(b.stream, b.addr));
+        self.slab.remove(i);
+        Ok(())
+    }
+}

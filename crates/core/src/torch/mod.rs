@@ -1,0 +1,663 @@
+//! An emulation of PyTorch's CUDA caching allocator (`c10/cuda/CUDACachingAllocator.cpp`,
+//! `DeviceCachingAllocator`, PyTorch 2.11), under any `PYTORCH_CUDA_ALLOC_CONF`
+//! ([`TorchConfig`]); without CUDA-graph private pools and without `record_stream` events
+//! (every free completes at once, as `free_block` does when `stream_uses` is empty).
+//!
+//! The policy, function by function (the rooms of this module in brackets):
+//! - `round_size` ([`sizes`]): a request is rounded up to a multiple of [`MIN_BLOCK_BYTES`]
+//!   (512 B), at least 512 B; with `roundup_power2_divisions`, to the next division of its
+//!   power-of-two interval.
+//! - `get_pool`: rounded sizes up to [`SMALL_SIZE_BYTES`] (1 MiB) use the small pool, larger
+//!   ones the large pool ([`PoolKind::for_size`]).
+//! - `get_allocation_size`: a new segment (cudaMalloc) is [`SMALL_BUFFER_BYTES`] (2 MiB) for
+//!   the small pool, [`LARGE_BUFFER_BYTES`] (20 MiB) for sizes below
+//!   [`MIN_LARGE_ALLOC_BYTES`] (10 MiB), else the size rounded up to [`ROUND_LARGE_BYTES`]
+//!   (2 MiB) ([`allocation_size`]).
+//! - `get_free_block` ([`blocks`]): free blocks are kept per pool in a set ordered by
+//!   `(stream, size, address)`; the first block at or after `(stream, size, 0)` on the same
+//!   stream is taken (best fit, lowest address among equals). With `max_split_size_mb`, a
+//!   request below it never takes an oversize block (≥ `max_split_size`), and a request above
+//!   it takes one only if it is less than `max_non_split_rounding_mb` (20 MiB) larger.
+//! - `should_split`: a small-pool block is split when at least 512 B would remain, a
+//!   large-pool block when more than 1 MiB would remain and the request is below
+//!   `max_split_size`; with expandable segments every block splits when 512 B remain. The
+//!   user's block takes the front, the remainder goes back to the pool.
+//! - `free_block` / `try_merge_blocks`: a freed block merges with its free neighbours in the
+//!   same segment (previous first, then next).
+//! - `malloc`: free block, else (with a memory limit and `garbage_collection_threshold`)
+//!   `garbage_collect_cached_blocks`, then `alloc_block` (cudaMalloc of the allocation size,
+//!   refused without a call past the memory limit), else `release_available_cached_blocks`
+//!   (oversize blocks only) and a retry, else `release_cached_blocks` (cudaFree of every
+//!   whole free segment, large pool first; expandable segments unmap their free pages) and
+//!   one retry counted in `num_alloc_retries`, else out-of-memory (`num_ooms`) ([`release`]).
+//!   Other driver errors end the call at once, as `C10_CUDA_CHECK` does.
+//! - Expandable segments (`expandable_segments:True`, [`expandable`]): one virtual range per
+//!   stream and pool, 1⅛ × the device capacity, mapped in pages of 2 MiB (small pool) or
+//!   20 MiB (large pool) at the lowest address that fits; pages are unmapped only by
+//!   `release_cached_blocks` (`empty_cache` or an OOM).
+//! - A request of 0 bytes gets a null block (address 0) without reserving anything or calling
+//!   the device, as `NativeCachingAllocator::allocate` does.
+//! - `emptyCache` is [`Allocator::empty_cache`].
+//!
+//! Statistics follow `torch.cuda.memory_stats()`: `allocated` counts block sizes,
+//! `requested` the sizes users asked for, `reserved` segment sizes and mapped pages;
+//! [`TorchStats`] adds `active`, `inactive_split`, the oversize counters and the device call
+//! counters (for expandable segments, `num_device_alloc`/`num_device_free` count map and
+//! unmap steps, as PyTorch does).
+//!
+//! Alignment: PyTorch's blocks are 512-byte aligned (segments from cudaMalloc are, and every
+//! block size is a multiple of 512), so any power-of-two alignment up to 512 costs nothing
+//! and follows PyTorch exactly. A larger power of two, up to the device granularity, is
+//! honoured by asking for `align − 512` more bytes and handing out the first aligned address
+//! inside the block (PyTorch has no such option; the block's `requested` stays the user's
+//! size).
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::config::AllocatorConfig;
+use crate::device::DeviceError;
+use crate::{AllocError, Allocator, Block as UserBlock, Counter, Device, Stats, StatsTracker};
+
+mod blocks;
+pub mod conf;
+mod expandable;
+mod live;
+mod release;
+pub mod sizes;
+#[cfg(test)]
+mod tests;
+mod validate;
+
+use blocks::{Block, FreeSet, Slab, UnmappedSet, NIL};
+pub use conf::{ConfError, TorchConfig};
+use expandable::ExpandableSegment;
+pub use sizes::{
+    allocation_size, round_size, round_size_with, roundup_power2_next_division, should_split,
+    should_split_with, PoolKind, LARGE_BUFFER_BYTES, MIN_BLOCK_BYTES, MIN_LARGE_ALLOC_BYTES,
+    ROUND_LARGE_BYTES, SMALL_BUFFER_BYTES, SMALL_SIZE_BYTES,
+};
+
+/// The figures of `torch.cuda.memory_stats()` that [`Stats`] does not carry ("all" pools).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct TorchStats {
+    /// Blocks allocated or waiting for stream events (`active`). Without `record_stream`
+    /// this equals the live allocations.
+    pub active: Counter,
+    /// Bytes of active blocks (`active_bytes`).
+    pub active_bytes: Counter,
+    /// Free blocks that are part of a split cudaMalloc segment, so cannot be cudaFree'd
+    /// (`inactive_split`; expandable segments are left out, as in PyTorch).
+    pub inactive_split: Counter,
+    /// Bytes of those blocks (`inactive_split_bytes`).
+    pub inactive_split_bytes: Counter,
+    /// Allocated blocks of at least `max_split_size` (`oversize_allocations`).
+    pub oversize_allocations: Counter,
+    /// cudaMalloc segments of at least `max_split_size` (`oversize_segments`).
+    pub oversize_segments: Counter,
+    /// Successful cudaMalloc calls and expandable-segment map steps (`num_device_alloc`).
+    pub num_device_alloc: u64,
+    /// Successful cudaFree calls and expandable-segment unmap steps (`num_device_free`).
+    pub num_device_free: u64,
+    /// Retries of cudaMalloc after releasing the cache (`num_alloc_retries`).
+    pub num_alloc_retries: u64,
+    /// Allocations that ended in out-of-memory (`num_ooms`).
+    pub num_ooms: u64,
+}
+
+/// A cudaMalloc segment (expandable segments are kept in [`ExpandableSegment`]).
+#[derive(Debug, Clone, Copy)]
+struct SegmentRec {
+    bytes: u64,
+    pool: PoolKind,
+    stream: u64,
+}
+
+/// The PyTorch caching allocator emulation (see the module documentation).
+///
+/// ```
+/// use gpumem_core::sim::SimDevice;
+/// use gpumem_core::torch::TorchCachingPool;
+/// use gpumem_core::Allocator;
+///
+/// let mut dev = SimDevice::default();
+/// let mut torch = TorchCachingPool::new(&Default::default());
+/// // 5 MiB is a "large" request between 1 and 10 MiB: PyTorch cudaMallocs 20 MiB.
+/// let a = torch.allocate(&mut dev, 5 << 20, 512, 0)?;
+/// assert_eq!(torch.stats().reserved_bytes.current, 20 << 20);
+/// // The 15 MiB remainder serves the next request without another cudaMalloc.
+/// let b = torch.allocate(&mut dev, 3 << 20, 512, 0)?;
+/// assert_eq!(b.addr, a.addr + (5 << 20));
+/// assert_eq!(torch.torch_stats().num_device_alloc, 1);
+/// torch.deallocate(&mut dev, a.addr)?;
+/// torch.deallocate(&mut dev, b.addr)?;
+/// // Both blocks merged back into one free segment, which empty_cache gives back.
+/// assert_eq!(torch.empty_cache(&mut dev)?, 20 << 20);
+/// torch.validate()?;
+/// # Ok::<(), gpumem_core::AllocError>(())
+/// ```
+#[derive(Debug, Default)]
+pub struct TorchCachingPool {
+    conf: TorchConfig,
+    /// Every block, allocated, free or unmapped.
+    slab: Slab,
+    /// Free (mapped) blocks per pool (small, large).
+    free: [FreeSet; 2],
+    /// Unmapped ranges of expandable segments per pool.
+    unmapped: [UnmappedSet; 2],
+    /// cudaMalloc segments by base address.
+    segments: BTreeMap<u64, SegmentRec>,
+    /// Expandable segments by index (`None` once released).
+    expandable: Vec<Option<ExpandableSegment>>,
+    /// User address → slab index of its block (they differ only for alignments above 512).
+    live: live::LiveMap,
+    /// Null blocks (0-byte requests) handed out and not yet freed.
+    null_blocks: u64,
+    /// Bytes of all free mapped blocks.
+    free_bytes: u64,
+    /// Bytes taken from the device (`total_allocated_memory`).
+    total_allocated: u64,
+    /// `get_free_blocks_call_count` per pool (counted only while the garbage collector can run).
+    get_free_calls: [u64; 2],
+    tracker: StatsTracker,
+    torch: TorchStats,
+}
+
+/// What `alloc_block` came back with: a block, or `cudaErrorMemoryAllocation`.
+type Found = Option<u32>;
+
+impl TorchCachingPool {
+    /// A new, empty allocator under the settings of
+    /// [`AllocatorConfig::torch`](crate::config::AllocatorConfig::torch) (native by default);
+    /// no other field applies: PyTorch's sizes are fixed.
+    pub fn new(config: &AllocatorConfig) -> Self {
+        TorchCachingPool::with_conf(config.torch)
+    }
+
+    /// A new, empty allocator under `conf` (a parsed `PYTORCH_CUDA_ALLOC_CONF`).
+    pub fn with_conf(conf: TorchConfig) -> Self {
+        TorchCachingPool {
+            conf,
+            ..TorchCachingPool::default()
+        }
+    }
+
+    /// The settings emulated.
+    pub fn conf(&self) -> &TorchConfig {
+        &self.conf
+    }
+
+    /// The `torch.cuda.memory_stats()` figures beyond [`Stats`].
+    pub fn torch_stats(&self) -> TorchStats {
+        self.torch
+    }
+
+    /// Live segments as `(base address, bytes, pool)`, in address order: cudaMalloc segments,
+    /// and each mapped run of pages of an expandable segment (as PyTorch's snapshot lists
+    /// them).
+    pub fn segments(&self) -> Vec<(u64, u64, PoolKind)> {
+        let mut out: Vec<(u64, u64, PoolKind)> = self
+            .segments
+            .iter()
+            .map(|(&a, s)| (a, s.bytes, s.pool))
+            .collect();
+        for es in self.expandable.iter().flatten() {
+            for (start, bytes) in es.mapped_runs() {
+                out.push((start, bytes, es.pool));
+            }
+        }
+        out.sort_unstable_by_key(|s| s.0);
+        out
+    }
+
+    /// The memory limit on `dev` (`allowed_memory_maximum`), if any.
+    fn allowed(&self, dev: &dyn Device) -> Option<u64> {
+        self.conf.allowed_bytes(dev.capacity_bytes())
+    }
+
+    /// Whether the garbage collector and its age counting are on.
+    fn gc_active(&self, dev: &dyn Device) -> bool {
+        self.conf.garbage_collection_threshold > 0.0 && self.allowed(dev).is_some()
+    }
+
+    /// `insert_into_blocks`: puts the free mapped block `i` into its pool's set.
+    #[inline]
+    fn insert_free(&mut self, i: u32) {
+        let b = self.slab.get_mut(i);
+        let p = b.pool.index();
+        b.gc_base = self.get_free_calls[p];
+        let (stream, size, addr) = (b.stream, b.size, b.addr);
+        self.free[p].insert(stream, size, addr, i);
+        self.free_bytes += size;
+    }
+
+    /// Takes the free mapped block `i` out of its pool's set.
+    #[inline]
+    fn remove_free(&mut self, i: u32) {
+        let b = *self.slab.get(i);
+        if self.free[b.pool.index()].remove(b.stream, b.size, b.addr) {
+            self.free_bytes -= b.size;
+        }
+    }
+
+    /// `get_free_block`: the best-fitting free block on `stream` that the `max_split_size`
+    /// rules allow, taken out of the pool.
+    fn get_free_block(&mut self, gc: bool, pool: PoolKind, stream: u64, rounded: u64) -> Found {
+        let p = pool.index();
+        if gc {
+            self.get_free_calls[p] += 1;
+        }
+        let (mut key, mut idx, pos) = self.free[p].lower_bound_pos(stream, rounded)?;
+        let first = idx;
+        if self.slab.get(idx).is_expandable() {
+            if self.conf.expandable_segments {
+                // Best fit counts the unmapped space after a block as part of it, so a block
+                // that could grow is chosen only when no fixed block fits as well.
+                while let Some((nkey, nidx)) = self.free[p].after(stream, key) {
+                    if !self.slab.get(idx).is_expandable()
+                        || self.expandable_size(nidx) >= self.expandable_size(idx)
+                    {
+                        break;
+                    }
+                    (key, idx) = (nkey, nidx);
+                }
+            } else {
+                // Expandable segments were turned off: only fixed blocks serve.
+                loop {
+                    (key, idx) = self.free[p].after(stream, key)?;
+                    if !self.slab.get(idx).is_expandable() {
+                        break;
+                    }
+                }
+            }
+        }
+        let size = self.slab.get(idx).size;
+        let max_split = self.conf.max_split_size_bytes;
+        if rounded < max_split && size >= max_split {
+            return None;
+        }
+        if rounded >= max_split
+            && size >= rounded.saturating_add(self.conf.max_non_split_rounding_bytes)
+        {
+            return None;
+        }
+        if idx == first {
+            // The block found first: take it out where the search found it.
+            let size = self.slab.get(idx).size;
+            if self.free[p]
+                .remove_at(stream, pos)
+                .is_some_and(|(_, i)| i == idx)
+            {
+                self.free_bytes -= size;
+                return Some(idx);
+            }
+            return None;
+        }
+        self.remove_free(idx);
+        Some(idx)
+    }
+
+    /// A block's size plus the unmapped range right after it (`expandable_size`).
+    fn expandable_size(&self, i: u32) -> u64 {
+        let b = self.slab.get(i);
+        let grow = if b.next != NIL && !self.slab.get(b.next).mapped {
+            self.slab.get(b.next).size
+        } else {
+            0
+        };
+        b.size + grow
+    }
+
+    /// `alloc_block`: a new segment (cudaMalloc of `alloc_size`), or room mapped in an
+    /// expandable segment for `rounded` bytes. `Ok(None)` when the device (or the memory
+    /// limit) refuses for lack of memory. The block is not in any free set.
+    fn alloc_block(
+        &mut self,
+        dev: &mut dyn Device,
+        pool: PoolKind,
+        stream: u64,
+        rounded: u64,
+        alloc_size: u64,
+        is_retry: bool,
+    ) -> Result<Found, DeviceError> {
+        if is_retry {
+            self.torch.num_alloc_retries += 1;
+            self.tracker.stats.alloc_retries += 1;
+        }
+        // The limit refuses without a call. (Under `limit_to_capacity` alone the limit is the
+        // device's capacity, which refuses the same cudaMalloc itself: the device then sees
+        // the demand it refused, which the smallest-capacity search reads.)
+        let limit = TorchConfig {
+            limit_to_capacity: false,
+            ..self.conf
+        }
+        .allowed_bytes(dev.capacity_bytes());
+        if let Some(allowed) = limit {
+            if self.total_allocated.saturating_add(alloc_size) > allowed {
+                return Ok(None);
+            }
+        }
+        if self.conf.expandable_segments {
+            return self.try_allocate_expandable_block(dev, stream, pool, rounded);
+        }
+        let addr = match dev.alloc_segment(alloc_size) {
+            Ok(a) => a,
+            Err(DeviceError::OutOfMemory { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if addr == 0 || !addr.is_multiple_of(MIN_BLOCK_BYTES) {
+            // Every PyTorch block address is a non-null multiple of 512; a device that breaks
+            // this cannot be emulated. Give the segment back and refuse.
+            let _ = dev.free_segment(addr);
+            return Err(DeviceError::Invalid {
+                call: "cuMemAlloc",
+                detail: format!("segment {addr:#x} is null or not {MIN_BLOCK_BYTES}-byte aligned"),
+            });
+        }
+        self.segments.insert(
+            addr,
+            SegmentRec {
+                bytes: alloc_size,
+                pool,
+                stream,
+            },
+        );
+        let i = self.slab.insert(Block {
+            addr,
+            size: alloc_size,
+            requested: 0,
+            stream,
+            gc_base: 0,
+            prev: NIL,
+            next: NIL,
+            segment: NIL,
+            pool,
+            allocated: false,
+            mapped: true,
+        });
+        self.total_allocated += alloc_size;
+        self.tracker.on_reserve(alloc_size);
+        if alloc_size >= self.conf.max_split_size_bytes {
+            self.torch.oversize_segments.add(1);
+        }
+        self.torch.num_device_alloc += 1;
+        Ok(Some(i))
+    }
+
+    /// `alloc_found_block`: hands out the (already removed from its set) block `i` for a
+    /// rounded request, splitting off the remainder when `split`. Returns the block's bytes.
+    fn alloc_found_block(&mut self, i: u32, rounded: u64, requested: u64, split: bool) -> u64 {
+        let b = *self.slab.get(i);
+        let already_split = b.is_split();
+        let plain = !b.is_expandable();
+        let mut size = b.size;
+        if split {
+            let rest = self.slab.insert(Block {
+                addr: b.addr + rounded,
+                size: b.size - rounded,
+                requested: 0,
+                prev: i,
+                allocated: false,
+                mapped: true,
+                ..b
+            });
+            if b.next != NIL {
+                self.slab.get_mut(b.next).prev = rest;
+            }
+            let bm = self.slab.get_mut(i);
+            bm.next = rest;
+            bm.size = rounded;
+            size = rounded;
+            self.insert_free(rest);
+            if plain {
+                if already_split {
+                    // An already split free block shrinks by `rounded` bytes.
+                    self.torch.inactive_split_bytes.sub(rounded);
+                } else {
+                    self.torch.inactive_split_bytes.add(b.size - rounded);
+                    self.torch.inactive_split.add(1);
+                }
+            }
+        } else if already_split && plain {
+            self.torch.inactive_split_bytes.sub(b.size);
+            self.torch.inactive_split.sub(1);
+        }
+        let bm = self.slab.get_mut(i);
+        bm.allocated = true;
+        bm.requested = requested;
+        self.tracker.on_alloc(requested, size);
+        self.torch.active.add(1);
+        self.torch.active_bytes.add(size);
+        if size >= self.conf.max_split_size_bytes {
+            self.torch.oversize_allocations.add(1);
+        }
+        size
+    }
+
+    /// `try_merge_blocks`: merges the free or unmapped neighbour `src` into `dst` when both
+    /// are free with the same mapping; returns the bytes taken in (0 if none). `dst` must be
+    /// out of every set; `src` leaves its set.
+    fn try_merge(&mut self, dst: u32, src: u32) -> u64 {
+        if src == NIL {
+            return 0;
+        }
+        let s = *self.slab.get(src);
+        let d = *self.slab.get(dst);
+        if s.allocated || s.mapped != d.mapped {
+            return 0;
+        }
+        if s.mapped {
+            self.remove_free(src);
+        } else {
+            self.unmapped[s.pool.index()].remove(&(s.stream, s.addr));
+        }
+        if d.prev == src {
+            let dm = self.slab.get_mut(dst);
+            dm.addr = s.addr;
+            dm.prev = s.prev;
+            if s.prev != NIL {
+                self.slab.get_mut(s.prev).next = dst;
+            }
+        } else {
+            self.slab.get_mut(dst).next = s.next;
+            if s.next != NIL {
+                self.slab.get_mut(s.next).prev = dst;
+            }
+        }
+        self.slab.get_mut(dst).size += s.size;
+        self.slab.remove(src);
+        s.size
+    }
+
+    /// `free_block`: marks the block free, merges it with free neighbours (previous, then
+    /// next) and puts the result into its pool.
+    fn free_block(&mut self, i: u32) {
+        let b = *self.slab.get(i);
+        let original = b.size;
+        let mut net_blocks: i64 = 0;
+        let mut net_bytes: i64 = 0;
+        {
+            let bm = self.slab.get_mut(i);
+            bm.allocated = false;
+            bm.requested = 0;
+        }
+        for cand in [b.prev, b.next] {
+            let subsumed = self.try_merge(i, cand);
+            if subsumed > 0 {
+                net_blocks -= 1;
+                net_bytes -= subsumed as i64;
+            }
+        }
+        self.insert_free(i);
+        let after = *self.slab.get(i);
+        if after.is_split() {
+            net_blocks += 1;
+            net_bytes += after.size as i64;
+        }
+        if !after.is_expandable() {
+            apply_net(&mut self.torch.inactive_split, net_blocks);
+            apply_net(&mut self.torch.inactive_split_bytes, net_bytes);
+        }
+        self.tracker.on_free(b.requested, original);
+        self.torch.active.sub(1);
+        self.torch.active_bytes.sub(original);
+        if original >= self.conf.max_split_size_bytes {
+            self.torch.oversize_allocations.sub(1);
+        }
+    }
+
+    fn oom(&self, requested_bytes: u64) -> AllocError {
+        AllocError::OutOfMemory {
+            requested_bytes,
+            free_bytes: self.free_bytes,
+            largest_free_bytes: self.largest_free(),
+        }
+    }
+
+    fn largest_free(&self) -> u64 {
+        self.free[0].largest().max(self.free[1].largest())
+    }
+
+    /// `malloc` once the request is rounded: a cached block, else a new one through the
+    /// release-and-retry ladder. `Ok(None)` is out-of-memory.
+    fn find_or_alloc(
+        &mut self,
+        dev: &mut dyn Device,
+        pool: PoolKind,
+        stream: u64,
+        rounded: u64,
+        alloc_size: u64,
+    ) -> Result<Found, AllocError> {
+        let gc = self.gc_active(dev);
+        if let Some(i) = self.get_free_block(gc, pool, stream, rounded) {
+            return Ok(Some(i));
+        }
+        if gc {
+            self.garbage_collect_cached_blocks(dev)?;
+        }
+        if let Some(i) = self.alloc_block(dev, pool, stream, rounded, alloc_size, false)? {
+            return Ok(Some(i));
+        }
+        if self.release_available_cached_blocks(dev, pool, stream, rounded)? {
+            if let Some(i) = self.alloc_block(dev, pool, stream, rounded, alloc_size, false)? {
+                return Ok(Some(i));
+            }
+        }
+        self.release_cached_blocks(dev)?;
+        Ok(self.alloc_block(dev, pool, stream, rounded, alloc_size, true)?)
+    }
+}
+
+/// Adds a signed change to a counter (PyTorch's `increase_stat` / `decrease_stat`).
+fn apply_net(c: &mut Counter, delta: i64) {
+    if delta > 0 {
+        c.add(delta.unsigned_abs());
+    } else if delta < 0 {
+        c.sub(delta.unsigned_abs());
+    }
+}
+
+impl Allocator for TorchCachingPool {
+    fn name(&self) -> &'static str {
+        "torch"
+    }
+
+    /// PyTorch's `DeviceCachingAllocator::malloc` (see the module documentation).
+    ///
+    /// `size_bytes == 0` returns a null block (address 0, nothing reserved, no device call),
+    /// as PyTorch does. When the device runs out of memory, the released cache stays
+    /// released even if the retry fails, as in PyTorch.
+    fn allocate(
+        &mut self,
+        dev: &mut dyn Device,
+        size_bytes: u64,
+        align: u64,
+        stream: u64,
+    ) -> Result<UserBlock, AllocError> {
+        let max_align = dev.granularity_bytes().max(MIN_BLOCK_BYTES);
+        if !crate::align::is_pow2(align) || align > max_align {
+            return Err(AllocError::InvalidAlignment {
+                align,
+                max: max_align,
+            });
+        }
+        if size_bytes == 0 {
+            self.null_blocks += 1;
+            return Ok(UserBlock {
+                addr: 0,
+                requested_bytes: 0,
+                allocated_bytes: 0,
+            });
+        }
+        let overflow = AllocError::Overflow { size_bytes, align };
+        let padded = if align > MIN_BLOCK_BYTES {
+            // At least one byte must follow the aligned address inside the block.
+            size_bytes
+                .checked_add(align - MIN_BLOCK_BYTES)
+                .ok_or(overflow.clone())?
+        } else {
+            size_bytes
+        };
+        let rounded = round_size_with(padded, &self.conf).ok_or(overflow.clone())?;
+        let pool = PoolKind::for_size(rounded);
+        let alloc_size = allocation_size(rounded).ok_or(overflow)?;
+        let Some(i) = self.find_or_alloc(dev, pool, stream, rounded, alloc_size)? else {
+            self.torch.num_ooms += 1;
+            return Err(self.oom(size_bytes));
+        };
+        let b = *self.slab.get(i);
+        let split = should_split_with(b.pool, b.size, rounded, &self.conf);
+        let allocated_bytes = self.alloc_found_block(i, rounded, size_bytes, split);
+        let user_addr = if align > MIN_BLOCK_BYTES {
+            crate::align::align_up(b.addr, align)
+                .ok_or_else(|| AllocError::Internal(format!("aligning {:#x} overflows", b.addr)))?
+        } else {
+            b.addr
+        };
+        self.live.insert(user_addr, i);
+        Ok(UserBlock {
+            addr: user_addr,
+            requested_bytes: size_bytes,
+            allocated_bytes,
+        })
+    }
+
+    /// PyTorch's `free` → `free_block` (no stream uses, so the free completes at once). The
+    /// null block (address 0) is accepted while one is outstanding.
+    fn deallocate(&mut self, dev: &mut dyn Device, addr: u64) -> Result<(), AllocError> {
+        let _ = dev;
+        let Some(i) = self.live.remove(addr) else {
+            if addr == 0 && self.null_blocks > 0 {
+                self.null_blocks -= 1;
+                return Ok(());
+            }
+            return Err(AllocError::UnknownBlock { addr });
+        };
+        if !self.slab.get(i).allocated {
+            self.live.insert(addr, i);
+            return Err(AllocError::Internal(format!(
+                "live address {addr:#x} maps to a block that is not allocated"
+            )));
+        }
+        self.free_block(i);
+        Ok(())
+    }
+
+    /// `emptyCache` → `release_cached_blocks`: cudaFree of every segment that is wholly free,
+    /// and the free pages of expandable segments unmapped. Returns the bytes given back.
+    fn empty_cache(&mut self, dev: &mut dyn Device) -> Result<u64, AllocError> {
+        self.release_cached_blocks(dev)
+    }
+
+    fn stats(&self) -> Stats {
+        let mut s = self.tracker.stats;
+        s.free_bytes = self.free_bytes;
+        s.largest_free_bytes = self.largest_free();
+        s.inactive_split_bytes = self.torch.inactive_split_bytes;
+        s
+    }
+
+    fn validate(&self) -> Result<(), AllocError> {
+        validate::validate(self)
+    }
+}

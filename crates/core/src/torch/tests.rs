@@ -1,0 +1,678 @@
+//! Unit tests of the emulation: PyTorch's rules one by one, each option with figures derived
+//! by hand from PyTorch's code, fault injection at every driver call, and a property test
+//! that runs `validate()` after every operation.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+use super::*;
+use crate::sim::SimDevice;
+use crate::Block;
+use std::collections::BTreeMap;
+
+const MIB: u64 = 1 << 20;
+
+fn new() -> (TorchCachingPool, SimDevice) {
+    (
+        TorchCachingPool::new(&AllocatorConfig::default()),
+        SimDevice::default(),
+    )
+}
+
+fn alloc(t: &mut TorchCachingPool, d: &mut SimDevice, size: u64) -> Block {
+    let b = t.allocate(d, size, 512, 0).expect("allocate");
+    t.validate().expect("valid");
+    b
+}
+
+fn free(t: &mut TorchCachingPool, d: &mut SimDevice, addr: u64) {
+    t.deallocate(d, addr).expect("deallocate");
+    t.validate().expect("valid");
+}
+
+#[test]
+fn rounding_follows_round_size() {
+    assert_eq!(round_size(0), Some(512));
+    assert_eq!(round_size(1), Some(512));
+    assert_eq!(round_size(511), Some(512));
+    assert_eq!(round_size(512), Some(512));
+    assert_eq!(round_size(513), Some(1024));
+    assert_eq!(round_size(1_000_000), Some(1_000_448));
+    assert_eq!(round_size(u64::MAX), None);
+    let (mut t, mut d) = new();
+    let b = alloc(&mut t, &mut d, 513);
+    assert_eq!((b.requested_bytes, b.allocated_bytes), (513, 1024));
+    let s = t.stats();
+    assert_eq!(s.requested_bytes.current, 513);
+    assert_eq!(s.allocated_bytes.current, 1024);
+}
+
+#[test]
+fn pool_choice_and_segment_sizes() {
+    assert_eq!(PoolKind::for_size(MIB), PoolKind::Small);
+    assert_eq!(PoolKind::for_size(MIB + 512), PoolKind::Large);
+    assert_eq!(allocation_size(MIB), Some(2 * MIB));
+    assert_eq!(allocation_size(MIB + 512), Some(20 * MIB));
+    assert_eq!(allocation_size(10 * MIB - 512), Some(20 * MIB));
+    assert_eq!(allocation_size(10 * MIB), Some(10 * MIB));
+    assert_eq!(allocation_size(10 * MIB + 512), Some(12 * MIB));
+    for (req, seg, pool) in [
+        (MIB, 2 * MIB, PoolKind::Small),
+        (5 * MIB, 20 * MIB, PoolKind::Large),
+        (11 * MIB, 12 * MIB, PoolKind::Large),
+    ] {
+        let (mut t, mut d) = new();
+        alloc(&mut t, &mut d, req);
+        let segs = t.segments();
+        assert_eq!(segs.len(), 1, "request {req}");
+        assert_eq!((segs[0].1, segs[0].2), (seg, pool), "request {req}");
+        assert_eq!(t.stats().reserved_bytes.current, seg);
+        assert_eq!(d.used_bytes(), seg);
+        assert_eq!(t.torch_stats().num_device_alloc, 1);
+    }
+}
+
+#[test]
+fn split_thresholds() {
+    assert!(should_split(PoolKind::Small, 2 * MIB, 2 * MIB - 512));
+    assert!(!should_split(PoolKind::Small, 2 * MIB, 2 * MIB));
+    assert!(should_split(PoolKind::Large, 20 * MIB, 19 * MIB - 512));
+    assert!(!should_split(PoolKind::Large, 20 * MIB, 19 * MIB));
+
+    // Small pool: 1 MiB + 512 B left of a 2 MiB segment is split off.
+    let (mut t, mut d) = new();
+    let a = alloc(&mut t, &mut d, MIB - 512);
+    assert_eq!(a.allocated_bytes, MIB - 512);
+    assert_eq!(t.torch_stats().inactive_split_bytes.current, MIB + 512);
+    assert_eq!(t.torch_stats().inactive_split.current, 1);
+
+    // Large pool: 12 MiB request in a 12 MiB segment: no split. A 19 MiB request from
+    // a cached 20 MiB block leaves exactly 1 MiB: not split either.
+    let (mut t, mut d) = new();
+    let b = alloc(&mut t, &mut d, 5 * MIB); // 20 MiB segment, 15 MiB remainder split
+    assert_eq!(b.allocated_bytes, 5 * MIB);
+    free(&mut t, &mut d, b.addr);
+    let c = alloc(&mut t, &mut d, 19 * MIB);
+    assert_eq!(c.allocated_bytes, 20 * MIB);
+    assert_eq!(c.addr, b.addr);
+    assert_eq!(t.torch_stats().inactive_split.current, 0);
+    free(&mut t, &mut d, c.addr);
+    let e = alloc(&mut t, &mut d, 19 * MIB - 512);
+    assert_eq!(e.allocated_bytes, 19 * MIB - 512);
+    assert_eq!(t.torch_stats().inactive_split_bytes.current, MIB + 512);
+    assert_eq!(t.torch_stats().num_device_alloc, 1);
+}
+
+#[test]
+fn merge_on_free() {
+    let (mut t, mut d) = new();
+    let a = alloc(&mut t, &mut d, 4096);
+    let b = alloc(&mut t, &mut d, 4096);
+    let c = alloc(&mut t, &mut d, 4096);
+    assert_eq!(b.addr, a.addr + 4096);
+    assert_eq!(c.addr, b.addr + 4096);
+    free(&mut t, &mut d, a.addr);
+    free(&mut t, &mut d, c.addr); // merges with the tail remainder
+    assert_eq!(t.torch_stats().inactive_split.current, 2);
+    assert_eq!(t.stats().largest_free_bytes, 2 * MIB - 8192);
+    free(&mut t, &mut d, b.addr); // merges both sides: the segment is whole again
+    let s = t.stats();
+    assert_eq!(s.largest_free_bytes, 2 * MIB);
+    assert_eq!(s.free_bytes, 2 * MIB);
+    assert_eq!(t.torch_stats().inactive_split.current, 0);
+    assert_eq!(t.torch_stats().inactive_split_bytes.current, 0);
+    // The whole segment can be handed out again at its base.
+    let w = alloc(&mut t, &mut d, MIB);
+    assert_eq!(w.addr, a.addr);
+    assert_eq!(t.empty_cache(&mut d).expect("release"), 0);
+    free(&mut t, &mut d, w.addr);
+    assert_eq!(t.empty_cache(&mut d).expect("release"), 2 * MIB);
+    assert_eq!(d.live_objects(), (0, 0, 0, 0));
+    assert_eq!(t.stats().reserved_bytes.current, 0);
+    assert_eq!(t.torch_stats().num_device_free, 1);
+}
+
+#[test]
+fn reuse_is_best_fit_then_lowest_address() {
+    let (mut t, mut d) = new();
+    // Three large blocks in one 20 MiB segment with gaps of 3 and 2 MiB.
+    let a = alloc(&mut t, &mut d, 3 * MIB);
+    let _k1 = alloc(&mut t, &mut d, 2 * MIB);
+    let b = alloc(&mut t, &mut d, 2 * MIB);
+    let _k2 = alloc(&mut t, &mut d, 2 * MIB);
+    free(&mut t, &mut d, a.addr);
+    free(&mut t, &mut d, b.addr);
+    // 2 MiB fits the 2 MiB hole best, not the first (3 MiB) hole nor the 11 MiB tail.
+    let c = alloc(&mut t, &mut d, 2 * MIB);
+    assert_eq!(c.addr, b.addr);
+    // Equal sizes: the lower address wins.
+    let e = alloc(&mut t, &mut d, 2 * MIB + 512);
+    assert_eq!(e.addr, a.addr);
+    assert_eq!(t.torch_stats().num_device_alloc, 1);
+}
+
+#[test]
+fn streams_do_not_share_blocks() {
+    let (mut t, mut d) = new();
+    let a = t.allocate(&mut d, 4096, 512, 1).expect("alloc");
+    t.deallocate(&mut d, a.addr).expect("free");
+    let b = t.allocate(&mut d, 4096, 512, 2).expect("alloc");
+    assert_ne!(t.segments()[0].0, t.segments()[1].0);
+    assert_eq!(t.torch_stats().num_device_alloc, 2);
+    let c = t.allocate(&mut d, 4096, 512, 1).expect("alloc");
+    assert_eq!(c.addr, a.addr);
+    assert_ne!(b.addr, a.addr);
+    t.validate().expect("valid");
+}
+
+#[test]
+fn oom_releases_cache_then_retries() {
+    let mut d = SimDevice::new(24 * MIB);
+    let mut t = TorchCachingPool::new(&AllocatorConfig::default());
+    let a = alloc(&mut t, &mut d, 12 * MIB); // a 12 MiB segment
+    let before = t.stats();
+    // 8 MiB wants a 20 MiB segment: 12 + 20 > 24, nothing cached to release.
+    let e = t
+        .allocate(&mut d, 8 * MIB, 512, 0)
+        .expect_err("must not fit");
+    assert!(e.is_oom(), "{e}");
+    t.validate().expect("valid");
+    assert_eq!(t.torch_stats().num_ooms, 1);
+    assert_eq!(t.torch_stats().num_alloc_retries, 1);
+    let after = t.stats();
+    assert_eq!(after.reserved_bytes, before.reserved_bytes);
+    assert_eq!(after.allocated_bytes, before.allocated_bytes);
+    assert_eq!(after.allocation_count, before.allocation_count);
+    // With `a` freed its segment is cached; 14 MiB does not fit in it, the cudaMalloc
+    // of 14 MiB fails (12 + 14 > 24), the cache is released, and the retry succeeds.
+    free(&mut t, &mut d, a.addr);
+    assert_eq!(t.stats().reserved_bytes.current, 12 * MIB);
+    let b = alloc(&mut t, &mut d, 14 * MIB);
+    assert_eq!(b.allocated_bytes, 14 * MIB);
+    let ts = t.torch_stats();
+    assert_eq!(
+        (ts.num_alloc_retries, ts.num_device_free, ts.num_ooms),
+        (2, 1, 1)
+    );
+    assert_eq!(ts.num_device_alloc, 2);
+    assert_eq!(t.stats().reserved_bytes.current, 14 * MIB);
+    assert_eq!(t.stats().reserved_bytes.peak, 14 * MIB);
+    assert_eq!(t.stats().alloc_retries, 2);
+    assert_eq!(d.used_bytes(), 14 * MIB);
+}
+
+#[test]
+fn fault_at_cuda_malloc_changes_nothing() {
+    let (mut t, mut d) = new();
+    let a = alloc(&mut t, &mut d, 4096); // call 0
+    let before = t.stats();
+    d.inject_fault_at(Some(d.calls_made()));
+    // A large request needs cudaMalloc, which fails with a non-OOM error: reported at
+    // once, no cache release, no retry (C10_CUDA_CHECK).
+    let e = t.allocate(&mut d, 50 * MIB, 512, 0).expect_err("fault");
+    assert!(
+        matches!(e, AllocError::Device(DeviceError::Driver { .. })),
+        "{e}"
+    );
+    assert!(!e.is_oom());
+    t.validate().expect("valid");
+    assert_eq!(t.stats(), before);
+    assert_eq!(t.torch_stats().num_alloc_retries, 0);
+    assert_eq!(t.torch_stats().num_device_alloc, 1);
+    // The small pool still serves from its cached segment without the device.
+    let b = alloc(&mut t, &mut d, 4096);
+    assert_eq!(b.addr, a.addr + 4096);
+    // And the device works again.
+    let c = alloc(&mut t, &mut d, 50 * MIB);
+    assert_eq!(c.allocated_bytes, 50 * MIB);
+    assert_eq!(t.torch_stats().num_device_alloc, 2);
+}
+
+#[test]
+fn fault_at_cuda_free_during_release_keeps_state_valid() {
+    let mut d = SimDevice::new(30 * MIB);
+    let mut t = TorchCachingPool::new(&AllocatorConfig::default());
+    let a = alloc(&mut t, &mut d, 12 * MIB);
+    free(&mut t, &mut d, a.addr);
+    // cudaMalloc (OOM) is the next call, then the cudaFree of the cached segment.
+    d.inject_fault_at(Some(d.calls_made() + 1));
+    let e = t.allocate(&mut d, 20 * MIB, 512, 0).expect_err("fault");
+    assert!(
+        matches!(e, AllocError::Device(DeviceError::Driver { .. })),
+        "{e}"
+    );
+    t.validate().expect("valid");
+    assert_eq!(t.stats().reserved_bytes.current, 12 * MIB);
+    assert_eq!(t.stats().allocation_count.current, 0);
+    let b = alloc(&mut t, &mut d, 20 * MIB);
+    assert_eq!(b.allocated_bytes, 20 * MIB);
+    assert_eq!(t.stats().reserved_bytes.current, 20 * MIB);
+}
+
+#[test]
+fn alignment_up_to_granularity() {
+    let (mut t, mut d) = new();
+    for align in [1, 256, 512] {
+        let b = t.allocate(&mut d, 100, align, 0).expect("alloc");
+        assert_eq!(b.allocated_bytes, 512);
+    }
+    let _spacer = alloc(&mut t, &mut d, 512);
+    let b = t.allocate(&mut d, 100, 4096, 0).expect("alloc");
+    assert_eq!(b.addr % 4096, 0);
+    assert_eq!(b.requested_bytes, 100);
+    assert_eq!(b.allocated_bytes, 4096);
+    t.validate().expect("valid");
+    t.deallocate(&mut d, b.addr).expect("free");
+    let big = t.allocate(&mut d, 3 * MIB, 2 * MIB, 0).expect("alloc");
+    assert_eq!(big.addr % (2 * MIB), 0);
+    t.validate().expect("valid");
+    for bad in [0, 3, 4 * MIB] {
+        assert!(matches!(
+            t.allocate(&mut d, 100, bad, 0),
+            Err(AllocError::InvalidAlignment { .. })
+        ));
+    }
+    assert!(matches!(
+        t.allocate(&mut d, u64::MAX - 100, 512, 0),
+        Err(AllocError::Overflow { .. })
+    ));
+    assert!(matches!(
+        t.allocate(&mut d, u64::MAX - 100, 4096, 0),
+        Err(AllocError::Overflow { .. })
+    ));
+    t.validate().expect("valid");
+}
+
+#[test]
+fn unknown_and_double_free_change_nothing() {
+    let (mut t, mut d) = new();
+    let a = alloc(&mut t, &mut d, 4096);
+    assert!(matches!(
+        t.deallocate(&mut d, a.addr + 512),
+        Err(AllocError::UnknownBlock { .. })
+    ));
+    free(&mut t, &mut d, a.addr);
+    let s = t.stats();
+    assert!(matches!(
+        t.deallocate(&mut d, a.addr),
+        Err(AllocError::UnknownBlock { .. })
+    ));
+    assert_eq!(t.stats(), s);
+    t.validate().expect("valid");
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Alloc {
+        size: u64,
+        stream: u64,
+        align_shift: u32,
+    },
+    Free(usize),
+    Release,
+}
+
+fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    prop_oneof![
+        5 => (0u64..3 * MIB, 0u64..2, 0u32..13).prop_map(|(size, stream, a)| Op::Alloc {
+            size,
+            stream,
+            align_shift: a,
+        }),
+        2 => (3 * MIB..40 * MIB, 0u64..2).prop_map(|(size, stream)| Op::Alloc {
+            size,
+            stream,
+            align_shift: 9,
+        }),
+        1 => Just(Op::Alloc { size: 0, stream: 0, align_shift: 9 }),
+        5 => any::<usize>().prop_map(Op::Free),
+        1 => Just(Op::Release),
+    ]
+}
+
+/// The settings the property test runs under, each with a 128 MiB device.
+const PROP_CONFS: [&str; 6] = [
+    "",
+    "max_split_size_mb:20",
+    "roundup_power2_divisions:[1:2,4:4,>:8]",
+    "expandable_segments:True",
+    "garbage_collection_threshold:0.5,per_process_memory_fraction:0.8",
+    "expandable_segments:True,max_split_size_mb:32,roundup_power2_divisions:4",
+];
+
+proptest::proptest! {
+    #[test]
+    fn random_operations_keep_every_invariant(
+        ops in proptest::collection::vec(op(), 1..200),
+        conf in 0usize..PROP_CONFS.len(),
+    ) {
+        let mut d = SimDevice::new(128 * MIB);
+        let mut t = TorchCachingPool::with_conf(TorchConfig::parse(PROP_CONFS[conf]).unwrap());
+        // user address -> end of the user's bytes
+        let mut live: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut nulls = 0u64;
+        for o in ops {
+            match o {
+                Op::Alloc { size, stream, align_shift } => {
+                    let align = 1u64 << align_shift;
+                    let before = t.stats();
+                    let calls = d.calls_made();
+                    match t.allocate(&mut d, size, align, stream) {
+                        Ok(b) if size == 0 => {
+                            proptest::prop_assert_eq!(b.addr, 0);
+                            proptest::prop_assert_eq!(t.stats(), before);
+                            proptest::prop_assert_eq!(d.calls_made(), calls);
+                            nulls += 1;
+                        }
+                        Ok(b) => {
+                            proptest::prop_assert_eq!(b.addr % align, 0);
+                            proptest::prop_assert!(b.allocated_bytes >= size);
+                            let end = b.addr + size;
+                            if let Some((_, &pe)) = live.range(..=b.addr).next_back() {
+                                proptest::prop_assert!(pe <= b.addr, "overlap below");
+                            }
+                            if let Some((&na, _)) = live.range(b.addr..).next() {
+                                proptest::prop_assert!(na >= end, "overlap above");
+                            }
+                            live.insert(b.addr, end);
+                        }
+                        Err(e) => {
+                            proptest::prop_assert!(e.is_oom(), "{}", e);
+                            let after = t.stats();
+                            proptest::prop_assert_eq!(after.allocated_bytes, before.allocated_bytes);
+                            proptest::prop_assert_eq!(after.requested_bytes, before.requested_bytes);
+                        }
+                    }
+                }
+                Op::Free(i) => {
+                    if i % 7 == 0 && nulls > 0 {
+                        t.deallocate(&mut d, 0).unwrap();
+                        nulls -= 1;
+                    } else if !live.is_empty() {
+                        let k = *live.keys().nth(i % live.len()).unwrap();
+                        live.remove(&k);
+                        t.deallocate(&mut d, k).unwrap();
+                    }
+                }
+                Op::Release => {
+                    t.empty_cache(&mut d).unwrap();
+                }
+            }
+            t.validate().unwrap();
+            proptest::prop_assert_eq!(t.stats().reserved_bytes.current, d.used_bytes());
+        }
+        for k in live.keys() {
+            t.deallocate(&mut d, *k).unwrap();
+        }
+        for _ in 0..nulls {
+            t.deallocate(&mut d, 0).unwrap();
+        }
+        proptest::prop_assert!(t.deallocate(&mut d, 0).is_err());
+        t.validate().unwrap();
+        t.empty_cache(&mut d).unwrap();
+        t.validate().unwrap();
+        let (segs, reserved, maps, handles) = d.live_objects();
+        proptest::prop_assert_eq!((segs, maps, handles), (0, 0, 0));
+        if !t.conf().expandable_segments {
+            // (An expandable segment whose first mapping ran out of memory keeps its range
+            // with nothing mapped, as in PyTorch: release_blocks only visits mapped blocks.)
+            proptest::prop_assert_eq!(reserved, 0);
+        }
+        proptest::prop_assert_eq!(t.stats().reserved_bytes.current, 0);
+        proptest::prop_assert_eq!(t.stats().free_bytes, 0);
+        if !t.conf().expandable_segments {
+            // (Expandable segments count map and unmap steps, which need not pair up.)
+            proptest::prop_assert_eq!(t.torch_stats().num_device_alloc, t.torch_stats().num_device_free);
+        }
+        // Everything came back: the whole device (to a whole number of 20 MiB pages, within
+        // the memory limit) can be taken again.
+        let limit = t.conf().allowed_bytes(128 * MIB).unwrap_or(128 * MIB);
+        let mut whole = limit / (20 * MIB) * (20 * MIB);
+        while round_size_with(whole, t.conf()).unwrap().div_ceil(20 * MIB) * (20 * MIB) > limit {
+            whole -= 20 * MIB;
+        }
+        let all = t.allocate(&mut d, whole, 512, 0);
+        proptest::prop_assert!(all.is_ok(), "{:?}", all);
+    }
+}
+
+fn with(conf: &str, capacity: u64) -> (TorchCachingPool, SimDevice) {
+    (
+        TorchCachingPool::with_conf(TorchConfig::parse(conf).unwrap()),
+        SimDevice::new(capacity),
+    )
+}
+
+#[test]
+fn zero_bytes_is_a_null_block() {
+    let (mut t, mut d) = new();
+    let b = t.allocate(&mut d, 0, 512, 0).unwrap();
+    assert_eq!((b.addr, b.requested_bytes, b.allocated_bytes), (0, 0, 0));
+    assert_eq!(d.calls_made(), 0);
+    assert_eq!(t.stats(), Stats::default());
+    t.deallocate(&mut d, 0).unwrap();
+    assert!(matches!(
+        t.deallocate(&mut d, 0),
+        Err(AllocError::UnknownBlock { addr: 0 })
+    ));
+    t.validate().unwrap();
+}
+
+#[test]
+fn max_split_size_keeps_oversize_blocks_whole() {
+    // max_split_size_mb:64. A 100 MiB block is oversize: a 50 MiB request may not split it
+    // and gets a segment of its own (native would split the cached 100 MiB).
+    let (mut t, mut d) = with("max_split_size_mb:64", 1 << 40);
+    let a = alloc(&mut t, &mut d, 100 * MIB);
+    assert_eq!(t.torch_stats().oversize_segments.current, 1);
+    assert_eq!(t.torch_stats().oversize_allocations.current, 1);
+    free(&mut t, &mut d, a.addr);
+    assert_eq!(t.torch_stats().oversize_allocations.current, 0);
+    let b = alloc(&mut t, &mut d, 50 * MIB);
+    assert_ne!(b.addr, a.addr);
+    assert_eq!(t.stats().reserved_bytes.current, 150 * MIB);
+    // A request of at least 64 MiB takes the cached 100 MiB block whole when it is less than
+    // 20 MiB (max_non_split_rounding_mb) larger: 90 MiB does, 70 MiB does not.
+    let c = alloc(&mut t, &mut d, 90 * MIB);
+    assert_eq!((c.addr, c.allocated_bytes), (a.addr, 100 * MIB));
+    free(&mut t, &mut d, c.addr);
+    let e = alloc(&mut t, &mut d, 70 * MIB);
+    assert_ne!(e.addr, a.addr);
+    assert_eq!(t.stats().reserved_bytes.current, 220 * MIB);
+    assert_eq!(t.torch_stats().num_device_alloc, 3);
+    // Native reuses: 100 MiB split into 50 + 50, then 90 and 70 get new segments.
+    let (mut n, mut nd) = new();
+    let a = alloc(&mut n, &mut nd, 100 * MIB);
+    free(&mut n, &mut nd, a.addr);
+    let b = alloc(&mut n, &mut nd, 50 * MIB);
+    assert_eq!(b.addr, a.addr);
+    assert_eq!(n.stats().reserved_bytes.current, 100 * MIB);
+}
+
+#[test]
+fn max_split_size_releases_oversize_blocks_before_the_cache() {
+    // 200 MiB device; 100 + 80 MiB cached, free. 150 MiB does not fit beside them: the
+    // oversize blocks are freed largest first until they cover 150 MiB (both), and the
+    // cudaMalloc is tried again without counting a retry.
+    let (mut t, mut d) = with("max_split_size_mb:64", 200 * MIB);
+    let a = alloc(&mut t, &mut d, 100 * MIB);
+    let b = alloc(&mut t, &mut d, 80 * MIB);
+    free(&mut t, &mut d, a.addr);
+    free(&mut t, &mut d, b.addr);
+    let c = alloc(&mut t, &mut d, 150 * MIB);
+    assert_eq!(c.allocated_bytes, 150 * MIB);
+    let ts = t.torch_stats();
+    assert_eq!(
+        (ts.num_device_free, ts.num_alloc_retries, ts.num_ooms),
+        (2, 0, 0)
+    );
+    assert_eq!(t.stats().reserved_bytes.current, 150 * MIB);
+    // One block large enough is freed alone: 120 MiB cached beside a 60 MiB live one.
+    let (mut t, mut d) = with("max_split_size_mb:64", 200 * MIB);
+    let a = alloc(&mut t, &mut d, 120 * MIB);
+    let _k = alloc(&mut t, &mut d, 30 * MIB);
+    free(&mut t, &mut d, a.addr);
+    let _c = alloc(&mut t, &mut d, 110 * MIB); // 120 ≥ 110 + 20? no: reused whole
+    assert_eq!(t.torch_stats().num_device_free, 0);
+}
+
+#[test]
+fn roundup_power2_divisions_round_requests() {
+    let (mut t, mut d) = with("roundup_power2_divisions:4", 1 << 40);
+    // 5 MiB + 1 lies in [4, 8) MiB, steps of 1 MiB: 6 MiB, from a 20 MiB segment.
+    let a = alloc(&mut t, &mut d, 5 * MIB + 1);
+    assert_eq!(a.allocated_bytes, 6 * MIB);
+    assert_eq!(t.stats().reserved_bytes.current, 20 * MIB);
+    // Up to 512 B × 4 plain 512-byte rounding; above it the divisions.
+    assert_eq!(alloc(&mut t, &mut d, 1200).allocated_bytes, 1536);
+    assert_eq!(alloc(&mut t, &mut d, 2049).allocated_bytes, 2560);
+    assert_eq!(alloc(&mut t, &mut d, 700 << 10).allocated_bytes, 768 << 10);
+    // Interval list: 8 divisions below 64 MiB, none (plain rounding) from 64 MiB on.
+    let (mut t, mut d) = with("roundup_power2_divisions:[32:8,64:0,>:0]", 1 << 40);
+    assert_eq!(alloc(&mut t, &mut d, 33 * MIB).allocated_bytes, 36 * MIB);
+    assert_eq!(
+        alloc(&mut t, &mut d, 64 * MIB + 512).allocated_bytes,
+        64 * MIB + 512
+    );
+}
+
+#[test]
+fn garbage_collection_frees_old_segments_past_the_threshold() {
+    // A 100 MiB limit with threshold 0.5: past 50 MiB reserved, a cudaMalloc first frees
+    // cached whole segments at least as old as the average.
+    let conf = TorchConfig {
+        allowed_memory_bytes: Some(100 * MIB),
+        ..TorchConfig::parse("garbage_collection_threshold:0.5").unwrap()
+    };
+    let mut t = TorchCachingPool::with_conf(conf);
+    let mut d = SimDevice::default();
+    let a = alloc(&mut t, &mut d, 30 * MIB);
+    let _b = alloc(&mut t, &mut d, 30 * MIB);
+    free(&mut t, &mut d, a.addr);
+    let _c = alloc(&mut t, &mut d, 40 * MIB);
+    assert_eq!(t.torch_stats().num_device_free, 1);
+    assert_eq!(t.stats().reserved_bytes.current, 70 * MIB);
+    assert_eq!(t.stats().reserved_bytes.peak, 70 * MIB);
+    // Without a limit the threshold does nothing (as in PyTorch).
+    let (mut t, mut d) = with("garbage_collection_threshold:0.5", 1 << 40);
+    let a = alloc(&mut t, &mut d, 30 * MIB);
+    let _b = alloc(&mut t, &mut d, 30 * MIB);
+    free(&mut t, &mut d, a.addr);
+    let _c = alloc(&mut t, &mut d, 40 * MIB);
+    assert_eq!(t.torch_stats().num_device_free, 0);
+    assert_eq!(t.stats().reserved_bytes.current, 100 * MIB);
+}
+
+#[test]
+fn memory_limit_refuses_without_a_device_call() {
+    let conf = TorchConfig {
+        allowed_memory_bytes: Some(50 * MIB),
+        ..TorchConfig::default()
+    };
+    let mut t = TorchCachingPool::with_conf(conf);
+    let mut d = SimDevice::default();
+    let _a = alloc(&mut t, &mut d, 30 * MIB);
+    let calls = d.calls_made();
+    let e = t
+        .allocate(&mut d, 30 * MIB, 512, 0)
+        .expect_err("over the limit");
+    assert!(e.is_oom());
+    assert_eq!(d.calls_made(), calls);
+    let ts = t.torch_stats();
+    assert_eq!((ts.num_alloc_retries, ts.num_ooms), (1, 1));
+    // per_process_memory_fraction does the same from the device capacity.
+    let (mut t, mut d) = with("per_process_memory_fraction:0.5", 100 * MIB);
+    let _a = alloc(&mut t, &mut d, 30 * MIB);
+    assert!(t.allocate(&mut d, 30 * MIB, 512, 0).unwrap_err().is_oom());
+}
+
+#[test]
+fn expandable_segments_grow_one_range() {
+    use crate::device::DriverCall;
+    let (mut t, mut d) = with("expandable_segments:True", 1 << 30);
+    // 5 MiB: a range is reserved and one 20 MiB page mapped; the block splits at 512 B.
+    let a = alloc(&mut t, &mut d, 5 * MIB);
+    assert_eq!(t.stats().reserved_bytes.current, 20 * MIB);
+    // 30 MiB: the free 15 MiB tail plus one more page, merged: the block follows `a`.
+    let b = alloc(&mut t, &mut d, 30 * MIB);
+    assert_eq!(b.addr, a.addr + 5 * MIB);
+    assert_eq!(t.stats().reserved_bytes.current, 40 * MIB);
+    let c = d.counters();
+    assert_eq!(
+        [
+            DriverCall::Alloc,
+            DriverCall::Reserve,
+            DriverCall::Create,
+            DriverCall::Map,
+            DriverCall::SetAccess
+        ]
+        .map(|k| c.get(k)),
+        [0, 1, 2, 2, 2]
+    );
+    assert_eq!(t.torch_stats().num_device_alloc, 2);
+    assert_eq!(t.segments(), vec![(a.addr, 40 * MIB, PoolKind::Large)]);
+    // Small requests get their own range with 2 MiB pages.
+    let s = alloc(&mut t, &mut d, 1000);
+    assert_eq!(s.allocated_bytes, 1024);
+    assert_eq!(t.stats().reserved_bytes.current, 42 * MIB);
+    // Nothing is unmapped on free; empty_cache unmaps every free page and gives the
+    // ranges back.
+    free(&mut t, &mut d, a.addr);
+    free(&mut t, &mut d, b.addr);
+    free(&mut t, &mut d, s.addr);
+    assert_eq!(t.stats().reserved_bytes.current, 42 * MIB);
+    assert_eq!(t.empty_cache(&mut d).unwrap(), 42 * MIB);
+    t.validate().unwrap();
+    assert_eq!(d.live_objects(), (0, 0, 0, 0));
+    assert_eq!(t.stats().reserved_bytes.current, 0);
+    // Native for the same two requests: a 20 MiB and a 30 MiB segment.
+    let (mut n, mut nd) = new();
+    alloc(&mut n, &mut nd, 5 * MIB);
+    alloc(&mut n, &mut nd, 30 * MIB);
+    assert_eq!(n.stats().reserved_bytes.current, 50 * MIB);
+}
+
+#[test]
+fn expandable_segments_prefer_fixed_blocks_and_unmap_partly() {
+    let (mut t, mut d) = with("expandable_segments:True", 1 << 30);
+    let a = alloc(&mut t, &mut d, 8 * MIB);
+    let b = alloc(&mut t, &mut d, 4 * MIB);
+    let _k = alloc(&mut t, &mut d, 4 * MIB); // [a 8][b 4][k 4][free 4 | unmapped ...]
+    free(&mut t, &mut d, b.addr);
+    // 4 MiB fits both the hole of `b` and the 4 MiB tail; the tail can grow into unmapped
+    // space, so the hole wins.
+    let c = alloc(&mut t, &mut d, 4 * MIB);
+    assert_eq!(c.addr, b.addr);
+    // Freeing `a` leaves an 8 MiB free block inside the first 20 MiB page: nothing whole
+    // to unmap.
+    free(&mut t, &mut d, a.addr);
+    assert_eq!(t.empty_cache(&mut d).unwrap(), 0);
+    assert_eq!(t.stats().reserved_bytes.current, 20 * MIB);
+    t.validate().unwrap();
+}
+
+#[test]
+fn expandable_segments_fault_at_every_call_changes_nothing() {
+    for fault in 0..12 {
+        let (mut t, mut d) = with("expandable_segments:True", 1 << 30);
+        let a = alloc(&mut t, &mut d, 5 * MIB);
+        let before = (t.stats(), d.used_bytes());
+        d.inject_fault_at(Some(d.calls_made() + fault));
+        match t.allocate(&mut d, 50 * MIB, 512, 0) {
+            Ok(_) => {}
+            Err(e) => {
+                assert!(
+                    matches!(e, AllocError::Device(DeviceError::Driver { .. })),
+                    "{e}"
+                );
+                assert_eq!(
+                    (t.stats().allocated_bytes, d.used_bytes()),
+                    (before.0.allocated_bytes, before.1),
+                    "fault {fault}"
+                );
+            }
+        }
+        t.validate().unwrap();
+        d.inject_fault_at(None);
+        free(&mut t, &mut d, a.addr);
+        t.validate().unwrap();
+    }
+}

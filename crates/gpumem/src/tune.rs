@@ -1,0 +1,287 @@
+//! Which `PYTORCH_CUDA_ALLOC_CONF` should a run use? Replays a trace through the PyTorch
+//! caching-allocator emulation under a grid of settings, in parallel, and ranks them by the
+//! smallest device that runs the trace without an out-of-memory error.
+//!
+//! The grid: native; `expandable_segments:True`; `max_split_size_mb` ∈ {64, 128, 256, 512,
+//! 1024}; `roundup_power2_divisions` ∈ {1, 2, 4, 8, 16}; with a capacity,
+//! `garbage_collection_threshold` ∈ {0.6, 0.8}; and combinations that users try together
+//! (expandable segments with rounding, `max_split_size_mb` with rounding or garbage
+//! collection). Each setting is replayed once at the given capacity (or the default
+//! simulated device) and bisected for its smallest capacity; settings run on every core,
+//! one setting per thread at a time.
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use gpumem_core::config::AllocatorConfig;
+use gpumem_core::sim::{SimDevice, DEFAULT_CAPACITY};
+use gpumem_core::torch::TorchConfig;
+use gpumem_core::Allocator;
+use serde::Serialize;
+
+use crate::replay::{self, MinCapacityConfig, MinCapacityOutcome, ReplayConfig, ReplayError};
+use crate::torch_replay;
+use crate::trace::Trace;
+
+/// Resolution of the smallest capacity, in bytes (the 2 MiB of a page).
+pub const RESOLUTION_BYTES: u64 = 2 << 20;
+/// Replays per setting that scan for its exact smallest capacity before the rest is bisected.
+pub const MAX_REPLAYS: u64 = 24;
+
+/// The settings tried: see the module documentation. With `with_gc`, the garbage-collection
+/// thresholds too (they act only under a memory limit).
+pub fn grid(with_gc: bool) -> Vec<TorchConfig> {
+    let mut s: Vec<String> = vec![String::new(), "expandable_segments:True".into()];
+    for mb in [64, 128, 256, 512, 1024] {
+        s.push(format!("max_split_size_mb:{mb}"));
+    }
+    for d in [1, 2, 4, 8, 16] {
+        s.push(format!("roundup_power2_divisions:{d}"));
+    }
+    for d in [2, 4, 8] {
+        s.push(format!(
+            "expandable_segments:True,roundup_power2_divisions:{d}"
+        ));
+    }
+    for mb in [128, 512] {
+        s.push(format!("max_split_size_mb:{mb},roundup_power2_divisions:4"));
+    }
+    if with_gc {
+        for g in ["0.6", "0.8"] {
+            s.push(format!("garbage_collection_threshold:{g}"));
+            s.push(format!(
+                "garbage_collection_threshold:{g},max_split_size_mb:512"
+            ));
+        }
+    }
+    s.iter()
+        .filter_map(|c| TorchConfig::parse(c).ok())
+        .collect()
+}
+
+/// One setting's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct TuneRow {
+    /// The setting (`native` for the defaults).
+    pub setting: String,
+    /// The `PYTORCH_CUDA_ALLOC_CONF` value (empty for native).
+    pub conf: String,
+    /// Whether this is the trace's own setting.
+    pub is_trace_setting: bool,
+    /// Predicted peak reserved bytes (at the capacity given, else on the default device).
+    pub peak_reserved_bytes: u64,
+    /// `peak_reserved_bytes` ÷ the trace's peak requested bytes.
+    pub reserved_over_requested: f64,
+    /// Smallest device capacity that runs the trace without an OOM, to
+    /// [`RESOLUTION_BYTES`]; `None` if even the default device does not.
+    pub min_capacity_bytes: Option<u64>,
+    /// Allocations that failed at the capacity given (0 without one).
+    pub oom_count: u64,
+    /// Driver calls of the replay (cudaMalloc/cudaFree, or the VMM calls of expandable
+    /// segments).
+    pub driver_calls: u64,
+    /// Modelled H200 seconds of those calls.
+    pub modelled_driver_seconds: f64,
+}
+
+/// The ranked result.
+#[derive(Debug, Clone, Serialize)]
+pub struct TuneReport {
+    /// The trace's own setting (`native` when the trace records none).
+    pub trace_setting: String,
+    /// Highest sum of live requested bytes in the trace.
+    pub peak_requested_bytes: u64,
+    /// The capacity given, if any.
+    pub capacity_bytes: Option<u64>,
+    /// Every setting, best first: no OOM at the capacity given, then smallest capacity,
+    /// then lowest peak reserved, then fewest driver calls.
+    pub rows: Vec<TuneRow>,
+    /// Smallest capacity for gpumem's own `paged` allocator.
+    pub paged_min_capacity_bytes: Option<u64>,
+    /// Wall-clock seconds the whole tuning took.
+    pub seconds: f64,
+    /// Threads used.
+    pub threads: usize,
+}
+
+impl TuneReport {
+    /// The best setting.
+    pub fn best(&self) -> Option<&TuneRow> {
+        self.rows.first()
+    }
+
+    /// The trace's own setting's row.
+    pub fn trace_row(&self) -> Option<&TuneRow> {
+        self.rows.iter().find(|r| r.is_trace_setting)
+    }
+}
+
+/// A unit of work for [`parallel`].
+type Job<'a, T> = Box<dyn FnOnce() -> T + Send + 'a>;
+
+/// Runs `jobs` closures on `threads` threads, results in job order.
+fn parallel<T: Send>(threads: usize, jobs: Vec<Job<'_, T>>) -> Vec<T> {
+    let n = jobs.len();
+    let queue: Mutex<Vec<Option<Job<'_, T>>>> = Mutex::new(jobs.into_iter().map(Some).collect());
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<T>>> = Mutex::new((0..n).map(|_| None).collect());
+    std::thread::scope(|s| {
+        for _ in 0..threads.clamp(1, n.max(1)) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    break;
+                }
+                let job = queue.lock().ok().and_then(|mut q| q[i].take());
+                if let Some(job) = job {
+                    let r = job();
+                    if let Ok(mut out) = results.lock() {
+                        out[i] = Some(r);
+                    }
+                }
+            });
+        }
+    });
+    results
+        .into_inner()
+        .map(|v| v.into_iter().flatten().collect())
+        .unwrap_or_default()
+}
+
+/// Tunes `trace` (events of `device`): the grid plus `trace_conf` (the trace's own setting,
+/// native when `None`), at `capacity_bytes` if given, on `threads` threads (0 = every core).
+///
+/// # Errors
+/// A [`ReplayError`] from one of the replays (an emulation bug).
+pub fn tune(
+    trace: &Trace,
+    trace_conf: Option<TorchConfig>,
+    capacity_bytes: Option<u64>,
+    device: u32,
+    threads: usize,
+) -> Result<TuneReport, ReplayError> {
+    let started = Instant::now();
+    let threads = if threads == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        threads
+    };
+    let own = trace_conf.unwrap_or_default();
+    let mut confs = grid(capacity_bytes.is_some());
+    if !confs.contains(&own) {
+        confs.push(own);
+    }
+    let summary = &replay::summarize(trace, device);
+    let opts = ReplayConfig {
+        device,
+        ..ReplayConfig::default()
+    };
+    let capacity = capacity_bytes.unwrap_or(DEFAULT_CAPACITY);
+    let mut jobs: Vec<Job<'_, Result<Option<TuneRow>, ReplayError>>> = Vec::new();
+    for conf in confs {
+        let opts = &opts;
+        jobs.push(Box::new(move || {
+            let run_conf = TorchConfig {
+                // The memory limit makes the collector act (it changes nothing else but
+                // expandable segments' accounting, so it is set only where it matters).
+                limit_to_capacity: capacity_bytes.is_some()
+                    && conf.garbage_collection_threshold > 0.0,
+                ..conf
+            };
+            let follow = conf == own && capacity_bytes.is_none();
+            let r =
+                torch_replay::replay_torch(trace, &run_conf, capacity, follow, opts, &mut |_| {})?;
+            // The run on an unlimited device bounds the search from above.
+            let upper = if capacity_bytes.is_none() && r.report.oom_count == 0 {
+                r.report.peak_reserved_bytes.max(RESOLUTION_BYTES)
+            } else {
+                DEFAULT_CAPACITY
+            };
+            let min_cap =
+                torch_replay::min_capacity(trace, summary, &conf, upper, MAX_REPLAYS, opts)?;
+            let rep = &r.report;
+            Ok(Some(TuneRow {
+                setting: conf.to_string(),
+                conf: conf.to_conf_string(),
+                is_trace_setting: conf == own,
+                peak_reserved_bytes: rep.peak_reserved_bytes,
+                reserved_over_requested: rep.reserved_over_requested,
+                min_capacity_bytes: min_cap,
+                oom_count: rep.oom_count,
+                driver_calls: rep.driver_calls.total(),
+                modelled_driver_seconds: rep.modelled_driver_seconds,
+            }))
+        }));
+    }
+    // gpumem's own paged allocator, for comparison.
+    jobs.push(Box::new(move || {
+        let make = || -> Box<dyn Allocator> {
+            Box::new(gpumem_core::paged::PagedPool::new(
+                &AllocatorConfig::default(),
+            ))
+        };
+        let make_dev = |c: u64| SimDevice::new(c);
+        let search = MinCapacityConfig {
+            upper_bytes: DEFAULT_CAPACITY,
+            max_replays: MAX_REPLAYS,
+            ..MinCapacityConfig::default()
+        };
+        let outcome = replay::min_capacity(
+            trace,
+            summary,
+            &make,
+            &make_dev,
+            &search,
+            &ReplayConfig {
+                device,
+                ..ReplayConfig::default()
+            },
+        )?;
+        Ok(match outcome {
+            MinCapacityOutcome::Found(m) => Some(TuneRow {
+                setting: "paged".into(),
+                conf: String::new(),
+                is_trace_setting: false,
+                peak_reserved_bytes: 0,
+                reserved_over_requested: 0.0,
+                min_capacity_bytes: Some(m.smallest_bytes),
+                oom_count: 0,
+                driver_calls: 0,
+                modelled_driver_seconds: 0.0,
+            }),
+            MinCapacityOutcome::NeverCompletes(_) => None,
+        })
+    }));
+    let mut results = parallel(threads, jobs);
+    let paged = results
+        .pop()
+        .transpose()?
+        .flatten()
+        .and_then(|r| r.min_capacity_bytes);
+    let mut rows: Vec<TuneRow> = Vec::new();
+    for r in results {
+        rows.extend(r?);
+    }
+    rows.sort_by(|a, b| {
+        (
+            a.oom_count,
+            a.min_capacity_bytes.unwrap_or(u64::MAX),
+            a.peak_reserved_bytes,
+        )
+            .cmp(&(
+                b.oom_count,
+                b.min_capacity_bytes.unwrap_or(u64::MAX),
+                b.peak_reserved_bytes,
+            ))
+            .then(a.driver_calls.cmp(&b.driver_calls))
+    });
+    Ok(TuneReport {
+        trace_setting: own.to_string(),
+        peak_requested_bytes: summary.peak_requested_bytes,
+        capacity_bytes,
+        rows,
+        paged_min_capacity_bytes: paged,
+        seconds: started.elapsed().as_secs_f64(),
+        threads,
+    })
+}
