@@ -419,8 +419,10 @@ for line in open(sys.argv[1]):
         print("STEP\tmultigpu peer %d<->%d pool >= 90%% baseline\t%s (%s)" % (
             a, b, st, "n/a" if pct is None else "%.1f %%" % pct))
         bad = sum(1 for c in p["checks"] if c["check"]["mismatched_bytes"] or c["check"]["damaged_guard_bytes"] or c["check"]["damaged_source_bytes"])
-        print("STEP\tmultigpu peer %d<->%d byte checks\t%s (%d of %d passed)" % (
-            a, b, "FAIL" if bad or not p["checks"] else "ok", len(p["checks"]) - bad, len(p["checks"])))
+        grants = sorted({c.get("grant", "?") for c in p["checks"] if c.get("vmm")})
+        print("STEP\tmultigpu peer %d<->%d byte checks\t%s (%d of %d passed; VMM by %s)" % (
+            a, b, "FAIL" if bad or not p["checks"] else "ok", len(p["checks"]) - bad, len(p["checks"]),
+            "/".join(grants) or "-"))
 PY
 )
       local kind rest st

@@ -97,6 +97,58 @@ fn enable_both(a: &CudaContext, b: &CudaContext) -> Result<bool, DeviceError> {
     Ok(on)
 }
 
+/// How a block was shared with the other device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Grant {
+    /// cuCtxEnablePeerAccess (cuMemAlloc memory): no per-block grant.
+    Context,
+    /// [`DevicePool::set_peer_access`]: cuMemSetAccess on the granularity pages under the block.
+    Pages,
+    /// The driver refused that range (it lies inside a larger mapping): cuMemSetAccess on the
+    /// whole mappings under the block instead.
+    Mappings,
+}
+
+/// The whole mappings under `[addr, addr + bytes)`: (start, bytes).
+fn mappings_under(d: &CudaDevice, addr: u64, bytes: u64) -> Option<(u64, u64)> {
+    let book = d.vmm_book();
+    let (start, first) = book.mapping_of(addr)?;
+    let mut end = start + first.bytes;
+    while end < addr + bytes.max(1) {
+        let (s, m) = book.mapping_of(end)?;
+        end = s + m.bytes;
+    }
+    Some((start, end - start))
+}
+
+/// Grants or revokes `peer`'s access to `block`: per page through the pool first (`how` =
+/// [`Grant::Pages`]), and on a driver refusal over the whole mappings under the block.
+fn share_block(
+    pool: &DevicePool<CudaDevice>,
+    block: &crate::pool::DeviceBlock<'_, CudaDevice>,
+    peer: usize,
+    grant: bool,
+    how: Grant,
+) -> Result<Grant, PeerError> {
+    if how == Grant::Pages {
+        match pool.set_peer_access(block, peer, grant) {
+            Ok(()) => return Ok(Grant::Pages),
+            Err(PoolError::Device(DeviceError::Driver { .. })) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let (addr, bytes) = (block.addr(), block.size_bytes());
+    pool.with_device(|d| -> Result<(), DeviceError> {
+        let (start, len) = mappings_under(d, addr, bytes).ok_or_else(|| DeviceError::Invalid {
+            call: "cuMemSetAccess",
+            detail: format!("block {addr:#x} +{bytes} B is not wholly VMM-mapped"),
+        })?;
+        d.set_peer_access(start, len, peer, grant)
+    })??;
+    Ok(Grant::Mappings)
+}
+
 /// One byte-for-byte check of a peer copy between two pool blocks.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct PoolPeerCheck {
@@ -105,6 +157,8 @@ pub struct PoolPeerCheck {
     /// Whether the blocks are VMM pages shared with cuMemSetAccess (else cuMemAlloc memory
     /// shared with cuCtxEnablePeerAccess).
     pub vmm: bool,
+    /// How the blocks were shared with the other device.
+    pub grant: Grant,
     /// The check.
     pub check: PeerCheck,
 }
@@ -138,9 +192,10 @@ pub fn check_pool_peer_copies(
         for (src, dst) in [(&sa, &sb), (&sb, &sa)] {
             let sblk = src.pool.alloc(bytes as u64, 0)?;
             let dblk = dst.pool.alloc((bytes + 2 * GUARD_BYTES) as u64, 0)?;
+            let (mut sgrant, mut dgrant) = (Grant::Context, Grant::Context);
             if vmm && peers {
-                src.pool.set_peer_access(&sblk, dst.ctx.ordinal(), true)?;
-                dst.pool.set_peer_access(&dblk, src.ctx.ordinal(), true)?;
+                sgrant = share_block(&src.pool, &sblk, dst.ctx.ordinal(), true, Grant::Pages)?;
+                dgrant = share_block(&dst.pool, &dblk, src.ctx.ordinal(), true, Grant::Pages)?;
             }
             for method in [PeerMethod::Peer, PeerMethod::DtoD, PeerMethod::Kernel] {
                 if method == PeerMethod::Kernel && !peers {
@@ -174,12 +229,17 @@ pub fn check_pool_peer_copies(
                 out.push(PoolPeerCheck {
                     strategy: strategy.to_string(),
                     vmm,
+                    grant: if dgrant == Grant::Mappings {
+                        dgrant
+                    } else {
+                        sgrant
+                    },
                     check,
                 });
             }
             if vmm && peers {
-                src.pool.set_peer_access(&sblk, dst.ctx.ordinal(), false)?;
-                dst.pool.set_peer_access(&dblk, src.ctx.ordinal(), false)?;
+                share_block(&src.pool, &sblk, dst.ctx.ordinal(), false, sgrant)?;
+                share_block(&dst.pool, &dblk, src.ctx.ordinal(), false, dgrant)?;
             }
         }
         sa.pool.validate()?;

@@ -4,7 +4,7 @@
 //! a "skipped" line where fewer than two devices exist).
 use std::ffi::OsString;
 
-use gpumem::cuda::peer_bench::{self, PeerBenchConfig, PeerError};
+use gpumem::cuda::peer_bench::{self, Grant, PeerBenchConfig, PeerError};
 use gpumem::cuda::{self, CudaContext, PeerMethod};
 use gpumem_core::DeviceError;
 
@@ -14,7 +14,9 @@ const MIB: u64 = 1 << 20;
 
 /// Byte-for-byte peer copies between pools on devices 0 and 1: every method, both ways,
 /// over cuMemAlloc segments and VMM pages.
-fn peer_copies_are_exact(bytes: usize) {
+/// Returns how the VMM blocks were shared (pages, or whole mappings where the driver refused
+/// the pages).
+fn peer_copies_are_exact(bytes: usize) -> Grant {
     let checks = peer_bench::check_pool_peer_copies(0, 1, bytes).expect("peer copies");
     // 2 strategies × 2 directions × 3 methods (the devices can reach each other).
     assert_eq!(checks.len(), 12, "{checks:#?}");
@@ -32,6 +34,12 @@ fn peer_copies_are_exact(bytes: usize) {
         peer_bench::check_pool_peer_copies(1, 1, bytes),
         Err(PeerError::SameDevice(1))
     ));
+    for c in &checks {
+        assert_eq!(c.grant == Grant::Context, !c.vmm, "{c:?}");
+    }
+    let vmm_grant = checks.iter().find(|c| c.vmm).expect("VMM checks").grant;
+    println!("VMM blocks shared by {vmm_grant:?}");
+    vmm_grant
 }
 
 fn peer_access_is_enabled_once() {
@@ -110,10 +118,36 @@ fn two_devices_against_a_fake_driver() {
             drop(d1);
             peer_access_is_enabled_once();
             // Past several 2 MiB pages: the paged pool maps more than one page at once.
-            peer_copies_are_exact((24 * MIB + 16 * 1001) as usize);
+            assert_eq!(
+                peer_copies_are_exact((24 * MIB + 16 * 1001) as usize),
+                Grant::Pages
+            );
             bandwidth_rows_are_complete(vec![64 * 1024, MIB]);
             assert_eq!(live(1), 0, "every device allocation freed");
             assert_eq!(live(3), 0, "every stream destroyed");
+        },
+    );
+}
+
+/// A driver that takes cuMemSetAccess only over whole mappings: the peer grant of a block
+/// inside a larger mapping falls back to the whole mappings, and the copies stay exact.
+#[test]
+fn two_devices_with_a_driver_strict_about_access_ranges() {
+    against_fake_driver_with(
+        &test_name(
+            module_path!(),
+            "two_devices_with_a_driver_strict_about_access_ranges",
+        ),
+        &[
+            ("FAKE_CUDA_DEVICES", OsString::from("2")),
+            ("FAKE_CUDA_WHOLE_MAPPINGS", OsString::from("1")),
+        ],
+        || {
+            assert_eq!(
+                peer_copies_are_exact((24 * MIB + 16 * 1001) as usize),
+                Grant::Mappings
+            );
+            assert_eq!(live(1), 0, "every device allocation freed");
         },
     );
 }

@@ -53,6 +53,7 @@ static int ndev = 1;
 static char primary_ctx[MAX_DEV];
 static int ctx_refs[MAX_DEV];
 static int peer_on[MAX_DEV][MAX_DEV];
+static int whole_mappings;
 static __thread CUcontext current;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -95,6 +96,7 @@ CUresult cuInit(unsigned flags) {
     (void)flags;
     const char *n = getenv("FAKE_CUDA_DEVICES");
     if (n && atoi(n) >= 1 && atoi(n) <= MAX_DEV) ndev = atoi(n);
+    whole_mappings = getenv("FAKE_CUDA_WHOLE_MAPPINGS") != 0;
     initialised = 1;
     return OK;
 }
@@ -371,6 +373,12 @@ CUresult cuMemSetAccess(CUdeviceptr p, size_t n, const void *d, size_t c) {
     pthread_mutex_lock(&lock);
     for (CUdeviceptr a = p; a < p + n; a += G)
         if (!find(a, MAPPING)) { pthread_mutex_unlock(&lock); fprintf(stderr, "FAKE: access on unmapped\n"); return INVALID_VALUE; }
+    /* FAKE_CUDA_WHOLE_MAPPINGS=1: the range must start and end at mapping boundaries (the
+     * strictest reading of the driver's "containing all allocations"). */
+    if (whole_mappings) {
+        struct rec *first = find(p, MAPPING), *last = find(p + n - 1, MAPPING);
+        if (first->a != p || last->a + last->n != p + n) { pthread_mutex_unlock(&lock); return INVALID_VALUE; }
+    }
     for (size_t i = 0; i < c; i++)
         if (desc[i].type != 1 || desc[i].id < 0 || desc[i].id >= ndev) { pthread_mutex_unlock(&lock); return INVALID_DEVICE; }
     for (CUdeviceptr a = p; a < p + n;) {
