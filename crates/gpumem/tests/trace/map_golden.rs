@@ -1,5 +1,5 @@
 //! `gpumem map`'s text for a small trace, compared with golden files
-//! (`GPUMEM_UPDATE_GOLDEN=1 cargo test -p gpumem --test map_golden` rewrites them).
+//! (`GPUMEM_UPDATE_GOLDEN=1 cargo test -p gpumem --test trace map_golden::` rewrites them).
 use gpumem::report::{self, ReportConfig};
 use gpumem::trace::{read_bytes, ReadConfig};
 

@@ -2,7 +2,7 @@
 //! peak reserved ≤ 1.02 × peak requested (PyTorch native measured 1.115 / 1.213 / 1.714,
 //! expandable_segments 1.008 / 1.073 / 1.381, see shared/anchors/H200.md).
 //!
-//! Run with `cargo test -p gpumem --test paged_targets -- --nocapture` to see the figures and
+//! Run with `cargo test -p gpumem --test trace paged_targets:: -- --nocapture` to see the figures and
 //! the driver calls.
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -136,7 +136,7 @@ fn mixed_sizes_peak_reserved_within_2_percent() {
 
 /// Median cost of an allocate + deallocate pair that fits in already-mapped pages, with 200
 /// blocks of mixed sizes live around it. Target: well under 50 ns in a release build.
-/// `cargo test --release -p gpumem --test paged_targets -- --ignored --nocapture hit_path`
+/// `cargo test --release -p gpumem --test trace -- --ignored --nocapture hit_path`
 #[test]
 #[ignore = "timing: run in release on a quiet machine"]
 fn hit_path_alloc_free_pair_median() {
