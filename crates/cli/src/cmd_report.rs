@@ -44,6 +44,11 @@ pub struct ReplayOptions {
     /// Skip and count malformed events instead of stopping at the first.
     #[arg(long)]
     pub lenient: bool,
+    /// PYTORCH_CUDA_ALLOC_CONF for the `torch` emulation (e.g.
+    /// `expandable_segments:True,max_split_size_mb:128`); default: the trace's own
+    /// allocator_settings when the snapshot has them, else native.
+    #[arg(long)]
+    pub torch_conf: Option<String>,
 }
 
 /// Reads a trace and builds the report both `report` and `map` use.
@@ -78,11 +83,19 @@ pub fn build(
             started.elapsed().as_secs_f64()
         );
     }
+    let (torch_conf, conf_source) = crate::cmd_tune::torch_conf(o.torch_conf.as_deref(), &trace)?;
+    if !quiet && names.contains(&"torch") {
+        eprintln!("torch emulation: PYTORCH_CUDA_ALLOC_CONF {torch_conf} ({conf_source})");
+    }
     let cfg = ReportConfig {
         allocators: names.iter().map(|s| s.to_string()).collect(),
         capacity_bytes: capacity.unwrap_or(DEFAULT_CAPACITY),
         allocator_config: AllocatorConfig {
             segment_bytes: segment_size,
+            torch: gpumem::core::torch::TorchConfig {
+                limit_to_capacity: capacity.is_some(),
+                ..torch_conf
+            },
             ..AllocatorConfig::default()
         },
         device: o.trace_device,

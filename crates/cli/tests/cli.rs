@@ -835,3 +835,40 @@ fn tune_ranks_settings_and_prints_the_export_line() {
     assert!(out.contains("garbage_collection_threshold:0.6"), "{out}");
     assert!(out.contains("export PYTORCH_CUDA_ALLOC_CONF="), "{out}");
 }
+
+/// Issue 14: `report --torch-conf` configures the torch emulation as `replay --torch-conf`
+/// does: under expandable_segments the page shows the same peak reserved as the replay's JSON,
+/// and an unknown key is refused by name.
+#[test]
+fn report_takes_the_torch_conf_of_replay() {
+    // A copy of the trace without PyTorch's *.stats.json beside it, so that the page holds no
+    // recorded expandable_segments peak: that figure can only come from the emulation. (The
+    // native peak is in the page anyway: the snapshot's own segments add up to it.)
+    let dir = std::env::temp_dir().join(format!("gpumem-report-conf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("mixed.pickle.gz");
+    std::fs::copy(repo().join("traces/mixed_sizes.pickle.gz"), &trace).unwrap();
+    let t = trace.to_str().unwrap();
+    let html = dir.join("report.html");
+    let h = html.to_str().unwrap();
+    let conf = "expandable_segments:True";
+    let (ok, out, err) = gpumem(&["replay", t, "-a", "torch", "--torch-conf", conf, "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let peak = v["allocators"][0]["peak_reserved_bytes"].as_u64().unwrap();
+    let native = gpumem(&["replay", t, "-a", "torch", "--json"]);
+    let vn: serde_json::Value = serde_json::from_str(&native.1).unwrap();
+    let native_peak = vn["allocators"][0]["peak_reserved_bytes"].as_u64().unwrap();
+    assert_ne!(native_peak, peak);
+    let (ok, _, err) = gpumem(&["report", t, "-o", h, "-a", "torch", "--torch-conf", conf]);
+    assert!(ok, "{err}");
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(
+        page.contains(&peak.to_string()),
+        "peak {peak} not in the page"
+    );
+    let (ok, _, err) = gpumem(&["report", t, "-o", h, "--torch-conf", "bogus:1"]);
+    assert!(!ok);
+    assert!(err.contains("bogus"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
