@@ -139,12 +139,19 @@ fn print_report(a: &TuneArgs, r: &TuneReport, recorded: bool) {
     );
     for row in &r.rows {
         println!(
-            "{:<w$} {:>13} {:>8.3} {:>13} {:>5} {:>7}{}",
+            "{:<w$} {:>13} {:>8} {:>13} {:>5} {:>7}{}",
             row.setting,
             human_bytes(row.peak_reserved_bytes),
-            row.reserved_over_requested,
+            format!(
+                "{:.3}{}",
+                row.reserved_over_requested,
+                if row.oom_count > 0 { "†" } else { "" }
+            ),
             row.min_capacity_bytes
-                .map(human_bytes)
+                .map(|b| {
+                    let not_monotone = row.smallest_completing_bytes.is_some_and(|s| s < b);
+                    format!("{}{}", human_bytes(b), if not_monotone { "*" } else { "" })
+                })
                 .unwrap_or_else(|| "-".into()),
             if r.capacity_bytes.is_some() {
                 row.oom_count.to_string()
@@ -161,13 +168,28 @@ fn print_report(a: &TuneArgs, r: &TuneReport, recorded: bool) {
     }
     println!();
     println!(
-        "peak reserv.: predicted peak reserved{}; res/req: ÷ peak requested; min capacity: smallest device that runs the trace with no OOM (to 2 MiB); calls: driver calls.",
+        "peak reserv.: predicted peak reserved{}; res/req: ÷ peak requested; min capacity: smallest device from which every larger one runs the trace with no OOM (to 2 MiB); calls: driver calls.",
         if r.capacity_bytes.is_some() {
             " at the capacity given"
         } else {
             ""
         }
     );
+    if r.rows.iter().any(|row| row.oom_count > 0) {
+        println!("†: some allocations failed at the capacity given and were dropped; res/req is then ÷ the peak of the requests served.");
+    }
+    for row in &r.rows {
+        if let (Some(s), Some(b)) = (row.smallest_completing_bytes, row.min_capacity_bytes) {
+            if s < b {
+                println!(
+                    "*: {} also completes at {}, but not at every capacity between that and {} (a smaller device makes the cache release at other moments)",
+                    row.setting,
+                    human_bytes(s),
+                    human_bytes(b)
+                );
+            }
+        }
+    }
     if let (Some(best), Some(own)) = (r.best(), r.trace_row()) {
         let saving = match (best.min_capacity_bytes, own.min_capacity_bytes) {
             (Some(b), Some(o)) if o > b => format!(
@@ -177,7 +199,11 @@ fn print_report(a: &TuneArgs, r: &TuneReport, recorded: bool) {
             ),
             _ => format!("no less than the trace's own setting ({})", own.setting),
         };
-        println!("export PYTORCH_CUDA_ALLOC_CONF={}", shell_value(&best.conf));
+        if best.conf.is_empty() {
+            println!("unset PYTORCH_CUDA_ALLOC_CONF  # native: PyTorch's defaults");
+        } else {
+            println!("export PYTORCH_CUDA_ALLOC_CONF={}", shell_value(&best.conf));
+        }
         println!(
             "  needs {}: {saving}",
             best.min_capacity_bytes
@@ -202,9 +228,7 @@ fn print_report(a: &TuneArgs, r: &TuneReport, recorded: bool) {
 
 /// The value as it can be pasted after `export NAME=` (empty for native).
 fn shell_value(conf: &str) -> String {
-    if conf.is_empty() {
-        "\"\"  # native: leave it unset".into()
-    } else if conf.contains(['[', ']', '>', ' ']) {
+    if conf.contains(['[', ']', '>', ' ']) {
         format!("'{conf}'")
     } else {
         conf.to_string()

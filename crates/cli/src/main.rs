@@ -63,7 +63,27 @@ enum BenchCommand {
     Pinned(cmd_pinned::BenchPinnedArgs),
 }
 
+/// A reader that closes the pipe early (`gpumem replay T | head -1`) makes `println!` panic
+/// with "failed printing to stdout: Broken pipe": end quietly instead, as Unix tools do on
+/// SIGPIPE, and leave every other panic to the default hook.
+fn quiet_on_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.contains("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(0);
+        }
+        default(info);
+    }));
+}
+
 fn main() {
+    quiet_on_closed_stdout();
     let cli = Cli::parse();
     let verbose = cli.verbose;
     let result = match cli.command {

@@ -872,3 +872,27 @@ fn report_takes_the_torch_conf_of_replay() {
     assert!(err.contains("bogus"), "{err}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A reader that closes the pipe (`gpumem replay T | head -1`) ends gpumem quietly with exit
+/// status 0, not with a "failed printing to stdout" panic.
+#[test]
+fn a_closed_stdout_is_not_a_panic() {
+    for args in [
+        &["replay", "traces/mixed_sizes.pickle.gz", "-a", "tlsf"][..],
+        &["tune", "traces/mixed_sizes.pickle.gz"][..],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gpumem"))
+            .args(args)
+            .current_dir(repo())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Close the reading end before gpumem prints anything.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}

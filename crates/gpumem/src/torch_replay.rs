@@ -14,8 +14,8 @@ use gpumem_core::Allocator;
 use serde::Serialize;
 
 use crate::replay::{
-    self, MinCapacityConfig, MinCapacityOutcome, ReplayConfig, ReplayError, ReplayReport,
-    TraceSummary,
+    self, MinCapacity, MinCapacityConfig, MinCapacityOutcome, ReplayConfig, ReplayError,
+    ReplayReport, TraceSummary,
 };
 use crate::trace::{Action, Trace};
 
@@ -135,7 +135,7 @@ pub fn min_capacity(
     upper_bytes: u64,
     max_replays: u64,
     opts: &ReplayConfig,
-) -> Result<Option<u64>, ReplayError> {
+) -> Result<Option<MinCapacity>, ReplayError> {
     let gc = conf.garbage_collection_threshold > 0.0;
     let conf = TorchConfig {
         limit_to_capacity: gc,
@@ -150,7 +150,7 @@ pub fn min_capacity(
     };
     Ok(
         match replay::min_capacity(trace, summary, &make, &make_dev, &search, opts)? {
-            MinCapacityOutcome::Found(m) => Some(m.smallest_bytes),
+            MinCapacityOutcome::Found(m) => Some(m),
             MinCapacityOutcome::NeverCompletes(_) => None,
         },
     )

@@ -72,9 +72,15 @@ pub struct TuneRow {
     pub peak_reserved_bytes: u64,
     /// `peak_reserved_bytes` ÷ the trace's peak requested bytes.
     pub reserved_over_requested: f64,
-    /// Smallest device capacity that runs the trace without an OOM, to
-    /// [`RESOLUTION_BYTES`]; `None` if even the default device does not.
+    /// Smallest device capacity from which every larger one runs the trace without an OOM,
+    /// to [`RESOLUTION_BYTES`] (the figure to size a GPU or a memory limit by); `None` if
+    /// even the default device does not.
     pub min_capacity_bytes: Option<u64>,
+    /// Smallest device capacity that runs the trace without an OOM. Below
+    /// `min_capacity_bytes` when the setting is not monotone in the capacity (a smaller
+    /// device forced the cache to be released at the right moment): some capacities between
+    /// the two fail.
+    pub smallest_completing_bytes: Option<u64>,
     /// Allocations that failed at the capacity given (0 without one).
     pub oom_count: u64,
     /// Driver calls of the replay (cudaMalloc/cudaFree, or the VMM calls of expandable
@@ -206,7 +212,8 @@ pub fn tune(
                 is_trace_setting: conf == own,
                 peak_reserved_bytes: rep.peak_reserved_bytes,
                 reserved_over_requested: rep.reserved_over_requested,
-                min_capacity_bytes: min_cap,
+                min_capacity_bytes: min_cap.as_ref().map(|m| m.all_larger_bytes),
+                smallest_completing_bytes: min_cap.as_ref().map(|m| m.smallest_bytes),
                 oom_count: rep.oom_count,
                 driver_calls: rep.driver_calls.total(),
                 modelled_driver_seconds: rep.modelled_driver_seconds,
@@ -244,7 +251,8 @@ pub fn tune(
                 is_trace_setting: false,
                 peak_reserved_bytes: 0,
                 reserved_over_requested: 0.0,
-                min_capacity_bytes: Some(m.smallest_bytes),
+                min_capacity_bytes: Some(m.all_larger_bytes),
+                smallest_completing_bytes: Some(m.smallest_bytes),
                 oom_count: 0,
                 driver_calls: 0,
                 modelled_driver_seconds: 0.0,
