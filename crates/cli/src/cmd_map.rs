@@ -47,6 +47,16 @@ pub fn run(a: MapArgs) -> Result<()> {
         bail!("--lines 0: expected at least one line");
     }
     let recorded = a.allocator == "recorded";
+    let one = |name: &str| gpumem::core::registry::parse_list(name).is_ok_and(|l| l.len() == 1);
+    if !recorded && (a.allocator.contains(',') || a.allocator == "all" || !one(&a.allocator)) {
+        bail!(
+            "--allocator {}: expected one allocator (buddy, tlsf, best-fit, torch, paged) or `recorded`",
+            a.allocator
+        );
+    }
+    if recorded && a.event.is_some() {
+        bail!("--event with --allocator recorded: the recorded segments are the state at dump time only; drop --event, or pick an allocator to see the map at that event");
+    }
     let r = crate::cmd_report::build(
         &a.trace,
         if recorded { "torch" } else { &a.allocator },

@@ -529,6 +529,19 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         .map(|&d| (d, replay::summarize(&trace, d)))
         .collect();
     warnings.extend(capacity_warnings(a.capacity, &summaries));
+    if a.torch_conf.is_some() && !names.contains(&"torch") {
+        warnings.push(
+            "--torch-conf configures the torch emulation only, which is not among the allocators replayed (add -a torch)".into(),
+        );
+    }
+    if names.contains(&"torch")
+        && torch_conf.garbage_collection_threshold > 0.0
+        && a.capacity.is_none()
+    {
+        warnings.push(
+            "garbage_collection_threshold acts only under a memory limit (PyTorch: set_per_process_memory_fraction): without --capacity the collector never runs and the figures are native's".into(),
+        );
+    }
     let total_events: u64 = summaries.iter().map(|(_, s)| s.events).sum();
     let show_progress = !a.json && std::io::stderr().is_terminal();
     if !a.json {
@@ -860,7 +873,8 @@ fn print_oom_verdicts(j: &JsonOut) {
             v.event,
             v.device,
             human_bytes(v.request_bytes),
-            human_bytes(v.reserved_bytes),
+            v.reserved_bytes
+                .map_or("? (no segment events in the trace)".into(), human_bytes),
             v.device_free_bytes.map_or("?".into(), human_bytes),
             v.capacity_bytes.map_or("?".into(), human_bytes),
         );

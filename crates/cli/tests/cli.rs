@@ -896,3 +896,71 @@ fn a_closed_stdout_is_not_a_panic() {
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
 }
+
+/// A recorded OOM in a trace without segment events: what PyTorch had reserved is unknown,
+/// so no allocator is judged against a usable capacity of `device_free` alone (it was
+/// "0 B reserved" and every allocator "failed"); each one's need is given instead.
+#[test]
+fn a_recorded_oom_without_segment_events_is_not_judged_against_zero_reserved() {
+    let m = 1u64 << 20;
+    let mut lines: Vec<String> = (1..=10)
+        .map(|i| format!(r#"{{"action":"alloc","addr":{i},"size":{}}}"#, 100 * m))
+        .collect();
+    lines.push(format!(
+        r#"{{"action":"oom","size":{},"device_free":{}}}"#,
+        300 * m,
+        32 * m
+    ));
+    let path = jsonl_trace("oom-no-segments", &lines);
+    let (ok, out, err) = gpumem(&["replay", path.to_str().unwrap(), "-a", "tlsf,paged"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("? (no segment events in the trace) reserved"),
+        "{out}"
+    );
+    assert!(out.contains("tlsf: needs"), "{out}");
+    assert!(!out.contains("short"), "{out}");
+    let _ = std::fs::remove_file(path);
+}
+
+/// Flags that would change nothing say so: `--torch-conf` without the torch emulation, and a
+/// garbage-collection threshold without a memory limit.
+#[test]
+fn flags_that_change_nothing_are_warned_about() {
+    let t = "traces/mixed_sizes.pickle.gz";
+    let (ok, _, err) = gpumem(&[
+        "replay",
+        t,
+        "-a",
+        "tlsf",
+        "--torch-conf",
+        "expandable_segments:True",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("--torch-conf configures the torch emulation only"),
+        "{err}"
+    );
+    let (ok, _, err) = gpumem(&[
+        "replay",
+        t,
+        "-a",
+        "torch",
+        "--torch-conf",
+        "garbage_collection_threshold:0.8",
+    ]);
+    assert!(ok, "{err}");
+    assert!(err.contains("acts only under a memory limit"), "{err}");
+    let (ok, _, err) = gpumem(&[
+        "replay",
+        t,
+        "-a",
+        "torch",
+        "--torch-conf",
+        "garbage_collection_threshold:0.8",
+        "--capacity",
+        "8GiB",
+    ]);
+    assert!(ok, "{err}");
+    assert!(!err.contains("acts only under a memory limit"), "{err}");
+}

@@ -87,3 +87,32 @@ fn watch_once_samples_or_says_why_not() {
         assert!(out.stdout.is_empty());
     }
 }
+
+/// `map` takes one allocator, or `recorded` (the snapshot's segments at dump time, which has
+/// no other event to show).
+#[test]
+fn map_names_what_it_takes() {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpumem"))
+            .args(args)
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let t = "traces/mixed_sizes.pickle.gz";
+    for bad in ["foo", "all", "tlsf,paged"] {
+        let (ok, err) = run(&["map", t, "--allocator", bad]);
+        assert!(!ok);
+        assert!(
+            err.contains("expected one allocator") && err.contains("`recorded`"),
+            "{err}"
+        );
+    }
+    let (ok, err) = run(&["map", t, "--allocator", "recorded", "--event", "5"]);
+    assert!(!ok);
+    assert!(err.contains("dump time"), "{err}");
+}

@@ -55,8 +55,10 @@ pub struct OomVerdict {
     pub request_bytes: u64,
     /// Stream of the request.
     pub stream: u64,
-    /// Bytes PyTorch had reserved at that moment (from the segment events).
-    pub reserved_bytes: u64,
+    /// Bytes PyTorch had reserved at that moment (from the segment events); `None` when the
+    /// trace has neither segment events nor segments for the device (then there is no usable
+    /// capacity to judge against, only each allocator's need).
+    pub reserved_bytes: Option<u64>,
     /// Bytes the driver reported free (`device_free`), when recorded.
     pub device_free_bytes: Option<u64>,
     /// `reserved_bytes + device_free_bytes`: the memory the process could use.
@@ -200,8 +202,19 @@ pub fn verdicts(
             .iter()
             .find(|o| o.event == i as u64)
             .and_then(|o| o.device_free_bytes);
-        let reserved = reserved_before(trace, e.device, i);
-        let capacity = device_free.map(|f| reserved.saturating_add(f));
+        let knows_segments = trace.segments.iter().any(|s| s.device == e.device)
+            || trace.events.iter().any(|x| {
+                x.device == e.device
+                    && matches!(
+                        x.action,
+                        Action::SegmentAlloc
+                            | Action::SegmentFree
+                            | Action::SegmentMap
+                            | Action::SegmentUnmap
+                    )
+            });
+        let reserved = knows_segments.then(|| reserved_before(trace, e.device, i));
+        let capacity = reserved.and_then(|r| device_free.map(|f| r.saturating_add(f)));
         let run = run_up_to(trace, e.device, i, e);
         let summary = replay::summarize(&run, e.device);
         let floor = summary.peak_requested_bytes;
@@ -301,7 +314,7 @@ mod tests {
             device: 0,
             request_bytes: 10,
             stream: 0,
-            reserved_bytes: 50,
+            reserved_bytes: Some(50),
             device_free_bytes: Some(5),
             capacity_bytes: Some(55),
             allocators: vec![
