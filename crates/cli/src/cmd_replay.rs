@@ -179,37 +179,21 @@ struct Recorded {
     reserved_over_requested: f64,
 }
 
+/// PyTorch's own figures beside the trace (`<stem>-<conf>.stats.json`, read by
+/// [`gpumem::report::recorded_figures`]), with their ratio to the trace's peak requested.
 fn recorded_figures(trace: &std::path::Path, peak_requested: u64) -> Vec<Recorded> {
-    let Some(name) = trace.file_name().and_then(|f| f.to_str()) else {
-        return Vec::new();
-    };
-    let stem = name.split('.').next().unwrap_or(name);
-    let dir = trace.parent().unwrap_or(std::path::Path::new("."));
-    let mut out = Vec::new();
-    for conf in ["native", "expandable_segments_True"] {
-        let p = dir.join(format!("{stem}-{conf}.stats.json"));
-        let Ok(text) = std::fs::read_to_string(&p) else {
-            continue;
-        };
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
-            continue;
-        };
-        if let Some(r) = v
-            .get("reserved_bytes.all.peak")
-            .and_then(serde_json::Value::as_u64)
-        {
-            out.push(Recorded {
-                conf: conf.replace("_True", "").to_string(),
-                reserved_bytes_peak: r,
-                reserved_over_requested: if peak_requested == 0 {
-                    0.0
-                } else {
-                    r as f64 / peak_requested as f64
-                },
-            });
-        }
-    }
-    out
+    gpumem::report::recorded_figures(trace)
+        .into_iter()
+        .map(|r| Recorded {
+            conf: r.conf,
+            reserved_bytes_peak: r.reserved_peak_bytes,
+            reserved_over_requested: if peak_requested == 0 {
+                0.0
+            } else {
+                r.reserved_peak_bytes as f64 / peak_requested as f64
+            },
+        })
+        .collect()
 }
 
 #[derive(Serialize)]
