@@ -1,0 +1,219 @@
+//! The handle cache: freed physical handles kept unmapped (by size), idle mapped pages
+//! stolen for new runs, the quick-reuse list, and the bound that trims them.
+use super::*;
+
+impl PagedPool {
+    /// Adds a handle to the cache.
+    pub(super) fn cache_push(&mut self, h: CachedHandle) {
+        self.cached_pages += h.pages;
+        self.cache.push(h);
+        *self.cache_sizes.entry(h.pages).or_insert(0) += 1;
+    }
+
+    /// Takes the cached handle at `i`.
+    pub(super) fn cache_take(&mut self, i: usize) -> CachedHandle {
+        let h = self.cache.swap_remove(i);
+        self.cache_sizes_drop(h.pages);
+        self.cached_pages = self.cached_pages.saturating_sub(h.pages);
+        h
+    }
+
+    /// Index of the cached handle to fill `n` pages with: one of exactly `n` pages, else the
+    /// largest one smaller than `n`.
+    /// The first handle of that size in `cache` order.
+    pub(super) fn cache_pick(&self, n: u64) -> Option<usize> {
+        let (&size, _) = self.cache_sizes.range(..=n).next_back()?;
+        self.cache.iter().position(|h| h.pages == size)
+    }
+
+    /// Counts one handle of `pages` pages out of `cache_sizes`.
+    pub(super) fn cache_sizes_drop(&mut self, pages: u64) {
+        if let Some(c) = self.cache_sizes.get_mut(&pages) {
+            *c -= 1;
+            if *c == 0 {
+                self.cache_sizes.remove(&pages);
+            }
+        }
+    }
+
+    /// Takes the last handle of `cache`.
+    pub(super) fn cache_pop(&mut self) -> Option<CachedHandle> {
+        let h = self.cache.pop()?;
+        self.cached_pages = self.cached_pages.saturating_sub(h.pages);
+        self.cache_sizes_drop(h.pages);
+        Some(h)
+    }
+
+    /// Moves up to `want` idle pages lying outside `[lo, hi)` into the cache (as single-page
+    /// handles), highest addresses first, one cuMemUnmap per run of neighbouring idle pages.
+    /// Pages already moved stay moved if a later unmap fails (the error is returned).
+    pub(super) fn steal_idle(
+        &mut self,
+        dev: &mut dyn Device,
+        want: u64,
+        lo: u64,
+        hi: u64,
+    ) -> Result<(), DeviceError> {
+        let p = self.page_bytes;
+        let picked: Vec<u64> = self
+            .idle
+            .range(hi..)
+            .rev()
+            .chain(self.idle.range(..lo).rev())
+            .copied()
+            .take(usize::try_from(want).unwrap_or(usize::MAX))
+            .collect();
+        let mut i = 0;
+        while i < picked.len() {
+            // `picked` descends: a run is a stretch of addresses one page apart, inside one
+            // reservation (neighbouring reservations may touch).
+            let res = self.res_of(picked[i]);
+            let mut j = i + 1;
+            while j < picked.len()
+                && picked[j] + p == picked[j - 1]
+                && self.res_of(picked[j]) == res
+            {
+                j += 1;
+            }
+            let (first, n) = (picked[j - 1], (j - i) as u64);
+            let Some(ri) = self.res_of(first) else {
+                return Err(DeviceError::Invalid {
+                    call: "paged",
+                    detail: format!("idle page {first:#x} outside VA"),
+                });
+            };
+            dev.unmap(first, n * p)?;
+            let base = self.reservations[ri].va;
+            for k in 0..n {
+                let va = first + k * p;
+                self.idle.remove(&va);
+                let page = ((va - base) / p) as usize;
+                let taken = self.reservations[ri]
+                    .pages
+                    .get_mut(page)
+                    .and_then(Option::take);
+                if let Some(pg) = taken {
+                    self.cache_push(CachedHandle {
+                        handle: pg.handle,
+                        pages: 1,
+                    });
+                    self.mapped_pages = self.mapped_pages.saturating_sub(1);
+                }
+            }
+            i = j;
+        }
+        Ok(())
+    }
+
+    /// Parks a handle freed by an unmap in the cache; [`PagedPool::trim_cache`] releases what
+    /// exceeds the bound at the end of the call.
+    pub(super) fn return_handle(&mut self, h: CachedHandle) {
+        self.cache_push(h);
+        if self.held_free_pages() > self.cache_limit {
+            self.trim_pending = true;
+        }
+    }
+
+    /// Pages held without a block: cached handles plus idle pages.
+    pub(super) fn held_free_pages(&self) -> u64 {
+        self.cached_pages + self.idle.len() as u64
+    }
+
+    /// Releases cached handles, largest first, until the cache is within its bound
+    /// (cuMemRelease each); stops at the first failure, leaving `trim_pending` set.
+    pub(super) fn trim_cache(&mut self, dev: &mut dyn Device) {
+        if !self.trim_pending {
+            return;
+        }
+        while self.held_free_pages() > self.cache_limit {
+            // The last of the largest handles.
+            let Some((&size, _)) = self.cache_sizes.last_key_value() else {
+                break;
+            };
+            let Some(i) = self.cache.iter().rposition(|h| h.pages == size) else {
+                break;
+            };
+            let h = self.cache_take(i);
+            if dev.release_physical(h.handle).is_err() {
+                self.cache_push(h);
+                return;
+            }
+            self.tracker.on_release(h.pages * self.page_bytes);
+        }
+        self.trim_pending = self.held_free_pages() > self.cache_limit;
+    }
+
+    /// Gives back a handle taken by a failed allocation: to the cache if it came from there,
+    /// else cuMemRelease (so the allocation leaves `reserved_bytes` as it found it).
+    pub(super) fn untake_handle(
+        &mut self,
+        dev: &mut dyn Device,
+        h: CachedHandle,
+        from_cache: bool,
+    ) {
+        if from_cache {
+            self.cache_push(h);
+        } else {
+            self.release_handle(dev, h);
+        }
+    }
+
+    /// cuMemRelease, retried once; on a second failure the handle stays cached, even above
+    /// the bound.
+    pub(super) fn release_handle(&mut self, dev: &mut dyn Device, h: CachedHandle) {
+        // Unwinding retries a failed call once before leaving the handle cached.
+        if dev.release_physical(h.handle).is_ok() || dev.release_physical(h.handle).is_ok() {
+            self.tracker.on_release(h.pages * self.page_bytes);
+        } else {
+            self.cache_push(h);
+            self.trim_pending = true;
+        }
+    }
+
+    /// Truly frees every block of the quick list; a block whose unmap fails stays listed.
+    pub(super) fn flush_quick(&mut self, dev: &mut dyn Device) {
+        let list = std::mem::take(&mut self.quick);
+        for q in list {
+            if self.free_span(dev, q.addr, q.bytes).is_ok() {
+                self.quick_bytes = self.quick_bytes.saturating_sub(q.bytes);
+            } else {
+                self.quick.push(q);
+            }
+        }
+    }
+
+    /// Unmaps every idle page (one cuMemUnmap per run of neighbouring idle pages) and
+    /// caches its handle.
+    pub(super) fn drop_idle_pages(&mut self, dev: &mut dyn Device) -> Result<(), AllocError> {
+        let p = self.page_bytes;
+        while let Some(&first) = self.idle.iter().next() {
+            let ri = self
+                .res_of(first)
+                .ok_or_else(|| AllocError::Internal(format!("idle page {first:#x} outside VA")))?;
+            let end = self.reservations[ri].end();
+            let mut last = first;
+            while last + p < end && self.idle.contains(&(last + p)) {
+                last += p;
+            }
+            dev.unmap(first, last + p - first)?;
+            let mut va = first;
+            while va <= last {
+                self.idle.remove(&va);
+                let page = ((va - self.reservations[ri].va) / p) as usize;
+                let taken = self.reservations[ri]
+                    .pages
+                    .get_mut(page)
+                    .and_then(Option::take);
+                if let Some(pg) = taken {
+                    self.cache_push(CachedHandle {
+                        handle: pg.handle,
+                        pages: 1,
+                    });
+                }
+                self.mapped_pages = self.mapped_pages.saturating_sub(1);
+                va += p;
+            }
+        }
+        Ok(())
+    }
+}

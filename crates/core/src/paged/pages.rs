@@ -1,0 +1,450 @@
+//! Pages: reserving virtual ranges, mapping runs of pages under a new block (from the cache,
+//! idle pages, or new handles), unmapping what a freed block alone touched, and unwinding a
+//! failed allocation call by call.
+use super::*;
+
+impl PagedPool {
+    /// Reserves a new virtual range of at least `bytes` and makes it one free range.
+    pub(super) fn grow(&mut self, dev: &mut dyn Device, bytes: u64) -> Result<usize, AllocError> {
+        let p = self.page_bytes;
+        let chunk = if self.va_chunk_bytes > 0 {
+            align_up(self.va_chunk_bytes, p)
+        } else {
+            align_up(dev.capacity_bytes(), p).and_then(|c| c.checked_mul(VA_CAPACITY_FACTOR))
+        }
+        .unwrap_or(u64::MAX / 2);
+        let want = align_up(bytes, p)
+            .ok_or(AllocError::Overflow {
+                size_bytes: bytes,
+                align: p,
+            })?
+            .max(chunk);
+        let npages = usize::try_from(want / p).map_err(|_| AllocError::Overflow {
+            size_bytes: bytes,
+            align: p,
+        })?;
+        let va = dev.reserve_va(want)?;
+        let ri = self.reservations.partition_point(|r| r.va < va);
+        self.reservations.insert(
+            ri,
+            Reservation {
+                va,
+                bytes: want,
+                pages: vec![None; npages],
+                tree: MaxTree::new(2 * npages),
+                starts: vec![0; npages],
+            },
+        );
+        self.free.insert(va, want);
+        self.update_leaves(ri, &[], &[(va, want)]);
+        Ok(ri)
+    }
+
+    /// Undoes [`PagedPool::grow`] after a failed allocation.
+    pub(super) fn ungrow(&mut self, dev: &mut dyn Device, ri: usize) {
+        let Some(r) = self.reservations.get(ri) else {
+            return;
+        };
+        let (va, bytes) = (r.va, r.bytes);
+        if dev.free_va(va, bytes).is_ok() || dev.free_va(va, bytes).is_ok() {
+            self.free.remove(&va);
+            self.reservations.remove(ri);
+        }
+    }
+
+    /// Unmaps the handles of `taken` (all in reservation `ri`, ascending) and gives them
+    /// back, one cuMemUnmap per run of neighbouring mappings, retried once. A run whose unmap
+    /// fails twice is quarantined: cut out of the free map, its pages held mapped until
+    /// [`Allocator::empty_cache`].
+    pub(super) fn unwind_maps(&mut self, dev: &mut dyn Device, ri: usize, taken: &[Taken]) {
+        let p = self.page_bytes;
+        let Some(base) = self.reservations.get(ri).map(|r| r.va) else {
+            return;
+        };
+        let mut i = 0;
+        while i < taken.len() {
+            let mut j = i + 1;
+            while j < taken.len()
+                && taken[j].page as u64 == taken[j - 1].page as u64 + taken[j - 1].handle.pages
+            {
+                j += 1;
+            }
+            let run = &taken[i..j];
+            let va = base + run[0].page as u64 * p;
+            let pages: u64 = run.iter().map(|t| t.handle.pages).sum();
+            let bytes = pages * p;
+            if dev.unmap(va, bytes).is_ok() || dev.unmap(va, bytes).is_ok() {
+                for t in run {
+                    self.untake_handle(dev, t.handle, t.from_cache);
+                }
+            } else {
+                self.quarantine_run(ri, run, va, bytes);
+            }
+            i = j;
+        }
+    }
+
+    /// Records `run` (mapped at `[va, va + bytes)`, inside one free range, without access)
+    /// as quarantined.
+    pub(super) fn quarantine_run(&mut self, ri: usize, run: &[Taken], va: u64, bytes: u64) {
+        let Some((&st, &len)) = self.free.range(..=va).next_back() else {
+            return;
+        };
+        if st + len < va + bytes {
+            return;
+        }
+        self.free.remove(&st);
+        let mut added = [(0, 0); 2];
+        let mut n = 0;
+        if va > st {
+            self.free.insert(st, va - st);
+            added[n] = (st, va - st);
+            n += 1;
+        }
+        if va + bytes < st + len {
+            self.free.insert(va + bytes, st + len - va - bytes);
+            added[n] = (va + bytes, st + len - va - bytes);
+            n += 1;
+        }
+        self.update_leaves(ri, &[(st, len)], &added[..n]);
+        for t in run {
+            self.set_extent(ri, t.page, t.handle, 1, false);
+            self.mapped_pages += t.handle.pages;
+        }
+        self.quarantine.push((va, bytes));
+    }
+
+    /// Writes the page-table entries of handle `h` mapped from page `first`.
+    pub(super) fn set_extent(
+        &mut self,
+        ri: usize,
+        first: usize,
+        h: CachedHandle,
+        refs: u32,
+        access: bool,
+    ) {
+        let (Ok(ext_first), Ok(ext_pages)) = (u32::try_from(first), u32::try_from(h.pages)) else {
+            return;
+        };
+        if let Some(r) = self.reservations.get_mut(ri) {
+            for slot in r.pages.iter_mut().skip(first).take(h.pages as usize) {
+                *slot = Some(Page {
+                    handle: h.handle,
+                    ext_first,
+                    ext_pages,
+                    refs,
+                    access,
+                });
+            }
+        }
+    }
+
+    /// Maps and opens the pages a block at `addr` of `bytes` needs, as few handles as it
+    /// can: the pages the block covers whole get one handle per run (one cuMemCreate and one
+    /// cuMemMap), a page it covers in part (and may later share) gets its own. Handles come
+    /// from the cache (same size first, else the largest that fits), then from idle pages
+    /// elsewhere; only then, after releasing the cached handles too large to use (so that the
+    /// peak stays the pages under live blocks), are new ones created. On failure unwinds
+    /// everything it mapped and returns the error.
+    pub(super) fn map_block_pages(
+        &mut self,
+        dev: &mut dyn Device,
+        ri: usize,
+        addr: u64,
+        bytes: u64,
+    ) -> Result<(), DeviceError> {
+        let p = self.page_bytes;
+        let Some(r) = self.reservations.get(ri) else {
+            return Err(DeviceError::Invalid {
+                call: "paged",
+                detail: "reservation vanished".into(),
+            });
+        };
+        let base = r.va;
+        let p0 = ((addr - base) / p) as usize;
+        let p1 = ((addr + bytes - 1 - base) / p) as usize;
+        let (lo, hi) = (base + p0 as u64 * p, base + (p1 as u64 + 1) * p);
+        let head_partial = !(addr - base).is_multiple_of(p);
+        let tail_partial = !(addr + bytes - base).is_multiple_of(p);
+        // Gaps to fill: runs of unmapped pages, a partly covered end page on its own.
+        let mut gaps: Vec<(usize, u64)> = Vec::new();
+        let mut page = p0;
+        while page <= p1 {
+            if r.pages.get(page).is_some_and(Option::is_some) {
+                page += 1;
+                continue;
+            }
+            let start = page;
+            while page <= p1 && r.pages.get(page).is_some_and(Option::is_none) {
+                page += 1;
+            }
+            let mut a = start;
+            let mut b = page; // exclusive
+            if a == p0 && head_partial {
+                gaps.push((a, 1));
+                a += 1;
+            }
+            let tail_single = b == p1 + 1 && tail_partial && b > a;
+            if tail_single {
+                b -= 1;
+            }
+            if b > a {
+                gaps.push((a, (b - a) as u64));
+            }
+            if tail_single {
+                gaps.push((b, 1));
+            }
+        }
+        // Plan: fill each gap from the cache, then from idle pages, then create.
+        let mut plan: Vec<(usize, Option<CachedHandle>, u64)> = Vec::new(); // (page, handle, pages)
+        let mut leftover = 0u64;
+        let fill = |this: &mut Self, plan: &mut Vec<(usize, Option<CachedHandle>, u64)>| {
+            let mut left = 0;
+            let mut out = Vec::with_capacity(plan.len());
+            for &(page, h, n) in plan.iter() {
+                if h.is_some() {
+                    out.push((page, h, n));
+                    continue;
+                }
+                let (mut at, mut rest) = (page, n);
+                while rest > 0 {
+                    let Some(i) = this.cache_pick(rest) else {
+                        break;
+                    };
+                    let c = this.cache_take(i);
+                    out.push((at, Some(c), c.pages));
+                    at += c.pages as usize;
+                    rest -= c.pages;
+                }
+                if rest > 0 {
+                    out.push((at, None, rest));
+                    left += rest;
+                }
+            }
+            *plan = out;
+            left
+        };
+        for &(page, n) in &gaps {
+            plan.push((page, None, n));
+        }
+        if !plan.is_empty() {
+            leftover = fill(self, &mut plan);
+        }
+        let give_back = |this: &mut Self, plan: &[(usize, Option<CachedHandle>, u64)]| {
+            for &(_, h, _) in plan {
+                if let Some(h) = h {
+                    this.cache_push(h);
+                }
+            }
+        };
+        if leftover > 0 && !self.idle.is_empty() {
+            if let Err(e) = self.steal_idle(dev, leftover, lo, hi) {
+                give_back(self, &plan);
+                return Err(e);
+            }
+            leftover = fill(self, &mut plan);
+        }
+        if leftover > 0 {
+            // Nothing cached fits what is left: give it back before creating anything.
+            while let Some(h) = self.cache_pop() {
+                self.release_handle(dev, h);
+            }
+        }
+        // Create and map, in address order.
+        plan.sort_unstable_by_key(|&(page, _, _)| page);
+        let mut taken: Vec<Taken> = Vec::with_capacity(plan.len());
+        for (k, &(page, h, n)) in plan.iter().enumerate() {
+            let (h, from_cache) = match h {
+                Some(h) => (h, true),
+                None => match dev.create_physical(n * p) {
+                    Ok(handle) => {
+                        self.tracker.on_reserve(n * p);
+                        (CachedHandle { handle, pages: n }, false)
+                    }
+                    Err(e) => {
+                        give_back(self, &plan[k..]);
+                        self.unwind_maps(dev, ri, &taken);
+                        return Err(e);
+                    }
+                },
+            };
+            if let Err(e) = dev.map(base + page as u64 * p, n * p, h.handle) {
+                self.untake_handle(dev, h, from_cache);
+                give_back(self, &plan[k + 1..]);
+                self.unwind_maps(dev, ri, &taken);
+                return Err(e);
+            }
+            taken.push(Taken {
+                page,
+                handle: h,
+                from_cache,
+            });
+        }
+        // One cuMemSetAccess from the first to the last page without access: every page of
+        // the block is mapped by now, so the range may span pages already open.
+        // `taken` ascends and is not in the page table yet; a page already mapped needs it
+        // when it is still closed.
+        let closed = |pg: usize| {
+            self.reservations
+                .get(ri)
+                .and_then(|r| r.pages.get(pg))
+                .and_then(|s| *s)
+                .is_some_and(|s| !s.access)
+        };
+        let first_new = taken.first().map(|t| t.page);
+        let last_new = taken
+            .last()
+            .map(|t| t.page + (t.handle.pages as usize).saturating_sub(1));
+        let first = (p0..first_new.unwrap_or(p1 + 1))
+            .find(|&pg| closed(pg))
+            .or(first_new);
+        let last = (last_new.map_or(p0, |l| l + 1)..=p1)
+            .rev()
+            .find(|&pg| closed(pg))
+            .or(last_new);
+        if let (Some(a), Some(b)) = (first, last) {
+            if let Err(e) = dev.set_access(base + a as u64 * p, (b - a + 1) as u64 * p) {
+                self.unwind_maps(dev, ri, &taken);
+                return Err(e);
+            }
+        }
+        // Commit the new pages (refs are raised by the caller).
+        for t in &taken {
+            self.set_extent(ri, t.page, t.handle, 0, true);
+            self.mapped_pages += t.handle.pages;
+        }
+        // Idle pages the block covers are now open.
+        for page in p0..=p1 {
+            if let Some(Some(pg)) = self
+                .reservations
+                .get_mut(ri)
+                .and_then(|r| r.pages.get_mut(page))
+            {
+                pg.access = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Returns the span of a block (live or quick) to the free map: one cuMemUnmap over
+    /// the pages only it touched, whose handles go to the cache, then coalescing. If the
+    /// unmap fails nothing changes.
+    pub(super) fn free_span(
+        &mut self,
+        dev: &mut dyn Device,
+        addr: u64,
+        bytes: u64,
+    ) -> Result<(), AllocError> {
+        let p = self.page_bytes;
+
+        let ri = self
+            .res_of(addr)
+            .ok_or_else(|| AllocError::Internal(format!("block {addr:#x} outside VA")))?;
+        let base = self.reservations[ri].va;
+        let p0 = ((addr - base) / p) as usize;
+        let p1 = ((addr + bytes - 1 - base) / p) as usize;
+        // Pages only this block touches form one contiguous run.
+        let mut run: Option<(usize, usize)> = None;
+        for page in p0..=p1 {
+            match self.reservations[ri].pages.get(page).copied().flatten() {
+                Some(pg) if pg.refs == 1 => {
+                    run = Some(match run {
+                        None => (page, page),
+                        Some((a, _)) => (a, page),
+                    })
+                }
+                Some(_) => {}
+                None => {
+                    return Err(AllocError::Internal(format!(
+                        "page {page} under block {addr:#x} is not mapped"
+                    )))
+                }
+            }
+        }
+        // Lazy unmapping keeps the first pages of the run mapped while the cache has room
+        // (single-page handles only); the rest is unmapped with one call.
+        let mut keep_until = p0;
+        if let Some((a, b)) = run {
+            let mut all_single = true;
+            for page in a..=b {
+                if let Some(pg) = self.reservations[ri].pages.get(page).copied().flatten() {
+                    let (f, n) = (pg.ext_first as usize, pg.ext_pages as usize);
+                    if f < a || f + n > b + 1 {
+                        return Err(AllocError::Internal(format!(
+                            "handle at page {f} ({n} pages) straddles the freed run {a}..={b}"
+                        )));
+                    }
+                    all_single &= n == 1;
+                }
+            }
+            let room = if self.lazy_unmap && all_single {
+                self.cache_limit.saturating_sub(self.held_free_pages())
+            } else {
+                0
+            };
+            let n = (b - a + 1) as u64;
+            let kept = room.min(n);
+            keep_until = a + kept as usize;
+            if kept < n {
+                dev.unmap(base + keep_until as u64 * p, (n - kept) * p)?;
+            }
+        }
+        // Committed from here on.
+        let mut freed_handles = Vec::new();
+        let mut unmapped = 0u64;
+        for page in p0..=p1 {
+            if let Some(slot) = self.reservations[ri].pages.get_mut(page) {
+                if let Some(pg) = slot {
+                    pg.refs = pg.refs.saturating_sub(1);
+                    if pg.refs == 0 {
+                        if page < keep_until {
+                            self.idle.insert(base + page as u64 * p);
+                        } else {
+                            if pg.ext_first as usize == page {
+                                freed_handles.push(CachedHandle {
+                                    handle: pg.handle,
+                                    pages: u64::from(pg.ext_pages),
+                                });
+                            }
+                            *slot = None;
+                            unmapped += 1;
+                        }
+                    }
+                }
+            }
+        }
+        self.mapped_pages = self.mapped_pages.saturating_sub(unmapped);
+        for h in freed_handles {
+            self.return_handle(h);
+        }
+        // Give the range back, coalescing within the reservation.
+        // The merged range's ends are the only addresses whose pages can change besides the
+        // block's own ends (the old neighbours' far ends are the merged range's ends).
+        let mut st = addr;
+        let mut len = bytes;
+        let res_end = self.reservations[ri].end();
+        let mut removed = [(0, 0); 2];
+        let mut n = 0;
+        if st > base {
+            if let Some((&ps, &pl)) = self.free.range(..st).next_back() {
+                if ps + pl == st {
+                    self.free.remove(&ps);
+                    removed[n] = (ps, pl);
+                    n += 1;
+                    st = ps;
+                    len += pl;
+                }
+            }
+        }
+        if st + len < res_end {
+            if let Some(nl) = self.free.remove(&(st + len)) {
+                removed[n] = (st + len, nl);
+                n += 1;
+                len += nl;
+            }
+        }
+        self.free.insert(st, len);
+        self.update_leaves(ri, &removed[..n], &[(st, len)]);
+        Ok(())
+    }
+}

@@ -1,0 +1,248 @@
+//! Where a block goes: the free-range map, the O(log n) search for a fit in pages already
+//! mapped, and the scored search (fewest new pages, then least waste) when pages must be
+//! mapped.
+use super::*;
+
+/// [`PagedPool::usable_head`] with page size `p`.
+pub(super) fn usable_head_at(p: u64, base: u64, st: u64, len: u64) -> u64 {
+    let rel = st - base;
+    let i0 = rel.div_ceil(p);
+    let i1 = (rel + len) / p;
+    if i1 <= i0 {
+        len
+    } else {
+        i0 * p - rel
+    }
+}
+
+/// The tail leaf the free range `[st, st + len)` of a reservation starting at `base` feeds:
+/// `(page, bytes)` when it ends inside page `page` and covers the whole page before it
+/// (so the free bytes at that page's head are usable next to its mapped part).
+pub(super) fn tail_leaf(p: u64, base: u64, st: u64, len: u64) -> Option<(usize, u64)> {
+    let b = st + len;
+    let page = (b - base) / p;
+    let ps = base + page * p;
+    (b > ps && st + p <= ps).then_some((page as usize, b - ps))
+}
+
+impl PagedPool {
+    /// Mapped bytes a block may use at the start of the free range `[st, st+len)` in a
+    /// reservation starting at `base`: the whole range when it has no interior page, else the
+    /// free tail of the page holding `st`.
+    pub(super) fn usable_head(&self, base: u64, st: u64, len: u64) -> u64 {
+        usable_head_at(self.page_bytes, base, st, len)
+    }
+
+    /// Updates the tree leaves after the free map of reservation `ri` lost the ranges
+    /// `removed` and gained `added` (`(start, bytes)` each; the map already changed). Each
+    /// range feeds the tail leaf of the page it ends in (no other range can: it covers that
+    /// page's start) and the head leaf of the page it starts in (a maximum over the ranges
+    /// starting there). Only a head leaf whose maximum was a removed range, on a page where
+    /// other ranges still start, reads the free map again.
+    pub(super) fn update_leaves(
+        &mut self,
+        ri: usize,
+        removed: &[(u64, u64)],
+        added: &[(u64, u64)],
+    ) {
+        let p = self.page_bytes;
+        let free = &self.free;
+        let Some(r) = self.reservations.get_mut(ri) else {
+            return;
+        };
+        let base = r.va;
+        let units = |b: u64| u32::try_from(b / UNIT_BYTES).unwrap_or(u32::MAX);
+        let page_of = |a: u64| ((a - base) / p) as usize;
+        let mut rescan = [usize::MAX; 4];
+        let mut n_rescan = 0;
+        for &(st, len) in removed {
+            if let Some((pg, _)) = tail_leaf(p, base, st, len) {
+                r.tree.set(2 * pg, 0);
+            }
+            let pg = page_of(st);
+            if let Some(c) = r.starts.get_mut(pg) {
+                *c = c.saturating_sub(1);
+            }
+            let u = units(usable_head_at(p, base, st, len));
+            if u > 0 && r.tree.get(2 * pg + 1) == u && !rescan[..n_rescan].contains(&pg) {
+                if let Some(slot) = rescan.get_mut(n_rescan) {
+                    *slot = pg;
+                    n_rescan += 1;
+                }
+            }
+        }
+        for &(st, len) in added {
+            if let Some((pg, t)) = tail_leaf(p, base, st, len) {
+                r.tree.set(2 * pg, units(t));
+            }
+            let pg = page_of(st);
+            if let Some(c) = r.starts.get_mut(pg) {
+                *c += 1;
+            }
+            let u = units(usable_head_at(p, base, st, len));
+            if !rescan[..n_rescan].contains(&pg) && u > r.tree.get(2 * pg + 1) {
+                r.tree.set(2 * pg + 1, u);
+            }
+        }
+        for &pg in &rescan[..n_rescan] {
+            let mut here = 0u32;
+            let mut head = 0u64;
+            for &(st, len) in added.iter().filter(|&&(st, _)| page_of(st) == pg) {
+                here += 1;
+                head = head.max(usable_head_at(p, base, st, len));
+            }
+            if r.starts.get(pg).copied() != Some(here) {
+                let ps = base + pg as u64 * p;
+                head = free
+                    .range(ps..ps + p)
+                    .map(|(&st, &len)| usable_head_at(p, base, st, len))
+                    .max()
+                    .unwrap_or(0);
+            }
+            r.tree.set(2 * pg + 1, units(head));
+        }
+    }
+
+    /// Fast path: the lowest-addressed spot where `bytes` fit (aligned to `align`) without
+    /// mapping a page.
+    pub(super) fn find_mapped_fit(&self, bytes: u64, align: u64) -> Option<Placement> {
+        let p = self.page_bytes;
+        let need = bytes + align.saturating_sub(UNIT_BYTES);
+        let need = u32::try_from(need / UNIT_BYTES).ok()?;
+        for (ri, r) in self.reservations.iter().enumerate() {
+            let Some(leaf) = r.tree.first_at_least(need) else {
+                continue;
+            };
+            let page = (leaf / 2) as u64;
+            let ps = r.va + page * p;
+            if leaf % 2 == 0 {
+                let (&st, &len) = self.free.range(r.va..ps).next_back()?;
+                let b = st + len;
+                let addr = align_down(b.checked_sub(bytes)?, align);
+                if addr >= st && addr >= ps {
+                    return Some(Placement {
+                        res: ri,
+                        range_start: st,
+                        addr,
+                    });
+                }
+            } else {
+                for (&st, &len) in self.free.range(ps..ps + p) {
+                    let usable = self.usable_head(r.va, st, len);
+                    let addr = align_up(st, align)?;
+                    if addr + bytes <= st + usable {
+                        return Some(Placement {
+                            res: ri,
+                            range_start: st,
+                            addr,
+                        });
+                    }
+                }
+            }
+            // The tree promised a fit that the free map does not hold: fall back to the scan.
+            return None;
+        }
+        None
+    }
+
+    /// Slow path: scores both ends of every free range by the pages the block would map,
+    /// then by the bytes of those pages it would leave free (the waste it adds), then by
+    /// address. Returns the best placement and its page count.
+    pub(super) fn find_scored_fit(&self, bytes: u64, align: u64) -> Option<(Placement, u64)> {
+        let p = self.page_bytes;
+        // Pages are a power of two (checked when learnt): shifts instead of divisions.
+        let sh = p.trailing_zeros();
+        let mut best: Option<(u64, u64, u64, Placement)> = None;
+        let mut ri = 0usize;
+        for (&st, &len) in &self.free {
+            // A range shorter than the block holds it at neither end.
+            if len < bytes {
+                continue;
+            }
+            while ri < self.reservations.len() && self.reservations[ri].end() <= st {
+                ri += 1;
+            }
+            let r = self.reservations.get(ri)?;
+            let b = st + len;
+            let i0 = (st - r.va + p - 1) >> sh;
+            let i1 = (b - r.va) >> sh;
+            // (pages newly mapped, bytes of them the block leaves free) for a block at `x`.
+            let cost = |x: u64| -> (u64, u64) {
+                let (xr, er) = (x - r.va, x - r.va + bytes);
+                let lo = (xr >> sh).max(i0);
+                let hi = (((er - 1) >> sh) + 1).min(i1);
+                if hi <= lo {
+                    return (0, 0);
+                }
+                let covered = er.min(hi << sh) - xr.max(lo << sh);
+                ((hi - lo), ((hi - lo) << sh) - covered)
+            };
+            let mut consider = |x: u64| {
+                let (k, slack) = cost(x);
+                if best.is_none_or(|(bk, bs, bx, _)| (k, slack, x) < (bk, bs, bx)) {
+                    best = Some((
+                        k,
+                        slack,
+                        x,
+                        Placement {
+                            res: ri,
+                            range_start: st,
+                            addr: x,
+                        },
+                    ));
+                }
+            };
+            if let Some(x) = align_up(st, align) {
+                if x.checked_add(bytes).is_some_and(|e| e <= b) {
+                    consider(x);
+                }
+            }
+            if let Some(x) = b.checked_sub(bytes).map(|x| align_down(x, align)) {
+                if x >= st {
+                    consider(x);
+                }
+            }
+        }
+        best.map(|(k, _, _, pl)| (pl, k))
+    }
+
+    /// Cuts the block out of its free range and raises the refs of its pages.
+    pub(super) fn commit_block(&mut self, pl: Placement, bytes: u64, requested: u64) {
+        let p = self.page_bytes;
+        let Some(len) = self.free.remove(&pl.range_start) else {
+            return;
+        };
+        let st = pl.range_start;
+        let end = st + len;
+        let mut added = [(0, 0); 2];
+        let mut n = 0;
+        if pl.addr > st {
+            self.free.insert(st, pl.addr - st);
+            added[n] = (st, pl.addr - st);
+            n += 1;
+        }
+        let bend = pl.addr + bytes;
+        if bend < end {
+            self.free.insert(bend, end - bend);
+            added[n] = (bend, end - bend);
+            n += 1;
+        }
+        self.update_leaves(pl.res, &[(st, len)], &added[..n]);
+        let Some(r) = self.reservations.get_mut(pl.res) else {
+            return;
+        };
+        let p0 = ((pl.addr - r.va) / p) as usize;
+        let p1 = ((bend - 1 - r.va) / p) as usize;
+        let base = r.va;
+        for (i, slot) in r.pages.iter_mut().enumerate().take(p1 + 1).skip(p0) {
+            if let Some(pg) = slot {
+                if pg.refs == 0 && !self.idle.is_empty() {
+                    self.idle.remove(&(base + i as u64 * p));
+                }
+                pg.refs += 1;
+            }
+        }
+        self.live.insert(pl.addr, LiveBlock { bytes, requested });
+        self.tracker.on_alloc(requested, bytes);
+    }
+}
