@@ -23,6 +23,7 @@ pub mod buddy;
 pub mod config;
 pub mod device;
 pub mod error;
+pub mod hash;
 pub mod paged;
 pub mod registry;
 pub mod segmented;

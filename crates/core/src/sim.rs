@@ -5,8 +5,8 @@
 //! reserved ranges, no double map, access only on mapped ranges), so an allocator that runs
 //! clean here makes legal calls on a real GPU. Faults can be injected at any call to test
 //! that allocators unwind exactly what they did.
+use crate::hash::AddrMap;
 use std::collections::{BTreeMap, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::device::{Device, DeviceError, DriverCall, DriverCounters, PhysHandle};
 
@@ -20,24 +20,6 @@ pub const DEFAULT_CAPACITY: u64 = 150_109_880_320;
 pub const DEFAULT_BASE: u64 = 0x7f00_0000_0000;
 
 const MIB: f64 = (1u64 << 20) as f64;
-
-/// Hasher for handle ids (small sequential integers; SipHash would dominate a map call).
-#[derive(Default, Clone, Copy)]
-struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
 
 /// Kinds of [`DriverCall`] (the length of the per-kind cost memo).
 const CALL_KINDS: usize = DriverCall::ALL.len();
@@ -152,7 +134,7 @@ pub struct SimDevice {
     reserved: BTreeMap<u64, u64>,
     /// Live mappings: va -> mapping.
     mappings: BTreeMap<u64, Mapping>,
-    handles: HashMap<u64, Handle, BuildHasherDefault<IdHasher>>,
+    handles: AddrMap<u64, Handle>,
     /// Per call kind, the last size modelled and its cost in seconds (consecutive calls
     /// mostly share a size; the log-linear interpolation is the dearest part of a call).
     cost_memo: [Option<(u64, f64)>; CALL_KINDS],

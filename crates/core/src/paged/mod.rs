@@ -84,8 +84,7 @@ mod pages;
 mod placement;
 mod view;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::align::{align_down, align_up, is_pow2};
 use crate::config::AllocatorConfig;
@@ -101,26 +100,8 @@ pub const UNIT_BYTES: u64 = DEFAULT_ALIGN;
 /// capacity.
 pub const VA_CAPACITY_FACTOR: u64 = 2;
 
-/// Multiplicative hasher for block addresses (the keys are 256-byte-aligned device
-/// addresses; SipHash would cost more than the rest of the fast path).
-#[derive(Default, Clone, Copy)]
-struct AddrHasher(u64);
-
-impl Hasher for AddrHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (n >> 8).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
-type AddrMap<V> = HashMap<u64, V, BuildHasherDefault<AddrHasher>>;
+/// Live blocks by address ([`crate::hash`]: the one address hasher).
+type AddrMap<V> = crate::hash::AddrMap<u64, V>;
 
 /// A live block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,42 +1,9 @@
 //! Live-block bookkeeping shared by the readers: a duplicate live address is an error, a free
 //! of an unknown address is either a pre-existing block (snapshots) or an error (logs).
 use super::{Action, Event, PreexistingBlock, Trace};
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
-/// A fast hasher for `(device, address)` keys (Fx-style mixing, MurmurHash3 finaliser). Not
-/// keyed: a hostile file could at worst slow its own reading down.
-#[derive(Default)]
-pub(crate) struct AddrHasher(u64);
-
-impl Hasher for AddrHasher {
-    fn finish(&self) -> u64 {
-        // MurmurHash3's fmix64 finaliser: the multiply above only carries low bits upwards, and
-        // device addresses are 512-byte (or 2 MiB) aligned, so without it the low bits that
-        // pick the bucket would be the same for every key.
-        let mut h = self.0;
-        h ^= h >> 33;
-        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        h ^= h >> 33;
-        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-        h ^ (h >> 33)
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        // Fx-style mixing (the constant is 2^64 / golden ratio).
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-    fn write_u32(&mut self, n: u32) {
-        self.write_u64(u64::from(n));
-    }
-}
-
-/// A hash map keyed by `(device, address)`.
-pub(crate) type AddrMap<V> = HashMap<(u32, u64), V, BuildHasherDefault<AddrHasher>>;
+/// A hash map keyed by `(device, address)` (the one address hasher, [`gpumem_core::hash`]).
+pub(crate) type AddrMap<V> = gpumem_core::hash::AddrMap<(u32, u64), V>;
 
 /// What a free of an address that is not live means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -222,22 +189,6 @@ impl Liveness {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use std::hash::BuildHasher;
-
-    #[test]
-    fn aligned_addresses_spread_over_buckets() {
-        // 4096 addresses 2 MiB apart must not share their low hash bits (bucket index).
-        let b = BuildHasherDefault::<AddrHasher>::default();
-        let mut low = std::collections::HashSet::new();
-        for i in 0..4096u64 {
-            low.insert(b.hash_one((0u32, 0x7f00_0000_0000 + (i << 21))) & 0xfff);
-        }
-        assert!(
-            low.len() > 2000,
-            "only {} distinct low-12-bit values",
-            low.len()
-        );
-    }
 
     #[test]
     fn duplicate_and_unknown() {
