@@ -100,23 +100,13 @@ fn host_device(a: &BenchTransferArgs, ordinal: usize) -> Result<DeviceRows> {
                     dir.name(),
                     units::bytes(bytes)
                 ));
-                let repeats = if bytes >= 256 << 20 {
-                    a.repeats.min(5)
-                } else {
-                    a.repeats
-                };
-                if let Some(s) = bench.measure(kind, dir, bytes as usize, repeats)? {
-                    let moved = if dir == Direction::Both {
-                        2 * bytes
-                    } else {
-                        bytes
-                    };
+                if let Some((s, gbps)) = bench.measure_rate(kind, dir, bytes, a.repeats)? {
                     results.push(HostRow {
                         kind,
                         direction: dir,
                         bytes,
                         median_s: s,
-                        gbps: moved as f64 / s / 1e9,
+                        gbps,
                     });
                 }
                 pb.inc(1);

@@ -287,23 +287,13 @@ pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
             dir.name(),
             units::bytes(bytes)
         ));
-        let repeats = if bytes >= 256 << 20 {
-            a.repeats.min(5)
-        } else {
-            a.repeats
-        };
-        if let Some(s) = bench.measure(kind, dir, bytes as usize, repeats)? {
-            let moved = if dir == Direction::Both {
-                2 * bytes
-            } else {
-                bytes
-            };
+        if let Some((s, gbps)) = bench.measure_rate(kind, dir, bytes, a.repeats)? {
             rows.push(Row {
                 kind,
                 direction: dir,
                 bytes,
                 median_s: s,
-                gbps: moved as f64 / s / 1e9,
+                gbps,
                 pct_of_best_pinned: None,
             });
         }

@@ -398,6 +398,38 @@ impl TransferBench {
         Ok(true)
     }
 
+    /// [`TransferBench::measure`] as the sweeps use it: at most 5 repeats from 256 MiB up (one
+    /// such copy is long enough on its own), and the rate in decimal GB/s of the bytes moved
+    /// (twice `bytes` for `Both`). Returns `(median seconds, GB/s)`, `None` for kinds not
+    /// allocated.
+    ///
+    /// # Errors
+    /// As [`TransferBench::measure`].
+    pub fn measure_rate(
+        &mut self,
+        kind: MemoryKind,
+        dir: Direction,
+        bytes: u64,
+        repeats: usize,
+    ) -> Result<Option<(f64, f64)>> {
+        let repeats = if bytes >= 256 << 20 {
+            repeats.min(5)
+        } else {
+            repeats
+        };
+        let n = usize::try_from(bytes).map_err(|_| {
+            PinnedError::InvalidArgument(format!("{bytes} bytes do not fit this machine's usize"))
+        })?;
+        let moved = if dir == Direction::Both {
+            2 * bytes
+        } else {
+            bytes
+        };
+        Ok(self
+            .measure(kind, dir, n, repeats)?
+            .map(|s| (s, moved as f64 / s / 1e9)))
+    }
+
     /// Median seconds of one copy of `bytes` bytes of `kind` in `direction` over `repeats`
     /// (after one warm-up), timed with CUDA events on the copy stream; for `Both`, from before
     /// the first to after the last of the two streams' copies (staged: two rings with half
