@@ -13,7 +13,7 @@
 //!   the small pool, [`LARGE_BUFFER_BYTES`] (20 MiB) for sizes below
 //!   [`MIN_LARGE_ALLOC_BYTES`] (10 MiB), else the size rounded up to [`ROUND_LARGE_BYTES`]
 //!   (2 MiB) ([`allocation_size`]).
-//! - `get_free_block` ([`blocks`]): free blocks are kept per pool in a set ordered by
+//! - `get_free_block` (`blocks.rs`): free blocks are kept per pool in a set ordered by
 //!   `(stream, size, address)`; the first block at or after `(stream, size, 0)` on the same
 //!   stream is taken (best fit, lowest address among equals). With `max_split_size_mb`, a
 //!   request below it never takes an oversize block (≥ `max_split_size`), and a request above
@@ -29,9 +29,9 @@
 //!   refused without a call past the memory limit), else `release_available_cached_blocks`
 //!   (oversize blocks only) and a retry, else `release_cached_blocks` (cudaFree of every
 //!   whole free segment, large pool first; expandable segments unmap their free pages) and
-//!   one retry counted in `num_alloc_retries`, else out-of-memory (`num_ooms`) ([`release`]).
+//!   one retry counted in `num_alloc_retries`, else out-of-memory (`num_ooms`) (`release.rs`).
 //!   Other driver errors end the call at once, as `C10_CUDA_CHECK` does.
-//! - Expandable segments (`expandable_segments:True`, [`expandable`]): one virtual range per
+//! - Expandable segments (`expandable_segments:True`, `expandable.rs`): one virtual range per
 //!   stream and pool, 1⅛ × the device capacity, mapped in pages of 2 MiB (small pool) or
 //!   20 MiB (large pool) at the lowest address that fits; pages are unmapped only by
 //!   `release_cached_blocks` (`empty_cache` or an OOM).
