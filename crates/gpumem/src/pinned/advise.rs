@@ -523,6 +523,7 @@ pub fn advise(table: &TransferTable, pattern: &Pattern) -> Advice {
     let mut best = options.iter().find(|o| o.excluded.is_none());
     // Write-combined memory is slow for the CPU to read: take it only when it is clearly
     // (5 %) faster than plain pinned memory.
+    let mut over_write_combined = false;
     if let Some(b) = best.filter(|b| b.kind == MemoryKind::WriteCombined) {
         if let Some(p) = options
             .iter()
@@ -530,6 +531,7 @@ pub fn advise(table: &TransferTable, pattern: &Pattern) -> Advice {
         {
             if p.total_s <= b.total_s * 1.05 {
                 best = Some(p);
+                over_write_combined = true;
             }
         }
     }
@@ -546,9 +548,14 @@ pub fn advise(table: &TransferTable, pattern: &Pattern) -> Advice {
         (Some(best), _) => (
             best.kind,
             format!(
-                "{:.3} ms per transfer ({:.1} GB/s effective){}",
+                "{:.3} ms per transfer ({:.1} GB/s effective){}{}",
                 best.total_s * 1e3,
                 b as f64 / best.total_s / 1e9,
+                if over_write_combined {
+                    "; write-combined is less than 5 % faster and slow for the CPU to read back"
+                } else {
+                    ""
+                },
                 if best.busy_fraction > 1.0 {
                     format!(
                         "; at {rate}/s that is {:.0} % of each second: the pattern cannot be sustained",
@@ -650,6 +657,26 @@ mod tests {
         assert_eq!(
             t.gbps(MemoryKind::Pageable, Direction::D2h, 1 << 30),
             Some(14.1)
+        );
+    }
+
+    #[test]
+    fn pinned_over_a_barely_faster_write_combined_says_why() {
+        let a = advise(&TransferTable::h200(), &pattern(64 << 20, 100.0, false));
+        let total = |k| {
+            a.options
+                .iter()
+                .find(|o| o.kind == k)
+                .map(|o| o.total_s)
+                .unwrap()
+        };
+        let (wc, pinned) = (total(MemoryKind::WriteCombined), total(MemoryKind::Pinned));
+        assert!(wc < pinned && pinned <= wc * 1.05, "{wc} {pinned}");
+        assert_eq!(a.recommended, MemoryKind::Pinned);
+        assert!(
+            a.reason.contains("write-combined is less than 5 % faster"),
+            "{}",
+            a.reason
         );
     }
 
