@@ -499,14 +499,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     }
     let capacity = a.capacity.unwrap_or(DEFAULT_CAPACITY);
     let (torch_conf, conf_source) = crate::cmd_tune::torch_conf(a.torch_conf.as_deref(), &trace)?;
-    let config = AllocatorConfig {
-        segment_bytes: a.segment_size,
-        torch: gpumem::core::torch::TorchConfig {
-            limit_to_capacity: a.capacity.is_some(),
-            ..torch_conf
-        },
-        ..AllocatorConfig::default()
-    };
+    let config = crate::cmd_tune::allocator_config(a.segment_size, a.capacity, torch_conf);
     // Computed once: every replay and every capacity probe reuses them.
     let summaries: Vec<(u32, TraceSummary)> = devices
         .iter()

@@ -5,7 +5,6 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use gpumem::core::config::AllocatorConfig;
 use gpumem::core::registry;
 use gpumem::core::sim::DEFAULT_CAPACITY;
 use gpumem::report::{self, ReportConfig};
@@ -90,14 +89,7 @@ pub fn build(
     let cfg = ReportConfig {
         allocators: names.iter().map(|s| s.to_string()).collect(),
         capacity_bytes: capacity.unwrap_or(DEFAULT_CAPACITY),
-        allocator_config: AllocatorConfig {
-            segment_bytes: segment_size,
-            torch: gpumem::core::torch::TorchConfig {
-                limit_to_capacity: capacity.is_some(),
-                ..torch_conf
-            },
-            ..AllocatorConfig::default()
-        },
+        allocator_config: crate::cmd_tune::allocator_config(segment_size, capacity, torch_conf),
         device: o.trace_device,
         ..ReportConfig::default()
     };

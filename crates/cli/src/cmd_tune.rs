@@ -85,6 +85,24 @@ pub fn torch_conf(flag: Option<&str>, trace: &Trace) -> Result<(TorchConfig, Con
     })
 }
 
+/// The allocators' settings of `replay`, `report` and `map`: the segment size, and the torch
+/// emulation's `PYTORCH_CUDA_ALLOC_CONF`, whose memory limit is the capacity when one is given
+/// (as `set_per_process_memory_fraction` sets it).
+pub fn allocator_config(
+    segment_bytes: u64,
+    capacity: Option<u64>,
+    torch: TorchConfig,
+) -> gpumem::core::config::AllocatorConfig {
+    gpumem::core::config::AllocatorConfig {
+        segment_bytes,
+        torch: TorchConfig {
+            limit_to_capacity: capacity.is_some(),
+            ..torch
+        },
+        ..Default::default()
+    }
+}
+
 pub fn run(a: TuneArgs) -> Result<()> {
     if a.capacity == Some(0) {
         anyhow::bail!("--capacity 0: expected a device capacity above zero (e.g. 80GiB)");
