@@ -27,7 +27,8 @@ pub struct LazyConfig {
     /// of reserved bytes; 100 = 1 %.
     pub headroom_bp: u32,
     /// Largest physical handle in bytes (a run of new pages is cut into handles of a power
-    /// of two of pages, at most this). Default 64 MiB.
+    /// of two of pages, at most this). Default 1 GiB: with 64 MiB the peak stays lower on
+    /// the shipped traces, but a repeated step can creep (BENCHMARKS.md, issue 11).
     pub handle_bytes: u64,
     /// Most bytes mapped ahead of a block while below the headroom. Default 1 GiB.
     pub ahead_bytes: u64,
@@ -37,7 +38,7 @@ impl Default for LazyConfig {
     fn default() -> Self {
         LazyConfig {
             headroom_bp: 0,
-            handle_bytes: 64 << 20,
+            handle_bytes: 1 << 30,
             ahead_bytes: 1 << 30,
         }
     }
