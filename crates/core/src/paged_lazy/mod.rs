@@ -96,7 +96,6 @@ pub const VA_CAPACITY_FACTOR: u64 = 2;
 /// Freed blocks held for same-size reuse, at most (default of [`LazyPagedPool::with_quick_slots`]).
 pub const QUICK_SLOTS: usize = 16;
 
-
 /// A live block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct LiveBlock {

@@ -61,11 +61,18 @@ fn a_repeated_training_step_makes_no_driver_call_once_the_layout_settles() {
     let peak = a.stats().reserved_bytes.peak;
     // The trade: 1,824 MiB reserved for 1,687 MiB allocated at the peak (1.081).
     let alloc_peak = a.stats().allocated_bytes.peak;
-    assert!(peak * 100 <= alloc_peak * 110, "reserved {peak} for {alloc_peak} B");
+    assert!(
+        peak * 100 <= alloc_peak * 110,
+        "reserved {peak} for {alloc_peak} B"
+    );
     for k in 3..=10 {
         step(&mut a, &mut d, &sizes);
         assert_eq!(d.calls_made(), second, "step {k} made driver calls");
-        assert_eq!(a.stats().reserved_bytes.peak, peak, "step {k} raised the peak");
+        assert_eq!(
+            a.stats().reserved_bytes.peak,
+            peak,
+            "step {k} raised the peak"
+        );
     }
     a.deallocate(&mut d, params.addr).unwrap();
     a.empty_cache(&mut d).unwrap();
