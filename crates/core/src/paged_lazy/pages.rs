@@ -31,6 +31,9 @@ pub(super) struct Reservation {
     /// Fenwick tree of mapped pages (1-based), for "how many pages of this span are
     /// mapped" in O(log pages).
     fenwick: Vec<u32>,
+    /// Mapped extents: first page -> pages (what the idle-extent search walks, instead of
+    /// every page slot of the range).
+    pub(super) extents: std::collections::BTreeMap<usize, u64>,
 }
 
 impl Reservation {
@@ -40,6 +43,7 @@ impl Reservation {
             bytes,
             pages: vec![None; npages],
             fenwick: vec![0; npages + 1],
+            extents: std::collections::BTreeMap::new(),
         }
     }
 
@@ -80,6 +84,7 @@ impl Reservation {
         let (Ok(ext_first), Ok(ext_pages)) = (u32::try_from(first), u32::try_from(h.pages)) else {
             return;
         };
+        self.extents.insert(first, h.pages);
         for i in first..first + h.pages as usize {
             let Some(slot) = self.pages.get_mut(i) else {
                 break;
@@ -101,6 +106,7 @@ impl Reservation {
     fn clear_extent(&mut self, first: usize) -> Option<CachedHandle> {
         let pg = (*self.pages.get(first)?)?;
         let n = pg.ext_pages as usize;
+        self.extents.remove(&first);
         for i in first..first + n {
             if let Some(slot) = self.pages.get_mut(i) {
                 if slot.take().is_some() {
@@ -114,15 +120,20 @@ impl Reservation {
         })
     }
 
-    /// Recount of the Fenwick tree against the slots (for the invariant walk).
+    /// Recount of the Fenwick tree and the extent index against the slots (for the
+    /// invariant walk).
     pub(super) fn fenwick_ok(&self) -> bool {
         let mut f = Reservation::new(self.va, self.bytes, self.pages.len());
+        let mut extents = std::collections::BTreeMap::new();
         for (i, s) in self.pages.iter().enumerate() {
-            if s.is_some() {
+            if let Some(pg) = s {
                 f.fenwick_add(i, true);
+                if pg.ext_first as usize == i {
+                    extents.insert(i, u64::from(pg.ext_pages));
+                }
             }
         }
-        f.fenwick == self.fenwick
+        f.fenwick == self.fenwick && extents == self.extents
     }
 }
 
@@ -216,12 +227,15 @@ impl LazyPagedPool {
         let p = self.page_bytes;
         let mut out = Vec::new();
         for (ri, r) in self.reservations.iter().enumerate() {
-            for (i, s) in r.pages.iter().enumerate() {
-                let Some(pg) = s else { continue };
-                if pg.ext_first as usize != i || !pg.access {
+            for (&i, &n) in &r.extents {
+                let n = n as usize;
+                if !r
+                    .pages
+                    .get(i)
+                    .is_some_and(|s| s.is_some_and(|pg| pg.access))
+                {
                     continue;
                 }
-                let n = pg.ext_pages as usize;
                 if ri == skip && i < hi && i + n > lo {
                     continue;
                 }
