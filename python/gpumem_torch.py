@@ -19,7 +19,7 @@ What PyTorch does not forward to a pluggable allocator, and what to use instead:
   undone. To route only part of a program through gpumem, use ``use_pool()`` instead.
 
 Settings (``conf``) use the syntax of ``GPUMEM_CONF``: ``key=value`` pairs separated by commas,
-or a dict. Keys: strategy (paged, paged-lazy, torch, tlsf, buddy, best-fit), mode (direct: PyTorch's
+or a dict. Keys: strategy (paged-lazy, the default; paged, torch, tlsf, buddy, best-fit), mode (direct: PyTorch's
 stream semantics, the default; pool: gpumem's DevicePool), reserve, release_threshold,
 max_cached_block, shard_cache, segment (sizes such as 256MiB or 4GiB), page_cache_pages
 (a whole number), headroom (paged-lazy: a fraction such as 0.02), max_handle and map_ahead

@@ -12,6 +12,7 @@ next) so that no configuration always runs first. Configurations:
   native       PyTorch's caching allocator
   expandable   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
   paged        gpumem_torch.install("strategy=paged" + --gpumem-conf)
+  lazy         gpumem_torch.install("strategy=paged-lazy" + --gpumem-conf)
   torch        gpumem_torch.install("strategy=torch" + --gpumem-conf): gpumem's emulation of
                PyTorch's allocator, a control
   --extra NAME=CONF   any other gpumem settings, e.g. p64k=strategy=paged,max_cached_block=64KiB
@@ -31,6 +32,7 @@ out-of-memory, use_pool, a too-late install). --soak: 1,000 steps of a small mod
 Writes OUT/compare.json, OUT/compare.md (the table), OUT/smoke.json, OUT/soak.json.
 """
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -41,7 +43,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKLOADS = ("resnet50", "gpt2", "bert", "churn")
-GPUMEM_CONFIGS = {"paged": "strategy=paged", "torch": "strategy=torch"}
+GPUMEM_CONFIGS = {"paged": "strategy=paged", "lazy": "strategy=paged-lazy", "torch": "strategy=torch"}
 GIB = float(1 << 30)
 
 
@@ -363,18 +365,22 @@ def run_smoke_pool(a):
 
 
 def run_soak(a):
-    torch, g = child_setup("paged", "strategy=paged" + a.gpumem_conf, a.lib, False)
+    torch, g = child_setup("paged", "strategy=" + a.soak_strategy + a.gpumem_conf, a.lib, False)
     n, warm = a.soak_steps, 100
     step, keep = build(torch, "soak", n)
     reserved, errors, t0 = [], 0, time.time()
-    for i in range(n):
-        try:
-            step(i).item()
-        except Exception as e:
-            errors += 1
-            last = f"{type(e).__name__}: {str(e)[:200]}"
-        reserved.append(g.memory_stats()["reserved_bytes.all.current"])
+    rec = g.record(a.soak_record) if a.soak_record else contextlib.nullcontext()
+    with rec:
+        for i in range(n):
+            try:
+                step(i).item()
+            except Exception as e:
+                errors += 1
+                last = f"{type(e).__name__}: {str(e)[:200]}"
+            reserved.append(g.memory_stats()["reserved_bytes.all.current"])
     tail = reserved[warm:]
+    # Steps (after warm-up) at which reserved first rose above its step-`warm` value.
+    rises = [warm + i for i in range(1, len(tail)) if tail[i] > max(tail[:i])]
     del keep, step
     import gc
     gc.collect()
@@ -389,6 +395,7 @@ def run_soak(a):
         "reserved_max_after_warmup": max(tail) if tail else None,
         "reserved_min_after_warmup": min(tail) if tail else None,
         "reserved_flat": bool(tail) and max(tail) == tail[0],
+        "reserved_rises_at_steps": rises[:50],
         "reserved_after_empty_cache": s["reserved_bytes.all.current"],
         "leaked_blocks": s["live_blocks"], "errors": errors + s["num_errors"],
         "bad_frees": s["num_bad_frees"], "ooms": s["num_ooms"],
@@ -503,7 +510,9 @@ def sub_json(a, mode):
     """Runs --smoke/--smoke-pool/--soak in a child process and returns its JSON."""
     path = os.path.join(a.out, f"{mode}.part.json")
     cmd = [sys.executable, os.path.abspath(__file__), f"--{mode}-child", "--result", path, "--out", a.out,
-           "--soak-steps", str(a.soak_steps), "--gpumem-conf", a.gpumem_conf]
+           "--soak-steps", str(a.soak_steps), "--soak-strategy", a.soak_strategy,
+           "--soak-record", a.soak_record,
+           "--gpumem-conf", a.gpumem_conf]
     if a.lib:
         cmd += ["--lib", a.lib]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -543,6 +552,8 @@ def main():
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--soak", action="store_true")
     ap.add_argument("--soak-steps", type=int, default=1000)
+    ap.add_argument("--soak-record", default="", help="write gpumem's JSON-lines trace of the soak here")
+    ap.add_argument("--soak-strategy", default="paged", help="gpumem strategy of the soak (paged, paged-lazy, ...)")
     ap.add_argument("--no-compare", action="store_true")
     # child modes
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

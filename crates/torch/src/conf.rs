@@ -7,7 +7,7 @@
 //!
 //! | key | value | default |
 //! |---|---|---|
-//! | `strategy` | `paged`, `paged-lazy`, `torch`, `tlsf`, `buddy`, `best-fit` | `paged` |
+//! | `strategy` | `paged-lazy`, `paged`, `torch`, `tlsf`, `buddy`, `best-fit` | `paged-lazy` |
 //! | `mode` | `direct` (PyTorch's stream semantics, see [`crate::direct`]) or `pool` (gpumem's `DevicePool`, size-class caches, events) | `direct` |
 //! | `reserve` | bytes taken from the device at the pool's creation and kept cached | 256 MiB |
 //! | `release_threshold` | `mode=pool`: reserved bytes above which freed memory goes back to the device (`none`: never) | none |
@@ -88,7 +88,7 @@ pub struct Conf {
 impl Default for Conf {
     fn default() -> Self {
         Conf {
-            strategy: "paged",
+            strategy: "paged-lazy",
             mode: Mode::Direct,
             backend: Backend::Cuda,
             sim_capacity_bytes: 80 << 30,

@@ -71,6 +71,8 @@
 //! - `free_bytes`: free bytes on mapped pages (what can be placed without a driver call);
 //!   blocks held for quick reuse and cached handles are not counted.
 //! - `largest_free_bytes`: the longest run of those bytes.
+//! - `inactive_split_bytes`: the same free bytes on mapped pages (cached memory that only a
+//!   request fitting it can use, as in PyTorch's expandable segment).
 //! - `segment_count`: physical handles held (mapped + cached).
 //!
 //! # Failures
@@ -595,6 +597,9 @@ impl Allocator for LazyPagedPool {
         let mut s = self.tracker.stats;
         s.free_bytes = self.space.mapped_bytes;
         s.largest_free_bytes = self.space.by_size.last().map_or(0, |&(l, _)| l);
+        // Free bytes on mapped pages: what PyTorch counts as inactive split blocks of an
+        // expandable segment (cached, usable only by a request that fits them).
+        s.inactive_split_bytes.add(s.free_bytes);
         s
     }
 
