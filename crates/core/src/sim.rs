@@ -974,7 +974,7 @@ mod tests {
     fn a_call_costs_more_with_more_mappings_live() {
         let mut d = SimDevice::new(1 << 30);
         let va = d.reserve_va(128 << 20).unwrap();
-        let mut map_cost = |d: &mut SimDevice, i: u64| {
+        let map_cost = |d: &mut SimDevice, i: u64| {
             let h = d.create_physical(2 << 20).unwrap();
             let before = d.counters().seconds_of(DriverCall::Map);
             d.map(va + i * (2 << 20), 2 << 20, h).unwrap();
