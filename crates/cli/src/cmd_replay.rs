@@ -70,6 +70,49 @@ pub struct ReplayArgs {
     /// limit (as `torch.cuda.set_per_process_memory_fraction` sets it).
     #[arg(long, value_name = "CONF")]
     pub torch_conf: Option<String>,
+    /// The trade of the `paged-lazy` strategy, as `key=value` pairs separated by commas (the
+    /// plug-in's `GPUMEM_CONF` keys): `headroom` (fraction of the peak of allocated bytes it
+    /// may hold above that peak before it moves idle pages instead of creating them; 0),
+    /// `max_handle` (largest physical handle; 1GiB), `map_ahead` (bytes mapped ahead of a
+    /// block below the headroom; 1GiB). E.g. `headroom=0.02,max_handle=64MiB`.
+    #[arg(long, value_name = "CONF")]
+    pub lazy_conf: Option<String>,
+}
+
+/// Parses `--lazy-conf` onto the defaults.
+pub fn lazy_conf(text: &str) -> Result<gpumem::core::config::LazyConfig> {
+    let mut c = gpumem::core::config::LazyConfig::default();
+    for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let Some((key, value)) = item.split_once('=') else {
+            anyhow::bail!(
+                "--lazy-conf: `{item}` is not key=value (keys: headroom, max_handle, map_ahead)"
+            );
+        };
+        let (key, value) = (key.trim(), value.trim());
+        let size = || {
+            gpumem::units::parse_size(value)
+                .map_err(|e| anyhow::anyhow!("--lazy-conf: bad value `{value}` for `{key}`: {e}"))
+        };
+        match key {
+            "headroom" => {
+                let f: f64 = value.parse().ok().filter(|f| (0.0..=10.0).contains(f)).ok_or_else(|| {
+                    anyhow::anyhow!("--lazy-conf: bad value `{value}` for `headroom`: expected a fraction from 0 to 10, such as 0.02")
+                })?;
+                c.headroom_bp = (f * 10_000.0).round() as u32;
+            }
+            "max_handle" => {
+                c.handle_bytes = size()?;
+                if c.handle_bytes == 0 {
+                    anyhow::bail!("--lazy-conf: max_handle must be at least 1 byte");
+                }
+            }
+            "map_ahead" => c.ahead_bytes = size()?,
+            other => anyhow::bail!(
+                "--lazy-conf: unknown key `{other}` (expected headroom, max_handle or map_ahead)"
+            ),
+        }
+    }
+    Ok(c)
 }
 
 #[derive(Serialize)]
@@ -140,6 +183,9 @@ struct JsonAllocator {
     /// `torch`: the PYTORCH_CUDA_ALLOC_CONF emulated (`native` for the defaults).
     #[serde(skip_serializing_if = "Option::is_none")]
     torch_conf: Option<String>,
+    /// `paged-lazy`: its trade (`headroom=…,max_handle=…,map_ahead=…`, in bytes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lazy_conf: Option<String>,
     /// `torch` on the simulated device with the recorded run's setting: its cudaMalloc /
     /// cudaFree sequence against the trace's `segment_alloc` / `segment_free` events.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -499,13 +545,21 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     }
     let capacity = a.capacity.unwrap_or(DEFAULT_CAPACITY);
     let (torch_conf, conf_source) = crate::cmd_tune::torch_conf(a.torch_conf.as_deref(), &trace)?;
-    let config = crate::cmd_tune::allocator_config(a.segment_size, a.capacity, torch_conf);
+    let mut config = crate::cmd_tune::allocator_config(a.segment_size, a.capacity, torch_conf);
+    if let Some(text) = &a.lazy_conf {
+        config.lazy = lazy_conf(text)?;
+    }
     // Computed once: every replay and every capacity probe reuses them.
     let summaries: Vec<(u32, TraceSummary)> = devices
         .iter()
         .map(|&d| (d, replay::summarize(&trace, d)))
         .collect();
     warnings.extend(capacity_warnings(a.capacity, &summaries));
+    if a.lazy_conf.is_some() && !names.contains(&"paged-lazy") {
+        warnings.push(
+            "--lazy-conf configures paged-lazy only, which is not among the allocators replayed (add -a paged-lazy)".into(),
+        );
+    }
     if a.torch_conf.is_some() && !names.contains(&"torch") {
         warnings.push(
             "--torch-conf configures the torch emulation only, which is not among the allocators replayed (add -a torch)".into(),
@@ -610,6 +664,15 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         if r.name == "torch" {
             ja.torch_conf = Some(config.torch.to_string());
             ja.emulation_check = combined_check(&r.checks);
+        }
+        if r.name == "paged-lazy" {
+            let l = config.lazy;
+            ja.lazy_conf = Some(format!(
+                "headroom={},max_handle={},map_ahead={}",
+                f64::from(l.headroom_bp) / 10_000.0,
+                l.handle_bytes,
+                l.ahead_bytes
+            ));
         }
         ja.simulated_peak_reserved_bytes = r.simulated_peak_reserved_bytes;
         ja.min_capacity = r.min_capacity.clone();
@@ -795,6 +858,7 @@ fn json_allocator(
         canary_errors: sum(&|r| r.canary_errors),
         device_peak_used_bytes: sum(&|r| r.device_peak_used_bytes),
         torch_conf: None,
+        lazy_conf: None,
         emulation_check: None,
         driver_peak_delta_bytes: per_dev
             .iter()

@@ -967,3 +967,57 @@ fn flags_that_change_nothing_are_warned_about() {
     assert!(ok, "{err}");
     assert!(!err.contains("acts only under a memory limit"), "{err}");
 }
+
+#[test]
+fn lazy_conf_sets_the_paged_lazy_trade_and_names_bad_items() {
+    let run = |conf: &str| {
+        let (ok, out, err) = gpumem(&[
+            "replay",
+            "traces/resnet_train.pickle.gz",
+            "-a",
+            "paged-lazy",
+            "--lazy-conf",
+            conf,
+            "--json",
+        ]);
+        assert!(ok, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["allocators"][0].clone()
+    };
+    let default = run("");
+    let small = run("max_handle=2MiB,map_ahead=0");
+    assert_eq!(
+        default["lazy_conf"],
+        "headroom=0,max_handle=1073741824,map_ahead=1073741824"
+    );
+    assert_eq!(
+        small["lazy_conf"],
+        "headroom=0,max_handle=2097152,map_ahead=0"
+    );
+    // One handle per page: more calls than the default's handles of up to 1 GiB.
+    assert!(
+        small["driver_calls_total"].as_u64() > default["driver_calls_total"].as_u64(),
+        "{small} vs {default}"
+    );
+    for (bad, words) in [
+        ("headroom=2%", ["`2%`", "`headroom`"]),
+        (
+            "colour=red",
+            ["`colour`", "headroom, max_handle or map_ahead"],
+        ),
+        ("max_handle=0", ["max_handle", "at least 1 byte"]),
+    ] {
+        let (ok, _, err) = gpumem(&[
+            "replay",
+            "traces/mixed_sizes.pickle.gz",
+            "-a",
+            "paged-lazy",
+            "--lazy-conf",
+            bad,
+        ]);
+        assert!(!ok, "{bad} accepted");
+        for w in words {
+            assert!(err.contains(w), "{bad}: {err}");
+        }
+    }
+}
