@@ -27,7 +27,7 @@
 //! - **Placement** puts a block best-fit into the free bytes of mapped pages (the smallest
 //!   run that holds it, then the lowest address, as PyTorch's caching allocator picks a
 //!   cached block): no driver call. Only when none holds it are pages mapped, at the spot
-//!   that maps the fewest new pages ([`placement`]).
+//!   that maps the fewest new pages (`placement.rs`).
 //! - **The page limit.** New pages are created only while the pool holds fewer pages than
 //!   the larger of its own peak so far and the peak of allocated bytes times
 //!   `1 + headroom` ([`LazyPagedPool::with_headroom`]). Above it, idle extents elsewhere are
