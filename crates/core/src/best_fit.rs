@@ -1,23 +1,108 @@
 //! Address-ordered best fit with splitting and coalescing, the family of TensorFlow's BFC
 //! ("best-fit with coalescing") allocator and of PyTorch's block pools.
 //!
-//! Free ranges are kept twice: in an ordered set by `(size, offset)`, where the best fit is
-//! the first entry at or above the request (ties go to the lowest address), and in an ordered
-//! map by offset, where a freed range finds its neighbours to merge with. Live blocks are an
-//! Fx hash map from offset to size. Every operation is O(log n), except that an aligned
-//! request walks the candidates in size order until one holds the aligned block.
+//! Policy: a request of `n` bytes aligned to `a` takes, among the free ranges that hold `n`
+//! bytes at an `a`-aligned offset, the first in `(size, offset)` order: the smallest range
+//! that fits, ties to the lowest address. The block takes exactly the bytes asked for; the
+//! front padding (when the range's start is not aligned) and the tail stay free.
+//!
+//! Structure, a segregated fit that keeps the exact best-fit order:
+//! - Free ranges sit in size bins, the log-linear classes of [`crate::size_class`] with 16
+//!   bins per power of two; each bin is a `Vec` sorted by `(size, offset)`, so a bin's ranges
+//!   are within 1/16 of each other in size and a bin holds few of them. A 64-bit first-level
+//!   bitmap and one 16-bit second-level bitmap per first level say which bins are non-empty.
+//! - The best fit is a binary search in the request's own bin for the first range of at least
+//!   `n` bytes, then, if that bin has none that fits, the front of the next non-empty bins
+//!   (a `trailing_zeros` each): every range of a higher bin is larger than any of a lower one.
+//! - Every range, free or used, is a node that knows its physical neighbours, so a free finds
+//!   the ranges to merge with without a search; live blocks are found by offset in an Fx hash
+//!   map. Nodes live in a `Vec` and refer to each other by [`NonZeroU32`] indices.
+//!
+//! Costs: allocate and free are a hash operation, a bitmap look-up and, per bin touched, a
+//! binary search plus a shift of the entries behind the one inserted or removed (a few
+//! entries: those within 1/16 of the same size). The largest free range is O(1): the last
+//! entry of the highest non-empty bin. An aligned request walks the ranges in best-fit order
+//! until one holds the aligned block, as an exact best fit must; a 256-byte-aligned request
+//! over ranges that all start 256-byte aligned (the segmented pool's case) takes the first.
 //!
 //! Alignment: any power of two; unaligned front padding is split off as a free range.
-use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::num::NonZeroU32;
 
 use rustc_hash::FxHashMap;
 
 use crate::align::{align_up, is_pow2};
 use crate::arena::{Arena, ArenaReport};
 use crate::error::AllocError;
+use crate::size_class::LogLinear;
 
 /// Largest alignment the best-fit arena accepts, in bytes (any power of two).
 pub const BEST_FIT_MAX_ALIGN: u64 = 1 << 63;
+
+/// Bits of the second level of the size bins: 16 bins per power of two.
+const SUB_BITS: u32 = 4;
+/// The size bins of the free ranges.
+type Bins = LogLinear<SUB_BITS>;
+/// Entries of the second-level bitmap table (first levels rounded up to a power of two).
+const SL_SLOTS: usize = 64;
+
+// One `u16` second-level bitmap per first level, one `u64` first-level bitmap.
+const _: () = assert!(Bins::SUB_COUNT == u16::BITS && Bins::FL_COUNT as usize <= SL_SLOTS);
+
+/// Index of first level `fl` in the second-level bitmap table (the mask is a no-op for
+/// every valid first level).
+#[inline]
+fn sl_slot(fl: u32) -> usize {
+    fl as usize & (SL_SLOTS - 1)
+}
+
+/// Index of a node: its position in `nodes` plus one.
+type NodeIndex = NonZeroU32;
+
+/// Largest number of nodes (the index is a `u32` counted from 1).
+const MAX_NODES: usize = (u32::MAX - 1) as usize;
+
+fn idx_to_pos(i: NodeIndex) -> usize {
+    // u32 -> usize is lossless on every platform Rust targets with 32+ bit pointers.
+    (i.get() - 1) as usize
+}
+
+/// A range of the arena, free or used.
+#[derive(Debug, Clone)]
+struct Node {
+    /// First byte of the range.
+    offset: u64,
+    /// Bytes in the range (0 for a spare node slot).
+    size: u64,
+    prev_phys: Option<NodeIndex>,
+    next_phys: Option<NodeIndex>,
+    used: bool,
+}
+
+/// A free range in its bin: the sort key `(size, offset)` and the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Entry {
+    /// Bytes in the range.
+    size: u64,
+    /// First byte of the range.
+    offset: u64,
+    node: NodeIndex,
+}
+
+impl Entry {
+    #[inline]
+    fn key(&self) -> (u64, u64) {
+        (self.size, self.offset)
+    }
+
+    /// The `align`-aligned offset at which this range holds `size` bytes, if it does.
+    #[inline]
+    fn fit(&self, size: u64, align: u64) -> Option<u64> {
+        let a = align_up(self.offset, align)?;
+        let pad = a - self.offset;
+        (pad <= self.size && self.size - pad >= size).then_some(a)
+    }
+}
 
 /// The best-fit arena over `[0, capacity_bytes)`, byte-granular.
 ///
@@ -31,53 +116,247 @@ pub const BEST_FIT_MAX_ALIGN: u64 = 1 << 63;
 /// assert_eq!(a.allocate(80, 1).unwrap().0, 0, "best fit takes the smaller hole");
 /// # let _ = y;
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct BestFit {
     capacity: u64,
-    /// Free ranges by `(size, offset)`.
-    by_size: BTreeSet<(u64, u64)>,
-    /// Free ranges by offset -> size.
-    by_offset: BTreeMap<u64, u64>,
-    /// Live blocks: offset -> size.
-    used: FxHashMap<u64, u64>,
+    /// Every range, free or used, plus spare slots (size 0).
+    nodes: Vec<Node>,
+    /// Spare node slots, reused before `nodes` grows.
+    spare: Vec<NodeIndex>,
+    /// Free ranges by bin, each sorted by `(size, offset)`; one bin per class up to the
+    /// capacity's, no range can belong to a higher one.
+    bins: Box<[Vec<Entry>]>,
+    /// Bit `f` set: some bin of first level `f` is non-empty.
+    fl_bitmap: u64,
+    /// Bit `s` of entry `f` set: bin `f * 16 + s` is non-empty.
+    sl_bitmap: [u16; SL_SLOTS],
+    /// Live blocks: offset -> node.
+    used: FxHashMap<u64, NodeIndex>,
     free_bytes: u64,
+}
+
+impl fmt::Debug for BestFit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BestFit")
+            .field("capacity_bytes", &self.capacity)
+            .field("free_bytes", &self.free_bytes)
+            .field("largest_free_bytes", &self.largest_free())
+            .field(
+                "free_ranges",
+                &self.bins.iter().map(Vec::len).sum::<usize>(),
+            )
+            .field("allocations", &self.used.len())
+            .finish()
+    }
 }
 
 impl BestFit {
     /// An arena over `[0, capacity_bytes)`, all free.
     pub fn new(capacity_bytes: u64) -> Self {
+        // A free range is never larger than the capacity, so never in a higher bin.
+        let bins = if capacity_bytes > 0 {
+            Bins::floor(capacity_bytes) as usize + 1
+        } else {
+            0
+        };
         let mut a = BestFit {
             capacity: capacity_bytes,
-            by_size: BTreeSet::new(),
-            by_offset: BTreeMap::new(),
+            nodes: Vec::new(),
+            spare: Vec::new(),
+            bins: vec![Vec::new(); bins].into_boxed_slice(),
+            fl_bitmap: 0,
+            sl_bitmap: [0; SL_SLOTS],
             used: FxHashMap::default(),
             free_bytes: 0,
         };
         if capacity_bytes > 0 {
-            a.insert_free(0, capacity_bytes);
+            a.nodes.push(Node {
+                offset: 0,
+                size: capacity_bytes,
+                prev_phys: None,
+                next_phys: None,
+                used: false,
+            });
+            a.insert_free(NodeIndex::MIN);
+            a.free_bytes = capacity_bytes;
         }
         a
     }
 
-    /// Free ranges as `(offset, bytes)`, in address order (for reports and tests).
+    /// Free ranges as `(offset, bytes)`, in address order (for reports and tests; sorts a
+    /// copy of the bins, O(n log n)).
     pub fn free_ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.by_offset.iter().map(|(&o, &s)| (o, s))
+        let mut v: Vec<(u64, u64)> = self
+            .bins
+            .iter()
+            .flatten()
+            .map(|e| (e.offset, e.size))
+            .collect();
+        v.sort_unstable();
+        v.into_iter()
     }
 
-    fn insert_free(&mut self, offset: u64, size: u64) {
-        self.by_size.insert((size, offset));
-        self.by_offset.insert(offset, size);
-        self.free_bytes += size;
+    #[inline]
+    fn n(&self, i: NodeIndex) -> &Node {
+        &self.nodes[idx_to_pos(i)]
     }
 
-    fn remove_free(&mut self, offset: u64, size: u64) {
-        self.by_size.remove(&(size, offset));
-        self.by_offset.remove(&offset);
-        self.free_bytes -= size;
+    #[inline]
+    fn n_mut(&mut self, i: NodeIndex) -> &mut Node {
+        &mut self.nodes[idx_to_pos(i)]
     }
 
+    /// Node slots that can still be handed out without failing.
+    fn nodes_available(&self) -> usize {
+        self.spare.len() + MAX_NODES.saturating_sub(self.nodes.len())
+    }
+
+    /// A node slot holding `node`. Callers check [`Self::nodes_available`] first.
+    fn new_node(&mut self, node: Node) -> NodeIndex {
+        if let Some(i) = self.spare.pop() {
+            *self.n_mut(i) = node;
+            i
+        } else {
+            self.nodes.push(node);
+            // nodes.len() ≤ MAX_NODES < u32::MAX, checked by the caller; fall back to the
+            // first slot only if that check was skipped (validate() would then report it).
+            u32::try_from(self.nodes.len())
+                .ok()
+                .and_then(NodeIndex::new)
+                .unwrap_or(NodeIndex::MIN)
+        }
+    }
+
+    fn release_node(&mut self, i: NodeIndex) {
+        *self.n_mut(i) = Node {
+            offset: 0,
+            size: 0,
+            prev_phys: None,
+            next_phys: None,
+            used: false,
+        };
+        self.spare.push(i);
+    }
+
+    /// Marks node `i` free and puts it in its bin, in `(size, offset)` order. Byte counters
+    /// are the caller's business.
+    #[inline]
+    fn insert_free(&mut self, i: NodeIndex) {
+        let n = self.n_mut(i);
+        n.used = false;
+        let e = Entry {
+            size: n.size,
+            offset: n.offset,
+            node: i,
+        };
+        let bin = Bins::floor(e.size);
+        let v = &mut self.bins[bin as usize];
+        let pos = v.partition_point(|x| x.key() < e.key());
+        v.insert(pos, e);
+        let fl = bin >> SUB_BITS;
+        self.sl_bitmap[sl_slot(fl)] |= 1 << (bin & Bins::SUB_MASK);
+        self.fl_bitmap |= 1 << fl;
+    }
+
+    /// Takes entry `pos` out of bin `bin`, clearing the bitmap bits when the bin empties.
+    #[inline]
+    fn take(&mut self, bin: u32, pos: usize) -> Entry {
+        let v = &mut self.bins[bin as usize];
+        let e = v.remove(pos);
+        if v.is_empty() {
+            let fl = bin >> SUB_BITS;
+            self.sl_bitmap[sl_slot(fl)] &= !(1 << (bin & Bins::SUB_MASK));
+            if self.sl_bitmap[sl_slot(fl)] == 0 {
+                self.fl_bitmap &= !(1 << fl);
+            }
+        }
+        e
+    }
+
+    /// Takes free node `i` out of its bin.
+    ///
+    /// # Errors
+    /// [`AllocError::Internal`] if the node is not in the bin its size and offset say.
+    fn remove_free(&mut self, i: NodeIndex) -> Result<(), AllocError> {
+        let (size, offset) = {
+            let n = self.n(i);
+            (n.size, n.offset)
+        };
+        let bin = Bins::floor(size);
+        let found = self
+            .bins
+            .get(bin as usize)
+            .and_then(|v| v.binary_search_by(|x| x.key().cmp(&(size, offset))).ok());
+        match found {
+            Some(pos) if self.bins[bin as usize][pos].node == i => {
+                self.take(bin, pos);
+                Ok(())
+            }
+            _ => Err(Self::internal(format!(
+                "free range at {offset} of {size} B missing from bin {bin}"
+            ))),
+        }
+    }
+
+    /// The first non-empty bin ≥ `bin`, from the bitmaps.
+    #[inline]
+    fn next_nonempty_bin(&self, bin: u32) -> Option<u32> {
+        if bin >= Bins::BIN_COUNT {
+            return None;
+        }
+        let fl = bin >> SUB_BITS;
+        let sl_map = u32::from(self.sl_bitmap[sl_slot(fl)]) & (u32::MAX << (bin & Bins::SUB_MASK));
+        if sl_map != 0 {
+            return Some((fl << SUB_BITS) | sl_map.trailing_zeros());
+        }
+        let fl_map = if fl + 1 >= 64 {
+            0
+        } else {
+            self.fl_bitmap & (u64::MAX << (fl + 1))
+        };
+        if fl_map == 0 {
+            return None;
+        }
+        let fl2 = fl_map.trailing_zeros();
+        let sl2 = u32::from(self.sl_bitmap[sl_slot(fl2)]).trailing_zeros();
+        Some((fl2 << SUB_BITS) | sl2)
+    }
+
+    /// The best fit for `size` bytes aligned to `align`: `(bin, position in the bin, aligned
+    /// offset)` of the first free range in `(size, offset)` order that holds the block.
+    #[inline]
+    fn find(&self, size: u64, align: u64) -> Option<(u32, usize, u64)> {
+        let first = Bins::floor(size);
+        let mut bin = self.next_nonempty_bin(first)?;
+        loop {
+            let v = &self.bins[bin as usize];
+            // In the request's own bin, skip the ranges smaller than the request; every
+            // range of a higher bin is larger than the request.
+            let start = if bin == first {
+                v.partition_point(|x| x.size < size)
+            } else {
+                0
+            };
+            for (pos, e) in v.iter().enumerate().skip(start) {
+                if let Some(a) = e.fit(size, align) {
+                    return Some((bin, pos, a));
+                }
+            }
+            bin = self.next_nonempty_bin(bin + 1)?;
+        }
+    }
+
+    /// Largest free range, in bytes: the last entry of the highest non-empty bin.
     fn largest_free(&self) -> u64 {
-        self.by_size.last().map_or(0, |&(s, _)| s)
+        if self.fl_bitmap == 0 {
+            return 0;
+        }
+        let fl = 63 - self.fl_bitmap.leading_zeros();
+        let sl = 15 - self.sl_bitmap[sl_slot(fl)].leading_zeros();
+        self.bins
+            .get(((fl << SUB_BITS) | sl) as usize)
+            .and_then(|v| v.last())
+            .map_or(0, |e| e.size)
     }
 
     fn oom(&self, size: u64) -> AllocError {
@@ -86,6 +365,10 @@ impl BestFit {
             free_bytes: self.free_bytes,
             largest_free_bytes: self.largest_free(),
         }
+    }
+
+    fn internal(msg: String) -> AllocError {
+        AllocError::Internal(format!("best-fit: {msg}"))
     }
 }
 
@@ -112,45 +395,130 @@ impl Arena for BestFit {
             });
         }
         let size = size_bytes.max(1);
-        let found = self.by_size.range((size, 0)..).find_map(|&(s, o)| {
-            let a = align_up(o, align)?;
-            let pad = a - o;
-            (pad <= s && s - pad >= size).then_some((s, o, a))
-        });
-        let (s, o, a) = found.ok_or_else(|| self.oom(size_bytes))?;
-        self.remove_free(o, s);
-        if a > o {
-            self.insert_free(o, a - o);
+        // A split needs up to two new nodes (front padding, tail).
+        if size > self.free_bytes || self.nodes_available() < 2 {
+            return Err(self.oom(size_bytes));
         }
-        let end = a + size;
-        if end < o + s {
-            self.insert_free(end, o + s - end);
+        let (bin, pos, aligned) = self.find(size, align).ok_or_else(|| self.oom(size_bytes))?;
+        let i = self.take(bin, pos).node;
+        let (offset, range_size, next) = {
+            let n = self.n(i);
+            (n.offset, n.size, n.next_phys)
+        };
+        // find() checked that the padding and the block fit inside the range.
+        let pad = aligned - offset;
+        let rest = range_size - pad - size;
+        // Physical order afterwards: [front padding], block, [tail], next. The range's node
+        // becomes the padding if there is one, else the block.
+        let block = if pad == 0 {
+            let n = self.n_mut(i);
+            n.size = size;
+            n.used = true;
+            i
+        } else {
+            let u = self.new_node(Node {
+                offset: aligned,
+                size,
+                prev_phys: Some(i),
+                next_phys: next,
+                used: true,
+            });
+            if let Some(x) = next {
+                self.n_mut(x).prev_phys = Some(u);
+            }
+            let n = self.n_mut(i);
+            n.size = pad;
+            n.next_phys = Some(u);
+            self.insert_free(i);
+            u
+        };
+        if rest > 0 {
+            let t = self.new_node(Node {
+                offset: aligned + size,
+                size: rest,
+                prev_phys: Some(block),
+                next_phys: next,
+                used: false,
+            });
+            if let Some(x) = next {
+                self.n_mut(x).prev_phys = Some(t);
+            }
+            self.n_mut(block).next_phys = Some(t);
+            self.insert_free(t);
         }
-        self.used.insert(a, size);
-        Ok((a, size))
+        self.free_bytes -= size;
+        self.used.insert(aligned, block);
+        Ok((aligned, size))
     }
 
     fn deallocate(&mut self, offset: u64) -> Result<u64, AllocError> {
-        let Some(size) = self.used.remove(&offset) else {
+        let Some(i) = self.used.remove(&offset) else {
             return Err(AllocError::UnknownBlock { addr: offset });
         };
-        let mut start = offset;
-        let mut len = size;
-        if let Some((&po, &ps)) = self.by_offset.range(..offset).next_back() {
-            if po + ps == offset {
-                self.remove_free(po, ps);
-                start = po;
-                len += ps;
+        let (size, prev, next) = {
+            let n = self.n(i);
+            (n.size, n.prev_phys, n.next_phys)
+        };
+        let prev_free = prev.filter(|&p| !self.n(p).used);
+        let next_free = next.filter(|&x| !self.n(x).used);
+        // Take the free neighbours out of their bins before touching anything else, so that
+        // a broken invariant leaves the arena as it was.
+        if let Some(x) = next_free {
+            if let Err(e) = self.remove_free(x) {
+                self.used.insert(offset, i);
+                return Err(e);
             }
         }
-        if let Some(&ns) = self.by_offset.get(&(offset + size)) {
-            self.remove_free(offset + size, ns);
-            len += ns;
+        if let Some(p) = prev_free {
+            if let Err(e) = self.remove_free(p) {
+                if let Some(x) = next_free {
+                    self.insert_free(x);
+                }
+                self.used.insert(offset, i);
+                return Err(e);
+            }
         }
-        self.insert_free(start, len);
+        // The successor merges into the block, the block into its predecessor.
+        if let Some(x) = next_free {
+            let (xsize, xnext) = {
+                let xn = self.n(x);
+                (xn.size, xn.next_phys)
+            };
+            {
+                let n = self.n_mut(i);
+                n.size += xsize;
+                n.next_phys = xnext;
+            }
+            if let Some(nn) = xnext {
+                self.n_mut(nn).prev_phys = Some(i);
+            }
+            self.release_node(x);
+        }
+        let merged = match prev_free {
+            Some(p) => {
+                let (isize, inext) = {
+                    let n = self.n(i);
+                    (n.size, n.next_phys)
+                };
+                {
+                    let pn = self.n_mut(p);
+                    pn.size += isize;
+                    pn.next_phys = inext;
+                }
+                if let Some(nn) = inext {
+                    self.n_mut(nn).prev_phys = Some(p);
+                }
+                self.release_node(i);
+                p
+            }
+            None => i,
+        };
+        self.insert_free(merged);
+        self.free_bytes += size;
         Ok(size)
     }
 
+    /// O(1): counters, and the last entry of the highest non-empty bin.
     fn report(&self) -> ArenaReport {
         ArenaReport {
             free_bytes: self.free_bytes,
@@ -160,57 +528,155 @@ impl Arena for BestFit {
     }
 
     fn validate(&self) -> Result<(), AllocError> {
-        let err = |m: String| AllocError::Internal(format!("best-fit: {m}"));
-        if self.by_size.len() != self.by_offset.len() {
-            return Err(err(format!(
-                "{} ranges by size, {} by offset",
-                self.by_size.len(),
-                self.by_offset.len()
-            )));
-        }
-        for &(s, o) in &self.by_size {
-            if self.by_offset.get(&o) != Some(&s) {
-                return Err(err(format!("free range {o}+{s} missing by offset")));
-            }
-        }
-        let mut ranges: Vec<(u64, u64, bool)> = self
-            .by_offset
-            .iter()
-            .map(|(&o, &s)| (o, s, false))
-            .chain(self.used.iter().map(|(&o, &s)| (o, s, true)))
-            .collect();
-        ranges.sort_unstable();
-        let mut end = 0u64;
-        let mut prev_free = false;
-        let mut free_sum = 0u64;
-        for &(o, s, used) in &ranges {
-            if o != end {
-                return Err(err(format!("range at {o} should start at {end}")));
-            }
-            if s == 0 {
-                return Err(err(format!("empty range at {o}")));
-            }
-            if !used && prev_free {
+        let err = Self::internal;
+        let total = self.nodes.len();
+        // Spare slots.
+        let mut is_spare = vec![false; total];
+        for &i in &self.spare {
+            let p = idx_to_pos(i);
+            if p >= total || is_spare[p] {
                 return Err(err(format!(
-                    "free range at {o} not merged with the one before"
+                    "spare slot {} listed twice or out of range",
+                    i.get()
                 )));
             }
-            if !used {
-                free_sum += s;
+            if self.nodes[p].size != 0 {
+                return Err(err(format!("spare slot {} holds a range", i.get())));
             }
-            prev_free = !used;
-            end = o
-                .checked_add(s)
-                .ok_or_else(|| err(format!("range at {o} overflows")))?;
+            is_spare[p] = true;
         }
-        if end != self.capacity {
-            return Err(err(format!("ranges cover {end} of {} B", self.capacity)));
+        let live = total - self.spare.len();
+        // Physical chain from the range at offset 0.
+        let first = (0..total).find(|&p| !is_spare[p] && self.nodes[p].prev_phys.is_none());
+        let mut visited = 0usize;
+        let mut free_nodes = 0usize;
+        let mut free_sum = 0u64;
+        let mut used_nodes = 0usize;
+        let mut expect_offset = 0u64;
+        let mut prev: Option<NodeIndex> = None;
+        let mut prev_free = false;
+        let mut cur = first.and_then(|p| u32::try_from(p + 1).ok().and_then(NodeIndex::new));
+        while let Some(i) = cur {
+            let p = idx_to_pos(i);
+            if p >= total || is_spare[p] || visited >= live {
+                return Err(err(format!(
+                    "physical chain reaches a bad node {}",
+                    i.get()
+                )));
+            }
+            visited += 1;
+            let n = &self.nodes[p];
+            if n.offset != expect_offset {
+                return Err(err(format!(
+                    "range at {} should start at {expect_offset}",
+                    n.offset
+                )));
+            }
+            if n.size == 0 {
+                return Err(err(format!("empty range at {}", n.offset)));
+            }
+            if n.prev_phys != prev {
+                return Err(err(format!("prev link of range at {} is wrong", n.offset)));
+            }
+            if n.used {
+                used_nodes += 1;
+                if self.used.get(&n.offset) != Some(&i) {
+                    return Err(err(format!(
+                        "used range at {} missing from the offset map",
+                        n.offset
+                    )));
+                }
+                prev_free = false;
+            } else {
+                if prev_free {
+                    return Err(err(format!(
+                        "free range at {} not merged with the one before",
+                        n.offset
+                    )));
+                }
+                let bin = Bins::floor(n.size);
+                let listed = self.bins.get(bin as usize).and_then(|v| {
+                    v.binary_search_by(|x| x.key().cmp(&(n.size, n.offset)))
+                        .ok()
+                        .map(|pos| v[pos].node)
+                });
+                if listed != Some(i) {
+                    return Err(err(format!(
+                        "free range at {} of {} B missing from bin {bin}",
+                        n.offset, n.size
+                    )));
+                }
+                free_nodes += 1;
+                free_sum += n.size;
+                prev_free = true;
+            }
+            expect_offset = n
+                .offset
+                .checked_add(n.size)
+                .ok_or_else(|| err(format!("range at {} overflows", n.offset)))?;
+            prev = Some(i);
+            cur = n.next_phys;
+        }
+        if visited != live {
+            return Err(err(format!(
+                "{live} live nodes but {visited} on the physical chain"
+            )));
+        }
+        if expect_offset != self.capacity {
+            return Err(err(format!(
+                "ranges cover {expect_offset} of {} B",
+                self.capacity
+            )));
+        }
+        if used_nodes != self.used.len() {
+            return Err(err(format!(
+                "{used_nodes} used ranges but {} in the offset map",
+                self.used.len()
+            )));
         }
         if free_sum != self.free_bytes {
             return Err(err(format!(
                 "free ranges hold {free_sum} B, counter says {}",
                 self.free_bytes
             )));
+        }
+        // Bins: sorted, each entry in the right bin, bitmaps in step, nothing extra.
+        let mut listed = 0usize;
+        for (bin, v) in (0u32..).zip(self.bins.iter()) {
+            let fl = bin >> SUB_BITS;
+            let bit = self.sl_bitmap[sl_slot(fl)] & (1 << (bin & Bins::SUB_MASK)) != 0;
+            if bit == v.is_empty() {
+                return Err(err(format!(
+                    "bitmap bit of bin {bin} disagrees with its {} entries",
+                    v.len()
+                )));
+            }
+            if v.windows(2).any(|w| w[0].key() >= w[1].key()) {
+                return Err(err(format!("bin {bin} is not sorted by (size, offset)")));
+            }
+            if let Some(e) = v.iter().find(|e| Bins::floor(e.size) != bin) {
+                return Err(err(format!(
+                    "range of {} B in bin {bin}, belongs in {}",
+                    e.size,
+                    Bins::floor(e.size)
+                )));
+            }
+            listed += v.len();
+        }
+        if listed != free_nodes {
+            return Err(err(format!(
+                "{free_nodes} free ranges but {listed} in the bins"
+            )));
+        }
+        for fl in 0..SL_SLOTS as u32 {
+            let bit = self.fl_bitmap & (1 << fl) != 0;
+            if bit != (self.sl_bitmap[sl_slot(fl)] != 0) {
+                return Err(err(format!("first-level bit {fl} disagrees")));
+            }
+        }
+        let bins = self.bins.len() as u32;
+        if self.next_nonempty_bin(bins).is_some() {
+            return Err(err(format!("bitmap bits beyond the last bin {bins}")));
         }
         Ok(())
     }
@@ -220,6 +686,145 @@ impl Arena for BestFit {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    /// The policy written as plainly as possible: free ranges in a `Vec` by address, the
+    /// best fit by a scan for the least `(size, offset)` that holds the aligned block.
+    #[derive(Debug)]
+    struct Reference {
+        /// Free ranges `(offset, bytes)`, in address order.
+        free: Vec<(u64, u64)>,
+        /// Live blocks: offset -> bytes.
+        used: BTreeMap<u64, u64>,
+    }
+
+    impl Reference {
+        fn new(capacity: u64) -> Self {
+            let free = if capacity > 0 {
+                vec![(0, capacity)]
+            } else {
+                vec![]
+            };
+            Reference {
+                free,
+                used: BTreeMap::new(),
+            }
+        }
+
+        fn report(&self) -> ArenaReport {
+            ArenaReport {
+                free_bytes: self.free.iter().map(|r| r.1).sum(),
+                largest_free_bytes: self.free.iter().map(|r| r.1).max().unwrap_or(0),
+                allocations: self.used.len() as u64,
+            }
+        }
+
+        fn allocate(&mut self, size_bytes: u64, align: u64) -> Result<(u64, u64), AllocError> {
+            let size = size_bytes.max(1);
+            let best = (0..self.free.len())
+                .filter_map(|k| {
+                    let (o, s) = self.free[k];
+                    let a = align_up(o, align)?;
+                    (a - o <= s && s - (a - o) >= size).then_some((s, o, k, a))
+                })
+                .min();
+            let Some((s, o, k, a)) = best else {
+                let r = self.report();
+                return Err(AllocError::OutOfMemory {
+                    requested_bytes: size_bytes,
+                    free_bytes: r.free_bytes,
+                    largest_free_bytes: r.largest_free_bytes,
+                });
+            };
+            let mut pieces = Vec::new();
+            if a > o {
+                pieces.push((o, a - o));
+            }
+            if a + size < o + s {
+                pieces.push((a + size, o + s - a - size));
+            }
+            self.free.splice(k..=k, pieces);
+            self.used.insert(a, size);
+            Ok((a, size))
+        }
+
+        fn deallocate(&mut self, offset: u64) -> Result<u64, AllocError> {
+            let size = self
+                .used
+                .remove(&offset)
+                .ok_or(AllocError::UnknownBlock { addr: offset })?;
+            let k = self.free.partition_point(|r| r.0 < offset);
+            self.free.insert(k, (offset, size));
+            if k + 1 < self.free.len() && offset + size == self.free[k + 1].0 {
+                self.free[k].1 += self.free.remove(k + 1).1;
+            }
+            if k > 0 && self.free[k - 1].0 + self.free[k - 1].1 == offset {
+                self.free[k - 1].1 += self.free.remove(k).1;
+            }
+            Ok(size)
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum RefOp {
+        Alloc { size: u64, align_shift: u32 },
+        Free { pick: usize },
+        FreeUnknown { offset: u64 },
+    }
+
+    /// Sizes that make ties and bin edges common: multiples of 256 B up to 16 KiB, small odd
+    /// sizes, powers of two and their neighbours, and anything up to the capacity.
+    fn ref_op(capacity: u64) -> impl Strategy<Value = RefOp> {
+        let size = prop_oneof![
+            4 => (0u64..=64).prop_map(|k| k * 256),
+            2 => 0u64..=600,
+            2 => (4u32..20, -1i64..=1).prop_map(|(e, d)| ((1i64 << e) + d) as u64),
+            1 => 0u64..=capacity,
+        ];
+        prop_oneof![
+            6 => (size, prop_oneof![3 => Just(0u32), 1 => 0u32..=12])
+                .prop_map(|(size, align_shift)| RefOp::Alloc { size, align_shift }),
+            5 => any::<usize>().prop_map(|pick| RefOp::Free { pick }),
+            1 => (0u64..capacity).prop_map(|offset| RefOp::FreeUnknown { offset }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Every choice, error, free range and report figure equals the plain reference's,
+        /// and the arena validates, after every operation.
+        #[test]
+        fn same_choices_as_a_plain_scan(
+            capacity in prop_oneof![Just(1u64 << 16), 1u64..=100_000, Just(1u64 << 20)],
+            ops in proptest::collection::vec(ref_op(1 << 16), 1..400),
+        ) {
+            let mut a = BestFit::new(capacity);
+            let mut r = Reference::new(capacity);
+            for op in ops {
+                match op {
+                    RefOp::Alloc { size, align_shift } => {
+                        let align = 1u64 << align_shift;
+                        prop_assert_eq!(a.allocate(size, align), r.allocate(size, align));
+                    }
+                    RefOp::Free { pick } => {
+                        if r.used.is_empty() {
+                            continue;
+                        }
+                        let offset = *r.used.keys().nth(pick % r.used.len()).unwrap();
+                        prop_assert_eq!(a.deallocate(offset), r.deallocate(offset));
+                    }
+                    RefOp::FreeUnknown { offset } => {
+                        prop_assert_eq!(a.deallocate(offset), r.deallocate(offset));
+                    }
+                }
+                a.validate().unwrap();
+                prop_assert_eq!(a.report(), r.report());
+                prop_assert_eq!(a.free_ranges().collect::<Vec<_>>(), r.free.clone());
+            }
+        }
+    }
 
     #[test]
     fn aligned_request_skips_a_hole_that_only_fits_unaligned() {
@@ -236,5 +841,53 @@ mod tests {
             a.free_ranges().collect::<Vec<_>>(),
             vec![(5, 10), (1315, 733), (2056, (1 << 20) - 2056)]
         );
+    }
+
+    #[test]
+    fn ties_go_to_the_lowest_address_within_a_bin_and_across_bins() {
+        // Holes of 300 B at 1000 and at 0, of 290 B (same bin) at 2000, 4096 B at 3000.
+        let mut a = BestFit::new(1 << 20);
+        let mut at = Vec::new();
+        for size in [300, 700, 300, 700, 290, 710, 4096, 100] {
+            at.push(a.allocate(size, 1).unwrap().0);
+        }
+        for k in [4, 2, 0, 6] {
+            a.deallocate(at[k]).unwrap();
+        }
+        a.validate().unwrap();
+        assert_eq!(
+            a.allocate(295, 1).unwrap().0,
+            at[0],
+            "300 B at the lower address"
+        );
+        assert_eq!(a.allocate(295, 1).unwrap().0, at[2], "the other 300 B hole");
+        assert_eq!(
+            a.allocate(1, 1).unwrap().0,
+            at[0] + 295,
+            "5 B left of the first hole"
+        );
+        assert_eq!(
+            a.allocate(280, 1).unwrap().0,
+            at[4],
+            "290 B, smaller than 4096"
+        );
+        assert_eq!(a.allocate(1000, 1).unwrap().0, at[6], "next bin up");
+        a.validate().unwrap();
+    }
+
+    #[test]
+    fn largest_free_and_node_slots_are_recycled() {
+        let mut a = BestFit::new(1 << 20);
+        for _ in 0..100 {
+            let (x, _) = a.allocate(100, 64).unwrap();
+            let (y, _) = a.allocate(300, 1).unwrap();
+            a.deallocate(x).unwrap();
+            a.deallocate(y).unwrap();
+        }
+        assert!(a.nodes.len() <= 4, "{} node slots", a.nodes.len());
+        assert_eq!(a.report().largest_free_bytes, 1 << 20);
+        a.validate().unwrap();
+        assert_eq!(a.allocate(1 << 20, 1).unwrap(), (0, 1 << 20));
+        assert_eq!(a.report().largest_free_bytes, 0);
     }
 }
