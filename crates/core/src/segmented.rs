@@ -27,7 +27,7 @@ use std::fmt;
 use rustc_hash::FxHashMap;
 
 use crate::align::{align_up, is_pow2};
-use crate::arena::Arena;
+use crate::arena::{Arena, ArenaReport};
 use crate::best_fit::BestFit;
 use crate::buddy::Buddy;
 use crate::config::AllocatorConfig;
@@ -92,6 +92,18 @@ struct Segment {
     seq: u64,
 }
 
+/// A segment in the creation-order list: what a request and [`Allocator::stats`] need to
+/// know of it without asking its arena.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct AgeEntry {
+    /// Creation sequence number.
+    seq: u64,
+    /// Base address of the segment.
+    base: u64,
+    /// The arena's report, taken after every operation on it.
+    report: ArenaReport,
+}
+
 #[derive(Debug, Clone, Copy)]
 struct LiveBlock {
     /// Base address of the segment holding the block.
@@ -120,10 +132,10 @@ pub struct SegmentedPool {
     segment_bytes: u64,
     /// Segments by base address.
     segments: BTreeMap<u64, Segment>,
-    /// The segments in creation order: sequence number -> (base address, the arena's largest
-    /// free block in bytes, kept current after every operation on it so that a request skips
-    /// segments that cannot hold it without touching them).
-    by_age: BTreeMap<u64, (u64, u64)>,
+    /// The segments in creation order (sorted by sequence number), each with its arena's
+    /// report kept current after every operation on it, so that a request skips segments that
+    /// cannot hold it without touching them, and `stats` reads no arena.
+    by_age: Vec<AgeEntry>,
     /// Sequence number of the next segment.
     next_seq: u64,
     /// Live blocks by address.
@@ -151,7 +163,7 @@ impl SegmentedPool {
             kind,
             segment_bytes: config.segment_bytes,
             segments: BTreeMap::new(),
-            by_age: BTreeMap::new(),
+            by_age: Vec::new(),
             next_seq: 0,
             blocks: FxHashMap::default(),
             tracker: StatsTracker::default(),
@@ -185,11 +197,17 @@ impl SegmentedPool {
             .map(|(&b, s)| (b, s.bytes, s.arena.report().allocations))
     }
 
+    /// Free bytes and largest free block over every segment, from the cached reports.
     fn free_figures(&self) -> (u64, u64) {
-        self.segments.values().fold((0, 0), |(f, l), s| {
-            let r = s.arena.report();
-            (f + r.free_bytes, l.max(r.largest_free_bytes))
+        self.by_age.iter().fold((0, 0), |(f, l), e| {
+            (f + e.report.free_bytes, l.max(e.report.largest_free_bytes))
         })
+    }
+
+    /// The creation-order entry of segment number `seq`.
+    fn age_entry(&mut self, seq: u64) -> Option<&mut AgeEntry> {
+        let pos = self.by_age.binary_search_by_key(&seq, |e| e.seq).ok()?;
+        self.by_age.get_mut(pos)
     }
 
     fn oom(&self, requested_bytes: u64) -> AllocError {
@@ -271,21 +289,22 @@ impl Allocator for SegmentedPool {
         let rounded = align_up(size_bytes.max(1), ROUND_BYTES).ok_or(overflow.clone())?;
         let a = align.max(ROUND_BYTES);
         let mut hit = None;
-        for (base, largest) in self.by_age.values_mut() {
+        for e in &mut self.by_age {
             // Most segments of a busy pool cannot hold the request: skip them unread.
-            if *largest < rounded || *base % a != 0 {
+            if e.report.largest_free_bytes < rounded || e.base % a != 0 {
                 continue;
             }
-            let Some(seg) = self.segments.get_mut(base) else {
+            let base = e.base;
+            let Some(seg) = self.segments.get_mut(&base) else {
                 return Err(AllocError::Internal(format!(
                     "segment {base:#x} listed but missing"
                 )));
             };
             let r = seg.arena.allocate(rounded, a);
-            *largest = seg.arena.report().largest_free_bytes;
+            e.report = seg.arena.report();
             match r {
                 Ok((off, bytes)) => {
-                    hit = Some((*base, off, bytes));
+                    hit = Some((base, off, bytes));
                     break;
                 }
                 Err(e) if e.is_oom() => {}
@@ -314,7 +333,7 @@ impl Allocator for SegmentedPool {
                 max: 1 << base.trailing_zeros(),
             })
         };
-        let largest = arena.report().largest_free_bytes;
+        let report = arena.report();
         self.segments.insert(
             base,
             Segment {
@@ -323,7 +342,12 @@ impl Allocator for SegmentedPool {
                 seq: self.next_seq,
             },
         );
-        self.by_age.insert(self.next_seq, (base, largest));
+        // Sequence numbers only grow: pushing keeps the list sorted.
+        self.by_age.push(AgeEntry {
+            seq: self.next_seq,
+            base,
+            report,
+        });
         self.next_seq += 1;
         self.tracker.on_reserve(bytes);
         let (off, allocated) = placed?;
@@ -340,8 +364,9 @@ impl Allocator for SegmentedPool {
                 let r = seg.arena.deallocate(addr - live.segment).map_err(|e| {
                     AllocError::Internal(format!("block {addr:#x} not in its arena: {e}"))
                 });
-                if let Some(entry) = self.by_age.get_mut(&seg.seq) {
-                    entry.1 = seg.arena.report().largest_free_bytes;
+                let (seq, report) = (seg.seq, seg.arena.report());
+                if let Some(entry) = self.age_entry(seq) {
+                    entry.report = report;
                 }
                 r
             }
@@ -374,26 +399,29 @@ impl Allocator for SegmentedPool {
         for (base, bytes, seq) in empty {
             dev.free_segment(base)?;
             self.segments.remove(&base);
-            self.by_age.remove(&seq);
+            if let Ok(pos) = self.by_age.binary_search_by_key(&seq, |e| e.seq) {
+                self.by_age.remove(pos);
+            }
             self.tracker.on_release(bytes);
             released += bytes;
         }
         Ok(released)
     }
 
-    /// Counters are O(1); free and largest-free bytes ask every segment's arena.
+    /// Counters are O(1); free, largest-free and inactive-split bytes are one pass over the
+    /// segments' cached arena reports (no arena is asked).
     fn stats(&self) -> Stats {
         let mut s = self.tracker.stats;
-        let (free, largest) = self.free_figures();
+        let (mut free, mut largest, mut split) = (0u64, 0u64, 0u64);
+        for r in self.by_age.iter().map(|e| &e.report) {
+            free += r.free_bytes;
+            largest = largest.max(r.largest_free_bytes);
+            if r.allocations > 0 {
+                split += r.free_bytes;
+            }
+        }
         s.free_bytes = free;
         s.largest_free_bytes = largest;
-        let split: u64 = self
-            .segments
-            .values()
-            .map(|g| g.arena.report())
-            .filter(|r| r.allocations > 0)
-            .map(|r| r.free_bytes)
-            .sum();
         s.inactive_split_bytes.add(split);
         s
     }
@@ -411,12 +439,23 @@ impl Allocator for SegmentedPool {
                 self.by_age.len()
             )));
         }
+        if self.by_age.windows(2).any(|w| w[0].seq >= w[1].seq) {
+            return Err(err("age list not in creation order".into()));
+        }
         for (&base, seg) in &self.segments {
-            let largest = seg.arena.report().largest_free_bytes;
-            if self.by_age.get(&seg.seq) != Some(&(base, largest)) {
+            let expected = AgeEntry {
+                seq: seg.seq,
+                base,
+                report: seg.arena.report(),
+            };
+            let entry = self
+                .by_age
+                .binary_search_by_key(&seg.seq, |e| e.seq)
+                .ok()
+                .and_then(|pos| self.by_age.get(pos));
+            if entry != Some(&expected) {
                 return Err(err(format!(
-                    "segment {base:#x}: age list entry {:?}, expected ({base:#x}, {largest})",
-                    self.by_age.get(&seg.seq)
+                    "segment {base:#x}: age list entry {entry:?}, expected {expected:?}"
                 )));
             }
             seg.arena
