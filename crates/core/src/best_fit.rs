@@ -26,6 +26,7 @@
 //! over ranges that all start 256-byte aligned (the segmented pool's case) takes the first.
 //!
 //! Alignment: any power of two; unaligned front padding is split off as a free range.
+use std::collections::BTreeMap;
 use std::fmt;
 use std::num::NonZeroU32;
 
@@ -104,6 +105,199 @@ impl Entry {
     }
 }
 
+/// Entries at which a bin's sorted `Vec` becomes a B-tree. Shifting the entries behind an
+/// insertion or a removal grows with the bin (10,000 same-size holes in one bin made an
+/// allocate/free pair 50 times slower in a `Vec` than in a B-tree); at 32 entries a pair at
+/// the front of the bin, the worst place, costs about what the B-tree's costs (measured on
+/// this 2-core machine, 2026-11-30).
+const BIN_TO_TREE: usize = 32;
+/// Entries at which a B-tree bin goes back to a `Vec` (well below [`BIN_TO_TREE`], so that
+/// a bin does not switch back and forth).
+const BIN_TO_VEC: usize = 8;
+
+/// The free ranges of one size bin, in `(size, offset)` order: a sorted `Vec` while the bin
+/// holds few (the usual case: a binary search and a short shift), a B-tree while it holds
+/// many (O(log n) whatever the trace).
+#[derive(Debug, Clone)]
+enum Bin {
+    /// Fewer than [`BIN_TO_TREE`] entries, sorted.
+    Few(Vec<Entry>),
+    /// More than [`BIN_TO_VEC`] entries.
+    Many(BTreeMap<(u64, u64), NodeIndex>),
+}
+
+impl Bin {
+    #[inline]
+    fn len(&self) -> usize {
+        match self {
+            Bin::Few(v) => v.len(),
+            Bin::Many(m) => m.len(),
+        }
+    }
+
+    #[inline]
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    #[inline]
+    fn insert(&mut self, e: Entry) {
+        match self {
+            Bin::Few(v) if v.len() + 1 < BIN_TO_TREE => {
+                let pos = v.partition_point(|x| x.key() < e.key());
+                v.insert(pos, e);
+            }
+            _ => self.insert_slow(e),
+        }
+    }
+
+    /// [`Bin::insert`] into a B-tree, or into a `Vec` that becomes one.
+    #[cold]
+    #[inline(never)]
+    fn insert_slow(&mut self, e: Entry) {
+        if let Bin::Few(v) = self {
+            *self = Bin::Many(v.iter().map(|x| (x.key(), x.node)).collect());
+        }
+        if let Bin::Many(m) = self {
+            m.insert(e.key(), e.node);
+        }
+    }
+
+    /// Takes out the entry that [`Bin::first_fit`] found at `pos` with key `key`; whether
+    /// the bin is now empty.
+    #[inline]
+    fn remove_found(&mut self, pos: usize, key: (u64, u64)) -> bool {
+        match self {
+            Bin::Few(v) => {
+                v.remove(pos);
+                v.is_empty()
+            }
+            Bin::Many(_) => {
+                self.remove_slow(key);
+                self.is_empty()
+            }
+        }
+    }
+
+    /// Takes out the entry of node `node` with key `key`; whether it was there.
+    #[inline]
+    fn remove(&mut self, key: (u64, u64), node: NodeIndex) -> bool {
+        match self {
+            Bin::Few(v) => match v.binary_search_by(|x| x.key().cmp(&key)) {
+                Ok(pos) if v[pos].node == node => {
+                    v.remove(pos);
+                    true
+                }
+                _ => false,
+            },
+            Bin::Many(m) => m.get(&key) == Some(&node) && self.remove_slow(key),
+        }
+    }
+
+    /// Takes `key` out of a B-tree bin, which becomes a `Vec` again at [`BIN_TO_VEC`]
+    /// entries; whether it was there.
+    #[cold]
+    #[inline(never)]
+    fn remove_slow(&mut self, key: (u64, u64)) -> bool {
+        let Bin::Many(m) = self else {
+            return false;
+        };
+        let removed = m.remove(&key).is_some();
+        if m.len() <= BIN_TO_VEC {
+            *self = Bin::Few(m.iter().map(|(&k, &node)| entry(k, node)).collect());
+        }
+        removed
+    }
+
+    /// The node of the entry with key `key`, if there is one.
+    fn get(&self, key: (u64, u64)) -> Option<NodeIndex> {
+        match self {
+            Bin::Few(v) => v
+                .binary_search_by(|x| x.key().cmp(&key))
+                .ok()
+                .map(|pos| v[pos].node),
+            Bin::Many(m) => m.get(&key).copied(),
+        }
+    }
+
+    /// The first entry in order that holds `size` bytes aligned to `align`, skipping first
+    /// the entries smaller than `size` when `skip_smaller`: `(position for
+    /// [`Bin::remove_found`], entry, aligned offset)`.
+    #[inline]
+    fn first_fit(&self, size: u64, align: u64, skip_smaller: bool) -> Option<(usize, Entry, u64)> {
+        match self {
+            Bin::Few(v) => {
+                let start = if skip_smaller {
+                    v.partition_point(|x| x.size < size)
+                } else {
+                    0
+                };
+                for (pos, e) in v.iter().enumerate().skip(start) {
+                    if let Some(a) = e.fit(size, align) {
+                        return Some((pos, *e, a));
+                    }
+                }
+                None
+            }
+            Bin::Many(m) => Self::first_fit_slow(m, size, align, skip_smaller),
+        }
+    }
+
+    /// [`Bin::first_fit`] in a B-tree bin.
+    #[cold]
+    #[inline(never)]
+    fn first_fit_slow(
+        m: &BTreeMap<(u64, u64), NodeIndex>,
+        size: u64,
+        align: u64,
+        skip_smaller: bool,
+    ) -> Option<(usize, Entry, u64)> {
+        let from = if skip_smaller { (size, 0) } else { (0, 0) };
+        m.range(from..)
+            .map(|(&k, &node)| entry(k, node))
+            .find_map(|e| e.fit(size, align).map(|a| (0, e, a)))
+    }
+
+    /// The largest entry's size, in bytes.
+    #[inline]
+    fn last_size(&self) -> Option<u64> {
+        match self {
+            Bin::Few(v) => v.last().map(|e| e.size),
+            Bin::Many(m) => m.last_key_value().map(|(&(size, _), _)| size),
+        }
+    }
+
+    /// Every entry, in order (for validate and reports).
+    fn iter(&self) -> BinIter<'_> {
+        match self {
+            Bin::Few(v) => BinIter::Few(v.iter()),
+            Bin::Many(m) => BinIter::Many(m.iter()),
+        }
+    }
+}
+
+/// The entries of a [`Bin`], in order.
+enum BinIter<'a> {
+    Few(std::slice::Iter<'a, Entry>),
+    Many(std::collections::btree_map::Iter<'a, (u64, u64), NodeIndex>),
+}
+
+impl Iterator for BinIter<'_> {
+    type Item = Entry;
+
+    fn next(&mut self) -> Option<Entry> {
+        match self {
+            BinIter::Few(it) => it.next().copied(),
+            BinIter::Many(it) => it.next().map(|(&k, &node)| entry(k, node)),
+        }
+    }
+}
+
+/// The entry of a B-tree bin's `(size, offset)` key and node.
+fn entry((size, offset): (u64, u64), node: NodeIndex) -> Entry {
+    Entry { size, offset, node }
+}
+
 /// The best-fit arena over `[0, capacity_bytes)`, byte-granular.
 ///
 /// ```
@@ -125,7 +319,7 @@ pub struct BestFit {
     spare: Vec<NodeIndex>,
     /// Free ranges by bin, each sorted by `(size, offset)`; one bin per class up to the
     /// capacity's, no range can belong to a higher one.
-    bins: Box<[Vec<Entry>]>,
+    bins: Box<[Bin]>,
     /// Bit `f` set: some bin of first level `f` is non-empty.
     fl_bitmap: u64,
     /// Bit `s` of entry `f` set: bin `f * 16 + s` is non-empty.
@@ -143,7 +337,7 @@ impl fmt::Debug for BestFit {
             .field("largest_free_bytes", &self.largest_free())
             .field(
                 "free_ranges",
-                &self.bins.iter().map(Vec::len).sum::<usize>(),
+                &self.bins.iter().map(Bin::len).sum::<usize>(),
             )
             .field("allocations", &self.used.len())
             .finish()
@@ -163,7 +357,7 @@ impl BestFit {
             capacity: capacity_bytes,
             nodes: Vec::new(),
             spare: Vec::new(),
-            bins: vec![Vec::new(); bins].into_boxed_slice(),
+            bins: vec![Bin::Few(Vec::new()); bins].into_boxed_slice(),
             fl_bitmap: 0,
             sl_bitmap: [0; SL_SLOTS],
             used: FxHashMap::default(),
@@ -189,7 +383,7 @@ impl BestFit {
         let mut v: Vec<(u64, u64)> = self
             .bins
             .iter()
-            .flatten()
+            .flat_map(Bin::iter)
             .map(|e| (e.offset, e.size))
             .collect();
         v.sort_unstable();
@@ -250,27 +444,20 @@ impl BestFit {
             node: i,
         };
         let bin = Bins::floor(e.size);
-        let v = &mut self.bins[bin as usize];
-        let pos = v.partition_point(|x| x.key() < e.key());
-        v.insert(pos, e);
+        self.bins[bin as usize].insert(e);
         let fl = bin >> SUB_BITS;
         self.sl_bitmap[sl_slot(fl)] |= 1 << (bin & Bins::SUB_MASK);
         self.fl_bitmap |= 1 << fl;
     }
 
-    /// Takes entry `pos` out of bin `bin`, clearing the bitmap bits when the bin empties.
+    /// Clears the bitmap bits of bin `bin`, which is now empty.
     #[inline]
-    fn take(&mut self, bin: u32, pos: usize) -> Entry {
-        let v = &mut self.bins[bin as usize];
-        let e = v.remove(pos);
-        if v.is_empty() {
-            let fl = bin >> SUB_BITS;
-            self.sl_bitmap[sl_slot(fl)] &= !(1 << (bin & Bins::SUB_MASK));
-            if self.sl_bitmap[sl_slot(fl)] == 0 {
-                self.fl_bitmap &= !(1 << fl);
-            }
+    fn clear_bin_bit(&mut self, bin: u32) {
+        let fl = bin >> SUB_BITS;
+        self.sl_bitmap[sl_slot(fl)] &= !(1 << (bin & Bins::SUB_MASK));
+        if self.sl_bitmap[sl_slot(fl)] == 0 {
+            self.fl_bitmap &= !(1 << fl);
         }
-        e
     }
 
     /// Takes free node `i` out of its bin.
@@ -283,19 +470,18 @@ impl BestFit {
             (n.size, n.offset)
         };
         let bin = Bins::floor(size);
-        let found = self
-            .bins
-            .get(bin as usize)
-            .and_then(|v| v.binary_search_by(|x| x.key().cmp(&(size, offset))).ok());
-        match found {
-            Some(pos) if self.bins[bin as usize][pos].node == i => {
-                self.take(bin, pos);
-                Ok(())
-            }
-            _ => Err(Self::internal(format!(
+        let Some(b) = self.bins.get_mut(bin as usize) else {
+            return Err(Self::internal(format!("bin {bin} past the capacity's")));
+        };
+        if !b.remove((size, offset), i) {
+            return Err(Self::internal(format!(
                 "free range at {offset} of {size} B missing from bin {bin}"
-            ))),
+            )));
         }
+        if b.is_empty() {
+            self.clear_bin_bit(bin);
+        }
+        Ok(())
     }
 
     /// The first non-empty bin ≥ `bin`, from the bitmaps.
@@ -322,25 +508,19 @@ impl BestFit {
         Some((fl2 << SUB_BITS) | sl2)
     }
 
-    /// The best fit for `size` bytes aligned to `align`: `(bin, position in the bin, aligned
-    /// offset)` of the first free range in `(size, offset)` order that holds the block.
+    /// The best fit for `size` bytes aligned to `align`: `(bin, position in the bin, entry,
+    /// aligned offset)` of the first free range in `(size, offset)` order that holds the
+    /// block.
     #[inline]
-    fn find(&self, size: u64, align: u64) -> Option<(u32, usize, u64)> {
+    fn find(&self, size: u64, align: u64) -> Option<(u32, usize, Entry, u64)> {
         let first = Bins::floor(size);
         let mut bin = self.next_nonempty_bin(first)?;
         loop {
-            let v = &self.bins[bin as usize];
             // In the request's own bin, skip the ranges smaller than the request; every
             // range of a higher bin is larger than the request.
-            let start = if bin == first {
-                v.partition_point(|x| x.size < size)
-            } else {
-                0
-            };
-            for (pos, e) in v.iter().enumerate().skip(start) {
-                if let Some(a) = e.fit(size, align) {
-                    return Some((bin, pos, a));
-                }
+            if let Some((pos, e, a)) = self.bins[bin as usize].first_fit(size, align, bin == first)
+            {
+                return Some((bin, pos, e, a));
             }
             bin = self.next_nonempty_bin(bin + 1)?;
         }
@@ -355,8 +535,8 @@ impl BestFit {
         let sl = 15 - self.sl_bitmap[sl_slot(fl)].leading_zeros();
         self.bins
             .get(((fl << SUB_BITS) | sl) as usize)
-            .and_then(|v| v.last())
-            .map_or(0, |e| e.size)
+            .and_then(Bin::last_size)
+            .unwrap_or(0)
     }
 
     fn oom(&self, size: u64) -> AllocError {
@@ -399,8 +579,11 @@ impl Arena for BestFit {
         if size > self.free_bytes || self.nodes_available() < 2 {
             return Err(self.oom(size_bytes));
         }
-        let (bin, pos, aligned) = self.find(size, align).ok_or_else(|| self.oom(size_bytes))?;
-        let i = self.take(bin, pos).node;
+        let (bin, pos, e, aligned) = self.find(size, align).ok_or_else(|| self.oom(size_bytes))?;
+        if self.bins[bin as usize].remove_found(pos, e.key()) {
+            self.clear_bin_bit(bin);
+        }
+        let i = e.node;
         let (offset, range_size, next) = {
             let n = self.n(i);
             (n.offset, n.size, n.next_phys)
@@ -595,11 +778,10 @@ impl Arena for BestFit {
                     )));
                 }
                 let bin = Bins::floor(n.size);
-                let listed = self.bins.get(bin as usize).and_then(|v| {
-                    v.binary_search_by(|x| x.key().cmp(&(n.size, n.offset)))
-                        .ok()
-                        .map(|pos| v[pos].node)
-                });
+                let listed = self
+                    .bins
+                    .get(bin as usize)
+                    .and_then(|b| b.get((n.size, n.offset)));
                 if listed != Some(i) {
                     return Err(err(format!(
                         "free range at {} of {} B missing from bin {bin}",
@@ -642,26 +824,42 @@ impl Arena for BestFit {
         }
         // Bins: sorted, each entry in the right bin, bitmaps in step, nothing extra.
         let mut listed = 0usize;
-        for (bin, v) in (0u32..).zip(self.bins.iter()) {
+        for (bin, b) in (0u32..).zip(self.bins.iter()) {
+            match b {
+                Bin::Few(v) if v.len() >= BIN_TO_TREE => {
+                    return Err(err(format!("bin {bin} holds {} entries in a Vec", v.len())));
+                }
+                Bin::Many(m) if m.len() <= BIN_TO_VEC => {
+                    return Err(err(format!(
+                        "bin {bin} holds {} entries in a B-tree",
+                        m.len()
+                    )));
+                }
+                _ => {}
+            }
             let fl = bin >> SUB_BITS;
             let bit = self.sl_bitmap[sl_slot(fl)] & (1 << (bin & Bins::SUB_MASK)) != 0;
-            if bit == v.is_empty() {
+            if bit == b.is_empty() {
                 return Err(err(format!(
                     "bitmap bit of bin {bin} disagrees with its {} entries",
-                    v.len()
+                    b.len()
                 )));
             }
-            if v.windows(2).any(|w| w[0].key() >= w[1].key()) {
-                return Err(err(format!("bin {bin} is not sorted by (size, offset)")));
+            let mut prev: Option<(u64, u64)> = None;
+            for e in b.iter() {
+                if prev.is_some_and(|p| p >= e.key()) {
+                    return Err(err(format!("bin {bin} is not sorted by (size, offset)")));
+                }
+                if Bins::floor(e.size) != bin {
+                    return Err(err(format!(
+                        "range of {} B in bin {bin}, belongs in {}",
+                        e.size,
+                        Bins::floor(e.size)
+                    )));
+                }
+                prev = Some(e.key());
             }
-            if let Some(e) = v.iter().find(|e| Bins::floor(e.size) != bin) {
-                return Err(err(format!(
-                    "range of {} B in bin {bin}, belongs in {}",
-                    e.size,
-                    Bins::floor(e.size)
-                )));
-            }
-            listed += v.len();
+            listed += b.len();
         }
         if listed != free_nodes {
             return Err(err(format!(
@@ -790,6 +988,56 @@ mod tests {
         ]
     }
 
+    /// Runs `ops` on a best-fit arena and on the reference side by side, checking after every
+    /// operation that they agree and that the arena validates.
+    fn same_as_reference(
+        a: &mut BestFit,
+        r: &mut Reference,
+        ops: Vec<RefOp>,
+    ) -> Result<(), TestCaseError> {
+        for op in ops {
+            match op {
+                RefOp::Alloc { size, align_shift } => {
+                    let align = 1u64 << align_shift;
+                    prop_assert_eq!(a.allocate(size, align), r.allocate(size, align));
+                }
+                RefOp::Free { pick } => {
+                    if r.used.is_empty() {
+                        continue;
+                    }
+                    let offset = *r.used.keys().nth(pick % r.used.len()).unwrap();
+                    prop_assert_eq!(a.deallocate(offset), r.deallocate(offset));
+                }
+                RefOp::FreeUnknown { offset } => {
+                    prop_assert_eq!(a.deallocate(offset), r.deallocate(offset));
+                }
+            }
+            a.validate().unwrap();
+            prop_assert_eq!(a.report(), r.report());
+            prop_assert_eq!(a.free_ranges().collect::<Vec<_>>(), r.free.clone());
+        }
+        Ok(())
+    }
+
+    /// Both sides with `holes` free ranges of `hole` bytes between live blocks of `pin`
+    /// bytes (as many as fit).
+    fn fragmented(capacity: u64, holes: usize, hole: u64, pin: u64) -> (BestFit, Reference) {
+        let mut a = BestFit::new(capacity);
+        let mut r = Reference::new(capacity);
+        let mut freed = Vec::new();
+        for _ in 0..holes {
+            let h = a.allocate(hole, 1);
+            assert_eq!(h, r.allocate(hole, 1));
+            assert_eq!(a.allocate(pin, 1), r.allocate(pin, 1));
+            freed.extend(h.ok().map(|(o, _)| o));
+        }
+        for o in freed {
+            assert_eq!(a.deallocate(o), r.deallocate(o));
+        }
+        a.validate().unwrap();
+        (a, r)
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
 
@@ -802,27 +1050,20 @@ mod tests {
         ) {
             let mut a = BestFit::new(capacity);
             let mut r = Reference::new(capacity);
-            for op in ops {
-                match op {
-                    RefOp::Alloc { size, align_shift } => {
-                        let align = 1u64 << align_shift;
-                        prop_assert_eq!(a.allocate(size, align), r.allocate(size, align));
-                    }
-                    RefOp::Free { pick } => {
-                        if r.used.is_empty() {
-                            continue;
-                        }
-                        let offset = *r.used.keys().nth(pick % r.used.len()).unwrap();
-                        prop_assert_eq!(a.deallocate(offset), r.deallocate(offset));
-                    }
-                    RefOp::FreeUnknown { offset } => {
-                        prop_assert_eq!(a.deallocate(offset), r.deallocate(offset));
-                    }
-                }
-                a.validate().unwrap();
-                prop_assert_eq!(a.report(), r.report());
-                prop_assert_eq!(a.free_ranges().collect::<Vec<_>>(), r.free.clone());
-            }
+            same_as_reference(&mut a, &mut r, ops)?;
+        }
+
+        /// The same with up to 400 same-size holes first: bins that turn into B-trees and
+        /// back, holes that only fit unaligned.
+        #[test]
+        fn same_choices_with_crowded_bins(
+            holes in 0usize..400,
+            hole in prop_oneof![Just(256u64), 250u64..=270, 1u64..=600],
+            pin in 1u64..=300,
+            ops in proptest::collection::vec(ref_op(1 << 16), 1..300),
+        ) {
+            let (mut a, mut r) = fragmented(1 << 20, holes, hole, pin);
+            same_as_reference(&mut a, &mut r, ops)?;
         }
     }
 
