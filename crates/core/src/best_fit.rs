@@ -7,23 +7,26 @@
 //! front padding (when the range's start is not aligned) and the tail stay free.
 //!
 //! Structure, a segregated fit that keeps the exact best-fit order:
-//! - Free ranges sit in size bins, the log-linear classes of [`crate::size_class`] with 16
-//!   bins per power of two; each bin is a `Vec` sorted by `(size, offset)`, so a bin's ranges
-//!   are within 1/16 of each other in size and a bin holds few of them. A 64-bit first-level
-//!   bitmap and one 16-bit second-level bitmap per first level say which bins are non-empty.
-//! - The best fit is a binary search in the request's own bin for the first range of at least
-//!   `n` bytes, then, if that bin has none that fits, the front of the next non-empty bins
-//!   (a `trailing_zeros` each): every range of a higher bin is larger than any of a lower one.
 //! - Every range, free or used, is a node that knows its physical neighbours, so a free finds
 //!   the ranges to merge with without a search; live blocks are found by offset in an Fx hash
 //!   map. Nodes live in a `Vec` and refer to each other by [`NonZeroU32`] indices.
+//! - Free ranges sit in size bins, the log-linear classes of [`crate::size_class`] with 16
+//!   bins per power of two, so a bin's ranges are within 1/16 of each other in size. A bin is
+//!   a doubly linked list through the nodes, sorted by `(size, offset)`; a bin that comes to
+//!   hold 32 ranges (many same-size holes) becomes a B-tree by `(size, offset)` until it
+//!   shrinks to 8. A 64-bit first-level bitmap and one 16-bit
+//!   second-level bitmap per first level say which bins are non-empty.
+//! - The best fit walks the request's own bin from its smallest range to the first that
+//!   holds the block, then takes the front of the next non-empty bins (a `trailing_zeros`
+//!   each): every range of a higher bin is larger than any of a lower one.
 //!
-//! Costs: allocate and free are a hash operation, a bitmap look-up and, per bin touched, a
-//! binary search plus a shift of the entries behind the one inserted or removed (a few
-//! entries: those within 1/16 of the same size). The largest free range is O(1): the last
-//! entry of the highest non-empty bin. An aligned request walks the ranges in best-fit order
-//! until one holds the aligned block, as an exact best fit must; a 256-byte-aligned request
-//! over ranges that all start 256-byte aligned (the segmented pool's case) takes the first.
+//! Costs: no allocation on the hit path (nodes are recycled). Allocate and free are a hash
+//! operation, a bitmap look-up, O(1) unlinks, and a sorted insertion that walks at most 31
+//! ranges of a list bin, or O(log n) in a B-tree bin. The largest free range
+//! is O(1): the last range of the highest non-empty bin. An aligned request walks the ranges
+//! in best-fit order until one holds the aligned block, as an exact best fit must; a
+//! 256-byte-aligned request over ranges that all start 256-byte aligned (the segmented
+//! pool's case) takes the first.
 //!
 //! Alignment: any power of two; unaligned front padding is split off as a free range.
 use std::collections::BTreeMap;
@@ -49,6 +52,15 @@ const SL_SLOTS: usize = 64;
 
 // One `u16` second-level bitmap per first level, one `u64` first-level bitmap.
 const _: () = assert!(Bins::SUB_COUNT == u16::BITS && Bins::FL_COUNT as usize <= SL_SLOTS);
+
+/// Ranges at which a bin's sorted list becomes a B-tree. A sorted insertion walks the list,
+/// which grows with the bin (10,000 same-size holes in one bin made an allocate/free pair
+/// 50 times slower in a sorted `Vec` than in a B-tree); at 32 ranges the walk costs about
+/// what the B-tree's search costs (measured on this 2-core machine, 2026-11-30).
+const BIN_TO_TREE: usize = 32;
+/// Ranges at which a B-tree bin goes back to a list (well below [`BIN_TO_TREE`], so that a
+/// bin does not switch back and forth).
+const BIN_TO_VEC: usize = 8;
 
 /// Index of first level `fl` in the second-level bitmap table (the mask is a no-op for
 /// every valid first level).
@@ -77,225 +89,33 @@ struct Node {
     size: u64,
     prev_phys: Option<NodeIndex>,
     next_phys: Option<NodeIndex>,
+    /// Neighbours in a list bin's `(size, offset)` order (`None` when used or in a B-tree
+    /// bin).
+    prev_free: Option<NodeIndex>,
+    next_free: Option<NodeIndex>,
     used: bool,
 }
 
-/// A free range in its bin: the sort key `(size, offset)` and the node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Entry {
-    /// Bytes in the range.
-    size: u64,
-    /// First byte of the range.
-    offset: u64,
-    node: NodeIndex,
+/// The `align`-aligned offset at which the range `[offset, offset + range)` holds `size`
+/// bytes, if it does.
+#[inline]
+fn fit(offset: u64, range: u64, size: u64, align: u64) -> Option<u64> {
+    let a = align_up(offset, align)?;
+    let pad = a - offset;
+    (pad <= range && range - pad >= size).then_some(a)
 }
 
-impl Entry {
-    #[inline]
-    fn key(&self) -> (u64, u64) {
-        (self.size, self.offset)
-    }
-
-    /// The `align`-aligned offset at which this range holds `size` bytes, if it does.
-    #[inline]
-    fn fit(&self, size: u64, align: u64) -> Option<u64> {
-        let a = align_up(self.offset, align)?;
-        let pad = a - self.offset;
-        (pad <= self.size && self.size - pad >= size).then_some(a)
-    }
-}
-
-/// Entries at which a bin's sorted `Vec` becomes a B-tree. Shifting the entries behind an
-/// insertion or a removal grows with the bin (10,000 same-size holes in one bin made an
-/// allocate/free pair 50 times slower in a `Vec` than in a B-tree); at 32 entries a pair at
-/// the front of the bin, the worst place, costs about what the B-tree's costs (measured on
-/// this 2-core machine, 2026-11-30).
-const BIN_TO_TREE: usize = 32;
-/// Entries at which a B-tree bin goes back to a `Vec` (well below [`BIN_TO_TREE`], so that
-/// a bin does not switch back and forth).
-const BIN_TO_VEC: usize = 8;
-
-/// The free ranges of one size bin, in `(size, offset)` order: a sorted `Vec` while the bin
-/// holds few (the usual case: a binary search and a short shift), a B-tree while it holds
-/// many (O(log n) whatever the trace).
-#[derive(Debug, Clone)]
-enum Bin {
-    /// Fewer than [`BIN_TO_TREE`] entries, sorted.
-    Few(Vec<Entry>),
-    /// More than [`BIN_TO_VEC`] entries.
-    Many(BTreeMap<(u64, u64), NodeIndex>),
-}
-
-impl Bin {
-    #[inline]
-    fn len(&self) -> usize {
-        match self {
-            Bin::Few(v) => v.len(),
-            Bin::Many(m) => m.len(),
-        }
-    }
-
-    #[inline]
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    #[inline]
-    fn insert(&mut self, e: Entry) {
-        match self {
-            Bin::Few(v) if v.len() + 1 < BIN_TO_TREE => {
-                let pos = v.partition_point(|x| x.key() < e.key());
-                v.insert(pos, e);
-            }
-            _ => self.insert_slow(e),
-        }
-    }
-
-    /// [`Bin::insert`] into a B-tree, or into a `Vec` that becomes one.
-    #[cold]
-    #[inline(never)]
-    fn insert_slow(&mut self, e: Entry) {
-        if let Bin::Few(v) = self {
-            *self = Bin::Many(v.iter().map(|x| (x.key(), x.node)).collect());
-        }
-        if let Bin::Many(m) = self {
-            m.insert(e.key(), e.node);
-        }
-    }
-
-    /// Takes out the entry that [`Bin::first_fit`] found at `pos` with key `key`; whether
-    /// the bin is now empty.
-    #[inline]
-    fn remove_found(&mut self, pos: usize, key: (u64, u64)) -> bool {
-        match self {
-            Bin::Few(v) => {
-                v.remove(pos);
-                v.is_empty()
-            }
-            Bin::Many(_) => {
-                self.remove_slow(key);
-                self.is_empty()
-            }
-        }
-    }
-
-    /// Takes out the entry of node `node` with key `key`; whether it was there.
-    #[inline]
-    fn remove(&mut self, key: (u64, u64), node: NodeIndex) -> bool {
-        match self {
-            Bin::Few(v) => match v.binary_search_by(|x| x.key().cmp(&key)) {
-                Ok(pos) if v[pos].node == node => {
-                    v.remove(pos);
-                    true
-                }
-                _ => false,
-            },
-            Bin::Many(m) => m.get(&key) == Some(&node) && self.remove_slow(key),
-        }
-    }
-
-    /// Takes `key` out of a B-tree bin, which becomes a `Vec` again at [`BIN_TO_VEC`]
-    /// entries; whether it was there.
-    #[cold]
-    #[inline(never)]
-    fn remove_slow(&mut self, key: (u64, u64)) -> bool {
-        let Bin::Many(m) = self else {
-            return false;
-        };
-        let removed = m.remove(&key).is_some();
-        if m.len() <= BIN_TO_VEC {
-            *self = Bin::Few(m.iter().map(|(&k, &node)| entry(k, node)).collect());
-        }
-        removed
-    }
-
-    /// The node of the entry with key `key`, if there is one.
-    fn get(&self, key: (u64, u64)) -> Option<NodeIndex> {
-        match self {
-            Bin::Few(v) => v
-                .binary_search_by(|x| x.key().cmp(&key))
-                .ok()
-                .map(|pos| v[pos].node),
-            Bin::Many(m) => m.get(&key).copied(),
-        }
-    }
-
-    /// The first entry in order that holds `size` bytes aligned to `align`, skipping first
-    /// the entries smaller than `size` when `skip_smaller`: `(position for
-    /// [`Bin::remove_found`], entry, aligned offset)`.
-    #[inline]
-    fn first_fit(&self, size: u64, align: u64, skip_smaller: bool) -> Option<(usize, Entry, u64)> {
-        match self {
-            Bin::Few(v) => {
-                let start = if skip_smaller {
-                    v.partition_point(|x| x.size < size)
-                } else {
-                    0
-                };
-                for (pos, e) in v.iter().enumerate().skip(start) {
-                    if let Some(a) = e.fit(size, align) {
-                        return Some((pos, *e, a));
-                    }
-                }
-                None
-            }
-            Bin::Many(m) => Self::first_fit_slow(m, size, align, skip_smaller),
-        }
-    }
-
-    /// [`Bin::first_fit`] in a B-tree bin.
-    #[cold]
-    #[inline(never)]
-    fn first_fit_slow(
-        m: &BTreeMap<(u64, u64), NodeIndex>,
-        size: u64,
-        align: u64,
-        skip_smaller: bool,
-    ) -> Option<(usize, Entry, u64)> {
-        let from = if skip_smaller { (size, 0) } else { (0, 0) };
-        m.range(from..)
-            .map(|(&k, &node)| entry(k, node))
-            .find_map(|e| e.fit(size, align).map(|a| (0, e, a)))
-    }
-
-    /// The largest entry's size, in bytes.
-    #[inline]
-    fn last_size(&self) -> Option<u64> {
-        match self {
-            Bin::Few(v) => v.last().map(|e| e.size),
-            Bin::Many(m) => m.last_key_value().map(|(&(size, _), _)| size),
-        }
-    }
-
-    /// Every entry, in order (for validate and reports).
-    fn iter(&self) -> BinIter<'_> {
-        match self {
-            Bin::Few(v) => BinIter::Few(v.iter()),
-            Bin::Many(m) => BinIter::Many(m.iter()),
-        }
-    }
-}
-
-/// The entries of a [`Bin`], in order.
-enum BinIter<'a> {
-    Few(std::slice::Iter<'a, Entry>),
-    Many(std::collections::btree_map::Iter<'a, (u64, u64), NodeIndex>),
-}
-
-impl Iterator for BinIter<'_> {
-    type Item = Entry;
-
-    fn next(&mut self) -> Option<Entry> {
-        match self {
-            BinIter::Few(it) => it.next().copied(),
-            BinIter::Many(it) => it.next().map(|(&k, &node)| entry(k, node)),
-        }
-    }
-}
-
-/// The entry of a B-tree bin's `(size, offset)` key and node.
-fn entry((size, offset): (u64, u64), node: NodeIndex) -> Entry {
-    Entry { size, offset, node }
+/// One size bin: a list through the nodes, or (`tree`) a B-tree in `BestFit::trees`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Bin {
+    /// Smallest `(size, offset)` of a list bin.
+    head: Option<NodeIndex>,
+    /// Largest `(size, offset)` of a list bin.
+    tail: Option<NodeIndex>,
+    /// Free ranges in the bin.
+    len: u32,
+    /// The ranges are in the bin's B-tree, not on the list.
+    tree: bool,
 }
 
 /// The best-fit arena over `[0, capacity_bytes)`, byte-granular.
@@ -317,9 +137,10 @@ pub struct BestFit {
     nodes: Vec<Node>,
     /// Spare node slots, reused before `nodes` grows.
     spare: Vec<NodeIndex>,
-    /// Free ranges by bin, each sorted by `(size, offset)`; one bin per class up to the
-    /// capacity's, no range can belong to a higher one.
+    /// One bin per size class up to the capacity's (no range belongs to a higher one).
     bins: Box<[Bin]>,
+    /// The B-trees of the bins that hold many ranges: bin -> `(size, offset)` -> node.
+    trees: BTreeMap<u32, BTreeMap<(u64, u64), NodeIndex>>,
     /// Bit `f` set: some bin of first level `f` is non-empty.
     fl_bitmap: u64,
     /// Bit `s` of entry `f` set: bin `f * 16 + s` is non-empty.
@@ -337,8 +158,9 @@ impl fmt::Debug for BestFit {
             .field("largest_free_bytes", &self.largest_free())
             .field(
                 "free_ranges",
-                &self.bins.iter().map(Bin::len).sum::<usize>(),
+                &self.bins.iter().map(|b| u64::from(b.len)).sum::<u64>(),
             )
+            .field("tree_bins", &self.trees.len())
             .field("allocations", &self.used.len())
             .finish()
     }
@@ -357,7 +179,8 @@ impl BestFit {
             capacity: capacity_bytes,
             nodes: Vec::new(),
             spare: Vec::new(),
-            bins: vec![Bin::Few(Vec::new()); bins].into_boxed_slice(),
+            bins: vec![Bin::default(); bins].into_boxed_slice(),
+            trees: BTreeMap::new(),
             fl_bitmap: 0,
             sl_bitmap: [0; SL_SLOTS],
             used: FxHashMap::default(),
@@ -369,22 +192,24 @@ impl BestFit {
                 size: capacity_bytes,
                 prev_phys: None,
                 next_phys: None,
+                prev_free: None,
+                next_free: None,
                 used: false,
             });
-            a.insert_free(NodeIndex::MIN);
+            a.link(NodeIndex::MIN);
             a.free_bytes = capacity_bytes;
         }
         a
     }
 
     /// Free ranges as `(offset, bytes)`, in address order (for reports and tests; sorts a
-    /// copy of the bins, O(n log n)).
+    /// copy, O(n log n)).
     pub fn free_ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         let mut v: Vec<(u64, u64)> = self
-            .bins
+            .nodes
             .iter()
-            .flat_map(Bin::iter)
-            .map(|e| (e.offset, e.size))
+            .filter(|n| !n.used && n.size > 0)
+            .map(|n| (n.offset, n.size))
             .collect();
         v.sort_unstable();
         v.into_iter()
@@ -398,6 +223,13 @@ impl BestFit {
     #[inline]
     fn n_mut(&mut self, i: NodeIndex) -> &mut Node {
         &mut self.nodes[idx_to_pos(i)]
+    }
+
+    /// The sort key of node `i` in its bin.
+    #[inline]
+    fn key(&self, i: NodeIndex) -> (u64, u64) {
+        let n = self.n(i);
+        (n.size, n.offset)
     }
 
     /// Node slots that can still be handed out without failing.
@@ -427,59 +259,166 @@ impl BestFit {
             size: 0,
             prev_phys: None,
             next_phys: None,
+            prev_free: None,
+            next_free: None,
             used: false,
         };
         self.spare.push(i);
     }
 
-    /// Marks node `i` free and puts it in its bin, in `(size, offset)` order. Byte counters
-    /// are the caller's business.
+    /// Marks node `i` free and puts it in the bin of its size, in `(size, offset)` order.
+    /// Byte counters are the caller's business.
     #[inline]
-    fn insert_free(&mut self, i: NodeIndex) {
-        let n = self.n_mut(i);
-        n.used = false;
-        let e = Entry {
-            size: n.size,
-            offset: n.offset,
-            node: i,
-        };
-        let bin = Bins::floor(e.size);
-        self.bins[bin as usize].insert(e);
+    fn link(&mut self, i: NodeIndex) {
+        self.n_mut(i).used = false;
+        let key = self.key(i);
+        let bin = Bins::floor(key.0);
+        let b = self.bins[bin as usize];
+        if b.tree || b.len as usize + 1 >= BIN_TO_TREE {
+            self.link_tree(bin, i);
+        } else {
+            // The last range ordered before the new one, walking from the largest.
+            let mut after = b.tail;
+            while let Some(x) = after {
+                if self.key(x) < key {
+                    break;
+                }
+                after = self.n(x).prev_free;
+            }
+            let next = match after {
+                Some(x) => self.n(x).next_free,
+                None => b.head,
+            };
+            {
+                let n = self.n_mut(i);
+                n.prev_free = after;
+                n.next_free = next;
+            }
+            match after {
+                Some(x) => self.n_mut(x).next_free = Some(i),
+                None => self.bins[bin as usize].head = Some(i),
+            }
+            match next {
+                Some(y) => self.n_mut(y).prev_free = Some(i),
+                None => self.bins[bin as usize].tail = Some(i),
+            }
+            self.bins[bin as usize].len += 1;
+        }
         let fl = bin >> SUB_BITS;
         self.sl_bitmap[sl_slot(fl)] |= 1 << (bin & Bins::SUB_MASK);
         self.fl_bitmap |= 1 << fl;
     }
 
-    /// Clears the bitmap bits of bin `bin`, which is now empty.
-    #[inline]
-    fn clear_bin_bit(&mut self, bin: u32) {
-        let fl = bin >> SUB_BITS;
-        self.sl_bitmap[sl_slot(fl)] &= !(1 << (bin & Bins::SUB_MASK));
-        if self.sl_bitmap[sl_slot(fl)] == 0 {
-            self.fl_bitmap &= !(1 << fl);
+    /// [`Self::link`] into a B-tree bin, turning a full list bin into one first.
+    #[cold]
+    #[inline(never)]
+    fn link_tree(&mut self, bin: u32, i: NodeIndex) {
+        let b = self.bins[bin as usize];
+        if !b.tree {
+            let mut tree = BTreeMap::new();
+            let mut cur = b.head;
+            while let Some(x) = cur {
+                tree.insert(self.key(x), x);
+                let n = self.n_mut(x);
+                cur = n.next_free.take();
+                n.prev_free = None;
+            }
+            self.trees.insert(bin, tree);
+            self.bins[bin as usize] = Bin {
+                head: None,
+                tail: None,
+                len: b.len,
+                tree: true,
+            };
         }
+        let key = self.key(i);
+        let n = self.n_mut(i);
+        n.prev_free = None;
+        n.next_free = None;
+        self.trees.entry(bin).or_default().insert(key, i);
+        self.bins[bin as usize].len += 1;
     }
 
-    /// Takes free node `i` out of its bin.
+    /// Takes free node `i` out of its bin, clearing the bitmap bits when the bin empties.
     ///
     /// # Errors
-    /// [`AllocError::Internal`] if the node is not in the bin its size and offset say.
-    fn remove_free(&mut self, i: NodeIndex) -> Result<(), AllocError> {
-        let (size, offset) = {
+    /// [`AllocError::Internal`] if the node is not in the bin its size says (the arena is
+    /// then unchanged).
+    #[inline]
+    fn unlink(&mut self, i: NodeIndex) -> Result<(), AllocError> {
+        let (size, offset, prev, next) = {
             let n = self.n(i);
-            (n.size, n.offset)
+            (n.size, n.offset, n.prev_free, n.next_free)
         };
         let bin = Bins::floor(size);
-        let Some(b) = self.bins.get_mut(bin as usize) else {
-            return Err(Self::internal(format!("bin {bin} past the capacity's")));
-        };
-        if !b.remove((size, offset), i) {
+        let Some(&b) = self.bins.get(bin as usize) else {
             return Err(Self::internal(format!(
-                "free range at {offset} of {size} B missing from bin {bin}"
+                "range of {size} B past the last bin"
             )));
+        };
+        if b.tree {
+            self.unlink_tree(bin, (size, offset), i)?;
+        } else {
+            // A range with no predecessor must be the head, with no successor the tail.
+            if (prev.is_none() && b.head != Some(i)) || (next.is_none() && b.tail != Some(i)) {
+                return Err(Self::internal(format!(
+                    "free range at {offset} of {size} B missing from bin {bin}"
+                )));
+            }
+            match prev {
+                Some(p) => self.n_mut(p).next_free = next,
+                None => self.bins[bin as usize].head = next,
+            }
+            match next {
+                Some(x) => self.n_mut(x).prev_free = prev,
+                None => self.bins[bin as usize].tail = prev,
+            }
+            let n = self.n_mut(i);
+            n.prev_free = None;
+            n.next_free = None;
+            self.bins[bin as usize].len -= 1;
         }
-        if b.is_empty() {
-            self.clear_bin_bit(bin);
+        if self.bins[bin as usize].len == 0 {
+            let fl = bin >> SUB_BITS;
+            self.sl_bitmap[sl_slot(fl)] &= !(1 << (bin & Bins::SUB_MASK));
+            if self.sl_bitmap[sl_slot(fl)] == 0 {
+                self.fl_bitmap &= !(1 << fl);
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Self::unlink`] from a B-tree bin, which goes back to a list at [`BIN_TO_VEC`].
+    #[cold]
+    #[inline(never)]
+    fn unlink_tree(&mut self, bin: u32, key: (u64, u64), i: NodeIndex) -> Result<(), AllocError> {
+        let missing = || {
+            Self::internal(format!(
+                "free range at {} of {} B missing from the tree of bin {bin}",
+                key.1, key.0
+            ))
+        };
+        let tree = self.trees.get_mut(&bin).ok_or_else(missing)?;
+        if tree.get(&key) != Some(&i) {
+            return Err(missing());
+        }
+        tree.remove(&key);
+        self.bins[bin as usize].len -= 1;
+        if tree.len() <= BIN_TO_VEC {
+            let tree = self.trees.remove(&bin).unwrap_or_default();
+            let mut b = Bin::default();
+            for (_, x) in tree {
+                let n = self.n_mut(x);
+                n.prev_free = b.tail;
+                n.next_free = None;
+                match b.tail {
+                    Some(t) => self.n_mut(t).next_free = Some(x),
+                    None => b.head = Some(x),
+                }
+                b.tail = Some(x);
+                b.len += 1;
+            }
+            self.bins[bin as usize] = b;
         }
         Ok(())
     }
@@ -508,35 +447,65 @@ impl BestFit {
         Some((fl2 << SUB_BITS) | sl2)
     }
 
-    /// The best fit for `size` bytes aligned to `align`: `(bin, position in the bin, entry,
-    /// aligned offset)` of the first free range in `(size, offset)` order that holds the
-    /// block.
+    /// The best fit for `size` bytes aligned to `align`: the node and aligned offset of the
+    /// first free range in `(size, offset)` order that holds the block.
     #[inline]
-    fn find(&self, size: u64, align: u64) -> Option<(u32, usize, Entry, u64)> {
-        let first = Bins::floor(size);
-        let mut bin = self.next_nonempty_bin(first)?;
+    fn find(&self, size: u64, align: u64) -> Option<(NodeIndex, u64)> {
+        let mut bin = self.next_nonempty_bin(Bins::floor(size))?;
         loop {
-            // In the request's own bin, skip the ranges smaller than the request; every
-            // range of a higher bin is larger than the request.
-            if let Some((pos, e, a)) = self.bins[bin as usize].first_fit(size, align, bin == first)
-            {
-                return Some((bin, pos, e, a));
+            let b = &self.bins[bin as usize];
+            if b.tree {
+                if let Some(hit) = self.find_in_tree(bin, size, align) {
+                    return Some(hit);
+                }
+            } else {
+                let mut cur = b.head;
+                while let Some(x) = cur {
+                    let n = self.n(x);
+                    // Only the request's own bin holds ranges smaller than the request.
+                    if n.size >= size {
+                        if let Some(a) = fit(n.offset, n.size, size, align) {
+                            return Some((x, a));
+                        }
+                    }
+                    cur = n.next_free;
+                }
             }
             bin = self.next_nonempty_bin(bin + 1)?;
         }
     }
 
-    /// Largest free range, in bytes: the last entry of the highest non-empty bin.
+    /// [`Self::find`] in the B-tree of bin `bin`.
+    #[cold]
+    #[inline(never)]
+    fn find_in_tree(&self, bin: u32, size: u64, align: u64) -> Option<(NodeIndex, u64)> {
+        self.trees
+            .get(&bin)?
+            .range((size, 0)..)
+            .find_map(|(&(s, o), &x)| fit(o, s, size, align).map(|a| (x, a)))
+    }
+
+    /// Largest free range, in bytes: the last range of the highest non-empty bin.
     fn largest_free(&self) -> u64 {
         if self.fl_bitmap == 0 {
             return 0;
         }
         let fl = 63 - self.fl_bitmap.leading_zeros();
         let sl = 15 - self.sl_bitmap[sl_slot(fl)].leading_zeros();
-        self.bins
-            .get(((fl << SUB_BITS) | sl) as usize)
-            .and_then(Bin::last_size)
-            .unwrap_or(0)
+        let bin = (fl << SUB_BITS) | sl;
+        match self.bins.get(bin as usize) {
+            Some(Bin {
+                tree: false,
+                tail: Some(t),
+                ..
+            }) => self.n(*t).size,
+            Some(Bin { tree: true, .. }) => self
+                .trees
+                .get(&bin)
+                .and_then(|t| t.last_key_value())
+                .map_or(0, |(&(s, _), _)| s),
+            _ => 0,
+        }
     }
 
     fn oom(&self, size: u64) -> AllocError {
@@ -549,6 +518,128 @@ impl BestFit {
 
     fn internal(msg: String) -> AllocError {
         AllocError::Internal(format!("best-fit: {msg}"))
+    }
+
+    /// Checks the bins against the free nodes: lists linked both ways and sorted, trees
+    /// keyed by their nodes, every range in the bin of its size, counts and bitmaps in step.
+    /// `is_free[p]`: node slot `p` is a free range on the physical chain.
+    fn validate_bins(&self, is_free: &[bool]) -> Result<(), AllocError> {
+        let err = Self::internal;
+        let total = self.nodes.len();
+        let mut listed = vec![false; total];
+        let mut count = 0usize;
+        let mut visit = |i: NodeIndex, bin: u32, key: (u64, u64)| {
+            let p = idx_to_pos(i);
+            if p >= total || !is_free[p] || listed[p] {
+                return Err(err(format!(
+                    "bin {bin} lists node {} twice, or one that is not a free range",
+                    i.get()
+                )));
+            }
+            listed[p] = true;
+            count += 1;
+            let n = &self.nodes[p];
+            if (n.size, n.offset) != key || Bins::floor(n.size) != bin {
+                return Err(err(format!(
+                    "bin {bin} lists the range at {} of {} B under {key:?}",
+                    n.offset, n.size
+                )));
+            }
+            Ok(())
+        };
+        for (bin, b) in (0u32..).zip(self.bins.iter()) {
+            let fl = bin >> SUB_BITS;
+            let bit = self.sl_bitmap[sl_slot(fl)] & (1 << (bin & Bins::SUB_MASK)) != 0;
+            if bit != (b.len > 0) {
+                return Err(err(format!(
+                    "bitmap bit of bin {bin} disagrees with its {} ranges",
+                    b.len
+                )));
+            }
+            let mut seen = 0u32;
+            let mut prev_key: Option<(u64, u64)> = None;
+            if b.tree {
+                let tree = self
+                    .trees
+                    .get(&bin)
+                    .ok_or_else(|| err(format!("bin {bin} has no tree")))?;
+                if tree.len() <= BIN_TO_VEC || b.head.is_some() || b.tail.is_some() {
+                    return Err(err(format!(
+                        "tree bin {bin}: {} ranges, list ends {:?} {:?}",
+                        tree.len(),
+                        b.head,
+                        b.tail
+                    )));
+                }
+                for (&key, &i) in tree {
+                    visit(i, bin, key)?;
+                    let n = self.n(i);
+                    if n.prev_free.is_some() || n.next_free.is_some() {
+                        return Err(err(format!("tree range at {} has list links", n.offset)));
+                    }
+                    seen += 1;
+                }
+            } else {
+                if b.len as usize >= BIN_TO_TREE || self.trees.contains_key(&bin) {
+                    return Err(err(format!("list bin {bin} holds {} ranges", b.len)));
+                }
+                let mut prev: Option<NodeIndex> = None;
+                let mut cur = b.head;
+                while let Some(i) = cur {
+                    if seen >= b.len {
+                        return Err(err(format!("list of bin {bin} longer than {}", b.len)));
+                    }
+                    let p = idx_to_pos(i);
+                    let n = self
+                        .nodes
+                        .get(p)
+                        .ok_or_else(|| err(format!("bad node {p}")))?;
+                    let key = (n.size, n.offset);
+                    visit(i, bin, key)?;
+                    if n.prev_free != prev {
+                        return Err(err(format!("list links of the range at {}", n.offset)));
+                    }
+                    if prev_key.is_some_and(|k| k >= key) {
+                        return Err(err(format!("bin {bin} not sorted by (size, offset)")));
+                    }
+                    prev_key = Some(key);
+                    prev = Some(i);
+                    seen += 1;
+                    cur = n.next_free;
+                }
+                if b.tail != prev {
+                    return Err(err(format!("tail of bin {bin} is not its last range")));
+                }
+            }
+            if seen != b.len {
+                return Err(err(format!(
+                    "bin {bin} counts {} ranges, holds {seen}",
+                    b.len
+                )));
+            }
+        }
+        let free = is_free.iter().filter(|&&f| f).count();
+        if count != free {
+            return Err(err(format!("{free} free ranges but {count} in the bins")));
+        }
+        if self
+            .trees
+            .keys()
+            .any(|&bin| self.bins.get(bin as usize).is_none_or(|b| !b.tree))
+        {
+            return Err(err("a tree of a list bin".into()));
+        }
+        for fl in 0..SL_SLOTS as u32 {
+            let bit = self.fl_bitmap & (1 << fl) != 0;
+            if bit != (self.sl_bitmap[sl_slot(fl)] != 0) {
+                return Err(err(format!("first-level bit {fl} disagrees")));
+            }
+        }
+        let bins = self.bins.len() as u32;
+        if self.next_nonempty_bin(bins).is_some() {
+            return Err(err(format!("bitmap bits beyond the last bin {bins}")));
+        }
+        Ok(())
     }
 }
 
@@ -579,11 +670,8 @@ impl Arena for BestFit {
         if size > self.free_bytes || self.nodes_available() < 2 {
             return Err(self.oom(size_bytes));
         }
-        let (bin, pos, e, aligned) = self.find(size, align).ok_or_else(|| self.oom(size_bytes))?;
-        if self.bins[bin as usize].remove_found(pos, e.key()) {
-            self.clear_bin_bit(bin);
-        }
-        let i = e.node;
+        let (i, aligned) = self.find(size, align).ok_or_else(|| self.oom(size_bytes))?;
+        self.unlink(i)?;
         let (offset, range_size, next) = {
             let n = self.n(i);
             (n.offset, n.size, n.next_phys)
@@ -604,6 +692,8 @@ impl Arena for BestFit {
                 size,
                 prev_phys: Some(i),
                 next_phys: next,
+                prev_free: None,
+                next_free: None,
                 used: true,
             });
             if let Some(x) = next {
@@ -612,7 +702,7 @@ impl Arena for BestFit {
             let n = self.n_mut(i);
             n.size = pad;
             n.next_phys = Some(u);
-            self.insert_free(i);
+            self.link(i);
             u
         };
         if rest > 0 {
@@ -621,13 +711,15 @@ impl Arena for BestFit {
                 size: rest,
                 prev_phys: Some(block),
                 next_phys: next,
+                prev_free: None,
+                next_free: None,
                 used: false,
             });
             if let Some(x) = next {
                 self.n_mut(x).prev_phys = Some(t);
             }
             self.n_mut(block).next_phys = Some(t);
-            self.insert_free(t);
+            self.link(t);
         }
         self.free_bytes -= size;
         self.used.insert(aligned, block);
@@ -647,15 +739,15 @@ impl Arena for BestFit {
         // Take the free neighbours out of their bins before touching anything else, so that
         // a broken invariant leaves the arena as it was.
         if let Some(x) = next_free {
-            if let Err(e) = self.remove_free(x) {
+            if let Err(e) = self.unlink(x) {
                 self.used.insert(offset, i);
                 return Err(e);
             }
         }
         if let Some(p) = prev_free {
-            if let Err(e) = self.remove_free(p) {
+            if let Err(e) = self.unlink(p) {
                 if let Some(x) = next_free {
-                    self.insert_free(x);
+                    self.link(x);
                 }
                 self.used.insert(offset, i);
                 return Err(e);
@@ -696,12 +788,12 @@ impl Arena for BestFit {
             }
             None => i,
         };
-        self.insert_free(merged);
+        self.link(merged);
         self.free_bytes += size;
         Ok(size)
     }
 
-    /// O(1): counters, and the last entry of the highest non-empty bin.
+    /// O(1): counters, and the last range of the highest non-empty bin.
     fn report(&self) -> ArenaReport {
         ArenaReport {
             free_bytes: self.free_bytes,
@@ -731,8 +823,8 @@ impl Arena for BestFit {
         let live = total - self.spare.len();
         // Physical chain from the range at offset 0.
         let first = (0..total).find(|&p| !is_spare[p] && self.nodes[p].prev_phys.is_none());
+        let mut is_free = vec![false; total];
         let mut visited = 0usize;
-        let mut free_nodes = 0usize;
         let mut free_sum = 0u64;
         let mut used_nodes = 0usize;
         let mut expect_offset = 0u64;
@@ -769,6 +861,9 @@ impl Arena for BestFit {
                         n.offset
                     )));
                 }
+                if n.prev_free.is_some() || n.next_free.is_some() {
+                    return Err(err(format!("used range at {} on a bin list", n.offset)));
+                }
                 prev_free = false;
             } else {
                 if prev_free {
@@ -777,18 +872,7 @@ impl Arena for BestFit {
                         n.offset
                     )));
                 }
-                let bin = Bins::floor(n.size);
-                let listed = self
-                    .bins
-                    .get(bin as usize)
-                    .and_then(|b| b.get((n.size, n.offset)));
-                if listed != Some(i) {
-                    return Err(err(format!(
-                        "free range at {} of {} B missing from bin {bin}",
-                        n.offset, n.size
-                    )));
-                }
-                free_nodes += 1;
+                is_free[p] = true;
                 free_sum += n.size;
                 prev_free = true;
             }
@@ -822,61 +906,7 @@ impl Arena for BestFit {
                 self.free_bytes
             )));
         }
-        // Bins: sorted, each entry in the right bin, bitmaps in step, nothing extra.
-        let mut listed = 0usize;
-        for (bin, b) in (0u32..).zip(self.bins.iter()) {
-            match b {
-                Bin::Few(v) if v.len() >= BIN_TO_TREE => {
-                    return Err(err(format!("bin {bin} holds {} entries in a Vec", v.len())));
-                }
-                Bin::Many(m) if m.len() <= BIN_TO_VEC => {
-                    return Err(err(format!(
-                        "bin {bin} holds {} entries in a B-tree",
-                        m.len()
-                    )));
-                }
-                _ => {}
-            }
-            let fl = bin >> SUB_BITS;
-            let bit = self.sl_bitmap[sl_slot(fl)] & (1 << (bin & Bins::SUB_MASK)) != 0;
-            if bit == b.is_empty() {
-                return Err(err(format!(
-                    "bitmap bit of bin {bin} disagrees with its {} entries",
-                    b.len()
-                )));
-            }
-            let mut prev: Option<(u64, u64)> = None;
-            for e in b.iter() {
-                if prev.is_some_and(|p| p >= e.key()) {
-                    return Err(err(format!("bin {bin} is not sorted by (size, offset)")));
-                }
-                if Bins::floor(e.size) != bin {
-                    return Err(err(format!(
-                        "range of {} B in bin {bin}, belongs in {}",
-                        e.size,
-                        Bins::floor(e.size)
-                    )));
-                }
-                prev = Some(e.key());
-            }
-            listed += b.len();
-        }
-        if listed != free_nodes {
-            return Err(err(format!(
-                "{free_nodes} free ranges but {listed} in the bins"
-            )));
-        }
-        for fl in 0..SL_SLOTS as u32 {
-            let bit = self.fl_bitmap & (1 << fl) != 0;
-            if bit != (self.sl_bitmap[sl_slot(fl)] != 0) {
-                return Err(err(format!("first-level bit {fl} disagrees")));
-            }
-        }
-        let bins = self.bins.len() as u32;
-        if self.next_nonempty_bin(bins).is_some() {
-            return Err(err(format!("bitmap bits beyond the last bin {bins}")));
-        }
-        Ok(())
+        self.validate_bins(&is_free)
     }
 }
 
