@@ -19,10 +19,11 @@ What PyTorch does not forward to a pluggable allocator, and what to use instead:
   undone. To route only part of a program through gpumem, use ``use_pool()`` instead.
 
 Settings (``conf``) use the syntax of ``GPUMEM_CONF``: ``key=value`` pairs separated by commas,
-or a dict. Keys: strategy (paged, torch, tlsf, buddy, best-fit), mode (direct: PyTorch's
+or a dict. Keys: strategy (paged-lazy, the default; paged, torch, tlsf, buddy, best-fit), mode (direct: PyTorch's
 stream semantics, the default; pool: gpumem's DevicePool), reserve, release_threshold,
 max_cached_block, shard_cache, segment (sizes such as 256MiB or 4GiB), page_cache_pages
-(a whole number), backend (cuda, or sim for tests without a GPU), sim_capacity.
+(a whole number), headroom (paged-lazy: a fraction such as 0.02), max_handle and map_ahead
+(paged-lazy: sizes), backend (cuda, or sim for tests without a GPU), sim_capacity.
 """
 
 import contextlib
@@ -52,12 +53,17 @@ KEYS = (
     "shard_cache",
     "segment",
     "page_cache_pages",
+    "headroom",
+    "max_handle",
+    "map_ahead",
     "backend",
     "sim_capacity",
 )
-STRATEGIES = ("paged", "torch", "tlsf", "buddy", "best-fit", "bestfit", "best_fit")
+STRATEGIES = ("paged", "paged-lazy", "paged_lazy", "lazy", "torch", "tlsf", "buddy", "best-fit",
+              "bestfit", "best_fit")
 _SIZE = re.compile(r"^[0-9][0-9_]*(\.[0-9]+)?\s*([KMGT]i?B?|[KMGT]B|B)?$", re.IGNORECASE)
 _SIZE_KEYS = ("reserve", "release_threshold", "max_cached_block", "shard_cache", "segment",
+              "max_handle", "map_ahead",
               "sim_capacity")
 
 _LIB = None  # the ctypes handle
@@ -92,11 +98,19 @@ def check_conf(conf):
             raise ValueError(f"gpumem conf: unknown key {key!r} (expected one of {', '.join(KEYS)})")
         if key == "strategy" and value not in STRATEGIES:
             raise ValueError(f"gpumem conf: bad value {value!r} for 'strategy' "
-                             f"(expected one of paged, torch, tlsf, buddy, best-fit)")
+                             f"(expected one of paged, paged-lazy, torch, tlsf, buddy, best-fit)")
         if key == "mode" and value not in ("direct", "pool"):
             raise ValueError(f"gpumem conf: bad value {value!r} for 'mode' (expected direct or pool)")
         if key == "backend" and value not in ("cuda", "sim"):
             raise ValueError(f"gpumem conf: bad value {value!r} for 'backend' (expected cuda or sim)")
+        if key == "headroom":
+            try:
+                ok = 0.0 <= float(value) <= 10.0
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ValueError(f"gpumem conf: bad value {value!r} for 'headroom' "
+                                 f"(expected a fraction from 0 to 10, such as 0.02)")
         if key == "page_cache_pages" and not value.isdigit():
             raise ValueError(f"gpumem conf: bad value {value!r} for 'page_cache_pages' "
                              f"(expected a whole number)")

@@ -33,6 +33,7 @@ class ConfChecks(unittest.TestCase):
         self.assertEqual(g.check_conf(s), s)
         self.assertEqual(g.check_conf({"strategy": "torch", "reserve": 0}), "strategy=torch,reserve=0")
         g.check_conf(" release_threshold = none , page_cache_pages=8, segment=1.5GB, backend=sim,")
+        g.check_conf("strategy=paged-lazy,headroom=0.02,max_handle=64MiB,map_ahead=0")
 
     def test_bad_keys_and_values_are_named(self):
         for conf, words in [
@@ -43,6 +44,9 @@ class ConfChecks(unittest.TestCase):
             ("page_cache_pages=-3", ["'-3'", "'page_cache_pages'"]),
             ("backend=rocm", ["'rocm'", "cuda or sim"]),
             ("segment=0", ["'segment'"]),
+            ("headroom=2%", ["'2%'", "'headroom'", "0.02"]),
+            ("headroom=-1", ["'-1'", "'headroom'"]),
+            ("max_handle=big", ["'big'", "'max_handle'"]),
             ("oops", ["'oops' is not key=value"]),
         ]:
             with self.assertRaises(ValueError, msg=conf) as cm:

@@ -12,6 +12,7 @@ next) so that no configuration always runs first. Configurations:
   native       PyTorch's caching allocator
   expandable   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
   paged        gpumem_torch.install("strategy=paged" + --gpumem-conf)
+  lazy         gpumem_torch.install("strategy=paged-lazy" + --gpumem-conf)
   torch        gpumem_torch.install("strategy=torch" + --gpumem-conf): gpumem's emulation of
                PyTorch's allocator, a control
   --extra NAME=CONF   any other gpumem settings, e.g. p64k=strategy=paged,max_cached_block=64KiB
@@ -19,8 +20,10 @@ next) so that no configuration always runs first. Configurations:
 Per run: peak device memory (cudaMemGetInfo used bytes after every step minus the baseline
 taken before the model loads; and the same with the allocator's own reserved high-water mark in
 place of its sampled reserved bytes, which catches peaks inside a step), the allocator's peak
-reserved and allocated bytes, median step time over the steps after warm-up, the first 5
-losses, OOMs. The workloads are seeded: every configuration sees the same shapes, data and
+reserved and allocated bytes, median step time over the steps after warm-up, the median CPU
+time until the step returns (before its synchronize; about the step time when the GPU waits for
+Python), with gpumem the median time spent inside gpumem_malloc/gpumem_free per step
+(GPUMEM_PROFILE=1 unless --no-gpumem-profile), the first 5 losses, OOMs. The workloads are seeded: every configuration sees the same shapes, data and
 initial weights, so its losses must match native's.
 
 --smoke: a quick check of the plug-in (allocate, train a few steps, stats, record a trace,
@@ -29,6 +32,7 @@ out-of-memory, use_pool, a too-late install). --soak: 1,000 steps of a small mod
 Writes OUT/compare.json, OUT/compare.md (the table), OUT/smoke.json, OUT/soak.json.
 """
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -39,7 +43,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKLOADS = ("resnet50", "gpt2", "bert", "churn")
-GPUMEM_CONFIGS = {"paged": "strategy=paged", "torch": "strategy=torch"}
+GPUMEM_CONFIGS = {"paged": "strategy=paged", "lazy": "strategy=paged-lazy", "torch": "strategy=torch"}
 GIB = float(1 << 30)
 
 
@@ -205,6 +209,14 @@ def build(torch, name, n_steps):
     raise SystemExit(f"unknown workload {name!r}")
 
 
+def gpumem_ns(g):
+    """Nanoseconds spent inside gpumem_malloc/gpumem_free so far (GPUMEM_PROFILE=1), or None."""
+    if g is None:
+        return None
+    p = g.memory_stats().get("profile")
+    return None if p is None else p["malloc_ns"] + p["free_ns"]
+
+
 def run_child(a):
     out = {"workload": a.workload, "config": a.config, "conf": a.conf, "pid": os.getpid()}
     t_start = time.time()
@@ -215,12 +227,14 @@ def run_child(a):
         meter = Meter(torch, g)
         n = a.warmup + a.steps
         step, keep = build(torch, a.workload, n)
-        times, losses, ooms = [], [], 0
+        times, cpu_times, gpumem_times, losses, ooms = [], [], [], [], 0
+        prof0 = gpumem_ns(g)
         for i in range(n):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             try:
                 loss = step(i)
+                t_cpu = time.perf_counter() - t0
                 torch.cuda.synchronize()
                 dt = time.perf_counter() - t0
                 if loss is not None and len(losses) < 5:
@@ -230,11 +244,21 @@ def run_child(a):
                 dt = None
                 out.setdefault("oom_message", str(e)[:300])
             meter.sample()
+            prof1 = gpumem_ns(g)
             if i >= a.warmup and dt is not None:
                 times.append(dt)
+                cpu_times.append(t_cpu)
+                if prof1 is not None:
+                    gpumem_times.append((prof1 - prof0) / 1e9)
+            prof0 = prof1
         out.update(meter.result())
         out["median_step_s"] = statistics.median(times) if times else None
         out["step_s"] = times
+        # CPU time until the step returned (before the synchronize): close to the step time
+        # when the GPU waits for Python, as in these workloads on the H200.
+        out["median_cpu_s"] = statistics.median(cpu_times) if cpu_times else None
+        # Time inside gpumem_malloc/gpumem_free per step (GPUMEM_PROFILE=1).
+        out["median_gpumem_s"] = statistics.median(gpumem_times) if gpumem_times else None
         out["first_losses"] = losses
         out["ooms"] = ooms
         if g is not None:
@@ -341,18 +365,22 @@ def run_smoke_pool(a):
 
 
 def run_soak(a):
-    torch, g = child_setup("paged", "strategy=paged" + a.gpumem_conf, a.lib, False)
+    torch, g = child_setup("paged", "strategy=" + a.soak_strategy + a.gpumem_conf, a.lib, False)
     n, warm = a.soak_steps, 100
     step, keep = build(torch, "soak", n)
     reserved, errors, t0 = [], 0, time.time()
-    for i in range(n):
-        try:
-            step(i).item()
-        except Exception as e:
-            errors += 1
-            last = f"{type(e).__name__}: {str(e)[:200]}"
-        reserved.append(g.memory_stats()["reserved_bytes.all.current"])
+    rec = g.record(a.soak_record) if a.soak_record else contextlib.nullcontext()
+    with rec:
+        for i in range(n):
+            try:
+                step(i).item()
+            except Exception as e:
+                errors += 1
+                last = f"{type(e).__name__}: {str(e)[:200]}"
+            reserved.append(g.memory_stats()["reserved_bytes.all.current"])
     tail = reserved[warm:]
+    # Steps (after warm-up) at which reserved first rose above its step-`warm` value.
+    rises = [warm + i for i in range(1, len(tail)) if tail[i] > max(tail[:i])]
     del keep, step
     import gc
     gc.collect()
@@ -367,6 +395,7 @@ def run_soak(a):
         "reserved_max_after_warmup": max(tail) if tail else None,
         "reserved_min_after_warmup": min(tail) if tail else None,
         "reserved_flat": bool(tail) and max(tail) == tail[0],
+        "reserved_rises_at_steps": rises[:50],
         "reserved_after_empty_cache": s["reserved_bytes.all.current"],
         "leaked_blocks": s["live_blocks"], "errors": errors + s["num_errors"],
         "bad_frees": s["num_bad_frees"], "ooms": s["num_ooms"],
@@ -391,8 +420,9 @@ def table(results, configs):
     for r in results:
         by.setdefault(r["workload"], {}).setdefault(r["config"], []).append(r)
     lines = ["| workload | config | peak device GiB (min of runs) | ratio to native | reserved peak GiB | "
-             "median step ms | step time vs native (per-run) | first losses | max loss diff vs native | OOMs |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "median step ms | step time vs native (per-run) | median CPU ms | gpumem ms/step | first losses | "
+             "max loss diff vs native | OOMs |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for w, per in by.items():
         nat = per.get("native", [])
         nat_ok = [r for r in nat if "error" not in r]
@@ -405,7 +435,7 @@ def table(results, configs):
                 continue
             ok = [r for r in runs if "error" not in r]
             if not ok:
-                lines.append(f"| {w} | {cfg} | error: {runs[0]['error'][:120]} |||||||")
+                lines.append(f"| {w} | {cfg} | error: {runs[0]['error'][:120]} |||||||||")
                 continue
             peak = min(r["peak_device_bytes"] for r in ok)
             ratio = f"{peak / nat_peak:.3f}" if nat_peak else "—"
@@ -416,12 +446,16 @@ def table(results, configs):
                 rel = ", ".join(rel)
             else:
                 rel = "—"
+            cpu = [r["median_cpu_s"] for r in ok if r.get("median_cpu_s")]
+            cpu = f"{statistics.median(cpu) * 1e3:.1f}" if cpu else "—"
+            gm = [r["median_gpumem_s"] for r in ok if r.get("median_gpumem_s") is not None]
+            gm = f"{statistics.median(gm) * 1e3:.2f}" if gm else "—"
             loss = ok[0]["first_losses"]
             diff = max((abs(x - y) for x, y in zip(loss, nat_loss)), default=None)
             diffs = "—" if diff is None or cfg == "native" else f"{diff:.1e}"
             lines.append(
                 f"| {w} | {cfg} | {fmt_gib(peak)} | {ratio} | {fmt_gib(min(r['reserved_peak_bytes'] for r in ok))} | "
-                f"{'—' if med is None else f'{med * 1e3:.1f}'} | {rel} | "
+                f"{'—' if med is None else f'{med * 1e3:.1f}'} | {rel} | {cpu} | {gm} | "
                 f"{', '.join(f'{x:.6f}' for x in loss[:5]) or '—'} | {diffs} | {sum(r['ooms'] for r in ok)} |")
     return "\n".join(lines)
 
@@ -443,6 +477,8 @@ def spawn(a, workload, cfg, result):
     if name == "expandable":
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     env["PYTHONUNBUFFERED"] = "1"
+    if not a.no_gpumem_profile:
+        env["GPUMEM_PROFILE"] = "1"  # two clock reads per call: gpumem's own time per step
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--workload", workload, "--config", name,
            "--result", result, "--warmup", str(a.warmup), "--steps", str(a.steps)]
     conf = config_conf(cfg, a.gpumem_conf)
@@ -474,7 +510,9 @@ def sub_json(a, mode):
     """Runs --smoke/--smoke-pool/--soak in a child process and returns its JSON."""
     path = os.path.join(a.out, f"{mode}.part.json")
     cmd = [sys.executable, os.path.abspath(__file__), f"--{mode}-child", "--result", path, "--out", a.out,
-           "--soak-steps", str(a.soak_steps), "--gpumem-conf", a.gpumem_conf]
+           "--soak-steps", str(a.soak_steps), "--soak-strategy", a.soak_strategy,
+           "--soak-record", a.soak_record,
+           "--gpumem-conf", a.gpumem_conf]
     if a.lib:
         cmd += ["--lib", a.lib]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -507,11 +545,15 @@ def main():
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no run after this many seconds")
     ap.add_argument("--run-timeout-s", type=float, default=240)
+    ap.add_argument("--no-gpumem-profile", action="store_true",
+                    help="do not time gpumem's own calls (GPUMEM_PROFILE)")
     ap.add_argument("--nondeterministic", action="store_true",
                     help="skip torch.use_deterministic_algorithms (losses may then differ after step 1)")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--soak", action="store_true")
     ap.add_argument("--soak-steps", type=int, default=1000)
+    ap.add_argument("--soak-record", default="", help="write gpumem's JSON-lines trace of the soak here")
+    ap.add_argument("--soak-strategy", default="paged", help="gpumem strategy of the soak (paged, paged-lazy, ...)")
     ap.add_argument("--no-compare", action="store_true")
     # child modes
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

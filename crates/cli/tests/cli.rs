@@ -30,7 +30,10 @@ fn replay_json_has_the_documented_fields_for_every_allocator() {
     assert_eq!(v["trace"]["peak_requested_bytes"], 3_930_870_227u64);
     let allocs = v["allocators"].as_array().unwrap();
     let names: Vec<&str> = allocs.iter().map(|a| a["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["buddy", "tlsf", "best-fit", "torch", "paged"]);
+    assert_eq!(
+        names,
+        ["buddy", "tlsf", "best-fit", "torch", "paged", "paged-lazy"]
+    );
     for a in allocs {
         for key in [
             "peak_reserved_bytes",
@@ -483,7 +486,7 @@ fn capacity_edges_warn_or_refuse_clearly() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(
         v["allocators"].as_array().unwrap().len(),
-        5,
+        6,
         "tlsf runs once"
     );
 }

@@ -13,6 +13,35 @@ pub struct AllocatorConfig {
     pub page_cache_pages: u64,
     /// The `PYTORCH_CUDA_ALLOC_CONF` the `torch` emulation follows (native by default).
     pub torch: crate::torch::TorchConfig,
+    /// The trade between reserved memory and driver calls of the `paged-lazy` strategy.
+    pub lazy: LazyConfig,
+}
+
+/// Settings of the `paged-lazy` strategy ([`crate::paged_lazy::LazyPagedPool`]): how much
+/// memory it may hold above the peak of allocated bytes, and how it sizes physical handles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LazyConfig {
+    /// Headroom in basis points (1/10,000) of the peak of allocated bytes: the pool creates
+    /// new pages while it holds less than that peak × (1 + headroom), and moves idle pages
+    /// above it. 0 (the default) moves pages as soon as creating one would raise the peak
+    /// of reserved bytes; 100 = 1 %.
+    pub headroom_bp: u32,
+    /// Largest physical handle in bytes (a run of new pages is cut into handles of a power
+    /// of two of pages, at most this). Default 1 GiB: with 64 MiB the peak stays lower on
+    /// the shipped traces, but a repeated step can creep (BENCHMARKS.md, issue 11).
+    pub handle_bytes: u64,
+    /// Most bytes mapped ahead of a block while below the headroom. Default 1 GiB.
+    pub ahead_bytes: u64,
+}
+
+impl Default for LazyConfig {
+    fn default() -> Self {
+        LazyConfig {
+            headroom_bp: 0,
+            handle_bytes: 1 << 30,
+            ahead_bytes: 1 << 30,
+        }
+    }
 }
 
 impl Default for AllocatorConfig {
@@ -22,6 +51,7 @@ impl Default for AllocatorConfig {
             min_block_bytes: 256,
             page_cache_pages: 1024,
             torch: crate::torch::TorchConfig::default(),
+            lazy: LazyConfig::default(),
         }
     }
 }

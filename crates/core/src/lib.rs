@@ -25,6 +25,7 @@ pub mod device;
 pub mod error;
 pub mod hash;
 pub mod paged;
+pub mod paged_lazy;
 pub mod registry;
 pub mod segmented;
 pub mod sim;

@@ -3,11 +3,11 @@ use crate::config::AllocatorConfig;
 use crate::Allocator;
 
 /// Names accepted by [`build`], in report order.
-pub const NAMES: [&str; 5] = ["buddy", "tlsf", "best-fit", "torch", "paged"];
+pub const NAMES: [&str; 6] = ["buddy", "tlsf", "best-fit", "torch", "paged", "paged-lazy"];
 
 /// An unknown allocator name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown allocator `{0}`: expected one of buddy, tlsf, best-fit, torch, paged, or all")]
+#[error("unknown allocator `{0}`: expected one of buddy, tlsf, best-fit, torch, paged, paged-lazy, or all")]
 pub struct UnknownAllocator(pub String);
 
 /// Builds the allocator called `name` (see [`NAMES`]).
@@ -23,6 +23,9 @@ pub fn build(name: &str, config: &AllocatorConfig) -> Result<Box<dyn Allocator>,
         }
         "torch" => Box::new(crate::torch::TorchCachingPool::new(config)),
         "paged" => Box::new(crate::paged::PagedPool::new(config)),
+        "paged-lazy" | "paged_lazy" | "lazy" => {
+            Box::new(crate::paged_lazy::LazyPagedPool::new(config))
+        }
         other => return Err(UnknownAllocator(other.to_string())),
     })
 }

@@ -696,6 +696,7 @@ for_every_pool! {
     tlsf_pool => "tlsf",
     best_fit_pool => "best-fit",
     paged_pool => "paged",
+    paged_lazy_pool => "paged-lazy",
     torch_pool => "torch",
 }
 

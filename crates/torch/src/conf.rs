@@ -7,7 +7,7 @@
 //!
 //! | key | value | default |
 //! |---|---|---|
-//! | `strategy` | `paged`, `torch`, `tlsf`, `buddy`, `best-fit` | `paged` |
+//! | `strategy` | `paged-lazy`, `paged`, `torch`, `tlsf`, `buddy`, `best-fit` | `paged-lazy` |
 //! | `mode` | `direct` (PyTorch's stream semantics, see [`crate::direct`]) or `pool` (gpumem's `DevicePool`, size-class caches, events) | `direct` |
 //! | `reserve` | bytes taken from the device at the pool's creation and kept cached | 256 MiB |
 //! | `release_threshold` | `mode=pool`: reserved bytes above which freed memory goes back to the device (`none`: never) | none |
@@ -15,6 +15,9 @@
 //! | `shard_cache` | `mode=pool`: bytes one thread's cache may hold before it is flushed | 2 GiB |
 //! | `segment` | segment size of the segmented strategies (`tlsf`, `buddy`, `best-fit`) | 256 MiB |
 //! | `page_cache_pages` | free physical pages `paged` keeps before releasing them | 1024 |
+//! | `headroom` | `paged-lazy`: fraction of the peak of allocated bytes it may hold above that peak in idle pages before it moves pages instead of creating them (`0.02` = 2 %) | 0 |
+//! | `max_handle` | `paged-lazy`: largest physical handle (runs of new pages are cut into powers of two of pages) | 1 GiB |
+//! | `map_ahead` | `paged-lazy`: most bytes mapped ahead of a block while below the headroom | 1 GiB |
 //! | `backend` | `cuda`, or `sim` (the simulated device: tests without a GPU) | `cuda` |
 //! | `sim_capacity` | capacity of the simulated device | 80 GiB |
 //!
@@ -31,7 +34,7 @@ use gpumem_core::config::AllocatorConfig;
 use gpumem_core::registry;
 
 /// Keys `GPUMEM_CONF` accepts, in the order of the table above.
-pub const KEYS: [&str; 10] = [
+pub const KEYS: [&str; 13] = [
     "strategy",
     "mode",
     "reserve",
@@ -40,6 +43,9 @@ pub const KEYS: [&str; 10] = [
     "shard_cache",
     "segment",
     "page_cache_pages",
+    "headroom",
+    "max_handle",
+    "map_ahead",
     "backend",
     "sim_capacity",
 ];
@@ -82,7 +88,7 @@ pub struct Conf {
 impl Default for Conf {
     fn default() -> Self {
         Conf {
-            strategy: "paged",
+            strategy: "paged-lazy",
             mode: Mode::Direct,
             backend: Backend::Cuda,
             sim_capacity_bytes: 80 << 30,
@@ -190,6 +196,23 @@ fn apply(c: &mut Conf, key: &str, value: &str) -> Result<(), ConfError> {
                 .parse()
                 .map_err(|_| bad("expected a whole number of pages".into()))?
         }
+        "headroom" => {
+            let f: f64 = value
+                .parse()
+                .map_err(|_| bad("expected a fraction such as 0.02".into()))?;
+            if !(0.0..=10.0).contains(&f) {
+                return Err(bad("expected a fraction from 0 to 10".into()));
+            }
+            c.allocator.lazy.headroom_bp = (f * 10_000.0).round() as u32;
+        }
+        "max_handle" => {
+            let v = size()?;
+            if v == 0 {
+                return Err(bad("a handle must be at least 1 byte".into()));
+            }
+            c.allocator.lazy.handle_bytes = v;
+        }
+        "map_ahead" => c.allocator.lazy.ahead_bytes = size()?,
         "backend" => {
             c.backend = match value {
                 "cuda" => Backend::Cuda,
@@ -211,6 +234,19 @@ pub use gpumem::units::parse_size;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn paged_lazy_knobs() {
+        let c =
+            parse_strict("strategy=paged-lazy,headroom=0.02,max_handle=64MiB,map_ahead=0").unwrap();
+        assert_eq!(c.strategy, "paged-lazy");
+        assert_eq!(c.allocator.lazy.headroom_bp, 200);
+        assert_eq!(c.allocator.lazy.handle_bytes, 64 << 20);
+        assert_eq!(c.allocator.lazy.ahead_bytes, 0);
+        let (c, e) = parse("headroom=-1,max_handle=0,headroom=x");
+        assert_eq!(e.len(), 3, "{e:?}");
+        assert_eq!(c.allocator.lazy, AllocatorConfig::default().lazy);
+    }
 
     #[test]
     fn the_issue_example_parses() {

@@ -242,6 +242,23 @@ impl<D: Device> Device for Deferred<D> {
     }
 }
 
+/// Counts of a [`DirectPool`]'s stream ordering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Deferral {
+    /// cuMemUnmap calls postponed behind an event and not carried out yet.
+    pub unmaps_postponed_now: usize,
+    /// cuMemUnmap calls postponed so far.
+    pub unmaps_postponed: u64,
+    /// Postponed unmaps whose event the CPU had to wait for.
+    pub unmaps_waited: u64,
+    /// Side-stream allocations that waited (on the CPU) for the main stream's work.
+    pub side_stream_waits: u64,
+    /// Blocks freed on a side stream, each given back behind an event.
+    pub side_stream_frees: u64,
+    /// The main stream (the first that allocated), once known.
+    pub main_stream: Option<u64>,
+}
+
 /// Blocks freed on a side stream, waiting for `event` before the strategy gets them back.
 struct SideFree {
     event: u64,
@@ -258,6 +275,8 @@ struct Inner<D> {
     side: VecDeque<SideFree>,
     oom_recoveries: u64,
     side_waits: u64,
+    /// Blocks freed on a side stream (each behind an event).
+    side_frees: u64,
     live_blocks: i64,
     live_requested: i64,
 }
@@ -292,6 +311,7 @@ impl<D: Device> DirectPool<D> {
                 side: VecDeque::new(),
                 oom_recoveries: 0,
                 side_waits: 0,
+                side_frees: 0,
                 live_blocks: 0,
                 live_requested: 0,
             }),
@@ -427,6 +447,7 @@ impl<D: Device> DirectPool<D> {
                 self.drain_side(&mut g, false)?;
             }
         } else {
+            g.side_frees += 1;
             let event = self.events.record(b.stream)?;
             g.side.push_back(SideFree {
                 event,
@@ -471,16 +492,22 @@ impl<D: Device> DirectPool<D> {
         })
     }
 
-    /// Postponed unmaps now, postponed so far, and how many of those the CPU waited for;
-    /// CPU waits of side-stream allocations for the main stream.
+    /// How the stream ordering went so far: see [`Deferral`].
     ///
     /// # Errors
     /// [`PoolError::Poisoned`].
-    pub fn deferral_counts(&self) -> Result<(usize, u64, u64, u64), PoolError> {
+    pub fn deferral_counts(&self) -> Result<Deferral, PoolError> {
         let mut g = self.lock()?;
-        let waits = g.side_waits;
+        let (side_waits, side_frees, main_stream) = (g.side_waits, g.side_frees, g.main);
         let d = g.dev.inner_mut();
-        Ok((d.postponed_now(), d.postponed, d.waited, waits))
+        Ok(Deferral {
+            unmaps_postponed_now: d.postponed_now(),
+            unmaps_postponed: d.postponed,
+            unmaps_waited: d.waited,
+            side_stream_waits: side_waits,
+            side_stream_frees: side_frees,
+            main_stream,
+        })
     }
 
     /// Checks the strategy's invariants.
@@ -534,7 +561,9 @@ mod tests {
         for x in blocks.drain(..) {
             p.free(&x).unwrap();
         }
-        let (now, postponed, waited, _) = p.deferral_counts().unwrap();
+        let d = p.deferral_counts().unwrap();
+        let (now, postponed, waited) =
+            (d.unmaps_postponed_now, d.unmaps_postponed, d.unmaps_waited);
         // Every unmap was postponed; one whose range or handle was needed again was waited
         // for (the events had not completed), never carried out early.
         assert!(
@@ -544,7 +573,7 @@ mod tests {
         p.validate().unwrap();
         ev.complete_all();
         p.free(&b).unwrap(); // polls: the postponed unmaps are carried out now
-        assert_eq!(p.deferral_counts().unwrap().0, 0);
+        assert_eq!(p.deferral_counts().unwrap().unmaps_postponed_now, 0);
         p.empty_cache().unwrap();
         let s = p.stats().unwrap();
         assert_eq!(s.live_blocks, 0);
@@ -570,7 +599,9 @@ mod tests {
         assert_eq!(p.stats().unwrap().pending_blocks, 0);
         // A side-stream allocation after a main-stream free waits for the main stream.
         let c = p.alloc(4 << 20, 9).unwrap();
-        assert_eq!(p.deferral_counts().unwrap().3, 1);
+        let d = p.deferral_counts().unwrap();
+        assert_eq!((d.side_stream_waits, d.side_stream_frees), (1, 1));
+        assert_eq!(d.main_stream, Some(0));
         p.free(&c).unwrap();
         p.free(&m).unwrap();
         ev.complete_all();
@@ -592,7 +623,7 @@ mod tests {
         ));
         assert_eq!(p.stats().unwrap().oom_recoveries, 1);
         assert_eq!(
-            p.deferral_counts().unwrap().0,
+            p.deferral_counts().unwrap().unmaps_postponed_now,
             0,
             "settled while recovering"
         );

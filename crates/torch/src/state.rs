@@ -23,7 +23,7 @@ use rustc_hash::FxHashMap;
 use serde_json::{json, Map, Value};
 
 use crate::conf::{Backend, Conf, Mode};
-use crate::direct::{Deferred, DirectPool};
+use crate::direct::{Deferral, Deferred, DirectPool};
 use crate::metered::{Metered, Reserved};
 
 /// Devices a process may use (ordinals `0..MAX_DEVICES`).
@@ -39,8 +39,8 @@ trait Pool: Send + Sync {
     fn stats(&self) -> Result<PoolStats, PoolError>;
     fn validate(&self) -> Result<(), PoolError>;
     fn counters(&self) -> Result<DriverCounters, PoolError>;
-    /// `mode=direct`: unmaps postponed now, postponed so far, waited for; side-stream waits.
-    fn deferral(&self) -> Option<(usize, u64, u64, u64)> {
+    /// `mode=direct`: the stream ordering's counts.
+    fn deferral(&self) -> Option<Deferral> {
         None
     }
 }
@@ -64,7 +64,7 @@ impl<D: Device> Pool for DirectPool<D> {
     fn counters(&self) -> Result<DriverCounters, PoolError> {
         DirectPool::counters(self)
     }
-    fn deferral(&self) -> Option<(usize, u64, u64, u64)> {
+    fn deferral(&self) -> Option<Deferral> {
         self.deferral_counts().ok()
     }
 }
@@ -202,6 +202,60 @@ struct Counters {
     zero_byte_requests: AtomicU64,
 }
 
+/// Calls taking longer than this count as slow in the profile.
+const SLOW_CALL_NS: u64 = 20_000;
+
+/// Time spent inside `malloc` and `free`, kept when the environment variable
+/// `GPUMEM_PROFILE` is set (to anything but `0`) when the plug-in starts: the plug-in's own
+/// share of a training step, apart from PyTorch's. Two clock reads a call.
+#[derive(Debug, Default)]
+struct Profile {
+    malloc_calls: AtomicU64,
+    malloc_ns: AtomicU64,
+    free_calls: AtomicU64,
+    free_ns: AtomicU64,
+    /// Calls over [`SLOW_CALL_NS`], and their time.
+    slow_calls: AtomicU64,
+    slow_ns: AtomicU64,
+    max_ns: AtomicU64,
+}
+
+impl Profile {
+    fn from_env() -> Option<Self> {
+        std::env::var_os("GPUMEM_PROFILE")
+            .filter(|v| !v.is_empty() && v != "0")
+            .map(|_| Profile::default())
+    }
+    fn record(&self, malloc: bool, since: Instant) {
+        let ns = since.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+        let (calls, total) = if malloc {
+            (&self.malloc_calls, &self.malloc_ns)
+        } else {
+            (&self.free_calls, &self.free_ns)
+        };
+        calls.fetch_add(1, Ordering::Relaxed);
+        total.fetch_add(ns, Ordering::Relaxed);
+        if ns > SLOW_CALL_NS {
+            self.slow_calls.fetch_add(1, Ordering::Relaxed);
+            self.slow_ns.fetch_add(ns, Ordering::Relaxed);
+        }
+        self.max_ns.fetch_max(ns, Ordering::Relaxed);
+    }
+    fn json(&self) -> Value {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        json!({
+            "malloc_calls": l(&self.malloc_calls),
+            "malloc_ns": l(&self.malloc_ns),
+            "free_calls": l(&self.free_calls),
+            "free_ns": l(&self.free_ns),
+            "slow_calls": l(&self.slow_calls),
+            "slow_ns": l(&self.slow_ns),
+            "slow_threshold_ns": SLOW_CALL_NS,
+            "max_ns": l(&self.max_ns),
+        })
+    }
+}
+
 /// One device's pool and figures.
 struct DeviceState {
     pool: Box<dyn Pool>,
@@ -268,12 +322,17 @@ pub struct Plugin {
     report_counts: [AtomicU64; REPORT_KINDS],
     first_reports: Mutex<Vec<String>>,
     quiet: bool,
+    profile: Option<Profile>,
 }
 
 impl Plugin {
     /// A plug-in with settings `conf`; no device is opened until first used. With `quiet`,
     /// reports are kept for the statistics but not written to stderr (for tests).
     pub fn new(conf: Conf, quiet: bool) -> Self {
+        Self::with_profile(conf, quiet, Profile::from_env())
+    }
+
+    fn with_profile(conf: Conf, quiet: bool, profile: Option<Profile>) -> Self {
         Plugin {
             conf,
             devices: (0..MAX_DEVICES).map(|_| OnceLock::new()).collect(),
@@ -284,6 +343,7 @@ impl Plugin {
             report_counts: Default::default(),
             first_reports: Mutex::new(Vec::new()),
             quiet,
+            profile,
         }
     }
 
@@ -338,6 +398,18 @@ impl Plugin {
     /// address, or `None` for 0 bytes (without touching the pool), a bad argument, or out of
     /// memory.
     pub fn malloc(&self, size_bytes: i64, ordinal: i32, stream: u64) -> Option<u64> {
+        match &self.profile {
+            None => self.malloc_unprofiled(size_bytes, ordinal, stream),
+            Some(p) => {
+                let t = Instant::now();
+                let r = self.malloc_unprofiled(size_bytes, ordinal, stream);
+                p.record(true, t);
+                r
+            }
+        }
+    }
+
+    fn malloc_unprofiled(&self, size_bytes: i64, ordinal: i32, stream: u64) -> Option<u64> {
         if size_bytes <= 0 {
             if size_bytes == 0 {
                 if let Some(Ok(d)) = usize::try_from(ordinal)
@@ -435,7 +507,18 @@ impl Plugin {
     /// reported once and ignored. `size_bytes` and `stream` are PyTorch's and are not
     /// needed: the block's own requested size and stream (recorded at allocation) are used.
     pub fn free(&self, addr: u64, size_bytes: i64, ordinal: i32, stream: u64) {
+        match &self.profile {
+            None => self.free_unprofiled(addr, size_bytes, ordinal),
+            Some(p) => {
+                let t = Instant::now();
+                self.free_unprofiled(addr, size_bytes, ordinal);
+                p.record(false, t);
+            }
+        }
         let _ = stream;
+    }
+
+    fn free_unprofiled(&self, addr: u64, size_bytes: i64, ordinal: i32) {
         if addr == 0 {
             return;
         }
@@ -726,11 +809,13 @@ impl Plugin {
                 Mode::Pool => "pool",
             }),
         );
-        if let Some((now, postponed, waited, side)) = d.and_then(|d| d.pool.deferral()) {
-            m.insert("unmaps_postponed_now".into(), json!(now));
-            m.insert("unmaps_postponed".into(), json!(postponed));
-            m.insert("unmaps_waited".into(), json!(waited));
-            m.insert("side_stream_waits".into(), json!(side));
+        if let Some(f) = d.and_then(|d| d.pool.deferral()) {
+            m.insert("unmaps_postponed_now".into(), json!(f.unmaps_postponed_now));
+            m.insert("unmaps_postponed".into(), json!(f.unmaps_postponed));
+            m.insert("unmaps_waited".into(), json!(f.unmaps_waited));
+            m.insert("side_stream_waits".into(), json!(f.side_stream_waits));
+            m.insert("side_stream_frees".into(), json!(f.side_stream_frees));
+            m.insert("main_stream".into(), json!(f.main_stream));
         }
         m.insert("driver_seconds".into(), json!(dc.seconds));
         let mut reports = Map::new();
@@ -753,6 +838,9 @@ impl Plugin {
             .map(|v| v.clone())
             .unwrap_or_default();
         m.insert("first_reports".into(), json!(first));
+        if let Some(p) = &self.profile {
+            m.insert("profile".into(), p.json());
+        }
         Value::Object(m)
     }
 }
@@ -917,6 +1005,49 @@ mod tests {
             prop_assert_eq!(s["reserved_bytes.all.current"].as_i64().unwrap(), 0);
         }
         Ok(())
+    }
+
+    #[test]
+    fn the_profile_counts_calls_and_time_only_when_on() {
+        let conf = parse_strict("backend=sim,sim_capacity=1GiB,strategy=torch,reserve=0").unwrap();
+        let off = Plugin::with_profile(conf, true, None);
+        let a = off.malloc(1000, 0, 0).unwrap();
+        off.free(a, 1000, 0, 0);
+        assert!(off.stats_json(0).get("profile").is_none());
+
+        let on = Plugin::with_profile(conf, true, Some(Profile::default()));
+        let blocks: Vec<u64> = (1..=5)
+            .map(|i| on.malloc(i * 4096, 0, 0).unwrap())
+            .collect();
+        for (i, b) in blocks.iter().enumerate().take(3) {
+            on.free(*b, (i as i64 + 1) * 4096, 0, 0);
+        }
+        on.free(0, 0, 0, 0); // NULL: a call too, though it does nothing
+        assert_eq!(on.malloc(0, 0, 0), None);
+        let p = &on.stats_json(0)["profile"];
+        assert_eq!(p["malloc_calls"].as_u64(), Some(6));
+        assert_eq!(p["free_calls"].as_u64(), Some(4));
+        assert!(p["malloc_ns"].as_u64().unwrap() > 0);
+        assert!(
+            p["max_ns"].as_u64().unwrap()
+                <= p["malloc_ns"].as_u64().unwrap() + p["free_ns"].as_u64().unwrap()
+        );
+
+        // A call longer than the threshold counts as slow.
+        let prof = Profile::default();
+        let past = Instant::now()
+            .checked_sub(std::time::Duration::from_nanos(3 * SLOW_CALL_NS))
+            .unwrap();
+        prof.record(false, past);
+        prof.record(true, Instant::now());
+        let j = prof.json();
+        assert_eq!(j["slow_calls"].as_u64(), Some(1));
+        assert!(j["slow_ns"].as_u64().unwrap() >= 3 * SLOW_CALL_NS);
+        assert_eq!(j["slow_ns"], j["free_ns"]);
+        assert_eq!(
+            (j["malloc_calls"].as_u64(), j["free_calls"].as_u64()),
+            (Some(1), Some(1))
+        );
     }
 
     proptest! {

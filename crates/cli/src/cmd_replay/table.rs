@@ -166,7 +166,17 @@ pub(super) fn print_table(j: &JsonOut, capacity: u64, capacity_given: bool) {
         }
     );
     println!();
-    let cols = columns(j);
+    let mut cols = columns(j);
+    // A column is as wide as its widest cell (a long allocator name such as `paged-lazy`).
+    for c in &mut cols {
+        let widest = j
+            .allocators
+            .iter()
+            .map(|a| (c.cell)(a).chars().count())
+            .max()
+            .unwrap_or(0);
+        c.width = c.width.max(widest).max(c.header.chars().count());
+    }
     let line = |cells: Vec<String>| {
         let mut s = String::new();
         for (i, (c, v)) in cols.iter().zip(cells).enumerate() {

@@ -3,8 +3,10 @@
 //! emulation's fidelity, the driver-cost model, paged's targets) and the report.
 //!
 //! Run one group with `cargo test -p gpumem --test trace readers::` (or `replay::`,
-//! `torch_fidelity::`, `cost_model::`, `paged_targets::`, `map_golden::`, `report_html::`).
+//! `torch_fidelity::`, `cost_model::`, `paged_targets::`, `lazy_steady::`, `map_golden::`,
+//! `report_html::`).
 mod cost_model;
+mod lazy_steady;
 mod map_golden;
 mod paged_targets;
 mod readers;

@@ -1,0 +1,613 @@
+//! `paged-lazy`: a page-mapped allocator over CUDA virtual memory management
+//! (cuMemAddressReserve, cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease,
+//! cuMemAddressFree), like [`crate::paged`], but one that keeps freed pages mapped, as
+//! PyTorch's `expandable_segments` does, instead of unmapping them at once. [`crate::paged`]
+//! reserves the least memory and calls the driver on almost every allocation; this one
+//! reaches a steady state without driver calls in a repeated training step, for some more
+//! memory. Use it where the calls cost time (inside a training loop, through the PyTorch
+//! plug-in); use `paged` to learn how little memory a trace can live in.
+//!
+//! Measured on the shipped traces (`gpumem replay T --allocator paged,paged-lazy,torch`,
+//! BENCHMARKS.md, issue 11): peak reserved / peak requested 1.005–1.020 on the training
+//! traces (resnet_train, gpt2_train, the BERT fine-tune) against `paged`'s 1.001–1.004, and
+//! 0–96 driver calls in their second half against 1,783–43,217; on random churn
+//! (mixed_sizes: 1.34) and on a run that empties the cache between growing batches
+//! (inference: 1.15) it holds more than `paged` (1.013, 1.0004).
+//!
+//! # Policy: map once, keep mapped, move pages only to hold the peak
+//! The trade is reserved memory against driver calls. Mapping a page costs a cuMemCreate, a
+//! cuMemMap and a cuMemSetAccess (tens of µs to ms on an H200, by size; see BENCHMARKS.md),
+//! unmapping it a cuMemUnmap and perhaps a cuMemRelease. Unmapping every page as soon as no
+//! block touches it reserves the least memory but makes a call on almost every allocation of
+//! a training loop; a caching allocator makes none after the first step. This one keeps the
+//! memory of the first and the calls of the second:
+//! - **Pages stay mapped.** A freed block's pages stay mapped and open ("idle" when no block
+//!   touches them) and are reused in place: a free makes no driver call, ever. The pages of
+//!   a training step are mapped during the first step and reused by every later one.
+//! - **Placement** puts a block best-fit into the free bytes of mapped pages (the smallest
+//!   run that holds it, then the lowest address, as PyTorch's caching allocator picks a
+//!   cached block): no driver call. Only when none holds it are pages mapped, at the spot
+//!   that maps the fewest new pages ([`placement`]).
+//! - **The page limit.** New pages are created only while the pool holds fewer pages than
+//!   the larger of its own peak so far and the peak of allocated bytes times
+//!   `1 + headroom` ([`LazyPagedPool::with_headroom`]). Above it, idle extents elsewhere are
+//!   unmapped and mapped where they are needed (cuMemUnmap + cuMemMap + cuMemSetAccess, no
+//!   create or release), so the peak of `reserved_bytes` only moves when that is not enough.
+//!   The headroom is the memory traded for calls: idle pages a later step finds mapped.
+//! - **Mapping ahead.** Below the limit, a block that maps pages also maps up to
+//!   [`LazyPagedPool::with_ahead_bytes`] more free pages after it, in the same handle and the
+//!   same cuMemSetAccess: the calls of a growing pool are priced by the span they open
+//!   (cuMemSetAccess of 1 GiB costs ≈ 20 × one of 2 MiB, not 512 ×), so fewer, larger
+//!   spans cost less for the same bytes.
+//! - **Handles.** Each run of new pages is cut into handles of a power of two of pages,
+//!   largest first, at most [`LazyConfig::handle_bytes`](crate::config::LazyConfig::handle_bytes)
+//!   (one cuMemCreate and one cuMemMap each; at most log2 of the run's pages handles): a
+//!   few sizes of pieces that fit later runs. An idle extent moves whole, and one that a
+//!   live block still touches in part cannot move at all: that is where this policy loses
+//!   memory against `paged`. Smaller handles move more easily (64 MiB: 1.21 on mixed_sizes
+//!   instead of 1.34) but a repeated step can then drift, placing a block one page lower
+//!   each time and creating that page (+2 MiB a step in this module's repeated-step test);
+//!   with 1 GiB handles (the default) it settles after the second step. Unmapped handles
+//!   wait in a cache (at most
+//!   [`AllocatorConfig::page_cache_pages`](crate::config::AllocatorConfig::page_cache_pages)
+//!   pages, the largest released first) and fill later runs before anything is created.
+//! - **Quick reuse.** Up to [`QUICK_SLOTS`] freed blocks are kept whole and handed out again
+//!   to a request of the same rounded size (the O(1) hit path). They go back to the free
+//!   space before any page is mapped, so they never raise the peak.
+//!
+//! Idle pages are given back only by [`Allocator::empty_cache`] (and on out-of-memory, which
+//! calls it and retries), as PyTorch's expandable segments do.
+//!
+//! # Streams and devices
+//! The `stream` argument is ignored: a freed block is reusable at once, on any stream, as
+//! after PyTorch's `free_completed` (the caller frees only once the GPU is done with the
+//! block). One allocator serves one device: the page size is learnt from the first
+//! [`Device`] it is given.
+//!
+//! # Figures
+//! - `allocated_bytes`: bytes of live blocks (requests rounded up to 256 bytes).
+//! - `reserved_bytes`: physical bytes held: mapped pages plus cached handles. Its peak also
+//!   records handles created by an allocation that later failed and was unwound.
+//! - `free_bytes`: free bytes on mapped pages (what can be placed without a driver call);
+//!   blocks held for quick reuse and cached handles are not counted.
+//! - `largest_free_bytes`: the longest run of those bytes.
+//! - `inactive_split_bytes`: the same free bytes on mapped pages (cached memory that only a
+//!   request fitting it can use, as in PyTorch's expandable segment).
+//! - `segment_count`: physical handles held (mapped + cached).
+//!
+//! # Failures
+//! Every allocation either completes or unwinds exactly the driver calls it made
+//! (reservations freed, pages unmapped, created handles released, cached handles returned);
+//! blocks and `requested`/`allocated` are then as before. A failed allocation may leave
+//! three things changed, none of them memory taken: blocks of the quick-reuse list returned
+//! to the free space, idle extents unmapped into the cache, and cached handles released
+//! (`reserved_bytes` only drops). On out-of-memory it gives back the whole cache, as the
+//! [`Allocator`] contract asks. A free makes no driver call and cannot fail (but for an
+//! unknown address). If a cuMemUnmap *while unwinding* fails twice, the handle stays mapped,
+//! quarantined out of the free space (still counted as reserved), and is given back by
+//! [`Allocator::empty_cache`]; if a cuMemRelease fails twice, the handle stays cached, even
+//! above the bound, until a later call trims the cache.
+mod cache;
+pub mod check;
+mod pages;
+mod placement;
+mod validate;
+mod view;
+
+pub use cache::CachedHandle;
+pub use view::{PageState, VaRangeView};
+
+use crate::align::{align_up, is_pow2};
+use crate::config::AllocatorConfig;
+use crate::device::DeviceError;
+use crate::hash::AddrMap;
+use crate::{AllocError, Allocator, Block, Device, Stats, StatsTracker, DEFAULT_ALIGN};
+use cache::HandleCache;
+use pages::Reservation;
+use placement::{FreeSpace, Placement};
+
+/// Allocation unit in bytes: every block size and address is a multiple of it.
+pub const UNIT_BYTES: u64 = DEFAULT_ALIGN;
+
+/// Virtual address space reserved by the first reservation, as a multiple of the device
+/// capacity.
+pub const VA_CAPACITY_FACTOR: u64 = 2;
+
+/// Freed blocks held for same-size reuse, at most (default of [`LazyPagedPool::with_quick_slots`]).
+pub const QUICK_SLOTS: usize = 16;
+
+/// A live block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LiveBlock {
+    /// Bytes set aside (multiple of [`UNIT_BYTES`]).
+    bytes: u64,
+    /// Bytes the user asked for.
+    requested: u64,
+}
+
+/// A freed block held in the quick-reuse list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct QuickBlock {
+    addr: u64,
+    /// Allocated bytes (multiple of [`UNIT_BYTES`]).
+    bytes: u64,
+}
+
+/// The page-mapped allocator (see the module documentation).
+///
+/// ```
+/// use gpumem_core::paged_lazy::{PageState, LazyPagedPool};
+/// use gpumem_core::config::AllocatorConfig;
+/// use gpumem_core::sim::SimDevice;
+/// use gpumem_core::{Allocator, Device};
+///
+/// let mut dev = SimDevice::new(1 << 30); // 1 GiB, 2 MiB pages
+/// let mut pool = LazyPagedPool::new(&AllocatorConfig::default()).with_ahead_bytes(0);
+/// let small = pool.allocate(&mut dev, 1 << 20, 256, 0)?; // 1 MiB: maps one page
+/// let big = pool.allocate(&mut dev, 5 << 20, 256, 0)?; // 5 MiB: shares that page, maps 2
+/// assert_eq!(big.addr, small.addr + (1 << 20));
+/// assert_eq!(pool.stats().reserved_bytes.current, 6 << 20);
+/// // The page table: one row per physical handle.
+/// let mapped: Vec<u64> = pool
+///     .page_table()
+///     .iter()
+///     .filter(|row| matches!(row.state, PageState::Mapped { .. }))
+///     .map(|row| row.bytes)
+///     .collect();
+/// assert_eq!(mapped, [2 << 20, 4 << 20]);
+/// let calls = dev.calls_made();
+/// pool.deallocate(&mut dev, big.addr)?;
+/// pool.deallocate(&mut dev, small.addr)?;
+/// let again = pool.allocate(&mut dev, 6 << 20, 256, 0)?; // in the idle pages
+/// assert_eq!(dev.calls_made(), calls, "no driver call after the first use");
+/// pool.deallocate(&mut dev, again.addr)?;
+/// pool.empty_cache(&mut dev)?;
+/// assert_eq!(dev.used_bytes(), 0);
+/// pool.validate()?;
+/// # Ok::<(), gpumem_core::AllocError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct LazyPagedPool {
+    /// Bound on cached (unmapped) handles, in pages
+    /// ([`AllocatorConfig::page_cache_pages`](crate::config::AllocatorConfig::page_cache_pages)).
+    cache_limit: u64,
+    /// Fraction above the peak of allocated bytes the pool may hold before moving pages.
+    headroom: f64,
+    /// Most bytes mapped ahead of need by one allocation.
+    ahead_bytes: u64,
+    /// Largest handle created, in pages (0 until the page size is known: then
+    /// `handle_bytes / page_bytes`).
+    handle_pages: u64,
+    /// Largest handle created, in bytes.
+    handle_bytes: u64,
+    /// Virtual bytes per reservation; 0 = [`VA_CAPACITY_FACTOR`] × device capacity.
+    va_chunk_bytes: u64,
+    /// Page size in bytes (the device granularity), known after the first allocation.
+    page_bytes: u64,
+    /// Reserved ranges in address order.
+    reservations: Vec<Reservation>,
+    /// Free ranges and mapped free runs.
+    space: FreeSpace,
+    /// Live blocks by address.
+    live: AddrMap<u64, LiveBlock>,
+    /// Unmapped physical handles kept for reuse.
+    cache: HandleCache,
+    /// Spans (address, bytes) of handles left mapped without access by an unwind whose
+    /// cuMemUnmap failed twice; kept out of the free space until [`Allocator::empty_cache`].
+    quarantine: Vec<(u64, u64)>,
+    /// Pages currently mapped (including idle and quarantined ones).
+    mapped_pages: u64,
+    /// Set while the cache is above its bound after a failed cuMemRelease.
+    trim_pending: bool,
+    /// Recently freed blocks kept whole for reuse by a request of the same size (the O(1)
+    /// hit path), oldest first; their bytes stay out of the free space.
+    quick: Vec<QuickBlock>,
+    /// Bytes of the blocks in `quick`.
+    quick_bytes: u64,
+    /// Most blocks `quick` may hold.
+    quick_slots: usize,
+    /// Figures in PyTorch's vocabulary.
+    tracker: StatsTracker,
+}
+
+impl LazyPagedPool {
+    /// A new, empty allocator; it reserves nothing until the first allocation.
+    /// Uses `config.page_cache_pages` as the bound of the handle cache.
+    pub fn new(config: &AllocatorConfig) -> Self {
+        LazyPagedPool {
+            cache_limit: config.page_cache_pages,
+            headroom: f64::from(config.lazy.headroom_bp) / 10_000.0,
+            ahead_bytes: config.lazy.ahead_bytes,
+            handle_pages: 0,
+            handle_bytes: config.lazy.handle_bytes,
+            va_chunk_bytes: 0,
+            page_bytes: 0,
+            reservations: Vec::new(),
+            space: FreeSpace::default(),
+            live: AddrMap::default(),
+            cache: HandleCache::default(),
+            quarantine: Vec::new(),
+            mapped_pages: 0,
+            trim_pending: false,
+            quick: Vec::new(),
+            quick_bytes: 0,
+            quick_slots: QUICK_SLOTS,
+            tracker: StatsTracker::default(),
+        }
+    }
+
+    /// Sets the headroom: how far above the peak of allocated bytes (as a fraction: 0.01 =
+    /// 1 %) the pool may hold pages before it moves idle pages (unmap, map, set access)
+    /// instead of creating new ones. More headroom, fewer driver calls in a training loop's
+    /// steady state and larger spans while growing; less, a peak of reserved bytes closer to
+    /// the peak of allocated ones. 0 keeps the peak as low as page placement allows. Default
+    /// [`LazyConfig::headroom_bp`](crate::config::LazyConfig::headroom_bp) of the config; negative or non-finite values count as 0.
+    pub fn with_headroom(mut self, fraction: f64) -> Self {
+        self.headroom = if fraction.is_finite() {
+            fraction.max(0.0)
+        } else {
+            0.0
+        };
+        self
+    }
+
+    /// Sets the most bytes an allocation that maps pages may map ahead of need (free pages
+    /// right after the block, within the headroom; 0: only the pages under the block).
+    /// Default [`LazyConfig::ahead_bytes`](crate::config::LazyConfig::ahead_bytes) of the config.
+    pub fn with_ahead_bytes(mut self, bytes: u64) -> Self {
+        self.ahead_bytes = bytes;
+        self
+    }
+
+    /// Sets the largest physical handle created, in bytes (rounded down to whole pages, at
+    /// least one page): a run of new pages gets one handle per this many bytes (one
+    /// cuMemCreate and one cuMemMap each; still one cuMemSetAccess for the run). An idle
+    /// handle moves only whole, so smaller handles keep the peak closer to the bytes in use,
+    /// larger ones make fewer calls while the pool grows. Default [`LazyConfig::handle_bytes`](crate::config::LazyConfig::handle_bytes) of the config.
+    pub fn with_handle_bytes(mut self, bytes: u64) -> Self {
+        self.handle_bytes = bytes;
+        self
+    }
+
+    /// Sets the virtual bytes reserved per cuMemAddressReserve (rounded up to the page size;
+    /// a larger block gets a range of its own size). The default, 0, reserves
+    /// [`VA_CAPACITY_FACTOR`] × the device capacity.
+    pub fn with_va_chunk_bytes(mut self, bytes: u64) -> Self {
+        self.va_chunk_bytes = bytes;
+        self
+    }
+
+    /// Sets how many freed blocks the quick-reuse list may hold (0 disables it). Default
+    /// [`QUICK_SLOTS`].
+    pub fn with_quick_slots(mut self, slots: usize) -> Self {
+        self.quick_slots = slots;
+        self
+    }
+
+    /// Idle pages: mapped, open, and under no block (nor a block held for quick reuse).
+    /// O(reserved pages).
+    pub fn idle_pages(&self) -> u64 {
+        let p = self.page_bytes;
+        let mut n = 0;
+        for r in &self.reservations {
+            for (i, s) in r.pages.iter().enumerate() {
+                if s.is_some_and(|s| s.access) {
+                    let a = r.va + i as u64 * p;
+                    let covered = self
+                        .space
+                        .mapped
+                        .range(..=a)
+                        .next_back()
+                        .is_some_and(|(&st, &l)| st + l >= a + p);
+                    n += u64::from(covered);
+                }
+            }
+        }
+        n
+    }
+
+    /// Page size in bytes (the device granularity); 0 before the first allocation.
+    pub fn page_bytes(&self) -> u64 {
+        self.page_bytes
+    }
+
+    /// Pages mapped now (under blocks, idle, or quarantined).
+    pub fn mapped_pages(&self) -> u64 {
+        self.mapped_pages
+    }
+
+    /// Unmapped physical handles in the cache.
+    pub fn cached_handles(&self) -> &[CachedHandle] {
+        self.cache.as_slice()
+    }
+
+    /// Pages of the unmapped handles in the cache.
+    pub fn cached_pages(&self) -> u64 {
+        self.cache.pages()
+    }
+
+    /// Reserved virtual ranges as `(start, bytes)`.
+    pub fn reserved_ranges(&self) -> Vec<(u64, u64)> {
+        self.reservations.iter().map(|r| (r.va, r.bytes)).collect()
+    }
+
+    /// Live blocks as `(addr, allocated_bytes)` in address order.
+    pub fn live_blocks(&self) -> Vec<(u64, u64)> {
+        let mut v: Vec<_> = self.live.iter().map(|(&a, b)| (a, b.bytes)).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Blocks holding address space: live ones and those kept for quick reuse.
+    fn blocks_held(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.live
+            .iter()
+            .map(|(&a, b)| (a, b.bytes))
+            .chain(self.quick.iter().map(|q| (q.addr, q.bytes)))
+    }
+
+    /// Records a new live block.
+    fn commit_live(&mut self, addr: u64, bytes: u64, requested: u64) -> Block {
+        self.live.insert(addr, LiveBlock { bytes, requested });
+        self.tracker.on_alloc(requested, bytes);
+        Block {
+            addr,
+            requested_bytes: requested,
+            allocated_bytes: bytes,
+        }
+    }
+
+    /// A block in mapped free bytes, if one fits: no driver call.
+    fn place_mapped(&mut self, bytes: u64, align: u64, requested: u64) -> Option<Block> {
+        let (run, addr) = self.space.best_fit(bytes, align)?;
+        self.space.take_mapped(run, addr, bytes);
+        Some(self.commit_live(addr, bytes, requested))
+    }
+
+    /// One allocation attempt (no OOM retry).
+    fn try_allocate(
+        &mut self,
+        dev: &mut dyn Device,
+        bytes: u64,
+        align: u64,
+        requested: u64,
+    ) -> Result<Block, AllocError> {
+        if let Some(i) = self
+            .quick
+            .iter()
+            .rposition(|q| q.bytes == bytes && q.addr % align == 0)
+        {
+            let q = self.quick.remove(i);
+            self.quick_bytes -= q.bytes;
+            return Ok(self.commit_live(q.addr, bytes, requested));
+        }
+        if let Some(b) = self.place_mapped(bytes, align, requested) {
+            return Ok(b);
+        }
+        // Pages will be mapped: first give the quick list's blocks back, so that no page is
+        // mapped while a block nobody uses holds mapped bytes.
+        if !self.quick.is_empty() {
+            self.flush_quick()?;
+            if let Some(b) = self.place_mapped(bytes, align, requested) {
+                return Ok(b);
+            }
+        }
+        let mut grown = None;
+        let pl = match self.place_growth(bytes, align) {
+            Some(pl) => pl,
+            None => {
+                let ri = self.grow_va(dev, bytes)?;
+                grown = Some(ri);
+                Placement {
+                    res: ri,
+                    addr: self.reservations[ri].va,
+                }
+            }
+        };
+        let hi = match self.map_for_block(dev, pl.res, pl.addr, bytes) {
+            Ok(hi) => hi,
+            Err(e) => {
+                if let Some(ri) = grown {
+                    self.ungrow_va(dev, ri);
+                }
+                return Err(e.into());
+            }
+        };
+        let p = self.page_bytes;
+        self.space.take_va(pl.addr, bytes);
+        let r = &self.reservations[pl.res];
+        // The window: the block's pages and those mapped ahead of it.
+        let lo = pl.addr - (pl.addr - r.va) % p;
+        self.space.rebuild_mapped(r, p, lo, hi);
+        Ok(self.commit_live(pl.addr, bytes, requested))
+    }
+
+    fn oom(&self, requested_bytes: u64) -> AllocError {
+        let s = self.stats();
+        AllocError::OutOfMemory {
+            requested_bytes,
+            free_bytes: s.free_bytes,
+            largest_free_bytes: s.largest_free_bytes,
+        }
+    }
+
+    /// Learns the page size from the device on first use.
+    fn learn_page_size(&mut self, dev: &dyn Device) -> Result<(), AllocError> {
+        let g = dev.granularity_bytes();
+        if self.page_bytes == 0 {
+            if !is_pow2(g) || !(UNIT_BYTES..=(1 << 40)).contains(&g) {
+                return Err(DeviceError::Unsupported(format!(
+                    "page-mapped allocator needs a power-of-two granularity of 256 B .. 1 TiB, got {g} B"
+                ))
+                .into());
+            }
+            self.page_bytes = g;
+            self.handle_pages = (self.handle_bytes / g).max(1);
+        } else if g != self.page_bytes {
+            return Err(AllocError::Internal(format!(
+                "device granularity changed from {} to {g} bytes (another device?)",
+                self.page_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    /// Returns a block's span to the free space; its pages stay mapped. No driver call.
+    fn free_span(&mut self, addr: u64, bytes: u64) -> Result<(), AllocError> {
+        let ri = self
+            .res_of(addr)
+            .ok_or_else(|| AllocError::Internal(format!("block {addr:#x} outside VA")))?;
+        let r = &self.reservations[ri];
+        self.space.give(addr, bytes, r.va, r.end(), true);
+        Ok(())
+    }
+
+    /// Gives every block of the quick list back to the free space.
+    fn flush_quick(&mut self) -> Result<(), AllocError> {
+        while let Some(q) = self.quick.pop() {
+            self.quick_bytes -= q.bytes;
+            self.free_span(q.addr, q.bytes)?;
+        }
+        Ok(())
+    }
+
+    /// [`LazyPagedPool::try_allocate`], and on out-of-memory [`Allocator::empty_cache`] and one
+    /// retry.
+    fn allocate_with_retry(
+        &mut self,
+        dev: &mut dyn Device,
+        bytes: u64,
+        align: u64,
+        size_bytes: u64,
+    ) -> Result<Block, AllocError> {
+        match self.try_allocate(dev, bytes, align, size_bytes) {
+            Err(e) if e.is_oom() => {
+                let released = self.empty_cache(dev).unwrap_or(0);
+                if released == 0 {
+                    return Err(self.oom(size_bytes));
+                }
+                self.tracker.stats.alloc_retries += 1;
+                match self.try_allocate(dev, bytes, align, size_bytes) {
+                    Err(e) if e.is_oom() => Err(self.oom(size_bytes)),
+                    r => r,
+                }
+            }
+            r => r,
+        }
+    }
+}
+
+impl Default for LazyPagedPool {
+    fn default() -> Self {
+        Self::new(&AllocatorConfig::default())
+    }
+}
+
+impl Allocator for LazyPagedPool {
+    fn name(&self) -> &'static str {
+        "paged-lazy"
+    }
+
+    fn allocate(
+        &mut self,
+        dev: &mut dyn Device,
+        size_bytes: u64,
+        align: u64,
+        _stream: u64,
+    ) -> Result<Block, AllocError> {
+        self.learn_page_size(dev)?;
+        if !is_pow2(align) || align > self.page_bytes {
+            return Err(AllocError::InvalidAlignment {
+                align,
+                max: self.page_bytes,
+            });
+        }
+        let align = align.max(UNIT_BYTES);
+        let bytes = align_up(size_bytes.max(1), UNIT_BYTES)
+            .filter(|b| b.checked_add(2 * self.page_bytes).is_some())
+            .ok_or(AllocError::Overflow { size_bytes, align })?;
+        // More pages than the device has can never be mapped: refuse before reserving VA.
+        if bytes.div_ceil(self.page_bytes) > dev.capacity_bytes() / self.page_bytes {
+            return Err(self.oom(size_bytes));
+        }
+        let result = self.allocate_with_retry(dev, bytes, align, size_bytes);
+        if result.is_ok() && (self.trim_pending || self.cache.pages() > self.cache_limit) {
+            self.trim_cache(dev);
+        }
+        result
+    }
+
+    fn deallocate(&mut self, _dev: &mut dyn Device, addr: u64) -> Result<(), AllocError> {
+        let Some(blk) = self.live.remove(&addr) else {
+            return Err(AllocError::UnknownBlock { addr });
+        };
+        self.tracker.on_free(blk.requested, blk.bytes);
+        if self.quick_slots > 0 {
+            // Make room in the quick list by truly freeing its oldest blocks.
+            if self.quick.len() >= self.quick_slots {
+                let old = self.quick.remove(0);
+                self.quick_bytes -= old.bytes;
+                self.free_span(old.addr, old.bytes)?;
+            }
+            self.quick.push(QuickBlock {
+                addr,
+                bytes: blk.bytes,
+            });
+            self.quick_bytes += blk.bytes;
+            return Ok(());
+        }
+        self.free_span(addr, blk.bytes)
+    }
+
+    fn empty_cache(&mut self, dev: &mut dyn Device) -> Result<u64, AllocError> {
+        let p = self.page_bytes;
+        self.flush_quick()?;
+        while let Some(&(va, bytes)) = self.quarantine.first() {
+            self.release_quarantined(dev, va, bytes)?;
+            self.quarantine.remove(0);
+        }
+        self.drop_idle(dev)?;
+        let mut released = 0;
+        while let Some(h) = self.cache.take_largest() {
+            if let Err(e) = dev.release_physical(h.handle) {
+                self.cache.push(h);
+                return Err(e.into());
+            }
+            self.tracker.on_release(h.pages * p);
+            released += h.pages * p;
+        }
+        self.trim_pending = false;
+        // Reservations without a live block go back too.
+        let mut ri = 0;
+        while ri < self.reservations.len() {
+            let r = &self.reservations[ri];
+            if self.space.va.get(&r.va) == Some(&r.bytes) {
+                let (va, bytes) = (r.va, r.bytes);
+                dev.free_va(va, bytes)?;
+                self.space.va.remove(&va);
+                self.reservations.remove(ri);
+            } else {
+                ri += 1;
+            }
+        }
+        Ok(released)
+    }
+
+    fn stats(&self) -> Stats {
+        let mut s = self.tracker.stats;
+        s.free_bytes = self.space.mapped_bytes;
+        s.largest_free_bytes = self.space.by_size.last().map_or(0, |&(l, _)| l);
+        // Free bytes on mapped pages: what PyTorch counts as inactive split blocks of an
+        // expandable segment (cached, usable only by a request that fits them).
+        s.inactive_split_bytes.add(s.free_bytes);
+        s
+    }
+
+    fn validate(&self) -> Result<(), AllocError> {
+        validate::run(self).map_err(AllocError::Internal)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests;

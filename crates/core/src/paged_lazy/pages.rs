@@ -1,0 +1,600 @@
+//! Pages: the reserved virtual ranges, their page tables, and every driver call that maps
+//! or unmaps physical memory under them (cuMemAddressReserve, cuMemCreate, cuMemMap,
+//! cuMemSetAccess, cuMemUnmap, cuMemRelease, cuMemAddressFree), with the unwinding of a
+//! failed allocation.
+use super::cache::CachedHandle;
+use super::LazyPagedPool;
+use crate::align::align_up;
+use crate::device::{DeviceError, PhysHandle};
+use crate::{AllocError, Device};
+
+/// A mapped physical page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Page {
+    /// The handle mapped over this page's extent.
+    pub(super) handle: PhysHandle,
+    /// First page (index in the reservation) of the extent the handle covers.
+    pub(super) ext_first: u32,
+    /// Pages in that extent.
+    pub(super) ext_pages: u32,
+    /// Whether cuMemSetAccess succeeded over it.
+    pub(super) access: bool,
+}
+
+/// One reserved virtual range and its pages.
+#[derive(Debug, Clone)]
+pub(super) struct Reservation {
+    pub(super) va: u64,
+    pub(super) bytes: u64,
+    /// One slot per page: `Some` when mapped.
+    pub(super) pages: Vec<Option<Page>>,
+    /// Fenwick tree of mapped pages (1-based), for "how many pages of this span are
+    /// mapped" in O(log pages).
+    fenwick: Vec<u32>,
+    /// Mapped extents: first page -> pages (what the idle-extent search walks, instead of
+    /// every page slot of the range).
+    pub(super) extents: std::collections::BTreeMap<usize, u64>,
+}
+
+impl Reservation {
+    fn new(va: u64, bytes: u64, npages: usize) -> Self {
+        Reservation {
+            va,
+            bytes,
+            pages: vec![None; npages],
+            fenwick: vec![0; npages + 1],
+            extents: std::collections::BTreeMap::new(),
+        }
+    }
+
+    pub(super) fn end(&self) -> u64 {
+        self.va + self.bytes
+    }
+
+    fn fenwick_add(&mut self, page: usize, up: bool) {
+        let mut i = page + 1;
+        while i < self.fenwick.len() {
+            self.fenwick[i] = if up {
+                self.fenwick[i] + 1
+            } else {
+                self.fenwick[i].saturating_sub(1)
+            };
+            i += i & i.wrapping_neg();
+        }
+    }
+
+    /// Mapped pages among the first `n`.
+    fn mapped_before(&self, n: usize) -> u64 {
+        let mut i = n.min(self.fenwick.len() - 1);
+        let mut s = 0u64;
+        while i > 0 {
+            s += u64::from(self.fenwick[i]);
+            i -= i & i.wrapping_neg();
+        }
+        s
+    }
+
+    /// Mapped pages in `[a, b)`.
+    pub(super) fn mapped_in(&self, a: usize, b: usize) -> u64 {
+        self.mapped_before(b) - self.mapped_before(a)
+    }
+
+    /// Writes the slots of handle `h` mapped from page `first`.
+    fn set_extent(&mut self, first: usize, h: CachedHandle, access: bool) {
+        let (Ok(ext_first), Ok(ext_pages)) = (u32::try_from(first), u32::try_from(h.pages)) else {
+            return;
+        };
+        self.extents.insert(first, h.pages);
+        for i in first..first + h.pages as usize {
+            let Some(slot) = self.pages.get_mut(i) else {
+                break;
+            };
+            let was_unmapped = slot.is_none();
+            *slot = Some(Page {
+                handle: h.handle,
+                ext_first,
+                ext_pages,
+                access,
+            });
+            if was_unmapped {
+                self.fenwick_add(i, true);
+            }
+        }
+    }
+
+    /// Clears the slots of the extent starting at `first`; returns its handle.
+    fn clear_extent(&mut self, first: usize) -> Option<CachedHandle> {
+        let pg = (*self.pages.get(first)?)?;
+        let n = pg.ext_pages as usize;
+        self.extents.remove(&first);
+        for i in first..first + n {
+            if let Some(slot) = self.pages.get_mut(i) {
+                if slot.take().is_some() {
+                    self.fenwick_add(i, false);
+                }
+            }
+        }
+        Some(CachedHandle {
+            handle: pg.handle,
+            pages: n as u64,
+        })
+    }
+
+    /// Recount of the Fenwick tree and the extent index against the slots (for the
+    /// invariant walk).
+    pub(super) fn fenwick_ok(&self) -> bool {
+        let mut f = Reservation::new(self.va, self.bytes, self.pages.len());
+        let mut extents = std::collections::BTreeMap::new();
+        for (i, s) in self.pages.iter().enumerate() {
+            if let Some(pg) = s {
+                f.fenwick_add(i, true);
+                if pg.ext_first as usize == i {
+                    extents.insert(i, u64::from(pg.ext_pages));
+                }
+            }
+        }
+        f.fenwick == self.fenwick && extents == self.extents
+    }
+}
+
+/// A handle mapped for a new block during an allocation, to give back on failure.
+#[derive(Debug, Clone, Copy)]
+struct Taken {
+    /// First page (index in the reservation) it is mapped at.
+    page: usize,
+    handle: CachedHandle,
+    /// From the cache (or moved from idle pages elsewhere): goes back there on failure.
+    from_cache: bool,
+}
+
+/// An idle extent: a mapped handle no block touches.
+#[derive(Debug, Clone, Copy)]
+struct Idle {
+    res: usize,
+    first: usize,
+    pages: u64,
+}
+
+impl LazyPagedPool {
+    /// Index of the reservation holding `addr`.
+    pub(super) fn res_of(&self, addr: u64) -> Option<usize> {
+        let i = self.reservations.partition_point(|r| r.va <= addr);
+        let i = i.checked_sub(1)?;
+        (addr < self.reservations[i].end()).then_some(i)
+    }
+
+    /// Reserves a new virtual range of at least `bytes` and makes it one free range.
+    pub(super) fn grow_va(
+        &mut self,
+        dev: &mut dyn Device,
+        bytes: u64,
+    ) -> Result<usize, AllocError> {
+        let p = self.page_bytes;
+        let chunk = if self.va_chunk_bytes > 0 {
+            align_up(self.va_chunk_bytes, p)
+        } else {
+            align_up(dev.capacity_bytes(), p).and_then(|c| c.checked_mul(super::VA_CAPACITY_FACTOR))
+        }
+        .unwrap_or(u64::MAX / 2);
+        let overflow = AllocError::Overflow {
+            size_bytes: bytes,
+            align: p,
+        };
+        let want = align_up(bytes, p).ok_or(overflow.clone())?.max(chunk);
+        let npages = usize::try_from(want / p).map_err(|_| overflow)?;
+        let va = dev.reserve_va(want)?;
+        let ri = self.reservations.partition_point(|r| r.va < va);
+        self.reservations
+            .insert(ri, Reservation::new(va, want, npages));
+        self.space.va.insert(va, want);
+        Ok(ri)
+    }
+
+    /// Undoes [`LazyPagedPool::grow_va`] after a failed allocation (cuMemAddressFree, retried
+    /// once; on a second failure the empty range stays).
+    pub(super) fn ungrow_va(&mut self, dev: &mut dyn Device, ri: usize) {
+        let Some(r) = self.reservations.get(ri) else {
+            return;
+        };
+        let (va, bytes) = (r.va, r.bytes);
+        if dev.free_va(va, bytes).is_ok() || dev.free_va(va, bytes).is_ok() {
+            self.space.va.remove(&va);
+            self.reservations.remove(ri);
+        }
+    }
+
+    /// Reserved pages held now: mapped plus cached.
+    pub(super) fn held_pages(&self) -> u64 {
+        self.mapped_pages + self.cache.pages()
+    }
+
+    /// How many pages the pool may hold before it moves idle pages instead of creating new
+    /// ones: the peak held so far, or the peak of allocated bytes (counting this request)
+    /// plus the headroom, whichever is larger.
+    fn page_limit(&self, bytes: u64) -> u64 {
+        let p = self.page_bytes;
+        let s = &self.tracker.stats;
+        let peak_alloc = s
+            .allocated_bytes
+            .peak
+            .max(s.allocated_bytes.current + self.quick_bytes + bytes);
+        let with_headroom = (peak_alloc as f64 * (1.0 + self.headroom)).ceil() as u64;
+        (s.reserved_bytes.peak / p).max(with_headroom.div_ceil(p))
+    }
+
+    /// Mapped extents no block touches, outside pages `[lo, hi)` of reservation `skip`.
+    fn idle_extents(&self, skip: usize, lo: usize, hi: usize) -> Vec<Idle> {
+        let p = self.page_bytes;
+        let mut out = Vec::new();
+        for (ri, r) in self.reservations.iter().enumerate() {
+            for (&i, &n) in &r.extents {
+                let n = n as usize;
+                if !r
+                    .pages
+                    .get(i)
+                    .is_some_and(|s| s.is_some_and(|pg| pg.access))
+                {
+                    continue;
+                }
+                if ri == skip && i < hi && i + n > lo {
+                    continue;
+                }
+                let (a, b) = (r.va + i as u64 * p, r.va + (i + n) as u64 * p);
+                let free = self
+                    .space
+                    .va
+                    .range(..=a)
+                    .next_back()
+                    .is_some_and(|(&s, &l)| s + l >= b);
+                if free {
+                    out.push(Idle {
+                        res: ri,
+                        first: i,
+                        pages: n as u64,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// Unmaps the idle extent `e` (one cuMemUnmap) and returns its handle; its pages leave
+    /// the mapped runs.
+    fn unmap_idle(&mut self, dev: &mut dyn Device, e: Idle) -> Result<CachedHandle, DeviceError> {
+        let p = self.page_bytes;
+        let r = &self.reservations[e.res];
+        let va = r.va + e.first as u64 * p;
+        dev.unmap(va, e.pages * p)?;
+        let r = &mut self.reservations[e.res];
+        let h = r
+            .clear_extent(e.first)
+            .ok_or_else(|| DeviceError::Invalid {
+                call: "paged",
+                detail: format!("idle extent {va:#x} vanished"),
+            })?;
+        self.mapped_pages = self.mapped_pages.saturating_sub(h.pages);
+        self.space
+            .rebuild_mapped(&self.reservations[e.res], p, va, va + e.pages * p);
+        Ok(h)
+    }
+
+    /// Unmaps every idle extent (one cuMemUnmap each) into the cache.
+    pub(super) fn drop_idle(&mut self, dev: &mut dyn Device) -> Result<(), AllocError> {
+        for e in self.idle_extents(usize::MAX, 0, 0) {
+            let h = self.unmap_idle(dev, e)?;
+            self.cache.push(h);
+        }
+        Ok(())
+    }
+
+    /// Maps and opens every page a block at `addr` of `bytes` in reservation `ri` needs,
+    /// and, while the pool is below its page limit, up to `ahead_bytes` more pages after it
+    /// (one handle per run of new pages, one cuMemSetAccess over all of them). Handles come
+    /// from the cache first (a handle of the same size, else the largest that fits); above
+    /// the page limit, idle extents elsewhere are unmapped and moved here; only what is still
+    /// missing is created, after the cached handles too large to use are released when
+    /// creating would otherwise raise the peak. Returns the end address of the last page
+    /// under the block or mapped ahead of it. On failure unwinds every map it made.
+    pub(super) fn map_for_block(
+        &mut self,
+        dev: &mut dyn Device,
+        ri: usize,
+        addr: u64,
+        bytes: u64,
+    ) -> Result<u64, DeviceError> {
+        let p = self.page_bytes;
+        let Some(r) = self.reservations.get(ri) else {
+            return Err(DeviceError::Invalid {
+                call: "paged",
+                detail: "reservation vanished".into(),
+            });
+        };
+        let base = r.va;
+        let p0 = ((addr - base) / p) as usize;
+        let p1 = ((addr + bytes - 1 - base) / p) as usize;
+        let need = (p1 - p0 + 1) as u64 - r.mapped_in(p0, p1 + 1);
+        let limit = self.page_limit(bytes);
+        let held = self.held_pages();
+        // Pages after the block, free and unmapped, to map ahead of need.
+        let mut ahead = 0usize;
+        if need > 0 && held + need < limit {
+            let room = (limit - held - need)
+                .min(self.ahead_bytes / p)
+                .min(dev.capacity_bytes().saturating_sub(dev.used_bytes()) / p);
+            let free_end = self
+                .space
+                .va
+                .range(..=addr)
+                .next_back()
+                .map_or(0, |(&s, &l)| s + l);
+            while (ahead as u64) < room {
+                let pg = p1 + 1 + ahead;
+                if base + (pg as u64 + 1) * p > free_end
+                    || r.pages.get(pg).is_none_or(Option::is_some)
+                {
+                    break;
+                }
+                ahead += 1;
+            }
+        }
+        let last = p1 + ahead;
+        // Runs of unmapped pages to fill; the pages mapped ahead get a handle of their own,
+        // so that either can move once idle without the other.
+        let mut gaps: Vec<(usize, u64)> = Vec::new();
+        let mut page = p0;
+        while page <= p1 {
+            if r.pages.get(page).is_some_and(Option::is_some) {
+                page += 1;
+                continue;
+            }
+            let start = page;
+            while page <= p1 && r.pages.get(page).is_some_and(Option::is_none) {
+                page += 1;
+            }
+            gaps.push((start, (page - start) as u64));
+        }
+        if ahead > 0 {
+            gaps.push((p1 + 1, ahead as u64));
+        }
+        // Handles of a power of two of pages, at most `handle_pages`: a handle moves only
+        // whole and only once no block touches it, so smaller handles let the pool take back
+        // idle pages between live blocks, at one cuMemCreate and one cuMemMap each; powers
+        // of two keep the cached pieces few in sizes, so that they fit later runs.
+        let cap = self.handle_pages.max(1);
+        let gaps: Vec<(usize, u64)> = gaps
+            .into_iter()
+            .flat_map(|(at, n)| {
+                let mut out = Vec::new();
+                let (mut at, mut rest) = (at, n);
+                while rest > 0 {
+                    // Largest power of two of pages first: movable pieces of a few sizes
+                    // that fit any later run, at most log2(run) handles per run.
+                    let k = (1u64 << (63 - rest.leading_zeros())).min(cap);
+                    out.push((at, k));
+                    at += k as usize;
+                    rest -= k;
+                }
+                out
+            })
+            .collect();
+        let total: u64 = gaps.iter().map(|g| g.1).sum();
+        // Plan: (page, handle or None = create, pages).
+        let mut plan: Vec<(usize, Option<CachedHandle>, u64)> = Vec::new();
+        let mut missing: Vec<(usize, u64)> = Vec::new();
+        for &(page, n) in &gaps {
+            let (mut at, mut rest) = (page, n);
+            while rest > 0 {
+                let Some(c) = self.cache.take_fitting(rest) else {
+                    break;
+                };
+                plan.push((at, Some(c), c.pages));
+                at += c.pages as usize;
+                rest -= c.pages;
+            }
+            if rest > 0 {
+                missing.push((at, rest));
+            }
+        }
+        let mut left: u64 = missing.iter().map(|m| m.1).sum();
+        let give_back = |this: &mut Self, plan: &[(usize, Option<CachedHandle>, u64)]| {
+            for &(_, h, _) in plan {
+                if let Some(h) = h {
+                    this.cache.push(h);
+                }
+            }
+        };
+        if left > 0 && self.held_pages() + left > limit {
+            // Above the limit: move idle extents here instead of creating.
+            let mut idle = self.idle_extents(ri, p0, last + 1);
+            idle.sort_unstable_by_key(|e| std::cmp::Reverse((e.pages, e.res, e.first)));
+            let mut still: Vec<(usize, u64)> = Vec::new();
+            for &(page, n) in &missing {
+                let (mut at, mut rest) = (page, n);
+                while rest > 0 {
+                    let Some(k) = idle.iter().position(|e| e.pages <= rest) else {
+                        break;
+                    };
+                    let e = idle.remove(k);
+                    match self.unmap_idle(dev, e) {
+                        Ok(h) => {
+                            plan.push((at, Some(h), h.pages));
+                            at += h.pages as usize;
+                            rest -= h.pages;
+                        }
+                        Err(err) => {
+                            give_back(self, &plan);
+                            return Err(err);
+                        }
+                    }
+                }
+                if rest > 0 {
+                    still.push((at, rest));
+                }
+            }
+            missing = still;
+            left = missing.iter().map(|m| m.1).sum();
+            if left > 0 && self.held_pages() + left > limit {
+                // Nothing cached fits what is left: give it back before creating anything.
+                while let Some(h) = self.cache.take_largest() {
+                    self.release_handle(dev, h);
+                }
+            }
+            // Still above: idle extents too large to move here are unmapped and released
+            // (smallest first), so that what is created does not raise the peak.
+            idle.sort_unstable_by_key(|e| (e.pages, e.res, e.first));
+            let mut i = 0;
+            while left > 0 && self.held_pages() + left > limit && i < idle.len() {
+                match self.unmap_idle(dev, idle[i]) {
+                    Ok(h) => self.release_handle(dev, h),
+                    Err(err) => {
+                        give_back(self, &plan);
+                        return Err(err);
+                    }
+                }
+                i += 1;
+            }
+        }
+        plan.extend(missing.iter().map(|&(at, n)| (at, None, n)));
+        plan.sort_unstable_by_key(|&(page, _, _)| page);
+        let mut taken: Vec<Taken> = Vec::with_capacity(plan.len());
+        for (k, &(page, h, n)) in plan.iter().enumerate() {
+            let (h, from_cache) = match h {
+                Some(h) => (h, true),
+                None => match dev.create_physical(n * p) {
+                    Ok(handle) => {
+                        self.tracker.on_reserve(n * p);
+                        (CachedHandle { handle, pages: n }, false)
+                    }
+                    Err(e) => {
+                        give_back(self, &plan[k..]);
+                        self.unwind_maps(dev, ri, &taken);
+                        return Err(e);
+                    }
+                },
+            };
+            if let Err(e) = dev.map(base + page as u64 * p, n * p, h.handle) {
+                self.untake_handle(dev, h, from_cache);
+                give_back(self, &plan[k + 1..]);
+                self.unwind_maps(dev, ri, &taken);
+                return Err(e);
+            }
+            taken.push(Taken {
+                page,
+                handle: h,
+                from_cache,
+            });
+        }
+        if let (Some(a), Some(b)) = (taken.first(), taken.last()) {
+            // One cuMemSetAccess from the first new page to the last: every page between is
+            // mapped by now (and open), so the range may span pages already open.
+            let (a, b) = (a.page, b.page + b.handle.pages as usize);
+            if let Err(e) = dev.set_access(base + a as u64 * p, (b - a) as u64 * p) {
+                self.unwind_maps(dev, ri, &taken);
+                return Err(e);
+            }
+        }
+        let r = &mut self.reservations[ri];
+        for t in &taken {
+            r.set_extent(t.page, t.handle, true);
+        }
+        self.mapped_pages += total;
+        Ok(base + (last as u64 + 1) * p)
+    }
+
+    /// Gives back a handle taken by a failed allocation: to the cache if it came from there,
+    /// else cuMemRelease (so the allocation leaves `reserved_bytes` as it found it).
+    fn untake_handle(&mut self, dev: &mut dyn Device, h: CachedHandle, from_cache: bool) {
+        if from_cache {
+            self.cache.push(h);
+        } else {
+            self.release_handle(dev, h);
+        }
+    }
+
+    /// cuMemRelease, retried once; on a second failure the handle stays cached, even above
+    /// the bound, until a later call trims the cache.
+    pub(super) fn release_handle(&mut self, dev: &mut dyn Device, h: CachedHandle) {
+        if dev.release_physical(h.handle).is_ok() || dev.release_physical(h.handle).is_ok() {
+            self.tracker.on_release(h.pages * self.page_bytes);
+        } else {
+            self.cache.push(h);
+            self.trim_pending = true;
+        }
+    }
+
+    /// Releases cached handles, largest first, until the cache is within its bound
+    /// (cuMemRelease each); stops at the first failure, leaving `trim_pending` set.
+    pub(super) fn trim_cache(&mut self, dev: &mut dyn Device) {
+        while self.cache.pages() > self.cache_limit {
+            let Some(h) = self.cache.take_largest() else {
+                break;
+            };
+            if dev.release_physical(h.handle).is_err() {
+                self.cache.push(h);
+                self.trim_pending = true;
+                return;
+            }
+            self.tracker.on_release(h.pages * self.page_bytes);
+        }
+        self.trim_pending = false;
+    }
+
+    /// Unmaps the handles of `taken` (all in reservation `ri`, ascending) and gives them
+    /// back, one cuMemUnmap per handle, retried once. A handle whose unmap fails twice is
+    /// quarantined: cut out of the free map, its pages held mapped without access until
+    /// [`crate::Allocator::empty_cache`].
+    fn unwind_maps(&mut self, dev: &mut dyn Device, ri: usize, taken: &[Taken]) {
+        let p = self.page_bytes;
+        let Some(base) = self.reservations.get(ri).map(|r| r.va) else {
+            return;
+        };
+        for t in taken {
+            let va = base + t.page as u64 * p;
+            let bytes = t.handle.pages * p;
+            if dev.unmap(va, bytes).is_ok() || dev.unmap(va, bytes).is_ok() {
+                self.untake_handle(dev, t.handle, t.from_cache);
+            } else {
+                self.space.take_va(va, bytes);
+                let r = &mut self.reservations[ri];
+                r.set_extent(t.page, t.handle, false);
+                self.mapped_pages += t.handle.pages;
+                self.space
+                    .rebuild_mapped(&self.reservations[ri], p, va, va + bytes);
+                self.quarantine.push((va, bytes));
+            }
+        }
+    }
+
+    /// Unmaps the quarantined span `[va, va + bytes)` (one cuMemUnmap per handle), caches
+    /// its handles and gives the span back to the free map. Stops at the first failure.
+    pub(super) fn release_quarantined(
+        &mut self,
+        dev: &mut dyn Device,
+        va: u64,
+        bytes: u64,
+    ) -> Result<(), AllocError> {
+        let p = self.page_bytes;
+        let ri = self
+            .res_of(va)
+            .ok_or_else(|| AllocError::Internal(format!("quarantined {va:#x} outside VA")))?;
+        let (base, end) = (self.reservations[ri].va, self.reservations[ri].end());
+        let mut page = ((va - base) / p) as usize;
+        let last = ((va + bytes - base) / p) as usize;
+        while page < last {
+            let n = self.reservations[ri].pages.get(page).copied().flatten();
+            let Some(pg) = n else {
+                page += 1;
+                continue;
+            };
+            let n = pg.ext_pages as usize;
+            dev.unmap(base + page as u64 * p, n as u64 * p)?;
+            if let Some(h) = self.reservations[ri].clear_extent(page) {
+                self.mapped_pages = self.mapped_pages.saturating_sub(h.pages);
+                self.cache.push(h);
+            }
+            page += n;
+        }
+        self.space.give(va, bytes, base, end, false);
+        Ok(())
+    }
+}

@@ -1,0 +1,236 @@
+//! The full invariant walk behind [`Allocator::validate`](crate::Allocator::validate) for
+//! [`LazyPagedPool`]: reservations, the free ranges and the blocks tiling the VA, every page
+//! under a block mapped and open, the mapped free runs recomputed from the free ranges and
+//! the page table, the extents and handles, the handle cache and the byte counters.
+//! O(reserved pages + blocks · log blocks).
+use std::collections::{BTreeMap, HashSet};
+
+use super::{LazyPagedPool, UNIT_BYTES};
+
+pub(super) fn run(a: &LazyPagedPool) -> Result<(), String> {
+    let p = a.page_bytes;
+    if p == 0 {
+        if !a.reservations.is_empty() || !a.live.is_empty() || !a.cache.is_empty() {
+            return Err("state without a known page size".into());
+        }
+        return Ok(());
+    }
+    for (i, r) in a.reservations.iter().enumerate() {
+        if r.va % p != 0 || r.bytes % p != 0 || r.bytes == 0 {
+            return Err(format!(
+                "reservation {:#x}+{} not page-aligned",
+                r.va, r.bytes
+            ));
+        }
+        if r.pages.len() as u64 != r.bytes / p || !r.fenwick_ok() {
+            return Err(format!(
+                "reservation {:#x}: page table or count tree wrong",
+                r.va
+            ));
+        }
+        if let Some(n) = a.reservations.get(i + 1) {
+            if n.va < r.end() {
+                return Err(format!("reservations {:#x} and {:#x} overlap", r.va, n.va));
+            }
+        }
+    }
+    if a.quick.len() > a.quick_slots
+        || a.quick.iter().map(|q| q.bytes).sum::<u64>() != a.quick_bytes
+    {
+        return Err(format!(
+            "quick list: {} blocks (bound {}), {} B recorded",
+            a.quick.len(),
+            a.quick_slots,
+            a.quick_bytes
+        ));
+    }
+    // Free ranges, blocks and quarantined spans tile every reservation exactly.
+    // (start, bytes, kind): 0 free, 1 block, 2 quarantined.
+    let mut spans: Vec<(u64, u64, u8)> = a.space.va.iter().map(|(&s, &l)| (s, l, 0)).collect();
+    spans.extend(a.blocks_held().map(|(s, l)| (s, l, 1)));
+    spans.extend(a.quarantine.iter().map(|&(s, l)| (s, l, 2)));
+    spans.sort_unstable();
+    let mut idx = 0;
+    for r in &a.reservations {
+        let mut at = r.va;
+        let mut prev_free = false;
+        while at < r.end() {
+            let Some(&(s, l, kind)) = spans.get(idx) else {
+                return Err(format!(
+                    "{at:#x} in reservation {:#x} is neither free nor held",
+                    r.va
+                ));
+            };
+            if s != at {
+                return Err(format!("gap or overlap at {at:#x} (next span at {s:#x})"));
+            }
+            if l == 0 || l % UNIT_BYTES != 0 || s % UNIT_BYTES != 0 {
+                return Err(format!("span {s:#x}+{l} not in {UNIT_BYTES}-byte units"));
+            }
+            if kind == 0 && prev_free {
+                return Err(format!("free ranges not coalesced at {s:#x}"));
+            }
+            // Pages under a block (or quarantined) are mapped; open unless quarantined.
+            if kind != 0 {
+                let p0 = ((s - r.va) / p) as usize;
+                let p1 = ((s + l - 1 - r.va) / p) as usize;
+                for i in p0..=p1 {
+                    match r.pages.get(i).copied().flatten() {
+                        Some(pg) if pg.access || kind == 2 => {}
+                        Some(_) => return Err(format!("block {s:#x}: page {i} not open")),
+                        None => return Err(format!("block {s:#x}: page {i} not mapped")),
+                    }
+                }
+            }
+            if let Some(blk) = a.live.get(&s) {
+                if blk.requested > blk.bytes {
+                    return Err(format!(
+                        "block {s:#x}: requested {} > allocated {}",
+                        blk.requested, blk.bytes
+                    ));
+                }
+            }
+            prev_free = kind == 0;
+            at = s + l;
+            idx += 1;
+        }
+        if at != r.end() {
+            return Err(format!("a span crosses the end of reservation {:#x}", r.va));
+        }
+    }
+    if idx != spans.len() {
+        return Err(format!(
+            "{} spans lie outside every reservation",
+            spans.len() - idx
+        ));
+    }
+    // Mapped runs: recomputed from scratch.
+    let mut want: BTreeMap<u64, u64> = BTreeMap::new();
+    for r in &a.reservations {
+        for (&st, &len) in a.space.va.range(r.va..r.end()) {
+            let mut run: Option<u64> = None;
+            let mut cur = st;
+            while cur < st + len {
+                let page = ((cur - r.va) / p) as usize;
+                let next = (r.va + (page as u64 + 1) * p).min(st + len);
+                let open = r
+                    .pages
+                    .get(page)
+                    .is_some_and(|s| s.is_some_and(|s| s.access));
+                match (open, run) {
+                    (true, None) => run = Some(cur),
+                    (false, Some(s)) => {
+                        want.insert(s, cur - s);
+                        run = None;
+                    }
+                    _ => {}
+                }
+                cur = next;
+            }
+            if let Some(s) = run {
+                want.insert(s, st + len - s);
+            }
+        }
+    }
+    if want != a.space.mapped {
+        let diff = want
+            .iter()
+            .find(|(s, l)| a.space.mapped.get(s) != Some(l))
+            .map(|(s, l)| format!("expected run {s:#x}+{l}"))
+            .or_else(|| {
+                a.space
+                    .mapped
+                    .iter()
+                    .find(|(s, l)| want.get(s) != Some(l))
+                    .map(|(s, l)| format!("stray run {s:#x}+{l}"))
+            });
+        return Err(format!(
+            "mapped free runs wrong: {}",
+            diff.unwrap_or_default()
+        ));
+    }
+    let by_size: Vec<(u64, u64)> = a.space.by_size.iter().copied().collect();
+    let mut from_map: Vec<(u64, u64)> = want.iter().map(|(&s, &l)| (l, s)).collect();
+    from_map.sort_unstable();
+    if by_size != from_map || want.values().sum::<u64>() != a.space.mapped_bytes {
+        return Err("mapped runs by size or their byte total disagree".into());
+    }
+    // Extents and handles.
+    let mut mapped = 0u64;
+    let mut mapped_handles = 0u64;
+    let mut handles = HashSet::new();
+    for r in &a.reservations {
+        for (i, slot) in r.pages.iter().enumerate() {
+            let Some(pg) = slot else { continue };
+            let va = r.va + i as u64 * p;
+            mapped += 1;
+            let (f, n) = (pg.ext_first as usize, pg.ext_pages as usize);
+            if n == 0 || f > i || f + n <= i {
+                return Err(format!("page {va:#x}: extent {f}+{n} does not hold it"));
+            }
+            let head = r.pages.get(f).copied().flatten();
+            if head.is_none_or(|h| {
+                h.handle != pg.handle || h.ext_pages != pg.ext_pages || h.access != pg.access
+            }) {
+                return Err(format!("page {va:#x}: extent {f}+{n} is not one mapping"));
+            }
+            if f == i {
+                mapped_handles += 1;
+                if !handles.insert(pg.handle) {
+                    return Err(format!("handle {} mapped twice", pg.handle.0));
+                }
+            }
+        }
+    }
+    if mapped != a.mapped_pages {
+        return Err(format!(
+            "counted {mapped} mapped pages, recorded {}",
+            a.mapped_pages
+        ));
+    }
+    let mut sizes = BTreeMap::new();
+    for h in a.cache.as_slice() {
+        if h.pages == 0 || !handles.insert(h.handle) {
+            return Err(format!("cached handle {} empty or also in use", h.handle.0));
+        }
+        *sizes.entry(h.pages).or_insert(0u32) += 1;
+    }
+    if &sizes != a.cache.sizes()
+        || a.cache.as_slice().iter().map(|h| h.pages).sum::<u64>() != a.cache.pages()
+    {
+        return Err("cache size index or page count disagrees with the cache".into());
+    }
+    if a.cache.pages() > a.cache_limit && !a.trim_pending {
+        return Err(format!(
+            "{} cached pages, bound {}",
+            a.cache.pages(),
+            a.cache_limit
+        ));
+    }
+    // Byte counters.
+    let s = &a.tracker.stats;
+    let alloc: u64 = a.live.values().map(|b| b.bytes).sum();
+    let req: u64 = a.live.values().map(|b| b.requested).sum();
+    if s.allocated_bytes.current != alloc
+        || s.requested_bytes.current != req
+        || s.allocation_count.current != a.live.len() as u64
+    {
+        return Err(format!(
+            "counters say {} allocated / {} requested / {} blocks, blocks sum to {alloc} / {req} / {}",
+            s.allocated_bytes.current,
+            s.requested_bytes.current,
+            s.allocation_count.current,
+            a.live.len()
+        ));
+    }
+    let held_pages = a.mapped_pages + a.cache.pages();
+    let held_handles = mapped_handles + a.cache.len() as u64;
+    if s.reserved_bytes.current != held_pages * p || s.segment_count.current != held_handles {
+        return Err(format!(
+            "reserved counter {} B / {} handles, but {held_pages} pages in {held_handles} \
+             handles are held",
+            s.reserved_bytes.current, s.segment_count.current
+        ));
+    }
+    Ok(())
+}
