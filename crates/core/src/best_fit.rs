@@ -14,17 +14,17 @@
 //!   bins per power of two, so a bin's ranges are within 1/16 of each other in size. A bin is
 //!   a doubly linked list through the nodes, sorted by `(size, offset)`; a bin that comes to
 //!   hold 32 ranges (many same-size holes) becomes a B-tree by `(size, offset)` until it
-//!   shrinks to 8. A 64-bit first-level bitmap and one 16-bit
-//!   second-level bitmap per first level say which bins are non-empty.
+//!   shrinks to 8. A 64-bit first-level bitmap and one 16-bit second-level bitmap per first
+//!   level say which bins are non-empty.
 //! - The best fit walks the request's own bin from its smallest range to the first that
 //!   holds the block, then takes the front of the next non-empty bins (a `trailing_zeros`
 //!   each): every range of a higher bin is larger than any of a lower one.
 //!
-//! Costs: no allocation on the hit path (nodes are recycled). Allocate and free are a hash
-//! operation, a bitmap look-up, O(1) unlinks, and a sorted insertion that walks at most 31
-//! ranges of a list bin, or O(log n) in a B-tree bin. The largest free range
-//! is O(1): the last range of the highest non-empty bin. An aligned request walks the ranges
-//! in best-fit order until one holds the aligned block, as an exact best fit must; a
+//! Costs: once warm, no heap allocation per operation (node slots are recycled). Allocate
+//! and free are a hash operation, a bitmap look-up, O(1) unlinks and a sorted insertion that
+//! walks at most 31 ranges of a list bin, or O(log n) in a B-tree bin. The largest free
+//! range is O(1): the last range of the highest non-empty bin. An aligned request walks the
+//! ranges in best-fit order until one holds the aligned block, as an exact best fit must; a
 //! 256-byte-aligned request over ranges that all start 256-byte aligned (the segmented
 //! pool's case) takes the first.
 //!
