@@ -135,10 +135,11 @@ impl FreeSpace {
     /// from the free ranges and the page table. O(pages of the window).
     pub(super) fn rebuild_mapped(&mut self, r: &Reservation, p: u64, lo: u64, hi: u64) {
         let (mut lo, mut hi) = (lo.max(r.va), hi.min(r.end()));
-        // Runs touching the window go, and widen it.
+        // Runs touching the window go, and widen it: only this reservation's (a run starting
+        // at its end belongs to the next reservation, adjacent in the address space).
         let touching: Vec<u64> = self
             .mapped
-            .range(r.va..=hi)
+            .range(r.va..hi.saturating_add(1).min(r.end()))
             .rev()
             .take_while(|(&s, &l)| s + l >= lo)
             .map(|(&s, _)| s)
