@@ -178,7 +178,7 @@ fn adjacent_reservations_keep_their_mapped_runs_apart() {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        if live.len() < 24 && (x % 3 != 0 || live.is_empty()) {
+        if live.len() < 24 && (!x.is_multiple_of(3) || live.is_empty()) {
             let bytes = 256 + (x >> 8) % (7 * P);
             live.push(a.allocate(&mut d, bytes, 256, 0).unwrap().addr);
         } else {
