@@ -1,5 +1,6 @@
 //! Allocate + free pairs: per arena (buddy, TLSF, best fit) and per registry allocator on a
-//! simulated device, at fixed sizes and on a mixed-size batch.
+//! simulated device, at fixed sizes, on a mixed-size batch, and (arenas) with many same-size
+//! holes.
 //!
 //! The pools are warm: their segment already exists, so this times the hit path (no driver
 //! call). For comparison, PyTorch's C++ caching allocator takes about 700 ns per
@@ -125,6 +126,33 @@ fn arena_mixed<M: Measurement + 'static>(c: &mut Criterion<M>) {
             })
         });
         arena.validate().unwrap();
+    }
+    g.finish();
+}
+
+/// Same-size holes in one arena: 4 KiB free ranges between 4 KiB live blocks.
+const CROWDED_HOLES: [usize; 3] = [16, 1_000, 10_000];
+
+/// The worst case of a size-binned best fit: many free ranges of one size class. A 4 KiB
+/// allocate/free pair takes the lowest hole and puts it back.
+fn arena_crowded<M: Measurement + 'static>(c: &mut Criterion<M>) {
+    let mut g = c.benchmark_group(group_name::<M>("arena_crowded"));
+    for holes in CROWDED_HOLES {
+        for mut arena in arenas() {
+            let live: Vec<u64> = (0..2 * holes)
+                .map(|_| arena.allocate(4 * KIB, DEFAULT_ALIGN).unwrap().0)
+                .collect();
+            for o in live.iter().step_by(2) {
+                arena.deallocate(*o).unwrap();
+            }
+            g.bench_function(BenchmarkId::new(arena.name(), holes), |b| {
+                b.iter(|| {
+                    let (off, _) = arena.allocate(black_box(4 * KIB), DEFAULT_ALIGN).unwrap();
+                    arena.deallocate(black_box(off)).unwrap()
+                })
+            });
+            arena.validate().unwrap();
+        }
     }
     g.finish();
 }
@@ -271,12 +299,12 @@ impl Measurement for CpuTime {
 criterion_group!(
     name = wall;
     config = Criterion::default().with_measurement(WallTime);
-    targets = arena_pairs::<WallTime>, arena_mixed::<WallTime>, pool_pairs::<WallTime>, pool_mixed::<WallTime>
+    targets = arena_pairs::<WallTime>, arena_mixed::<WallTime>, arena_crowded::<WallTime>, pool_pairs::<WallTime>, pool_mixed::<WallTime>
 );
 criterion_group!(
     name = cpu;
     config = Criterion::default().with_measurement(CpuTime);
-    targets = arena_pairs::<CpuTime>, arena_mixed::<CpuTime>, pool_pairs::<CpuTime>, pool_mixed::<CpuTime>
+    targets = arena_pairs::<CpuTime>, arena_mixed::<CpuTime>, arena_crowded::<CpuTime>, pool_pairs::<CpuTime>, pool_mixed::<CpuTime>
 );
 
 fn main() {

@@ -21,13 +21,12 @@
 //! Alignment: any power of two up to the device granularity (segment bases are granularity
 //! aligned on current GPUs and on the simulated device; a segment whose base is less aligned
 //! than a request is skipped for that request).
-use std::collections::BTreeMap;
 use std::fmt;
 
 use rustc_hash::FxHashMap;
 
 use crate::align::{align_up, is_pow2};
-use crate::arena::Arena;
+use crate::arena::{Arena, ArenaReport};
 use crate::best_fit::BestFit;
 use crate::buddy::Buddy;
 use crate::config::AllocatorConfig;
@@ -85,16 +84,21 @@ impl ArenaKind {
 }
 
 struct Segment {
+    /// Base address (the device's answer).
+    base: u64,
     /// Bytes obtained from the device.
     bytes: u64,
-    arena: Box<dyn Arena>,
-    /// Creation sequence number (key in `by_age`).
+    /// Creation sequence number (the order of `SegmentedPool::segments`).
     seq: u64,
+    arena: Box<dyn Arena>,
+    /// The arena's report, taken after every operation on it: a request skips a segment
+    /// that cannot hold it without touching the arena, and `stats` reads no arena.
+    report: ArenaReport,
 }
 
 #[derive(Debug, Clone, Copy)]
 struct LiveBlock {
-    /// Base address of the segment holding the block.
+    /// Sequence number of the segment holding the block.
     segment: u64,
     /// Bytes the user asked for.
     requested_bytes: u64,
@@ -118,12 +122,9 @@ pub struct SegmentedPool {
     kind: ArenaKind,
     /// Preferred segment size, in bytes (before rounding to the granularity).
     segment_bytes: u64,
-    /// Segments by base address.
-    segments: BTreeMap<u64, Segment>,
-    /// The segments in creation order: sequence number -> (base address, the arena's largest
-    /// free block in bytes, kept current after every operation on it so that a request skips
-    /// segments that cannot hold it without touching them).
-    by_age: BTreeMap<u64, (u64, u64)>,
+    /// The segments in creation order (sorted by sequence number), the order a request
+    /// tries them in; a block finds its segment by a binary search on the number.
+    segments: Vec<Segment>,
     /// Sequence number of the next segment.
     next_seq: u64,
     /// Live blocks by address.
@@ -150,8 +151,7 @@ impl SegmentedPool {
         SegmentedPool {
             kind,
             segment_bytes: config.segment_bytes,
-            segments: BTreeMap::new(),
-            by_age: BTreeMap::new(),
+            segments: Vec::new(),
             next_seq: 0,
             blocks: FxHashMap::default(),
             tracker: StatsTracker::default(),
@@ -178,18 +178,28 @@ impl SegmentedPool {
         Self::new(ArenaKind::BestFit, config)
     }
 
-    /// Segments held, as `(base address, bytes, live blocks)` in address order.
+    /// Segments held, as `(base address, bytes, live blocks)` in address order (sorts a
+    /// copy of the list).
     pub fn segments(&self) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
-        self.segments
+        let mut v: Vec<(u64, u64, u64)> = self
+            .segments
             .iter()
-            .map(|(&b, s)| (b, s.bytes, s.arena.report().allocations))
+            .map(|s| (s.base, s.bytes, s.report.allocations))
+            .collect();
+        v.sort_unstable();
+        v.into_iter()
     }
 
+    /// Free bytes and largest free block over every segment, from the cached reports.
     fn free_figures(&self) -> (u64, u64) {
-        self.segments.values().fold((0, 0), |(f, l), s| {
-            let r = s.arena.report();
-            (f + r.free_bytes, l.max(r.largest_free_bytes))
+        self.segments.iter().fold((0, 0), |(f, l), s| {
+            (f + s.report.free_bytes, l.max(s.report.largest_free_bytes))
         })
+    }
+
+    /// Position in `segments` of segment number `seq`.
+    fn position(&self, seq: u64) -> Option<usize> {
+        self.segments.binary_search_by_key(&seq, |s| s.seq).ok()
     }
 
     fn oom(&self, requested_bytes: u64) -> AllocError {
@@ -230,12 +240,12 @@ impl SegmentedPool {
         }
     }
 
-    fn record(&mut self, segment: u64, offset: u64, requested: u64, allocated: u64) -> Block {
-        let addr = segment + offset;
+    /// Records a block at `addr` in segment number `seq`.
+    fn record(&mut self, seq: u64, addr: u64, requested: u64, allocated: u64) -> Block {
         self.blocks.insert(
             addr,
             LiveBlock {
-                segment,
+                segment: seq,
                 requested_bytes: requested,
             },
         );
@@ -271,29 +281,24 @@ impl Allocator for SegmentedPool {
         let rounded = align_up(size_bytes.max(1), ROUND_BYTES).ok_or(overflow.clone())?;
         let a = align.max(ROUND_BYTES);
         let mut hit = None;
-        for (base, largest) in self.by_age.values_mut() {
+        for seg in &mut self.segments {
             // Most segments of a busy pool cannot hold the request: skip them unread.
-            if *largest < rounded || *base % a != 0 {
+            if seg.report.largest_free_bytes < rounded || seg.base % a != 0 {
                 continue;
             }
-            let Some(seg) = self.segments.get_mut(base) else {
-                return Err(AllocError::Internal(format!(
-                    "segment {base:#x} listed but missing"
-                )));
-            };
             let r = seg.arena.allocate(rounded, a);
-            *largest = seg.arena.report().largest_free_bytes;
+            seg.report = seg.arena.report();
             match r {
                 Ok((off, bytes)) => {
-                    hit = Some((*base, off, bytes));
+                    hit = Some((seg.seq, seg.base + off, bytes));
                     break;
                 }
                 Err(e) if e.is_oom() => {}
                 Err(e) => return Err(e),
             }
         }
-        if let Some((base, off, bytes)) = hit {
-            return Ok(self.record(base, off, size_bytes, bytes));
+        if let Some((seq, addr, bytes)) = hit {
+            return Ok(self.record(seq, addr, size_bytes, bytes));
         }
         let min = self
             .kind
@@ -314,20 +319,20 @@ impl Allocator for SegmentedPool {
                 max: 1 << base.trailing_zeros(),
             })
         };
-        let largest = arena.report().largest_free_bytes;
-        self.segments.insert(
+        let report = arena.report();
+        let seq = self.next_seq;
+        // Sequence numbers only grow: pushing keeps the list sorted.
+        self.segments.push(Segment {
             base,
-            Segment {
-                bytes,
-                arena,
-                seq: self.next_seq,
-            },
-        );
-        self.by_age.insert(self.next_seq, (base, largest));
+            bytes,
+            seq,
+            arena,
+            report,
+        });
         self.next_seq += 1;
         self.tracker.on_reserve(bytes);
         let (off, allocated) = placed?;
-        Ok(self.record(base, off, size_bytes, allocated))
+        Ok(self.record(seq, base + off, size_bytes, allocated))
     }
 
     fn deallocate(&mut self, _dev: &mut dyn Device, addr: u64) -> Result<(), AllocError> {
@@ -335,18 +340,23 @@ impl Allocator for SegmentedPool {
         let Some(live) = self.blocks.remove(&addr) else {
             return Err(AllocError::UnknownBlock { addr });
         };
-        let freed = match self.segments.get_mut(&live.segment) {
-            Some(seg) => {
-                let r = seg.arena.deallocate(addr - live.segment).map_err(|e| {
-                    AllocError::Internal(format!("block {addr:#x} not in its arena: {e}"))
-                });
-                if let Some(entry) = self.by_age.get_mut(&seg.seq) {
-                    entry.1 = seg.arena.report().largest_free_bytes;
-                }
+        let freed = match self.position(live.segment) {
+            Some(pos) => {
+                let seg = &mut self.segments[pos];
+                let r = match addr.checked_sub(seg.base) {
+                    Some(off) => seg.arena.deallocate(off).map_err(|e| {
+                        AllocError::Internal(format!("block {addr:#x} not in its arena: {e}"))
+                    }),
+                    None => Err(AllocError::Internal(format!(
+                        "block {addr:#x} below its segment {:#x}",
+                        seg.base
+                    ))),
+                };
+                seg.report = seg.arena.report();
                 r
             }
             None => Err(AllocError::Internal(format!(
-                "block {addr:#x} refers to a missing segment {:#x}",
+                "block {addr:#x} refers to a missing segment number {}",
                 live.segment
             ))),
         };
@@ -361,39 +371,42 @@ impl Allocator for SegmentedPool {
         Ok(())
     }
 
-    /// Frees every segment without live blocks (cuMemFree). On a device error the segments
-    /// freed so far stay freed and the rest stay cached.
+    /// Frees every segment without live blocks (cuMemFree), in address order. On a device
+    /// error the segments freed so far stay freed and the rest stay cached.
     fn empty_cache(&mut self, dev: &mut dyn Device) -> Result<u64, AllocError> {
-        let empty: Vec<(u64, u64, u64)> = self
+        let mut empty: Vec<(u64, u64, u64)> = self
             .segments
             .iter()
-            .filter(|(_, s)| s.arena.report().allocations == 0)
-            .map(|(&b, s)| (b, s.bytes, s.seq))
+            .filter(|s| s.report.allocations == 0)
+            .map(|s| (s.base, s.bytes, s.seq))
             .collect();
+        empty.sort_unstable();
         let mut released = 0;
         for (base, bytes, seq) in empty {
             dev.free_segment(base)?;
-            self.segments.remove(&base);
-            self.by_age.remove(&seq);
+            if let Some(pos) = self.position(seq) {
+                self.segments.remove(pos);
+            }
             self.tracker.on_release(bytes);
             released += bytes;
         }
         Ok(released)
     }
 
-    /// Counters are O(1); free and largest-free bytes ask every segment's arena.
+    /// Counters are O(1); free, largest-free and inactive-split bytes are one pass over the
+    /// segments' cached arena reports (no arena is asked).
     fn stats(&self) -> Stats {
         let mut s = self.tracker.stats;
-        let (free, largest) = self.free_figures();
+        let (mut free, mut largest, mut split) = (0u64, 0u64, 0u64);
+        for r in self.segments.iter().map(|g| &g.report) {
+            free += r.free_bytes;
+            largest = largest.max(r.largest_free_bytes);
+            if r.allocations > 0 {
+                split += r.free_bytes;
+            }
+        }
         s.free_bytes = free;
         s.largest_free_bytes = largest;
-        let split: u64 = self
-            .segments
-            .values()
-            .map(|g| g.arena.report())
-            .filter(|r| r.allocations > 0)
-            .map(|r| r.free_bytes)
-            .sum();
         s.inactive_split_bytes.add(split);
         s
     }
@@ -404,19 +417,29 @@ impl Allocator for SegmentedPool {
         let mut reserved = 0u64;
         let mut allocations = 0u64;
         let mut in_use = 0u64;
-        if self.by_age.len() != self.segments.len() {
-            return Err(err(format!(
-                "{} segments but {} in the age list",
-                self.segments.len(),
-                self.by_age.len()
-            )));
+        if self.segments.windows(2).any(|w| w[0].seq >= w[1].seq) {
+            return Err(err("segments not in creation order".into()));
         }
-        for (&base, seg) in &self.segments {
-            let largest = seg.arena.report().largest_free_bytes;
-            if self.by_age.get(&seg.seq) != Some(&(base, largest)) {
+        if self.segments.iter().any(|s| s.seq >= self.next_seq) {
+            return Err(err(format!("a segment numbered past {}", self.next_seq)));
+        }
+        let mut ranges: Vec<(u64, u64)> = self.segments.iter().map(|s| (s.base, s.bytes)).collect();
+        ranges.sort_unstable();
+        for w in ranges.windows(2) {
+            if w[0].0.checked_add(w[0].1).is_none_or(|end| end > w[1].0) {
                 return Err(err(format!(
-                    "segment {base:#x}: age list entry {:?}, expected ({base:#x}, {largest})",
-                    self.by_age.get(&seg.seq)
+                    "segments at {:#x} and {:#x} overlap",
+                    w[0].0, w[1].0
+                )));
+            }
+        }
+        for seg in &self.segments {
+            let base = seg.base;
+            let r = seg.arena.report();
+            if seg.report != r {
+                return Err(err(format!(
+                    "segment {base:#x}: cached report {:?}, its arena says {r:?}",
+                    seg.report
                 )));
             }
             seg.arena
@@ -429,7 +452,6 @@ impl Allocator for SegmentedPool {
                     seg.arena.capacity_bytes()
                 )));
             }
-            let r = seg.arena.report();
             reserved += seg.bytes;
             allocations += r.allocations;
             in_use += seg.bytes - r.free_bytes;
@@ -463,10 +485,10 @@ impl Allocator for SegmentedPool {
         let mut requested = 0u64;
         for (&addr, b) in &self.blocks {
             let seg = self
-                .segments
-                .get(&b.segment)
+                .position(b.segment)
+                .map(|pos| &self.segments[pos])
                 .ok_or_else(|| err(format!("block {addr:#x} in missing segment")))?;
-            if addr < b.segment || addr - b.segment >= seg.bytes {
+            if addr < seg.base || addr - seg.base >= seg.bytes {
                 return Err(err(format!("block {addr:#x} outside its segment")));
             }
             requested += b.requested_bytes;
