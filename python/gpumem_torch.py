@@ -1,7 +1,7 @@
 """gpumem as PyTorch's CUDA allocator, in three lines::
 
     import gpumem_torch
-    gpumem_torch.install("strategy=paged")   # before the first CUDA tensor
+    gpumem_torch.install()                   # before the first CUDA tensor (strategy=paged-lazy)
     ...  # train as usual; gpumem_torch.memory_stats() for the figures
 
 Pure Python, no build step: it loads ``libgpumem_torch.so`` (crates/torch, built with

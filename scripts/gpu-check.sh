@@ -16,7 +16,7 @@
 #       `run replay` in a second device call when one call's 10 minutes are not enough.
 #       Group `torch` runs only when named, in a call of its own (`run torch`, ~7 min):
 #       scripts/torch-compare.py with libgpumem_torch.so as PyTorch's allocator (smoke check,
-#       1,000-step soak, native vs expandable_segments vs gpumem on four workloads); its
+#       1,000-step soak, native vs expandable_segments vs gpumem paged-lazy on four workloads); its
 #       files are packed into torch.tar.gz.
 #       Runs, each step under its own time limit, continuing after a failing step:
 #         1. gpumem info (table, and --json), gpumem inspect, gpumem vmm, gpumem watch --once
@@ -315,7 +315,8 @@ PY
   if [ "$torch_named" -eq 1 ]; then
     if [ -f "$CARRY/torch/libgpumem_torch.so" ] && command -v python3 >/dev/null; then
       step "torch-compare" 560 python3 "$CARRY/torch/torch-compare.py" --lib "$CARRY/torch/libgpumem_torch.so" \
-        --out "$OUTDIR/torch" --smoke --soak --warmup 3 --steps 12 --budget-s "${GPU_CHECK_TORCH_BUDGET_S:-420}"
+        --out "$OUTDIR/torch" --smoke --soak --configs native,expandable,lazy --warmup 3 --steps 12 \
+        --budget-s "${GPU_CHECK_TORCH_BUDGET_S:-420}"
       if [ -d "$OUTDIR/torch" ]; then
         tar -C "$OUTDIR" -czf "$OUTDIR/torch.tar.gz" torch && rm -rf "$OUTDIR/torch"
       fi

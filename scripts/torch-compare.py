@@ -536,7 +536,7 @@ def main():
     ap.add_argument("--out", default="torch-compare-out")
     ap.add_argument("--lib", default=None, help="libgpumem_torch.so (default: gpumem_torch.library_path())")
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
-    ap.add_argument("--configs", default="native,expandable,paged,torch")
+    ap.add_argument("--configs", default="native,expandable,lazy,paged,torch")
     ap.add_argument("--extra", action="append", default=[], metavar="NAME=CONF",
                     help="one more gpumem configuration, e.g. p64k=strategy=paged,max_cached_block=64KiB")
     ap.add_argument("--gpumem-conf", default="", help="appended to each gpumem configuration, e.g. ,reserve=0")
@@ -553,7 +553,7 @@ def main():
     ap.add_argument("--soak", action="store_true")
     ap.add_argument("--soak-steps", type=int, default=1000)
     ap.add_argument("--soak-record", default="", help="write gpumem's JSON-lines trace of the soak here")
-    ap.add_argument("--soak-strategy", default="paged", help="gpumem strategy of the soak (paged, paged-lazy, ...)")
+    ap.add_argument("--soak-strategy", default="paged-lazy", help="gpumem strategy of the soak (paged, paged-lazy, ...)")
     ap.add_argument("--no-compare", action="store_true")
     # child modes
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
