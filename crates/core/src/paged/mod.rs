@@ -4,6 +4,10 @@
 //! ("地址翻译表") of GPU memory tutorials: virtual addresses are reserved in large ranges and cost nothing, and physical pages of the
 //! device granularity are mapped only under live blocks.
 //!
+//! This one unmaps pages as soon as no block touches them: the least memory of any strategy,
+//! for a driver call on almost every allocation. [`crate::paged_lazy`] keeps them mapped
+//! instead (no driver call in a repeated training step, some more memory).
+//!
 //! Where each idea lives: `placement.rs` (where a block goes), `pages.rs` (mapping and
 //! unmapping runs of pages, unwinding), `cache.rs` (the handle cache and idle pages), `view.rs`
 //! (the page-table view), `validate.rs` (the invariant checker).
