@@ -192,3 +192,50 @@ fn adjacent_reservations_keep_their_mapped_runs_apart() {
         "the test needs several reservations"
     );
 }
+
+/// Faults injected at random driver calls while blocks come and go over several small
+/// adjacent reservations: every failure is the injected driver error, the allocator and the
+/// device agree after every operation, and nothing is left once all is freed.
+#[test]
+fn injected_faults_over_adjacent_reservations_leave_nothing_behind() {
+    for seed in 1..=12u64 {
+        let (mut d, a) = pair(96);
+        let mut a = a.with_va_chunk_bytes(8 * P);
+        let mut live: Vec<u64> = Vec::new();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(seed);
+        let mut failures = 0;
+        for _ in 0..400 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if x % 7 == 0 {
+                d.inject_fault_at(Some(d.calls_made() + (x >> 40) % 4));
+            }
+            let r = if live.len() < 20 && (!x.is_multiple_of(3) || live.is_empty()) {
+                let bytes = 256 + (x >> 8) % (9 * P);
+                a.allocate(&mut d, bytes, 256, 0).map(|b| live.push(b.addr))
+            } else if x % 11 == 1 {
+                a.empty_cache(&mut d).map(|_| ())
+            } else {
+                let i = (x >> 20) as usize % live.len();
+                let addr = live.swap_remove(i);
+                a.deallocate(&mut d, addr)
+            };
+            match r {
+                Ok(()) => {}
+                Err(AllocError::Device(DeviceError::Driver { .. })) => failures += 1,
+                Err(AllocError::OutOfMemory { .. }) => {}
+                Err(e) => panic!("seed {seed}: unexpected {e}"),
+            }
+            d.inject_fault_at(None);
+            check(&a, &d);
+        }
+        assert!(failures > 0, "seed {seed}: no fault hit");
+        for addr in live.drain(..) {
+            a.deallocate(&mut d, addr).unwrap();
+        }
+        a.empty_cache(&mut d).unwrap();
+        check(&a, &d);
+        assert_eq!(d.live_objects(), (0, 0, 0, 0), "seed {seed}");
+    }
+}
