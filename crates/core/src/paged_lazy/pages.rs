@@ -26,7 +26,9 @@ pub(super) struct Page {
 pub(super) struct Reservation {
     pub(super) va: u64,
     pub(super) bytes: u64,
-    /// One slot per page: `Some` when mapped.
+    /// One slot per page: `Some` when mapped. Grown on demand up to the last page mapped so
+    /// far (a slot past its end is unmapped), so that a large reservation costs nothing
+    /// until it is used.
     pub(super) pages: Vec<Option<Page>>,
     /// Fenwick tree of mapped pages (1-based), for "how many pages of this span are
     /// mapped" in O(log pages).
@@ -41,7 +43,7 @@ impl Reservation {
         Reservation {
             va,
             bytes,
-            pages: vec![None; npages],
+            pages: Vec::new(),
             fenwick: vec![0; npages + 1],
             extents: std::collections::BTreeMap::new(),
         }
@@ -49,6 +51,11 @@ impl Reservation {
 
     pub(super) fn end(&self) -> u64 {
         self.va + self.bytes
+    }
+
+    /// Pages in the reservation.
+    pub(super) fn npages(&self) -> usize {
+        self.fenwick.len() - 1
     }
 
     fn fenwick_add(&mut self, page: usize, up: bool) {
@@ -85,6 +92,10 @@ impl Reservation {
             return;
         };
         self.extents.insert(first, h.pages);
+        let want = (first + h.pages as usize).min(self.npages());
+        if self.pages.len() < want {
+            self.pages.resize(want, None);
+        }
         for i in first..first + h.pages as usize {
             let Some(slot) = self.pages.get_mut(i) else {
                 break;
@@ -123,7 +134,7 @@ impl Reservation {
     /// Recount of the Fenwick tree and the extent index against the slots (for the
     /// invariant walk).
     pub(super) fn fenwick_ok(&self) -> bool {
-        let mut f = Reservation::new(self.va, self.bytes, self.pages.len());
+        let mut f = Reservation::new(self.va, self.bytes, self.npages());
         let mut extents = std::collections::BTreeMap::new();
         for (i, s) in self.pages.iter().enumerate() {
             if let Some(pg) = s {
@@ -330,7 +341,7 @@ impl LazyPagedPool {
             while (ahead as u64) < room {
                 let pg = p1 + 1 + ahead;
                 if base + (pg as u64 + 1) * p > free_end
-                    || r.pages.get(pg).is_none_or(Option::is_some)
+                    || r.pages.get(pg).is_some_and(Option::is_some)
                 {
                     break;
                 }
@@ -348,7 +359,7 @@ impl LazyPagedPool {
                 continue;
             }
             let start = page;
-            while page <= p1 && r.pages.get(page).is_some_and(Option::is_none) {
+            while page <= p1 && r.pages.get(page).copied().flatten().is_none() {
                 page += 1;
             }
             gaps.push((start, (page - start) as u64));

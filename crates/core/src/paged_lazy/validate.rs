@@ -22,7 +22,7 @@ pub(super) fn run(a: &LazyPagedPool) -> Result<(), String> {
                 r.va, r.bytes
             ));
         }
-        if r.pages.len() as u64 != r.bytes / p || !r.fenwick_ok() {
+        if r.npages() as u64 != r.bytes / p || r.pages.len() > r.npages() || !r.fenwick_ok() {
             return Err(format!(
                 "reservation {:#x}: page table or count tree wrong",
                 r.va
