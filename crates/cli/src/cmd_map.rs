@@ -17,7 +17,7 @@ pub struct MapArgs {
     /// Show the map at the allocator's peak of reserved bytes (the default).
     #[arg(long)]
     pub peak: bool,
-    /// The allocator (buddy, tlsf, best-fit, torch, paged), or `recorded` for the segments
+    /// The allocator (buddy, tlsf, best-fit, torch, paged, paged-lazy), or `recorded` for the segments
     /// a PyTorch snapshot recorded at dump time.
     #[arg(long, short, default_value = "torch")]
     pub allocator: String,
@@ -50,7 +50,7 @@ pub fn run(a: MapArgs) -> Result<()> {
     let one = |name: &str| gpumem::core::registry::parse_list(name).is_ok_and(|l| l.len() == 1);
     if !recorded && (a.allocator.contains(',') || a.allocator == "all" || !one(&a.allocator)) {
         bail!(
-            "--allocator {}: expected one allocator (buddy, tlsf, best-fit, torch, paged) or `recorded`",
+            "--allocator {}: expected one allocator (buddy, tlsf, best-fit, torch, paged, paged-lazy) or `recorded`",
             a.allocator
         );
     }
@@ -66,7 +66,7 @@ pub fn run(a: MapArgs) -> Result<()> {
     )?;
     if r.runs.len() != 1 {
         bail!(
-            "--allocator {}: expected one allocator (buddy, tlsf, best-fit, torch, paged or recorded)",
+            "--allocator {}: expected one allocator (buddy, tlsf, best-fit, torch, paged, paged-lazy or recorded)",
             a.allocator
         );
     }

@@ -31,7 +31,7 @@ pub struct ReplayArgs {
     /// gpumem JSON lines (detected from the content).
     pub trace: PathBuf,
     /// Allocators to compare: a comma-separated list of buddy, tlsf, best-fit, torch, paged,
-    /// or `all`.
+    /// paged-lazy, or `all`.
     #[arg(long, short, default_value = "all")]
     pub allocator: String,
     /// Device capacity (e.g. 80GiB, 141GB; K/M/G/T alone are binary like KiB/MiB/GiB/TiB,

@@ -21,7 +21,7 @@ pub struct ReportArgs {
     #[arg(long, short, default_value = "report.html")]
     pub output: PathBuf,
     /// Allocators to compare: a comma-separated list of buddy, tlsf, best-fit, torch, paged,
-    /// or `all`.
+    /// paged-lazy, or `all`.
     #[arg(long, short, default_value = "all")]
     pub allocator: String,
     #[command(flatten)]
