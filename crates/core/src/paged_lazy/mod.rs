@@ -35,10 +35,10 @@
 //!   create or release), so the peak of `reserved_bytes` only moves when that is not enough.
 //!   The headroom is the memory traded for calls: idle pages a later step finds mapped.
 //! - **Mapping ahead.** Below the limit, a block that maps pages also maps up to
-//!   [`LazyPagedPool::with_ahead_bytes`] more free pages after it, in the same handle and the
-//!   same cuMemSetAccess: the calls of a growing pool are priced by the span they open
-//!   (cuMemSetAccess of 1 GiB costs ≈ 20 × one of 2 MiB, not 512 ×), so fewer, larger
-//!   spans cost less for the same bytes.
+//!   [`LazyPagedPool::with_ahead_bytes`] more free pages after it, in handles of their own
+//!   but the same cuMemSetAccess: a growing pool pays per call and per mapping, and
+//!   cuMemSetAccess of one 1 GiB mapping costs about 4 × one of 2 MiB on an H200, not 512 ×,
+//!   so fewer, larger spans cost less for the same bytes.
 //! - **Handles.** Each run of new pages is cut into handles of a power of two of pages,
 //!   largest first, at most [`LazyConfig::handle_bytes`](crate::config::LazyConfig::handle_bytes)
 //!   (one cuMemCreate and one cuMemMap each; at most log2 of the run's pages handles): a
