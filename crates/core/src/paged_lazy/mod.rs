@@ -19,11 +19,12 @@
 //! cuMemMap and a cuMemSetAccess (tens of µs to ms on an H200, by size; see BENCHMARKS.md),
 //! unmapping it a cuMemUnmap and perhaps a cuMemRelease. Unmapping every page as soon as no
 //! block touches it reserves the least memory but makes a call on almost every allocation of
-//! a training loop; a caching allocator makes none after the first step. This one keeps the
-//! memory of the first and the calls of the second:
+//! a training loop; a caching allocator makes none after the first step. This one aims at
+//! the calls of the second with close to the memory of the first (how close: the figures
+//! above):
 //! - **Pages stay mapped.** A freed block's pages stay mapped and open ("idle" when no block
 //!   touches them) and are reused in place: a free makes no driver call, ever. The pages of
-//!   a training step are mapped during the first step and reused by every later one.
+//!   a training step are mapped during the first steps and reused by the later ones.
 //! - **Placement** puts a block best-fit into the free bytes of mapped pages (the smallest
 //!   run that holds it, then the lowest address, as PyTorch's caching allocator picks a
 //!   cached block): no driver call. Only when none holds it are pages mapped, at the spot
