@@ -1,7 +1,61 @@
-//! Cross-checks of a [`PagedPool`] allocator against the simulated device's own view.
+//! Cross-checks of the page-mapped allocators ([`PagedPool`],
+//! [`LazyPagedPool`](crate::paged_lazy::LazyPagedPool)) against the simulated device's own view.
 use super::PagedPool;
 use crate::sim::SimDevice;
 use crate::{AllocError, Allocator, Device};
+
+/// What a page-mapped allocator holds, as [`device_agrees`] compares it with the device.
+pub(crate) struct Held {
+    /// Reserved virtual ranges.
+    pub ranges: usize,
+    /// Physical handles mapped somewhere.
+    pub mapped_handles: usize,
+    /// Physical handles held unmapped (the handle cache).
+    pub cached_handles: usize,
+    /// The allocator's `reserved_bytes`.
+    pub reserved_bytes: u64,
+    /// Live blocks as `(addr, bytes)`.
+    pub live_blocks: Vec<(u64, u64)>,
+}
+
+/// The body of both allocators' `check_device`: the device holds exactly the allocator's
+/// reserved ranges, one mapping per mapped handle, one live handle per held handle (mapped or
+/// cached), `used_bytes` equal to `reserved_bytes`, and every live block is mapped with
+/// access. Assumes nothing else uses `dev`.
+///
+/// # Errors
+/// [`AllocError::Internal`] naming the first disagreement.
+pub(crate) fn device_agrees(dev: &SimDevice, held: &Held) -> Result<(), AllocError> {
+    let (segments, reserved, mappings, handles) = dev.live_objects();
+    let held_handles = held.mapped_handles + held.cached_handles;
+    if segments != 0
+        || reserved != held.ranges
+        || mappings != held.mapped_handles
+        || handles != held_handles
+    {
+        return Err(AllocError::Internal(format!(
+            "device holds {segments} segments, {reserved} ranges, {mappings} mappings, \
+             {handles} handles; allocator: {} ranges, {} mapped handles, {held_handles} held \
+             handles",
+            held.ranges, held.mapped_handles
+        )));
+    }
+    if dev.used_bytes() != held.reserved_bytes {
+        return Err(AllocError::Internal(format!(
+            "device uses {} B, allocator reserves {} B",
+            dev.used_bytes(),
+            held.reserved_bytes
+        )));
+    }
+    for &(addr, bytes) in &held.live_blocks {
+        if !dev.is_accessible(addr, bytes) {
+            return Err(AllocError::Internal(format!(
+                "live block {addr:#x}+{bytes} is not mapped with access"
+            )));
+        }
+    }
+    Ok(())
+}
 
 impl PagedPool {
     /// Checks the allocator against `dev`, the [`SimDevice`] it runs on: the device holds
@@ -12,40 +66,21 @@ impl PagedPool {
     /// # Errors
     /// [`AllocError::Internal`] naming the first disagreement.
     pub fn check_device(&self, dev: &SimDevice) -> Result<(), AllocError> {
-        let (segments, reserved, mappings, handles) = dev.live_objects();
         let mapped_handles = self
             .reservations
             .iter()
             .flat_map(|r| r.pages.iter().enumerate())
             .filter(|(i, s)| s.is_some_and(|pg| pg.ext_first as usize == *i))
             .count();
-        let held = mapped_handles + self.cache.len();
-        if segments != 0
-            || reserved != self.reservations.len()
-            || mappings != mapped_handles
-            || handles != held
-        {
-            return Err(AllocError::Internal(format!(
-                "device holds {segments} segments, {reserved} ranges, {mappings} mappings, \
-                 {handles} handles; allocator: {} ranges, {mapped_handles} mapped handles, \
-                 {held} held handles",
-                self.reservations.len()
-            )));
-        }
-        let reserved_bytes = self.stats().reserved_bytes.current;
-        if dev.used_bytes() != reserved_bytes {
-            return Err(AllocError::Internal(format!(
-                "device uses {} B, allocator reserves {reserved_bytes} B",
-                dev.used_bytes()
-            )));
-        }
-        for (addr, bytes) in self.live_blocks() {
-            if !dev.is_accessible(addr, bytes) {
-                return Err(AllocError::Internal(format!(
-                    "live block {addr:#x}+{bytes} is not mapped with access"
-                )));
-            }
-        }
-        Ok(())
+        device_agrees(
+            dev,
+            &Held {
+                ranges: self.reservations.len(),
+                mapped_handles,
+                cached_handles: self.cache.len(),
+                reserved_bytes: self.stats().reserved_bytes.current,
+                live_blocks: self.live_blocks(),
+            },
+        )
     }
 }

@@ -107,24 +107,25 @@ pub const VA_CAPACITY_FACTOR: u64 = 2;
 /// Live blocks by address ([`crate::hash`]: the one address hasher).
 type AddrMap<V> = crate::hash::AddrMap<u64, V>;
 
-/// A live block.
+/// A live block (of `paged` and `paged-lazy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct LiveBlock {
+pub(crate) struct LiveBlock {
     /// Bytes set aside (multiple of [`UNIT_BYTES`]).
-    bytes: u64,
+    pub(crate) bytes: u64,
     /// Bytes the user asked for.
-    requested: u64,
+    pub(crate) requested: u64,
 }
 
-/// A freed block held in the quick-reuse list.
+/// A freed block held in the quick-reuse list (of `paged` and `paged-lazy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct QuickBlock {
-    addr: u64,
+pub(crate) struct QuickBlock {
+    pub(crate) addr: u64,
     /// Allocated bytes (multiple of [`UNIT_BYTES`]).
-    bytes: u64,
+    pub(crate) bytes: u64,
 }
 
-/// Freed blocks held for same-size reuse, at most (default of [`PagedPool::with_quick_slots`]).
+/// Freed blocks held for same-size reuse, at most (default of [`PagedPool::with_quick_slots`]
+/// and [`LazyPagedPool::with_quick_slots`](crate::paged_lazy::LazyPagedPool::with_quick_slots)).
 pub const QUICK_SLOTS: usize = 16;
 
 /// A mapped physical page.
@@ -395,26 +396,6 @@ impl PagedPool {
         }
     }
 
-    /// Learns the page size from the device on first use.
-    fn learn_page_size(&mut self, dev: &dyn Device) -> Result<(), AllocError> {
-        let g = dev.granularity_bytes();
-        if self.page_bytes == 0 {
-            if !is_pow2(g) || !(UNIT_BYTES..=(1 << 40)).contains(&g) {
-                return Err(DeviceError::Unsupported(format!(
-                    "page-mapped allocator needs a power-of-two granularity of 256 B .. 1 TiB, got {g} B"
-                ))
-                .into());
-            }
-            self.page_bytes = g;
-        } else if g != self.page_bytes {
-            return Err(AllocError::Internal(format!(
-                "device granularity changed from {} to {g} bytes (another device?)",
-                self.page_bytes
-            )));
-        }
-        Ok(())
-    }
-
     /// [`PagedPool::try_allocate`], and on out-of-memory [`Allocator::empty_cache`] and one
     /// retry.
     fn allocate_with_retry(
@@ -441,6 +422,59 @@ impl PagedPool {
     }
 }
 
+/// Learns the page size from the device on first use (`*page_bytes == 0`), else checks that
+/// it has not changed; shared by [`PagedPool`] and
+/// [`LazyPagedPool`](crate::paged_lazy::LazyPagedPool).
+///
+/// # Errors
+/// [`DeviceError::Unsupported`] for a granularity that is not a power of two of 256 B .. 1 TiB;
+/// [`AllocError::Internal`] when it differs from the one learnt (another device).
+pub(crate) fn learn_page_size(page_bytes: &mut u64, dev: &dyn Device) -> Result<(), AllocError> {
+    let g = dev.granularity_bytes();
+    if *page_bytes == 0 {
+        if !is_pow2(g) || !(UNIT_BYTES..=(1 << 40)).contains(&g) {
+            return Err(DeviceError::Unsupported(format!(
+                "page-mapped allocator needs a power-of-two granularity of 256 B .. 1 TiB, got {g} B"
+            ))
+            .into());
+        }
+        *page_bytes = g;
+    } else if g != *page_bytes {
+        return Err(AllocError::Internal(format!(
+            "device granularity changed from {} to {g} bytes (another device?)",
+            *page_bytes
+        )));
+    }
+    Ok(())
+}
+
+/// A request to a page-mapped allocator with pages of `page_bytes`, as `(bytes, align)`: the
+/// size rounded up to [`UNIT_BYTES`] (at least one unit), the alignment at least that. `None`
+/// when the block needs more pages than the device has (it can never be mapped: the caller
+/// refuses it as out of memory before reserving address space).
+///
+/// # Errors
+/// [`AllocError::InvalidAlignment`] for an alignment that is not a power of two or exceeds a
+/// page; [`AllocError::Overflow`] for a size too close to `u64::MAX`.
+pub(crate) fn page_request(
+    page_bytes: u64,
+    dev: &dyn Device,
+    size_bytes: u64,
+    align: u64,
+) -> Result<Option<(u64, u64)>, AllocError> {
+    if !is_pow2(align) || align > page_bytes {
+        return Err(AllocError::InvalidAlignment {
+            align,
+            max: page_bytes,
+        });
+    }
+    let align = align.max(UNIT_BYTES);
+    let bytes = align_up(size_bytes.max(1), UNIT_BYTES)
+        .filter(|b| b.checked_add(2 * page_bytes).is_some())
+        .ok_or(AllocError::Overflow { size_bytes, align })?;
+    Ok((bytes.div_ceil(page_bytes) <= dev.capacity_bytes() / page_bytes).then_some((bytes, align)))
+}
+
 impl Default for PagedPool {
     fn default() -> Self {
         Self::new(&AllocatorConfig::default())
@@ -459,21 +493,10 @@ impl Allocator for PagedPool {
         align: u64,
         _stream: u64,
     ) -> Result<Block, AllocError> {
-        self.learn_page_size(dev)?;
-        if !is_pow2(align) || align > self.page_bytes {
-            return Err(AllocError::InvalidAlignment {
-                align,
-                max: self.page_bytes,
-            });
-        }
-        let align = align.max(UNIT_BYTES);
-        let bytes = align_up(size_bytes.max(1), UNIT_BYTES)
-            .filter(|b| b.checked_add(2 * self.page_bytes).is_some())
-            .ok_or(AllocError::Overflow { size_bytes, align })?;
-        // More pages than the device has can never be mapped: refuse before reserving VA.
-        if bytes.div_ceil(self.page_bytes) > dev.capacity_bytes() / self.page_bytes {
+        learn_page_size(&mut self.page_bytes, dev)?;
+        let Some((bytes, align)) = page_request(self.page_bytes, dev, size_bytes, align)? else {
             return Err(self.oom(size_bytes));
-        }
+        };
         let result = self.allocate_with_retry(dev, bytes, align, size_bytes);
         if result.is_ok() {
             self.trim_cache(dev);
@@ -577,7 +600,7 @@ impl Allocator for PagedPool {
 }
 
 pub mod check;
-mod validate;
+pub(crate) mod validate;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]

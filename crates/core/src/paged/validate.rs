@@ -4,6 +4,29 @@
 //! the byte counters. O(reserved pages + blocks · log blocks).
 use super::{PagedPool, UNIT_BYTES};
 
+/// The block counters of `stats` (allocated, requested, count) against the live blocks;
+/// shared by `paged` and `paged-lazy`.
+pub(crate) fn block_counters(
+    s: &crate::Stats,
+    live: &crate::hash::AddrMap<u64, super::LiveBlock>,
+) -> Result<(), String> {
+    let alloc: u64 = live.values().map(|b| b.bytes).sum();
+    let req: u64 = live.values().map(|b| b.requested).sum();
+    if s.allocated_bytes.current != alloc
+        || s.requested_bytes.current != req
+        || s.allocation_count.current != live.len() as u64
+    {
+        return Err(format!(
+            "counters say {} allocated / {} requested / {} blocks, blocks sum to {alloc} / {req} / {}",
+            s.allocated_bytes.current,
+            s.requested_bytes.current,
+            s.allocation_count.current,
+            live.len()
+        ));
+    }
+    Ok(())
+}
+
 pub(super) fn run(a: &PagedPool) -> Result<(), String> {
     let p = a.page_bytes;
     if p == 0 {
@@ -207,20 +230,7 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
     }
     // Byte counters.
     let s = &a.tracker.stats;
-    let alloc: u64 = a.live.values().map(|b| b.bytes).sum();
-    let req: u64 = a.live.values().map(|b| b.requested).sum();
-    if s.allocated_bytes.current != alloc
-        || s.requested_bytes.current != req
-        || s.allocation_count.current != a.live.len() as u64
-    {
-        return Err(format!(
-            "counters say {} allocated / {} requested / {} blocks, blocks sum to {alloc} / {req} / {}",
-            s.allocated_bytes.current,
-            s.requested_bytes.current,
-            s.allocation_count.current,
-            a.live.len()
-        ));
-    }
+    block_counters(s, &a.live)?;
     let held_pages = a.mapped_pages + a.cached_pages;
     let held_handles = mapped_handles + a.cache.len() as u64;
     if s.reserved_bytes.current != held_pages * p || s.segment_count.current != held_handles {

@@ -11,7 +11,8 @@ pub enum PageState {
     Mapped {
         /// The cuMemCreate handle mapped there.
         handle: PhysHandle,
-        /// Blocks touching the page, live or held for quick reuse (0: an idle page).
+        /// Blocks touching the row's pages, live or held for quick reuse (0: idle pages,
+        /// mapped and kept for reuse in place).
         live_blocks: u32,
         /// Whether cuMemSetAccess opened it to the device.
         access: bool,
@@ -20,7 +21,9 @@ pub enum PageState {
     ReservedUnmapped,
 }
 
-/// One row of [`PagedPool::page_table`]: a stretch of one reserved range.
+/// One row of a page table ([`PagedPool::page_table`],
+/// [`LazyPagedPool::page_table`](crate::paged_lazy::LazyPagedPool::page_table)): a stretch of
+/// one reserved range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct VaRangeView {
     /// First virtual address of the row.

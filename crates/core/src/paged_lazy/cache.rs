@@ -2,16 +2,7 @@
 //! mapped again instead of creating new ones. They count in `reserved_bytes`.
 use std::collections::BTreeMap;
 
-use crate::device::PhysHandle;
-
-/// A physical handle of `pages` pages (cuMemCreate of `pages × page_bytes`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct CachedHandle {
-    /// The cuMemCreate handle.
-    pub handle: PhysHandle,
-    /// Its size in pages.
-    pub pages: u64,
-}
+use crate::paged::CachedHandle;
 
 /// Unmapped handles, with a count per size so that a pick finds the size it wants without
 /// walking the list.

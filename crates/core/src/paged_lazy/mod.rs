@@ -95,44 +95,19 @@ mod placement;
 mod validate;
 mod view;
 
-pub use cache::CachedHandle;
-pub use view::{PageState, VaRangeView};
+pub use crate::paged::{CachedHandle, PageState, VaRangeView};
 
-use crate::align::{align_up, is_pow2};
 use crate::config::AllocatorConfig;
-use crate::device::DeviceError;
 use crate::hash::AddrMap;
-use crate::{AllocError, Allocator, Block, Device, Stats, StatsTracker, DEFAULT_ALIGN};
+use crate::{AllocError, Allocator, Block, Device, Stats, StatsTracker};
 use cache::HandleCache;
 use pages::Reservation;
 use placement::{FreeSpace, Placement};
 
-/// Allocation unit in bytes: every block size and address is a multiple of it.
-pub const UNIT_BYTES: u64 = DEFAULT_ALIGN;
-
-/// Virtual address space reserved by the first reservation, as a multiple of the device
-/// capacity.
-pub const VA_CAPACITY_FACTOR: u64 = 2;
-
-/// Freed blocks held for same-size reuse, at most (default of [`LazyPagedPool::with_quick_slots`]).
-pub const QUICK_SLOTS: usize = 16;
-
-/// A live block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct LiveBlock {
-    /// Bytes set aside (multiple of [`UNIT_BYTES`]).
-    bytes: u64,
-    /// Bytes the user asked for.
-    requested: u64,
-}
-
-/// A freed block held in the quick-reuse list.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct QuickBlock {
-    addr: u64,
-    /// Allocated bytes (multiple of [`UNIT_BYTES`]).
-    bytes: u64,
-}
+use crate::paged::{LiveBlock, QuickBlock};
+/// The allocation unit, the first reservation's size and the quick-reuse bound are
+/// [`crate::paged`]'s; so are the records of live and quick-reuse blocks.
+pub use crate::paged::{QUICK_SLOTS, UNIT_BYTES, VA_CAPACITY_FACTOR};
 
 /// The page-mapped allocator (see the module documentation).
 ///
@@ -434,21 +409,9 @@ impl LazyPagedPool {
 
     /// Learns the page size from the device on first use.
     fn learn_page_size(&mut self, dev: &dyn Device) -> Result<(), AllocError> {
-        let g = dev.granularity_bytes();
-        if self.page_bytes == 0 {
-            if !is_pow2(g) || !(UNIT_BYTES..=(1 << 40)).contains(&g) {
-                return Err(DeviceError::Unsupported(format!(
-                    "page-mapped allocator needs a power-of-two granularity of 256 B .. 1 TiB, got {g} B"
-                ))
-                .into());
-            }
-            self.page_bytes = g;
-            self.handle_pages = (self.handle_bytes / g).max(1);
-        } else if g != self.page_bytes {
-            return Err(AllocError::Internal(format!(
-                "device granularity changed from {} to {g} bytes (another device?)",
-                self.page_bytes
-            )));
+        crate::paged::learn_page_size(&mut self.page_bytes, dev)?;
+        if self.handle_pages == 0 {
+            self.handle_pages = (self.handle_bytes / self.page_bytes).max(1);
         }
         Ok(())
     }
@@ -517,20 +480,11 @@ impl Allocator for LazyPagedPool {
         _stream: u64,
     ) -> Result<Block, AllocError> {
         self.learn_page_size(dev)?;
-        if !is_pow2(align) || align > self.page_bytes {
-            return Err(AllocError::InvalidAlignment {
-                align,
-                max: self.page_bytes,
-            });
-        }
-        let align = align.max(UNIT_BYTES);
-        let bytes = align_up(size_bytes.max(1), UNIT_BYTES)
-            .filter(|b| b.checked_add(2 * self.page_bytes).is_some())
-            .ok_or(AllocError::Overflow { size_bytes, align })?;
-        // More pages than the device has can never be mapped: refuse before reserving VA.
-        if bytes.div_ceil(self.page_bytes) > dev.capacity_bytes() / self.page_bytes {
+        let Some((bytes, align)) =
+            crate::paged::page_request(self.page_bytes, dev, size_bytes, align)?
+        else {
             return Err(self.oom(size_bytes));
-        }
+        };
         let result = self.allocate_with_retry(dev, bytes, align, size_bytes);
         if result.is_ok() && (self.trim_pending || self.cache.pages() > self.cache_limit) {
             self.trim_cache(dev);

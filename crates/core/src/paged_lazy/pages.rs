@@ -2,10 +2,10 @@
 //! or unmaps physical memory under them (cuMemAddressReserve, cuMemCreate, cuMemMap,
 //! cuMemSetAccess, cuMemUnmap, cuMemRelease, cuMemAddressFree), with the unwinding of a
 //! failed allocation.
-use super::cache::CachedHandle;
 use super::LazyPagedPool;
 use crate::align::align_up;
 use crate::device::{DeviceError, PhysHandle};
+use crate::paged::CachedHandle;
 use crate::{AllocError, Device};
 
 /// A mapped physical page.

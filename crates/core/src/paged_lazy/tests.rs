@@ -1,5 +1,5 @@
 use super::*;
-use crate::device::DriverCall;
+use crate::device::{DeviceError, DriverCall};
 use crate::sim::SimDevice;
 
 const P: u64 = 2 << 20;

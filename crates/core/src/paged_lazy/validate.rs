@@ -209,20 +209,7 @@ pub(super) fn run(a: &LazyPagedPool) -> Result<(), String> {
     }
     // Byte counters.
     let s = &a.tracker.stats;
-    let alloc: u64 = a.live.values().map(|b| b.bytes).sum();
-    let req: u64 = a.live.values().map(|b| b.requested).sum();
-    if s.allocated_bytes.current != alloc
-        || s.requested_bytes.current != req
-        || s.allocation_count.current != a.live.len() as u64
-    {
-        return Err(format!(
-            "counters say {} allocated / {} requested / {} blocks, blocks sum to {alloc} / {req} / {}",
-            s.allocated_bytes.current,
-            s.requested_bytes.current,
-            s.allocation_count.current,
-            a.live.len()
-        ));
-    }
+    crate::paged::validate::block_counters(s, &a.live)?;
     let held_pages = a.mapped_pages + a.cache.pages();
     let held_handles = mapped_handles + a.cache.len() as u64;
     if s.reserved_bytes.current != held_pages * p || s.segment_count.current != held_handles {
