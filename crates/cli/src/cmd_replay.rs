@@ -89,27 +89,12 @@ pub fn lazy_conf(text: &str) -> Result<gpumem::core::config::LazyConfig> {
             );
         };
         let (key, value) = (key.trim(), value.trim());
-        let size = || {
-            gpumem::units::parse_size(value)
-                .map_err(|e| anyhow::anyhow!("--lazy-conf: bad value `{value}` for `{key}`: {e}"))
-        };
-        match key {
-            "headroom" => {
-                let f: f64 = value.parse().ok().filter(|f| (0.0..=10.0).contains(f)).ok_or_else(|| {
-                    anyhow::anyhow!("--lazy-conf: bad value `{value}` for `headroom`: expected a fraction from 0 to 10, such as 0.02")
-                })?;
-                c.headroom_bp = (f * 10_000.0).round() as u32;
-            }
-            "max_handle" => {
-                c.handle_bytes = size()?;
-                if c.handle_bytes == 0 {
-                    anyhow::bail!("--lazy-conf: max_handle must be at least 1 byte");
-                }
-            }
-            "map_ahead" => c.ahead_bytes = size()?,
-            other => anyhow::bail!(
-                "--lazy-conf: unknown key `{other}` (expected headroom, max_handle or map_ahead)"
+        match gpumem::lazy_conf::apply(&mut c, key, value) {
+            Ok(true) => {}
+            Ok(false) => anyhow::bail!(
+                "--lazy-conf: unknown key `{key}` (expected headroom, max_handle or map_ahead)"
             ),
+            Err(why) => anyhow::bail!("--lazy-conf: bad value `{value}` for `{key}`: {why}"),
         }
     }
     Ok(c)

@@ -13,6 +13,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod cuda;
+pub mod lazy_conf;
 pub mod pinned;
 pub mod plot;
 pub mod pool;

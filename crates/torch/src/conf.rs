@@ -196,23 +196,9 @@ fn apply(c: &mut Conf, key: &str, value: &str) -> Result<(), ConfError> {
                 .parse()
                 .map_err(|_| bad("expected a whole number of pages".into()))?
         }
-        "headroom" => {
-            let f: f64 = value
-                .parse()
-                .map_err(|_| bad("expected a fraction such as 0.02".into()))?;
-            if !(0.0..=10.0).contains(&f) {
-                return Err(bad("expected a fraction from 0 to 10".into()));
-            }
-            c.allocator.lazy.headroom_bp = (f * 10_000.0).round() as u32;
+        "headroom" | "max_handle" | "map_ahead" => {
+            gpumem::lazy_conf::apply(&mut c.allocator.lazy, key, value).map_err(bad)?;
         }
-        "max_handle" => {
-            let v = size()?;
-            if v == 0 {
-                return Err(bad("a handle must be at least 1 byte".into()));
-            }
-            c.allocator.lazy.handle_bytes = v;
-        }
-        "map_ahead" => c.allocator.lazy.ahead_bytes = size()?,
         "backend" => {
             c.backend = match value {
                 "cuda" => Backend::Cuda,

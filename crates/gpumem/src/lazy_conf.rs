@@ -1,0 +1,66 @@
+//! The `paged-lazy` strategy's settings as `key=value` items, read the same way by
+//! `gpumem replay --lazy-conf` and the PyTorch plug-in's `GPUMEM_CONF`
+//! ([`gpumem_core::config::LazyConfig`]).
+use gpumem_core::config::LazyConfig;
+
+/// The keys [`apply`] knows.
+pub const KEYS: [&str; 3] = ["headroom", "max_handle", "map_ahead"];
+
+/// Applies one item to `c`: `headroom` (a fraction of the peak of allocated bytes, 0 to 10,
+/// e.g. `0.02`), `max_handle` (a size of at least 1 byte), `map_ahead` (a size; sizes as
+/// [`crate::units::parse_size`] reads them). Returns `Ok(false)` (and changes nothing) for a
+/// key that is not one of [`KEYS`].
+///
+/// # Errors
+/// What was expected, for a bad value of a known key (`c` unchanged).
+pub fn apply(c: &mut LazyConfig, key: &str, value: &str) -> Result<bool, String> {
+    match key {
+        "headroom" => {
+            let f: f64 = value
+                .parse()
+                .ok()
+                .filter(|f| (0.0..=10.0).contains(f))
+                .ok_or("expected a fraction from 0 to 10, such as 0.02")?;
+            c.headroom_bp = (f * 10_000.0).round() as u32;
+        }
+        "max_handle" => {
+            let v = crate::units::parse_size(value)?;
+            if v == 0 {
+                return Err("a handle must be at least 1 byte".into());
+            }
+            c.handle_bytes = v;
+        }
+        "map_ahead" => c.ahead_bytes = crate::units::parse_size(value)?,
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_values_and_refusals() {
+        let mut c = LazyConfig::default();
+        assert_eq!(apply(&mut c, "headroom", "0.02"), Ok(true));
+        assert_eq!(apply(&mut c, "max_handle", "64MiB"), Ok(true));
+        assert_eq!(apply(&mut c, "map_ahead", "0"), Ok(true));
+        assert_eq!(
+            (c.headroom_bp, c.handle_bytes, c.ahead_bytes),
+            (200, 64 << 20, 0)
+        );
+        let before = c;
+        assert_eq!(apply(&mut c, "colour", "red"), Ok(false));
+        for (k, v) in [
+            ("headroom", "2%"),
+            ("headroom", "-1"),
+            ("headroom", "nan"),
+            ("max_handle", "0"),
+            ("map_ahead", "lots"),
+        ] {
+            assert!(apply(&mut c, k, v).is_err(), "{k}={v}");
+        }
+        assert_eq!(c, before, "refused items change nothing");
+    }
+}
