@@ -380,7 +380,11 @@ def run_soak(a):
             reserved.append(g.memory_stats()["reserved_bytes.all.current"])
     tail = reserved[warm:]
     # Steps (after warm-up) at which reserved first rose above its step-`warm` value.
-    rises = [warm + i for i in range(1, len(tail)) if tail[i] > max(tail[:i])]
+    rises, high = [], tail[0] if tail else 0
+    for i, r in enumerate(tail[1:], 1):
+        if r > high:
+            rises.append(warm + i)
+            high = r
     del keep, step
     import gc
     gc.collect()
