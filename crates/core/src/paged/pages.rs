@@ -30,7 +30,8 @@ impl PagedPool {
             Reservation {
                 va,
                 bytes: want,
-                pages: vec![None; npages],
+                npages,
+                pages: Vec::new(),
                 tree: MaxTree::new(2 * npages),
                 starts: vec![0; npages],
             },
@@ -127,7 +128,7 @@ impl PagedPool {
             return;
         };
         if let Some(r) = self.reservations.get_mut(ri) {
-            for slot in r.pages.iter_mut().skip(first).take(h.pages as usize) {
+            for slot in r.slots_mut(first, first.saturating_add(h.pages as usize)) {
                 *slot = Some(Page {
                     handle: h.handle,
                     ext_first,
@@ -170,12 +171,12 @@ impl PagedPool {
         let mut gaps: Vec<(usize, u64)> = Vec::new();
         let mut page = p0;
         while page <= p1 {
-            if r.pages.get(page).is_some_and(Option::is_some) {
+            if r.slot(page).is_some() {
                 page += 1;
                 continue;
             }
             let start = page;
-            while page <= p1 && r.pages.get(page).is_some_and(Option::is_none) {
+            while page <= p1 && r.slot(page).is_none() {
                 page += 1;
             }
             let mut a = start;

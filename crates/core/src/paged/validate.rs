@@ -43,9 +43,10 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
                 r.va, r.bytes
             ));
         }
-        if r.pages.len() as u64 != r.bytes / p
-            || r.tree.len() < 2 * r.pages.len()
-            || r.starts.len() != r.pages.len()
+        if r.npages as u64 != r.bytes / p
+            || r.pages.len() > r.npages
+            || r.tree.len() < 2 * r.npages
+            || r.starts.len() != r.npages
         {
             return Err(format!("reservation {:#x}: page table of wrong size", r.va));
         }
@@ -125,9 +126,9 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
     let mut handles = std::collections::HashSet::new();
     for r in &a.reservations {
         // Blocks (live or quick) and quarantined spans touching each page.
-        let mut refs = vec![0u32; r.pages.len()];
+        let mut refs = vec![0u32; r.npages];
         let leaves = expected_leaves(a, r);
-        let mut quarantined = vec![false; r.pages.len()];
+        let mut quarantined = vec![false; r.npages];
         let held = a.live.iter().map(|(&s, b)| (s, b.bytes, false));
         let held = held.chain(a.quick.iter().map(|q| (q.addr, q.bytes, false)));
         let held = held.chain(a.quarantine.iter().map(|&(s, l)| (s, l, true)));
@@ -143,7 +144,9 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
                 }
             }
         }
-        for (i, (slot, &want)) in r.pages.iter().zip(&refs).enumerate() {
+        // Pages past the end of the slot table are unmapped.
+        let slots = r.pages.iter().chain(std::iter::repeat(&None));
+        for (i, (slot, &want)) in slots.zip(&refs).enumerate() {
             let va = r.va + i as u64 * p;
             match slot {
                 Some(pg) => {
