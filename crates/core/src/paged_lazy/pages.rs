@@ -233,31 +233,36 @@ impl LazyPagedPool {
         (s.reserved_bytes.peak / p).max(with_headroom.div_ceil(p))
     }
 
-    /// Mapped extents no block touches, outside pages `[lo, hi)` of reservation `skip`.
+    /// Mapped extents no block touches, outside pages `[lo, hi)` of reservation `skip`, in
+    /// address order. Walks the free ranges holding a whole page and, inside each, the
+    /// extents it holds whole: O(free ranges + extents in them · log extents), not a search
+    /// per mapped extent (most of which lie under blocks).
     fn idle_extents(&self, skip: usize, lo: usize, hi: usize) -> Vec<Idle> {
         let p = self.page_bytes;
         let mut out = Vec::new();
         for (ri, r) in self.reservations.iter().enumerate() {
-            for (&i, &n) in &r.extents {
-                let n = n as usize;
-                if !r
-                    .pages
-                    .get(i)
-                    .is_some_and(|s| s.is_some_and(|pg| pg.access))
-                {
+            // Free ranges are coalesced within a reservation: each lies inside one.
+            for (&s, &l) in self.space.va.range(r.va..r.end()) {
+                let i0 = (s - r.va).div_ceil(p) as usize;
+                let i1 = ((s + l - r.va) / p) as usize;
+                if i1 <= i0 {
                     continue;
                 }
-                if ri == skip && i < hi && i + n > lo {
-                    continue;
-                }
-                let (a, b) = (r.va + i as u64 * p, r.va + (i + n) as u64 * p);
-                let free = self
-                    .space
-                    .va
-                    .range(..=a)
-                    .next_back()
-                    .is_some_and(|(&s, &l)| s + l >= b);
-                if free {
+                for (&i, &n) in r.extents.range(i0..i1) {
+                    let n = n as usize;
+                    if i + n > i1 {
+                        break;
+                    }
+                    if !r
+                        .pages
+                        .get(i)
+                        .is_some_and(|s| s.is_some_and(|pg| pg.access))
+                    {
+                        continue;
+                    }
+                    if ri == skip && i < hi && i + n > lo {
+                        continue;
+                    }
                     out.push(Idle {
                         res: ri,
                         first: i,
