@@ -30,9 +30,13 @@ pub(super) struct Reservation {
     /// far (a slot past its end is unmapped), so that a large reservation costs nothing
     /// until it is used.
     pub(super) pages: Vec<Option<Page>>,
-    /// Fenwick tree of mapped pages (1-based), for "how many pages of this span are
-    /// mapped" in O(log pages).
-    fenwick: Vec<u32>,
+    /// Two Fenwick trees (1-based) over the differences `d[i] = m[i] − m[i − 1]` of the
+    /// mapped flag `m` of each page, and over `d[i] · (i − 1)`: marking a run of pages
+    /// mapped or unmapped is O(log pages) whatever its length, and so is "how many pages
+    /// of this span are mapped" (the range-update, range-query Fenwick tree).
+    fenwick: Vec<i32>,
+    /// The second tree: `d[i] · (i − 1)`.
+    fenwick_w: Vec<i64>,
     /// Mapped extents: first page -> pages (what the idle-extent search walks, instead of
     /// every page slot of the range).
     pub(super) extents: std::collections::BTreeMap<usize, u64>,
@@ -45,6 +49,7 @@ impl Reservation {
             bytes,
             pages: Vec::new(),
             fenwick: vec![0; npages + 1],
+            fenwick_w: vec![0; npages + 1],
             extents: std::collections::BTreeMap::new(),
         }
     }
@@ -58,27 +63,38 @@ impl Reservation {
         self.fenwick.len() - 1
     }
 
-    fn fenwick_add(&mut self, page: usize, up: bool) {
-        let mut i = page + 1;
-        while i < self.fenwick.len() {
-            self.fenwick[i] = if up {
-                self.fenwick[i] + 1
-            } else {
-                self.fenwick[i].saturating_sub(1)
-            };
-            i += i & i.wrapping_neg();
+    /// Adds `v` to `d[i]` (1-based; ignored past the last page).
+    fn fenwick_add(&mut self, i: usize, v: i32) {
+        let w = i64::from(v) * (i as i64 - 1);
+        let mut j = i;
+        while j < self.fenwick.len() {
+            self.fenwick[j] += v;
+            self.fenwick_w[j] += w;
+            j += j & j.wrapping_neg();
         }
+    }
+
+    /// Marks pages `[first, first + n)` mapped (`up`) or unmapped: O(log pages).
+    fn mark_run(&mut self, first: usize, n: usize, up: bool) {
+        if n == 0 {
+            return;
+        }
+        let v = if up { 1 } else { -1 };
+        self.fenwick_add(first + 1, v);
+        self.fenwick_add(first + n + 1, -v);
     }
 
     /// Mapped pages among the first `n`.
     fn mapped_before(&self, n: usize) -> u64 {
-        let mut i = n.min(self.fenwick.len() - 1);
-        let mut s = 0u64;
+        let n = n.min(self.fenwick.len() - 1);
+        let (mut s, mut sw) = (0i64, 0i64);
+        let mut i = n;
         while i > 0 {
-            s += u64::from(self.fenwick[i]);
+            s += i64::from(self.fenwick[i]);
+            sw += self.fenwick_w[i];
             i -= i & i.wrapping_neg();
         }
-        s
+        u64::try_from(s * n as i64 - sw).unwrap_or(0)
     }
 
     /// Mapped pages in `[a, b)`.
@@ -96,6 +112,9 @@ impl Reservation {
         if self.pages.len() < want {
             self.pages.resize(want, None);
         }
+        // Runs of slots that were unmapped are marked mapped, one O(log) update each.
+        let mut run: Option<usize> = None;
+        let mut end = first;
         for i in first..first + h.pages as usize {
             let Some(slot) = self.pages.get_mut(i) else {
                 break;
@@ -108,8 +127,14 @@ impl Reservation {
                 access,
             });
             if was_unmapped {
-                self.fenwick_add(i, true);
+                run.get_or_insert(i);
+            } else if let Some(s) = run.take() {
+                self.mark_run(s, i - s, true);
             }
+            end = i + 1;
+        }
+        if let Some(s) = run {
+            self.mark_run(s, end - s, true);
         }
     }
 
@@ -118,12 +143,21 @@ impl Reservation {
         let pg = (*self.pages.get(first)?)?;
         let n = pg.ext_pages as usize;
         self.extents.remove(&first);
+        // Runs of slots that were mapped are marked unmapped, one O(log) update each.
+        let mut run: Option<usize> = None;
         for i in first..first + n {
-            if let Some(slot) = self.pages.get_mut(i) {
-                if slot.take().is_some() {
-                    self.fenwick_add(i, false);
-                }
+            let was_mapped = self
+                .pages
+                .get_mut(i)
+                .is_some_and(|slot| slot.take().is_some());
+            if was_mapped {
+                run.get_or_insert(i);
+            } else if let Some(s) = run.take() {
+                self.mark_run(s, i - s, false);
             }
+        }
+        if let Some(s) = run {
+            self.mark_run(s, first + n - s, false);
         }
         Some(CachedHandle {
             handle: pg.handle,
@@ -138,13 +172,13 @@ impl Reservation {
         let mut extents = std::collections::BTreeMap::new();
         for (i, s) in self.pages.iter().enumerate() {
             if let Some(pg) = s {
-                f.fenwick_add(i, true);
+                f.mark_run(i, 1, true);
                 if pg.ext_first as usize == i {
                     extents.insert(i, u64::from(pg.ext_pages));
                 }
             }
         }
-        f.fenwick == self.fenwick && extents == self.extents
+        f.fenwick == self.fenwick && f.fenwick_w == self.fenwick_w && extents == self.extents
     }
 }
 
