@@ -421,30 +421,39 @@ impl PagedPool {
         // Give the range back, coalescing within the reservation.
         // The merged range's ends are the only addresses whose pages can change besides the
         // block's own ends (the old neighbours' far ends are the merged range's ends).
-        let mut st = addr;
-        let mut len = bytes;
         let res_end = self.reservations[ri].end();
         let mut removed = [(0, 0); 2];
         let mut n = 0;
-        if st > base {
-            if let Some((&ps, &pl)) = self.free.range(..st).next_back() {
-                if ps + pl == st {
-                    self.free.remove(&ps);
-                    removed[n] = (ps, pl);
-                    n += 1;
-                    st = ps;
-                    len += pl;
+        // The range after is taken out first, so that the range before, when there is one,
+        // grows in place (one search, not a removal and an insertion).
+        let mut next = None;
+        if addr + bytes < res_end {
+            next = self
+                .free
+                .remove(&(addr + bytes))
+                .map(|nl| (addr + bytes, nl));
+        }
+        let grown = bytes + next.map_or(0, |(_, nl)| nl);
+        let mut prev = None;
+        if addr > base {
+            if let Some((&ps, pl)) = self.free.range_mut(..addr).next_back() {
+                if ps + *pl == addr {
+                    prev = Some((ps, *pl));
+                    *pl += grown;
                 }
             }
         }
-        if st + len < res_end {
-            if let Some(nl) = self.free.remove(&(st + len)) {
-                removed[n] = (st + len, nl);
-                n += 1;
-                len += nl;
+        let (st, len) = match prev {
+            Some((ps, pl)) => (ps, pl + grown),
+            None => {
+                self.free.insert(addr, grown);
+                (addr, grown)
             }
+        };
+        for r in [prev, next].into_iter().flatten() {
+            removed[n] = r;
+            n += 1;
         }
-        self.free.insert(st, len);
         self.update_leaves(ri, &removed[..n], &[(st, len)]);
         Ok(())
     }

@@ -209,17 +209,21 @@ impl PagedPool {
     /// Cuts the block out of its free range and raises the refs of its pages.
     pub(super) fn commit_block(&mut self, pl: Placement, bytes: u64, requested: u64) {
         let p = self.page_bytes;
-        let Some(len) = self.free.remove(&pl.range_start) else {
+        let st = pl.range_start;
+        let Some(range) = self.free.get_mut(&st) else {
             return;
         };
-        let st = pl.range_start;
+        let len = *range;
         let end = st + len;
         let mut added = [(0, 0); 2];
         let mut n = 0;
         if pl.addr > st {
-            self.free.insert(st, pl.addr - st);
+            // The head stays where it is: shortened in place.
+            *range = pl.addr - st;
             added[n] = (st, pl.addr - st);
             n += 1;
+        } else {
+            self.free.remove(&st);
         }
         let bend = pl.addr + bytes;
         if bend < end {
