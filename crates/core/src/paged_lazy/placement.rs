@@ -66,8 +66,17 @@ impl FreeSpace {
     /// Takes `[addr, addr + bytes)` out of the mapped run starting at `run` (which holds it)
     /// and out of the free range holding it.
     pub(super) fn take_mapped(&mut self, run: u64, addr: u64, bytes: u64) {
-        if let Some(len) = self.remove_run(run) {
-            self.add_run(run, addr - run);
+        if addr > run {
+            // The head stays where it is: shortened in place.
+            if let Some(l) = self.mapped.get_mut(&run) {
+                let len = *l;
+                *l = addr - run;
+                self.by_size.remove(&(len, run));
+                self.by_size.insert((addr - run, run));
+                self.mapped_bytes -= len - (addr - run);
+                self.add_run(addr + bytes, run + len - addr - bytes);
+            }
+        } else if let Some(len) = self.remove_run(run) {
             self.add_run(addr + bytes, run + len - addr - bytes);
         }
         self.take_va(addr, bytes);
@@ -76,15 +85,17 @@ impl FreeSpace {
     /// Takes `[addr, addr + bytes)` out of the free range holding it (mapped runs are left to
     /// the caller).
     pub(super) fn take_va(&mut self, addr: u64, bytes: u64) {
-        let Some((&st, &len)) = self.va.range(..=addr).next_back() else {
+        let Some((&st, l)) = self.va.range_mut(..=addr).next_back() else {
             return;
         };
+        let len = *l;
         if st + len < addr + bytes {
             return;
         }
-        self.va.remove(&st);
         if addr > st {
-            self.va.insert(st, addr - st);
+            *l = addr - st; // the head stays where it is
+        } else {
+            self.va.remove(&st);
         }
         if addr + bytes < st + len {
             self.va.insert(addr + bytes, st + len - addr - bytes);
@@ -94,41 +105,34 @@ impl FreeSpace {
     /// Gives `[addr, addr + bytes)` back, inside the reservation `[lo, hi)`: coalesces the
     /// free range, and, when `mapped` (every page under it mapped and open), the mapped run.
     pub(super) fn give(&mut self, addr: u64, bytes: u64, lo: u64, hi: u64, mapped: bool) {
-        let (mut st, mut len) = (addr, bytes);
-        if st > lo {
-            if let Some((&ps, &pl)) = self.va.range(..st).next_back() {
-                if ps + pl == st {
-                    self.va.remove(&ps);
-                    st = ps;
-                    len += pl;
-                }
+        // The range after goes first, so that the range before, when there is one, grows
+        // in place (one search, not a removal and an insertion).
+        let end = addr + bytes;
+        let next = if end < hi { self.va.remove(&end) } else { None };
+        let grown = bytes + next.unwrap_or(0);
+        let before = (addr > lo).then(|| self.va.range_mut(..addr).next_back());
+        match before.flatten() {
+            Some((&ps, pl)) if ps + *pl == addr => *pl += grown,
+            _ => {
+                self.va.insert(addr, grown);
             }
         }
-        if st + len < hi {
-            if let Some(nl) = self.va.remove(&(st + len)) {
-                len += nl;
-            }
-        }
-        self.va.insert(st, len);
         if !mapped {
             return;
         }
-        let (mut st, mut len) = (addr, bytes);
-        if st > lo {
-            if let Some((&ps, &pl)) = self.mapped.range(..st).next_back() {
-                if ps + pl == st {
-                    self.remove_run(ps);
-                    st = ps;
-                    len += pl;
-                }
+        let next = if end < hi { self.remove_run(end) } else { None };
+        let grown = bytes + next.unwrap_or(0);
+        let before = (addr > lo).then(|| self.mapped.range_mut(..addr).next_back());
+        match before.flatten() {
+            Some((&ps, pl)) if ps + *pl == addr => {
+                let old = *pl;
+                *pl += grown;
+                self.by_size.remove(&(old, ps));
+                self.by_size.insert((old + grown, ps));
+                self.mapped_bytes += grown;
             }
+            _ => self.add_run(addr, grown),
         }
-        if st + len < hi {
-            if let Some(nl) = self.remove_run(st + len) {
-                len += nl;
-            }
-        }
-        self.add_run(st, len);
     }
 
     /// Recomputes the mapped runs touching `[lo, hi)` of reservation `r` (pages of `p` bytes)
