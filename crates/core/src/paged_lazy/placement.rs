@@ -44,6 +44,14 @@ impl FreeSpace {
         }
     }
 
+    /// [`FreeSpace::add_run`] of `[s, e)` clipped to `[a, b)`.
+    fn add_run_clipped(&mut self, s: u64, e: u64, a: u64, b: u64) {
+        let (s, e) = (s.max(a), e.min(b));
+        if e > s {
+            self.add_run(s, e - s);
+        }
+    }
+
     fn remove_run(&mut self, st: u64) -> Option<u64> {
         let len = self.mapped.remove(&st)?;
         self.by_size.remove(&(len, st));
@@ -162,27 +170,29 @@ impl FreeSpace {
         }
         ranges.extend(self.va.range(lo..hi).map(|(&s, &l)| (s, (s + l).min(hi))));
         for (a, b) in ranges {
-            let mut run: Option<u64> = None;
-            let mut cur = a;
-            while cur < b {
-                let page = ((cur - r.va) / p) as usize;
-                let next = (r.va + (page as u64 + 1) * p).min(b);
-                let open = r
-                    .pages
-                    .get(page)
-                    .is_some_and(|s| s.is_some_and(|s| s.access));
-                match (open, run) {
-                    (true, None) => run = Some(cur),
-                    (false, Some(s)) => {
-                        self.add_run(s, cur - s);
-                        run = None;
-                    }
-                    _ => {}
+            // Runs of open pages over `[a, b)`, from the mapped extents (a handle's pages
+            // share one access flag): O(extents), not O(pages).
+            let (pa, pb) = (((a - r.va) / p) as usize, ((b - 1 - r.va) / p) as usize);
+            let first = r.extents.range(..=pa).next_back().map_or(pa, |(&i, _)| i);
+            let mut run: Option<(usize, usize)> = None; // pages [start, end)
+            for (&i, &n) in r.extents.range(first..=pb) {
+                let end = i + n as usize;
+                if end <= pa {
+                    continue;
                 }
-                cur = next;
+                let open = r.pages.get(i).is_some_and(|s| s.is_some_and(|s| s.access));
+                run = match run {
+                    Some((s, e)) if open && e == i => Some((s, end)),
+                    _ => {
+                        if let Some((s, e)) = run {
+                            self.add_run_clipped(r.va + s as u64 * p, r.va + e as u64 * p, a, b);
+                        }
+                        open.then_some((i, end))
+                    }
+                };
             }
-            if let Some(s) = run {
-                self.add_run(s, b - s);
+            if let Some((s, e)) = run {
+                self.add_run_clipped(r.va + s as u64 * p, r.va + e as u64 * p, a, b);
             }
         }
     }
