@@ -86,6 +86,7 @@ mod cache;
 mod maxtree;
 mod pages;
 mod placement;
+pub(crate) mod slots;
 mod view;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -150,11 +151,8 @@ struct Reservation {
     bytes: u64,
     /// Pages in the reservation (`bytes / page size`).
     npages: usize,
-    /// One slot per page: `Some` when mapped. Grown on demand up to the last page mapped so
-    /// far (a page past its end is unmapped), so that a reservation of `2 × capacity` costs
-    /// nothing until it is used (an `Option<Page>` is not all-zero bytes: a full-length
-    /// table would be written out, 3.4 MiB for an H200, by the first allocation).
-    pages: Vec<Option<Page>>,
+    /// One slot per page: `Some` when mapped (sparse: see [`slots`]).
+    pages: slots::SlotTable<Page>,
     /// Leaf `2p` = free bytes usable at the head of page `p` by the free range ending in it;
     /// leaf `2p + 1` = the most usable mapped bytes of a free range starting in page `p`;
     /// in [`UNIT_BYTES`] units.
@@ -167,20 +165,6 @@ struct Reservation {
 impl Reservation {
     fn end(&self) -> u64 {
         self.va + self.bytes
-    }
-
-    /// The slot of page `i` (`None`: unmapped, or past the end of the reservation).
-    fn slot(&self, i: usize) -> Option<Page> {
-        self.pages.get(i).copied().flatten()
-    }
-
-    /// The slots of pages `a..b` (clamped to the reservation), grown to hold them.
-    fn slots_mut(&mut self, a: usize, b: usize) -> &mut [Option<Page>] {
-        let b = b.min(self.npages);
-        if self.pages.len() < b {
-            self.pages.resize(b, None);
-        }
-        self.pages.get_mut(a.min(b)..b).unwrap_or_default()
     }
 }
 

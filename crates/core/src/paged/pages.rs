@@ -31,7 +31,7 @@ impl PagedPool {
                 va,
                 bytes: want,
                 npages,
-                pages: Vec::new(),
+                pages: slots::SlotTable::new(npages),
                 tree: MaxTree::new(2 * npages),
                 starts: vec![0; npages],
             },
@@ -128,7 +128,10 @@ impl PagedPool {
             return;
         };
         if let Some(r) = self.reservations.get_mut(ri) {
-            for slot in r.slots_mut(first, first.saturating_add(h.pages as usize)) {
+            for slot in r
+                .pages
+                .range_mut(first, first.saturating_add(h.pages as usize))
+            {
                 *slot = Some(Page {
                     handle: h.handle,
                     ext_first,
@@ -169,18 +172,8 @@ impl PagedPool {
         let tail_partial = !(addr + bytes - base).is_multiple_of(p);
         // Gaps to fill: runs of unmapped pages, a partly covered end page on its own.
         let mut gaps: Vec<(usize, u64)> = Vec::new();
-        let mut page = p0;
-        while page <= p1 {
-            if r.slot(page).is_some() {
-                page += 1;
-                continue;
-            }
-            let start = page;
-            while page <= p1 && r.slot(page).is_none() {
-                page += 1;
-            }
-            let mut a = start;
-            let mut b = page; // exclusive
+        // A run of unmapped pages [a, b): its partly covered end pages go on their own.
+        let mut push_run = |mut a: usize, mut b: usize| {
             if a == p0 && head_partial {
                 gaps.push((a, 1));
                 a += 1;
@@ -195,6 +188,20 @@ impl PagedPool {
             if tail_single {
                 gaps.push((b, 1));
             }
+        };
+        let mut start = None;
+        for (page, s) in (p0..=p1).zip(r.pages.range(p0, p1 + 1)) {
+            match (s, start) {
+                (None, None) => start = Some(page),
+                (Some(_), Some(st)) => {
+                    push_run(st, page);
+                    start = None;
+                }
+                _ => {}
+            }
+        }
+        if let Some(st) = start {
+            push_run(st, p1 + 1);
         }
         // Plan: fill each gap from the cache, then from idle pages, then create.
         let mut plan: Vec<(usize, Option<CachedHandle>, u64)> = Vec::new(); // (page, handle, pages)
@@ -315,12 +322,8 @@ impl PagedPool {
             self.mapped_pages += t.handle.pages;
         }
         // Idle pages the block covers are now open.
-        for page in p0..=p1 {
-            if let Some(Some(pg)) = self
-                .reservations
-                .get_mut(ri)
-                .and_then(|r| r.pages.get_mut(page))
-            {
+        if let Some(r) = self.reservations.get_mut(ri) {
+            for pg in r.pages.range_mut(p0, p1 + 1).flatten() {
                 pg.access = true;
             }
         }
@@ -344,10 +347,16 @@ impl PagedPool {
         let base = self.reservations[ri].va;
         let p0 = ((addr - base) / p) as usize;
         let p1 = ((addr + bytes - 1 - base) / p) as usize;
+        if p1 >= self.reservations[ri].npages {
+            return Err(AllocError::Internal(format!(
+                "block {addr:#x} crosses the end of its reservation"
+            )));
+        }
         // Pages only this block touches form one contiguous run.
         let mut run: Option<(usize, usize)> = None;
-        for page in p0..=p1 {
-            match self.reservations[ri].pages.get(page).copied().flatten() {
+        let slots = self.reservations[ri].pages.range(p0, p1 + 1);
+        for (page, s) in (p0..=p1).zip(slots.copied()) {
+            match s {
                 Some(pg) if pg.refs == 1 => {
                     run = Some(match run {
                         None => (page, page),
@@ -367,16 +376,14 @@ impl PagedPool {
         let mut keep_until = p0;
         if let Some((a, b)) = run {
             let mut all_single = true;
-            for page in a..=b {
-                if let Some(pg) = self.reservations[ri].pages.get(page).copied().flatten() {
-                    let (f, n) = (pg.ext_first as usize, pg.ext_pages as usize);
-                    if f < a || f + n > b + 1 {
-                        return Err(AllocError::Internal(format!(
-                            "handle at page {f} ({n} pages) straddles the freed run {a}..={b}"
-                        )));
-                    }
-                    all_single &= n == 1;
+            for pg in self.reservations[ri].pages.range(a, b + 1).flatten() {
+                let (f, n) = (pg.ext_first as usize, pg.ext_pages as usize);
+                if f < a || f + n > b + 1 {
+                    return Err(AllocError::Internal(format!(
+                        "handle at page {f} ({n} pages) straddles the freed run {a}..={b}"
+                    )));
                 }
+                all_single &= n == 1;
             }
             let room = if self.lazy_unmap && all_single {
                 self.cache_limit.saturating_sub(self.held_free_pages())
@@ -393,24 +400,22 @@ impl PagedPool {
         // Committed from here on.
         let mut freed_handles = Vec::new();
         let mut unmapped = 0u64;
-        for page in p0..=p1 {
-            if let Some(slot) = self.reservations[ri].pages.get_mut(page) {
-                if let Some(pg) = slot {
-                    pg.refs = pg.refs.saturating_sub(1);
-                    if pg.refs == 0 {
-                        if page < keep_until {
-                            self.idle.insert(base + page as u64 * p);
-                        } else {
-                            if pg.ext_first as usize == page {
-                                freed_handles.push(CachedHandle {
-                                    handle: pg.handle,
-                                    pages: u64::from(pg.ext_pages),
-                                });
-                            }
-                            *slot = None;
-                            unmapped += 1;
-                        }
+        let slots = self.reservations[ri].pages.range_mut(p0, p1 + 1);
+        for (page, slot) in (p0..=p1).zip(slots) {
+            let Some(pg) = slot else { continue };
+            pg.refs = pg.refs.saturating_sub(1);
+            if pg.refs == 0 {
+                if page < keep_until {
+                    self.idle.insert(base + page as u64 * p);
+                } else {
+                    if pg.ext_first as usize == page {
+                        freed_handles.push(CachedHandle {
+                            handle: pg.handle,
+                            pages: u64::from(pg.ext_pages),
+                        });
                     }
+                    *slot = None;
+                    unmapped += 1;
                 }
             }
         }

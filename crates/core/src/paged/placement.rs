@@ -238,7 +238,7 @@ impl PagedPool {
         let p0 = ((pl.addr - r.va) / p) as usize;
         let p1 = ((bend - 1 - r.va) / p) as usize;
         let base = r.va;
-        for (i, slot) in r.pages.iter_mut().enumerate().take(p1 + 1).skip(p0) {
+        for (i, slot) in (p0..=p1).zip(r.pages.range_mut(p0, p1 + 1)) {
             if let Some(pg) = slot {
                 if pg.refs == 0 && !self.idle.is_empty() {
                     self.idle.remove(&(base + i as u64 * p));

@@ -44,7 +44,7 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
             ));
         }
         if r.npages as u64 != r.bytes / p
-            || r.pages.len() > r.npages
+            || r.pages.len() != r.npages
             || r.tree.len() < 2 * r.npages
             || r.starts.len() != r.npages
         {
@@ -144,9 +144,7 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
                 }
             }
         }
-        // Pages past the end of the slot table are unmapped.
-        let slots = r.pages.iter().chain(std::iter::repeat(&None));
-        for (i, (slot, &want)) in slots.zip(&refs).enumerate() {
+        for (i, (slot, &want)) in r.pages.iter().zip(&refs).enumerate() {
             let va = r.va + i as u64 * p;
             match slot {
                 Some(pg) => {

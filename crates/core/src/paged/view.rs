@@ -119,9 +119,7 @@ impl PagedPool {
         let p = self.page_bytes;
         let mut rows: Vec<VaRangeView> = Vec::new();
         for r in &self.reservations {
-            // Pages past the end of the slot table are unmapped.
-            let slots = r.pages.iter().chain(std::iter::repeat(&None));
-            for (i, slot) in slots.take(r.npages).enumerate() {
+            for (i, slot) in r.pages.iter().enumerate() {
                 let va = r.va + i as u64 * p;
                 match slot {
                     Some(pg) if pg.ext_first as usize != i => {}

@@ -5,6 +5,7 @@
 use super::LazyPagedPool;
 use crate::align::align_up;
 use crate::device::{DeviceError, PhysHandle};
+use crate::paged::slots::SlotTable;
 use crate::paged::CachedHandle;
 use crate::{AllocError, Device};
 
@@ -26,50 +27,45 @@ pub(super) struct Page {
 pub(super) struct Reservation {
     pub(super) va: u64,
     pub(super) bytes: u64,
-    /// One slot per page: `Some` when mapped. Grown on demand up to the last page mapped so
-    /// far (a slot past its end is unmapped), so that a large reservation costs nothing
+    /// One slot per page: `Some` when mapped (sparse: chunks are allocated where pages are
+    /// mapped, see [`crate::paged::slots`]), so that a large reservation costs nothing
     /// until it is used.
-    pub(super) pages: Vec<Option<Page>>,
-    /// Two Fenwick trees (1-based) over the differences `d[i] = m[i] − m[i − 1]` of the
-    /// mapped flag `m` of each page, and over `d[i] · (i − 1)`: marking a run of pages
-    /// mapped or unmapped is O(log pages) whatever its length, and so is "how many pages
-    /// of this span are mapped" (the range-update, range-query Fenwick tree).
-    fenwick: Vec<i32>,
-    /// The second tree: `d[i] · (i − 1)`.
-    fenwick_w: Vec<i64>,
+    pub(super) pages: SlotTable<Page>,
+    /// How many pages of a span are mapped.
+    count: MappedCount,
     /// Mapped extents: first page -> pages (what the idle-extent search walks, instead of
     /// every page slot of the range).
     pub(super) extents: std::collections::BTreeMap<usize, u64>,
 }
 
-impl Reservation {
-    fn new(va: u64, bytes: u64, npages: usize) -> Self {
-        Reservation {
-            va,
-            bytes,
-            pages: Vec::new(),
-            fenwick: vec![0; npages + 1],
-            fenwick_w: vec![0; npages + 1],
-            extents: std::collections::BTreeMap::new(),
+/// Two Fenwick trees (1-based) over the differences `d[i] = m[i] − m[i − 1]` of the mapped
+/// flag `m` of each page, and over `d[i] · (i − 1)`: marking a run of pages mapped or
+/// unmapped is O(log pages) whatever its length, and so is "how many pages of this span are
+/// mapped" (the range-update, range-query Fenwick tree). Both trees are a function of the
+/// mapped set alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct MappedCount {
+    /// The tree over `d[i]`.
+    d: Vec<i32>,
+    /// The tree over `d[i] · (i − 1)`.
+    w: Vec<i64>,
+}
+
+impl MappedCount {
+    fn new(npages: usize) -> Self {
+        MappedCount {
+            d: vec![0; npages + 1],
+            w: vec![0; npages + 1],
         }
     }
 
-    pub(super) fn end(&self) -> u64 {
-        self.va + self.bytes
-    }
-
-    /// Pages in the reservation.
-    pub(super) fn npages(&self) -> usize {
-        self.fenwick.len() - 1
-    }
-
     /// Adds `v` to `d[i]` (1-based; ignored past the last page).
-    fn fenwick_add(&mut self, i: usize, v: i32) {
+    fn add(&mut self, i: usize, v: i32) {
         let w = i64::from(v) * (i as i64 - 1);
         let mut j = i;
-        while j < self.fenwick.len() {
-            self.fenwick[j] += v;
-            self.fenwick_w[j] += w;
+        while j < self.d.len() {
+            self.d[j] += v;
+            self.w[j] += w;
             j += j & j.wrapping_neg();
         }
     }
@@ -80,26 +76,47 @@ impl Reservation {
             return;
         }
         let v = if up { 1 } else { -1 };
-        self.fenwick_add(first + 1, v);
-        self.fenwick_add(first + n + 1, -v);
+        self.add(first + 1, v);
+        self.add(first + n + 1, -v);
     }
 
     /// Mapped pages among the first `n`.
     fn mapped_before(&self, n: usize) -> u64 {
-        let n = n.min(self.fenwick.len() - 1);
+        let n = n.min(self.d.len() - 1);
         let (mut s, mut sw) = (0i64, 0i64);
         let mut i = n;
         while i > 0 {
-            s += i64::from(self.fenwick[i]);
-            sw += self.fenwick_w[i];
+            s += i64::from(self.d[i]);
+            sw += self.w[i];
             i -= i & i.wrapping_neg();
         }
         u64::try_from(s * n as i64 - sw).unwrap_or(0)
     }
+}
+
+impl Reservation {
+    fn new(va: u64, bytes: u64, npages: usize) -> Self {
+        Reservation {
+            va,
+            bytes,
+            pages: SlotTable::new(npages),
+            count: MappedCount::new(npages),
+            extents: std::collections::BTreeMap::new(),
+        }
+    }
+
+    pub(super) fn end(&self) -> u64 {
+        self.va + self.bytes
+    }
+
+    /// Pages in the reservation.
+    pub(super) fn npages(&self) -> usize {
+        self.count.d.len() - 1
+    }
 
     /// Mapped pages in `[a, b)`.
     pub(super) fn mapped_in(&self, a: usize, b: usize) -> u64 {
-        self.mapped_before(b) - self.mapped_before(a)
+        self.count.mapped_before(b) - self.count.mapped_before(a)
     }
 
     /// Writes the slots of handle `h` mapped from page `first`.
@@ -108,17 +125,11 @@ impl Reservation {
             return;
         };
         self.extents.insert(first, h.pages);
-        let want = (first + h.pages as usize).min(self.npages());
-        if self.pages.len() < want {
-            self.pages.resize(want, None);
-        }
         // Runs of slots that were unmapped are marked mapped, one O(log) update each.
         let mut run: Option<usize> = None;
         let mut end = first;
-        for i in first..first + h.pages as usize {
-            let Some(slot) = self.pages.get_mut(i) else {
-                break;
-            };
+        let slots = self.pages.range_mut(first, first + h.pages as usize);
+        for (i, slot) in (first..).zip(slots) {
             let was_unmapped = slot.is_none();
             *slot = Some(Page {
                 handle: h.handle,
@@ -129,12 +140,12 @@ impl Reservation {
             if was_unmapped {
                 run.get_or_insert(i);
             } else if let Some(s) = run.take() {
-                self.mark_run(s, i - s, true);
+                self.count.mark_run(s, i - s, true);
             }
             end = i + 1;
         }
         if let Some(s) = run {
-            self.mark_run(s, end - s, true);
+            self.count.mark_run(s, end - s, true);
         }
     }
 
@@ -145,19 +156,17 @@ impl Reservation {
         self.extents.remove(&first);
         // Runs of slots that were mapped are marked unmapped, one O(log) update each.
         let mut run: Option<usize> = None;
-        for i in first..first + n {
-            let was_mapped = self
-                .pages
-                .get_mut(i)
-                .is_some_and(|slot| slot.take().is_some());
-            if was_mapped {
+        let mut end = first;
+        for (i, slot) in (first..).zip(self.pages.range_mut(first, first + n)) {
+            if slot.take().is_some() {
                 run.get_or_insert(i);
             } else if let Some(s) = run.take() {
-                self.mark_run(s, i - s, false);
+                self.count.mark_run(s, i - s, false);
             }
+            end = i + 1;
         }
         if let Some(s) = run {
-            self.mark_run(s, first + n - s, false);
+            self.count.mark_run(s, end - s, false);
         }
         Some(CachedHandle {
             handle: pg.handle,
@@ -172,13 +181,13 @@ impl Reservation {
         let mut extents = std::collections::BTreeMap::new();
         for (i, s) in self.pages.iter().enumerate() {
             if let Some(pg) = s {
-                f.mark_run(i, 1, true);
+                f.count.mark_run(i, 1, true);
                 if pg.ext_first as usize == i {
                     extents.insert(i, u64::from(pg.ext_pages));
                 }
             }
         }
-        f.fenwick == self.fenwick && f.fenwick_w == self.fenwick_w && extents == self.extents
+        f.count == self.count && extents == self.extents
     }
 }
 

@@ -54,24 +54,6 @@ impl LazyPagedPool {
                     },
                 }
             }
-            // Page slots past the last one mapped so far are unmapped.
-            let tail = r.va + r.pages.len() as u64 * p;
-            if tail < r.end() {
-                match rows.last_mut() {
-                    Some(last)
-                        if last.state == PageState::ReservedUnmapped
-                            && last.va + last.bytes == tail =>
-                    {
-                        last.bytes = r.end() - last.va
-                    }
-                    _ => rows.push(VaRangeView {
-                        va: tail,
-                        bytes: r.end() - tail,
-                        page_bytes: p,
-                        state: PageState::ReservedUnmapped,
-                    }),
-                }
-            }
         }
         rows
     }
