@@ -269,6 +269,11 @@ pub struct PagedPool {
     quick_slots: usize,
     /// Figures in PyTorch's vocabulary.
     tracker: StatsTracker,
+    /// Scratch list of the handles a free unmaps (kept to spare an allocation per free).
+    freed_scratch: Vec<CachedHandle>,
+    /// Scratch list of the handles an allocation maps (kept to spare an allocation per
+    /// mapping allocation; an error path may leave it empty).
+    taken_scratch: Vec<Taken>,
 }
 
 impl PagedPool {
@@ -294,6 +299,8 @@ impl PagedPool {
             quick_bytes: 0,
             quick_slots: QUICK_SLOTS,
             tracker: StatsTracker::default(),
+            freed_scratch: Vec::new(),
+            taken_scratch: Vec::new(),
         }
     }
 

@@ -170,12 +170,14 @@ impl PagedPool {
         let (lo, hi) = (base + p0 as u64 * p, base + (p1 as u64 + 1) * p);
         let head_partial = !(addr - base).is_multiple_of(p);
         let tail_partial = !(addr + bytes - base).is_multiple_of(p);
-        // Gaps to fill: runs of unmapped pages, a partly covered end page on its own.
-        let mut gaps: Vec<(usize, u64)> = Vec::new();
+        // Plan: (page, handle, pages) for each gap to fill, a run of unmapped pages (a partly
+        // covered end page on its own); filled from the cache, then from idle pages, then
+        // created.
+        let mut plan: Vec<(usize, Option<CachedHandle>, u64)> = Vec::new();
         // A run of unmapped pages [a, b): its partly covered end pages go on their own.
         let mut push_run = |mut a: usize, mut b: usize| {
             if a == p0 && head_partial {
-                gaps.push((a, 1));
+                plan.push((a, None, 1));
                 a += 1;
             }
             let tail_single = b == p1 + 1 && tail_partial && b > a;
@@ -183,10 +185,10 @@ impl PagedPool {
                 b -= 1;
             }
             if b > a {
-                gaps.push((a, (b - a) as u64));
+                plan.push((a, None, (b - a) as u64));
             }
             if tail_single {
-                gaps.push((b, 1));
+                plan.push((b, None, 1));
             }
         };
         let mut start = None;
@@ -203,15 +205,17 @@ impl PagedPool {
         if let Some(st) = start {
             push_run(st, p1 + 1);
         }
-        // Plan: fill each gap from the cache, then from idle pages, then create.
-        let mut plan: Vec<(usize, Option<CachedHandle>, u64)> = Vec::new(); // (page, handle, pages)
         let mut leftover = 0u64;
+        // Rewrites the plan with cached handles where they fit: the new entries are appended,
+        // then the old ones dropped (no second vector).
         let fill = |this: &mut Self, plan: &mut Vec<(usize, Option<CachedHandle>, u64)>| {
             let mut left = 0;
-            let mut out = Vec::with_capacity(plan.len());
-            for &(page, h, n) in plan.iter() {
+            let old = plan.len();
+            for k in 0..old {
+                let (page, h, n) = plan[k];
+                let mut out = |e| plan.push(e);
                 if h.is_some() {
-                    out.push((page, h, n));
+                    out((page, h, n));
                     continue;
                 }
                 let (mut at, mut rest) = (page, n);
@@ -220,21 +224,18 @@ impl PagedPool {
                         break;
                     };
                     let c = this.cache_take(i);
-                    out.push((at, Some(c), c.pages));
+                    out((at, Some(c), c.pages));
                     at += c.pages as usize;
                     rest -= c.pages;
                 }
                 if rest > 0 {
-                    out.push((at, None, rest));
+                    out((at, None, rest));
                     left += rest;
                 }
             }
-            *plan = out;
+            plan.drain(..old);
             left
         };
-        for &(page, n) in &gaps {
-            plan.push((page, None, n));
-        }
         if !plan.is_empty() {
             leftover = fill(self, &mut plan);
         }
@@ -260,7 +261,8 @@ impl PagedPool {
         }
         // Create and map, in address order.
         plan.sort_unstable_by_key(|&(page, _, _)| page);
-        let mut taken: Vec<Taken> = Vec::with_capacity(plan.len());
+        let mut taken = std::mem::take(&mut self.taken_scratch);
+        taken.clear();
         for (k, &(page, h, n)) in plan.iter().enumerate() {
             let (h, from_cache) = match h {
                 Some(h) => (h, true),
@@ -327,6 +329,7 @@ impl PagedPool {
                 pg.access = true;
             }
         }
+        self.taken_scratch = taken;
         Ok(())
     }
 
@@ -398,7 +401,8 @@ impl PagedPool {
             }
         }
         // Committed from here on.
-        let mut freed_handles = Vec::new();
+        let mut freed_handles = std::mem::take(&mut self.freed_scratch);
+        freed_handles.clear();
         let mut unmapped = 0u64;
         let slots = self.reservations[ri].pages.range_mut(p0, p1 + 1);
         for (page, slot) in (p0..=p1).zip(slots) {
@@ -420,9 +424,10 @@ impl PagedPool {
             }
         }
         self.mapped_pages = self.mapped_pages.saturating_sub(unmapped);
-        for h in freed_handles {
+        for &h in &freed_handles {
             self.return_handle(h);
         }
+        self.freed_scratch = freed_handles;
         // Give the range back, coalescing within the reservation.
         // The merged range's ends are the only addresses whose pages can change besides the
         // block's own ends (the old neighbours' far ends are the merged range's ends).
