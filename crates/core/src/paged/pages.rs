@@ -192,7 +192,11 @@ impl PagedPool {
             }
         };
         let mut start = None;
+        // Whether a page already mapped under the block lacks access (a quarantined one):
+        // only then do the set-access range and the opening below look at those pages.
+        let mut any_closed = false;
         for (page, s) in (p0..=p1).zip(r.pages.range(p0, p1 + 1)) {
+            any_closed |= s.is_some_and(|pg| !pg.access);
             match (s, start) {
                 (None, None) => start = Some(page),
                 (Some(_), Some(st)) => {
@@ -305,13 +309,18 @@ impl PagedPool {
         let last_new = taken
             .last()
             .map(|t| t.page + (t.handle.pages as usize).saturating_sub(1));
-        let first = (p0..first_new.unwrap_or(p1 + 1))
-            .find(|&pg| closed(pg))
-            .or(first_new);
-        let last = (last_new.map_or(p0, |l| l + 1)..=p1)
-            .rev()
-            .find(|&pg| closed(pg))
-            .or(last_new);
+        let (first, last) = if any_closed {
+            let first = (p0..first_new.unwrap_or(p1 + 1))
+                .find(|&pg| closed(pg))
+                .or(first_new);
+            let last = (last_new.map_or(p0, |l| l + 1)..=p1)
+                .rev()
+                .find(|&pg| closed(pg))
+                .or(last_new);
+            (first, last)
+        } else {
+            (first_new, last_new)
+        };
         if let (Some(a), Some(b)) = (first, last) {
             if let Err(e) = dev.set_access(base + a as u64 * p, (b - a + 1) as u64 * p) {
                 self.unwind_maps(dev, ri, &taken);
@@ -323,8 +332,8 @@ impl PagedPool {
             self.set_extent(ri, t.page, t.handle, 0, true);
             self.mapped_pages += t.handle.pages;
         }
-        // Idle pages the block covers are now open.
-        if let Some(r) = self.reservations.get_mut(ri) {
+        // Pages the block covers are now open (new ones are already).
+        if let (true, Some(r)) = (any_closed, self.reservations.get_mut(ri)) {
             for pg in r.pages.range_mut(p0, p1 + 1).flatten() {
                 pg.access = true;
             }
@@ -356,7 +365,12 @@ impl PagedPool {
             )));
         }
         // Pages only this block touches form one contiguous run.
+        // In the same pass: the extents of the run's pages (each must lie inside the run),
+        // and whether they are all single pages.
         let mut run: Option<(usize, usize)> = None;
+        let mut ext_lo = usize::MAX;
+        let mut ext_hi = 0usize; // exclusive
+        let mut all_single = true;
         let slots = self.reservations[ri].pages.range(p0, p1 + 1);
         for (page, s) in (p0..=p1).zip(slots.copied()) {
             match s {
@@ -364,7 +378,11 @@ impl PagedPool {
                     run = Some(match run {
                         None => (page, page),
                         Some((a, _)) => (a, page),
-                    })
+                    });
+                    let (f, n) = (pg.ext_first as usize, pg.ext_pages as usize);
+                    ext_lo = ext_lo.min(f);
+                    ext_hi = ext_hi.max(f + n);
+                    all_single &= n == 1;
                 }
                 Some(_) => {}
                 None => {
@@ -378,15 +396,10 @@ impl PagedPool {
         // (single-page handles only); the rest is unmapped with one call.
         let mut keep_until = p0;
         if let Some((a, b)) = run {
-            let mut all_single = true;
-            for pg in self.reservations[ri].pages.range(a, b + 1).flatten() {
-                let (f, n) = (pg.ext_first as usize, pg.ext_pages as usize);
-                if f < a || f + n > b + 1 {
-                    return Err(AllocError::Internal(format!(
-                        "handle at page {f} ({n} pages) straddles the freed run {a}..={b}"
-                    )));
-                }
-                all_single &= n == 1;
+            if ext_lo < a || ext_hi > b + 1 {
+                return Err(AllocError::Internal(format!(
+                    "handles over pages {ext_lo}..{ext_hi} straddle the freed run {a}..={b}"
+                )));
             }
             let room = if self.lazy_unmap && all_single {
                 self.cache_limit.saturating_sub(self.held_free_pages())
