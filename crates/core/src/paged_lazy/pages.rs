@@ -400,17 +400,21 @@ impl LazyPagedPool {
         // Runs of unmapped pages to fill; the pages mapped ahead get a handle of their own,
         // so that either can move once idle without the other.
         let mut gaps: Vec<(usize, u64)> = Vec::new();
-        let mut page = p0;
-        while page <= p1 {
-            if r.pages.get(page).is_some_and(Option::is_some) {
-                page += 1;
-                continue;
+        if need > 0 {
+            let mut start = None;
+            for (page, s) in (p0..=p1).zip(r.pages.range(p0, p1 + 1)) {
+                match (s, start) {
+                    (None, None) => start = Some(page),
+                    (Some(_), Some(st)) => {
+                        gaps.push((st, (page - st) as u64));
+                        start = None;
+                    }
+                    _ => {}
+                }
             }
-            let start = page;
-            while page <= p1 && r.pages.get(page).copied().flatten().is_none() {
-                page += 1;
+            if let Some(st) = start {
+                gaps.push((st, (p1 + 1 - st) as u64));
             }
-            gaps.push((start, (page - start) as u64));
         }
         if ahead > 0 {
             gaps.push((p1 + 1, ahead as u64));
