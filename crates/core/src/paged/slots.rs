@@ -102,8 +102,8 @@ impl<T: Copy> SlotTable<T> {
     }
 
     /// Every slot in order.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = &Option<T>> + '_ {
-        (0..self.len).map(move |i| self.get(i).unwrap_or(&self.none))
+    pub(crate) fn iter(&self) -> Slots<'_, T> {
+        self.range(0, self.len)
     }
 }
 
