@@ -69,22 +69,37 @@ impl MaxTree {
     }
 
     /// Sets leaf `i` to `value` (ignored outside the tree); stops climbing as soon as an
-    /// ancestor's maximum does not change.
+    /// ancestor's maximum does not change. A rise only compares with the ancestors; a fall
+    /// reads a node's children only where the old value was that node's maximum.
     pub(crate) fn set(&mut self, i: usize, value: u32) {
         let Some(leaf) = self.levels.first_mut().and_then(|l| l.get_mut(i)) else {
             return;
         };
-        if *leaf == value {
+        let old = *leaf;
+        if old == value {
             return;
         }
         *leaf = value;
         let mut idx = i;
         for l in 1..self.levels.len() {
             idx /= FANOUT;
-            let m = Self::children_max(&self.levels[l - 1], idx);
-            match self.levels[l].get_mut(idx) {
-                Some(v) if *v != m => *v = m,
-                _ => break,
+            if value > old {
+                // The new maximum of every ancestor below `value` is `value`.
+                match self.levels[l].get_mut(idx) {
+                    Some(v) if *v < value => *v = value,
+                    _ => break,
+                }
+            } else {
+                // Each node on the way up held `old`; its parent changes only if `old` was
+                // the parent's maximum and no other child holds it.
+                if self.levels[l].get(idx) != Some(&old) {
+                    break;
+                }
+                let m = Self::children_max(&self.levels[l - 1], idx);
+                match self.levels[l].get_mut(idx) {
+                    Some(v) if *v != m => *v = m,
+                    _ => break,
+                }
             }
         }
     }
