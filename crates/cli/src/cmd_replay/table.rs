@@ -243,7 +243,7 @@ pub(super) fn print_min_capacity(min_caps: &[(&'static str, &[DeviceMinCapacity]
     println!();
     println!("smallest simulated capacity (to the 2 MiB granularity):");
     println!(
-        "{:<9} {:>6} {:>14} {:>18} {:>7}  note",
+        "{:<10} {:>6} {:>14} {:>18} {:>7}  note",
         "allocator", "device", "completes at", "and every larger", "replays"
     );
     for (name, list) in min_caps {
@@ -262,7 +262,7 @@ pub(super) fn print_min_capacity(min_caps: &[(&'static str, &[DeviceMinCapacity]
                         notes.push("partly bisected (assumes monotone above the scanned range)".into());
                     }
                     println!(
-                        "{:<9} {:>6} {:>14} {:>18} {:>7}  {}",
+                        "{:<10} {:>6} {:>14} {:>18} {:>7}  {}",
                         name,
                         m.device,
                         human_bytes(f.smallest_bytes),
@@ -272,7 +272,7 @@ pub(super) fn print_min_capacity(min_caps: &[(&'static str, &[DeviceMinCapacity]
                     );
                 }
                 MinCapacityOutcome::NeverCompletes(i) => println!(
-                    "{:<9} {:>6} {:>14} {:>18} {:>7}  does not complete even with {}: {} ({} failed allocation{}, the first at event index {})",
+                    "{:<10} {:>6} {:>14} {:>18} {:>7}  does not complete even with {}: {} ({} failed allocation{}, the first at event index {})",
                     name,
                     m.device,
                     "-",
@@ -288,6 +288,9 @@ pub(super) fn print_min_capacity(min_caps: &[(&'static str, &[DeviceMinCapacity]
             }
         }
     }
+    println!(
+        "replays: simulated replays of the whole trace the search ran (a scan, then a bisection)."
+    );
 }
 
 pub(super) fn print_notes(j: &JsonOut, capacity: u64) {

@@ -72,8 +72,10 @@
 //! - `free_bytes`: free bytes on mapped pages (what can be placed without a driver call);
 //!   blocks held for quick reuse and cached handles are not counted.
 //! - `largest_free_bytes`: the longest run of those bytes.
-//! - `inactive_split_bytes`: the same free bytes on mapped pages (cached memory that only a
-//!   request fitting it can use, as in PyTorch's expandable segment).
+//! - `inactive_split_bytes`: the same free bytes on mapped pages while any block is live
+//!   (cached memory that only a request fitting it can use, as in PyTorch's expandable
+//!   segment, where they are split off the one segment); 0 when no block is live. Unlike
+//!   `paged`'s, it includes idle pages that [`Allocator::empty_cache`] would give back.
 //! - `segment_count`: physical handles held (mapped + cached).
 //!
 //! # Failures
@@ -552,9 +554,13 @@ impl Allocator for LazyPagedPool {
         let mut s = self.tracker.stats;
         s.free_bytes = self.space.mapped_bytes;
         s.largest_free_bytes = self.space.by_size.last().map_or(0, |&(l, _)| l);
-        // Free bytes on mapped pages: what PyTorch counts as inactive split blocks of an
-        // expandable segment (cached, usable only by a request that fits them).
-        s.inactive_split_bytes.add(s.free_bytes);
+        // Free bytes on mapped pages while some block is live: what PyTorch counts as
+        // inactive split blocks of an expandable segment (cached, usable only by a request
+        // that fits them). With no live block the free space is one unsplit block, as in
+        // PyTorch, and counts nothing.
+        if !self.live.is_empty() {
+            s.inactive_split_bytes.add(s.free_bytes);
+        }
         s
     }
 
