@@ -1005,7 +1005,7 @@ fn lazy_conf_sets_the_paged_lazy_trade_and_names_bad_items() {
             "colour=red",
             ["`colour`", "headroom, max_handle or map_ahead"],
         ),
-        ("max_handle=0", ["max_handle", "at least 1 byte"]),
+        ("max_handle=0", ["max_handle", "above 0"]),
     ] {
         let (ok, _, err) = gpumem(&[
             "replay",

@@ -7,7 +7,7 @@ use gpumem_core::config::LazyConfig;
 pub const KEYS: [&str; 3] = ["headroom", "max_handle", "map_ahead"];
 
 /// Applies one item to `c`: `headroom` (a fraction of the peak of allocated bytes, 0 to 10,
-/// e.g. `0.02`), `max_handle` (a size of at least 1 byte), `map_ahead` (a size; sizes as
+/// e.g. `0.02`), `max_handle` (a size above 0, rounded down to whole pages, at least one page), `map_ahead` (a size; sizes as
 /// [`crate::units::parse_size`] reads them). Returns `Ok(false)` (and changes nothing) for a
 /// key that is not one of [`KEYS`].
 ///
@@ -26,7 +26,7 @@ pub fn apply(c: &mut LazyConfig, key: &str, value: &str) -> Result<bool, String>
         "max_handle" => {
             let v = crate::units::parse_size(value)?;
             if v == 0 {
-                return Err("a handle must be at least 1 byte".into());
+                return Err("expected a size above 0 (rounded down to whole pages, at least one page: 2 MiB on an H200)".into());
             }
             c.handle_bytes = v;
         }

@@ -77,7 +77,8 @@ fn read_limited(
         path: name.to_string(),
         index: 0,
         message: format!(
-            "gzip data truncated or corrupt after {} inflated bytes: {e}",
+            "gzip data truncated or corrupt after {} inflated bytes: {e} (a lenient read, \
+                     `--lenient`, keeps the events before the damage)",
             out.len()
         ),
     })?;
@@ -170,7 +171,8 @@ pub fn read_sniffed(
             Ok(n) => n,
             Err(e) => {
                 let what = format!(
-                    "gzip data truncated or corrupt after {} inflated bytes: {e}",
+                    "gzip data truncated or corrupt after {} inflated bytes: {e} (a lenient read, \
+                     `--lenient`, keeps the events before the damage)",
                     data.len()
                 );
                 if lenient && data.len() >= SNIFF_BYTES.min(64) {

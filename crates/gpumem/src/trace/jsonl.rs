@@ -104,6 +104,26 @@ fn json_error(e: &serde_json::Error) -> String {
     }
 }
 
+/// [`json_error`] of a line that does not parse, with the key whose value is wrong where
+/// there is one (`invalid type: string "big", expected u64 (column 39, key "size")`).
+fn keyed_json_error(text: &str, strict: &serde_json::Error) -> String {
+    let mut de = serde_json::Deserializer::from_str(text);
+    match serde_path_to_error::deserialize::<_, Line>(&mut de) {
+        Err(e) => {
+            let path = e.path().to_string();
+            let msg = json_error(e.inner());
+            if path.is_empty() || path == "." {
+                msg
+            } else if let Some(open) = msg.strip_suffix(')') {
+                format!("{open}, key \"{path}\")")
+            } else {
+                format!("{msg} (key \"{path}\")")
+            }
+        }
+        Ok(_) => json_error(strict),
+    }
+}
+
 /// An unknown key and the known key it is one edit away from.
 type Typo = (String, &'static str);
 
@@ -149,7 +169,7 @@ fn parse_line(text: &str) -> Result<(Parsed, Vec<Typo>), String> {
         Ok(l) => (Line::from(l), Vec::new()),
         Err(strict) => match serde_json::from_str::<Line>(text) {
             Ok(l) => (l, near_misses(text)),
-            Err(_) => return Err(json_error(&strict)),
+            Err(_) => return Err(keyed_json_error(text, &strict)),
         },
     };
     Ok((parse_fields(l)?, typos))
@@ -460,6 +480,20 @@ mod tests {
         let back = read(std::str::from_utf8(&out).unwrap()).unwrap();
         assert_eq!(back.events, t.events);
         assert_eq!(back.preexisting, t.preexisting);
+    }
+
+    /// A value of the wrong type names its key, its line and its column.
+    #[test]
+    fn a_value_of_the_wrong_type_names_its_key() {
+        let e = read(
+            "{\"action\":\"alloc\",\"addr\":1,\"size\":100}\n\
+             {\"action\":\"alloc\",\"addr\":2,\"size\":\"big\"}\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("line 2"), "{e}");
+        assert!(e.contains("expected u64"), "{e}");
+        assert!(e.contains("key \"size\""), "{e}");
     }
 
     /// Issue 9 item 8: typos of known keys are warned about with their line; a negative size
