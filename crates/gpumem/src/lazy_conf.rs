@@ -7,8 +7,8 @@ use gpumem_core::config::LazyConfig;
 pub const KEYS: [&str; 3] = ["headroom", "max_handle", "map_ahead"];
 
 /// Applies one item to `c`: `headroom` (a fraction of the peak of allocated bytes, 0 to 10,
-/// e.g. `0.02`), `max_handle` (a size above 0, rounded down to whole pages, at least one page), `map_ahead` (a size; sizes as
-/// [`crate::units::parse_size`] reads them). Returns `Ok(false)` (and changes nothing) for a
+/// e.g. `0.02`), `max_handle` (a size above 0, rounded down to whole pages, at least one
+/// page), `map_ahead` (a size; sizes as [`crate::units::parse_size`] reads them). Returns `Ok(false)` (and changes nothing) for a
 /// key that is not one of [`KEYS`].
 ///
 /// # Errors

@@ -239,3 +239,22 @@ fn injected_faults_over_adjacent_reservations_leave_nothing_behind() {
         assert_eq!(d.live_objects(), (0, 0, 0, 0), "seed {seed}");
     }
 }
+
+/// Free mapped bytes count as inactive split while a block is live (PyTorch's split blocks
+/// of an expandable segment), and not once none is (one unsplit free block).
+#[test]
+fn inactive_split_is_the_free_mapped_bytes_while_a_block_is_live() {
+    let (mut d, a) = pair(64);
+    let mut a = a.with_quick_slots(0).with_ahead_bytes(0);
+    let x = a.allocate(&mut d, 3 * P, 256, 0).unwrap();
+    let y = a.allocate(&mut d, P, 256, 0).unwrap();
+    a.deallocate(&mut d, x.addr).unwrap();
+    let s = a.stats();
+    assert_eq!(s.free_bytes, 3 * P);
+    assert_eq!(s.inactive_split_bytes.current, 3 * P);
+    a.deallocate(&mut d, y.addr).unwrap();
+    let s = a.stats();
+    assert_eq!(s.free_bytes, 4 * P, "the pages stay mapped");
+    assert_eq!(s.inactive_split_bytes.current, 0);
+    check(&a, &d);
+}
