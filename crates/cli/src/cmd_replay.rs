@@ -577,6 +577,20 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         if names.contains(&"torch") {
             eprintln!("torch emulation: PYTORCH_CUDA_ALLOC_CONF {torch_conf} ({conf_source})");
         }
+        if names.contains(&"paged-lazy") {
+            let l = config.lazy;
+            eprintln!(
+                "paged-lazy: headroom={},max_handle={},map_ahead={} ({})",
+                f64::from(l.headroom_bp) / 10_000.0,
+                human_bytes(l.handle_bytes),
+                human_bytes(l.ahead_bytes),
+                if a.lazy_conf.is_some() {
+                    "--lazy-conf"
+                } else {
+                    "defaults"
+                }
+            );
+        }
         if !trace.preexisting.is_empty() {
             let n = trace.preexisting.len();
             eprintln!(
