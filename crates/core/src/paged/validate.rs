@@ -4,6 +4,68 @@
 //! the byte counters. O(reserved pages + blocks · log blocks).
 use super::{PagedPool, UNIT_BYTES};
 
+/// Spans (start, bytes, kind; kind 0 = free, any other = held) tile every reservation
+/// `(start, end)` exactly, in order: no gap, no overlap, whole [`UNIT_BYTES`] units, free
+/// ranges coalesced, no span outside every reservation. `per_span(reservation index, start,
+/// bytes, kind)` checks what else each span must satisfy. Sorts `spans`; shared by `paged`
+/// and `paged-lazy`.
+pub(crate) fn spans_tile(
+    reservations: impl IntoIterator<Item = (u64, u64)>,
+    spans: &mut [(u64, u64, u8)],
+    mut per_span: impl FnMut(usize, u64, u64, u8) -> Result<(), String>,
+) -> Result<(), String> {
+    spans.sort_unstable();
+    let mut idx = 0;
+    for (ri, (va, end)) in reservations.into_iter().enumerate() {
+        let mut at = va;
+        let mut prev_free = false;
+        while at < end {
+            let Some(&(s, l, kind)) = spans.get(idx) else {
+                return Err(format!(
+                    "{at:#x} in reservation {va:#x} is neither free nor held"
+                ));
+            };
+            if s != at {
+                return Err(format!("gap or overlap at {at:#x} (next span at {s:#x})"));
+            }
+            if l == 0 || l % UNIT_BYTES != 0 || s % UNIT_BYTES != 0 {
+                return Err(format!("span {s:#x}+{l} not in {UNIT_BYTES}-byte units"));
+            }
+            if kind == 0 && prev_free {
+                return Err(format!("free ranges not coalesced at {s:#x}"));
+            }
+            per_span(ri, s, l, kind)?;
+            prev_free = kind == 0;
+            at = s + l;
+            idx += 1;
+        }
+        if at != end {
+            return Err(format!("a span crosses the end of reservation {va:#x}"));
+        }
+    }
+    if idx != spans.len() {
+        return Err(format!(
+            "{} spans lie outside every reservation",
+            spans.len() - idx
+        ));
+    }
+    Ok(())
+}
+
+/// A live block's requested bytes fit in its allocated ones.
+pub(crate) fn block_fits(
+    live: &crate::hash::AddrMap<u64, super::LiveBlock>,
+    s: u64,
+) -> Result<(), String> {
+    match live.get(&s) {
+        Some(blk) if blk.requested > blk.bytes => Err(format!(
+            "block {s:#x}: requested {} > allocated {}",
+            blk.requested, blk.bytes
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// The block counters of `stats` (allocated, requested, count) against the live blocks;
 /// shared by `paged` and `paged-lazy`.
 pub(crate) fn block_counters(
@@ -56,11 +118,6 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
             }
         }
     }
-    // Free ranges and live blocks tile every reservation exactly.
-    let mut spans: Vec<(u64, u64, bool)> = a.free.iter().map(|(&s, &l)| (s, l, true)).collect();
-    spans.extend(a.live.iter().map(|(&s, b)| (s, b.bytes, false)));
-    spans.extend(a.quick.iter().map(|q| (q.addr, q.bytes, false)));
-    spans.extend(a.quarantine.iter().map(|&(s, l)| (s, l, false)));
     if a.quick.len() > a.quick_slots
         || a.quick.iter().map(|q| q.bytes).sum::<u64>() != a.quick_bytes
         || a.quick_bytes > a.cache_limit.saturating_mul(p)
@@ -74,51 +131,23 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
             a.cache_limit
         ));
     }
-    spans.sort_unstable();
-    let mut idx = 0;
-    for r in &a.reservations {
-        let mut at = r.va;
-        let mut prev_free = false;
-        while at < r.end() {
-            let Some(&(s, l, is_free)) = spans.get(idx) else {
-                return Err(format!(
-                    "{at:#x} in reservation {:#x} is neither free nor live",
-                    r.va
-                ));
-            };
-            if s != at {
-                return Err(format!("gap or overlap at {at:#x} (next span at {s:#x})"));
+    // Free ranges, live blocks (and those in the quick list) and quarantined spans tile
+    // every reservation exactly.
+    let mut spans: Vec<(u64, u64, u8)> = a.free.iter().map(|(&s, &l)| (s, l, 0)).collect();
+    spans.extend(a.live.iter().map(|(&s, b)| (s, b.bytes, 1)));
+    spans.extend(a.quick.iter().map(|q| (q.addr, q.bytes, 1)));
+    spans.extend(a.quarantine.iter().map(|&(s, l)| (s, l, 1)));
+    spans_tile(
+        a.reservations.iter().map(|r| (r.va, r.end())),
+        &mut spans,
+        |_, s, _, kind| {
+            if kind == 0 {
+                Ok(())
+            } else {
+                block_fits(&a.live, s)
             }
-            if l == 0 || l % UNIT_BYTES != 0 || s % UNIT_BYTES != 0 {
-                return Err(format!("span {s:#x}+{l} not in {UNIT_BYTES}-byte units"));
-            }
-            if is_free && prev_free {
-                return Err(format!("free ranges not coalesced at {s:#x}"));
-            }
-            if !is_free {
-                if let Some(blk) = a.live.get(&s) {
-                    if blk.requested > blk.bytes {
-                        return Err(format!(
-                            "block {s:#x}: requested {} > allocated {}",
-                            blk.requested, blk.bytes
-                        ));
-                    }
-                }
-            }
-            prev_free = is_free;
-            at = s + l;
-            idx += 1;
-        }
-        if at != r.end() {
-            return Err(format!("a span crosses the end of reservation {:#x}", r.va));
-        }
-    }
-    if idx != spans.len() {
-        return Err(format!(
-            "{} spans lie outside every reservation",
-            spans.len() - idx
-        ));
-    }
+        },
+    )?;
     // Page reference counts against the live blocks.
     let mut mapped = 0u64;
     let mut idle = 0u64;
@@ -292,4 +321,44 @@ fn check_leaves(
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod spans_tile_tests {
+    use super::{spans_tile, UNIT_BYTES};
+
+    const U: u64 = UNIT_BYTES;
+
+    fn tile(spans: &[(u64, u64, u8)]) -> Result<Vec<(usize, u64)>, String> {
+        let mut seen = Vec::new();
+        let mut spans = spans.to_vec();
+        spans_tile([(0, 4 * U), (8 * U, 10 * U)], &mut spans, |ri, s, _, _| {
+            seen.push((ri, s));
+            Ok(())
+        })?;
+        Ok(seen)
+    }
+
+    #[test]
+    fn an_exact_tiling_passes_and_every_span_is_checked_in_order() {
+        let seen = tile(&[(8 * U, 2 * U, 0), (2 * U, 2 * U, 1), (0, 2 * U, 0)]).unwrap();
+        assert_eq!(seen, [(0, 0), (0, 2 * U), (1, 8 * U)]);
+    }
+
+    #[test]
+    fn gaps_overlaps_uncoalesced_free_ranges_and_strays_are_refused() {
+        let gap = tile(&[(0, U, 0), (2 * U, 2 * U, 1), (8 * U, 2 * U, 0)]).unwrap_err();
+        assert!(gap.contains("gap or overlap at"), "{gap}");
+        let free = tile(&[(0, U, 0), (U, 3 * U, 0), (8 * U, 2 * U, 1)]).unwrap_err();
+        assert!(free.contains("not coalesced"), "{free}");
+        let cross = tile(&[(0, 5 * U, 1), (8 * U, 2 * U, 1)]).unwrap_err();
+        assert!(cross.contains("crosses the end"), "{cross}");
+        let stray = tile(&[(0, 4 * U, 1), (8 * U, 2 * U, 1), (20 * U, U, 1)]).unwrap_err();
+        assert!(stray.contains("1 spans lie outside"), "{stray}");
+        let short = tile(&[(0, 4 * U, 1)]).unwrap_err();
+        assert!(short.contains("neither free nor held"), "{short}");
+        let unit = tile(&[(0, 4 * U, 1), (8 * U, U + 1, 1)]).unwrap_err();
+        assert!(unit.contains("-byte units"), "{unit}");
+    }
 }

@@ -5,7 +5,7 @@
 //! O(reserved pages + blocks · log blocks).
 use std::collections::{BTreeMap, HashSet};
 
-use super::{LazyPagedPool, UNIT_BYTES};
+use super::LazyPagedPool;
 
 pub(super) fn run(a: &LazyPagedPool) -> Result<(), String> {
     let p = a.page_bytes;
@@ -49,29 +49,13 @@ pub(super) fn run(a: &LazyPagedPool) -> Result<(), String> {
     let mut spans: Vec<(u64, u64, u8)> = a.space.va.iter().map(|(&s, &l)| (s, l, 0)).collect();
     spans.extend(a.blocks_held().map(|(s, l)| (s, l, 1)));
     spans.extend(a.quarantine.iter().map(|&(s, l)| (s, l, 2)));
-    spans.sort_unstable();
-    let mut idx = 0;
-    for r in &a.reservations {
-        let mut at = r.va;
-        let mut prev_free = false;
-        while at < r.end() {
-            let Some(&(s, l, kind)) = spans.get(idx) else {
-                return Err(format!(
-                    "{at:#x} in reservation {:#x} is neither free nor held",
-                    r.va
-                ));
-            };
-            if s != at {
-                return Err(format!("gap or overlap at {at:#x} (next span at {s:#x})"));
-            }
-            if l == 0 || l % UNIT_BYTES != 0 || s % UNIT_BYTES != 0 {
-                return Err(format!("span {s:#x}+{l} not in {UNIT_BYTES}-byte units"));
-            }
-            if kind == 0 && prev_free {
-                return Err(format!("free ranges not coalesced at {s:#x}"));
-            }
+    crate::paged::validate::spans_tile(
+        a.reservations.iter().map(|r| (r.va, r.end())),
+        &mut spans,
+        |ri, s, l, kind| {
             // Pages under a block (or quarantined) are mapped; open unless quarantined.
             if kind != 0 {
+                let r = &a.reservations[ri];
                 let p0 = ((s - r.va) / p) as usize;
                 let p1 = ((s + l - 1 - r.va) / p) as usize;
                 for i in p0..=p1 {
@@ -82,28 +66,9 @@ pub(super) fn run(a: &LazyPagedPool) -> Result<(), String> {
                     }
                 }
             }
-            if let Some(blk) = a.live.get(&s) {
-                if blk.requested > blk.bytes {
-                    return Err(format!(
-                        "block {s:#x}: requested {} > allocated {}",
-                        blk.requested, blk.bytes
-                    ));
-                }
-            }
-            prev_free = kind == 0;
-            at = s + l;
-            idx += 1;
-        }
-        if at != r.end() {
-            return Err(format!("a span crosses the end of reservation {:#x}", r.va));
-        }
-    }
-    if idx != spans.len() {
-        return Err(format!(
-            "{} spans lie outside every reservation",
-            spans.len() - idx
-        ));
-    }
+            crate::paged::validate::block_fits(&a.live, s)
+        },
+    )?;
     // Mapped runs: recomputed from scratch.
     let mut want: BTreeMap<u64, u64> = BTreeMap::new();
     for r in &a.reservations {
