@@ -87,7 +87,7 @@ mod maxtree;
 mod pages;
 mod placement;
 pub(crate) mod slots;
-mod view;
+pub(crate) mod view;
 
 use std::collections::{BTreeMap, BTreeSet};
 

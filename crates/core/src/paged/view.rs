@@ -74,6 +74,23 @@ impl std::fmt::Display for VaRangeView {
     }
 }
 
+/// Adds the unmapped page at `va` (`p` bytes) to the page-table rows: it lengthens the last
+/// row when that is an unmapped run ending at `va`, else starts one. Shared by `paged` and
+/// `paged-lazy`.
+pub(crate) fn push_unmapped_page(rows: &mut Vec<VaRangeView>, va: u64, p: u64) {
+    match rows.last_mut() {
+        Some(last) if last.state == PageState::ReservedUnmapped && last.va + last.bytes == va => {
+            last.bytes += p
+        }
+        _ => rows.push(VaRangeView {
+            va,
+            bytes: p,
+            page_bytes: p,
+            state: PageState::ReservedUnmapped,
+        }),
+    }
+}
+
 impl PagedPool {
     /// Idle pages: mapped, but touched by no live block.
     pub fn idle_pages(&self) -> u64 {
@@ -133,20 +150,7 @@ impl PagedPool {
                             access: pg.access,
                         },
                     }),
-                    None => match rows.last_mut() {
-                        Some(last)
-                            if last.state == PageState::ReservedUnmapped
-                                && last.va + last.bytes == va =>
-                        {
-                            last.bytes += p
-                        }
-                        _ => rows.push(VaRangeView {
-                            va,
-                            bytes: p,
-                            page_bytes: p,
-                            state: PageState::ReservedUnmapped,
-                        }),
-                    },
+                    None => push_unmapped_page(&mut rows, va, p),
                 }
             }
         }

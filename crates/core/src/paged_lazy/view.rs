@@ -38,20 +38,7 @@ impl LazyPagedPool {
                             },
                         })
                     }
-                    None => match rows.last_mut() {
-                        Some(last)
-                            if last.state == PageState::ReservedUnmapped
-                                && last.va + last.bytes == va =>
-                        {
-                            last.bytes += p
-                        }
-                        _ => rows.push(VaRangeView {
-                            va,
-                            bytes: p,
-                            page_bytes: p,
-                            state: PageState::ReservedUnmapped,
-                        }),
-                    },
+                    None => crate::paged::view::push_unmapped_page(&mut rows, va, p),
                 }
             }
         }
