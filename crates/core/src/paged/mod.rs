@@ -398,12 +398,7 @@ impl PagedPool {
     }
 
     fn oom(&self, requested_bytes: u64) -> AllocError {
-        let s = self.stats();
-        AllocError::OutOfMemory {
-            requested_bytes,
-            free_bytes: s.free_bytes,
-            largest_free_bytes: s.largest_free_bytes,
-        }
+        out_of_memory(self, requested_bytes)
     }
 
     /// [`PagedPool::try_allocate`], and on out-of-memory [`Allocator::empty_cache`] and one
@@ -415,20 +410,52 @@ impl PagedPool {
         align: u64,
         size_bytes: u64,
     ) -> Result<Block, AllocError> {
-        match self.try_allocate(dev, bytes, align, size_bytes) {
-            Err(e) if e.is_oom() => {
-                let released = self.empty_cache(dev).unwrap_or(0);
-                if released == 0 {
-                    return Err(self.oom(size_bytes));
-                }
-                self.tracker.stats.alloc_retries += 1;
-                match self.try_allocate(dev, bytes, align, size_bytes) {
-                    Err(e) if e.is_oom() => Err(self.oom(size_bytes)),
-                    r => r,
-                }
+        retry_once_after_empty_cache(
+            self,
+            dev,
+            size_bytes,
+            |a, dev| a.try_allocate(dev, bytes, align, size_bytes),
+            |a| a.tracker.stats.alloc_retries += 1,
+        )
+    }
+}
+
+/// The out-of-memory error of a page-mapped pool: the request and the pool's free bytes as
+/// [`Allocator::stats`] reports them. Shared by [`PagedPool`] and
+/// [`crate::paged_lazy::LazyPagedPool`].
+pub(crate) fn out_of_memory(pool: &dyn Allocator, requested_bytes: u64) -> AllocError {
+    let s = pool.stats();
+    AllocError::OutOfMemory {
+        requested_bytes,
+        free_bytes: s.free_bytes,
+        largest_free_bytes: s.largest_free_bytes,
+    }
+}
+
+/// One allocation attempt, and on out-of-memory [`Allocator::empty_cache`] and one retry
+/// (counted by `count_retry`) when that gave anything back; a second out-of-memory, or one
+/// with nothing to give back, is [`out_of_memory`] of `size_bytes`. Shared by [`PagedPool`]
+/// and [`crate::paged_lazy::LazyPagedPool`].
+pub(crate) fn retry_once_after_empty_cache<A: Allocator>(
+    pool: &mut A,
+    dev: &mut dyn Device,
+    size_bytes: u64,
+    mut attempt: impl FnMut(&mut A, &mut dyn Device) -> Result<Block, AllocError>,
+    count_retry: impl FnOnce(&mut A),
+) -> Result<Block, AllocError> {
+    match attempt(pool, dev) {
+        Err(e) if e.is_oom() => {
+            let released = pool.empty_cache(dev).unwrap_or(0);
+            if released == 0 {
+                return Err(out_of_memory(pool, size_bytes));
             }
-            r => r,
+            count_retry(pool);
+            match attempt(pool, dev) {
+                Err(e) if e.is_oom() => Err(out_of_memory(pool, size_bytes)),
+                r => r,
+            }
         }
+        r => r,
     }
 }
 

@@ -401,12 +401,7 @@ impl LazyPagedPool {
     }
 
     fn oom(&self, requested_bytes: u64) -> AllocError {
-        let s = self.stats();
-        AllocError::OutOfMemory {
-            requested_bytes,
-            free_bytes: s.free_bytes,
-            largest_free_bytes: s.largest_free_bytes,
-        }
+        crate::paged::out_of_memory(self, requested_bytes)
     }
 
     /// Learns the page size from the device on first use.
@@ -446,20 +441,13 @@ impl LazyPagedPool {
         align: u64,
         size_bytes: u64,
     ) -> Result<Block, AllocError> {
-        match self.try_allocate(dev, bytes, align, size_bytes) {
-            Err(e) if e.is_oom() => {
-                let released = self.empty_cache(dev).unwrap_or(0);
-                if released == 0 {
-                    return Err(self.oom(size_bytes));
-                }
-                self.tracker.stats.alloc_retries += 1;
-                match self.try_allocate(dev, bytes, align, size_bytes) {
-                    Err(e) if e.is_oom() => Err(self.oom(size_bytes)),
-                    r => r,
-                }
-            }
-            r => r,
-        }
+        crate::paged::retry_once_after_empty_cache(
+            self,
+            dev,
+            size_bytes,
+            |a, dev| a.try_allocate(dev, bytes, align, size_bytes),
+            |a| a.tracker.stats.alloc_retries += 1,
+        )
     }
 }
 
