@@ -8,8 +8,9 @@ use std::collections::BTreeMap;
 use std::ffi::{c_void, CString};
 use std::sync::{Arc, Mutex};
 
+mod common;
+use common::{get, stats};
 use gpumem_torch::*;
-use serde_json::Value;
 
 const CONF: &str = "backend=sim,sim_capacity=4GiB,strategy=paged,reserve=0";
 
@@ -17,19 +18,6 @@ fn setup() {
     let c = CString::new(CONF).unwrap();
     // SAFETY: a valid NUL-terminated string.
     assert_eq!(unsafe { gpumem_configure(c.as_ptr()) }, CONF_OK);
-}
-
-fn stats(device: i32) -> Value {
-    let mut buf = vec![0u8; 1 << 16];
-    // SAFETY: buf has buf.len() writable bytes.
-    let n = unsafe { gpumem_stats_json(device, buf.as_mut_ptr().cast(), buf.len()) };
-    assert!(n > 0 && (n as usize) < buf.len(), "{n}");
-    serde_json::from_slice(&buf[..n as usize]).unwrap()
-}
-
-fn get(s: &Value, k: &str) -> i64 {
-    s[k].as_i64()
-        .unwrap_or_else(|| panic!("{k} missing in {s}"))
 }
 
 fn stream(s: u64) -> *mut c_void {

@@ -4,21 +4,9 @@
 //! device each). A process of its own: the plug-in is configured once per process.
 use std::ffi::{c_void, CString};
 
+mod common;
+use common::{get, stats};
 use gpumem_torch::*;
-use serde_json::Value;
-
-fn stats(device: i32) -> Value {
-    let mut buf = vec![0u8; 1 << 16];
-    // SAFETY: buf has buf.len() writable bytes.
-    let n = unsafe { gpumem_stats_json(device, buf.as_mut_ptr().cast(), buf.len()) };
-    assert!(n > 0 && (n as usize) < buf.len(), "{n}");
-    serde_json::from_slice(&buf[..n as usize]).unwrap()
-}
-
-fn get(s: &Value, k: &str) -> i64 {
-    s[k].as_i64()
-        .unwrap_or_else(|| panic!("{k} missing in {s}"))
-}
 
 /// One step: activations of a forward pass (some temporaries die early), then the backward
 /// pass frees them in reverse, on the device's main stream (a null stream, as PyTorch's
