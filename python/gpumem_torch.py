@@ -22,8 +22,9 @@ Settings (``conf``) use the syntax of ``GPUMEM_CONF``: ``key=value`` pairs separ
 or a dict. Keys: strategy (paged-lazy, the default; paged, torch, tlsf, buddy, best-fit), mode (direct: PyTorch's
 stream semantics, the default; pool: gpumem's DevicePool), reserve, release_threshold,
 max_cached_block, shard_cache, segment (sizes such as 256MiB or 4GiB), page_cache_pages
-(a whole number), headroom (paged-lazy: a fraction such as 0.02), max_handle and map_ahead
-(paged-lazy: sizes), backend (cuda, or sim for tests without a GPU), sim_capacity.
+(a whole number), placement (paged-lazy: segments, the default, or pages), headroom
+(paged-lazy pages: a fraction such as 0.02), max_handle, map_ahead and
+min_growth (paged-lazy: sizes), backend (cuda, or sim for tests without a GPU), sim_capacity.
 """
 
 import contextlib
@@ -53,9 +54,11 @@ KEYS = (
     "shard_cache",
     "segment",
     "page_cache_pages",
+    "placement",
     "headroom",
     "max_handle",
     "map_ahead",
+    "min_growth",
     "backend",
     "sim_capacity",
 )
@@ -63,7 +66,7 @@ STRATEGIES = ("paged", "paged-lazy", "paged_lazy", "lazy", "torch", "tlsf", "bud
               "bestfit", "best_fit")
 _SIZE = re.compile(r"^[0-9][0-9_]*(\.[0-9]+)?\s*([KMGT]i?B?|[KMGT]B|B)?$", re.IGNORECASE)
 _SIZE_KEYS = ("reserve", "release_threshold", "max_cached_block", "shard_cache", "segment",
-              "max_handle", "map_ahead",
+              "max_handle", "map_ahead", "min_growth",
               "sim_capacity")
 
 _LIB = None  # the ctypes handle
@@ -101,6 +104,8 @@ def check_conf(conf):
                              f"(expected one of paged, paged-lazy, torch, tlsf, buddy, best-fit)")
         if key == "mode" and value not in ("direct", "pool"):
             raise ValueError(f"gpumem conf: bad value {value!r} for 'mode' (expected direct or pool)")
+        if key == "placement" and value not in ("segments", "pages"):
+            raise ValueError(f"gpumem conf: bad value {value!r} for 'placement' (expected segments or pages)")
         if key == "backend" and value not in ("cuda", "sim"):
             raise ValueError(f"gpumem conf: bad value {value!r} for 'backend' (expected cuda or sim)")
         if key == "headroom":

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use gpumem::core::config::AllocatorConfig;
+use gpumem::core::config::{AllocatorConfig, LazyPlacement};
 use gpumem::core::registry;
 use gpumem::core::sim::{RecordedCheck, SimDevice, DEFAULT_CAPACITY, DEFAULT_GRANULARITY};
 use gpumem::core::{Allocator, Device, DriverCall};
@@ -70,11 +70,15 @@ pub struct ReplayArgs {
     /// limit (as `torch.cuda.set_per_process_memory_fraction` sets it).
     #[arg(long, value_name = "CONF")]
     pub torch_conf: Option<String>,
-    /// The trade of the `paged-lazy` strategy, as `key=value` pairs separated by commas (the
-    /// plug-in's `GPUMEM_CONF` keys): `headroom` (fraction of the peak of allocated bytes it
+    /// The settings of the `paged-lazy` strategy, as `key=value` pairs separated by commas
+    /// (the plug-in's `GPUMEM_CONF` keys): `placement` (`segments`: PyTorch's expandable
+    /// segments with one physical handle per growth, the default; `pages`: gpumem's page
+    /// placement, which the other keys tune), `headroom` (fraction of the peak of allocated bytes it
     /// may hold above that peak before it moves idle pages instead of creating them; 0),
     /// `max_handle` (largest physical handle; 1GiB), `map_ahead` (bytes mapped ahead of a
-    /// block below the headroom; 1GiB). E.g. `headroom=0.02,max_handle=64MiB`.
+    /// block below the headroom; 1GiB), `min_growth` (fewest bytes a request under 10 MiB
+    /// maps when it maps pages, as PyTorch's 20 MiB segments; 20MiB). E.g.
+    /// `headroom=0.02,max_handle=64MiB`.
     #[arg(long, value_name = "CONF")]
     pub lazy_conf: Option<String>,
 }
@@ -85,14 +89,14 @@ pub fn lazy_conf(text: &str) -> Result<gpumem::core::config::LazyConfig> {
     for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
         let Some((key, value)) = item.split_once('=') else {
             anyhow::bail!(
-                "--lazy-conf: `{item}` is not key=value (keys: headroom, max_handle, map_ahead)"
+                "--lazy-conf: `{item}` is not key=value (keys: placement, headroom, max_handle, map_ahead, min_growth)"
             );
         };
         let (key, value) = (key.trim(), value.trim());
         match gpumem::lazy_conf::apply(&mut c, key, value) {
             Ok(true) => {}
             Ok(false) => anyhow::bail!(
-                "--lazy-conf: unknown key `{key}` (expected headroom, max_handle or map_ahead)"
+                "--lazy-conf: unknown key `{key}` (expected placement, headroom, max_handle, map_ahead or min_growth)"
             ),
             Err(why) => anyhow::bail!("--lazy-conf: bad value `{value}` for `{key}`: {why}"),
         }
@@ -579,17 +583,23 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         }
         if names.contains(&"paged-lazy") {
             let l = config.lazy;
-            eprintln!(
-                "paged-lazy: headroom={},max_handle={},map_ahead={} ({})",
-                f64::from(l.headroom_bp) / 10_000.0,
-                human_bytes(l.handle_bytes),
-                human_bytes(l.ahead_bytes),
-                if a.lazy_conf.is_some() {
-                    "--lazy-conf"
-                } else {
-                    "defaults"
-                }
-            );
+            let source = if a.lazy_conf.is_some() {
+                "--lazy-conf"
+            } else {
+                "defaults"
+            };
+            match l.placement {
+                LazyPlacement::Segments => eprintln!(
+                    "paged-lazy: placement=segments (PyTorch's expandable segments, one handle per growth) ({source})"
+                ),
+                LazyPlacement::Pages => eprintln!(
+                    "paged-lazy: placement=pages,headroom={},max_handle={},map_ahead={},min_growth={} ({source})",
+                    f64::from(l.headroom_bp) / 10_000.0,
+                    human_bytes(l.handle_bytes),
+                    human_bytes(l.ahead_bytes),
+                    human_bytes(l.min_growth_bytes),
+                ),
+            }
         }
         if !trace.preexisting.is_empty() {
             let n = trace.preexisting.len();
@@ -667,10 +677,12 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         if r.name == "paged-lazy" {
             let l = config.lazy;
             ja.lazy_conf = Some(format!(
-                "headroom={},max_handle={},map_ahead={}",
+                "placement={},headroom={},max_handle={},map_ahead={},min_growth={}",
+                l.placement.name(),
                 f64::from(l.headroom_bp) / 10_000.0,
                 l.handle_bytes,
-                l.ahead_bytes
+                l.ahead_bytes,
+                l.min_growth_bytes
             ));
         }
         ja.simulated_peak_reserved_bytes = r.simulated_peak_reserved_bytes;

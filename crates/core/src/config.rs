@@ -17,10 +17,39 @@ pub struct AllocatorConfig {
     pub lazy: LazyConfig,
 }
 
-/// Settings of the `paged-lazy` strategy ([`crate::paged_lazy::LazyPagedPool`]): how much
-/// memory it may hold above the peak of allocated bytes, and how it sizes physical handles.
+/// Where the `paged-lazy` strategy places blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LazyPlacement {
+    /// PyTorch's expandable segments (one growing virtual range per stream and pool, its
+    /// best fit and splitting rules), with one physical handle per growth instead of one
+    /// per 20 MiB page ([`crate::torch::TorchCachingPool::paged_lazy`]): the default.
+    #[default]
+    Segments,
+    /// gpumem's own page placement over one address space, which moves idle pages to hold
+    /// the peak ([`crate::paged_lazy::LazyPagedPool`]); the other settings of
+    /// [`LazyConfig`] are its.
+    Pages,
+}
+
+impl LazyPlacement {
+    /// The name in `--lazy-conf` / `GPUMEM_CONF` (`segments`, `pages`).
+    pub fn name(self) -> &'static str {
+        match self {
+            LazyPlacement::Segments => "segments",
+            LazyPlacement::Pages => "pages",
+        }
+    }
+}
+
+/// Settings of the `paged-lazy` strategy: where it places blocks
+/// ([`LazyConfig::placement`]) and, for the page placement
+/// ([`crate::paged_lazy::LazyPagedPool`]), how much memory it may hold above the peak of
+/// allocated bytes and how it sizes physical handles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LazyConfig {
+    /// Where blocks go: PyTorch's expandable segments with coarse handles (the default) or
+    /// gpumem's page placement.
+    pub placement: LazyPlacement,
     /// Headroom in basis points (1/10,000) of the peak of allocated bytes: the pool creates
     /// new pages while it holds less than that peak × (1 + headroom), and moves idle pages
     /// above it. 0 (the default) moves pages as soon as creating one would raise the peak
@@ -32,14 +61,30 @@ pub struct LazyConfig {
     pub handle_bytes: u64,
     /// Most bytes mapped ahead of a block while below the headroom. Default 1 GiB.
     pub ahead_bytes: u64,
+    /// Page placement only: fewest bytes a request under
+    /// [`LazyConfig::SMALL_REQUEST_BYTES`] maps when it must map pages and its own pages fit
+    /// under the page limit (the block's pages and free pages after it, in one handle, new
+    /// or cached, even above the limit). PyTorch's caching allocator gives such a request a
+    /// 20 MiB segment (`kLargeBuffer`) for the same reason: a run of small blocks then
+    /// costs one mapping, not one each. Default 32 MiB (the best of 10–64 MiB on the
+    /// validation traces, BENCHMARKS.md); 0 maps only what the block needs.
+    pub min_growth_bytes: u64,
+}
+
+impl LazyConfig {
+    /// Requests below this many bytes map at least [`LazyConfig::min_growth_bytes`]
+    /// (PyTorch's `kMinLargeAlloc`, 10 MiB).
+    pub const SMALL_REQUEST_BYTES: u64 = 10 << 20;
 }
 
 impl Default for LazyConfig {
     fn default() -> Self {
         LazyConfig {
+            placement: LazyPlacement::Segments,
             headroom_bp: 0,
             handle_bytes: 1 << 30,
             ahead_bytes: 1 << 30,
+            min_growth_bytes: 32 << 20,
         }
     }
 }

@@ -23,9 +23,14 @@ pub fn build(name: &str, config: &AllocatorConfig) -> Result<Box<dyn Allocator>,
         }
         "torch" => Box::new(crate::torch::TorchCachingPool::new(config)),
         "paged" => Box::new(crate::paged::PagedPool::new(config)),
-        "paged-lazy" | "paged_lazy" | "lazy" => {
-            Box::new(crate::paged_lazy::LazyPagedPool::new(config))
-        }
+        "paged-lazy" | "paged_lazy" | "lazy" => match config.lazy.placement {
+            crate::config::LazyPlacement::Segments => {
+                Box::new(crate::torch::TorchCachingPool::paged_lazy(config))
+            }
+            crate::config::LazyPlacement::Pages => {
+                Box::new(crate::paged_lazy::LazyPagedPool::new(config))
+            }
+        },
         other => return Err(UnknownAllocator(other.to_string())),
     })
 }

@@ -1,20 +1,27 @@
 //! The `paged-lazy` strategy's settings as `key=value` items, read the same way by
 //! `gpumem replay --lazy-conf` and the PyTorch plug-in's `GPUMEM_CONF`
 //! ([`gpumem_core::config::LazyConfig`]).
-use gpumem_core::config::LazyConfig;
+use gpumem_core::config::{LazyConfig, LazyPlacement};
 
 /// The keys [`apply`] knows.
-pub const KEYS: [&str; 3] = ["headroom", "max_handle", "map_ahead"];
+pub const KEYS: [&str; 5] = ["placement", "headroom", "max_handle", "map_ahead", "min_growth"];
 
-/// Applies one item to `c`: `headroom` (a fraction of the peak of allocated bytes, 0 to 10,
+/// Applies one item to `c`: `placement` (`segments` or `pages`), `headroom` (a fraction of the peak of allocated bytes, 0 to 10,
 /// e.g. `0.02`), `max_handle` (a size above 0, rounded down to whole pages, at least one
-/// page), `map_ahead` (a size; sizes as [`crate::units::parse_size`] reads them). Returns `Ok(false)` (and changes nothing) for a
-/// key that is not one of [`KEYS`].
+/// page), `map_ahead` and `min_growth` (sizes; sizes as [`crate::units::parse_size`] reads
+/// them). Returns `Ok(false)` (and changes nothing) for a key that is not one of [`KEYS`].
 ///
 /// # Errors
 /// What was expected, for a bad value of a known key (`c` unchanged).
 pub fn apply(c: &mut LazyConfig, key: &str, value: &str) -> Result<bool, String> {
     match key {
+        "placement" => {
+            c.placement = match value {
+                "segments" => LazyPlacement::Segments,
+                "pages" => LazyPlacement::Pages,
+                _ => return Err("expected segments (PyTorch's expandable segments with one handle per growth) or pages (gpumem's page placement)".into()),
+            };
+        }
         "headroom" => {
             let f: f64 = value
                 .parse()
@@ -31,6 +38,7 @@ pub fn apply(c: &mut LazyConfig, key: &str, value: &str) -> Result<bool, String>
             c.handle_bytes = v;
         }
         "map_ahead" => c.ahead_bytes = crate::units::parse_size(value)?,
+        "min_growth" => c.min_growth_bytes = crate::units::parse_size(value)?,
         _ => return Ok(false),
     }
     Ok(true)
@@ -43,12 +51,16 @@ mod tests {
     #[test]
     fn keys_values_and_refusals() {
         let mut c = LazyConfig::default();
+        assert_eq!(c.placement, LazyPlacement::Segments);
+        assert_eq!(apply(&mut c, "placement", "pages"), Ok(true));
+        assert_eq!(c.placement, LazyPlacement::Pages);
         assert_eq!(apply(&mut c, "headroom", "0.02"), Ok(true));
         assert_eq!(apply(&mut c, "max_handle", "64MiB"), Ok(true));
         assert_eq!(apply(&mut c, "map_ahead", "0"), Ok(true));
+        assert_eq!(apply(&mut c, "min_growth", "8MiB"), Ok(true));
         assert_eq!(
-            (c.headroom_bp, c.handle_bytes, c.ahead_bytes),
-            (200, 64 << 20, 0)
+            (c.headroom_bp, c.handle_bytes, c.ahead_bytes, c.min_growth_bytes),
+            (200, 64 << 20, 0, 8 << 20)
         );
         let before = c;
         assert_eq!(apply(&mut c, "colour", "red"), Ok(false));
@@ -58,6 +70,8 @@ mod tests {
             ("headroom", "nan"),
             ("max_handle", "0"),
             ("map_ahead", "lots"),
+            ("min_growth", "-1"),
+            ("placement", "torch"),
         ] {
             assert!(apply(&mut c, k, v).is_err(), "{k}={v}");
         }

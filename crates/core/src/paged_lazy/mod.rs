@@ -153,6 +153,8 @@ pub struct LazyPagedPool {
     headroom: f64,
     /// Most bytes mapped ahead of need by one allocation.
     ahead_bytes: u64,
+    /// Fewest bytes a small request maps when it maps pages.
+    min_growth_bytes: u64,
     /// Largest handle created, in pages (0 until the page size is known: then
     /// `handle_bytes / page_bytes`).
     handle_pages: u64,
@@ -186,6 +188,8 @@ pub struct LazyPagedPool {
     quick_slots: usize,
     /// Figures in PyTorch's vocabulary.
     tracker: StatsTracker,
+    /// Counts placements and frees: the time stamp of an extent's last use.
+    clock: u64,
 }
 
 impl LazyPagedPool {
@@ -196,6 +200,7 @@ impl LazyPagedPool {
             cache_limit: config.page_cache_pages,
             headroom: f64::from(config.lazy.headroom_bp) / 10_000.0,
             ahead_bytes: config.lazy.ahead_bytes,
+            min_growth_bytes: config.lazy.min_growth_bytes,
             handle_pages: 0,
             handle_bytes: config.lazy.handle_bytes,
             va_chunk_bytes: 0,
@@ -211,6 +216,7 @@ impl LazyPagedPool {
             quick_bytes: 0,
             quick_slots: QUICK_SLOTS,
             tracker: StatsTracker::default(),
+            clock: 0,
         }
     }
 
@@ -234,6 +240,16 @@ impl LazyPagedPool {
     /// Default [`LazyConfig::ahead_bytes`](crate::config::LazyConfig::ahead_bytes) of the config.
     pub fn with_ahead_bytes(mut self, bytes: u64) -> Self {
         self.ahead_bytes = bytes;
+        self
+    }
+
+    /// Sets the fewest bytes a request under
+    /// [`LazyConfig::SMALL_REQUEST_BYTES`](crate::config::LazyConfig::SMALL_REQUEST_BYTES)
+    /// maps when it has to map pages: its own and free pages after it, in the same handle,
+    /// even above the page limit (0: only its own). Default
+    /// [`LazyConfig::min_growth_bytes`](crate::config::LazyConfig::min_growth_bytes) of the config.
+    pub fn with_min_growth_bytes(mut self, bytes: u64) -> Self {
+        self.min_growth_bytes = bytes;
         self
     }
 
@@ -324,8 +340,21 @@ impl LazyPagedPool {
             .chain(self.quick.iter().map(|q| (q.addr, q.bytes)))
     }
 
+    /// Stamps the extents under `[addr, addr + bytes)` as used now (placed or freed).
+    fn touch(&mut self, addr: u64, bytes: u64) {
+        self.clock += 1;
+        let p = self.page_bytes;
+        if let Some(ri) = self.res_of(addr) {
+            let r = &mut self.reservations[ri];
+            let a = ((addr - r.va) / p) as usize;
+            let b = ((addr + bytes - 1 - r.va) / p) as usize;
+            r.touch(a, b, self.clock);
+        }
+    }
+
     /// Records a new live block.
     fn commit_live(&mut self, addr: u64, bytes: u64, requested: u64) -> Block {
+        self.touch(addr, bytes);
         self.live.insert(addr, LiveBlock { bytes, requested });
         self.tracker.on_alloc(requested, bytes);
         Block {
@@ -420,6 +449,7 @@ impl LazyPagedPool {
             .ok_or_else(|| AllocError::Internal(format!("block {addr:#x} outside VA")))?;
         let r = &self.reservations[ri];
         self.space.give(addr, bytes, r.va, r.end(), true);
+        self.touch(addr, bytes);
         Ok(())
     }
 

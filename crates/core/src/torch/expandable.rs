@@ -30,6 +30,12 @@ pub(crate) struct ExpandableSegment {
     pub pool: PoolKind,
     /// Physical handle of each page, `None` where unmapped (trimmed at the end).
     pub handles: Vec<Option<PhysHandle>>,
+    /// Coarse handles only: `runs[i]` is the number of pages of the handle mapped from page
+    /// `i` (0 where no handle starts).
+    pub runs: Vec<u64>,
+    /// One handle per mapped run (cuMemCreate, cuMemMap and cuMemSetAccess once per
+    /// growth) instead of one per page; runs are unmapped whole.
+    pub coarse: bool,
 }
 
 impl ExpandableSegment {
@@ -73,11 +79,14 @@ impl ExpandableSegment {
     }
 
     /// `ExpandableSegment::map`: maps pages `begin..end` (create every handle, then map each,
-    /// then one set-access). `Ok(false)` when cuMemCreate runs out of memory (nothing stays
-    /// mapped or created).
+    /// then one set-access; with coarse handles one handle for the whole run). `Ok(false)`
+    /// when cuMemCreate runs out of memory (nothing stays mapped or created).
     fn map(&mut self, dev: &mut dyn Device, begin: u64, end: u64) -> Result<bool, DeviceError> {
         if self.handles.len() < end as usize {
             self.handles.resize(end as usize, None);
+        }
+        if self.coarse {
+            return self.map_coarse(dev, begin, end);
         }
         for i in begin..end {
             match dev.create_physical(self.page) {
@@ -113,8 +122,67 @@ impl ExpandableSegment {
         Ok(true)
     }
 
-    /// `unmapHandles`: unmaps and releases pages `begin..end`, one page at a time.
+    /// [`ExpandableSegment::map`] with coarse handles: one cuMemCreate of the whole run, one
+    /// cuMemMap, one cuMemSetAccess.
+    fn map_coarse(&mut self, dev: &mut dyn Device, begin: u64, end: u64) -> Result<bool, DeviceError> {
+        if self.runs.len() < end as usize {
+            self.runs.resize(end as usize, 0);
+        }
+        let (va, bytes) = (self.va + begin * self.page, (end - begin) * self.page);
+        let h = match dev.create_physical(bytes) {
+            Ok(h) => h,
+            Err(DeviceError::OutOfMemory { .. }) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        if let Err(e) = dev.map(va, bytes, h) {
+            let _ = dev.release_physical(h);
+            return Err(e);
+        }
+        if let Err(e) = dev.set_access(va, bytes) {
+            let _ = dev.unmap(va, bytes);
+            let _ = dev.release_physical(h);
+            return Err(e);
+        }
+        self.handles[begin as usize..end as usize].fill(Some(h));
+        self.runs[begin as usize] = end - begin;
+        Ok(true)
+    }
+
+    /// Pages `begin..end` shrunk to whole coarse runs: `begin` up to the first run that
+    /// starts in the range, `end` down to the end of the last run that ends in it (the runs
+    /// between tile the mapped pages).
+    fn whole_runs(&self, mut begin: u64, end: u64) -> (u64, u64) {
+        let run = |i: u64| self.runs.get(i as usize).copied().unwrap_or(0);
+        while begin < end && run(begin) == 0 {
+            begin += 1;
+        }
+        let mut last = begin;
+        while last < end && run(last) > 0 && last + run(last) <= end {
+            last += run(last);
+        }
+        (begin, last)
+    }
+
+    /// `unmapHandles`: unmaps and releases pages `begin..end`, one page at a time (with
+    /// coarse handles, one run at a time: the range must hold whole runs).
     fn unmap(&mut self, dev: &mut dyn Device, begin: u64, end: u64) -> Result<(), DeviceError> {
+        if self.coarse {
+            let mut i = begin;
+            while i < end {
+                let n = self.runs.get(i as usize).copied().unwrap_or(0).max(1);
+                if let Some(h) = self.handles.get(i as usize).copied().flatten() {
+                    dev.unmap(self.va + i * self.page, n * self.page)?;
+                    self.handles[i as usize..(i + n) as usize].fill(None);
+                    self.runs[i as usize] = 0;
+                    dev.release_physical(h)?;
+                }
+                i += n;
+            }
+            while self.handles.last().is_some_and(Option::is_none) {
+                self.handles.pop();
+            }
+            return Ok(());
+        }
         for i in begin..end {
             let Some(h) = self.handles.get(i as usize).copied().flatten() else {
                 continue;
@@ -189,6 +257,8 @@ impl TorchCachingPool {
             max_pages,
             pool,
             handles: Vec::new(),
+            runs: Vec::new(),
+            coarse: self.coarse_handles,
         }));
         let i = self.slab.insert(Block {
             addr: va,
@@ -307,8 +377,12 @@ impl TorchCachingPool {
         else {
             return Ok((0, i));
         };
-        let begin = (b.addr - es.va).div_ceil(es.page);
-        let end = (b.addr + b.size - es.va) / es.page;
+        let mut begin = (b.addr - es.va).div_ceil(es.page);
+        let mut end = (b.addr + b.size - es.va) / es.page;
+        if es.coarse {
+            // A handle is unmapped whole or not at all.
+            (begin, end) = es.whole_runs(begin, end);
+        }
         if begin >= end {
             return Ok((0, i));
         }
