@@ -8,9 +8,12 @@
 //! driver call. Otherwise [`LazyPagedPool::place_growth`] scores every candidate spot by the
 //! pages it would newly map, then by the bytes of those new pages it would leave free, then
 //! by address.
-use std::collections::{BTreeMap, BTreeSet};
+mod size_index;
+
+use std::collections::BTreeMap;
 
 use super::{LazyPagedPool, Reservation};
+use size_index::SizeIndex;
 use crate::align::{align_down, align_up};
 
 /// The free address space of one pool.
@@ -20,8 +23,9 @@ pub(super) struct FreeSpace {
     pub(super) va: BTreeMap<u64, u64>,
     /// Free bytes on mapped (and opened) pages, as maximal runs: start → bytes.
     pub(super) mapped: BTreeMap<u64, u64>,
-    /// The same runs as (bytes, start), for best fit.
-    pub(super) by_size: BTreeSet<(u64, u64)>,
+    /// The same runs as (bytes, start), for best fit: size bins with a bitmap
+    /// ([`size_index`]).
+    pub(super) by_size: SizeIndex,
     /// Bytes of all mapped runs.
     pub(super) mapped_bytes: u64,
 }
@@ -39,7 +43,7 @@ impl FreeSpace {
     fn add_run(&mut self, st: u64, len: u64) {
         if len > 0 {
             self.mapped.insert(st, len);
-            self.by_size.insert((len, st));
+            self.by_size.insert(len, st);
             self.mapped_bytes += len;
         }
     }
@@ -54,7 +58,7 @@ impl FreeSpace {
 
     fn remove_run(&mut self, st: u64) -> Option<u64> {
         let len = self.mapped.remove(&st)?;
-        self.by_size.remove(&(len, st));
+        self.by_size.remove(len, st);
         self.mapped_bytes -= len;
         Some(len)
     }
@@ -62,7 +66,7 @@ impl FreeSpace {
     /// The smallest mapped run holding `bytes` at an address aligned to `align` (then the
     /// lowest address): `(run start, block address)`.
     pub(super) fn best_fit(&self, bytes: u64, align: u64) -> Option<(u64, u64)> {
-        for &(len, st) in self.by_size.range((bytes, 0)..) {
+        for (len, st) in self.by_size.range_from(bytes) {
             let addr = align_up(st, align)?;
             if addr.checked_add(bytes)? <= st + len {
                 return Some((st, addr));
@@ -79,8 +83,8 @@ impl FreeSpace {
             if let Some(l) = self.mapped.get_mut(&run) {
                 let len = *l;
                 *l = addr - run;
-                self.by_size.remove(&(len, run));
-                self.by_size.insert((addr - run, run));
+                self.by_size.remove(len, run);
+                self.by_size.insert(addr - run, run);
                 self.mapped_bytes -= len - (addr - run);
                 self.add_run(addr + bytes, run + len - addr - bytes);
             }
@@ -135,8 +139,8 @@ impl FreeSpace {
             Some((&ps, pl)) if ps + *pl == addr => {
                 let old = *pl;
                 *pl += grown;
-                self.by_size.remove(&(old, ps));
-                self.by_size.insert((old + grown, ps));
+                self.by_size.remove(old, ps);
+                self.by_size.insert(old + grown, ps);
                 self.mapped_bytes += grown;
             }
             _ => self.add_run(addr, grown),
