@@ -8,21 +8,21 @@
 //! driver call. Otherwise [`LazyPagedPool::place_growth`] scores every candidate spot by the
 //! pages it would newly map, then by the bytes of those new pages it would leave free, then
 //! by address.
+mod range_map;
 mod size_index;
 
-use std::collections::BTreeMap;
-
 use super::{LazyPagedPool, Reservation};
-use size_index::SizeIndex;
 use crate::align::{align_down, align_up};
+use range_map::RangeMap;
+use size_index::SizeIndex;
 
 /// The free address space of one pool.
 #[derive(Debug, Clone, Default)]
 pub(super) struct FreeSpace {
-    /// Free virtual ranges: start → bytes; coalesced within a reservation.
-    pub(super) va: BTreeMap<u64, u64>,
+    /// Free virtual ranges: start → bytes; coalesced within a reservation ([`range_map`]).
+    pub(super) va: RangeMap,
     /// Free bytes on mapped (and opened) pages, as maximal runs: start → bytes.
-    pub(super) mapped: BTreeMap<u64, u64>,
+    pub(super) mapped: RangeMap,
     /// The same runs as (bytes, start), for best fit: size bins with a bitmap
     /// ([`size_index`]).
     pub(super) by_size: SizeIndex,
@@ -78,18 +78,22 @@ impl FreeSpace {
     /// Takes `[addr, addr + bytes)` out of the mapped run starting at `run` (which holds it)
     /// and out of the free range holding it.
     pub(super) fn take_mapped(&mut self, run: u64, addr: u64, bytes: u64) {
-        if addr > run {
-            // The head stays where it is: shortened in place.
-            if let Some(l) = self.mapped.get_mut(&run) {
-                let len = *l;
-                *l = addr - run;
-                self.by_size.remove(len, run);
-                self.by_size.insert(addr - run, run);
-                self.mapped_bytes -= len - (addr - run);
-                self.add_run(addr + bytes, run + len - addr - bytes);
+        if let Some((i, (_, len))) = self
+            .mapped
+            .position(run)
+            .and_then(|i| Some((i, self.mapped.entry(i)?)))
+        {
+            self.by_size.remove(len, run);
+            self.mapped_bytes -= bytes;
+            let (head, tail) = (addr - run, run + len - addr - bytes);
+            // The run is cut in place: its head keeps its slot, or its tail takes it.
+            cut(&mut self.mapped, i, run, head, addr + bytes, tail);
+            if head > 0 {
+                self.by_size.insert(head, run);
             }
-        } else if let Some(len) = self.remove_run(run) {
-            self.add_run(addr + bytes, run + len - addr - bytes);
+            if tail > 0 {
+                self.by_size.insert(tail, addr + bytes);
+            }
         }
         self.take_va(addr, bytes);
     }
@@ -97,54 +101,44 @@ impl FreeSpace {
     /// Takes `[addr, addr + bytes)` out of the free range holding it (mapped runs are left to
     /// the caller).
     pub(super) fn take_va(&mut self, addr: u64, bytes: u64) {
-        let Some((&st, l)) = self.va.range_mut(..=addr).next_back() else {
+        let Some(i) = self.va.at_or_before(addr) else {
             return;
         };
-        let len = *l;
+        let Some((st, len)) = self.va.entry(i) else {
+            return;
+        };
         if st + len < addr + bytes {
             return;
         }
-        if addr > st {
-            *l = addr - st; // the head stays where it is
-        } else {
-            self.va.remove(&st);
-        }
-        if addr + bytes < st + len {
-            self.va.insert(addr + bytes, st + len - addr - bytes);
-        }
+        cut(
+            &mut self.va,
+            i,
+            st,
+            addr - st,
+            addr + bytes,
+            st + len - addr - bytes,
+        );
     }
 
     /// Gives `[addr, addr + bytes)` back, inside the reservation `[lo, hi)`: coalesces the
     /// free range, and, when `mapped` (every page under it mapped and open), the mapped run.
     pub(super) fn give(&mut self, addr: u64, bytes: u64, lo: u64, hi: u64, mapped: bool) {
-        // The range after goes first, so that the range before, when there is one, grows
-        // in place (one search, not a removal and an insertion).
-        let end = addr + bytes;
-        let next = if end < hi { self.va.remove(&end) } else { None };
-        let grown = bytes + next.unwrap_or(0);
-        let before = (addr > lo).then(|| self.va.range_mut(..addr).next_back());
-        match before.flatten() {
-            Some((&ps, pl)) if ps + *pl == addr => *pl += grown,
-            _ => {
-                self.va.insert(addr, grown);
-            }
-        }
+        join(&mut self.va, addr, bytes, lo, hi);
         if !mapped {
             return;
         }
-        let next = if end < hi { self.remove_run(end) } else { None };
-        let grown = bytes + next.unwrap_or(0);
-        let before = (addr > lo).then(|| self.mapped.range_mut(..addr).next_back());
-        match before.flatten() {
-            Some((&ps, pl)) if ps + *pl == addr => {
-                let old = *pl;
-                *pl += grown;
-                self.by_size.remove(old, ps);
-                self.by_size.insert(old + grown, ps);
-                self.mapped_bytes += grown;
-            }
-            _ => self.add_run(addr, grown),
+        let (prev, next) = join(&mut self.mapped, addr, bytes, lo, hi);
+        let (mut st, mut len) = (addr, bytes);
+        if let Some((ps, pl)) = prev {
+            self.by_size.remove(pl, ps);
+            (st, len) = (ps, pl + len);
         }
+        if let Some((ns, nl)) = next {
+            self.by_size.remove(nl, ns);
+            len += nl;
+        }
+        self.by_size.insert(len, st);
+        self.mapped_bytes += bytes;
     }
 
     /// Recomputes the mapped runs touching `[lo, hi)` of reservation `r` (pages of `p` bytes)
@@ -200,6 +194,55 @@ impl FreeSpace {
             }
         }
     }
+}
+
+/// Cuts the entry at position `i` of `map` (starting at `st`) down to a head of `head`
+/// bytes at `st` and a tail of `tail` bytes at `tail_st`, either possibly empty: the head
+/// keeps the entry's slot, or else the tail does (no shift), and only a cut that leaves
+/// both inserts one entry.
+fn cut(map: &mut RangeMap, i: usize, st: u64, head: u64, tail_st: u64, tail: u64) {
+    match (head > 0, tail > 0) {
+        (true, true) => {
+            map.set_at(i, st, head);
+            map.insert_at(i + 1, tail_st, tail);
+        }
+        (true, false) => map.set_at(i, st, head),
+        (false, true) => map.set_at(i, tail_st, tail),
+        (false, false) => {
+            map.remove_at(i);
+        }
+    }
+}
+
+/// Adds `[addr, addr + bytes)` to `map`, merged with the range ending at `addr` (unless
+/// `addr` is the reservation's start `lo`) and the one starting at its end (unless that is
+/// the reservation's end `hi`): one entry grows in place, and only a join of both removes
+/// one. Returns the ranges `(start, bytes)` merged before and after.
+fn join(
+    map: &mut RangeMap,
+    addr: u64,
+    bytes: u64,
+    lo: u64,
+    hi: u64,
+) -> (Option<(u64, u64)>, Option<(u64, u64)>) {
+    let end = addr + bytes;
+    let i = map.first_from(addr);
+    let prev = i
+        .checked_sub(1)
+        .filter(|_| addr > lo)
+        .and_then(|j| map.entry(j))
+        .filter(|&(ps, pl)| ps + pl == addr);
+    let next = map.entry(i).filter(|&(ns, _)| ns == end && end < hi);
+    match (prev, next) {
+        (Some((ps, pl)), Some((_, nl))) => {
+            map.set_at(i - 1, ps, pl + bytes + nl);
+            map.remove_at(i);
+        }
+        (Some((ps, pl)), None) => map.set_at(i - 1, ps, pl + bytes),
+        (None, Some((_, nl))) => map.set_at(i, addr, bytes + nl),
+        (None, None) => map.insert_at(i, addr, bytes),
+    }
+    (prev, next)
 }
 
 impl LazyPagedPool {

@@ -182,7 +182,12 @@ impl Iterator for RangeFrom<'_> {
     fn next(&mut self) -> Option<(u64, u64)> {
         loop {
             let b = self.bin?;
-            if let Some(&run) = self.index.bins.get(b as usize).and_then(|v| v.get(self.pos)) {
+            if let Some(&run) = self
+                .index
+                .bins
+                .get(b as usize)
+                .and_then(|v| v.get(self.pos))
+            {
                 self.pos += 1;
                 return Some(run);
             }
@@ -230,7 +235,11 @@ mod tests {
             ix.insert(l, s);
             model.insert((l, s));
         }
-        same(&ix, &model, &[0, 1, 256, 257, 4096, 4097, 4352, 4353, 1 << 21, 1 << 40]);
+        same(
+            &ix,
+            &model,
+            &[0, 1, 256, 257, 4096, 4097, 4352, 4353, 1 << 21, 1 << 40],
+        );
         assert_eq!(ix.range_from(4096).next(), Some((4096, 100)));
         assert_eq!(ix.range_from(4097).next(), Some((4352, 50)));
         assert_eq!(ix.last(), Some(&(3 << 20, 1)));
