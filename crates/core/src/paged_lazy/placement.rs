@@ -8,18 +8,17 @@
 //! driver call. Otherwise [`LazyPagedPool::place_growth`] scores every candidate spot by the
 //! pages it would newly map, then by the bytes of those new pages it would leave free, then
 //! by address.
-mod range_map;
 mod size_index;
 
 use super::{LazyPagedPool, Reservation};
 use crate::align::{align_down, align_up};
-use range_map::RangeMap;
+use crate::paged::range_map::RangeMap;
 use size_index::SizeIndex;
 
 /// The free address space of one pool.
 #[derive(Debug, Clone, Default)]
 pub(super) struct FreeSpace {
-    /// Free virtual ranges: start → bytes; coalesced within a reservation ([`range_map`]).
+    /// Free virtual ranges: start → bytes; coalesced within a reservation ([`RangeMap`]).
     pub(super) va: RangeMap,
     /// Free bytes on mapped (and opened) pages, as maximal runs: start → bytes.
     pub(super) mapped: RangeMap,
@@ -87,7 +86,7 @@ impl FreeSpace {
             self.mapped_bytes -= bytes;
             let (head, tail) = (addr - run, run + len - addr - bytes);
             // The run is cut in place: its head keeps its slot, or its tail takes it.
-            cut(&mut self.mapped, i, run, head, addr + bytes, tail);
+            self.mapped.cut(i, run, head, addr + bytes, tail);
             if head > 0 {
                 self.by_size.insert(head, run);
             }
@@ -110,24 +109,18 @@ impl FreeSpace {
         if st + len < addr + bytes {
             return;
         }
-        cut(
-            &mut self.va,
-            i,
-            st,
-            addr - st,
-            addr + bytes,
-            st + len - addr - bytes,
-        );
+        self.va
+            .cut(i, st, addr - st, addr + bytes, st + len - addr - bytes);
     }
 
     /// Gives `[addr, addr + bytes)` back, inside the reservation `[lo, hi)`: coalesces the
     /// free range, and, when `mapped` (every page under it mapped and open), the mapped run.
     pub(super) fn give(&mut self, addr: u64, bytes: u64, lo: u64, hi: u64, mapped: bool) {
-        join(&mut self.va, addr, bytes, lo, hi);
+        self.va.join(addr, bytes, lo, hi);
         if !mapped {
             return;
         }
-        let (prev, next) = join(&mut self.mapped, addr, bytes, lo, hi);
+        let (prev, next) = self.mapped.join(addr, bytes, lo, hi);
         let (mut st, mut len) = (addr, bytes);
         if let Some((ps, pl)) = prev {
             self.by_size.remove(pl, ps);
@@ -194,55 +187,6 @@ impl FreeSpace {
             }
         }
     }
-}
-
-/// Cuts the entry at position `i` of `map` (starting at `st`) down to a head of `head`
-/// bytes at `st` and a tail of `tail` bytes at `tail_st`, either possibly empty: the head
-/// keeps the entry's slot, or else the tail does (no shift), and only a cut that leaves
-/// both inserts one entry.
-fn cut(map: &mut RangeMap, i: usize, st: u64, head: u64, tail_st: u64, tail: u64) {
-    match (head > 0, tail > 0) {
-        (true, true) => {
-            map.set_at(i, st, head);
-            map.insert_at(i + 1, tail_st, tail);
-        }
-        (true, false) => map.set_at(i, st, head),
-        (false, true) => map.set_at(i, tail_st, tail),
-        (false, false) => {
-            map.remove_at(i);
-        }
-    }
-}
-
-/// Adds `[addr, addr + bytes)` to `map`, merged with the range ending at `addr` (unless
-/// `addr` is the reservation's start `lo`) and the one starting at its end (unless that is
-/// the reservation's end `hi`): one entry grows in place, and only a join of both removes
-/// one. Returns the ranges `(start, bytes)` merged before and after.
-fn join(
-    map: &mut RangeMap,
-    addr: u64,
-    bytes: u64,
-    lo: u64,
-    hi: u64,
-) -> (Option<(u64, u64)>, Option<(u64, u64)>) {
-    let end = addr + bytes;
-    let i = map.first_from(addr);
-    let prev = i
-        .checked_sub(1)
-        .filter(|_| addr > lo)
-        .and_then(|j| map.entry(j))
-        .filter(|&(ps, pl)| ps + pl == addr);
-    let next = map.entry(i).filter(|&(ns, _)| ns == end && end < hi);
-    match (prev, next) {
-        (Some((ps, pl)), Some((_, nl))) => {
-            map.set_at(i - 1, ps, pl + bytes + nl);
-            map.remove_at(i);
-        }
-        (Some((ps, pl)), None) => map.set_at(i - 1, ps, pl + bytes),
-        (None, Some((_, nl))) => map.set_at(i, addr, bytes + nl),
-        (None, None) => map.insert_at(i, addr, bytes),
-    }
-    (prev, next)
 }
 
 impl LazyPagedPool {

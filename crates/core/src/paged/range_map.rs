@@ -1,5 +1,6 @@
 //! An ordered map of non-overlapping ranges, start → bytes, kept as one `Vec` sorted by
-//! start: the free ranges and the mapped free runs of [`super::FreeSpace`].
+//! start: the free ranges of both page-mapped pools (`paged`'s free map, `paged-lazy`'s free
+//! ranges and mapped free runs).
 //!
 //! It offers the part of `BTreeMap<u64, u64>`'s interface the pool uses (`get`, `insert`,
 //! `remove`, `range`, `range_mut`, `iter`, `values`, `len`), with the same results, plus
@@ -166,6 +167,55 @@ impl RangeMap {
     #[inline]
     pub(crate) fn remove_at(&mut self, i: usize) -> (u64, u64) {
         self.v.remove(i)
+    }
+
+    /// Cuts the entry at position `i` (starting at `st`) down to a head of `head`
+    /// bytes at `st` and a tail of `tail` bytes at `tail_st`, either possibly empty: the head
+    /// keeps the entry's slot, or else the tail does (no shift), and only a cut that leaves
+    /// both inserts one entry.
+    pub(crate) fn cut(&mut self, i: usize, st: u64, head: u64, tail_st: u64, tail: u64) {
+        match (head > 0, tail > 0) {
+            (true, true) => {
+                self.set_at(i, st, head);
+                self.insert_at(i + 1, tail_st, tail);
+            }
+            (true, false) => self.set_at(i, st, head),
+            (false, true) => self.set_at(i, tail_st, tail),
+            (false, false) => {
+                self.remove_at(i);
+            }
+        }
+    }
+
+    /// Adds `[addr, addr + bytes)`, merged with the range ending at `addr` (unless
+    /// `addr` is the reservation's start `lo`) and the one starting at its end (unless that is
+    /// the reservation's end `hi`): one entry grows in place, and only a join of both removes
+    /// one. Returns the ranges `(start, bytes)` merged before and after.
+    pub(crate) fn join(
+        &mut self,
+        addr: u64,
+        bytes: u64,
+        lo: u64,
+        hi: u64,
+    ) -> (Option<(u64, u64)>, Option<(u64, u64)>) {
+        let end = addr + bytes;
+        let i = self.first_from(addr);
+        let prev = i
+            .checked_sub(1)
+            .filter(|_| addr > lo)
+            .and_then(|j| self.entry(j))
+            .filter(|&(ps, pl)| ps + pl == addr);
+        let next = self.entry(i).filter(|&(ns, _)| ns == end && end < hi);
+        match (prev, next) {
+            (Some((ps, pl)), Some((_, nl))) => {
+                self.set_at(i - 1, ps, pl + bytes + nl);
+                self.remove_at(i);
+            }
+            (Some((ps, pl)), None) => self.set_at(i - 1, ps, pl + bytes),
+            (None, Some((_, nl))) => self.set_at(i, addr, bytes + nl),
+            (None, None) => self.insert_at(i, addr, bytes),
+        }
+        (prev, next)
     }
 }
 
