@@ -23,6 +23,8 @@ const MIB: f64 = (1u64 << 20) as f64;
 
 /// Kinds of [`DriverCall`] (the length of the per-kind cost memo).
 const CALL_KINDS: usize = DriverCall::ALL.len();
+/// Sizes remembered per call kind by the cost memo (a power of two).
+const COST_MEMO_SLOTS: usize = 16;
 
 /// Driver-call time in seconds for a call of `bytes`, interpolated log-linearly between
 /// measured points `(bytes, microseconds)`; clamped outside.
@@ -218,9 +220,10 @@ pub struct SimDevice {
     /// from its start, and the reserved ranges' bitmaps answer whether a range overlaps one).
     mappings: AddrMap<u64, Mapping>,
     handles: AddrMap<u64, Handle>,
-    /// Per call kind, the last size modelled and its isolated cost in seconds (consecutive
-    /// calls mostly share a size; the log-linear interpolation is the dearest part of a call).
-    cost_memo: [Option<(u64, f64)>; CALL_KINDS],
+    /// Per call kind, the isolated cost in seconds of the last sizes modelled, in
+    /// [`COST_MEMO_SLOTS`] slots picked by the size in granules (a cache: the log-linear
+    /// interpolation is the dearest part of a call, and a pool's calls come in a few sizes).
+    cost_memo: [[Option<(u64, f64)>; COST_MEMO_SLOTS]; CALL_KINDS],
     next_handle: u64,
     calls_made: u64,
     fault_at: Option<u64>,
@@ -352,7 +355,7 @@ impl SimDevice {
             reserved: BTreeMap::new(),
             mappings: AddrMap::default(),
             handles: HashMap::default(),
-            cost_memo: [None; CALL_KINDS],
+            cost_memo: [[None; COST_MEMO_SLOTS]; CALL_KINDS],
             next_handle: 1,
             calls_made: 0,
             fault_at: None,
@@ -531,11 +534,16 @@ impl SimDevice {
         }
         // A request above the whole device is refused at once, not timed as a huge call.
         let bytes = bytes.min(self.capacity.max(1));
-        let isolated = match self.cost_memo.get(call as usize).copied().flatten() {
-            Some((b, s)) if b == bytes => s,
-            _ => {
+        let slot = (bytes / self.granularity) as usize % COST_MEMO_SLOTS;
+        let memo = self
+            .cost_memo
+            .get_mut(call as usize)
+            .and_then(|m| m.get_mut(slot));
+        let isolated = match memo {
+            Some(Some((b, s))) if *b == bytes => *s,
+            m => {
                 let s = h200_isolated_call_seconds(call, bytes);
-                if let Some(m) = self.cost_memo.get_mut(call as usize) {
+                if let Some(m) = m {
                     *m = Some((bytes, s));
                 }
                 s
