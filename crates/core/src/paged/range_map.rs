@@ -16,6 +16,9 @@ use std::borrow::Borrow;
 use std::collections::BTreeMap;
 use std::ops::{Bound, RangeBounds};
 
+/// A range `(start, bytes)`.
+pub(crate) type Range = (u64, u64);
+
 /// Ranges `start → bytes` in start order (see the module documentation).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct RangeMap {
@@ -197,7 +200,7 @@ impl RangeMap {
         bytes: u64,
         lo: u64,
         hi: u64,
-    ) -> (Option<(u64, u64)>, Option<(u64, u64)>) {
+    ) -> (Option<Range>, Option<Range>) {
         let end = addr + bytes;
         let i = self.first_from(addr);
         let prev = i
@@ -250,7 +253,7 @@ mod tests {
         assert_eq!(m.len(), model.len());
         assert!(m.iter().eq(model.iter()));
         assert!(m.values().eq(model.values()));
-        assert!((&m).into_iter().eq(model.iter()));
+        assert!(m.into_iter().eq(model.iter()));
         for &a in probes {
             assert_eq!(m.get(&a), model.get(&a));
             assert!(m.range(..=a).eq(model.range(..=a)), "..={a}");
