@@ -112,9 +112,33 @@ impl RangeMap {
     }
 
     /// Every range's bytes, in start order.
-    #[cfg(test)]
-    pub(crate) fn values(&self) -> impl Iterator<Item = &u64> + '_ {
+    #[allow(dead_code)] // the `BTreeMap` interface; only the tests use it today
+    pub(crate) fn values(&self) -> impl DoubleEndedIterator<Item = &u64> + '_ {
         self.v.iter().map(|e| &e.1)
+    }
+
+    /// Every range's start, in order.
+    #[allow(dead_code)] // the `BTreeMap` interface; only the tests use it today
+    pub(crate) fn keys(&self) -> impl DoubleEndedIterator<Item = &u64> + '_ {
+        self.v.iter().map(|e| &e.0)
+    }
+
+    /// Whether the map is empty.
+    #[allow(dead_code)] // the `BTreeMap` interface; only the tests use it today
+    pub(crate) fn is_empty(&self) -> bool {
+        self.v.is_empty()
+    }
+
+    /// The first range.
+    #[allow(dead_code)] // the `BTreeMap` interface; only the tests use it today
+    pub(crate) fn first_key_value(&self) -> Option<(&u64, &u64)> {
+        self.v.first().map(|e| (&e.0, &e.1))
+    }
+
+    /// The last range.
+    #[allow(dead_code)] // the `BTreeMap` interface; only the tests use it today
+    pub(crate) fn last_key_value(&self) -> Option<(&u64, &u64)> {
+        self.v.last().map(|e| (&e.0, &e.1))
     }
 
     /// Position of the range starting at `start`.
@@ -253,6 +277,10 @@ mod tests {
         assert_eq!(m.len(), model.len());
         assert!(m.iter().eq(model.iter()));
         assert!(m.values().eq(model.values()));
+        assert!(m.keys().rev().eq(model.keys().rev()));
+        assert_eq!(m.is_empty(), model.is_empty());
+        assert_eq!(m.first_key_value(), model.first_key_value());
+        assert_eq!(m.last_key_value(), model.last_key_value());
         assert!(m.into_iter().eq(model.iter()));
         for &a in probes {
             assert_eq!(m.get(&a), model.get(&a));
