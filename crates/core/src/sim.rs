@@ -23,6 +23,8 @@ const MIB: f64 = (1u64 << 20) as f64;
 
 /// Kinds of [`DriverCall`] (the length of the per-kind cost memo).
 const CALL_KINDS: usize = DriverCall::ALL.len();
+/// Sizes remembered per call kind by the cost memo (a power of two).
+const COST_MEMO_SLOTS: usize = 16;
 
 /// Driver-call time in seconds for a call of `bytes`, interpolated log-linearly between
 /// measured points `(bytes, microseconds)`; clamped outside.
@@ -127,6 +129,79 @@ struct Mapping {
     access: bool,
 }
 
+/// A reserved virtual range: its size and which of its granules are mapped.
+#[derive(Debug, Clone)]
+struct Reserved {
+    bytes: u64,
+    /// Bit `i`: granule `i` of the range is under a mapping (what the overlap check of
+    /// cuMemMap reads, a word per 64 granules, instead of an ordered search of the
+    /// mappings).
+    mapped: Vec<u64>,
+    /// Granules mapped (cuMemAddressFree refuses a range with any).
+    mapped_granules: u64,
+}
+
+impl Reserved {
+    fn new(bytes: u64, granularity: u64) -> Self {
+        let granules = bytes / granularity;
+        Reserved {
+            bytes,
+            // Zeroed pages come from the OS untouched: a large range costs nothing until
+            // mapped.
+            mapped: vec![0; usize::try_from(granules.div_ceil(64)).unwrap_or(0)],
+            mapped_granules: 0,
+        }
+    }
+
+    /// Whether any granule of `[first, first + n)` is mapped.
+    fn any_mapped(&self, first: u64, n: u64) -> bool {
+        let mut i = first;
+        let end = first + n;
+        while i < end {
+            let (w, b) = ((i / 64) as usize, i % 64);
+            let k = (64 - b).min(end - i);
+            let mask = if k == 64 {
+                u64::MAX
+            } else {
+                ((1u64 << k) - 1) << b
+            };
+            if self.mapped.get(w).is_some_and(|&x| x & mask != 0) {
+                return true;
+            }
+            i += k;
+        }
+        false
+    }
+
+    /// Marks granules `[first, first + n)` mapped (`on`) or not.
+    fn mark(&mut self, first: u64, n: u64, on: bool) {
+        let mut i = first;
+        let end = first + n;
+        while i < end {
+            let (w, b) = ((i / 64) as usize, i % 64);
+            let k = (64 - b).min(end - i);
+            let mask = if k == 64 {
+                u64::MAX
+            } else {
+                ((1u64 << k) - 1) << b
+            };
+            if let Some(x) = self.mapped.get_mut(w) {
+                if on {
+                    *x |= mask;
+                } else {
+                    *x &= !mask;
+                }
+            }
+            i += k;
+        }
+        if on {
+            self.mapped_granules += n;
+        } else {
+            self.mapped_granules = self.mapped_granules.saturating_sub(n);
+        }
+    }
+}
+
 /// The simulated device. Cheap to clone (for bisection over capacities).
 #[derive(Debug, Clone)]
 pub struct SimDevice {
@@ -139,14 +214,16 @@ pub struct SimDevice {
     free_va: BTreeMap<u64, u64>,
     /// Live cuMemAlloc segments: addr -> bytes (rounded to the granularity).
     segments: BTreeMap<u64, u64>,
-    /// Live reserved VA ranges: start -> bytes.
-    reserved: BTreeMap<u64, u64>,
-    /// Live mappings: va -> mapping.
-    mappings: BTreeMap<u64, Mapping>,
+    /// Live reserved VA ranges: start -> range.
+    reserved: BTreeMap<u64, Reserved>,
+    /// Live mappings: va -> mapping (a hash map: the calls walk a range mapping by mapping
+    /// from its start, and the reserved ranges' bitmaps answer whether a range overlaps one).
+    mappings: AddrMap<u64, Mapping>,
     handles: AddrMap<u64, Handle>,
-    /// Per call kind, the last size modelled and its isolated cost in seconds (consecutive
-    /// calls mostly share a size; the log-linear interpolation is the dearest part of a call).
-    cost_memo: [Option<(u64, f64)>; CALL_KINDS],
+    /// Per call kind, the isolated cost in seconds of the last sizes modelled, in
+    /// [`COST_MEMO_SLOTS`] slots picked by the size in granules (a cache: the log-linear
+    /// interpolation is the dearest part of a call, and a pool's calls come in a few sizes).
+    cost_memo: [[Option<(u64, f64)>; COST_MEMO_SLOTS]; CALL_KINDS],
     next_handle: u64,
     calls_made: u64,
     fault_at: Option<u64>,
@@ -276,9 +353,9 @@ impl SimDevice {
             free_va,
             segments: BTreeMap::new(),
             reserved: BTreeMap::new(),
-            mappings: BTreeMap::new(),
+            mappings: AddrMap::default(),
             handles: HashMap::default(),
-            cost_memo: [None; CALL_KINDS],
+            cost_memo: [[None; COST_MEMO_SLOTS]; CALL_KINDS],
             next_handle: 1,
             calls_made: 0,
             fault_at: None,
@@ -457,11 +534,16 @@ impl SimDevice {
         }
         // A request above the whole device is refused at once, not timed as a huge call.
         let bytes = bytes.min(self.capacity.max(1));
-        let isolated = match self.cost_memo.get(call as usize).copied().flatten() {
-            Some((b, s)) if b == bytes => s,
-            _ => {
+        let slot = (bytes / self.granularity) as usize % COST_MEMO_SLOTS;
+        let memo = self
+            .cost_memo
+            .get_mut(call as usize)
+            .and_then(|m| m.get_mut(slot));
+        let isolated = match memo {
+            Some(Some((b, s))) if *b == bytes => *s,
+            m => {
                 let s = h200_isolated_call_seconds(call, bytes);
-                if let Some(m) = self.cost_memo.get_mut(call as usize) {
+                if let Some(m) = m {
                     *m = Some((bytes, s));
                 }
                 s
@@ -555,12 +637,21 @@ impl SimDevice {
         }
     }
 
-    /// Whether `[va, va+bytes)` lies inside one reserved range.
-    fn in_reserved(&self, va: u64, bytes: u64) -> bool {
+    /// The reserved range holding all of `[va, va+bytes)`: its start and record.
+    fn reserved_holding(&self, va: u64, bytes: u64) -> Option<(u64, &Reserved)> {
         self.reserved
             .range(..=va)
             .next_back()
-            .is_some_and(|(&s, &l)| va >= s && va.checked_add(bytes).is_some_and(|e| e <= s + l))
+            .filter(|(&s, r)| va >= s && va.checked_add(bytes).is_some_and(|e| e <= s + r.bytes))
+            .map(|(&s, r)| (s, r))
+    }
+
+    /// Marks the granules of the mapping `[va, va+bytes)` mapped or not in its reserved range.
+    fn mark_mapped(&mut self, va: u64, bytes: u64, on: bool) {
+        let g = self.granularity;
+        if let Some((&s, r)) = self.reserved.range_mut(..=va).next_back() {
+            r.mark((va - s) / g, bytes / g, on);
+        }
     }
 }
 
@@ -624,19 +715,20 @@ impl Device for SimDevice {
         self.check_granular(c, bytes)?;
         self.begin(c, bytes)?;
         let va = self.take_va(bytes)?;
-        self.reserved.insert(va, bytes);
+        self.reserved
+            .insert(va, Reserved::new(bytes, self.granularity));
         Ok(va)
     }
 
     fn free_va(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
         let c = DriverCall::AddressFree;
-        if self.reserved.get(&va) != Some(&bytes) {
+        let Some(r) = self.reserved.get(&va).filter(|r| r.bytes == bytes) else {
             return Err(Self::invalid(
                 c,
                 format!("{va:#x}+{bytes} is not a reserved range"),
             ));
-        }
-        if self.mappings.range(va..va + bytes).next().is_some() {
+        };
+        if r.mapped_granules > 0 {
             return Err(Self::invalid(
                 c,
                 format!("{va:#x}+{bytes} still has mappings"),
@@ -707,19 +799,15 @@ impl Device for SimDevice {
                 format!("handle {} is already mapped", handle.0),
             ));
         }
-        if !self.in_reserved(va, bytes) {
+        let Some((rs, r)) = self.reserved_holding(va, bytes) else {
             return Err(Self::invalid(
                 c,
                 format!("{va:#x}+{bytes} is not inside a reserved range"),
             ));
-        }
-        // Mappings never overlap: the last one starting before the end decides.
-        let overlaps = self
-            .mappings
-            .range(..va + bytes)
-            .next_back()
-            .is_some_and(|(&s, m)| s + m.bytes > va);
-        if overlaps {
+        };
+        // Mappings never overlap: no granule of the range may be mapped already.
+        let g = self.granularity;
+        if r.any_mapped((va - rs) / g, bytes / g) {
             return Err(Self::invalid(
                 c,
                 format!("{va:#x}+{bytes} overlaps a mapping"),
@@ -734,6 +822,7 @@ impl Device for SimDevice {
                 access: false,
             },
         );
+        self.mark_mapped(va, bytes, true);
         if let Some(e) = self.handles.get_mut(&handle.0) {
             e.mapped_at = Some(va);
         }
@@ -746,12 +835,12 @@ impl Device for SimDevice {
         // The range must be covered by contiguous mappings starting exactly at va.
         let mut at = va;
         let end = va + bytes;
-        // Walk the mappings starting in the range in order: they must tile it.
-        for (&s, m) in self.mappings.range(va..end) {
-            if s != at {
-                break;
+        // Walk the mappings from the start of the range: they must tile it.
+        while at < end {
+            match self.mappings.get(&at) {
+                Some(m) => at += m.bytes,
+                None => break,
             }
-            at += m.bytes;
         }
         if at < end {
             return Err(Self::invalid(c, format!("{at:#x} is not mapped")));
@@ -760,8 +849,15 @@ impl Device for SimDevice {
             return Err(Self::invalid(c, "range ends inside a mapping".into()));
         }
         self.begin(c, bytes)?;
-        for (_, m) in self.mappings.range_mut(va..end) {
-            m.access = true;
+        let mut at = va;
+        while at < end {
+            match self.mappings.get_mut(&at) {
+                Some(m) => {
+                    m.access = true;
+                    at += m.bytes;
+                }
+                None => break,
+            }
         }
         Ok(())
     }
@@ -771,12 +867,12 @@ impl Device for SimDevice {
         self.check_granular(c, bytes)?;
         let mut at = va;
         let end = va + bytes;
-        // Walk the mappings starting in the range in order: they must tile it.
-        for (&s, m) in self.mappings.range(va..end) {
-            if s != at {
-                break;
+        // Walk the mappings from the start of the range: they must tile it.
+        while at < end {
+            match self.mappings.get(&at) {
+                Some(m) => at += m.bytes,
+                None => break,
             }
-            at += m.bytes;
         }
         if at < end {
             return Err(Self::invalid(c, format!("{at:#x} is not mapped")));
@@ -790,6 +886,7 @@ impl Device for SimDevice {
             let Some(m) = self.mappings.remove(&at) else {
                 break;
             };
+            self.mark_mapped(at, m.bytes, false);
             at += m.bytes;
             let drop_it = match self.handles.get_mut(&m.handle.0) {
                 Some(h) => {
@@ -823,11 +920,31 @@ impl SimDevice {
         }
         let mut at = va;
         let end = va.saturating_add(bytes);
-        // Find the mapping containing `at`.
+        // Find the mapping containing `at`: it starts at the granule of `at` or below, no
+        // lower than the start of the reserved range holding it.
+        let g = self.granularity;
         while at < end {
-            match self.mappings.range(..=at).next_back() {
-                Some((&s, m)) if at < s + m.bytes && m.access => at = s + m.bytes,
-                _ => return false,
+            let Some((rs, r)) = self.reserved_holding(at, 1) else {
+                return false;
+            };
+            let gi = (at - rs) / g;
+            if !r.any_mapped(gi, 1) {
+                return false;
+            }
+            let mut s = rs + gi * g;
+            let m = loop {
+                if let Some(m) = self.mappings.get(&s) {
+                    break m;
+                }
+                if s == rs {
+                    return false;
+                }
+                s -= g;
+            };
+            if at < s + m.bytes && m.access {
+                at = s + m.bytes;
+            } else {
+                return false;
             }
         }
         true
@@ -932,6 +1049,44 @@ mod tests {
         d.unmap(va, G).unwrap();
         assert_eq!(d.used_bytes(), 0);
         d.free_va(va, 4 * G).unwrap();
+        assert_eq!(d.live_objects(), (0, 0, 0, 0));
+    }
+
+    #[test]
+    fn overlapping_maps_are_refused_across_bitmap_words() {
+        let mut d = SimDevice::new(1 << 40);
+        let va = d.reserve_va(200 * G).unwrap();
+        // A 70-granule mapping from granule 60: it crosses the first word of the bitmap.
+        let h = d.create_physical(70 * G).unwrap();
+        d.map(va + 60 * G, 70 * G, h).unwrap();
+        for (at, n) in [(59, 2), (129, 1), (100, 1), (0, 61), (129, 40)] {
+            let h2 = d.create_physical(n * G).unwrap();
+            assert!(d.map(va + at * G, n * G, h2).is_err(), "{at}+{n} overlaps");
+            d.release_physical(h2).unwrap();
+        }
+        let h3 = d.create_physical(60 * G).unwrap();
+        d.map(va, 60 * G, h3).unwrap(); // right below: fits
+        let h4 = d.create_physical(G).unwrap();
+        d.map(va + 130 * G, G, h4).unwrap(); // right above: fits
+                                             // Access over the three, tiled; not past them.
+        assert!(d.set_access(va, 132 * G).is_err());
+        d.set_access(va, 131 * G).unwrap();
+        assert!(d.is_accessible(va + 5, 131 * G - 10));
+        assert!(!d.is_accessible(va + 130 * G, G + 1));
+        assert!(
+            d.unmap(va + 60 * G, 10 * G).is_err(),
+            "ends inside a mapping"
+        );
+        assert!(d.free_va(va, 200 * G).is_err(), "still mapped");
+        d.unmap(va, 131 * G).unwrap();
+        assert!(!d.is_accessible(va, 1));
+        // Unmapped granules can be mapped again.
+        d.map(va + 64 * G, 70 * G, h).unwrap();
+        d.unmap(va + 64 * G, 70 * G).unwrap();
+        for h in [h, h3, h4] {
+            d.release_physical(h).unwrap();
+        }
+        d.free_va(va, 200 * G).unwrap();
         assert_eq!(d.live_objects(), (0, 0, 0, 0));
     }
 

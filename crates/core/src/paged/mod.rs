@@ -86,6 +86,7 @@ mod cache;
 mod maxtree;
 mod pages;
 mod placement;
+pub(crate) mod range_map;
 pub(crate) mod slots;
 pub(crate) mod view;
 
@@ -237,7 +238,7 @@ pub struct PagedPool {
     /// Reserved ranges in address order.
     reservations: Vec<Reservation>,
     /// Free virtual ranges: start → length in bytes; coalesced within a reservation.
-    free: BTreeMap<u64, u64>,
+    free: range_map::RangeMap,
     /// Live blocks by address.
     live: AddrMap<LiveBlock>,
     /// Unmapped physical handles kept for reuse.
@@ -285,7 +286,7 @@ impl PagedPool {
             va_chunk_bytes: 0,
             page_bytes: 0,
             reservations: Vec::new(),
-            free: BTreeMap::new(),
+            free: range_map::RangeMap::default(),
             live: AddrMap::default(),
             cache: Vec::new(),
             cache_sizes: BTreeMap::new(),

@@ -445,34 +445,15 @@ impl PagedPool {
         // The merged range's ends are the only addresses whose pages can change besides the
         // block's own ends (the old neighbours' far ends are the merged range's ends).
         let res_end = self.reservations[ri].end();
-        let mut removed = [(0, 0); 2];
-        let mut n = 0;
-        // The range after is taken out first, so that the range before, when there is one,
-        // grows in place (one search, not a removal and an insertion).
-        let mut next = None;
-        if addr + bytes < res_end {
-            next = self
-                .free
-                .remove(&(addr + bytes))
-                .map(|nl| (addr + bytes, nl));
-        }
+        // One entry grows in place (the range before, else the one after), or one is added.
+        let (prev, next) = self.free.join(addr, bytes, base, res_end);
         let grown = bytes + next.map_or(0, |(_, nl)| nl);
-        let mut prev = None;
-        if addr > base {
-            if let Some((&ps, pl)) = self.free.range_mut(..addr).next_back() {
-                if ps + *pl == addr {
-                    prev = Some((ps, *pl));
-                    *pl += grown;
-                }
-            }
-        }
         let (st, len) = match prev {
             Some((ps, pl)) => (ps, pl + grown),
-            None => {
-                self.free.insert(addr, grown);
-                (addr, grown)
-            }
+            None => (addr, grown),
         };
+        let mut removed = [(0, 0); 2];
+        let mut n = 0;
         for r in [prev, next].into_iter().flatten() {
             removed[n] = r;
             n += 1;

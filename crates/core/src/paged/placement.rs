@@ -210,25 +210,26 @@ impl PagedPool {
     pub(super) fn commit_block(&mut self, pl: Placement, bytes: u64, requested: u64) {
         let p = self.page_bytes;
         let st = pl.range_start;
-        let Some(range) = self.free.get_mut(&st) else {
+        let Some((i, len)) = self
+            .free
+            .position(st)
+            .and_then(|i| Some((i, self.free.entry(i)?.1)))
+        else {
             return;
         };
-        let len = *range;
         let end = st + len;
+        let bend = pl.addr + bytes;
+        let (head, tail) = (pl.addr - st, end.saturating_sub(bend));
+        // Cut in place: the head keeps the range's slot, or else the tail does.
+        self.free.cut(i, st, head, bend, tail);
         let mut added = [(0, 0); 2];
         let mut n = 0;
-        if pl.addr > st {
-            // The head stays where it is: shortened in place.
-            *range = pl.addr - st;
-            added[n] = (st, pl.addr - st);
+        if head > 0 {
+            added[n] = (st, head);
             n += 1;
-        } else {
-            self.free.remove(&st);
         }
-        let bend = pl.addr + bytes;
-        if bend < end {
-            self.free.insert(bend, end - bend);
-            added[n] = (bend, end - bend);
+        if tail > 0 {
+            added[n] = (bend, tail);
             n += 1;
         }
         self.update_leaves(pl.res, &[(st, len)], &added[..n]);
@@ -240,7 +241,9 @@ impl PagedPool {
         let base = r.va;
         for (i, slot) in (p0..=p1).zip(r.pages.range_mut(p0, p1 + 1)) {
             if let Some(pg) = slot {
-                if pg.refs == 0 && !self.idle.is_empty() {
+                // Idle pages are single-page handles: a page of a longer handle (one this
+                // allocation just mapped) is not looked up.
+                if pg.refs == 0 && pg.ext_pages == 1 && !self.idle.is_empty() {
                     self.idle.remove(&(base + i as u64 * p));
                 }
                 pg.refs += 1;

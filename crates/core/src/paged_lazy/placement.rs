@@ -8,20 +8,23 @@
 //! driver call. Otherwise [`LazyPagedPool::place_growth`] scores every candidate spot by the
 //! pages it would newly map, then by the bytes of those new pages it would leave free, then
 //! by address.
-use std::collections::{BTreeMap, BTreeSet};
+mod size_index;
 
 use super::{LazyPagedPool, Reservation};
 use crate::align::{align_down, align_up};
+use crate::paged::range_map::RangeMap;
+use size_index::SizeIndex;
 
 /// The free address space of one pool.
 #[derive(Debug, Clone, Default)]
 pub(super) struct FreeSpace {
-    /// Free virtual ranges: start → bytes; coalesced within a reservation.
-    pub(super) va: BTreeMap<u64, u64>,
+    /// Free virtual ranges: start → bytes; coalesced within a reservation ([`RangeMap`]).
+    pub(super) va: RangeMap,
     /// Free bytes on mapped (and opened) pages, as maximal runs: start → bytes.
-    pub(super) mapped: BTreeMap<u64, u64>,
-    /// The same runs as (bytes, start), for best fit.
-    pub(super) by_size: BTreeSet<(u64, u64)>,
+    pub(super) mapped: RangeMap,
+    /// The same runs as (bytes, start), for best fit: size bins with a bitmap
+    /// ([`size_index`]).
+    pub(super) by_size: SizeIndex,
     /// Bytes of all mapped runs.
     pub(super) mapped_bytes: u64,
 }
@@ -39,7 +42,7 @@ impl FreeSpace {
     fn add_run(&mut self, st: u64, len: u64) {
         if len > 0 {
             self.mapped.insert(st, len);
-            self.by_size.insert((len, st));
+            self.by_size.insert(len, st);
             self.mapped_bytes += len;
         }
     }
@@ -54,7 +57,7 @@ impl FreeSpace {
 
     fn remove_run(&mut self, st: u64) -> Option<u64> {
         let len = self.mapped.remove(&st)?;
-        self.by_size.remove(&(len, st));
+        self.by_size.remove(len, st);
         self.mapped_bytes -= len;
         Some(len)
     }
@@ -62,7 +65,7 @@ impl FreeSpace {
     /// The smallest mapped run holding `bytes` at an address aligned to `align` (then the
     /// lowest address): `(run start, block address)`.
     pub(super) fn best_fit(&self, bytes: u64, align: u64) -> Option<(u64, u64)> {
-        for &(len, st) in self.by_size.range((bytes, 0)..) {
+        for (len, st) in self.by_size.range_from(bytes) {
             let addr = align_up(st, align)?;
             if addr.checked_add(bytes)? <= st + len {
                 return Some((st, addr));
@@ -74,18 +77,22 @@ impl FreeSpace {
     /// Takes `[addr, addr + bytes)` out of the mapped run starting at `run` (which holds it)
     /// and out of the free range holding it.
     pub(super) fn take_mapped(&mut self, run: u64, addr: u64, bytes: u64) {
-        if addr > run {
-            // The head stays where it is: shortened in place.
-            if let Some(l) = self.mapped.get_mut(&run) {
-                let len = *l;
-                *l = addr - run;
-                self.by_size.remove(&(len, run));
-                self.by_size.insert((addr - run, run));
-                self.mapped_bytes -= len - (addr - run);
-                self.add_run(addr + bytes, run + len - addr - bytes);
+        if let Some((i, (_, len))) = self
+            .mapped
+            .position(run)
+            .and_then(|i| Some((i, self.mapped.entry(i)?)))
+        {
+            self.by_size.remove(len, run);
+            self.mapped_bytes -= bytes;
+            let (head, tail) = (addr - run, run + len - addr - bytes);
+            // The run is cut in place: its head keeps its slot, or its tail takes it.
+            self.mapped.cut(i, run, head, addr + bytes, tail);
+            if head > 0 {
+                self.by_size.insert(head, run);
             }
-        } else if let Some(len) = self.remove_run(run) {
-            self.add_run(addr + bytes, run + len - addr - bytes);
+            if tail > 0 {
+                self.by_size.insert(tail, addr + bytes);
+            }
         }
         self.take_va(addr, bytes);
     }
@@ -93,54 +100,38 @@ impl FreeSpace {
     /// Takes `[addr, addr + bytes)` out of the free range holding it (mapped runs are left to
     /// the caller).
     pub(super) fn take_va(&mut self, addr: u64, bytes: u64) {
-        let Some((&st, l)) = self.va.range_mut(..=addr).next_back() else {
+        let Some(i) = self.va.at_or_before(addr) else {
             return;
         };
-        let len = *l;
+        let Some((st, len)) = self.va.entry(i) else {
+            return;
+        };
         if st + len < addr + bytes {
             return;
         }
-        if addr > st {
-            *l = addr - st; // the head stays where it is
-        } else {
-            self.va.remove(&st);
-        }
-        if addr + bytes < st + len {
-            self.va.insert(addr + bytes, st + len - addr - bytes);
-        }
+        self.va
+            .cut(i, st, addr - st, addr + bytes, st + len - addr - bytes);
     }
 
     /// Gives `[addr, addr + bytes)` back, inside the reservation `[lo, hi)`: coalesces the
     /// free range, and, when `mapped` (every page under it mapped and open), the mapped run.
     pub(super) fn give(&mut self, addr: u64, bytes: u64, lo: u64, hi: u64, mapped: bool) {
-        // The range after goes first, so that the range before, when there is one, grows
-        // in place (one search, not a removal and an insertion).
-        let end = addr + bytes;
-        let next = if end < hi { self.va.remove(&end) } else { None };
-        let grown = bytes + next.unwrap_or(0);
-        let before = (addr > lo).then(|| self.va.range_mut(..addr).next_back());
-        match before.flatten() {
-            Some((&ps, pl)) if ps + *pl == addr => *pl += grown,
-            _ => {
-                self.va.insert(addr, grown);
-            }
-        }
+        self.va.join(addr, bytes, lo, hi);
         if !mapped {
             return;
         }
-        let next = if end < hi { self.remove_run(end) } else { None };
-        let grown = bytes + next.unwrap_or(0);
-        let before = (addr > lo).then(|| self.mapped.range_mut(..addr).next_back());
-        match before.flatten() {
-            Some((&ps, pl)) if ps + *pl == addr => {
-                let old = *pl;
-                *pl += grown;
-                self.by_size.remove(&(old, ps));
-                self.by_size.insert((old + grown, ps));
-                self.mapped_bytes += grown;
-            }
-            _ => self.add_run(addr, grown),
+        let (prev, next) = self.mapped.join(addr, bytes, lo, hi);
+        let (mut st, mut len) = (addr, bytes);
+        if let Some((ps, pl)) = prev {
+            self.by_size.remove(pl, ps);
+            (st, len) = (ps, pl + len);
         }
+        if let Some((ns, nl)) = next {
+            self.by_size.remove(nl, ns);
+            len += nl;
+        }
+        self.by_size.insert(len, st);
+        self.mapped_bytes += bytes;
     }
 
     /// Recomputes the mapped runs touching `[lo, hi)` of reservation `r` (pages of `p` bytes)
