@@ -985,27 +985,40 @@ fn lazy_conf_sets_the_paged_lazy_trade_and_names_bad_items() {
         v["allocators"][0].clone()
     };
     let default = run("");
-    let small = run("max_handle=2MiB,map_ahead=0");
+    let pages = run("placement=pages");
+    let small = run("placement=pages,max_handle=2MiB,map_ahead=0");
     assert_eq!(
         default["lazy_conf"],
-        "headroom=0,max_handle=1073741824,map_ahead=1073741824"
+        "placement=segments,headroom=0,max_handle=1073741824,map_ahead=1073741824,min_growth=33554432"
     );
     assert_eq!(
         small["lazy_conf"],
-        "headroom=0,max_handle=2097152,map_ahead=0"
+        "placement=pages,headroom=0,max_handle=2097152,map_ahead=0,min_growth=33554432"
+    );
+    // The two placements are different allocators: not the same peak and calls.
+    assert_ne!(
+        (
+            &default["peak_reserved_bytes"],
+            &default["driver_calls_total"]
+        ),
+        (&pages["peak_reserved_bytes"], &pages["driver_calls_total"])
     );
     // One handle per page: more calls than the default's handles of up to 1 GiB.
     assert!(
-        small["driver_calls_total"].as_u64() > default["driver_calls_total"].as_u64(),
-        "{small} vs {default}"
+        small["driver_calls_total"].as_u64() > pages["driver_calls_total"].as_u64(),
+        "{small} vs {pages}"
     );
     for (bad, words) in [
         ("headroom=2%", ["`2%`", "`headroom`"]),
         (
             "colour=red",
-            ["`colour`", "headroom, max_handle or map_ahead"],
+            [
+                "`colour`",
+                "placement, headroom, max_handle, map_ahead or min_growth",
+            ],
         ),
         ("max_handle=0", ["max_handle", "above 0"]),
+        ("placement=torch", ["`placement`", "segments or pages"]),
     ] {
         let (ok, _, err) = gpumem(&[
             "replay",

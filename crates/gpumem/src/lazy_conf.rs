@@ -4,7 +4,13 @@
 use gpumem_core::config::{LazyConfig, LazyPlacement};
 
 /// The keys [`apply`] knows.
-pub const KEYS: [&str; 5] = ["placement", "headroom", "max_handle", "map_ahead", "min_growth"];
+pub const KEYS: [&str; 5] = [
+    "placement",
+    "headroom",
+    "max_handle",
+    "map_ahead",
+    "min_growth",
+];
 
 /// Applies one item to `c`: `placement` (`segments` or `pages`), `headroom` (a fraction of the peak of allocated bytes, 0 to 10,
 /// e.g. `0.02`), `max_handle` (a size above 0, rounded down to whole pages, at least one
@@ -19,7 +25,9 @@ pub fn apply(c: &mut LazyConfig, key: &str, value: &str) -> Result<bool, String>
             c.placement = match value {
                 "segments" => LazyPlacement::Segments,
                 "pages" => LazyPlacement::Pages,
-                _ => return Err("expected segments (PyTorch's expandable segments with one handle per growth) or pages (gpumem's page placement)".into()),
+                _ => {
+                    return Err("expected segments or pages (segments: PyTorch's expandable segments with one physical handle per growth; pages: gpumem's page placement)".into())
+                }
             };
         }
         "headroom" => {
@@ -59,7 +67,12 @@ mod tests {
         assert_eq!(apply(&mut c, "map_ahead", "0"), Ok(true));
         assert_eq!(apply(&mut c, "min_growth", "8MiB"), Ok(true));
         assert_eq!(
-            (c.headroom_bp, c.handle_bytes, c.ahead_bytes, c.min_growth_bytes),
+            (
+                c.headroom_bp,
+                c.handle_bytes,
+                c.ahead_bytes,
+                c.min_growth_bytes
+            ),
             (200, 64 << 20, 0, 8 << 20)
         );
         let before = c;

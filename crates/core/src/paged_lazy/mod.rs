@@ -1,13 +1,17 @@
-//! `paged-lazy`: a page-mapped allocator over CUDA virtual memory management
-//! (cuMemAddressReserve, cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease,
-//! cuMemAddressFree), like [`crate::paged`], but one that keeps freed pages mapped, as
-//! PyTorch's `expandable_segments` does, instead of unmapping them at once. [`crate::paged`]
-//! reserves the least memory and calls the driver on almost every allocation; this one
-//! reaches a steady state without driver calls in a repeated training step, for some more
-//! memory. Use it where the calls cost time (inside a training loop, through the PyTorch
-//! plug-in); use `paged` to learn how little memory a trace can live in.
+//! The *page placement* of the `paged-lazy` strategy (`placement=pages`,
+//! [`LazyPlacement::Pages`](crate::config::LazyPlacement::Pages)): a page-mapped allocator
+//! over CUDA virtual memory management (cuMemAddressReserve, cuMemCreate, cuMemMap,
+//! cuMemSetAccess, cuMemUnmap, cuMemRelease, cuMemAddressFree), like [`crate::paged`], but
+//! one that keeps freed pages mapped, as PyTorch's `expandable_segments` does, instead of
+//! unmapping them at once. The strategy's default placement is PyTorch's expandable segments
+//! with one physical handle per growth ([`crate::torch::TorchCachingPool::paged_lazy`]):
+//! measured on eleven real traces and seven perturbations of each (BENCHMARKS.md, issue 11),
+//! it meets the driver-call and driver-time targets far more often (133 of 154 against 59)
+//! for a peak that this placement keeps lower on varied shapes (28 of 77 traces within
+//! 1.02 × peak requested against 21). Use this one where memory is tighter than calls.
 //!
-//! Measured on the shipped traces (`gpumem replay T --allocator paged,paged-lazy,torch`,
+//! Measured on the shipped traces (`gpumem replay T --allocator paged,paged-lazy,torch
+//! --lazy-conf placement=pages`, before the least-recently-used order and the minimum growth,
 //! BENCHMARKS.md, issue 11): peak reserved / peak requested 1.005–1.020 on the training
 //! traces (resnet_train, gpt2_train, the BERT fine-tune) against `paged`'s 1.001–1.004, and
 //! 0–96 driver calls in their second half against 1,783–43,217; on random churn
@@ -35,11 +39,18 @@
 //!   unmapped and mapped where they are needed (cuMemUnmap + cuMemMap + cuMemSetAccess, no
 //!   create or release), so the peak of `reserved_bytes` only moves when that is not enough.
 //!   The headroom is the memory traded for calls: idle pages a later step finds mapped.
+//!   Idle extents are taken least recently used first (the clock of their last placement or
+//!   free): in a repeated step those are needed again last. Taking the largest first moved
+//!   a BERT step's 96 MiB block one place down every step, 262 calls in the second half of a
+//!   fixed-shape run that now makes none.
 //! - **Mapping ahead.** Below the limit, a block that maps pages also maps up to
-//!   [`LazyPagedPool::with_ahead_bytes`] more free pages after it, in handles of their own
-//!   but the same cuMemSetAccess: a growing pool pays per call and per mapping, and
-//!   cuMemSetAccess of one 1 GiB mapping costs about 4 × one of 2 MiB on an H200, not 512 ×,
-//!   so fewer, larger spans cost less for the same bytes.
+//!   [`LazyPagedPool::with_ahead_bytes`] more free pages after it, and a request under
+//!   10 MiB whose own pages fit under the limit maps at least
+//!   [`LazyPagedPool::with_min_growth_bytes`] (32 MiB) even above it, as PyTorch gives such
+//!   a request a 20 MiB segment. The pages ahead join the block's last run of new pages (one
+//!   handle, one cuMemMap, one cuMemSetAccess): a growing pool pays per call and per mapping,
+//!   and cuMemSetAccess of one 1 GiB mapping costs about 4 × one of 2 MiB on an H200, not
+//!   512 ×, so fewer, larger spans cost less for the same bytes.
 //! - **Handles.** Each run of new pages is cut into handles of a power of two of pages,
 //!   largest first, at most [`LazyConfig::handle_bytes`](crate::config::LazyConfig::handle_bytes)
 //!   (one cuMemCreate and one cuMemMap each; at most log2 of the run's pages handles): a

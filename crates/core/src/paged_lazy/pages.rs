@@ -5,9 +5,9 @@
 use super::LazyPagedPool;
 use crate::align::align_up;
 use crate::device::{DeviceError, PhysHandle};
+use crate::hash::AddrMap;
 use crate::paged::slots::SlotTable;
 use crate::paged::CachedHandle;
-use crate::hash::AddrMap;
 use crate::{AllocError, Device};
 
 /// A mapped physical page.
@@ -404,13 +404,16 @@ impl LazyPagedPool {
         } else {
             0
         };
-        let min_growth = if bytes < crate::config::LazyConfig::SMALL_REQUEST_BYTES
-            && held + need <= limit
-        {
-            (self.min_growth_bytes / p).saturating_sub(need)
-        } else {
-            0
-        };
+        let min_growth =
+            if bytes < crate::config::LazyConfig::SMALL_REQUEST_BYTES && held + need <= limit {
+                // At most 1/64 of the peak of allocated bytes: never more than 1.6 % of idle
+                // pages at the top for a small pool.
+                let s = &self.tracker.stats.allocated_bytes;
+                let peak = s.peak.max(s.current + bytes);
+                (self.min_growth_bytes.min(peak / 64) / p).saturating_sub(need)
+            } else {
+                0
+            };
         if need > 0 && below_limit.max(min_growth) > 0 {
             let room = below_limit
                 .max(min_growth)

@@ -11,6 +11,13 @@
 //! with no mapped page gives its range back (cuMemAddressFree). As in PyTorch, a segment
 //! whose very first mapping ran out of memory keeps its range with nothing mapped (releasing
 //! visits mapped free blocks only); it serves a later request on its stream.
+//!
+//! *Coarse handles* (not PyTorch: the `paged-lazy` strategy,
+//! [`TorchCachingPool::paged_lazy`]): a growth creates one handle for all its pages and maps
+//! and opens it once (3 driver calls however many pages), and a release of the cache
+//! unmaps and releases only the handles that lie whole inside a free block (`whole_runs`):
+//! a handle is unmapped whole or not at all. Placement and figures are unchanged; a
+//! partly used handle stays mapped where PyTorch would unmap its free pages.
 use crate::device::{DeviceError, PhysHandle};
 use crate::Device;
 
@@ -33,6 +40,9 @@ pub(crate) struct ExpandableSegment {
     /// Coarse handles only: `runs[i]` is the number of pages of the handle mapped from page
     /// `i` (0 where no handle starts).
     pub runs: Vec<u64>,
+    /// Coarse handles only: runs (by first page) whose handle is released already but whose
+    /// cuMemUnmap failed: still mapped, given back by the next unmap.
+    pub released: Vec<u64>,
     /// One handle per mapped run (cuMemCreate, cuMemMap and cuMemSetAccess once per
     /// growth) instead of one per page; runs are unmapped whole.
     pub coarse: bool,
@@ -124,7 +134,12 @@ impl ExpandableSegment {
 
     /// [`ExpandableSegment::map`] with coarse handles: one cuMemCreate of the whole run, one
     /// cuMemMap, one cuMemSetAccess.
-    fn map_coarse(&mut self, dev: &mut dyn Device, begin: u64, end: u64) -> Result<bool, DeviceError> {
+    fn map_coarse(
+        &mut self,
+        dev: &mut dyn Device,
+        begin: u64,
+        end: u64,
+    ) -> Result<bool, DeviceError> {
         if self.runs.len() < end as usize {
             self.runs.resize(end as usize, 0);
         }
@@ -134,13 +149,17 @@ impl ExpandableSegment {
             Err(DeviceError::OutOfMemory { .. }) => return Ok(false),
             Err(e) => return Err(e),
         };
+        // Unwinding retries each call once, so that one failed call leaks nothing.
+        let release = |dev: &mut dyn Device| {
+            let _ = dev.release_physical(h).or_else(|_| dev.release_physical(h));
+        };
         if let Err(e) = dev.map(va, bytes, h) {
-            let _ = dev.release_physical(h);
+            release(dev);
             return Err(e);
         }
         if let Err(e) = dev.set_access(va, bytes) {
-            let _ = dev.unmap(va, bytes);
-            let _ = dev.release_physical(h);
+            let _ = dev.unmap(va, bytes).or_else(|_| dev.unmap(va, bytes));
+            release(dev);
             return Err(e);
         }
         self.handles[begin as usize..end as usize].fill(Some(h));
@@ -148,40 +167,51 @@ impl ExpandableSegment {
         Ok(true)
     }
 
-    /// Pages `begin..end` shrunk to whole coarse runs: `begin` up to the first run that
-    /// starts in the range, `end` down to the end of the last run that ends in it (the runs
-    /// between tile the mapped pages).
-    fn whole_runs(&self, mut begin: u64, end: u64) -> (u64, u64) {
+    /// The first whole coarse run inside pages `begin..end`, as its page range (empty when
+    /// none lies whole inside).
+    fn first_whole_run(&self, mut begin: u64, end: u64) -> (u64, u64) {
         let run = |i: u64| self.runs.get(i as usize).copied().unwrap_or(0);
-        while begin < end && run(begin) == 0 {
+        while begin < end && (run(begin) == 0 || begin + run(begin) > end) {
             begin += 1;
         }
-        let mut last = begin;
-        while last < end && run(last) > 0 && last + run(last) <= end {
-            last += run(last);
+        if begin < end {
+            (begin, begin + run(begin))
+        } else {
+            (begin, begin)
         }
-        (begin, last)
+    }
+
+    /// Coarse handles: releases, then unmaps the run starting at page `i` (its memory is
+    /// freed at the unmap). A failed release changes nothing; after a failed unmap the run
+    /// stays mapped, marked released, and the next call only unmaps it.
+    fn unmap_run(&mut self, dev: &mut dyn Device, i: u64) -> Result<(), DeviceError> {
+        let n = self.runs.get(i as usize).copied().unwrap_or(0);
+        let Some(h) = self.handles.get(i as usize).copied().flatten() else {
+            return Ok(());
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        if !self.released.contains(&i) {
+            dev.release_physical(h)?;
+            self.released.push(i);
+        }
+        dev.unmap(self.va + i * self.page, n * self.page)?;
+        self.released.retain(|&r| r != i);
+        self.handles[i as usize..(i + n) as usize].fill(None);
+        self.runs[i as usize] = 0;
+        while self.handles.last().is_some_and(Option::is_none) {
+            self.handles.pop();
+        }
+        Ok(())
     }
 
     /// `unmapHandles`: unmaps and releases pages `begin..end`, one page at a time (with
-    /// coarse handles, one run at a time: the range must hold whole runs).
+    /// coarse handles: the one run `begin..end`, see [`ExpandableSegment::unmap_run`]).
     fn unmap(&mut self, dev: &mut dyn Device, begin: u64, end: u64) -> Result<(), DeviceError> {
         if self.coarse {
-            let mut i = begin;
-            while i < end {
-                let n = self.runs.get(i as usize).copied().unwrap_or(0).max(1);
-                if let Some(h) = self.handles.get(i as usize).copied().flatten() {
-                    dev.unmap(self.va + i * self.page, n * self.page)?;
-                    self.handles[i as usize..(i + n) as usize].fill(None);
-                    self.runs[i as usize] = 0;
-                    dev.release_physical(h)?;
-                }
-                i += n;
-            }
-            while self.handles.last().is_some_and(Option::is_none) {
-                self.handles.pop();
-            }
-            return Ok(());
+            debug_assert_eq!(self.runs.get(begin as usize).copied(), Some(end - begin));
+            return self.unmap_run(dev, begin);
         }
         for i in begin..end {
             let Some(h) = self.handles.get(i as usize).copied().flatten() else {
@@ -258,6 +288,7 @@ impl TorchCachingPool {
             pool,
             handles: Vec::new(),
             runs: Vec::new(),
+            released: Vec::new(),
             coarse: self.coarse_handles,
         }));
         let i = self.slab.insert(Block {
@@ -341,8 +372,18 @@ impl TorchCachingPool {
     ) -> Result<Option<u32>, DeviceError> {
         let mut c = self.find_expandable_block(dev, stream, pool, size)?;
         let cb = *self.slab.get(c);
-        if !cb.mapped && !self.map_block(dev, c, cb.size.min(size))? {
-            return Ok(None);
+        if !cb.mapped {
+            let mapped = self.map_block(dev, c, cb.size.min(size));
+            if !matches!(mapped, Ok(true)) {
+                // Coarse handles (not PyTorch): a segment left with nothing mapped gives its
+                // range back at once instead of waiting for a later request.
+                if self.coarse_handles && cb.prev == NIL && cb.next == NIL {
+                    self.release_expandable_segment(dev, c)
+                        .or_else(|_| self.release_expandable_segment(dev, c))?;
+                }
+                mapped?;
+                return Ok(None);
+            }
         }
         while self.slab.get(c).size < size {
             let remaining = size - self.slab.get(c).size;
@@ -380,8 +421,8 @@ impl TorchCachingPool {
         let mut begin = (b.addr - es.va).div_ceil(es.page);
         let mut end = (b.addr + b.size - es.va) / es.page;
         if es.coarse {
-            // A handle is unmapped whole or not at all.
-            (begin, end) = es.whole_runs(begin, end);
+            // A handle is unmapped whole or not at all, one per call (the caller repeats).
+            (begin, end) = es.first_whole_run(begin, end);
         }
         if begin >= end {
             return Ok((0, i));

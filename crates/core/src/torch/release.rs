@@ -58,6 +58,11 @@ impl TorchCachingPool {
                 self.release_expandable_segment(dev, u)?;
             }
         }
+        if self.coarse_handles && released > 0 {
+            // Coarse handles: each unmap_block gave back one handle; go on until a pass
+            // gives nothing.
+            released += self.release_pool(dev, pool)?;
+        }
         Ok(released)
     }
 
