@@ -328,8 +328,10 @@ fn op() -> impl proptest::strategy::Strategy<Value = Op> {
     ]
 }
 
-/// The settings the property test runs under, each with a 128 MiB device.
-const PROP_CONFS: [&str; 6] = [
+/// The settings the property test runs under, each with a 128 MiB device (`paged-lazy`:
+/// [`TorchCachingPool::paged_lazy`], expandable segments with coarse handles).
+const PROP_CONFS: [&str; 7] = [
+    "paged-lazy",
     "",
     "max_split_size_mb:20",
     "roundup_power2_divisions:[1:2,4:4,>:8]",
@@ -345,7 +347,12 @@ proptest::proptest! {
         conf in 0usize..PROP_CONFS.len(),
     ) {
         let mut d = SimDevice::new(128 * MIB);
-        let mut t = TorchCachingPool::with_conf(TorchConfig::parse(PROP_CONFS[conf]).unwrap());
+        let coarse = PROP_CONFS[conf] == "paged-lazy";
+        let mut t = if coarse {
+            TorchCachingPool::paged_lazy(&AllocatorConfig::default())
+        } else {
+            TorchCachingPool::with_conf(TorchConfig::parse(PROP_CONFS[conf]).unwrap())
+        };
         // user address -> end of the user's bytes
         let mut live: BTreeMap<u64, u64> = BTreeMap::new();
         let mut nulls = 0u64;
@@ -411,9 +418,10 @@ proptest::proptest! {
         t.validate().unwrap();
         let (segs, reserved, maps, handles) = d.live_objects();
         proptest::prop_assert_eq!((segs, maps, handles), (0, 0, 0));
-        if !t.conf().expandable_segments {
+        if !t.conf().expandable_segments || coarse {
             // (An expandable segment whose first mapping ran out of memory keeps its range
-            // with nothing mapped, as in PyTorch: release_blocks only visits mapped blocks.)
+            // with nothing mapped, as in PyTorch: release_blocks only visits mapped blocks.
+            // With coarse handles it gives the range back at once.)
             proptest::prop_assert_eq!(reserved, 0);
         }
         proptest::prop_assert_eq!(t.stats().reserved_bytes.current, 0);
@@ -675,4 +683,70 @@ fn expandable_segments_fault_at_every_call_changes_nothing() {
         free(&mut t, &mut d, a.addr);
         t.validate().unwrap();
     }
+}
+
+/// `paged-lazy` ([`TorchCachingPool::paged_lazy`]): the placement and figures of
+/// `expandable_segments:True`, but one handle per growth.
+#[test]
+fn coarse_handles_map_a_growth_in_three_calls_and_place_as_pytorch() {
+    use crate::device::DriverCall;
+    let mut d = SimDevice::new(1 << 30);
+    let mut t = TorchCachingPool::paged_lazy(&AllocatorConfig::default());
+    let (mut e, mut ed) = with("expandable_segments:True", 1 << 30);
+    assert_eq!(t.name(), "paged-lazy");
+    let sizes = [5 * MIB, 100 * MIB, 1000, 30 * MIB];
+    let blocks: Vec<Block> = sizes.iter().map(|&s| alloc(&mut t, &mut d, s)).collect();
+    let same: Vec<Block> = sizes.iter().map(|&s| alloc(&mut e, &mut ed, s)).collect();
+    // PyTorch's placement to the byte, in another address range.
+    let offsets = |v: &[Block]| -> Vec<u64> { v.iter().map(|b| b.addr - v[0].addr).collect() };
+    assert_eq!(offsets(&blocks[..2]), offsets(&same[..2]));
+    assert_eq!(t.stats(), e.stats());
+    // Growths: 20 MiB (5 MiB block), 100 MiB more (5 pages), a small-pool page, 20 MiB
+    // more: four handles, where PyTorch creates and maps 1 + 5 + 1 + 1.
+    let calls = |d: &SimDevice| {
+        let c = d.counters();
+        [DriverCall::Create, DriverCall::Map, DriverCall::SetAccess].map(|k| c.get(k))
+    };
+    assert_eq!(calls(&d), [4, 4, 4]);
+    assert_eq!(calls(&ed), [8, 8, 4]);
+    // A repeated step finds its pages mapped: no call.
+    let before = d.calls_made();
+    for b in &blocks {
+        free(&mut t, &mut d, b.addr);
+    }
+    for &s in &sizes {
+        let b = alloc(&mut t, &mut d, s);
+        free(&mut t, &mut d, b.addr);
+    }
+    assert_eq!(d.calls_made(), before);
+    assert_eq!(t.empty_cache(&mut d).unwrap(), 142 * MIB);
+    t.validate().unwrap();
+    assert_eq!(d.live_objects(), (0, 0, 0, 0));
+}
+
+/// A handle is unmapped whole or not at all: `empty_cache` gives back the handles that lie
+/// whole inside free blocks and keeps one that a live block still touches, where PyTorch
+/// (a handle per 20 MiB page) unmaps the free pages of it.
+#[test]
+fn coarse_handles_unmap_only_whole_handles() {
+    let mut d = SimDevice::new(1 << 30);
+    let mut t = TorchCachingPool::paged_lazy(&AllocatorConfig::default());
+    let (mut e, mut ed) = with("expandable_segments:True", 1 << 30);
+    for (t, d) in [(&mut t, &mut d), (&mut e, &mut ed)] {
+        // [a 30 MiB | b 5 MiB | 5 MiB free]: one 40 MiB growth.
+        let a = alloc(t, d, 30 * MIB);
+        let b = alloc(t, d, 5 * MIB);
+        let c = alloc(t, d, 50 * MIB); // a second growth, its own handle
+        free(t, d, a.addr);
+        free(t, d, c.addr);
+        t.empty_cache(d).unwrap();
+        t.validate().unwrap();
+        free(t, d, b.addr);
+    }
+    // Coarse: the 60 MiB handle of `c` (minus nothing) went, the 40 MiB one that `b`
+    // touches stayed; PyTorch also unmapped the first 20 MiB page, free under `a`.
+    assert_eq!(t.stats().reserved_bytes.current, 40 * MIB);
+    assert_eq!(e.stats().reserved_bytes.current, 20 * MIB);
+    assert_eq!(t.empty_cache(&mut d).unwrap(), 40 * MIB);
+    assert_eq!(d.live_objects(), (0, 0, 0, 0));
 }
