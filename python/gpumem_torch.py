@@ -23,8 +23,8 @@ or a dict. Keys: strategy (paged-lazy, the default; paged, torch, tlsf, buddy, b
 stream semantics, the default; pool: gpumem's DevicePool), reserve, release_threshold,
 max_cached_block, shard_cache, segment (sizes such as 256MiB or 4GiB), page_cache_pages
 (a whole number), placement (paged-lazy: segments, the default, or pages), headroom
-(paged-lazy pages: a fraction such as 0.02), max_handle, map_ahead and
-min_growth (paged-lazy: sizes), backend (cuda, or sim for tests without a GPU), sim_capacity.
+(paged-lazy pages: a fraction such as 0.02), max_handle and map_ahead (paged-lazy pages:
+sizes), backend (cuda, or sim for tests without a GPU), sim_capacity.
 """
 
 import contextlib
@@ -58,7 +58,6 @@ KEYS = (
     "headroom",
     "max_handle",
     "map_ahead",
-    "min_growth",
     "backend",
     "sim_capacity",
 )
@@ -66,7 +65,7 @@ STRATEGIES = ("paged", "paged-lazy", "paged_lazy", "lazy", "torch", "tlsf", "bud
               "bestfit", "best_fit")
 _SIZE = re.compile(r"^[0-9][0-9_]*(\.[0-9]+)?\s*([KMGT]i?B?|[KMGT]B|B)?$", re.IGNORECASE)
 _SIZE_KEYS = ("reserve", "release_threshold", "max_cached_block", "shard_cache", "segment",
-              "max_handle", "map_ahead", "min_growth",
+              "max_handle", "map_ahead",
               "sim_capacity")
 
 _LIB = None  # the ctypes handle

@@ -76,9 +76,7 @@ pub struct ReplayArgs {
     /// placement, which the other keys tune), `headroom` (fraction of the peak of allocated bytes it
     /// may hold above that peak before it moves idle pages instead of creating them; 0),
     /// `max_handle` (largest physical handle; 1GiB), `map_ahead` (bytes mapped ahead of a
-    /// block below the headroom; 1GiB), `min_growth` (fewest bytes a request under 10 MiB
-    /// maps when it maps pages, as PyTorch's 20 MiB segments; 20MiB). E.g.
-    /// `headroom=0.02,max_handle=64MiB`.
+    /// block below the headroom; 1GiB). E.g. `placement=pages,headroom=0.02`.
     #[arg(long, value_name = "CONF")]
     pub lazy_conf: Option<String>,
 }
@@ -89,14 +87,14 @@ pub fn lazy_conf(text: &str) -> Result<gpumem::core::config::LazyConfig> {
     for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
         let Some((key, value)) = item.split_once('=') else {
             anyhow::bail!(
-                "--lazy-conf: `{item}` is not key=value (keys: placement, headroom, max_handle, map_ahead, min_growth)"
+                "--lazy-conf: `{item}` is not key=value (keys: placement, headroom, max_handle, map_ahead)"
             );
         };
         let (key, value) = (key.trim(), value.trim());
         match gpumem::lazy_conf::apply(&mut c, key, value) {
             Ok(true) => {}
             Ok(false) => anyhow::bail!(
-                "--lazy-conf: unknown key `{key}` (expected placement, headroom, max_handle, map_ahead or min_growth)"
+                "--lazy-conf: unknown key `{key}` (expected placement, headroom, max_handle or map_ahead)"
             ),
             Err(why) => anyhow::bail!("--lazy-conf: bad value `{value}` for `{key}`: {why}"),
         }
@@ -593,11 +591,10 @@ pub fn run(a: ReplayArgs) -> Result<()> {
                     "paged-lazy: placement=segments (PyTorch's expandable segments, one handle per growth) ({source})"
                 ),
                 LazyPlacement::Pages => eprintln!(
-                    "paged-lazy: placement=pages,headroom={},max_handle={},map_ahead={},min_growth={} ({source})",
+                    "paged-lazy: placement=pages,headroom={},max_handle={},map_ahead={} ({source})",
                     f64::from(l.headroom_bp) / 10_000.0,
                     human_bytes(l.handle_bytes),
                     human_bytes(l.ahead_bytes),
-                    human_bytes(l.min_growth_bytes),
                 ),
             }
         }
@@ -677,12 +674,11 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         if r.name == "paged-lazy" {
             let l = config.lazy;
             ja.lazy_conf = Some(format!(
-                "placement={},headroom={},max_handle={},map_ahead={},min_growth={}",
+                "placement={},headroom={},max_handle={},map_ahead={}",
                 l.placement.name(),
                 f64::from(l.headroom_bp) / 10_000.0,
                 l.handle_bytes,
-                l.ahead_bytes,
-                l.min_growth_bytes
+                l.ahead_bytes
             ));
         }
         ja.simulated_peak_reserved_bytes = r.simulated_peak_reserved_bytes;

@@ -989,11 +989,11 @@ fn lazy_conf_sets_the_paged_lazy_trade_and_names_bad_items() {
     let small = run("placement=pages,max_handle=2MiB,map_ahead=0");
     assert_eq!(
         default["lazy_conf"],
-        "placement=segments,headroom=0,max_handle=1073741824,map_ahead=1073741824,min_growth=33554432"
+        "placement=segments,headroom=0,max_handle=1073741824,map_ahead=1073741824"
     );
     assert_eq!(
         small["lazy_conf"],
-        "placement=pages,headroom=0,max_handle=2097152,map_ahead=0,min_growth=33554432"
+        "placement=pages,headroom=0,max_handle=2097152,map_ahead=0"
     );
     // The two placements are different allocators: not the same peak and calls.
     assert_ne!(
@@ -1012,10 +1012,7 @@ fn lazy_conf_sets_the_paged_lazy_trade_and_names_bad_items() {
         ("headroom=2%", ["`2%`", "`headroom`"]),
         (
             "colour=red",
-            [
-                "`colour`",
-                "placement, headroom, max_handle, map_ahead or min_growth",
-            ],
+            ["`colour`", "placement, headroom, max_handle or map_ahead"],
         ),
         ("max_handle=0", ["max_handle", "above 0"]),
         ("placement=torch", ["`placement`", "segments or pages"]),

@@ -61,20 +61,6 @@ pub struct LazyConfig {
     pub handle_bytes: u64,
     /// Most bytes mapped ahead of a block while below the headroom. Default 1 GiB.
     pub ahead_bytes: u64,
-    /// Page placement only: fewest bytes a request under
-    /// [`LazyConfig::SMALL_REQUEST_BYTES`] maps when it must map pages and its own pages fit
-    /// under the page limit (the block's pages and free pages after it, in one handle, new
-    /// or cached, even above the limit). PyTorch's caching allocator gives such a request a
-    /// 20 MiB segment (`kLargeBuffer`) for the same reason: a run of small blocks then
-    /// costs one mapping, not one each. Default 32 MiB (the best of 10–64 MiB on the
-    /// validation traces, BENCHMARKS.md); 0 maps only what the block needs.
-    pub min_growth_bytes: u64,
-}
-
-impl LazyConfig {
-    /// Requests below this many bytes map at least [`LazyConfig::min_growth_bytes`]
-    /// (PyTorch's `kMinLargeAlloc`, 10 MiB).
-    pub const SMALL_REQUEST_BYTES: u64 = 10 << 20;
 }
 
 impl Default for LazyConfig {
@@ -84,7 +70,6 @@ impl Default for LazyConfig {
             headroom_bp: 0,
             handle_bytes: 1 << 30,
             ahead_bytes: 1 << 30,
-            min_growth_bytes: 32 << 20,
         }
     }
 }

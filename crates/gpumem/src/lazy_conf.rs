@@ -4,18 +4,12 @@
 use gpumem_core::config::{LazyConfig, LazyPlacement};
 
 /// The keys [`apply`] knows.
-pub const KEYS: [&str; 5] = [
-    "placement",
-    "headroom",
-    "max_handle",
-    "map_ahead",
-    "min_growth",
-];
+pub const KEYS: [&str; 4] = ["placement", "headroom", "max_handle", "map_ahead"];
 
-/// Applies one item to `c`: `placement` (`segments` or `pages`), `headroom` (a fraction of the peak of allocated bytes, 0 to 10,
-/// e.g. `0.02`), `max_handle` (a size above 0, rounded down to whole pages, at least one
-/// page), `map_ahead` and `min_growth` (sizes; sizes as [`crate::units::parse_size`] reads
-/// them). Returns `Ok(false)` (and changes nothing) for a key that is not one of [`KEYS`].
+/// Applies one item to `c`: `placement` (`segments` or `pages`), `headroom` (a fraction of
+/// the peak of allocated bytes, 0 to 10, e.g. `0.02`), `max_handle` (a size above 0, rounded
+/// down to whole pages, at least one page), `map_ahead` (a size; sizes as
+/// [`crate::units::parse_size`] reads them). Returns `Ok(false)` (and changes nothing) for a key that is not one of [`KEYS`].
 ///
 /// # Errors
 /// What was expected, for a bad value of a known key (`c` unchanged).
@@ -46,7 +40,6 @@ pub fn apply(c: &mut LazyConfig, key: &str, value: &str) -> Result<bool, String>
             c.handle_bytes = v;
         }
         "map_ahead" => c.ahead_bytes = crate::units::parse_size(value)?,
-        "min_growth" => c.min_growth_bytes = crate::units::parse_size(value)?,
         _ => return Ok(false),
     }
     Ok(true)
@@ -65,15 +58,9 @@ mod tests {
         assert_eq!(apply(&mut c, "headroom", "0.02"), Ok(true));
         assert_eq!(apply(&mut c, "max_handle", "64MiB"), Ok(true));
         assert_eq!(apply(&mut c, "map_ahead", "0"), Ok(true));
-        assert_eq!(apply(&mut c, "min_growth", "8MiB"), Ok(true));
         assert_eq!(
-            (
-                c.headroom_bp,
-                c.handle_bytes,
-                c.ahead_bytes,
-                c.min_growth_bytes
-            ),
-            (200, 64 << 20, 0, 8 << 20)
+            (c.headroom_bp, c.handle_bytes, c.ahead_bytes),
+            (200, 64 << 20, 0)
         );
         let before = c;
         assert_eq!(apply(&mut c, "colour", "red"), Ok(false));
@@ -83,7 +70,6 @@ mod tests {
             ("headroom", "nan"),
             ("max_handle", "0"),
             ("map_ahead", "lots"),
-            ("min_growth", "-1"),
             ("placement", "torch"),
         ] {
             assert!(apply(&mut c, k, v).is_err(), "{k}={v}");

@@ -15,11 +15,10 @@
 //! | `shard_cache` | `mode=pool`: bytes one thread's cache may hold before it is flushed | 2 GiB |
 //! | `segment` | segment size of the segmented strategies (`tlsf`, `buddy`, `best-fit`) | 256 MiB |
 //! | `page_cache_pages` | free physical pages `paged` keeps before releasing them | 1024 |
-//! | `placement` | `paged-lazy`: `segments` (PyTorch's expandable segments, one physical handle per growth) or `pages` (gpumem's page placement, which `headroom`, `max_handle`, `map_ahead` and `min_growth` tune) | `segments` |
+//! | `placement` | `paged-lazy`: `segments` (PyTorch's expandable segments, one physical handle per growth) or `pages` (gpumem's page placement, which `headroom`, `max_handle` and `map_ahead` tune) | `segments` |
 //! | `headroom` | `paged-lazy`: fraction of the peak of allocated bytes it may hold above that peak in idle pages before it moves pages instead of creating them (`0.02` = 2 %) | 0 |
 //! | `max_handle` | `paged-lazy`: largest physical handle (runs of new pages are cut into powers of two of pages) | 1 GiB |
 //! | `map_ahead` | `paged-lazy`: most bytes mapped ahead of a block while below the headroom | 1 GiB |
-//! | `min_growth` | `paged-lazy`: fewest bytes a request under 10 MiB maps when it maps pages (as PyTorch's 20 MiB segments) | 20 MiB |
 //! | `backend` | `cuda`, or `sim` (the simulated device: tests without a GPU) | `cuda` |
 //! | `sim_capacity` | capacity of the simulated device | 80 GiB |
 //!
@@ -36,7 +35,7 @@ use gpumem_core::config::AllocatorConfig;
 use gpumem_core::registry;
 
 /// Keys `GPUMEM_CONF` accepts, in the order of the table above.
-pub const KEYS: [&str; 15] = [
+pub const KEYS: [&str; 14] = [
     "strategy",
     "mode",
     "reserve",
@@ -49,7 +48,6 @@ pub const KEYS: [&str; 15] = [
     "headroom",
     "max_handle",
     "map_ahead",
-    "min_growth",
     "backend",
     "sim_capacity",
 ];
@@ -200,7 +198,7 @@ fn apply(c: &mut Conf, key: &str, value: &str) -> Result<(), ConfError> {
                 .parse()
                 .map_err(|_| bad("expected a whole number of pages".into()))?
         }
-        "placement" | "headroom" | "max_handle" | "map_ahead" | "min_growth" => {
+        "placement" | "headroom" | "max_handle" | "map_ahead" => {
             gpumem::lazy_conf::apply(&mut c.allocator.lazy, key, value).map_err(bad)?;
         }
         "backend" => {

@@ -6,12 +6,11 @@
 //! unmapping them at once. The strategy's default placement is PyTorch's expandable segments
 //! with one physical handle per growth ([`crate::torch::TorchCachingPool::paged_lazy`]):
 //! measured on eleven real traces and seven perturbations of each (BENCHMARKS.md, issue 11),
-//! it meets the driver-call and driver-time targets far more often (133 of 154 against 59)
-//! for a peak that this placement keeps lower on varied shapes (28 of 77 traces within
-//! 1.02 × peak requested against 21). Use this one where memory is tighter than calls.
+//! that one meets the driver-call and driver-time targets far more often (133 of 154 against
+//! 46 for this one), and this one keeps the peak within 1.02 × requested on more of them (28
+//! of 77 against 21). Use this one where memory is tighter than calls.
 //!
-//! Measured on the shipped traces (`gpumem replay T --allocator paged,paged-lazy,torch
-//! --lazy-conf placement=pages`, before the least-recently-used order and the minimum growth,
+//! Measured on the shipped traces (`gpumem replay T --allocator paged,paged-lazy,torch`,
 //! BENCHMARKS.md, issue 11): peak reserved / peak requested 1.005–1.020 on the training
 //! traces (resnet_train, gpt2_train, the BERT fine-tune) against `paged`'s 1.001–1.004, and
 //! 0–96 driver calls in their second half against 1,783–43,217; on random churn
@@ -39,18 +38,11 @@
 //!   unmapped and mapped where they are needed (cuMemUnmap + cuMemMap + cuMemSetAccess, no
 //!   create or release), so the peak of `reserved_bytes` only moves when that is not enough.
 //!   The headroom is the memory traded for calls: idle pages a later step finds mapped.
-//!   Idle extents are taken least recently used first (the clock of their last placement or
-//!   free): in a repeated step those are needed again last. Taking the largest first moved
-//!   a BERT step's 96 MiB block one place down every step, 262 calls in the second half of a
-//!   fixed-shape run that now makes none.
 //! - **Mapping ahead.** Below the limit, a block that maps pages also maps up to
-//!   [`LazyPagedPool::with_ahead_bytes`] more free pages after it, and a request under
-//!   10 MiB whose own pages fit under the limit maps at least
-//!   [`LazyPagedPool::with_min_growth_bytes`] (32 MiB) even above it, as PyTorch gives such
-//!   a request a 20 MiB segment. The pages ahead join the block's last run of new pages (one
-//!   handle, one cuMemMap, one cuMemSetAccess): a growing pool pays per call and per mapping,
-//!   and cuMemSetAccess of one 1 GiB mapping costs about 4 × one of 2 MiB on an H200, not
-//!   512 ×, so fewer, larger spans cost less for the same bytes.
+//!   [`LazyPagedPool::with_ahead_bytes`] more free pages after it, in handles of their own
+//!   but the same cuMemSetAccess: a growing pool pays per call and per mapping, and
+//!   cuMemSetAccess of one 1 GiB mapping costs about 4 × one of 2 MiB on an H200, not 512 ×,
+//!   so fewer, larger spans cost less for the same bytes.
 //! - **Handles.** Each run of new pages is cut into handles of a power of two of pages,
 //!   largest first, at most [`LazyConfig::handle_bytes`](crate::config::LazyConfig::handle_bytes)
 //!   (one cuMemCreate and one cuMemMap each; at most log2 of the run's pages handles): a
@@ -164,8 +156,6 @@ pub struct LazyPagedPool {
     headroom: f64,
     /// Most bytes mapped ahead of need by one allocation.
     ahead_bytes: u64,
-    /// Fewest bytes a small request maps when it maps pages.
-    min_growth_bytes: u64,
     /// Largest handle created, in pages (0 until the page size is known: then
     /// `handle_bytes / page_bytes`).
     handle_pages: u64,
@@ -199,8 +189,6 @@ pub struct LazyPagedPool {
     quick_slots: usize,
     /// Figures in PyTorch's vocabulary.
     tracker: StatsTracker,
-    /// Counts placements and frees: the time stamp of an extent's last use.
-    clock: u64,
 }
 
 impl LazyPagedPool {
@@ -211,7 +199,6 @@ impl LazyPagedPool {
             cache_limit: config.page_cache_pages,
             headroom: f64::from(config.lazy.headroom_bp) / 10_000.0,
             ahead_bytes: config.lazy.ahead_bytes,
-            min_growth_bytes: config.lazy.min_growth_bytes,
             handle_pages: 0,
             handle_bytes: config.lazy.handle_bytes,
             va_chunk_bytes: 0,
@@ -227,7 +214,6 @@ impl LazyPagedPool {
             quick_bytes: 0,
             quick_slots: QUICK_SLOTS,
             tracker: StatsTracker::default(),
-            clock: 0,
         }
     }
 
@@ -251,16 +237,6 @@ impl LazyPagedPool {
     /// Default [`LazyConfig::ahead_bytes`](crate::config::LazyConfig::ahead_bytes) of the config.
     pub fn with_ahead_bytes(mut self, bytes: u64) -> Self {
         self.ahead_bytes = bytes;
-        self
-    }
-
-    /// Sets the fewest bytes a request under
-    /// [`LazyConfig::SMALL_REQUEST_BYTES`](crate::config::LazyConfig::SMALL_REQUEST_BYTES)
-    /// maps when it has to map pages: its own and free pages after it, in the same handle,
-    /// even above the page limit (0: only its own). Default
-    /// [`LazyConfig::min_growth_bytes`](crate::config::LazyConfig::min_growth_bytes) of the config.
-    pub fn with_min_growth_bytes(mut self, bytes: u64) -> Self {
-        self.min_growth_bytes = bytes;
         self
     }
 
@@ -351,21 +327,8 @@ impl LazyPagedPool {
             .chain(self.quick.iter().map(|q| (q.addr, q.bytes)))
     }
 
-    /// Stamps the extents under `[addr, addr + bytes)` as used now (placed or freed).
-    fn touch(&mut self, addr: u64, bytes: u64) {
-        self.clock += 1;
-        let p = self.page_bytes;
-        if let Some(ri) = self.res_of(addr) {
-            let r = &mut self.reservations[ri];
-            let a = ((addr - r.va) / p) as usize;
-            let b = ((addr + bytes - 1 - r.va) / p) as usize;
-            r.touch(a, b, self.clock);
-        }
-    }
-
     /// Records a new live block.
     fn commit_live(&mut self, addr: u64, bytes: u64, requested: u64) -> Block {
-        self.touch(addr, bytes);
         self.live.insert(addr, LiveBlock { bytes, requested });
         self.tracker.on_alloc(requested, bytes);
         Block {
@@ -460,7 +423,6 @@ impl LazyPagedPool {
             .ok_or_else(|| AllocError::Internal(format!("block {addr:#x} outside VA")))?;
         let r = &self.reservations[ri];
         self.space.give(addr, bytes, r.va, r.end(), true);
-        self.touch(addr, bytes);
         Ok(())
     }
 

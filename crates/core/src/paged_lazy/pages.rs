@@ -5,7 +5,6 @@
 use super::LazyPagedPool;
 use crate::align::align_up;
 use crate::device::{DeviceError, PhysHandle};
-use crate::hash::AddrMap;
 use crate::paged::slots::SlotTable;
 use crate::paged::CachedHandle;
 use crate::{AllocError, Device};
@@ -37,9 +36,6 @@ pub(super) struct Reservation {
     /// Mapped extents: first page -> pages (what the idle-extent search walks, instead of
     /// every page slot of the range).
     pub(super) extents: std::collections::BTreeMap<usize, u64>,
-    /// When each mapped extent was last used: first page -> the pool's clock when a block
-    /// over it was last placed or freed (the order in which idle extents are taken).
-    stamps: AddrMap<usize, u64>,
 }
 
 /// Two Fenwick trees (1-based) over the differences `d[i] = m[i] − m[i − 1]` of the mapped
@@ -106,18 +102,6 @@ impl Reservation {
             pages: SlotTable::new(npages),
             count: MappedCount::new(npages),
             extents: std::collections::BTreeMap::new(),
-            stamps: AddrMap::default(),
-        }
-    }
-
-    /// Stamps every extent that pages `[a, b]` touch with `clock`. O(log extents + extents
-    /// touched).
-    pub(super) fn touch(&mut self, a: usize, b: usize, clock: u64) {
-        let first = self.extents.range(..=a).next_back().map_or(a, |(&i, _)| i);
-        for (&i, &n) in self.extents.range(first..=b) {
-            if i + n as usize > a {
-                self.stamps.insert(i, clock);
-            }
         }
     }
 
@@ -141,7 +125,6 @@ impl Reservation {
             return;
         };
         self.extents.insert(first, h.pages);
-        self.stamps.insert(first, 0);
         // Runs of slots that were unmapped are marked mapped, one O(log) update each.
         let mut run: Option<usize> = None;
         let mut end = first;
@@ -171,7 +154,6 @@ impl Reservation {
         let pg = (*self.pages.get(first)?)?;
         let n = pg.ext_pages as usize;
         self.extents.remove(&first);
-        self.stamps.remove(&first);
         // Runs of slots that were mapped are marked unmapped, one O(log) update each.
         let mut run: Option<usize> = None;
         let mut end = first;
@@ -225,8 +207,6 @@ struct Idle {
     res: usize,
     first: usize,
     pages: u64,
-    /// Last use (see [`Reservation::touch`]).
-    stamp: u64,
 }
 
 impl LazyPagedPool {
@@ -330,7 +310,6 @@ impl LazyPagedPool {
                         res: ri,
                         first: i,
                         pages: n as u64,
-                        stamp: r.stamps.get(&i).copied().unwrap_or(0),
                     });
                 }
             }
@@ -393,30 +372,13 @@ impl LazyPagedPool {
         let p0 = ((addr - base) / p) as usize;
         let p1 = ((addr + bytes - 1 - base) / p) as usize;
         let need = (p1 - p0 + 1) as u64 - r.mapped_in(p0, p1 + 1);
-        let mut limit = self.page_limit(bytes);
+        let limit = self.page_limit(bytes);
         let held = self.held_pages();
-        // Pages after the block, free and unmapped, to map ahead of need: within the page
-        // limit, and for a small request whose own pages fit under the limit, up to the
-        // minimum growth even above it (new or cached pages: never moved from elsewhere).
+        // Pages after the block, free and unmapped, to map ahead of need.
         let mut ahead = 0usize;
-        let below_limit = if held + need < limit {
-            (limit - held - need).min(self.ahead_bytes / p)
-        } else {
-            0
-        };
-        let min_growth =
-            if bytes < crate::config::LazyConfig::SMALL_REQUEST_BYTES && held + need <= limit {
-                // At most 1/64 of the peak of allocated bytes: never more than 1.6 % of idle
-                // pages at the top for a small pool.
-                let s = &self.tracker.stats.allocated_bytes;
-                let peak = s.peak.max(s.current + bytes);
-                (self.min_growth_bytes.min(peak / 64) / p).saturating_sub(need)
-            } else {
-                0
-            };
-        if need > 0 && below_limit.max(min_growth) > 0 {
-            let room = below_limit
-                .max(min_growth)
+        if need > 0 && held + need < limit {
+            let room = (limit - held - need)
+                .min(self.ahead_bytes / p)
                 .min(dev.capacity_bytes().saturating_sub(dev.used_bytes()) / p);
             let free_end = self
                 .space
@@ -434,12 +396,9 @@ impl LazyPagedPool {
                 ahead += 1;
             }
         }
-        if min_growth > 0 {
-            limit = limit.max(held + need + ahead as u64);
-        }
         let last = p1 + ahead;
-        // Runs of unmapped pages to fill; the pages mapped ahead join the block's last run
-        // (one handle, one mapping: a growing pool pays per call).
+        // Runs of unmapped pages to fill; the pages mapped ahead get a handle of their own,
+        // so that either can move once idle without the other.
         let mut gaps: Vec<(usize, u64)> = Vec::new();
         if need > 0 {
             let mut start = None;
@@ -458,10 +417,7 @@ impl LazyPagedPool {
             }
         }
         if ahead > 0 {
-            match gaps.last_mut() {
-                Some(g) if g.0 + g.1 as usize == p1 + 1 => g.1 += ahead as u64,
-                _ => gaps.push((p1 + 1, ahead as u64)),
-            }
+            gaps.push((p1 + 1, ahead as u64));
         }
         // Handles of a power of two of pages, at most `handle_pages`: a handle moves only
         // whole and only once no block touches it, so smaller handles let the pool take back
@@ -513,11 +469,7 @@ impl LazyPagedPool {
         if left > 0 && self.held_pages() + left > limit {
             // Above the limit: move idle extents here instead of creating.
             let mut idle = self.idle_extents(ri, p0, last + 1);
-            // Least recently used first (then the largest): in a repeated step, the pages
-            // idle longest are those needed again last, so taking them does not undo the
-            // layout the next allocations of the step will look for (taking the largest
-            // first moved a block's pages to its successor, step after step).
-            idle.sort_unstable_by_key(|e| (e.stamp, std::cmp::Reverse(e.pages), e.res, e.first));
+            idle.sort_unstable_by_key(|e| std::cmp::Reverse((e.pages, e.res, e.first)));
             let mut still: Vec<(usize, u64)> = Vec::new();
             for &(page, n) in &missing {
                 let (mut at, mut rest) = (page, n);

@@ -17,7 +17,9 @@
 //! and opens it once (3 driver calls however many pages), and a release of the cache
 //! unmaps and releases only the handles that lie whole inside a free block (`whole_runs`):
 //! a handle is unmapped whole or not at all. Placement and figures are unchanged; a
-//! partly used handle stays mapped where PyTorch would unmap its free pages.
+//! partly used handle stays mapped where PyTorch would unmap its free pages. A segment
+//! reserves at least 64 GiB of address space (PyTorch: 1⅛ × the device memory, more than
+//! that on an H200), and one whose first mapping failed gives its range back at once.
 use crate::device::{DeviceError, PhysHandle};
 use crate::Device;
 
@@ -228,6 +230,9 @@ impl ExpandableSegment {
     }
 }
 
+/// Least address space a segment with coarse handles reserves (64 GiB).
+const COARSE_MIN_RANGE_BYTES: u64 = 64 << 30;
+
 impl TorchCachingPool {
     /// Whether block `i` exists and is not allocated (`allocatable`).
     fn allocatable(&self, i: u32) -> bool {
@@ -270,7 +275,15 @@ impl TorchCachingPool {
         }
         let page = pool.expandable_page_bytes();
         let total = dev.capacity_bytes();
-        let max_pages = (total.saturating_add(total / 8)).div_ceil(page).max(1);
+        let mut range = total.saturating_add(total / 8);
+        if self.coarse_handles {
+            // Coarse handles (not PyTorch): at least 64 GiB of address space, so that on a
+            // small device the range never refuses a request before the device does (the
+            // smallest-capacity search assumes that only the device's answers depend on
+            // its capacity). On an H200, 1⅛ × its memory is more anyway.
+            range = range.max(COARSE_MIN_RANGE_BYTES);
+        }
+        let max_pages = range.div_ceil(page).max(1);
         let bytes = page.saturating_mul(max_pages);
         let va = dev.reserve_va(bytes)?;
         if va == 0 {
