@@ -170,7 +170,8 @@ struct JsonAllocator {
     /// `torch`: the PYTORCH_CUDA_ALLOC_CONF emulated (`native` for the defaults).
     #[serde(skip_serializing_if = "Option::is_none")]
     torch_conf: Option<String>,
-    /// `paged-lazy`: its trade (`headroom=…,max_handle=…,map_ahead=…`, in bytes).
+    /// `paged-lazy`: its settings (`placement=…,headroom=…,max_handle=…,map_ahead=…`, sizes in
+    /// bytes; `headroom`, `max_handle` and `map_ahead` act with `placement=pages` only).
     #[serde(skip_serializing_if = "Option::is_none")]
     lazy_conf: Option<String>,
     /// `torch` on the simulated device with the recorded run's setting: its cudaMalloc /
@@ -542,6 +543,23 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         .map(|&d| (d, replay::summarize(&trace, d)))
         .collect();
     warnings.extend(capacity_warnings(a.capacity, &summaries));
+    if let Some(text) = &a.lazy_conf {
+        if config.lazy.placement == LazyPlacement::Segments {
+            let ignored: Vec<&str> = text
+                .split(',')
+                .filter_map(|item| item.split_once('=').map(|(k, _)| k.trim()))
+                .filter(|k| matches!(*k, "headroom" | "max_handle" | "map_ahead"))
+                .collect();
+            if !ignored.is_empty() {
+                warnings.push(format!(
+                    "--lazy-conf: {} tune{} placement=pages only; with placement=segments (the default) {} no effect",
+                    ignored.join(", "),
+                    if ignored.len() == 1 { "s" } else { "" },
+                    if ignored.len() == 1 { "it has" } else { "they have" },
+                ));
+            }
+        }
+    }
     if a.lazy_conf.is_some() && !names.contains(&"paged-lazy") {
         warnings.push(
             "--lazy-conf configures paged-lazy only, which is not among the allocators replayed (add -a paged-lazy)".into(),

@@ -969,6 +969,42 @@ fn flags_that_change_nothing_are_warned_about() {
 }
 
 #[test]
+fn lazy_conf_notes_page_keys_that_segments_ignore() {
+    let run = |conf: &str| {
+        let (ok, out, err) = gpumem(&[
+            "replay",
+            "traces/resnet_train.pickle.gz",
+            "-a",
+            "paged-lazy",
+            "--lazy-conf",
+            conf,
+            "--json",
+        ]);
+        assert!(ok, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        (v["allocators"][0].clone(), err)
+    };
+    let (plain, plain_err) = run("");
+    let (headroom, headroom_err) = run("headroom=0.02,map_ahead=0");
+    let (_, pages_err) = run("placement=pages,headroom=0.02");
+    assert!(!plain_err.contains("placement=pages only"), "{plain_err}");
+    assert!(!pages_err.contains("placement=pages only"), "{pages_err}");
+    let note: Vec<&str> = headroom_err
+        .lines()
+        .filter(|l| l.contains("placement=pages only"))
+        .collect();
+    assert_eq!(note.len(), 1, "{headroom_err}");
+    assert!(note[0].contains("headroom, map_ahead"), "{}", note[0]);
+    assert!(note[0].contains("no effect"), "{}", note[0]);
+    // And indeed no effect: the same peak and driver calls as the defaults.
+    assert_eq!(
+        plain["peak_reserved_bytes"],
+        headroom["peak_reserved_bytes"]
+    );
+    assert_eq!(plain["driver_calls_total"], headroom["driver_calls_total"]);
+}
+
+#[test]
 fn lazy_conf_sets_the_paged_lazy_trade_and_names_bad_items() {
     let run = |conf: &str| {
         let (ok, out, err) = gpumem(&[

@@ -16,9 +16,9 @@
 //! | `segment` | segment size of the segmented strategies (`tlsf`, `buddy`, `best-fit`) | 256 MiB |
 //! | `page_cache_pages` | free physical pages `paged` keeps before releasing them | 1024 |
 //! | `placement` | `paged-lazy`: `segments` (PyTorch's expandable segments, one physical handle per growth) or `pages` (gpumem's page placement, which `headroom`, `max_handle` and `map_ahead` tune) | `segments` |
-//! | `headroom` | `paged-lazy`: fraction of the peak of allocated bytes it may hold above that peak in idle pages before it moves pages instead of creating them (`0.02` = 2 %) | 0 |
-//! | `max_handle` | `paged-lazy`: largest physical handle (runs of new pages are cut into powers of two of pages) | 1 GiB |
-//! | `map_ahead` | `paged-lazy`: most bytes mapped ahead of a block while below the headroom | 1 GiB |
+//! | `headroom` | `paged-lazy` with `placement=pages` (no effect with `segments`): fraction of the peak of allocated bytes it may hold above that peak in idle pages before it moves pages instead of creating them (`0.02` = 2 %) | 0 |
+//! | `max_handle` | `paged-lazy` with `placement=pages` (no effect with `segments`): largest physical handle (runs of new pages are cut into powers of two of pages) | 1 GiB |
+//! | `map_ahead` | `paged-lazy` with `placement=pages` (no effect with `segments`): most bytes mapped ahead of a block while below the headroom | 1 GiB |
 //! | `backend` | `cuda`, or `sim` (the simulated device: tests without a GPU) | `cuda` |
 //! | `sim_capacity` | capacity of the simulated device | 80 GiB |
 //!
