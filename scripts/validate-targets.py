@@ -6,7 +6,7 @@ usage: validate-targets.py [--gpumem BIN] [--allocator NAME] [--lazy-conf CONF]
 
 Without TRACE: every trace in traces/, traces/external/ and traces/validation/. Each trace is
 converted to JSON lines (`gpumem convert`) and N − 1 perturbed copies are made (default
-N = 7): every distinct request size s becomes round(s × f), f drawn once per size from
+N = 7): every distinct request size s becomes max(1, ⌊s × f⌋), f drawn once per size from
 [0.97, 1.03] (seeded by the variant number), so equal sizes stay equal and a repeated step
 stays repeated, but the layout an allocator finds is a different one. One policy that meets
 a target only on the exact bytes of one trace shows here as a target met once in N.
@@ -68,13 +68,20 @@ def replay(gpumem, path, allocator, lazy_conf):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--gpumem", default=os.path.join(ROOT, "target/release/gpumem"))
-    ap.add_argument("--allocator", default="paged-lazy")
-    ap.add_argument("--lazy-conf", default="")
-    ap.add_argument("--variants", type=int, default=7)
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("traces", nargs="*")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 epilog="Targets: ratio ≤ 1.02, second-half calls ≤ limit, "
+                                 "driver time ≤ 2 × torch's (see the module docstring).")
+    ap.add_argument("--gpumem", default=os.path.join(ROOT, "target/release/gpumem"),
+                    help="the gpumem binary (default: target/release/gpumem)")
+    ap.add_argument("--allocator", default="paged-lazy",
+                    help="strategy checked against the torch emulation (default: paged-lazy)")
+    ap.add_argument("--lazy-conf", default="",
+                    help="passed to `gpumem replay --lazy-conf`, e.g. placement=pages")
+    ap.add_argument("--variants", type=int, default=7,
+                    help="copies per trace, the original included (default: 7)")
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    ap.add_argument("traces", nargs="*",
+                    help="traces to check (default: traces/, traces/external/, traces/validation/)")
     a = ap.parse_args()
     traces = a.traces or sorted(
         glob.glob(os.path.join(ROOT, "traces", "*.pickle.gz"))
