@@ -15,7 +15,8 @@
 //! *Coarse handles* (not PyTorch: the `paged-lazy` strategy,
 //! [`TorchCachingPool::paged_lazy`]): a growth creates one handle for all its pages and maps
 //! and opens it once (3 driver calls however many pages), and a release of the cache
-//! unmaps and releases only the handles that lie whole inside a free block (`whole_runs`):
+//! unmaps and releases only the handles that lie whole inside a free block (`first_whole_run`, one per
+//! `unmap_block`):
 //! a handle is unmapped whole or not at all. Placement and figures are unchanged; a
 //! partly used handle stays mapped where PyTorch would unmap its free pages. A segment
 //! reserves at least 64 GiB of address space (PyTorch: 1⅛ × the device memory, more than

@@ -196,14 +196,12 @@ impl TorchCachingPool {
     /// handles that lie whole inside free blocks (a handle cannot be unmapped in part).
     /// Reports itself as `paged-lazy`.
     ///
-    /// Measured (BENCHMARKS.md, issue 11, fourth session; simulated H200): peak reserved
-    /// 1.007–1.011 × peak requested on the fine-tune, ResNet and BERT training traces (up to
-    /// 1.38 × on varied shapes, as PyTorch's `expandable_segments`), no driver call in the
-    /// second half of fine-tune and BERT; modelled driver time 1.31–1.70 × PyTorch's native
-    /// allocator on the training traces, 0.39–0.56 × on the inference ones. Real driver time
-    /// on the H200: 0.30–0.94 × native's on all eleven traces.
-    pub fn paged_lazy(config: &AllocatorConfig) -> Self {
-        let _ = config;
+    /// Measured (BENCHMARKS.md, issue 11): 1.007–1.016 × peak requested and at most 18 driver
+    /// calls in the second half on the BERT, fine-tune and ResNet training traces; real driver
+    /// time on an H200 0.30–0.94 × PyTorch's native allocator's on every trace tried.
+    ///
+    /// `config` is taken as [`TorchCachingPool::new`] takes it; none of its fields applies.
+    pub fn paged_lazy(_config: &AllocatorConfig) -> Self {
         TorchCachingPool {
             conf: TorchConfig {
                 expandable_segments: true,

@@ -39,6 +39,27 @@ impl TorchCachingPool {
     /// the free blocks of expandable segments unmap their whole pages (and a segment left
     /// with nothing mapped is released). Returns the bytes given back.
     fn release_pool(&mut self, dev: &mut dyn Device, pool: PoolKind) -> Result<u64, DeviceError> {
+        let mut released = self.release_pool_pass(dev, pool)?;
+        if self.coarse_handles {
+            // Coarse handles: each unmap_block gives back one handle; go on until a pass
+            // gives nothing.
+            loop {
+                let more = self.release_pool_pass(dev, pool)?;
+                if more == 0 {
+                    break;
+                }
+                released += more;
+            }
+        }
+        Ok(released)
+    }
+
+    /// One pass of [`TorchCachingPool::release_pool`] over the pool's free blocks.
+    fn release_pool_pass(
+        &mut self,
+        dev: &mut dyn Device,
+        pool: PoolKind,
+    ) -> Result<u64, DeviceError> {
         let blocks: Vec<u32> = self.free[pool.index()].iter().map(|(_, _, i)| i).collect();
         let mut released = 0u64;
         let mut to_unmap = Vec::new();
@@ -57,11 +78,6 @@ impl TorchCachingPool {
             if ub.prev == NIL && ub.next == NIL && !ub.mapped {
                 self.release_expandable_segment(dev, u)?;
             }
-        }
-        if self.coarse_handles && released > 0 {
-            // Coarse handles: each unmap_block gave back one handle; go on until a pass
-            // gives nothing.
-            released += self.release_pool(dev, pool)?;
         }
         Ok(released)
     }

@@ -1,6 +1,7 @@
 //! The simulated device's driver-cost model against the real driver seconds recorded on the
 //! H200 (`tests/data/h200_replay_driver_time_by_mappings.json`, which says where each figure
-//! comes from): ten replays, the five shipped traces under `paged` and `paged-lazy`.
+//! comes from): ten replays, the five shipped traces under `paged` and `paged-lazy` (its page
+//! placement, the default when they were recorded).
 //!
 //! The model is evaluated on the recorded sums of each replay's calls (isolated cost, and
 //! isolated cost × mappings live), so the test holds whatever the strategies do today.
