@@ -38,20 +38,13 @@ use rustc_hash::FxHashMap;
 use crate::align::{align_up, is_pow2};
 use crate::arena::{Arena, ArenaReport};
 use crate::error::AllocError;
-use crate::size_class::LogLinear;
+use crate::size_class::{BinBitmap, LogLinear};
 
 /// Largest alignment the best-fit arena accepts, in bytes (any power of two).
 pub const BEST_FIT_MAX_ALIGN: u64 = 1 << 63;
 
-/// Bits of the second level of the size bins: 16 bins per power of two.
-const SUB_BITS: u32 = 4;
-/// The size bins of the free ranges.
-type Bins = LogLinear<SUB_BITS>;
-/// Entries of the second-level bitmap table (first levels rounded up to a power of two).
-const SL_SLOTS: usize = 64;
-
-// One `u16` second-level bitmap per first level, one `u64` first-level bitmap.
-const _: () = assert!(Bins::SUB_COUNT == u16::BITS && Bins::FL_COUNT as usize <= SL_SLOTS);
+/// The size bins of the free ranges: 16 per power of two.
+type Bins = LogLinear<4>;
 
 /// Ranges at which a bin's sorted list becomes a B-tree. A sorted insertion walks the list,
 /// which grows with the bin (10,000 same-size holes in one bin made an allocate/free pair
@@ -61,13 +54,6 @@ const BIN_TO_TREE: usize = 32;
 /// Ranges at which a B-tree bin goes back to a list (well below [`BIN_TO_TREE`], so that a
 /// bin does not switch back and forth).
 const BIN_TO_VEC: usize = 8;
-
-/// Index of first level `fl` in the second-level bitmap table (the mask is a no-op for
-/// every valid first level).
-#[inline]
-fn sl_slot(fl: u32) -> usize {
-    fl as usize & (SL_SLOTS - 1)
-}
 
 /// Index of a node: its position in `nodes` plus one.
 type NodeIndex = NonZeroU32;
@@ -141,10 +127,8 @@ pub struct BestFit {
     bins: Box<[Bin]>,
     /// The B-trees of the bins that hold many ranges: bin -> `(size, offset)` -> node.
     trees: BTreeMap<u32, BTreeMap<(u64, u64), NodeIndex>>,
-    /// Bit `f` set: some bin of first level `f` is non-empty.
-    fl_bitmap: u64,
-    /// Bit `s` of entry `f` set: bin `f * 16 + s` is non-empty.
-    sl_bitmap: [u16; SL_SLOTS],
+    /// Which bins are non-empty.
+    nonempty: BinBitmap,
     /// Live blocks: offset -> node.
     used: FxHashMap<u64, NodeIndex>,
     free_bytes: u64,
@@ -181,8 +165,7 @@ impl BestFit {
             spare: Vec::new(),
             bins: vec![Bin::default(); bins].into_boxed_slice(),
             trees: BTreeMap::new(),
-            fl_bitmap: 0,
-            sl_bitmap: [0; SL_SLOTS],
+            nonempty: BinBitmap::default(),
             used: FxHashMap::default(),
             free_bytes: 0,
         };
@@ -304,9 +287,7 @@ impl BestFit {
             }
             self.bins[bin as usize].len += 1;
         }
-        let fl = bin >> SUB_BITS;
-        self.sl_bitmap[sl_slot(fl)] |= 1 << (bin & Bins::SUB_MASK);
-        self.fl_bitmap |= 1 << fl;
+        self.nonempty.set(bin);
     }
 
     /// [`Self::link`] into a B-tree bin, turning a full list bin into one first.
@@ -379,11 +360,7 @@ impl BestFit {
             self.bins[bin as usize].len -= 1;
         }
         if self.bins[bin as usize].len == 0 {
-            let fl = bin >> SUB_BITS;
-            self.sl_bitmap[sl_slot(fl)] &= !(1 << (bin & Bins::SUB_MASK));
-            if self.sl_bitmap[sl_slot(fl)] == 0 {
-                self.fl_bitmap &= !(1 << fl);
-            }
+            self.nonempty.clear(bin);
         }
         Ok(())
     }
@@ -423,35 +400,11 @@ impl BestFit {
         Ok(())
     }
 
-    /// The first non-empty bin ≥ `bin`, from the bitmaps.
-    #[inline]
-    fn next_nonempty_bin(&self, bin: u32) -> Option<u32> {
-        if bin >= Bins::BIN_COUNT {
-            return None;
-        }
-        let fl = bin >> SUB_BITS;
-        let sl_map = u32::from(self.sl_bitmap[sl_slot(fl)]) & (u32::MAX << (bin & Bins::SUB_MASK));
-        if sl_map != 0 {
-            return Some((fl << SUB_BITS) | sl_map.trailing_zeros());
-        }
-        let fl_map = if fl + 1 >= 64 {
-            0
-        } else {
-            self.fl_bitmap & (u64::MAX << (fl + 1))
-        };
-        if fl_map == 0 {
-            return None;
-        }
-        let fl2 = fl_map.trailing_zeros();
-        let sl2 = u32::from(self.sl_bitmap[sl_slot(fl2)]).trailing_zeros();
-        Some((fl2 << SUB_BITS) | sl2)
-    }
-
     /// The best fit for `size` bytes aligned to `align`: the node and aligned offset of the
     /// first free range in `(size, offset)` order that holds the block.
     #[inline]
     fn find(&self, size: u64, align: u64) -> Option<(NodeIndex, u64)> {
-        let mut bin = self.next_nonempty_bin(Bins::floor(size))?;
+        let mut bin = self.nonempty.next_nonempty(Bins::floor(size))?;
         loop {
             let b = &self.bins[bin as usize];
             if b.tree {
@@ -471,7 +424,7 @@ impl BestFit {
                     cur = n.next_free;
                 }
             }
-            bin = self.next_nonempty_bin(bin + 1)?;
+            bin = self.nonempty.next_nonempty(bin + 1)?;
         }
     }
 
@@ -487,12 +440,9 @@ impl BestFit {
 
     /// Largest free range, in bytes: the last range of the highest non-empty bin.
     fn largest_free(&self) -> u64 {
-        if self.fl_bitmap == 0 {
+        let Some(bin) = self.nonempty.last() else {
             return 0;
-        }
-        let fl = 63 - self.fl_bitmap.leading_zeros();
-        let sl = 15 - self.sl_bitmap[sl_slot(fl)].leading_zeros();
-        let bin = (fl << SUB_BITS) | sl;
+        };
         match self.bins.get(bin as usize) {
             Some(Bin {
                 tree: false,
@@ -548,8 +498,7 @@ impl BestFit {
             Ok(())
         };
         for (bin, b) in (0u32..).zip(self.bins.iter()) {
-            let fl = bin >> SUB_BITS;
-            let bit = self.sl_bitmap[sl_slot(fl)] & (1 << (bin & Bins::SUB_MASK)) != 0;
+            let bit = self.nonempty.is_set(bin);
             if bit != (b.len > 0) {
                 return Err(err(format!(
                     "bitmap bit of bin {bin} disagrees with its {} ranges",
@@ -629,14 +578,11 @@ impl BestFit {
         {
             return Err(err("a tree of a list bin".into()));
         }
-        for fl in 0..SL_SLOTS as u32 {
-            let bit = self.fl_bitmap & (1 << fl) != 0;
-            if bit != (self.sl_bitmap[sl_slot(fl)] != 0) {
-                return Err(err(format!("first-level bit {fl} disagrees")));
-            }
+        if let Some(fl) = self.nonempty.first_level_disagreement() {
+            return Err(err(format!("first-level bit {fl} disagrees")));
         }
         let bins = self.bins.len() as u32;
-        if self.next_nonempty_bin(bins).is_some() {
+        if self.nonempty.next_nonempty(bins).is_some() {
             return Err(err(format!("bitmap bits beyond the last bin {bins}")));
         }
         Ok(())

@@ -235,3 +235,112 @@ mod tests {
         }
     }
 }
+
+/// Which bins of [`LogLinear<4>`] (16 bins per power of two) are non-empty: a first-level
+/// bitmap (one bit per power of two) over second-level ones (one bit per bin), so the first
+/// non-empty bin at or above a size and the highest non-empty bin are found in O(1) (the
+/// bitmaps of TLSF, Masmano et al. 2004). Shared by the best-fit arena and `paged-lazy`'s
+/// index of mapped runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BinBitmap {
+    /// Bit `fl`: some bin of first level `fl` is non-empty.
+    fl: u64,
+    /// Per first level, bit `sl`: bin `fl · 16 + sl` is non-empty.
+    sl: [u16; BinBitmap::SL_SLOTS],
+}
+
+// One `u16` second-level bitmap per first level, one `u64` first-level bitmap.
+const _: () = assert!(
+    LogLinear::<4>::SUB_COUNT == u16::BITS
+        && LogLinear::<4>::FL_COUNT as usize <= BinBitmap::SL_SLOTS
+);
+
+impl Default for BinBitmap {
+    fn default() -> Self {
+        BinBitmap {
+            fl: 0,
+            sl: [0; BinBitmap::SL_SLOTS],
+        }
+    }
+}
+
+impl BinBitmap {
+    /// Entries of the second-level table (first levels rounded up to a power of two).
+    pub(crate) const SL_SLOTS: usize = 64;
+    const SUB_BITS: u32 = 4;
+    const SUB_MASK: u32 = LogLinear::<4>::SUB_MASK;
+
+    /// Index of first level `fl` in the second-level table (the mask is a no-op for every
+    /// valid first level).
+    #[inline]
+    fn slot(fl: u32) -> usize {
+        fl as usize & (Self::SL_SLOTS - 1)
+    }
+
+    /// Marks `bin` non-empty.
+    #[inline]
+    pub(crate) fn set(&mut self, bin: u32) {
+        let fl = bin >> Self::SUB_BITS;
+        self.fl |= 1 << fl;
+        self.sl[Self::slot(fl)] |= 1 << (bin & Self::SUB_MASK);
+    }
+
+    /// Marks `bin` empty.
+    #[inline]
+    pub(crate) fn clear(&mut self, bin: u32) {
+        let fl = bin >> Self::SUB_BITS;
+        let sl = &mut self.sl[Self::slot(fl)];
+        *sl &= !(1 << (bin & Self::SUB_MASK));
+        if *sl == 0 {
+            self.fl &= !(1 << fl);
+        }
+    }
+
+    /// Whether `bin` is marked non-empty.
+    pub(crate) fn is_set(&self, bin: u32) -> bool {
+        let fl = bin >> Self::SUB_BITS;
+        self.sl[Self::slot(fl)] & (1 << (bin & Self::SUB_MASK)) != 0
+    }
+
+    /// Whether every first-level bit says what its second-level bitmap says (for the
+    /// invariant checks); the first level that disagrees otherwise.
+    pub(crate) fn first_level_disagreement(&self) -> Option<u32> {
+        (0..Self::SL_SLOTS as u32)
+            .find(|&fl| (self.fl & (1 << fl) != 0) != (self.sl[Self::slot(fl)] != 0))
+    }
+
+    /// The first non-empty bin ≥ `bin`.
+    #[inline]
+    pub(crate) fn next_nonempty(&self, bin: u32) -> Option<u32> {
+        if bin >= LogLinear::<4>::BIN_COUNT {
+            return None;
+        }
+        let fl = bin >> Self::SUB_BITS;
+        let sl_map = u32::from(self.sl[Self::slot(fl)]) & (u32::MAX << (bin & Self::SUB_MASK));
+        if sl_map != 0 {
+            return Some((fl << Self::SUB_BITS) | sl_map.trailing_zeros());
+        }
+        let fl_map = if fl + 1 >= 64 {
+            0
+        } else {
+            self.fl & (u64::MAX << (fl + 1))
+        };
+        if fl_map == 0 {
+            return None;
+        }
+        let fl2 = fl_map.trailing_zeros();
+        let sl2 = u32::from(self.sl[Self::slot(fl2)]).trailing_zeros();
+        Some((fl2 << Self::SUB_BITS) | sl2)
+    }
+
+    /// The highest non-empty bin, if any.
+    #[inline]
+    pub(crate) fn last(&self) -> Option<u32> {
+        if self.fl == 0 {
+            return None;
+        }
+        let fl = 63 - self.fl.leading_zeros();
+        let sl = 15 - self.sl[Self::slot(fl)].leading_zeros();
+        Some((fl << Self::SUB_BITS) | sl)
+    }
+}

@@ -1,7 +1,7 @@
 //! The mapped free runs by size, for best fit: a segregated index in the log-linear bins of
 //! [`crate::size_class`] (16 per power of two), each bin a `Vec` sorted by
-//! `(bytes, start)`, with a two-level bitmap of the non-empty bins (as the TLSF arena and
-//! [`crate::best_fit`] keep theirs).
+//! `(bytes, start)`, with the two-level bitmap of the non-empty bins that [`crate::best_fit`]
+//! uses too ([`crate::size_class::BinBitmap`]).
 //!
 //! It answers what the `BTreeSet<(bytes, start)>` it replaced answered, in the same order:
 //! [`SizeIndex::range_from`] walks the runs in `(bytes, start)` order from the first of at
@@ -12,47 +12,20 @@
 //! 1/16 of each other in size, so a bin stays short unless many runs share nearly one size
 //! (the shift then moves 16 bytes a run, still well below a B-tree's cost for the few hundred
 //! runs of a pool).
-use crate::size_class::LogLinear;
+use crate::size_class::{BinBitmap, LogLinear};
 
-/// Bits of the second level: 16 bins per power of two.
-const SUB_BITS: u32 = 4;
-/// The bins.
-type Bins = LogLinear<SUB_BITS>;
-/// Entries of the second-level bitmap table (first levels rounded up to a power of two).
-const SL_SLOTS: usize = 64;
-
-// One `u16` second-level bitmap per first level, one `u64` first-level bitmap.
-const _: () = assert!(Bins::SUB_COUNT == u16::BITS && Bins::FL_COUNT as usize <= SL_SLOTS);
+/// The bins: 16 per power of two.
+type Bins = LogLinear<4>;
 
 /// Runs `(bytes, start)` by size (see the module documentation).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct SizeIndex {
     /// One `Vec` per bin, sorted by `(bytes, start)`; empty until the first insertion.
     bins: Vec<Vec<(u64, u64)>>,
-    /// Bit `fl`: some bin of first level `fl` is non-empty.
-    fl_bitmap: u64,
-    /// Per first level, bit `sl`: bin `fl · 16 + sl` is non-empty.
-    sl_bitmap: [u16; SL_SLOTS],
+    /// Which bins are non-empty.
+    nonempty: BinBitmap,
     /// Runs in all the bins.
     len: usize,
-}
-
-impl Default for SizeIndex {
-    fn default() -> Self {
-        SizeIndex {
-            bins: Vec::new(),
-            fl_bitmap: 0,
-            sl_bitmap: [0; SL_SLOTS],
-            len: 0,
-        }
-    }
-}
-
-/// Index of first level `fl` in the second-level bitmap table (the mask is a no-op for every
-/// valid first level).
-#[inline]
-fn sl_slot(fl: u32) -> usize {
-    fl as usize & (SL_SLOTS - 1)
 }
 
 impl SizeIndex {
@@ -76,9 +49,7 @@ impl SizeIndex {
             v.insert(i, key);
             self.len += 1;
             if v.len() == 1 {
-                let fl = bin >> SUB_BITS;
-                self.fl_bitmap |= 1 << fl;
-                self.sl_bitmap[sl_slot(fl)] |= 1 << (bin & Bins::SUB_MASK);
+                self.nonempty.set(bin);
             }
         }
     }
@@ -95,45 +66,16 @@ impl SizeIndex {
         v.remove(i);
         self.len -= 1;
         if v.is_empty() {
-            let fl = bin >> SUB_BITS;
-            let sl = &mut self.sl_bitmap[sl_slot(fl)];
-            *sl &= !(1 << (bin & Bins::SUB_MASK));
-            if *sl == 0 {
-                self.fl_bitmap &= !(1 << fl);
-            }
+            self.nonempty.clear(bin);
         }
         true
-    }
-
-    /// The first non-empty bin ≥ `bin`, from the bitmaps.
-    #[inline]
-    fn next_nonempty_bin(&self, bin: u32) -> Option<u32> {
-        if bin >= Bins::BIN_COUNT {
-            return None;
-        }
-        let fl = bin >> SUB_BITS;
-        let sl_map = u32::from(self.sl_bitmap[sl_slot(fl)]) & (u32::MAX << (bin & Bins::SUB_MASK));
-        if sl_map != 0 {
-            return Some((fl << SUB_BITS) | sl_map.trailing_zeros());
-        }
-        let fl_map = if fl + 1 >= 64 {
-            0
-        } else {
-            self.fl_bitmap & (u64::MAX << (fl + 1))
-        };
-        if fl_map == 0 {
-            return None;
-        }
-        let fl2 = fl_map.trailing_zeros();
-        let sl2 = u32::from(self.sl_bitmap[sl_slot(fl2)]).trailing_zeros();
-        Some((fl2 << SUB_BITS) | sl2)
     }
 
     /// The runs of at least `bytes` bytes, in `(bytes, start)` order (what
     /// `BTreeSet::range((bytes, 0)..)` yields).
     pub(crate) fn range_from(&self, bytes: u64) -> RangeFrom<'_> {
         let first = Bins::floor(bytes);
-        let bin = self.next_nonempty_bin(first);
+        let bin = self.nonempty.next_nonempty(first);
         let pos = match bin {
             // Only the request's own bin holds runs shorter than the request.
             Some(b) if b == first => self
@@ -151,12 +93,7 @@ impl SizeIndex {
 
     /// The longest run (the greatest `(bytes, start)`), if any.
     pub(crate) fn last(&self) -> Option<&(u64, u64)> {
-        if self.fl_bitmap == 0 {
-            return None;
-        }
-        let fl = 63 - self.fl_bitmap.leading_zeros();
-        let sl = 15 - self.sl_bitmap[sl_slot(fl)].leading_zeros();
-        self.bins.get(((fl << SUB_BITS) | sl) as usize)?.last()
+        self.bins.get(self.nonempty.last()? as usize)?.last()
     }
 
     /// Every run in `(bytes, start)` order.
@@ -191,7 +128,7 @@ impl Iterator for RangeFrom<'_> {
                 self.pos += 1;
                 return Some(run);
             }
-            self.bin = self.index.next_nonempty_bin(b + 1);
+            self.bin = self.index.nonempty.next_nonempty(b + 1);
             self.pos = 0;
         }
     }
