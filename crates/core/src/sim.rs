@@ -153,11 +153,15 @@ impl Reserved {
         }
     }
 
-    /// Whether any granule of `[first, first + n)` is mapped.
-    fn any_mapped(&self, first: u64, n: u64) -> bool {
-        let mut i = first;
+    /// The bitmap words that granules `[first, first + n)` touch, as `(word, mask of the
+    /// range's bits in it)`.
+    fn word_masks(first: u64, n: u64) -> impl Iterator<Item = (usize, u64)> {
         let end = first + n;
-        while i < end {
+        let mut i = first;
+        std::iter::from_fn(move || {
+            if i >= end {
+                return None;
+            }
             let (w, b) = ((i / 64) as usize, i % 64);
             let k = (64 - b).min(end - i);
             let mask = if k == 64 {
@@ -165,26 +169,20 @@ impl Reserved {
             } else {
                 ((1u64 << k) - 1) << b
             };
-            if self.mapped.get(w).is_some_and(|&x| x & mask != 0) {
-                return true;
-            }
             i += k;
-        }
-        false
+            Some((w, mask))
+        })
+    }
+
+    /// Whether any granule of `[first, first + n)` is mapped.
+    fn any_mapped(&self, first: u64, n: u64) -> bool {
+        Self::word_masks(first, n)
+            .any(|(w, mask)| self.mapped.get(w).is_some_and(|&x| x & mask != 0))
     }
 
     /// Marks granules `[first, first + n)` mapped (`on`) or not.
     fn mark(&mut self, first: u64, n: u64, on: bool) {
-        let mut i = first;
-        let end = first + n;
-        while i < end {
-            let (w, b) = ((i / 64) as usize, i % 64);
-            let k = (64 - b).min(end - i);
-            let mask = if k == 64 {
-                u64::MAX
-            } else {
-                ((1u64 << k) - 1) << b
-            };
+        for (w, mask) in Self::word_masks(first, n) {
             if let Some(x) = self.mapped.get_mut(w) {
                 if on {
                     *x |= mask;
@@ -192,7 +190,6 @@ impl Reserved {
                     *x &= !mask;
                 }
             }
-            i += k;
         }
         if on {
             self.mapped_granules += n;
