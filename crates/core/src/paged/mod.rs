@@ -275,6 +275,9 @@ pub struct PagedPool {
     /// Scratch list of the handles an allocation maps (kept to spare an allocation per
     /// mapping allocation; an error path may leave it empty).
     taken_scratch: Vec<Taken>,
+    /// Scratch plan of the runs an allocation maps, `(first page, handle, pages)` (kept to
+    /// spare an allocation per mapping allocation; an error path may leave it empty).
+    plan_scratch: Vec<(usize, Option<CachedHandle>, u64)>,
 }
 
 impl PagedPool {
@@ -302,6 +305,7 @@ impl PagedPool {
             tracker: StatsTracker::default(),
             freed_scratch: Vec::new(),
             taken_scratch: Vec::new(),
+            plan_scratch: Vec::new(),
         }
     }
 

@@ -173,7 +173,8 @@ impl PagedPool {
         // Plan: (page, handle, pages) for each gap to fill, a run of unmapped pages (a partly
         // covered end page on its own); filled from the cache, then from idle pages, then
         // created.
-        let mut plan: Vec<(usize, Option<CachedHandle>, u64)> = Vec::new();
+        let mut plan = std::mem::take(&mut self.plan_scratch);
+        plan.clear();
         // A run of unmapped pages [a, b): its partly covered end pages go on their own.
         let mut push_run = |mut a: usize, mut b: usize| {
             if a == p0 && head_partial {
@@ -339,6 +340,7 @@ impl PagedPool {
             }
         }
         self.taken_scratch = taken;
+        self.plan_scratch = plan;
         Ok(())
     }
 

@@ -152,23 +152,32 @@ impl PagedPool {
         let p = self.page_bytes;
         // Pages are a power of two (checked when learnt): shifts instead of divisions.
         let sh = p.trailing_zeros();
-        let mut best: Option<(u64, u64, u64, Placement)> = None;
+        // The best score so far, `(pages newly mapped, bytes of them left free, address)`,
+        // compared lexicographically (the address makes it a total order, so the scan order
+        // does not matter), and its placement.
+        let (mut bk, mut bs, mut bx) = (u64::MAX, u64::MAX, u64::MAX);
+        let mut best: Option<Placement> = None;
         let mut ri = 0usize;
+        let mut r_va = 0u64;
+        let mut r_end = 0u64;
         for (&st, &len) in &self.free {
             // A range shorter than the block holds it at neither end.
             if len < bytes {
                 continue;
             }
-            while ri < self.reservations.len() && self.reservations[ri].end() <= st {
-                ri += 1;
+            if st >= r_end {
+                while ri < self.reservations.len() && self.reservations[ri].end() <= st {
+                    ri += 1;
+                }
+                let r = self.reservations.get(ri)?;
+                (r_va, r_end) = (r.va, r.end());
             }
-            let r = self.reservations.get(ri)?;
             let b = st + len;
-            let i0 = (st - r.va + p - 1) >> sh;
-            let i1 = (b - r.va) >> sh;
+            let i0 = (st - r_va + p - 1) >> sh;
+            let i1 = (b - r_va) >> sh;
             // (pages newly mapped, bytes of them the block leaves free) for a block at `x`.
             let cost = |x: u64| -> (u64, u64) {
-                let (xr, er) = (x - r.va, x - r.va + bytes);
+                let (xr, er) = (x - r_va, x - r_va + bytes);
                 let lo = (xr >> sh).max(i0);
                 let hi = (((er - 1) >> sh) + 1).min(i1);
                 if hi <= lo {
@@ -179,17 +188,13 @@ impl PagedPool {
             };
             let mut consider = |x: u64| {
                 let (k, slack) = cost(x);
-                if best.is_none_or(|(bk, bs, bx, _)| (k, slack, x) < (bk, bs, bx)) {
-                    best = Some((
-                        k,
-                        slack,
-                        x,
-                        Placement {
-                            res: ri,
-                            range_start: st,
-                            addr: x,
-                        },
-                    ));
+                if k < bk || (k == bk && (slack < bs || (slack == bs && x < bx))) {
+                    (bk, bs, bx) = (k, slack, x);
+                    best = Some(Placement {
+                        res: ri,
+                        range_start: st,
+                        addr: x,
+                    });
                 }
             };
             if let Some(x) = align_up(st, align) {
@@ -203,7 +208,7 @@ impl PagedPool {
                 }
             }
         }
-        best.map(|(k, _, _, pl)| (pl, k))
+        best.map(|pl| (pl, bk))
     }
 
     /// Cuts the block out of its free range and raises the refs of its pages.
