@@ -55,14 +55,32 @@ impl PagedPool {
         hi: u64,
     ) -> Result<(), DeviceError> {
         let p = self.page_bytes;
-        let picked: Vec<u64> = self
-            .idle
-            .range(hi..)
-            .rev()
-            .chain(self.idle.range(..lo).rev())
-            .copied()
-            .take(usize::try_from(want).unwrap_or(usize::MAX))
-            .collect();
+        let want = usize::try_from(want).unwrap_or(usize::MAX);
+        // Idle pages at or above `hi`, then below `lo`, each from the top down.
+        let mut picked: Vec<u64> = Vec::new();
+        for above in [true, false] {
+            for r in self.reservations.iter().rev() {
+                // Page indices `from..to` of `r` lie in the part searched.
+                let (from, to) = if above {
+                    (hi.saturating_sub(r.va).div_ceil(p) as usize, r.npages)
+                } else {
+                    (
+                        0,
+                        (lo.saturating_sub(r.va).div_ceil(p) as usize).min(r.npages),
+                    )
+                };
+                let mut i = to;
+                while picked.len() < want {
+                    match r.idle.prev_before(i) {
+                        Some(j) if j >= from => {
+                            picked.push(r.va + j as u64 * p);
+                            i = j;
+                        }
+                        _ => break,
+                    }
+                }
+            }
+        }
         let mut i = 0;
         while i < picked.len() {
             // `picked` descends: a run is a stretch of addresses one page apart, inside one
@@ -86,8 +104,10 @@ impl PagedPool {
             let base = self.reservations[ri].va;
             for k in 0..n {
                 let va = first + k * p;
-                self.idle.remove(&va);
                 let page = ((va - base) / p) as usize;
+                if self.reservations[ri].idle.remove(page) {
+                    self.idle_count -= 1;
+                }
                 let taken = self.reservations[ri]
                     .pages
                     .get_mut(page)
@@ -116,7 +136,7 @@ impl PagedPool {
 
     /// Pages held without a block: cached handles plus idle pages.
     pub(super) fn held_free_pages(&self) -> u64 {
-        self.cached_pages + self.idle.len() as u64
+        self.cached_pages + self.idle_count
     }
 
     /// Releases cached handles, largest first, until the cache is within its bound
@@ -186,20 +206,27 @@ impl PagedPool {
     /// caches its handle.
     pub(super) fn drop_idle_pages(&mut self, dev: &mut dyn Device) -> Result<(), AllocError> {
         let p = self.page_bytes;
-        while let Some(&first) = self.idle.iter().next() {
-            let ri = self
-                .res_of(first)
-                .ok_or_else(|| AllocError::Internal(format!("idle page {first:#x} outside VA")))?;
-            let end = self.reservations[ri].end();
+        // The lowest idle page, and its reservation.
+        let lowest = |this: &Self| {
+            this.reservations
+                .iter()
+                .enumerate()
+                .find_map(|(ri, r)| Some((ri, r.va + r.idle.next_at_or_after(0)? as u64 * p)))
+        };
+        while let Some((ri, first)) = lowest(self) {
+            let r = &self.reservations[ri];
+            let end = r.end();
             let mut last = first;
-            while last + p < end && self.idle.contains(&(last + p)) {
+            while last + p < end && r.idle.contains(((last + p - r.va) / p) as usize) {
                 last += p;
             }
             dev.unmap(first, last + p - first)?;
             let mut va = first;
             while va <= last {
-                self.idle.remove(&va);
                 let page = ((va - self.reservations[ri].va) / p) as usize;
+                if self.reservations[ri].idle.remove(page) {
+                    self.idle_count -= 1;
+                }
                 let taken = self.reservations[ri]
                     .pages
                     .get_mut(page)

@@ -84,13 +84,14 @@
 //! retried once before falling back to that.
 mod cache;
 mod maxtree;
+mod page_bits;
 mod pages;
 mod placement;
 pub(crate) mod range_map;
 pub(crate) mod slots;
 pub(crate) mod view;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use crate::align::{align_down, align_up, is_pow2};
 use crate::config::AllocatorConfig;
@@ -161,6 +162,9 @@ struct Reservation {
     /// Free ranges starting in each page (tells [`PagedPool::update_leaves`] when a head leaf
     /// can be recomputed without reading the free map).
     starts: Vec<u32>,
+    /// Idle pages: single-page handles mapped, but touched by no block, kept mapped for
+    /// reuse in place (lazy unmapping).
+    idle: page_bits::PageBits,
 }
 
 impl Reservation {
@@ -253,9 +257,9 @@ pub struct PagedPool {
     quarantine: Vec<(u64, u64)>,
     /// Pages currently mapped (including idle ones).
     mapped_pages: u64,
-    /// Virtual addresses of idle pages: single-page handles mapped, but touched by no block,
-    /// kept mapped for reuse in place (lazy unmapping).
-    idle: BTreeSet<u64>,
+    /// Idle pages in all reservations (each reservation lists its own in
+    /// [`Reservation::idle`]).
+    idle_count: u64,
     /// Whether pages no block touches stay mapped (idle) while the page cache has room.
     lazy_unmap: bool,
     /// Set while the cache is above its bound (handles parked by a flush, or a failed
@@ -296,7 +300,7 @@ impl PagedPool {
             cached_pages: 0,
             quarantine: Vec::new(),
             mapped_pages: 0,
-            idle: BTreeSet::new(),
+            idle_count: 0,
             lazy_unmap: true,
             trim_pending: false,
             quick: Vec::new(),
@@ -621,7 +625,7 @@ impl Allocator for PagedPool {
 
     fn stats(&self) -> Stats {
         let mut s = self.tracker.stats;
-        let in_use = self.mapped_pages.saturating_sub(self.idle.len() as u64) * self.page_bytes;
+        let in_use = self.mapped_pages.saturating_sub(self.idle_count) * self.page_bytes;
         s.free_bytes = in_use
             .saturating_sub(s.allocated_bytes.current)
             .saturating_sub(self.quick_bytes);

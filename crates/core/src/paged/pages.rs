@@ -34,6 +34,7 @@ impl PagedPool {
                 pages: slots::SlotTable::new(npages),
                 tree: MaxTree::new(2 * npages),
                 starts: vec![0; npages],
+                idle: page_bits::PageBits::new(npages),
             },
         );
         self.free.insert(va, want);
@@ -251,7 +252,7 @@ impl PagedPool {
                 }
             }
         };
-        if leftover > 0 && !self.idle.is_empty() {
+        if leftover > 0 && self.idle_count > 0 {
             if let Err(e) = self.steal_idle(dev, leftover, lo, hi) {
                 give_back(self, &plan);
                 return Err(e);
@@ -419,13 +420,15 @@ impl PagedPool {
         let mut freed_handles = std::mem::take(&mut self.freed_scratch);
         freed_handles.clear();
         let mut unmapped = 0u64;
-        let slots = self.reservations[ri].pages.range_mut(p0, p1 + 1);
-        for (page, slot) in (p0..=p1).zip(slots) {
+        let r = &mut self.reservations[ri];
+        for (page, slot) in (p0..=p1).zip(r.pages.range_mut(p0, p1 + 1)) {
             let Some(pg) = slot else { continue };
             pg.refs = pg.refs.saturating_sub(1);
             if pg.refs == 0 {
                 if page < keep_until {
-                    self.idle.insert(base + page as u64 * p);
+                    if r.idle.insert(page) {
+                        self.idle_count += 1;
+                    }
                 } else {
                     if pg.ext_first as usize == page {
                         freed_handles.push(CachedHandle {

@@ -243,13 +243,12 @@ impl PagedPool {
         };
         let p0 = ((pl.addr - r.va) / p) as usize;
         let p1 = ((bend - 1 - r.va) / p) as usize;
-        let base = r.va;
         for (i, slot) in (p0..=p1).zip(r.pages.range_mut(p0, p1 + 1)) {
             if let Some(pg) = slot {
                 // Idle pages are single-page handles: a page of a longer handle (one this
                 // allocation just mapped) is not looked up.
-                if pg.refs == 0 && pg.ext_pages == 1 && !self.idle.is_empty() {
-                    self.idle.remove(&(base + i as u64 * p));
+                if pg.refs == 0 && pg.ext_pages == 1 && self.idle_count > 0 && r.idle.remove(i) {
+                    self.idle_count -= 1;
                 }
                 pg.refs += 1;
             }

@@ -200,7 +200,7 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
                     }
                     if pg.refs == 0 {
                         idle += 1;
-                        if !a.idle.contains(&va) || n != 1 {
+                        if !r.idle.contains(i) || n != 1 {
                             return Err(format!("idle page {va:#x} not a listed single page"));
                         }
                     } else if !pg.access && !quarantined[i] {
@@ -224,12 +224,13 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
             check_leaves(r, i, r.va + i as u64 * p, want)?;
         }
         r.tree.check()?;
+        r.idle.check()?;
     }
-    if mapped != a.mapped_pages || idle != a.idle.len() as u64 {
+    let listed: usize = a.reservations.iter().map(|r| r.idle.len()).sum();
+    if mapped != a.mapped_pages || idle != a.idle_count || listed as u64 != idle {
         return Err(format!(
-            "counted {mapped} mapped / {idle} idle pages, recorded {} / {}",
-            a.mapped_pages,
-            a.idle.len()
+            "counted {mapped} mapped / {idle} idle pages, recorded {} / {} ({listed} listed)",
+            a.mapped_pages, a.idle_count
         ));
     }
     for h in &a.cache {
@@ -253,9 +254,7 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
     if a.held_free_pages() > a.cache_limit && !a.trim_pending {
         return Err(format!(
             "{} cached + {} idle pages, bound {}",
-            a.cached_pages,
-            a.idle.len(),
-            a.cache_limit
+            a.cached_pages, a.idle_count, a.cache_limit
         ));
     }
     // Byte counters.

@@ -94,7 +94,7 @@ pub(crate) fn push_unmapped_page(rows: &mut Vec<VaRangeView>, va: u64, p: u64) {
 impl PagedPool {
     /// Idle pages: mapped, but touched by no live block.
     pub fn idle_pages(&self) -> u64 {
-        self.idle.len() as u64
+        self.idle_count
     }
 
     /// Page size in bytes (the device granularity); 0 before the first allocation.
