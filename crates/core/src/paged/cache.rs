@@ -7,7 +7,10 @@ impl PagedPool {
     pub(super) fn cache_push(&mut self, h: CachedHandle) {
         self.cached_pages += h.pages;
         self.cache.push(h);
-        *self.cache_sizes.entry(h.pages).or_insert(0) += 1;
+        match self.cache_sizes.binary_search_by_key(&h.pages, |&(s, _)| s) {
+            Ok(i) => self.cache_sizes[i].1 += 1,
+            Err(i) => self.cache_sizes.insert(i, (h.pages, 1)),
+        }
     }
 
     /// Takes the cached handle at `i`.
@@ -22,16 +25,17 @@ impl PagedPool {
     /// largest one smaller than `n`.
     /// The first handle of that size in `cache` order.
     pub(super) fn cache_pick(&self, n: u64) -> Option<usize> {
-        let (&size, _) = self.cache_sizes.range(..=n).next_back()?;
+        let below = self.cache_sizes.partition_point(|&(s, _)| s <= n);
+        let &(size, _) = self.cache_sizes.get(below.checked_sub(1)?)?;
         self.cache.iter().position(|h| h.pages == size)
     }
 
     /// Counts one handle of `pages` pages out of `cache_sizes`.
     pub(super) fn cache_sizes_drop(&mut self, pages: u64) {
-        if let Some(c) = self.cache_sizes.get_mut(&pages) {
-            *c -= 1;
-            if *c == 0 {
-                self.cache_sizes.remove(&pages);
+        if let Ok(i) = self.cache_sizes.binary_search_by_key(&pages, |&(s, _)| s) {
+            self.cache_sizes[i].1 -= 1;
+            if self.cache_sizes[i].1 == 0 {
+                self.cache_sizes.remove(i);
             }
         }
     }
@@ -147,7 +151,7 @@ impl PagedPool {
         }
         while self.held_free_pages() > self.cache_limit {
             // The last of the largest handles.
-            let Some((&size, _)) = self.cache_sizes.last_key_value() else {
+            let Some(&(size, _)) = self.cache_sizes.last() else {
                 break;
             };
             let Some(i) = self.cache.iter().rposition(|h| h.pages == size) else {

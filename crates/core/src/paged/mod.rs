@@ -91,8 +91,6 @@ pub(crate) mod range_map;
 pub(crate) mod slots;
 pub(crate) mod view;
 
-use std::collections::BTreeMap;
-
 use crate::align::{align_down, align_up, is_pow2};
 use crate::config::AllocatorConfig;
 use crate::device::{DeviceError, PhysHandle};
@@ -249,7 +247,9 @@ pub struct PagedPool {
     cache: Vec<CachedHandle>,
     /// How many handles of each size (in pages) `cache` holds, so that a pick finds the
     /// size it wants without walking the cache.
-    cache_sizes: BTreeMap<u64, u32>,
+    /// `(pages, handles)` in ascending order of size, no zero count (a sorted vector: a pool
+    /// holds handles of a few sizes).
+    cache_sizes: Vec<(u64, u32)>,
     /// Pages of the handles in `cache`.
     cached_pages: u64,
     /// Spans (address, bytes) of whole pages left mapped without access by an unwind whose
@@ -296,7 +296,7 @@ impl PagedPool {
             free: range_map::RangeMap::default(),
             live: AddrMap::default(),
             cache: Vec::new(),
-            cache_sizes: BTreeMap::new(),
+            cache_sizes: Vec::new(),
             cached_pages: 0,
             quarantine: Vec::new(),
             mapped_pages: 0,

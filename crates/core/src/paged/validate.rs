@@ -242,7 +242,9 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
     for h in &a.cache {
         *sizes.entry(h.pages).or_insert(0u32) += 1;
     }
-    if sizes != a.cache_sizes {
+    let listed: std::collections::BTreeMap<u64, u32> = a.cache_sizes.iter().copied().collect();
+    let ascending = a.cache_sizes.windows(2).all(|w| w[0].0 < w[1].0);
+    if sizes != listed || !ascending || a.cache_sizes.iter().any(|&(_, c)| c == 0) {
         return Err(format!(
             "cache size index {:?}, cache holds {sizes:?}",
             a.cache_sizes
