@@ -531,7 +531,7 @@ impl SimDevice {
         }
         // A request above the whole device is refused at once, not timed as a huge call.
         let bytes = bytes.min(self.capacity.max(1));
-        let slot = (bytes / self.granularity) as usize % COST_MEMO_SLOTS;
+        let slot = self.granules(bytes) as usize % COST_MEMO_SLOTS;
         let memo = self
             .cost_memo
             .get_mut(call as usize)
@@ -615,7 +615,7 @@ impl SimDevice {
     }
 
     fn check_granular(&self, call: DriverCall, v: u64) -> Result<(), DeviceError> {
-        if v == 0 || !v.is_multiple_of(self.granularity) {
+        if v == 0 || !self.is_granular(v) {
             return Err(DeviceError::Invalid {
                 call: call.cuda_name(),
                 detail: format!(
@@ -644,11 +644,32 @@ impl SimDevice {
     }
 
     /// Marks the granules of the mapping `[va, va+bytes)` mapped or not in its reserved range.
-    fn mark_mapped(&mut self, va: u64, bytes: u64, on: bool) {
-        let g = self.granularity;
-        if let Some((&s, r)) = self.reserved.range_mut(..=va).next_back() {
-            r.mark((va - s) / g, bytes / g, on);
+    /// `known` is the start of a reserved range that may hold it (looked up by key, cheaper
+    /// than the ordered search made otherwise).
+    fn mark_mapped(&mut self, va: u64, bytes: u64, on: bool, known: Option<u64>) {
+        let (first, n) = (va, self.granules(bytes));
+        let sh = self.granularity.trailing_zeros();
+        if let Some(s) = known {
+            if let Some(r) = self.reserved.get_mut(&s) {
+                if va >= s && va - s < r.bytes {
+                    r.mark((first - s) >> sh, n, on);
+                    return;
+                }
+            }
         }
+        if let Some((&s, r)) = self.reserved.range_mut(..=va).next_back() {
+            r.mark((first - s) >> sh, n, on);
+        }
+    }
+
+    /// `bytes` in granules (the granularity is a power of two: a shift, not a division).
+    fn granules(&self, bytes: u64) -> u64 {
+        bytes >> self.granularity.trailing_zeros()
+    }
+
+    /// Whether `v` is a multiple of the granularity (a power of two).
+    fn is_granular(&self, v: u64) -> bool {
+        v & (self.granularity - 1) == 0
     }
 }
 
@@ -774,7 +795,7 @@ impl Device for SimDevice {
     fn map(&mut self, va: u64, bytes: u64, handle: PhysHandle) -> Result<(), DeviceError> {
         let c = DriverCall::Map;
         self.check_granular(c, bytes)?;
-        if !va.is_multiple_of(self.granularity) {
+        if !self.is_granular(va) {
             return Err(Self::invalid(
                 c,
                 format!("{va:#x} is not aligned to the granularity"),
@@ -803,8 +824,7 @@ impl Device for SimDevice {
             ));
         };
         // Mappings never overlap: no granule of the range may be mapped already.
-        let g = self.granularity;
-        if r.any_mapped((va - rs) / g, bytes / g) {
+        if r.any_mapped(self.granules(va - rs), self.granules(bytes)) {
             return Err(Self::invalid(
                 c,
                 format!("{va:#x}+{bytes} overlaps a mapping"),
@@ -819,7 +839,7 @@ impl Device for SimDevice {
                 access: false,
             },
         );
-        self.mark_mapped(va, bytes, true);
+        self.mark_mapped(va, bytes, true, Some(rs));
         if let Some(e) = self.handles.get_mut(&handle.0) {
             e.mapped_at = Some(va);
         }
@@ -878,12 +898,14 @@ impl Device for SimDevice {
             return Err(Self::invalid(c, "range ends inside a mapping".into()));
         }
         self.begin(c, bytes)?;
+        // The reserved range of the first mapping (the others usually lie in it too).
+        let known = self.reserved_holding(va, 1).map(|(s, _)| s);
         let mut at = va;
         while at < end {
             let Some(m) = self.mappings.remove(&at) else {
                 break;
             };
-            self.mark_mapped(at, m.bytes, false);
+            self.mark_mapped(at, m.bytes, false, known);
             at += m.bytes;
             let drop_it = match self.handles.get_mut(&m.handle.0) {
                 Some(h) => {

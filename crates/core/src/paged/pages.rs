@@ -166,11 +166,13 @@ impl PagedPool {
             });
         };
         let base = r.va;
-        let p0 = ((addr - base) / p) as usize;
-        let p1 = ((addr + bytes - 1 - base) / p) as usize;
+        // Pages are a power of two: shifts and masks, not divisions.
+        let sh = p.trailing_zeros();
+        let p0 = ((addr - base) >> sh) as usize;
+        let p1 = ((addr + bytes - 1 - base) >> sh) as usize;
         let (lo, hi) = (base + p0 as u64 * p, base + (p1 as u64 + 1) * p);
-        let head_partial = !(addr - base).is_multiple_of(p);
-        let tail_partial = !(addr + bytes - base).is_multiple_of(p);
+        let head_partial = (addr - base) & (p - 1) != 0;
+        let tail_partial = (addr + bytes - base) & (p - 1) != 0;
         // Plan: (page, handle, pages) for each gap to fill, a run of unmapped pages (a partly
         // covered end page on its own); filled from the cache, then from idle pages, then
         // created.
@@ -360,8 +362,9 @@ impl PagedPool {
             .res_of(addr)
             .ok_or_else(|| AllocError::Internal(format!("block {addr:#x} outside VA")))?;
         let base = self.reservations[ri].va;
-        let p0 = ((addr - base) / p) as usize;
-        let p1 = ((addr + bytes - 1 - base) / p) as usize;
+        let sh = p.trailing_zeros();
+        let p0 = ((addr - base) >> sh) as usize;
+        let p1 = ((addr + bytes - 1 - base) >> sh) as usize;
         if p1 >= self.reservations[ri].npages {
             return Err(AllocError::Internal(format!(
                 "block {addr:#x} crosses the end of its reservation"

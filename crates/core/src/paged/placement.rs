@@ -5,9 +5,11 @@ use super::*;
 
 /// [`PagedPool::usable_head`] with page size `p`.
 pub(super) fn usable_head_at(p: u64, base: u64, st: u64, len: u64) -> u64 {
+    // Pages are a power of two: shifts, not divisions (a division is tens of cycles).
+    let sh = p.trailing_zeros();
     let rel = st - base;
-    let i0 = rel.div_ceil(p);
-    let i1 = (rel + len) / p;
+    let i0 = (rel + p - 1) >> sh;
+    let i1 = (rel + len) >> sh;
     if i1 <= i0 {
         len
     } else {
@@ -20,7 +22,7 @@ pub(super) fn usable_head_at(p: u64, base: u64, st: u64, len: u64) -> u64 {
 /// (so the free bytes at that page's head are usable next to its mapped part).
 pub(super) fn tail_leaf(p: u64, base: u64, st: u64, len: u64) -> Option<(usize, u64)> {
     let b = st + len;
-    let page = (b - base) / p;
+    let page = (b - base) >> p.trailing_zeros();
     let ps = base + page * p;
     (b > ps && st + p <= ps).then_some((page as usize, b - ps))
 }
@@ -52,7 +54,8 @@ impl PagedPool {
         };
         let base = r.va;
         let units = |b: u64| u32::try_from(b / UNIT_BYTES).unwrap_or(u32::MAX);
-        let page_of = |a: u64| ((a - base) / p) as usize;
+        let sh = p.trailing_zeros();
+        let page_of = |a: u64| ((a - base) >> sh) as usize;
         let mut rescan = [usize::MAX; 4];
         let mut n_rescan = 0;
         for &(st, len) in removed {
@@ -175,20 +178,22 @@ impl PagedPool {
             let b = st + len;
             let i0 = (st - r_va + p - 1) >> sh;
             let i1 = (b - r_va) >> sh;
-            // (pages newly mapped, bytes of them the block leaves free) for a block at `x`.
-            let cost = |x: u64| -> (u64, u64) {
+            // A block at `x` newly maps the pages `lo..hi` (`k` of them) and leaves `slack`
+            // bytes of them free; the slack is only worked out when `k` can win.
+            let mut consider = |x: u64| {
                 let (xr, er) = (x - r_va, x - r_va + bytes);
                 let lo = (xr >> sh).max(i0);
                 let hi = (((er - 1) >> sh) + 1).min(i1);
-                if hi <= lo {
-                    return (0, 0);
+                let k = hi.saturating_sub(lo);
+                if k > bk {
+                    return;
                 }
-                let covered = er.min(hi << sh) - xr.max(lo << sh);
-                ((hi - lo), ((hi - lo) << sh) - covered)
-            };
-            let mut consider = |x: u64| {
-                let (k, slack) = cost(x);
-                if k < bk || (k == bk && (slack < bs || (slack == bs && x < bx))) {
+                let slack = if k == 0 {
+                    0
+                } else {
+                    (k << sh) - (er.min(hi << sh) - xr.max(lo << sh))
+                };
+                if k < bk || slack < bs || (slack == bs && x < bx) {
                     (bk, bs, bx) = (k, slack, x);
                     best = Some(Placement {
                         res: ri,
@@ -241,8 +246,9 @@ impl PagedPool {
         let Some(r) = self.reservations.get_mut(pl.res) else {
             return;
         };
-        let p0 = ((pl.addr - r.va) / p) as usize;
-        let p1 = ((bend - 1 - r.va) / p) as usize;
+        let sh = p.trailing_zeros();
+        let p0 = ((pl.addr - r.va) >> sh) as usize;
+        let p1 = ((bend - 1 - r.va) >> sh) as usize;
         for (i, slot) in (p0..=p1).zip(r.pages.range_mut(p0, p1 + 1)) {
             if let Some(pg) = slot {
                 // Idle pages are single-page handles: a page of a longer handle (one this
