@@ -128,19 +128,28 @@ impl PagedPool {
         let (Ok(ext_first), Ok(ext_pages)) = (u32::try_from(first), u32::try_from(h.pages)) else {
             return;
         };
-        if let Some(r) = self.reservations.get_mut(ri) {
-            for slot in r
-                .pages
-                .range_mut(first, first.saturating_add(h.pages as usize))
-            {
-                *slot = Some(Page {
-                    handle: h.handle,
-                    ext_first,
-                    ext_pages,
-                    refs,
-                    access,
-                });
+        let page = Some(Page {
+            handle: h.handle,
+            ext_first,
+            ext_pages,
+            refs,
+            access,
+        });
+        let Some(r) = self.reservations.get_mut(ri) else {
+            return;
+        };
+        if h.pages == 1 {
+            // Most handles are single pages: no range walk.
+            if let Some(slot) = r.pages.get_mut(first) {
+                *slot = page;
             }
+            return;
+        }
+        for slot in r
+            .pages
+            .range_mut(first, first.saturating_add(h.pages as usize))
+        {
+            *slot = page;
         }
     }
 
