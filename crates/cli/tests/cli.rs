@@ -1063,3 +1063,39 @@ fn lazy_conf_sets_the_paged_lazy_trade_and_names_bad_items() {
         }
     }
 }
+
+#[test]
+fn replay_reports_the_planned_layout_of_the_trace() {
+    // a [0, 2) and b [1, 4) of 1 KiB, c [3, 4) of 2 KiB. Online, c cannot use a's 1 KiB
+    // hole; with the whole trace known, c goes first at 0, a shares its addresses (they are
+    // never live together) and b sits above: 3 KiB, the peak of live bytes (b + c).
+    let path = std::env::temp_dir().join(format!("gpumem-plan-{}.jsonl", std::process::id()));
+    std::fs::write(
+        &path,
+        [
+            r#"{"action":"alloc","addr":1,"size":1000}"#,
+            r#"{"action":"alloc","addr":2,"size":1000}"#,
+            r#"{"action":"free","addr":1}"#,
+            r#"{"action":"alloc","addr":3,"size":2000}"#,
+        ]
+        .join("\n"),
+    )
+    .unwrap();
+    let p = path.to_str().unwrap();
+    let (ok, out, err) = gpumem(&["replay", p, "-a", "tlsf", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let plan = &v["trace"]["planned_layout"][0];
+    assert_eq!(plan["device"], 0);
+    assert_eq!(plan["blocks"], 3);
+    assert_eq!(plan["peak_live_bytes"], 3072);
+    assert_eq!(plan["layout_bytes"], 3072);
+    assert!((plan["over_requested"].as_f64().unwrap() - 3072.0 / 3000.0).abs() < 1e-9);
+    let (ok, out, err) = gpumem(&["replay", p, "-a", "tlsf"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("planned layout (the whole trace known in advance, no block ever moved): 3.00 KiB (1.024)"),
+        "{out}"
+    );
+    std::fs::remove_file(&path).ok();
+}
