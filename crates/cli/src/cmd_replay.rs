@@ -123,6 +123,50 @@ struct JsonTrace {
     /// What the reader warned about (key typos, ...).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     warnings: Vec<String>,
+    /// Per device, the planned layout ([`gpumem::plan`]): the memory a placement that knows
+    /// the whole trace and never moves a block needs.
+    planned_layout: Vec<JsonPlanned>,
+    /// Why no layout was planned, when none was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    planned_layout_skipped: Option<String>,
+}
+
+/// One device's planned layout ([`gpumem::plan::planned_layout`]).
+#[derive(Serialize)]
+struct JsonPlanned {
+    device: u32,
+    blocks: u64,
+    /// Highest sum of live blocks' sizes rounded to 512 B.
+    peak_live_bytes: u64,
+    /// The layout's extent: the memory it needs.
+    layout_bytes: u64,
+    /// `layout_bytes` ÷ the device's peak requested bytes (as res/req).
+    over_requested: f64,
+}
+
+/// The planned layout of every device of the trace, or why it was skipped.
+fn planned_layouts(
+    trace: &trace::Trace,
+    summaries: &[(u32, TraceSummary)],
+) -> (Vec<JsonPlanned>, Option<String>) {
+    let mut out = Vec::new();
+    for &(device, ref s) in summaries {
+        match gpumem::plan::planned_layout(trace, device) {
+            Ok(p) => out.push(JsonPlanned {
+                device,
+                blocks: p.blocks,
+                peak_live_bytes: p.peak_live_bytes,
+                layout_bytes: p.layout_bytes,
+                over_requested: if s.peak_requested_bytes == 0 {
+                    0.0
+                } else {
+                    p.layout_bytes as f64 / s.peak_requested_bytes as f64
+                },
+            }),
+            Err(e) => return (Vec::new(), Some(format!("device {device}: {e}"))),
+        }
+    }
+    (out, None)
 }
 
 #[derive(Serialize)]
@@ -656,29 +700,37 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     // On the simulated device the allocators replay side by side, one thread each (the
     // capacity probes of one allocator run in order in its thread). On a real GPU they run
     // one after the other: concurrent pools would share the driver and cuMemGetInfo.
-    let runs: Vec<Result<AllocatorRun>> = if matches!(target, Target::Sim) && names.len() > 1 {
-        std::thread::scope(|sc| {
-            let handles: Vec<_> = names
+    // The planned layout is worked out beside the replays, in a thread of its own.
+    let (runs, (planned_layout, planned_layout_skipped)) = std::thread::scope(|outer| {
+        let planner = outer.spawn(|| planned_layouts(&trace, &summaries));
+        let runs: Vec<Result<AllocatorRun>> = if matches!(target, Target::Sim) && names.len() > 1 {
+            std::thread::scope(|sc| {
+                let handles: Vec<_> = names
+                    .iter()
+                    .map(|&n| {
+                        let (sh, pr) = (&shared, &progress);
+                        sc.spawn(move || run_allocator(sh, n, pr))
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join()
+                            .unwrap_or_else(|_| Err(anyhow::anyhow!("a replay thread panicked")))
+                    })
+                    .collect()
+            })
+        } else {
+            names
                 .iter()
-                .map(|&n| {
-                    let (sh, pr) = (&shared, &progress);
-                    sc.spawn(move || run_allocator(sh, n, pr))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(anyhow::anyhow!("a replay thread panicked")))
-                })
+                .map(|&n| run_allocator(&shared, n, &progress))
                 .collect()
-        })
-    } else {
-        names
-            .iter()
-            .map(|&n| run_allocator(&shared, n, &progress))
-            .collect()
-    };
+        };
+        let planned = planner
+            .join()
+            .unwrap_or_else(|_| (Vec::new(), Some("the planner panicked".into())));
+        (runs, planned)
+    });
     pb.finish_and_clear();
     let runs: Vec<AllocatorRun> = runs.into_iter().collect::<Result<_>>()?;
 
@@ -735,6 +787,8 @@ pub fn run(a: ReplayArgs) -> Result<()> {
             duration_seconds: duration_us.map(|d| d as f64 * 1e-6),
             truncated: trace.truncated.clone(),
             warnings: trace.warnings.clone(),
+            planned_layout,
+            planned_layout_skipped,
         },
         semantics: SEMANTICS,
         pytorch_recorded: recorded_figures(&a.trace, peak_requested),

@@ -1006,16 +1006,19 @@ fn lazy_conf_notes_page_keys_that_segments_ignore() {
 
 #[test]
 fn lazy_conf_sets_the_paged_lazy_trade_and_names_bad_items() {
-    let run = |conf: &str| {
-        let (ok, out, err) = gpumem(&[
+    let replay = |conf: &str| {
+        gpumem(&[
             "replay",
-            "traces/resnet_train.pickle.gz",
+            "traces/mixed_sizes.pickle.gz",
             "-a",
             "paged-lazy",
             "--lazy-conf",
             conf,
             "--json",
-        ]);
+        ])
+    };
+    let run = |conf: &str| {
+        let (ok, out, err) = replay(conf);
         assert!(ok, "{err}");
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         v["allocators"][0].clone()
@@ -1053,17 +1056,46 @@ fn lazy_conf_sets_the_paged_lazy_trade_and_names_bad_items() {
         ("max_handle=0", ["max_handle", "above 0"]),
         ("placement=torch", ["`placement`", "segments or pages"]),
     ] {
-        let (ok, _, err) = gpumem(&[
-            "replay",
-            "traces/mixed_sizes.pickle.gz",
-            "-a",
-            "paged-lazy",
-            "--lazy-conf",
-            bad,
-        ]);
+        let (ok, _, err) = replay(bad);
         assert!(!ok, "{bad} accepted");
         for w in words {
             assert!(err.contains(w), "{bad}: {err}");
         }
     }
+}
+
+#[test]
+fn replay_reports_the_planned_layout_of_the_trace() {
+    // a [0, 2) and b [1, 4) of 1 KiB, c [3, 4) of 2 KiB. Online, c cannot use a's 1 KiB
+    // hole; with the whole trace known, c goes first at 0, a shares its addresses (they are
+    // never live together) and b sits above: 3 KiB, the peak of live bytes (b + c).
+    let path = std::env::temp_dir().join(format!("gpumem-plan-{}.jsonl", std::process::id()));
+    std::fs::write(
+        &path,
+        [
+            r#"{"action":"alloc","addr":1,"size":1000}"#,
+            r#"{"action":"alloc","addr":2,"size":1000}"#,
+            r#"{"action":"free","addr":1}"#,
+            r#"{"action":"alloc","addr":3,"size":2000}"#,
+        ]
+        .join("\n"),
+    )
+    .unwrap();
+    let p = path.to_str().unwrap();
+    let (ok, out, err) = gpumem(&["replay", p, "-a", "tlsf", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let plan = &v["trace"]["planned_layout"][0];
+    assert_eq!(plan["device"], 0);
+    assert_eq!(plan["blocks"], 3);
+    assert_eq!(plan["peak_live_bytes"], 3072);
+    assert_eq!(plan["layout_bytes"], 3072);
+    assert!((plan["over_requested"].as_f64().unwrap() - 3072.0 / 3000.0).abs() < 1e-9);
+    let (ok, out, err) = gpumem(&["replay", p, "-a", "tlsf"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("planned layout (the whole trace known in advance, no block ever moved): 3.00 KiB (1.024)"),
+        "{out}"
+    );
+    std::fs::remove_file(&path).ok();
 }

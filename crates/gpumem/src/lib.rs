@@ -15,6 +15,7 @@
 pub mod cuda;
 pub mod lazy_conf;
 pub mod pinned;
+pub mod plan;
 pub mod plot;
 pub mod pool;
 pub mod recorded_oom;

@@ -237,6 +237,31 @@ pub(super) fn print_table(j: &JsonOut, capacity: u64, capacity_given: bool) {
             parts.join(", ")
         );
     }
+    let planned: Vec<String> = j
+        .trace
+        .planned_layout
+        .iter()
+        .map(|p| {
+            let dev = if j.trace.planned_layout.len() > 1 {
+                format!("device {}: ", p.device)
+            } else {
+                String::new()
+            };
+            format!(
+                "{dev}{} ({:.3})",
+                human_bytes(p.layout_bytes),
+                p.over_requested
+            )
+        })
+        .collect();
+    if !planned.is_empty() {
+        println!(
+            "planned layout (the whole trace known in advance, no block ever moved): {}",
+            planned.join(", ")
+        );
+    } else if let Some(why) = &j.trace.planned_layout_skipped {
+        println!("planned layout: skipped ({why})");
+    }
 }
 
 pub(super) fn print_min_capacity(min_caps: &[(&'static str, &[DeviceMinCapacity])]) {
@@ -313,6 +338,9 @@ pub(super) fn print_notes(j: &JsonOut, capacity: u64) {
     }
     println!();
     println!("res/req: peak reserved / peak requested (1.000 = no memory lost to rounding or fragmentation).");
+    if !j.trace.planned_layout.is_empty() {
+        println!("planned layout: every block at one address for its life, placed with the whole trace known (TensorFlow Lite's greedy by size, requests rounded to 512 B): about what a placement that never moves memory could reach with foresight (greedy, so not a floor: paged, which remaps pages, can go below it).");
+    }
     println!("ext.frag: highest external fragmentation 1 - largest free block / free bytes; frag@pk: the same at peak reserved.");
     println!("inact.split: peak free bytes inside segments or pages that hold live blocks (PyTorch's inactive_split_bytes); retries: cache released and retried after the device refused (num_alloc_retries).");
     println!("driver time: modelled from H200 call costs per kind and size on the simulated device, measured on a real one{}.",

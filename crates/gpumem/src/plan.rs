@@ -1,0 +1,347 @@
+//! The planned layout of a trace: how much memory a placement needs when it knows the whole
+//! trace in advance and never moves a block. Every block gets one offset for its whole life;
+//! two blocks live at the same time never overlap; the layout's extent is what a single
+//! mapping of that size would reserve, with no driver call after it.
+//!
+//! Finding the smallest such layout is NP-hard (dynamic storage allocation, Garey and Johnson
+//! 1979). This is the *greedy by size* planner of TensorFlow Lite's arena planner (Pisarchyk
+//! and Lee, "Efficient Memory Management for Deep Neural Net Inference", 2020): blocks in
+//! decreasing size, each at the smallest gap between the blocks already placed that overlap it
+//! in time, else above them. It is not optimal, but on DNN training traces it lands within a
+//! few per mille of the peak of live bytes, the floor for any placement (BENCHMARKS.md, issue
+//! 11). Set beside an allocator's peak, it says how much of that allocator's overhead a better
+//! placement could save and how much comes from not knowing the future.
+//!
+//! Blocks are sized as allocated by PyTorch's caching allocator: the request rounded up to
+//! [`PLAN_ROUND_BYTES`]. Time is the event index: a block lives from its allocation event to
+//! the event that frees it (blocks live before recording started from the first event, blocks
+//! never freed to the last).
+use rustc_hash::FxHashMap;
+
+use crate::trace::{Action, Trace};
+
+/// Requests are rounded up to this many bytes (PyTorch's smallest block).
+pub const PLAN_ROUND_BYTES: u64 = 512;
+
+/// Most blocks [`planned_layout`] plans: the planner's time grows with the number of blocks
+/// times the blocks live beside each (BENCHMARKS.md: well under a second for the 48,000
+/// blocks of the T5 trace).
+pub const PLAN_MAX_BLOCKS: usize = 1_000_000;
+
+/// One block's size and lifetime, for [`plan`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lifetime {
+    /// Bytes the block occupies.
+    pub bytes: u64,
+    /// First moment it is live (an event index).
+    pub start: u64,
+    /// First moment it is no longer live (`end > start`; `end == start` is treated as
+    /// `start + 1`).
+    pub end: u64,
+}
+
+impl Lifetime {
+    /// Whether the two blocks are live at some same moment (so may not share an address).
+    pub fn overlaps(&self, o: &Lifetime) -> bool {
+        self.start < o.end.max(o.start + 1) && o.start < self.end.max(self.start + 1)
+    }
+}
+
+/// The planned layout of one device's events ([`planned_layout`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct PlannedLayout {
+    /// Blocks planned.
+    pub blocks: u64,
+    /// Highest sum of live block bytes (rounded sizes): no layout is smaller.
+    pub peak_live_bytes: u64,
+    /// Extent of the layout, in bytes: the memory it needs.
+    pub layout_bytes: u64,
+}
+
+/// Why no layout was planned.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// More blocks than [`PLAN_MAX_BLOCKS`].
+    #[error("{blocks} blocks, more than the planner's limit of {limit}")]
+    TooManyBlocks {
+        /// Blocks in the trace.
+        blocks: usize,
+        /// [`PLAN_MAX_BLOCKS`].
+        limit: usize,
+    },
+}
+
+/// Offsets, in bytes, one per block of `blocks` (same order), such that two blocks whose
+/// lifetimes overlap never overlap in address: greedy by size (see the module docs). The
+/// extent of the layout is the largest `offset + bytes`.
+pub fn plan(blocks: &[Lifetime]) -> Vec<u64> {
+    let n = blocks.len();
+    let end = |b: &Lifetime| b.end.max(b.start + 1);
+    let mut order: Vec<usize> = (0..n).collect();
+    // Largest first; ties by start, then by index, so the plan is deterministic.
+    order.sort_by(|&a, &b| {
+        blocks[b]
+            .bytes
+            .cmp(&blocks[a].bytes)
+            .then(blocks[a].start.cmp(&blocks[b].start))
+            .then(a.cmp(&b))
+    });
+    // The blocks that overlap one in time are found through the blocks in order of start,
+    // in chunks that know the latest end of their placed blocks: a chunk whose placed
+    // blocks all ended before the block starts is skipped whole, so a training trace's
+    // thousands of short-lived blocks are not walked for every block.
+    const CHUNK: usize = 64;
+    let mut by_start: Vec<usize> = (0..n).collect();
+    by_start.sort_by_key(|&i| (blocks[i].start, i));
+    let mut pos = vec![0usize; n];
+    for (p, &i) in by_start.iter().enumerate() {
+        pos[i] = p;
+    }
+    let mut placed = vec![false; n];
+    let mut chunk_end = vec![0u64; n.div_ceil(CHUNK)];
+    let mut offsets = vec![0u64; n];
+    let mut busy: Vec<(u64, u64)> = Vec::new();
+    for &i in &order {
+        let b = &blocks[i];
+        let (s, e) = (b.start, end(b));
+        // Blocks at positions below `limit` start before this one ends.
+        let limit = by_start.partition_point(|&j| blocks[j].start < e);
+        busy.clear();
+        for (c, &ce) in chunk_end.iter().enumerate().take(limit.div_ceil(CHUNK)) {
+            if ce <= s {
+                continue;
+            }
+            for p in c * CHUNK..((c + 1) * CHUNK).min(limit) {
+                let j = by_start[p];
+                if placed[p] && end(&blocks[j]) > s {
+                    busy.push((offsets[j], offsets[j].saturating_add(blocks[j].bytes)));
+                }
+            }
+        }
+        busy.sort_unstable();
+        // The smallest gap that holds the block (the lowest of equal gaps), else the top.
+        let mut best: Option<(u64, u64)> = None;
+        let mut cursor = 0u64;
+        for &(lo, hi) in &busy {
+            if lo > cursor {
+                let gap = lo - cursor;
+                if gap >= b.bytes && best.is_none_or(|(g, _)| gap < g) {
+                    best = Some((gap, cursor));
+                }
+            }
+            cursor = cursor.max(hi);
+        }
+        offsets[i] = best.map_or(cursor, |(_, at)| at);
+        placed[pos[i]] = true;
+        let c = pos[i] / CHUNK;
+        chunk_end[c] = chunk_end[c].max(e);
+    }
+    offsets
+}
+
+/// The lifetimes of `device`'s blocks in `trace`, sizes rounded up to [`PLAN_ROUND_BYTES`].
+/// An allocation at an address that is still live ends the block there first (as a free
+/// would); a free of an unknown address is ignored (replay counts those).
+pub fn lifetimes(trace: &Trace, device: u32) -> Vec<Lifetime> {
+    let round = |b: u64| b.max(1).div_ceil(PLAN_ROUND_BYTES) * PLAN_ROUND_BYTES;
+    let mut open: FxHashMap<u64, (u64, u64)> = FxHashMap::default();
+    let mut out = Vec::new();
+    for p in trace.preexisting.iter().filter(|p| p.device == device) {
+        open.insert(p.addr, (0, round(p.size_bytes)));
+    }
+    let mut t = 0u64;
+    for e in trace.events.iter().filter(|e| e.device == device) {
+        match e.action {
+            Action::Alloc => {
+                if let Some((start, bytes)) = open.insert(e.addr, (t, round(e.size_bytes))) {
+                    out.push(Lifetime {
+                        bytes,
+                        start,
+                        end: t,
+                    });
+                }
+            }
+            Action::Free => {
+                if let Some((start, bytes)) = open.remove(&e.addr) {
+                    out.push(Lifetime {
+                        bytes,
+                        start,
+                        end: t,
+                    });
+                }
+            }
+            _ => {}
+        }
+        t += 1;
+    }
+    let mut rest: Vec<(u64, (u64, u64))> = open.into_iter().collect();
+    rest.sort_unstable();
+    out.extend(rest.into_iter().map(|(_, (start, bytes))| Lifetime {
+        bytes,
+        start,
+        end: t.max(start + 1),
+    }));
+    out
+}
+
+/// Plans the layout of `device`'s blocks in `trace` ([`lifetimes`], [`plan`]).
+///
+/// # Errors
+/// [`PlanError::TooManyBlocks`] above [`PLAN_MAX_BLOCKS`] blocks.
+pub fn planned_layout(trace: &Trace, device: u32) -> Result<PlannedLayout, PlanError> {
+    let blocks = lifetimes(trace, device);
+    if blocks.len() > PLAN_MAX_BLOCKS {
+        return Err(PlanError::TooManyBlocks {
+            blocks: blocks.len(),
+            limit: PLAN_MAX_BLOCKS,
+        });
+    }
+    let offsets = plan(&blocks);
+    let layout_bytes = blocks
+        .iter()
+        .zip(&offsets)
+        .map(|(b, &o)| o.saturating_add(b.bytes))
+        .max()
+        .unwrap_or(0);
+    Ok(PlannedLayout {
+        blocks: blocks.len() as u64,
+        peak_live_bytes: peak_live(&blocks),
+        layout_bytes,
+    })
+}
+
+/// Highest sum of bytes of blocks live at the same moment.
+pub fn peak_live(blocks: &[Lifetime]) -> u64 {
+    let mut edges: Vec<(u64, bool, u64)> = Vec::with_capacity(blocks.len() * 2);
+    for b in blocks {
+        edges.push((b.start, true, b.bytes));
+        edges.push((b.end.max(b.start + 1), false, b.bytes));
+    }
+    // Ends before starts at the same moment (`false < true`): a block freed at t and one
+    // allocated at t do not overlap.
+    edges.sort_unstable();
+    let (mut live, mut peak) = (0u64, 0u64);
+    for (_, start, bytes) in edges {
+        if start {
+            live = live.saturating_add(bytes);
+            peak = peak.max(live);
+        } else {
+            live = live.saturating_sub(bytes);
+        }
+    }
+    peak
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::Event;
+    use proptest::prelude::*;
+
+    fn lt(bytes: u64, start: u64, end: u64) -> Lifetime {
+        Lifetime { bytes, start, end }
+    }
+
+    fn check(blocks: &[Lifetime], offsets: &[u64]) {
+        for (i, a) in blocks.iter().enumerate() {
+            for (j, b) in blocks.iter().enumerate().skip(i + 1) {
+                if a.overlaps(b) {
+                    let (oa, ob) = (offsets[i], offsets[j]);
+                    assert!(
+                        oa + a.bytes <= ob || ob + b.bytes <= oa,
+                        "{a:?} at {oa} and {b:?} at {ob} overlap"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn blocks_apart_in_time_share_addresses() {
+        let blocks = [lt(100, 0, 2), lt(100, 2, 4), lt(50, 4, 6)];
+        assert_eq!(plan(&blocks), vec![0, 0, 0]);
+        assert_eq!(peak_live(&blocks), 100);
+    }
+
+    #[test]
+    fn a_small_block_goes_into_the_smallest_gap_that_holds_it() {
+        // Live together: 300 @0, 100 @300 (placed by size), then a hole is made by a block
+        // that ends early. Layout: A=300 [0,10), B=200 [0,4), C=200 [5,10), D=100 [0,10).
+        // By size: A at 0; B at 300; C at 300 (B is over by then); D above: 500.
+        let blocks = [
+            lt(300, 0, 10),
+            lt(200, 0, 4),
+            lt(200, 5, 10),
+            lt(100, 0, 10),
+        ];
+        let o = plan(&blocks);
+        check(&blocks, &o);
+        assert_eq!(o, vec![0, 300, 300, 500]);
+        // A gap of exactly the block's size between two busy ranges is taken: A @0, B @100
+        // (over at 3), C @200, then D (from 4) in B's place between A and C.
+        let blocks = [lt(100, 0, 9), lt(100, 0, 3), lt(100, 0, 9), lt(100, 4, 9)];
+        let o = plan(&blocks);
+        check(&blocks, &o);
+        assert_eq!(o, vec![0, 100, 200, 100]);
+        // Of two gaps that hold it, the smaller: A @0 and C @600 end at 3, B @400 and D @760
+        // stay; from 4 the gaps are [0, 400) and [600, 760), and E (150) takes the second.
+        let blocks = [
+            lt(400, 0, 3),
+            lt(200, 0, 9),
+            lt(160, 0, 3),
+            lt(155, 0, 9),
+            lt(150, 4, 9),
+        ];
+        let o = plan(&blocks);
+        check(&blocks, &o);
+        assert_eq!(o, vec![0, 400, 600, 760, 600]);
+    }
+
+    #[test]
+    fn lifetimes_from_a_trace() {
+        let t = Trace {
+            events: vec![
+                Event::new(Action::Alloc, 0x10, 1000),
+                Event::new(Action::Alloc, 0x20, 1),
+                Event::new(Action::Free, 0x10, 1000),
+                Event::new(Action::Free, 0x99, 8),
+            ],
+            ..Trace::default()
+        };
+        let l = lifetimes(&t, 0);
+        assert_eq!(l, vec![lt(1024, 0, 2), lt(512, 1, 4)]);
+        let p = planned_layout(&t, 0).unwrap();
+        assert_eq!(
+            p,
+            PlannedLayout {
+                blocks: 2,
+                peak_live_bytes: 1536,
+                layout_bytes: 1536
+            }
+        );
+        assert_eq!(lifetimes(&t, 1), vec![]);
+    }
+
+    proptest! {
+        #[test]
+        fn the_plan_never_overlaps_live_blocks_and_is_at_least_the_peak(
+            raw in proptest::collection::vec((1u64..10_000, 0u64..200, 1u64..60), 0..120)
+        ) {
+            let blocks: Vec<Lifetime> =
+                raw.iter().map(|&(b, s, d)| lt(b, s, s + d)).collect();
+            let o = plan(&blocks);
+            check(&blocks, &o);
+            let extent = blocks.iter().zip(&o).map(|(b, &x)| x + b.bytes).max().unwrap_or(0);
+            let peak = peak_live(&blocks);
+            prop_assert!(extent >= peak);
+            // Never worse than stacking every block: the sum of all sizes.
+            prop_assert!(extent <= blocks.iter().map(|b| b.bytes).sum::<u64>());
+            // The peak by brute force over every moment.
+            let brute = (0..260u64)
+                .map(|t| blocks.iter().filter(|b| b.start <= t && t < b.end).map(|b| b.bytes).sum::<u64>())
+                .max()
+                .unwrap_or(0);
+            prop_assert_eq!(peak, brute);
+        }
+    }
+}
