@@ -71,7 +71,7 @@ mod validate;
 
 use blocks::{Block, FreeSet, Slab, UnmappedSet, NIL};
 pub use conf::{ConfError, TorchConfig};
-use expandable::ExpandableSegment;
+use expandable::{ExpandableSegment, RangeToFree, Unreleased};
 pub use sizes::{
     allocation_size, round_size, round_size_with, roundup_power2_next_division, should_split,
     should_split_with, PoolKind, LARGE_BUFFER_BYTES, MIN_BLOCK_BYTES, MIN_LARGE_ALLOC_BYTES,
@@ -149,6 +149,14 @@ pub struct TorchCachingPool {
     segments: BTreeMap<u64, SegmentRec>,
     /// Expandable segments by index (`None` once released).
     expandable: Vec<Option<ExpandableSegment>>,
+    /// Physical handles of expandable segments whose cuMemRelease failed: unmapped, they
+    /// hold their memory (counted as reserved) until the next release of the cache. Empty
+    /// unless a driver call failed.
+    unreleased: Vec<Unreleased>,
+    /// Expandable segments with nothing mapped whose range a failed driver call kept from
+    /// being given back (cuMemAddressFree) at a release of the cache: the next release gives
+    /// it back. Empty unless a driver call failed.
+    ranges_to_free: Vec<RangeToFree>,
     /// User address → slab index of its block (they differ only for alignments above 512).
     live: live::LiveMap,
     /// Null blocks (0-byte requests) handed out and not yet freed.
