@@ -9,8 +9,9 @@
 //! unmapped (cuMemUnmap + cuMemRelease per page) only when the cache is released
 //! (`unmap_block` from `release_cached_blocks`, on `empty_cache` or an OOM); a segment left
 //! with no mapped page gives its range back (cuMemAddressFree). As in PyTorch, a segment
-//! whose very first mapping ran out of memory keeps its range with nothing mapped (releasing
-//! visits mapped free blocks only); it serves a later request on its stream.
+//! whose very first mapping failed (out of memory, or a driver error) keeps its range with
+//! nothing mapped (releasing visits mapped free blocks only); it serves a later request on
+//! its stream.
 //!
 //! Driver errors: after any failed call the counters match what the device holds. A failed
 //! growth unwinds (nothing stays mapped; a handle whose cuMemRelease fails is kept in
