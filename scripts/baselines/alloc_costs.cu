@@ -3,9 +3,9 @@
 //   gpumem's own Rust baseline makes), cudaMallocAsync / cudaFreeAsync on the default memory
 //   pool with its release threshold at the maximum (memory kept between pairs).
 //
-// Method, for every size of `bench alloc` (256 B .. 1 GiB): each call is timed on its own
+// Method, for every size of `bench alloc` (256 B .. 1 GiB), and 4 and 16 GiB: each call is timed on its own
 // with steady_clock on the host; a pair's figure is the median allocation plus the median
-// free (200 pairs below 256 MiB, 20 from 256 MiB; async: 2000 pairs, the stream synchronized
+// free (200 pairs below 256 MiB, 20 from 256 MiB, 10 from 4 GiB; async: 2000 pairs, the stream synchronized
 // once at the end). The mixed case allocates bench alloc's 1000 mixed sizes (1 KiB .. 4 MiB,
 // same generator and seed), then frees them all; one warm-up round, then 3 timed rounds, the
 // figure being the median round's time divided by 1000.
@@ -93,6 +93,11 @@ int main() {
     int pairs = s >= (size_t(256) << 20) ? 20 : 200;
     print_pair("cudaMalloc+cudaFree", s, time_each_call(s, pairs, rt_alloc, rt_free));
     print_pair("cuMemAlloc+cuMemFree", s, time_each_call(s, pairs, drv_alloc, drv_free));
+  }
+  // The cost model's points above 1 GiB (a first segment of PyTorch's can be several GiB).
+  for (size_t s : {size_t(4) << 30, size_t(16) << 30}) {
+    print_pair("cudaMalloc+cudaFree", s, time_each_call(s, 10, rt_alloc, rt_free));
+    print_pair("cuMemAlloc+cuMemFree", s, time_each_call(s, 10, drv_alloc, drv_free));
   }
   print_mixed("cudaMalloc+cudaFree", time_mixed(mixed, rt_alloc, rt_free));
   print_mixed("cuMemAlloc+cuMemFree", time_mixed(mixed, drv_alloc, drv_free));

@@ -83,6 +83,12 @@ def main():
         for c in calls:
             rows.append([c] + [f"{l[c + '_ns'] / 1e3:.1f}" for l in vmm])
         out.append(table(["call"] + [f"{human(s)} {ctx}" for ctx, s in cols], rows))
+    res = [l for l in lines if l.get("bench") == "vmm_reserve"]
+    if res:
+        out.append("\n### Address space alone (no memory behind it), median per call (µs)\n")
+        out.append(table(["call"] + [human(l["size"]) for l in res],
+                         [[c] + [f"{l[c + '_ns'] / 1e3:.1f}" for l in res]
+                          for c in ["reserve", "address_free"]]))
     sap = [l for l in lines if l.get("bench") == "set_access_pages"]
     if sap:
         out.append("\n### cuMemSetAccess / cuMemUnmap over N contiguous 2 MiB mappings (8 GiB mapped besides), µs\n")

@@ -1,17 +1,20 @@
 // CUDA virtual memory management call costs by size: the calls gpumem's `paged` strategy
 // makes, and the points of the simulated device's driver-cost model (crates/core/src/sim.rs).
 //
-// Method: for each size (2 MiB = the granularity, 64 MiB, 1 GiB), a cycle cuMemAddressReserve,
+// Method: for each size (2 MiB = the granularity, 64 MiB, 1 GiB; isolated also 4 GiB and 16 GiB,
+// the sizes of one coarse handle of `paged-lazy`), a cycle cuMemAddressReserve,
 // cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease, cuMemAddressFree, each call
-// timed on its own with steady_clock; medians of 50 cycles (1 GiB: 20). The cycle runs twice:
-// "isolated" (nothing else mapped) and "loaded", with a background of 8 GiB mapped as 4096
-// pages of 2 MiB with access set (what a replay's pool holds), because calls that change
+// timed on its own with steady_clock; medians of 50 cycles (1 GiB: 20, 4 GiB and above: 10).
+// The cycle runs twice: "isolated" (nothing else mapped) and "loaded", with a background of
+// 8 GiB mapped as 4096 pages of 2 MiB with access set (what a replay's pool holds), because calls that change
 // the page table cost more while many mappings are live. A third table times cuMemSetAccess
 // over N contiguous 2 MiB mappings (N = 1, 4, 32, 512) in the loaded context: `paged` maps a
-// block page by page and sets access once over the whole block.
+// block page by page and sets access once over the whole block. A fourth times
+// cuMemAddressReserve and cuMemAddressFree alone for 1 GiB to 1 TiB of address space.
 //
 // Output: JSON lines {"program":"vmm_costs","bench":"vmm_cycle","context":...,"size":...,
-// "reserve_ns":..., ...} and {"bench":"set_access_pages","pages":N,...}.
+// "reserve_ns":..., ...}, {"bench":"set_access_pages","pages":N,...} and
+// {"bench":"vmm_reserve","size":...,"reserve_ns":...,"address_free_ns":...}.
 #include "common.h"
 
 using namespace baseline;
@@ -106,6 +109,30 @@ void cycle(const char* context, size_t size, int cycles) {
   std::fflush(stdout);
 }
 
+// cuMemAddressReserve and cuMemAddressFree alone, of `size` bytes of address space (no memory
+// behind it): the strategies reserve far more address space than they map (an expandable
+// segment of `paged-lazy` reserves at least 64 GiB).
+void reserve_only(size_t size, int reps) {
+  std::vector<double> r, f;
+  for (int i = 0; i < reps + 1; i++) {
+    CUdeviceptr va;
+    auto t0 = Clock::now();
+    DRV_CHECK(cuMemAddressReserve(&va, size, 0, 0, 0));
+    double a = ns_since(t0);
+    t0 = Clock::now();
+    DRV_CHECK(cuMemAddressFree(va, size));
+    double b = ns_since(t0);
+    if (i == 0) continue;  // warm-up
+    r.push_back(a);
+    f.push_back(b);
+  }
+  std::printf(
+      "{\"program\":\"vmm_costs\",\"bench\":\"vmm_reserve\",\"size\":%zu,"
+      "\"reserve_ns\":%.0f,\"address_free_ns\":%.0f}\n",
+      size, median(r), median(f));
+  std::fflush(stdout);
+}
+
 // cuMemSetAccess once over `pages` contiguous mappings of `page` bytes.
 void set_access_pages(size_t pages, size_t page, int reps) {
   CUmemAllocationProp prop = device_prop();
@@ -147,6 +174,10 @@ int main() {
       gmin, grec);
   const size_t sizes[] = {gmin, 32 * gmin, 512 * gmin};  // 2 MiB, 64 MiB, 1 GiB at 2 MiB
   for (size_t s : sizes) cycle("isolated", s, s >= (size_t(1) << 30) ? 20 : 50);
+  for (size_t s : {2048 * gmin, 8192 * gmin}) cycle("isolated", s, 10);  // 4 GiB, 16 GiB
+  for (size_t s : {size_t(1) << 30, size_t(64) << 30, size_t(256) << 30, size_t(1) << 40}) {
+    reserve_only(s, 20);
+  }
   Background bg;
   bg.map(4096, gmin);
   for (size_t s : sizes) cycle("loaded", s, s >= (size_t(1) << 30) ? 20 : 50);

@@ -1006,16 +1006,19 @@ fn lazy_conf_notes_page_keys_that_segments_ignore() {
 
 #[test]
 fn lazy_conf_sets_the_paged_lazy_trade_and_names_bad_items() {
-    let run = |conf: &str| {
-        let (ok, out, err) = gpumem(&[
+    let replay = |conf: &str| {
+        gpumem(&[
             "replay",
-            "traces/resnet_train.pickle.gz",
+            "traces/mixed_sizes.pickle.gz",
             "-a",
             "paged-lazy",
             "--lazy-conf",
             conf,
             "--json",
-        ]);
+        ])
+    };
+    let run = |conf: &str| {
+        let (ok, out, err) = replay(conf);
         assert!(ok, "{err}");
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         v["allocators"][0].clone()
@@ -1053,14 +1056,7 @@ fn lazy_conf_sets_the_paged_lazy_trade_and_names_bad_items() {
         ("max_handle=0", ["max_handle", "above 0"]),
         ("placement=torch", ["`placement`", "segments or pages"]),
     ] {
-        let (ok, _, err) = gpumem(&[
-            "replay",
-            "traces/mixed_sizes.pickle.gz",
-            "-a",
-            "paged-lazy",
-            "--lazy-conf",
-            bad,
-        ]);
+        let (ok, _, err) = replay(bad);
         assert!(!ok, "{bad} accepted");
         for w in words {
             assert!(err.contains(w), "{bad}: {err}");

@@ -239,7 +239,7 @@ mod tests {
 /// Which bins of [`LogLinear<4>`] (16 bins per power of two) are non-empty: a first-level
 /// bitmap (one bit per power of two) over second-level ones (one bit per bin), so the first
 /// non-empty bin at or above a size and the highest non-empty bin are found in O(1) (the
-/// bitmaps of TLSF, Masmano et al. 2004). Shared by the best-fit arena and `paged-lazy`'s
+/// bitmaps of TLSF, Masmano et al. 2004). Shared by the TLSF and best-fit arenas and `paged-lazy`'s
 /// index of mapped runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct BinBitmap {

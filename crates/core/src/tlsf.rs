@@ -27,7 +27,7 @@ use rustc_hash::FxHashMap;
 use crate::align::{align_up, is_pow2};
 use crate::arena::{Arena, ArenaReport};
 use crate::error::AllocError;
-use crate::size_class::{bin_ceil, bin_floor, BIN_COUNT, FL_COUNT, SL_BITS, SL_MASK};
+use crate::size_class::{bin_ceil, bin_floor, BinBitmap, BIN_COUNT};
 
 /// Index of a node: its position in `nodes` plus one.
 type NodeIndex = NonZeroU32;
@@ -38,21 +38,12 @@ const MAX_NODES: usize = (u32::MAX - 1) as usize;
 /// Slots of the bin-head table: `BIN_COUNT` rounded up to a power of two, so that a masked
 /// index needs no bounds check. Slots from `BIN_COUNT` on stay empty.
 const HEAD_SLOTS: usize = 1024;
-/// Entries of the second-level bitmap table (first levels rounded up to a power of two).
-const SL_SLOTS: usize = 64;
-
-const _: () = assert!(BIN_COUNT as usize <= HEAD_SLOTS && FL_COUNT as usize <= SL_SLOTS);
+const _: () = assert!(BIN_COUNT as usize <= HEAD_SLOTS);
 
 /// Index of `bin` in the head table (the mask is a no-op for every valid bin).
 #[inline]
 fn slot(bin: u32) -> usize {
     bin as usize & (HEAD_SLOTS - 1)
-}
-
-/// Index of first level `fl` in the second-level bitmap table.
-#[inline]
-fn sl_slot(fl: u32) -> usize {
-    fl as usize & (SL_SLOTS - 1)
 }
 
 /// Largest alignment the TLSF arena accepts, in bytes (any power of two).
@@ -96,10 +87,8 @@ pub struct Tlsf {
     spare_count: usize,
     /// Head of each bin's free list.
     heads: Box<[Option<NodeIndex>; HEAD_SLOTS]>,
-    /// Bit `f` set: some second-level list of first level `f` is non-empty.
-    fl_bitmap: u64,
-    /// Bit `s` of entry `f` set: bin `f * 16 + s` is non-empty.
-    sl_bitmap: [u16; SL_SLOTS],
+    /// Which bins' free lists are non-empty (the two-level bitmap of TLSF).
+    bins: BinBitmap,
     /// Live allocations: offset -> node.
     used: FxHashMap<u64, NodeIndex>,
     free_bytes: u64,
@@ -119,8 +108,7 @@ impl Tlsf {
             spare: None,
             spare_count: 0,
             heads: Box::new([None; HEAD_SLOTS]),
-            fl_bitmap: 0,
-            sl_bitmap: [0; SL_SLOTS],
+            bins: BinBitmap::default(),
             used: FxHashMap::default(),
             free_bytes: 0,
         };
@@ -204,9 +192,7 @@ impl Tlsf {
             self.n_mut(h).prev_free = Some(i);
         }
         self.heads[slot(bin)] = Some(i);
-        let fl = bin >> SL_BITS;
-        self.sl_bitmap[sl_slot(fl)] |= 1 << (bin & SL_MASK);
-        self.fl_bitmap |= 1 << fl;
+        self.bins.set(bin);
     }
 
     /// Takes free node `i` off the list of the bin it was linked into.
@@ -225,11 +211,7 @@ impl Tlsf {
         }
         if prev.is_none() && next.is_none() {
             // It was the only block of its bin.
-            let fl = bin >> SL_BITS;
-            self.sl_bitmap[sl_slot(fl)] &= !(1 << (bin & SL_MASK));
-            if self.sl_bitmap[sl_slot(fl)] == 0 {
-                self.fl_bitmap &= !(1 << fl);
-            }
+            self.bins.clear(bin);
         }
         let n = self.n_mut(i);
         n.prev_free = None;
@@ -248,26 +230,9 @@ impl Tlsf {
     }
 
     /// The first non-empty bin ≥ `bin`, from the bitmaps.
+    #[inline]
     fn next_nonempty_bin(&self, bin: u32) -> Option<u32> {
-        if bin >= BIN_COUNT {
-            return None;
-        }
-        let fl = bin >> SL_BITS;
-        let sl_map = u32::from(self.sl_bitmap[sl_slot(fl)]) & (u32::MAX << (bin & SL_MASK));
-        if sl_map != 0 {
-            return Some((fl << SL_BITS) | sl_map.trailing_zeros());
-        }
-        let fl_map = if fl + 1 >= 64 {
-            0
-        } else {
-            self.fl_bitmap & (u64::MAX << (fl + 1))
-        };
-        if fl_map == 0 {
-            return None;
-        }
-        let fl2 = fl_map.trailing_zeros();
-        let sl2 = u32::from(self.sl_bitmap[sl_slot(fl2)]).trailing_zeros();
-        Some((fl2 << SL_BITS) | sl2)
+        self.bins.next_nonempty(bin)
     }
 
     /// Whether free node `i` can hold `size` bytes at an `align`-aligned offset.
@@ -305,13 +270,11 @@ impl Tlsf {
 
     /// Largest free block, in bytes: the largest block of the highest non-empty bin.
     fn largest_free(&self) -> u64 {
-        if self.fl_bitmap == 0 {
+        let Some(bin) = self.bins.last() else {
             return 0;
-        }
-        let fl = 63 - self.fl_bitmap.leading_zeros();
-        let sl = 15 - self.sl_bitmap[sl_slot(fl)].leading_zeros();
+        };
         let mut best = 0;
-        let mut cur = self.heads[slot((fl << SL_BITS) | sl)];
+        let mut cur = self.heads[slot(bin)];
         while let Some(i) = cur {
             let n = self.n(i);
             best = best.max(n.size);
@@ -607,8 +570,7 @@ impl Arena for Tlsf {
         // Free lists and bitmaps.
         let mut listed = 0usize;
         for bin in 0..BIN_COUNT {
-            let fl = bin >> SL_BITS;
-            let bit = self.sl_bitmap[sl_slot(fl)] & (1 << (bin & SL_MASK)) != 0;
+            let bit = self.bins.is_set(bin);
             let head = self.heads[slot(bin)];
             if bit != head.is_some() {
                 return Err(err(format!(
@@ -641,14 +603,10 @@ impl Arena for Tlsf {
                 cur = n.next_free;
             }
         }
-        for fl in 0..FL_COUNT {
-            let bit = self.fl_bitmap & (1 << fl) != 0;
-            if bit != (self.sl_bitmap[sl_slot(fl)] != 0) {
-                return Err(err(format!("first-level bit {fl} disagrees")));
-            }
+        if let Some(fl) = self.bins.first_level_disagreement() {
+            return Err(err(format!("first-level bit {fl} disagrees")));
         }
-        if self.fl_bitmap >> FL_COUNT != 0
-            || self.sl_bitmap[FL_COUNT as usize..].iter().any(|&m| m != 0)
+        if self.bins.last().is_some_and(|b| b >= BIN_COUNT)
             || self.heads[BIN_COUNT as usize..].iter().any(Option::is_some)
         {
             return Err(err("bitmap bits or list heads beyond the last class".into()));

