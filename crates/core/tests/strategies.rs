@@ -536,7 +536,7 @@ fn drain_pool(pool: &mut dyn Allocator, dev: &mut SimDevice, live: &mut BTreeMap
 /// not hide a range the pool forgot: each round here allocates a block in the small and in
 /// the large pool and frees it again, then releases the cache; a range the pool owns is
 /// reused by the round and given back at its release, so every round must leave fewer ranges
-/// reserved. (Other pools keep none: the loop does not run for them.)
+/// reserved. (No other pool keeps a range; one that did would have to pass the same rounds.)
 fn reuse_kept_ranges(
     pool: &mut dyn Allocator,
     dev: &mut SimDevice,
