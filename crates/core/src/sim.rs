@@ -195,13 +195,13 @@ struct Reserved {
 }
 
 impl Reserved {
-    fn new(bytes: u64, granularity: u64) -> Self {
-        let granules = bytes / granularity;
+    fn new(bytes: u64) -> Self {
         Reserved {
             bytes,
-            // Zeroed pages come from the OS untouched: a large range costs nothing until
-            // mapped.
-            mapped: vec![0; usize::try_from(granules.div_ceil(64)).unwrap_or(0)],
+            // Grown as granules are mapped (a missing word is all unmapped): a large range
+            // costs nothing until mapped, and a range mapped from its start (expandable
+            // segments) touches a few words, not a bitmap of the whole range.
+            mapped: Vec::new(),
             mapped_granules: 0,
         }
     }
@@ -235,6 +235,12 @@ impl Reserved {
 
     /// Marks granules `[first, first + n)` mapped (`on`) or not.
     fn mark(&mut self, first: u64, n: u64, on: bool) {
+        if on {
+            let words = usize::try_from((first + n).div_ceil(64)).unwrap_or(usize::MAX);
+            if words > self.mapped.len() {
+                self.mapped.resize(words, 0);
+            }
+        }
         for (w, mask) in Self::word_masks(first, n) {
             if let Some(x) = self.mapped.get_mut(w) {
                 if on {
@@ -814,8 +820,7 @@ impl Device for SimDevice {
         self.check_granular(c, bytes)?;
         self.begin(c, bytes)?;
         let va = self.take_va(bytes)?;
-        self.reserved
-            .insert(va, Reserved::new(bytes, self.granularity));
+        self.reserved.insert(va, Reserved::new(bytes));
         Ok(va)
     }
 

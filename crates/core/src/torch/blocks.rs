@@ -161,7 +161,9 @@ pub(crate) struct SizeIndex {
 impl Default for SizeIndex {
     fn default() -> Self {
         SizeIndex {
-            classes: vec![Vec::new(); CLASSES],
+            // Grown up to the largest class used (most streams use a few hundred of the
+            // classes; fewer pages to touch on a short replay).
+            classes: Vec::new(),
             bits: [0; WORDS],
             len: 0,
         }
@@ -207,6 +209,9 @@ impl SizeIndex {
     #[inline]
     fn insert(&mut self, key: u128, idx: u32) {
         let c = class_of(key_size(key));
+        if c >= self.classes.len() {
+            self.classes.resize_with(c + 1, Vec::new);
+        }
         let v = &mut self.classes[c];
         let at = v.partition_point(|e| e.0 < key);
         v.insert(at, (key, idx));
@@ -217,7 +222,7 @@ impl SizeIndex {
     #[inline]
     fn remove(&mut self, key: u128) -> Option<u32> {
         let c = class_of(key_size(key));
-        let v = &mut self.classes[c];
+        let v = self.classes.get_mut(c)?;
         let at = v.partition_point(|e| e.0 < key);
         if v.get(at).is_none_or(|e| e.0 != key) {
             return None;
@@ -231,7 +236,7 @@ impl SizeIndex {
     }
 
     fn get(&self, key: u128) -> Option<u32> {
-        let v = &self.classes[class_of(key_size(key))];
+        let v = self.classes.get(class_of(key_size(key)))?;
         let at = v.partition_point(|e| e.0 < key);
         v.get(at).filter(|e| e.0 == key).map(|e| e.1)
     }
@@ -246,13 +251,26 @@ impl SizeIndex {
     #[inline]
     fn at_or_after_pos(&self, key: u128) -> Option<((u128, u32), Pos)> {
         let c = class_of(key_size(key));
-        let v = &self.classes[c];
-        let at = v.partition_point(|e| e.0 < key);
-        if let Some(&e) = v.get(at) {
+        if let Some(v) = self.classes.get(c) {
+            let at = v.partition_point(|e| e.0 < key);
+            if let Some(&e) = v.get(at) {
+                return Some((e, Pos(c as u32, at as u32)));
+            }
+        }
+        let n = self.next_class(c + 1)?;
+        self.classes.get(n)?.first().map(|&e| (e, Pos(n as u32, 0)))
+    }
+
+    /// The entry after the one at `pos` (from [`SizeIndex::at_or_after_pos`] or this, nothing
+    /// changed since), with its position.
+    #[inline]
+    fn next_pos(&self, pos: Pos) -> Option<((u128, u32), Pos)> {
+        let (c, at) = (pos.0 as usize, pos.1 as usize + 1);
+        if let Some(&e) = self.classes.get(c).and_then(|v| v.get(at)) {
             return Some((e, Pos(c as u32, at as u32)));
         }
         let n = self.next_class(c + 1)?;
-        self.classes[n].first().map(|&e| (e, Pos(n as u32, 0)))
+        self.classes.get(n)?.first().map(|&e| (e, Pos(n as u32, 0)))
     }
 
     /// Removes the entry at `pos` (from [`SizeIndex::at_or_after_pos`], nothing changed
@@ -272,22 +290,17 @@ impl SizeIndex {
         Some(e)
     }
 
-    /// The first entry after `key` (exclusive).
-    fn after(&self, key: u128) -> Option<(u128, u32)> {
-        key.checked_add(1).and_then(|k| self.at_or_after(k))
-    }
-
     /// Entries before `key`, largest first.
     fn before(&self, key: u128) -> impl Iterator<Item = (u128, u32)> + '_ {
         let c = class_of(key_size(key));
-        let v = &self.classes[c];
+        let v = self.classes.get(c).map_or(&[][..], Vec::as_slice);
         let at = v.partition_point(|e| e.0 < key);
         let head = v[..at].iter().rev().copied();
         let mut k = c;
         let rest = std::iter::from_fn(move || {
             let p = self.prev_class(k)?;
             k = p;
-            Some(self.classes[p].iter().rev().copied())
+            Some(self.classes.get(p)?.iter().rev().copied())
         })
         .flatten();
         head.chain(rest)
@@ -299,14 +312,14 @@ impl SizeIndex {
         std::iter::from_fn(move || {
             let c = self.next_class(k)?;
             k = c + 1;
-            Some(self.classes[c].iter().copied())
+            Some(self.classes.get(c)?.iter().copied())
         })
         .flatten()
     }
 
     fn last(&self) -> Option<(u128, u32)> {
         let c = self.prev_class(CLASSES)?;
-        self.classes[c].last().copied()
+        self.classes.get(c)?.last().copied()
     }
 }
 
@@ -412,9 +425,11 @@ impl FreeSet {
         Some(e)
     }
 
-    /// The block of `stream` right after `key`.
-    pub fn after(&self, stream: u64, key: u128) -> Option<(u128, u32)> {
-        self.of(stream)?.after(key)
+    /// The block of `stream` after the one at `pos` (found by [`FreeSet::lower_bound_pos`] or
+    /// this, with no change since), as `(key, index, position)`.
+    #[inline]
+    pub fn next_pos(&self, stream: u64, pos: Pos) -> Option<(u128, u32, Pos)> {
+        self.of(stream)?.next_pos(pos).map(|((k, i), p)| (k, i, p))
     }
 
     /// Blocks of `stream` before `(size, 0)`, largest first.
@@ -486,7 +501,15 @@ mod tests {
                 proptest::prop_assert_eq!(ix.len, bt.len());
                 let q = size_key(size, 0);
                 proptest::prop_assert_eq!(ix.at_or_after(q), bt.range(q..).next().map(|(&k, &i)| (k, i)));
-                proptest::prop_assert_eq!(ix.after(key), bt.range(key + 1..).next().map(|(&k, &i)| (k, i)));
+                // Walking on with next_pos from the search's position gives every later key.
+                let mut walked = Vec::new();
+                let mut at = ix.at_or_after_pos(q);
+                while let Some((e, pos)) = at {
+                    walked.push(e);
+                    at = ix.next_pos(pos);
+                }
+                let want: Vec<_> = bt.range(q..).map(|(&k, &i)| (k, i)).collect();
+                proptest::prop_assert_eq!(walked, want);
                 let before: Vec<_> = ix.before(q).collect();
                 let want: Vec<_> = bt.range(..q).rev().map(|(&k, &i)| (k, i)).collect();
                 proptest::prop_assert_eq!(before, want);

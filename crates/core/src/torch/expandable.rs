@@ -9,8 +9,19 @@
 //! unmapped (cuMemUnmap + cuMemRelease per page) only when the cache is released
 //! (`unmap_block` from `release_cached_blocks`, on `empty_cache` or an OOM); a segment left
 //! with no mapped page gives its range back (cuMemAddressFree). As in PyTorch, a segment
-//! whose very first mapping ran out of memory keeps its range with nothing mapped (releasing
-//! visits mapped free blocks only); it serves a later request on its stream.
+//! whose very first mapping failed (out of memory, or a driver error) keeps its range with
+//! nothing mapped (releasing visits mapped free blocks only); it serves a later request on
+//! its stream.
+//!
+//! Driver errors: after any failed call the counters match what the device holds. A failed
+//! growth unwinds (nothing stays mapped; a handle whose cuMemRelease fails is kept in
+//! `unreleased` and counted as reserved). A failed unmapping keeps what it did: the pages
+//! unmapped before the error are split off as an unmapped block and no longer counted, the
+//! page whose cuMemUnmap failed stays mapped, a page whose cuMemRelease failed is unmapped
+//! but its handle stays counted in `unreleased`. The next release of the cache releases
+//! those handles first, and gives back the range of a segment that an error left with
+//! nothing mapped (`ranges_to_free`). None of this runs without a failed call, so the calls
+//! and figures of a replay are PyTorch's.
 //!
 //! *Coarse handles* (not PyTorch: the `paged-lazy` strategy,
 //! [`TorchCachingPool::paged_lazy`]): a growth creates one handle for all its pages and maps
@@ -79,22 +90,62 @@ impl ExpandableSegment {
         out
     }
 
-    /// Releases the handles of pages `begin..end` (after a failed step).
-    fn release_pages(&mut self, dev: &mut dyn Device, begin: u64, end: u64) {
+    /// Releases the handles of pages `begin..end` (unwinding a failed step). A handle whose
+    /// cuMemRelease fails goes to `unreleased` (it still holds its memory); the first such
+    /// error is returned.
+    fn release_pages(
+        &mut self,
+        dev: &mut dyn Device,
+        begin: u64,
+        end: u64,
+        unreleased: &mut Vec<Unreleased>,
+    ) -> Result<(), DeviceError> {
+        let mut first = Ok(());
         for i in begin..end {
             if let Some(h) = self.handles.get_mut(i as usize).and_then(Option::take) {
-                let _ = dev.release_physical(h);
+                if let Err(e) = dev.release_physical(h) {
+                    unreleased.push(Unreleased {
+                        handle: h,
+                        bytes: self.page,
+                    });
+                    first = first.and(Err(e));
+                }
             }
         }
+        self.trim();
+        first
+    }
+
+    /// Drops the unmapped pages at the end of `handles`.
+    fn trim(&mut self) {
         while self.handles.last().is_some_and(Option::is_none) {
             self.handles.pop();
         }
     }
 
+    /// Unmaps pages `begin..end` while unwinding a failed step (each call retried once, so
+    /// that one failed call leaks nothing; a page whose unmap fails twice stays mapped).
+    fn unmap_pages(&self, dev: &mut dyn Device, begin: u64, end: u64) {
+        for j in begin..end {
+            let va = self.va + j * self.page;
+            let _ = dev
+                .unmap(va, self.page)
+                .or_else(|_| dev.unmap(va, self.page));
+        }
+    }
+
     /// `ExpandableSegment::map`: maps pages `begin..end` (create every handle, then map each,
     /// then one set-access; with coarse handles one handle for the whole run). `Ok(false)`
-    /// when cuMemCreate runs out of memory (nothing stays mapped or created).
-    fn map(&mut self, dev: &mut dyn Device, begin: u64, end: u64) -> Result<bool, DeviceError> {
+    /// when cuMemCreate runs out of memory. After any failure nothing stays mapped and every
+    /// handle created is released, except those whose cuMemRelease failed: they go to
+    /// `unreleased` (and that error is returned when the step had none of its own).
+    fn map(
+        &mut self,
+        dev: &mut dyn Device,
+        begin: u64,
+        end: u64,
+        unreleased: &mut Vec<Unreleased>,
+    ) -> Result<bool, DeviceError> {
         if self.handles.len() < end as usize {
             self.handles.resize(end as usize, None);
         }
@@ -105,7 +156,7 @@ impl ExpandableSegment {
             match dev.create_physical(self.page) {
                 Ok(h) => self.handles[i as usize] = Some(h),
                 Err(e) => {
-                    self.release_pages(dev, begin, i);
+                    self.release_pages(dev, begin, i, unreleased)?;
                     return match e {
                         DeviceError::OutOfMemory { .. } => Ok(false),
                         other => Err(other),
@@ -118,18 +169,14 @@ impl ExpandableSegment {
                 continue;
             };
             if let Err(e) = dev.map(self.va + i * self.page, self.page, h) {
-                for j in begin..i {
-                    let _ = dev.unmap(self.va + j * self.page, self.page);
-                }
-                self.release_pages(dev, begin, end);
+                self.unmap_pages(dev, begin, i);
+                let _ = self.release_pages(dev, begin, end, unreleased);
                 return Err(e);
             }
         }
         if let Err(e) = dev.set_access(self.va + begin * self.page, (end - begin) * self.page) {
-            for j in begin..end {
-                let _ = dev.unmap(self.va + j * self.page, self.page);
-            }
-            self.release_pages(dev, begin, end);
+            self.unmap_pages(dev, begin, end);
+            let _ = self.release_pages(dev, begin, end, unreleased);
             return Err(e);
         }
         Ok(true)
@@ -203,32 +250,78 @@ impl ExpandableSegment {
         self.released.retain(|&r| r != i);
         self.handles[i as usize..(i + n) as usize].fill(None);
         self.runs[i as usize] = 0;
-        while self.handles.last().is_some_and(Option::is_none) {
-            self.handles.pop();
-        }
+        self.trim();
         Ok(())
     }
 
-    /// `unmapHandles`: unmaps and releases pages `begin..end`, one page at a time (with
-    /// coarse handles: the one run `begin..end`, see [`ExpandableSegment::unmap_run`]).
-    fn unmap(&mut self, dev: &mut dyn Device, begin: u64, end: u64) -> Result<(), DeviceError> {
+    /// `unmapHandles`: unmaps and releases pages `begin..end`, one page at a time, as
+    /// PyTorch does (cuMemUnmap, then cuMemRelease, per page); with coarse handles the one
+    /// run `begin..end` (see [`ExpandableSegment::unmap_run`]). Returns the page up to which
+    /// pages are unmapped (`end` unless a call failed) with the error, if any: a failed
+    /// cuMemUnmap leaves its page and those after it mapped; a page whose cuMemRelease
+    /// failed is unmapped, and its handle (which still holds its memory) goes to
+    /// `unreleased`.
+    fn unmap(
+        &mut self,
+        dev: &mut dyn Device,
+        begin: u64,
+        end: u64,
+        unreleased: &mut Vec<Unreleased>,
+    ) -> (u64, Result<(), DeviceError>) {
         if self.coarse {
             debug_assert_eq!(self.runs.get(begin as usize).copied(), Some(end - begin));
-            return self.unmap_run(dev, begin);
+            // A run is unmapped whole or not at all.
+            return match self.unmap_run(dev, begin) {
+                Ok(()) => (end, Ok(())),
+                Err(e) => (begin, Err(e)),
+            };
         }
         for i in begin..end {
             let Some(h) = self.handles.get(i as usize).copied().flatten() else {
                 continue;
             };
-            dev.unmap(self.va + i * self.page, self.page)?;
+            if let Err(e) = dev.unmap(self.va + i * self.page, self.page) {
+                self.trim();
+                return (i, Err(e));
+            }
             self.handles[i as usize] = None;
-            dev.release_physical(h)?;
+            if let Err(e) = dev.release_physical(h) {
+                unreleased.push(Unreleased {
+                    handle: h,
+                    bytes: self.page,
+                });
+                self.trim();
+                return (i + 1, Err(e));
+            }
         }
-        while self.handles.last().is_some_and(Option::is_none) {
-            self.handles.pop();
-        }
-        Ok(())
+        self.trim();
+        (end, Ok(()))
     }
+}
+
+/// A physical handle whose cuMemRelease failed while it was being given back: unmapped (or
+/// never mapped), it still holds its memory, which stays counted as reserved until a later
+/// release of the cache releases it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Unreleased {
+    /// The handle.
+    pub handle: PhysHandle,
+    /// Bytes it holds.
+    pub bytes: u64,
+}
+
+/// An expandable segment with nothing mapped whose cuMemAddressFree failed or was cut
+/// short by a failed driver call: the next release of the cache gives its range back.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RangeToFree {
+    /// Index of the segment.
+    pub segment: u32,
+    /// Its pool.
+    pub pool: PoolKind,
+    /// Its stream.
+    pub stream: u64,
+    /// Start of its range.
+    pub va: u64,
 }
 
 /// Least address space a segment with coarse handles reserves (64 GiB).
@@ -342,10 +435,13 @@ impl TorchCachingPool {
         if begin == end {
             return Ok(false);
         }
-        if !es.map(dev, begin, end)? {
+        let held = self.unreleased.len();
+        let ok = es.map(dev, begin, end, &mut self.unreleased);
+        let mapped = (end - begin) * es.page;
+        self.hold_unreleased(held);
+        if !ok? {
             return Ok(false);
         }
-        let mapped = (end - begin) * es.page;
         self.unmapped[b.pool.index()].remove(&(b.stream, b.addr));
         self.slab.get_mut(i).mapped = true;
         if mapped < b.size {
@@ -419,6 +515,12 @@ impl TorchCachingPool {
     /// segment, leaving the partial pages at both ends as free blocks. Returns the bytes
     /// unmapped and the index of the unmapped block (which may have merged with unmapped
     /// neighbours).
+    ///
+    /// # Errors
+    /// The driver's error. The pages unmapped before it are accounted for all the same (the
+    /// block is split where the unmapping stopped), so that the counters match what is
+    /// mapped; a segment left with nothing mapped is given back by the next release of the
+    /// cache.
     pub(super) fn unmap_block(
         &mut self,
         dev: &mut dyn Device,
@@ -441,9 +543,16 @@ impl TorchCachingPool {
         if begin >= end {
             return Ok((0, i));
         }
-        es.unmap(dev, begin, end)?;
+        let held = self.unreleased.len();
+        let (reached, result) = es.unmap(dev, begin, end, &mut self.unreleased);
+        if reached == begin {
+            result?;
+            return Ok((0, i));
+        }
         let start = es.va + begin * es.page;
-        let bytes = (end - begin) * es.page;
+        let bytes = (reached - begin) * es.page;
+        // Pages whose handle could not be released still hold their memory.
+        let still_held: u64 = self.unreleased[held..].iter().map(|u| u.bytes).sum();
         self.remove_free(i);
         let before = start - b.addr;
         if before > 0 {
@@ -487,9 +596,15 @@ impl TorchCachingPool {
         self.try_merge(i, next);
         let u = *self.slab.get(i);
         self.unmapped[u.pool.index()].insert((u.stream, u.addr), i);
-        self.total_allocated -= bytes;
-        self.tracker.stats.reserved_bytes.sub(bytes);
+        self.total_allocated -= bytes - still_held;
+        self.tracker.stats.reserved_bytes.sub(bytes - still_held);
         self.torch.num_device_free += 1;
+        if let Err(e) = result {
+            if u.prev == NIL && u.next == NIL {
+                self.free_range_later(u);
+            }
+            return Err(e);
+        }
         Ok((bytes, i))
     }
 
@@ -510,10 +625,64 @@ impl TorchCachingPool {
         };
         if let Err(e) = dev.free_va(es.va, es.range_bytes()) {
             self.expandable[b.segment as usize] = Some(es);
+            self.free_range_later(b);
             return Err(e);
         }
         self.unmapped[b.pool.index()].remove(&(b.stream, b.addr));
         self.slab.remove(i);
         Ok(())
+    }
+
+    /// Counts the memory of the handles pushed to `unreleased` from index `from` on as
+    /// reserved (they were created for a mapping that failed, and hold their memory until
+    /// released).
+    fn hold_unreleased(&mut self, from: usize) {
+        let bytes: u64 = self.unreleased[from..].iter().map(|u| u.bytes).sum();
+        if bytes > 0 {
+            self.total_allocated += bytes;
+            self.tracker.stats.reserved_bytes.add(bytes);
+        }
+    }
+
+    /// Notes that the segment whose one (unmapped) block is `b` should give its range back
+    /// at the next release of the cache.
+    fn free_range_later(&mut self, b: Block) {
+        let r = RangeToFree {
+            segment: b.segment,
+            pool: b.pool,
+            stream: b.stream,
+            va: b.addr,
+        };
+        if !self.ranges_to_free.iter().any(|x| x.segment == r.segment) {
+            self.ranges_to_free.push(r);
+        }
+    }
+
+    /// What failed driver calls left to give back: the handles of `unreleased` and the
+    /// ranges of `ranges_to_free` (each still a segment with nothing mapped; one that has
+    /// mapped pages again, or is gone, is dropped from the list). Nothing to do unless a
+    /// driver call failed. Returns the bytes of memory given back.
+    ///
+    /// # Errors
+    /// The first driver error; what is left stays listed for the next call.
+    pub(super) fn release_leftovers(&mut self, dev: &mut dyn Device) -> Result<u64, DeviceError> {
+        let mut released = 0;
+        while let Some(&u) = self.unreleased.last() {
+            dev.release_physical(u.handle)?;
+            self.unreleased.pop();
+            self.total_allocated -= u.bytes;
+            self.tracker.stats.reserved_bytes.sub(u.bytes);
+            released += u.bytes;
+        }
+        while let Some(r) = self.ranges_to_free.pop() {
+            let Some(&i) = self.unmapped[r.pool.index()].get(&(r.stream, r.va)) else {
+                continue;
+            };
+            let b = self.slab.get(i);
+            if b.segment == r.segment && b.prev == NIL && b.next == NIL {
+                self.release_expandable_segment(dev, i)?;
+            }
+        }
+        Ok(released)
     }
 }

@@ -71,7 +71,7 @@ mod validate;
 
 use blocks::{Block, FreeSet, Slab, UnmappedSet, NIL};
 pub use conf::{ConfError, TorchConfig};
-use expandable::ExpandableSegment;
+use expandable::{ExpandableSegment, RangeToFree, Unreleased};
 pub use sizes::{
     allocation_size, round_size, round_size_with, roundup_power2_next_division, should_split,
     should_split_with, PoolKind, LARGE_BUFFER_BYTES, MIN_BLOCK_BYTES, MIN_LARGE_ALLOC_BYTES,
@@ -149,6 +149,14 @@ pub struct TorchCachingPool {
     segments: BTreeMap<u64, SegmentRec>,
     /// Expandable segments by index (`None` once released).
     expandable: Vec<Option<ExpandableSegment>>,
+    /// Physical handles of expandable segments whose cuMemRelease failed: unmapped, they
+    /// hold their memory (counted as reserved) until the next release of the cache. Empty
+    /// unless a driver call failed.
+    unreleased: Vec<Unreleased>,
+    /// Expandable segments with nothing mapped whose range a failed driver call kept from
+    /// being given back (cuMemAddressFree) at a release of the cache: the next release gives
+    /// it back. Empty unless a driver call failed.
+    ranges_to_free: Vec<RangeToFree>,
     /// User address → slab index of its block (they differ only for alignments above 512).
     live: live::LiveMap,
     /// Null blocks (0-byte requests) handed out and not yet freed.
@@ -277,24 +285,29 @@ impl TorchCachingPool {
         if gc {
             self.get_free_calls[p] += 1;
         }
-        let (mut key, mut idx, pos) = self.free[p].lower_bound_pos(stream, rounded)?;
-        let first = idx;
+        // The search walks on from where it found a block (`pos`), never searching again.
+        let (_, mut idx, mut pos) = self.free[p].lower_bound_pos(stream, rounded)?;
         if self.slab.get(idx).is_expandable() {
             if self.conf.expandable_segments {
                 // Best fit counts the unmapped space after a block as part of it, so a block
-                // that could grow is chosen only when no fixed block fits as well.
-                while let Some((nkey, nidx)) = self.free[p].after(stream, key) {
+                // that could grow is chosen only when no fixed block fits as well. (A block
+                // with no unmapped range after it is never passed over: every block after
+                // it in the set is at least as large. Checked first, it saves a step.)
+                while self.grows(idx) {
+                    let Some((_, nidx, npos)) = self.free[p].next_pos(stream, pos) else {
+                        break;
+                    };
                     if !self.slab.get(idx).is_expandable()
                         || self.expandable_size(nidx) >= self.expandable_size(idx)
                     {
                         break;
                     }
-                    (key, idx) = (nkey, nidx);
+                    (idx, pos) = (nidx, npos);
                 }
             } else {
                 // Expandable segments were turned off: only fixed blocks serve.
                 loop {
-                    (key, idx) = self.free[p].after(stream, key)?;
+                    (_, idx, pos) = self.free[p].next_pos(stream, pos)?;
                     if !self.slab.get(idx).is_expandable() {
                         break;
                     }
@@ -311,20 +324,22 @@ impl TorchCachingPool {
         {
             return None;
         }
-        if idx == first {
-            // The block found first: take it out where the search found it.
-            let size = self.slab.get(idx).size;
-            if self.free[p]
-                .remove_at(stream, pos)
-                .is_some_and(|(_, i)| i == idx)
-            {
-                self.free_bytes -= size;
-                return Some(idx);
-            }
-            return None;
+        // Take the block out where the search found it.
+        if self.free[p]
+            .remove_at(stream, pos)
+            .is_some_and(|(_, i)| i == idx)
+        {
+            self.free_bytes -= size;
+            return Some(idx);
         }
-        self.remove_free(idx);
-        Some(idx)
+        None
+    }
+
+    /// Whether an unmapped range follows block `i` (its `expandable_size` exceeds its size).
+    #[inline]
+    fn grows(&self, i: u32) -> bool {
+        let next = self.slab.get(i).next;
+        next != NIL && !self.slab.get(next).mapped
     }
 
     /// A block's size plus the unmapped range right after it (`expandable_size`).

@@ -87,9 +87,15 @@ impl TorchCachingPool {
         &mut self,
         dev: &mut dyn Device,
     ) -> Result<u64, AllocError> {
+        // Empty unless a driver call failed: then what it left is given back first.
+        let leftovers = if self.unreleased.is_empty() && self.ranges_to_free.is_empty() {
+            0
+        } else {
+            self.release_leftovers(dev)?
+        };
         let large = self.release_pool(dev, PoolKind::Large)?;
         let small = self.release_pool(dev, PoolKind::Small)?;
-        Ok(large + small)
+        Ok(leftovers + large + small)
     }
 
     /// `release_available_cached_blocks`: with `max_split_size`, frees oversize blocks of

@@ -750,3 +750,80 @@ fn coarse_handles_unmap_only_whole_handles() {
     assert_eq!(t.empty_cache(&mut d).unwrap(), 40 * MIB);
     assert_eq!(d.live_objects(), (0, 0, 0, 0));
 }
+
+/// `expandable_segments:True` maps and unmaps page by page, as PyTorch does: a fault at any
+/// driver call of a growth by three 20 MiB pages, of their unmapping by `empty_cache` (one
+/// page, then two at once) and of the release of the range leaves the counters equal to
+/// what the device holds after every step; later steps work, and once the faults stop,
+/// everything is given back (a range kept because its first mapping failed is reused and
+/// released by a later growth).
+#[test]
+fn expandable_segments_fault_anywhere_in_page_by_page_mapping_and_unmapping() {
+    fn workload(t: &mut TorchCachingPool, d: &mut SimDevice) -> (u64, Vec<u64>) {
+        let mut errors = 0;
+        let mut live = Vec::new();
+        let mut check = |t: &TorchCachingPool, d: &SimDevice, r: Result<(), AllocError>| {
+            match r {
+                Ok(()) => {}
+                Err(AllocError::Device(DeviceError::Driver { .. })) => errors += 1,
+                Err(e) => panic!("unexpected {e}"),
+            }
+            t.validate().unwrap();
+            assert_eq!(t.stats().reserved_bytes.current, d.used_bytes());
+            // Every page mapped, or unmapped with its handle still to release.
+            let unreleased: u64 = t.unreleased.iter().map(|u| u.bytes).sum();
+            assert_eq!(
+                d.live_objects().2 as u64 * 20 * MIB + unreleased,
+                d.used_bytes()
+            );
+        };
+        // Pages 0-2 at once; `b` then sits in page 2.
+        let a = t.allocate(d, 50 * MIB, 512, 0).map(|b| b.addr);
+        check(t, d, a.clone().map(|_| ()));
+        let b = t.allocate(d, 5 * MIB, 512, 0).map(|b| b.addr);
+        check(t, d, b.clone().map(|_| ()));
+        for x in [a, b].into_iter().flatten() {
+            let r = t.deallocate(d, x);
+            check(t, d, r);
+            // First pages 0-1 (under `a`), then page 2 and the range.
+            let r = t.empty_cache(d).map(|_| ());
+            check(t, d, r);
+        }
+        let c = t.allocate(d, 30 * MIB, 512, 0).map(|b| b.addr);
+        check(t, d, c.clone().map(|_| ()));
+        live.extend(c);
+        let r = t.empty_cache(d).map(|_| ());
+        check(t, d, r);
+        (errors, live)
+    }
+    let (mut t, mut d) = with("expandable_segments:True", 1 << 30);
+    let (errors, live) = workload(&mut t, &mut d);
+    assert_eq!(errors, 0);
+    let calls = d.calls_made();
+    // reserve, 3 × create, 3 × map, set-access; 2 × (unmap, release); unmap, release,
+    // address-free; reserve, 2 × create, 2 × map, set-access.
+    assert_eq!(calls, 8 + 4 + 3 + 6);
+    for addr in live {
+        free(&mut t, &mut d, addr);
+    }
+    for fault in 0..calls {
+        let (mut t, mut d) = with("expandable_segments:True", 1 << 30);
+        d.inject_fault_at(Some(fault));
+        let (errors, live) = workload(&mut t, &mut d);
+        assert_eq!(errors, 1, "fault {fault}");
+        d.inject_fault_at(None);
+        for addr in live {
+            free(&mut t, &mut d, addr);
+        }
+        t.empty_cache(&mut d).unwrap();
+        let kept = d.live_objects().1;
+        assert!(kept <= 1, "fault {fault}: {kept} ranges kept");
+        let x = alloc(&mut t, &mut d, 50 * MIB);
+        free(&mut t, &mut d, x.addr);
+        t.empty_cache(&mut d).unwrap();
+        t.validate().unwrap();
+        assert_eq!(d.live_objects(), (0, 0, 0, 0), "fault {fault}");
+        assert_eq!(t.stats().reserved_bytes.current, 0, "fault {fault}");
+        assert_eq!(t.unreleased.len() + t.ranges_to_free.len(), 0);
+    }
+}

@@ -159,7 +159,10 @@ pub(super) fn validate(t: &TorchCachingPool) -> Result<(), AllocError> {
             ));
         }
     }
-    let reserved: u64 = t.segments.values().map(|s| s.bytes).sum::<u64>() + mapped_expandable;
+    // Handles whose release failed hold their memory until released (see `unreleased`).
+    let unreleased: u64 = t.unreleased.iter().map(|u| u.bytes).sum();
+    let reserved: u64 =
+        t.segments.values().map(|s| s.bytes).sum::<u64>() + mapped_expandable + unreleased;
     let s = &t.tracker.stats;
     let ts = &t.torch;
     let checks = [
