@@ -9,8 +9,9 @@
 //! instead (no driver call in a repeated training step, some more memory).
 //!
 //! Where each idea lives: `placement.rs` (where a block goes), `pages.rs` (mapping and
-//! unmapping runs of pages, unwinding), `cache.rs` (the handle cache and idle pages), `view.rs`
-//! (the page-table view), `validate.rs` (the invariant checker).
+//! unmapping runs of pages, unwinding), `cache.rs` (the handle cache and idle pages),
+//! `page_bits.rs` (the idle pages of a reservation as a two-level bitmap), `view.rs` (the
+//! page-table view), `validate.rs` (the invariant checker).
 //!
 //! # Strategy
 //! - **Virtual ranges.** The first allocation reserves `2 × capacity` of virtual address space
