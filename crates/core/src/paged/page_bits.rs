@@ -20,8 +20,8 @@ pub(crate) struct PageBits {
     summary: Vec<u64>,
     /// Indices in the set.
     count: usize,
-    /// Indices `0..len` may be in the set.
-    len: usize,
+    /// Indices `0..pages` may be in the set.
+    pages: usize,
 }
 
 impl PageBits {
@@ -32,7 +32,7 @@ impl PageBits {
             words: vec![0; words],
             summary: vec![0; words.div_ceil(WORD_BITS)],
             count: 0,
-            len,
+            pages: len,
         }
     }
 
@@ -44,7 +44,7 @@ impl PageBits {
     /// Whether `i` is in the set (`false` outside `0..len`).
     #[inline]
     pub(crate) fn contains(&self, i: usize) -> bool {
-        i < self.len
+        i < self.pages
             && self
                 .words
                 .get(i / WORD_BITS)
@@ -54,7 +54,7 @@ impl PageBits {
     /// Adds `i`; whether it was absent (`false`, and nothing changes, outside `0..len`).
     #[inline]
     pub(crate) fn insert(&mut self, i: usize) -> bool {
-        if i >= self.len {
+        if i >= self.pages {
             return false;
         }
         let w = i / WORD_BITS;
@@ -156,10 +156,10 @@ impl PageBits {
                 self.count
             ));
         }
-        if self.words.len() != self.len.div_ceil(WORD_BITS)
-            || self.next_at_or_after(self.len).is_some()
+        if self.words.len() != self.pages.div_ceil(WORD_BITS)
+            || self.next_at_or_after(self.pages).is_some()
         {
-            return Err(format!("page set of {} pages holds others", self.len));
+            return Err(format!("page set of {} pages holds others", self.pages));
         }
         for (w, &word) in self.words.iter().enumerate() {
             let s = self
