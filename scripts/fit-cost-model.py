@@ -40,6 +40,9 @@ def find_trace(name):
 
 
 def basis(binary, path, allocator):
+    if not os.path.exists(binary):
+        sys.exit(f"{binary} not found: build it with `cargo build --release --example "
+                 "cost_basis` or pass --basis")
     out = subprocess.run([binary, path, allocator], capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"{binary} {path} {allocator} failed:\n{out.stderr}")
@@ -73,40 +76,65 @@ def fit(rows):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[1])
-    ap.add_argument("replay_jsonl")
-    ap.add_argument("--basis", default=os.path.join(ROOT, "target/release/examples/cost_basis"))
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n")[1],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("replay_jsonl",
+                    help="replay.jsonl of `scripts/gpu-check.sh run replay` on a GPU machine: "
+                    "one JSON object per line with keys trace, rc and report (the output of "
+                    "`gpumem replay T --device cuda --allocator all --json`)")
+    target_dir = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
+    ap.add_argument("--basis", default=os.path.join(target_dir, "release/examples/cost_basis"),
+                    help="the cost_basis example binary")
     ap.add_argument("--out", help="write the cost_model test's data here")
-    ap.add_argument("--allocators", default="paged,paged-lazy,torch")
+    ap.add_argument("--allocators", default="paged,paged-lazy,torch",
+                    help="allocators of the replays to fit, comma-separated")
     args = ap.parse_args()
     wanted = args.allocators.split(",")
     replays = []
-    with open(args.replay_jsonl) as f:
-        for n, line in enumerate(f, 1):
-            d = json.loads(line)
-            if d.get("rc") != 0 or "report" not in d:
+    try:
+        with open(args.replay_jsonl, "rb") as f:
+            raw = f.read().split(b"\n")
+    except OSError as e:
+        sys.exit(f"{args.replay_jsonl}: {e.strerror}")
+    for n, line in enumerate(raw, 1):
+        if not line.strip():
+            continue
+        where = f"{args.replay_jsonl}: line {n}"
+        try:
+            d = json.loads(line.decode("utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            sys.exit(f"{where}: not JSON ({e}); expected a replay.jsonl of "
+                     "scripts/gpu-check.sh")
+        if not isinstance(d, dict) or "trace" not in d or "rc" not in d:
+            sys.exit(f"{where}: expected an object with keys trace, rc and report (a line "
+                     "of the replay.jsonl of scripts/gpu-check.sh), not this")
+        if d.get("rc") != 0 or "report" not in d:
+            print(f"{where}: {d['trace']} did not replay (rc {d.get('rc')}), left out",
+                  file=sys.stderr)
+            continue
+        path = find_trace(d["trace"])
+        if path is None or path.endswith(".jsonl"):
+            print(f"{where}: {d['trace']}: not a single-device trace of traces/ here, left out",
+                  file=sys.stderr)
+            continue
+        for a in d["report"]["allocators"]:
+            if a["name"] not in wanted:
                 continue
-            path = find_trace(d["trace"])
-            if path is None or path.endswith(".jsonl"):
-                print(f"line {n}: {d['trace']}: not a single-device trace here, left out",
-                      file=sys.stderr)
+            real_calls = {k: v for k, v in a["driver_calls"].items() if v}
+            real_secs = {k: a["driver_seconds"][k] for k in real_calls}
+            sim = basis(args.basis, path, a["name"])
+            counts = {k: v["calls"] for k, v in sim.items()}
+            if counts != real_calls:
+                print(f"{d['trace']} / {a['name']}: simulated calls {counts} differ from "
+                      f"the real {real_calls}, left out", file=sys.stderr)
                 continue
-            for a in d["report"]["allocators"]:
-                if a["name"] not in wanted:
-                    continue
-                real_calls = {k: v for k, v in a["driver_calls"].items() if v}
-                real_secs = {k: a["driver_seconds"][k] for k in real_calls}
-                sim = basis(args.basis, path, a["name"])
-                counts = {k: v["calls"] for k, v in sim.items()}
-                if counts != real_calls:
-                    print(f"{d['trace']} / {a['name']}: simulated calls {counts} differ from "
-                          f"the real {real_calls}, left out", file=sys.stderr)
-                    continue
-                replays.append({"trace": d["trace"].split(".")[0], "allocator": a["name"],
-                                "real_seconds": real_secs, "real_calls": real_calls,
-                                "sim": sim})
+            replays.append({"trace": d["trace"].split(".")[0], "allocator": a["name"],
+                            "real_seconds": real_secs, "real_calls": real_calls,
+                            "sim": sim})
     if not replays:
-        sys.exit("no replay to fit")
+        sys.exit(f"{args.replay_jsonl}: no replay to fit (none of {args.allocators} replayed a "
+                 "single-device trace of traces/ with rc 0)")
     factors = {}
     for k in PAGE_TABLE:
         rows = [(r["sim"][k]["isolated_seconds"], r["sim"][k]["isolated_seconds_x_mappings"],

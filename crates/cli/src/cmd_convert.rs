@@ -99,7 +99,11 @@ pub fn run(a: ConvertArgs) -> Result<()> {
                 trace.preexisting.len(),
                 out.display(),
                 if trace.skipped_count > 0 {
-                    format!(" ({} bad events skipped)", trace.skipped_count)
+                    format!(
+                        " ({} bad event{} skipped)",
+                        trace.skipped_count,
+                        if trace.skipped_count == 1 { "" } else { "s" }
+                    )
                 } else {
                     String::new()
                 }

@@ -632,7 +632,11 @@ pub fn run(a: ReplayArgs) -> Result<()> {
             trace.events.len(),
             read_seconds,
             if trace.skipped_count > 0 {
-                format!(", {} bad events skipped", trace.skipped_count)
+                format!(
+                    ", {} bad event{} skipped",
+                    trace.skipped_count,
+                    if trace.skipped_count == 1 { "" } else { "s" }
+                )
             } else {
                 String::new()
             }

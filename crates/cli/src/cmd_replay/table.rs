@@ -255,8 +255,19 @@ pub(super) fn print_table(j: &JsonOut, capacity: u64, capacity_given: bool) {
         })
         .collect();
     if !planned.is_empty() {
+        let total = if j.trace.planned_layout.len() > 1 {
+            let bytes: u64 = j.trace.planned_layout.iter().map(|p| p.layout_bytes).sum();
+            let ratio = if j.trace.peak_requested_bytes == 0 {
+                0.0
+            } else {
+                bytes as f64 / j.trace.peak_requested_bytes as f64
+            };
+            format!("; all devices {} ({ratio:.3})", human_bytes(bytes))
+        } else {
+            String::new()
+        };
         println!(
-            "planned layout (the whole trace known in advance, no block ever moved): {}",
+            "planned layout (the whole trace known in advance, no block ever moved): {}{total}",
             planned.join(", ")
         );
     } else if let Some(why) = &j.trace.planned_layout_skipped {
@@ -268,7 +279,7 @@ pub(super) fn print_min_capacity(min_caps: &[(&'static str, &[DeviceMinCapacity]
     println!();
     println!("smallest simulated capacity (to the 2 MiB granularity):");
     println!(
-        "{:<10} {:>6} {:>14} {:>18} {:>7}  note",
+        "{:<10} {:>6} {:>14} {:>18} {:>8}  note",
         "allocator", "device", "completes at", "and every larger", "replays"
     );
     for (name, list) in min_caps {
@@ -287,7 +298,7 @@ pub(super) fn print_min_capacity(min_caps: &[(&'static str, &[DeviceMinCapacity]
                         notes.push("partly bisected (assumes monotone above the scanned range)".into());
                     }
                     println!(
-                        "{:<10} {:>6} {:>14} {:>18} {:>7}  {}",
+                        "{:<10} {:>6} {:>14} {:>18} {:>8}  {}",
                         name,
                         m.device,
                         human_bytes(f.smallest_bytes),
@@ -297,7 +308,7 @@ pub(super) fn print_min_capacity(min_caps: &[(&'static str, &[DeviceMinCapacity]
                     );
                 }
                 MinCapacityOutcome::NeverCompletes(i) => println!(
-                    "{:<10} {:>6} {:>14} {:>18} {:>7}  does not complete even with {}: {} ({} failed allocation{}, the first at event index {})",
+                    "{:<10} {:>6} {:>14} {:>18} {:>8}  does not complete even with {}: {} ({} failed allocation{}, the first at event index {})",
                     name,
                     m.device,
                     "-",
@@ -339,7 +350,7 @@ pub(super) fn print_notes(j: &JsonOut, capacity: u64) {
     println!();
     println!("res/req: peak reserved / peak requested (1.000 = no memory lost to rounding or fragmentation).");
     if !j.trace.planned_layout.is_empty() {
-        println!("planned layout: every block at one address for its life, placed with the whole trace known (TensorFlow Lite's greedy by size, requests rounded to 512 B): about what a placement that never moves memory could reach with foresight (greedy, so not a floor: paged, which remaps pages, can go below it).");
+        println!("planned layout: every block at one address for its life, placed with the whole trace known in advance (TensorFlow Lite's greedy by size, requests rounded to 512 B), ÷ peak requested in brackets; what foresight alone buys. A heuristic, not a floor: an online placement can beat it now and then (paged-lazy on the fine-tune trace), and paged, which remaps pages, often does.");
     }
     println!("ext.frag: highest external fragmentation 1 - largest free block / free bytes; frag@pk: the same at peak reserved.");
     println!("inact.split: peak free bytes inside segments or pages that hold live blocks (PyTorch's inactive_split_bytes); retries: cache released and retried after the device refused (num_alloc_retries).");

@@ -105,14 +105,20 @@ fn json_error(e: &serde_json::Error) -> String {
 }
 
 /// [`json_error`] of a line that does not parse, with the key whose value is wrong where
-/// there is one (`invalid type: string "big", expected u64 (column 39, key "size")`).
+/// there is one (`invalid type: string "big", expected a whole number ≥ 0 (column 39, key
+/// "size")`).
 fn keyed_json_error(text: &str, strict: &serde_json::Error) -> String {
     let mut de = serde_json::Deserializer::from_str(text);
     match serde_path_to_error::deserialize::<_, Line>(&mut de) {
         Err(e) => {
             let path = e.path().to_string();
-            let msg = json_error(e.inner());
-            if path.is_empty() || path == "." {
+            // serde's type names, in words: `-512`, "expected u64" → a whole number ≥ 0.
+            let msg = json_error(e.inner())
+                .replace("expected u64", "expected a whole number ≥ 0")
+                .replace("expected u32", "expected a whole number ≥ 0")
+                .replace("expected i64", "expected a whole number");
+            // serde_path_to_error says `?` where the error came before any key was known.
+            if path.is_empty() || path == "." || path == "?" {
                 msg
             } else if let Some(open) = msg.strip_suffix(')') {
                 format!("{open}, key \"{path}\")")
@@ -492,8 +498,20 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("line 2"), "{e}");
-        assert!(e.contains("expected u64"), "{e}");
+        assert!(e.contains("expected a whole number ≥ 0"), "{e}");
         assert!(e.contains("key \"size\""), "{e}");
+        // A negative size, in words; a line cut short names no key (serde's `?`).
+        let e = read("{\"action\":\"alloc\",\"addr\":1,\"size\":-512}\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("integer `-512`, expected a whole number ≥ 0"),
+            "{e}"
+        );
+        let e = read("{\"action\":\"alloc\",\"addr\":2,\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 1") && !e.contains("key \"?\""), "{e}");
     }
 
     /// Issue 9 item 8: typos of known keys are warned about with their line; a negative size

@@ -324,7 +324,11 @@ impl Trace {
             s.push_str(&format!("; {} recorded segments", self.segments.len()));
         }
         if self.skipped_count > 0 {
-            s.push_str(&format!("; {} bad events skipped", self.skipped_count));
+            s.push_str(&format!(
+                "; {} bad event{} skipped",
+                self.skipped_count,
+                if self.skipped_count == 1 { "" } else { "s" }
+            ));
         }
         s
     }
