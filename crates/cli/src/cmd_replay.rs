@@ -142,6 +142,8 @@ struct JsonPlanned {
     layout_bytes: u64,
     /// `layout_bytes` ÷ the device's peak requested bytes (as res/req).
     over_requested: f64,
+    /// Which order of placement gave it: `size` (largest first) or `lifetime`.
+    order: gpumem::plan::PlanOrder,
 }
 
 /// The planned layout of every device of the trace, or why it was skipped.
@@ -162,6 +164,7 @@ fn planned_layouts(
                 } else {
                     p.layout_bytes as f64 / s.peak_requested_bytes as f64
                 },
+                order: p.order,
             }),
             Err(e) => return (Vec::new(), Some(format!("device {device}: {e}"))),
         }

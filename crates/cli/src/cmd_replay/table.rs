@@ -350,7 +350,7 @@ pub(super) fn print_notes(j: &JsonOut, capacity: u64) {
     println!();
     println!("res/req: peak reserved / peak requested (1.000 = no memory lost to rounding or fragmentation).");
     if !j.trace.planned_layout.is_empty() {
-        println!("planned layout: every block at one address for its life, placed with the whole trace known in advance (TensorFlow Lite's greedy by size, requests rounded to 512 B), ÷ peak requested in brackets; what foresight alone buys. A heuristic, not a floor: an online placement can beat it now and then (paged-lazy on the fine-tune trace), and paged, which remaps pages, often does.");
+        println!("planned layout: every block at one address for its life, placed with the whole trace known in advance (greedy: the smaller of largest-first, as TensorFlow Lite's planner, and longest-lived-first; requests rounded to 512 B), ÷ peak requested in brackets; what foresight alone buys a placement that never moves memory. A heuristic, not a floor: paged, which remaps pages, often goes below it.");
     }
     println!("ext.frag: highest external fragmentation 1 - largest free block / free bytes; frag@pk: the same at peak reserved.");
     println!("inact.split: peak free bytes inside segments or pages that hold live blocks (PyTorch's inactive_split_bytes); retries: cache released and retried after the device refused (num_alloc_retries).");
