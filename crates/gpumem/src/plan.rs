@@ -26,9 +26,9 @@ use crate::trace::{Action, Trace};
 pub const PLAN_ROUND_BYTES: u64 = 512;
 
 /// Most blocks [`planned_layout`] plans: the planner's time grows with the number of blocks
-/// times the blocks live beside each (BENCHMARKS.md: well under a second for the 48,000
-/// blocks of the T5 trace).
-pub const PLAN_MAX_BLOCKS: usize = 1_000_000;
+/// times the blocks live beside each, up to quadratically (BENCHMARKS.md: 0.6 s for the
+/// 48,000 blocks of the T5 trace); above it `gpumem replay` says the layout was skipped.
+pub const PLAN_MAX_BLOCKS: usize = 250_000;
 
 /// The order in which [`plan_ordered`] places blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
