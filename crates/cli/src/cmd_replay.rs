@@ -83,23 +83,7 @@ pub struct ReplayArgs {
 
 /// Parses `--lazy-conf` onto the defaults.
 pub fn lazy_conf(text: &str) -> Result<gpumem::core::config::LazyConfig> {
-    let mut c = gpumem::core::config::LazyConfig::default();
-    for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-        let Some((key, value)) = item.split_once('=') else {
-            anyhow::bail!(
-                "--lazy-conf: `{item}` is not key=value (keys: placement, headroom, max_handle, map_ahead)"
-            );
-        };
-        let (key, value) = (key.trim(), value.trim());
-        match gpumem::lazy_conf::apply(&mut c, key, value) {
-            Ok(true) => {}
-            Ok(false) => anyhow::bail!(
-                "--lazy-conf: unknown key `{key}` (expected placement, headroom, max_handle or map_ahead)"
-            ),
-            Err(why) => anyhow::bail!("--lazy-conf: bad value `{value}` for `{key}`: {why}"),
-        }
-    }
-    Ok(c)
+    gpumem::lazy_conf::parse(text).map_err(|e| anyhow::anyhow!("--lazy-conf: {e}"))
 }
 
 #[derive(Serialize)]

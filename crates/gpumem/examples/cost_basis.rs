@@ -19,15 +19,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = args.next().ok_or(usage)?;
     let name = args.next().ok_or(usage)?;
     let lazy = args.next().unwrap_or_default();
-    let mut config = AllocatorConfig::default();
-    for item in lazy.split(',').filter(|s| !s.is_empty()) {
-        let (k, v) = item
-            .split_once('=')
-            .ok_or_else(|| format!("lazy conf item `{item}`: expected key=value"))?;
-        if !gpumem::lazy_conf::apply(&mut config.lazy, k, v)? {
-            return Err(format!("unknown lazy conf key `{k}`").into());
-        }
-    }
+    let config = AllocatorConfig {
+        lazy: gpumem::lazy_conf::parse(&lazy).map_err(|e| format!("LAZY_CONF: {e}"))?,
+        ..AllocatorConfig::default()
+    };
     let trace = read_path(std::path::Path::new(&path), ReadConfig::default())?;
     let mut alloc = registry::build(&name, &config)?;
     let mut dev = SimDevice::default();

@@ -45,6 +45,34 @@ pub fn apply(c: &mut LazyConfig, key: &str, value: &str) -> Result<bool, String>
     Ok(true)
 }
 
+/// Parses `key=value` items separated by commas (spaces around them ignored) onto the
+/// defaults, as `gpumem replay --lazy-conf` reads them.
+///
+/// # Errors
+/// The first bad item, what was wrong and what was expected: not `key=value`, an unknown key,
+/// or a bad value for a known key.
+pub fn parse(text: &str) -> Result<LazyConfig, String> {
+    let mut c = LazyConfig::default();
+    for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let Some((key, value)) = item.split_once('=') else {
+            return Err(format!(
+                "`{item}` is not key=value (keys: placement, headroom, max_handle, map_ahead)"
+            ));
+        };
+        let (key, value) = (key.trim(), value.trim());
+        match apply(&mut c, key, value) {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(format!(
+                    "unknown key `{key}` (expected placement, headroom, max_handle or map_ahead)"
+                ))
+            }
+            Err(why) => return Err(format!("bad value `{value}` for `{key}`: {why}")),
+        }
+    }
+    Ok(c)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -75,5 +103,20 @@ mod tests {
             assert!(apply(&mut c, k, v).is_err(), "{k}={v}");
         }
         assert_eq!(c, before, "refused items change nothing");
+    }
+
+    #[test]
+    fn parse_reads_items_onto_the_defaults_and_names_the_bad_one() {
+        let c = parse(" placement=pages , headroom=0.02,,").unwrap();
+        assert_eq!((c.placement, c.headroom_bp), (LazyPlacement::Pages, 200));
+        assert_eq!(parse("").unwrap(), LazyConfig::default());
+        assert!(parse("pages")
+            .unwrap_err()
+            .contains("`pages` is not key=value"));
+        assert!(parse("colour=red")
+            .unwrap_err()
+            .contains("unknown key `colour`"));
+        let e = parse("headroom=2%").unwrap_err();
+        assert!(e.contains("bad value `2%` for `headroom`"), "{e}");
     }
 }
