@@ -168,23 +168,90 @@ pub fn h200_call_seconds(call: DriverCall, bytes: u64, live_mappings: u64) -> f6
     h200_isolated_call_seconds(call, bytes) * (alpha + beta * live_mappings as f64)
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 struct Handle {
     bytes: u64,
     released: bool,
     mapped_at: Option<u64>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 struct Mapping {
     bytes: u64,
     handle: PhysHandle,
     access: bool,
 }
 
-/// A reserved virtual range: its size and which of its granules are mapped.
+/// Slots per chunk of a [`GranuleMap`] (a power of two).
+const MAP_CHUNK: usize = 256;
+
+/// The mappings of one reserved range by the granule they start at: chunks of
+/// [`MAP_CHUNK`] slots, each allocated when one of its slots is first written, the chunk
+/// index grown on demand (a range costs nothing until mapped, however large). A look-up is
+/// two indexings, not a hash: cuMemMap, cuMemSetAccess and cuMemUnmap walk a range mapping
+/// by mapping from its start.
+#[derive(Debug, Clone, Default)]
+struct GranuleMap {
+    chunks: Vec<Option<Box<[Option<Mapping>]>>>,
+}
+
+impl GranuleMap {
+    /// The mapping starting at granule `i`.
+    #[inline]
+    fn get(&self, i: u64) -> Option<&Mapping> {
+        let i = usize::try_from(i).ok()?;
+        self.chunks
+            .get(i / MAP_CHUNK)?
+            .as_ref()?
+            .get(i % MAP_CHUNK)?
+            .as_ref()
+    }
+
+    /// The mapping starting at granule `i`, to write.
+    #[inline]
+    fn get_mut(&mut self, i: u64) -> Option<&mut Mapping> {
+        let i = usize::try_from(i).ok()?;
+        self.chunks
+            .get_mut(i / MAP_CHUNK)?
+            .as_mut()?
+            .get_mut(i % MAP_CHUNK)?
+            .as_mut()
+    }
+
+    /// Records `m` as the mapping starting at granule `i`.
+    fn insert(&mut self, i: u64, m: Mapping) {
+        let Ok(i) = usize::try_from(i) else {
+            return;
+        };
+        let c = i / MAP_CHUNK;
+        if c >= self.chunks.len() {
+            self.chunks.resize_with(c + 1, || None);
+        }
+        if let Some(chunk) = self.chunks.get_mut(c) {
+            let chunk = chunk.get_or_insert_with(|| vec![None; MAP_CHUNK].into_boxed_slice());
+            if let Some(slot) = chunk.get_mut(i % MAP_CHUNK) {
+                *slot = Some(m);
+            }
+        }
+    }
+
+    /// Takes the mapping starting at granule `i`.
+    #[inline]
+    fn remove(&mut self, i: u64) -> Option<Mapping> {
+        let i = usize::try_from(i).ok()?;
+        self.chunks
+            .get_mut(i / MAP_CHUNK)?
+            .as_mut()?
+            .get_mut(i % MAP_CHUNK)?
+            .take()
+    }
+}
+
+/// A reserved virtual range: where it starts, its size, which of its granules are mapped
+/// and the mappings in it.
 #[derive(Debug, Clone)]
 struct Reserved {
+    start: u64,
     bytes: u64,
     /// Bit `i`: granule `i` of the range is under a mapping (what the overlap check of
     /// cuMemMap reads, a word per 64 granules, instead of an ordered search of the
@@ -192,17 +259,21 @@ struct Reserved {
     mapped: Vec<u64>,
     /// Granules mapped (cuMemAddressFree refuses a range with any).
     mapped_granules: u64,
+    /// Live mappings in the range, by first granule.
+    maps: GranuleMap,
 }
 
 impl Reserved {
-    fn new(bytes: u64) -> Self {
+    fn new(start: u64, bytes: u64) -> Self {
         Reserved {
+            start,
             bytes,
             // Grown as granules are mapped (a missing word is all unmapped): a large range
             // costs nothing until mapped, and a range mapped from its start (expandable
             // segments) touches a few words, not a bitmap of the whole range.
             mapped: Vec::new(),
             mapped_granules: 0,
+            maps: GranuleMap::default(),
         }
     }
 
@@ -227,8 +298,26 @@ impl Reserved {
         })
     }
 
+    /// `(word, mask)` when granules `[first, first + n)` lie in one bitmap word (the common
+    /// case: a mapping of fewer than 64 granules), without the iterator.
+    #[inline]
+    fn one_word(first: u64, n: u64) -> Option<(usize, u64)> {
+        let b = first % 64;
+        (n >= 1 && b + n <= 64).then(|| {
+            let mask = if n == 64 {
+                u64::MAX
+            } else {
+                ((1u64 << n) - 1) << b
+            };
+            ((first / 64) as usize, mask)
+        })
+    }
+
     /// Whether any granule of `[first, first + n)` is mapped.
     fn any_mapped(&self, first: u64, n: u64) -> bool {
+        if let Some((w, mask)) = Self::one_word(first, n) {
+            return self.mapped.get(w).is_some_and(|&x| x & mask != 0);
+        }
         Self::word_masks(first, n)
             .any(|(w, mask)| self.mapped.get(w).is_some_and(|&x| x & mask != 0))
     }
@@ -241,12 +330,22 @@ impl Reserved {
                 self.mapped.resize(words, 0);
             }
         }
-        for (w, mask) in Self::word_masks(first, n) {
+        if let Some((w, mask)) = Self::one_word(first, n) {
             if let Some(x) = self.mapped.get_mut(w) {
                 if on {
                     *x |= mask;
                 } else {
                     *x &= !mask;
+                }
+            }
+        } else {
+            for (w, mask) in Self::word_masks(first, n) {
+                if let Some(x) = self.mapped.get_mut(w) {
+                    if on {
+                        *x |= mask;
+                    } else {
+                        *x &= !mask;
+                    }
                 }
             }
         }
@@ -281,11 +380,11 @@ pub struct SimDevice {
     free_va: BTreeMap<u64, u64>,
     /// Live cuMemAlloc segments: addr -> bytes (rounded to the granularity).
     segments: BTreeMap<u64, u64>,
-    /// Live reserved VA ranges: start -> range.
-    reserved: BTreeMap<u64, Reserved>,
-    /// Live mappings: va -> mapping (a hash map: the calls walk a range mapping by mapping
-    /// from its start, and the reserved ranges' bitmaps answer whether a range overlaps one).
-    mappings: AddrMap<u64, Mapping>,
+    /// Live reserved VA ranges in address order (a pool holds a few: a binary search of a
+    /// short vector), each with its mappings.
+    reserved: Vec<Reserved>,
+    /// Live mappings, in all reserved ranges.
+    live_mappings: u64,
     handles: AddrMap<u64, Handle>,
     /// Per call kind, the isolated cost in seconds of the last sizes modelled, in
     /// [`COST_MEMO_SLOTS`] slots picked by the size in granules (a cache: the log-linear
@@ -421,8 +520,8 @@ impl SimDevice {
             counters: DriverCounters::default(),
             free_va,
             segments: BTreeMap::new(),
-            reserved: BTreeMap::new(),
-            mappings: AddrMap::default(),
+            reserved: Vec::new(),
+            live_mappings: 0,
             handles: HashMap::default(),
             cost_memo: [[None; COST_MEMO_SLOTS]; CALL_KINDS],
             basis: [CostBasis::default(); CALL_KINDS],
@@ -596,7 +695,7 @@ impl SimDevice {
         (
             self.segments.len(),
             self.reserved.len(),
-            self.mappings.len(),
+            usize::try_from(self.live_mappings).unwrap_or(usize::MAX),
             live_handles,
         )
     }
@@ -628,7 +727,7 @@ impl SimDevice {
             }
         };
         let (alpha, beta) = mapping_cost_factors(call);
-        let live = self.mappings.len() as f64;
+        let live = self.live_mappings as f64;
         let seconds = isolated * (alpha + beta * live);
         self.counters.record(call, seconds);
         if let Some(b) = self.basis.get_mut(call as usize) {
@@ -721,32 +820,69 @@ impl SimDevice {
         }
     }
 
-    /// The reserved range holding all of `[va, va+bytes)`: its start and record.
-    fn reserved_holding(&self, va: u64, bytes: u64) -> Option<(u64, &Reserved)> {
-        self.reserved
-            .range(..=va)
-            .next_back()
-            .filter(|(&s, r)| va >= s && va.checked_add(bytes).is_some_and(|e| e <= s + r.bytes))
-            .map(|(&s, r)| (s, r))
+    /// Index of the reserved range holding `va`.
+    #[inline]
+    fn reserved_at(&self, va: u64) -> Option<usize> {
+        let i = self
+            .reserved
+            .partition_point(|r| r.start <= va)
+            .checked_sub(1)?;
+        let r = self.reserved.get(i)?;
+        (va - r.start < r.bytes).then_some(i)
     }
 
-    /// Marks the granules of the mapping `[va, va+bytes)` mapped or not in its reserved range.
-    /// `known` is the start of a reserved range that may hold it (looked up by key, cheaper
-    /// than the ordered search made otherwise).
-    fn mark_mapped(&mut self, va: u64, bytes: u64, on: bool, known: Option<u64>) {
-        let (first, n) = (va, self.granules(bytes));
-        let sh = self.granularity.trailing_zeros();
-        if let Some(s) = known {
-            if let Some(r) = self.reserved.get_mut(&s) {
-                if va >= s && va - s < r.bytes {
-                    r.mark((first - s) >> sh, n, on);
-                    return;
+    /// Index of the reserved range holding all of `[va, va+bytes)`.
+    fn reserved_holding(&self, va: u64, bytes: u64) -> Option<usize> {
+        let i = self.reserved_at(va)?;
+        let r = self.reserved.get(i)?;
+        va.checked_add(bytes)
+            .is_some_and(|e| e <= r.start + r.bytes)
+            .then_some(i)
+    }
+
+    /// Where the mapping starting at `va` would be recorded: `(reserved range, granule in
+    /// it)`, or `None` when `va` is not a granule of a reserved range. `hint` is a reserved
+    /// range to try first (a walk stays in one range).
+    #[inline]
+    fn granule_of(&self, va: u64, hint: usize) -> Option<(usize, u64)> {
+        let ri = match self.reserved.get(hint) {
+            Some(r) if va >= r.start && va - r.start < r.bytes => hint,
+            _ => self.reserved_at(va)?,
+        };
+        let off = va - self.reserved.get(ri)?.start;
+        self.is_granular(off).then(|| (ri, self.granules(off)))
+    }
+
+    /// The mapping starting at `va`, and where it is recorded (see
+    /// [`SimDevice::granule_of`]).
+    #[inline]
+    fn mapping_at(&self, va: u64, hint: usize) -> Option<(usize, u64, Mapping)> {
+        let (ri, gi) = self.granule_of(va, hint)?;
+        let m = *self.reserved.get(ri)?.maps.get(gi)?;
+        Some((ri, gi, m))
+    }
+
+    /// Checks that mappings tile `[va, va + bytes)` exactly, walking them from `va`.
+    fn check_tiled(&self, c: DriverCall, va: u64, bytes: u64) -> Result<(), DeviceError> {
+        let mut at = va;
+        let end = va + bytes;
+        let mut hint = 0;
+        while at < end {
+            match self.mapping_at(at, hint) {
+                Some((ri, _, m)) => {
+                    at += m.bytes;
+                    hint = ri;
                 }
+                None => break,
             }
         }
-        if let Some((&s, r)) = self.reserved.range_mut(..=va).next_back() {
-            r.mark((first - s) >> sh, n, on);
+        if at < end {
+            return Err(Self::invalid(c, format!("{at:#x} is not mapped")));
         }
+        if at != end {
+            return Err(Self::invalid(c, "range ends inside a mapping".into()));
+        }
+        Ok(())
     }
 
     /// `bytes` in granules (the granularity is a power of two: a shift, not a division).
@@ -820,26 +956,32 @@ impl Device for SimDevice {
         self.check_granular(c, bytes)?;
         self.begin(c, bytes)?;
         let va = self.take_va(bytes)?;
-        self.reserved.insert(va, Reserved::new(bytes));
+        let i = self.reserved.partition_point(|r| r.start < va);
+        self.reserved.insert(i, Reserved::new(va, bytes));
         Ok(va)
     }
 
     fn free_va(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
         let c = DriverCall::AddressFree;
-        let Some(r) = self.reserved.get(&va).filter(|r| r.bytes == bytes) else {
+        let found = self
+            .reserved
+            .binary_search_by_key(&va, |r| r.start)
+            .ok()
+            .filter(|&i| self.reserved[i].bytes == bytes);
+        let Some(i) = found else {
             return Err(Self::invalid(
                 c,
                 format!("{va:#x}+{bytes} is not a reserved range"),
             ));
         };
-        if r.mapped_granules > 0 {
+        if self.reserved[i].mapped_granules > 0 {
             return Err(Self::invalid(
                 c,
                 format!("{va:#x}+{bytes} still has mappings"),
             ));
         }
         self.begin(c, bytes)?;
-        self.reserved.remove(&va);
+        self.reserved.remove(i);
         self.give_va(va, bytes);
         Ok(())
     }
@@ -865,7 +1007,7 @@ impl Device for SimDevice {
     fn release_physical(&mut self, handle: PhysHandle) -> Result<(), DeviceError> {
         let c = DriverCall::Release;
         let h = match self.handles.get(&handle.0) {
-            Some(h) if !h.released => h.clone(),
+            Some(h) if !h.released => *h,
             _ => return Err(Self::invalid(c, format!("handle {} is not live", handle.0))),
         };
         self.begin(c, h.bytes)?;
@@ -888,7 +1030,7 @@ impl Device for SimDevice {
             ));
         }
         let h = match self.handles.get(&handle.0) {
-            Some(h) if !h.released => h.clone(),
+            Some(h) if !h.released => *h,
             _ => return Err(Self::invalid(c, format!("handle {} is not live", handle.0))),
         };
         if h.bytes != bytes {
@@ -903,29 +1045,35 @@ impl Device for SimDevice {
                 format!("handle {} is already mapped", handle.0),
             ));
         }
-        let Some((rs, r)) = self.reserved_holding(va, bytes) else {
+        let Some(ri) = self.reserved_holding(va, bytes) else {
             return Err(Self::invalid(
                 c,
                 format!("{va:#x}+{bytes} is not inside a reserved range"),
             ));
         };
+        let (first, n) = (
+            self.granules(va - self.reserved[ri].start),
+            self.granules(bytes),
+        );
         // Mappings never overlap: no granule of the range may be mapped already.
-        if r.any_mapped(self.granules(va - rs), self.granules(bytes)) {
+        if self.reserved[ri].any_mapped(first, n) {
             return Err(Self::invalid(
                 c,
                 format!("{va:#x}+{bytes} overlaps a mapping"),
             ));
         }
         self.begin(c, bytes)?;
-        self.mappings.insert(
-            va,
+        let r = &mut self.reserved[ri];
+        r.maps.insert(
+            first,
             Mapping {
                 bytes,
                 handle,
                 access: false,
             },
         );
-        self.mark_mapped(va, bytes, true, Some(rs));
+        r.mark(first, n, true);
+        self.live_mappings += 1;
         if let Some(e) = self.handles.get_mut(&handle.0) {
             e.mapped_at = Some(va);
         }
@@ -936,28 +1084,20 @@ impl Device for SimDevice {
         let c = DriverCall::SetAccess;
         self.check_granular(c, bytes)?;
         // The range must be covered by contiguous mappings starting exactly at va.
-        let mut at = va;
-        let end = va + bytes;
-        // Walk the mappings from the start of the range: they must tile it.
-        while at < end {
-            match self.mappings.get(&at) {
-                Some(m) => at += m.bytes,
-                None => break,
-            }
-        }
-        if at < end {
-            return Err(Self::invalid(c, format!("{at:#x} is not mapped")));
-        }
-        if at != end {
-            return Err(Self::invalid(c, "range ends inside a mapping".into()));
-        }
+        self.check_tiled(c, va, bytes)?;
         self.begin(c, bytes)?;
         let mut at = va;
+        let end = va + bytes;
+        let mut hint = 0;
         while at < end {
-            match self.mappings.get_mut(&at) {
+            let Some((ri, gi)) = self.granule_of(at, hint) else {
+                break;
+            };
+            match self.reserved[ri].maps.get_mut(gi) {
                 Some(m) => {
                     m.access = true;
                     at += m.bytes;
+                    hint = ri;
                 }
                 None => break,
             }
@@ -968,30 +1108,24 @@ impl Device for SimDevice {
     fn unmap(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
         let c = DriverCall::Unmap;
         self.check_granular(c, bytes)?;
+        // Walk the mappings from the start of the range: they must tile it.
+        self.check_tiled(c, va, bytes)?;
+        self.begin(c, bytes)?;
         let mut at = va;
         let end = va + bytes;
-        // Walk the mappings from the start of the range: they must tile it.
+        let mut hint = 0;
+        let sh = self.granularity.trailing_zeros();
         while at < end {
-            match self.mappings.get(&at) {
-                Some(m) => at += m.bytes,
-                None => break,
-            }
-        }
-        if at < end {
-            return Err(Self::invalid(c, format!("{at:#x} is not mapped")));
-        }
-        if at != end {
-            return Err(Self::invalid(c, "range ends inside a mapping".into()));
-        }
-        self.begin(c, bytes)?;
-        // The reserved range of the first mapping (the others usually lie in it too).
-        let known = self.reserved_holding(va, 1).map(|(s, _)| s);
-        let mut at = va;
-        while at < end {
-            let Some(m) = self.mappings.remove(&at) else {
+            let Some((ri, gi)) = self.granule_of(at, hint) else {
                 break;
             };
-            self.mark_mapped(at, m.bytes, false, known);
+            let r = &mut self.reserved[ri];
+            let Some(m) = r.maps.remove(gi) else {
+                break;
+            };
+            r.mark(gi, m.bytes >> sh, false);
+            self.live_mappings -= 1;
+            hint = ri;
             at += m.bytes;
             let drop_it = match self.handles.get_mut(&m.handle.0) {
                 Some(h) => {
@@ -1029,25 +1163,27 @@ impl SimDevice {
         // lower than the start of the reserved range holding it.
         let g = self.granularity;
         while at < end {
-            let Some((rs, r)) = self.reserved_holding(at, 1) else {
+            let Some(ri) = self.reserved_at(at) else {
                 return false;
             };
-            let gi = (at - rs) / g;
+            let r = &self.reserved[ri];
+            let gi = (at - r.start) / g;
             if !r.any_mapped(gi, 1) {
                 return false;
             }
-            let mut s = rs + gi * g;
+            let mut s = gi;
             let m = loop {
-                if let Some(m) = self.mappings.get(&s) {
+                if let Some(m) = r.maps.get(s) {
                     break m;
                 }
-                if s == rs {
+                if s == 0 {
                     return false;
                 }
-                s -= g;
+                s -= 1;
             };
-            if at < s + m.bytes && m.access {
-                at = s + m.bytes;
+            let ms = r.start + s * g;
+            if at < ms + m.bytes && m.access {
+                at = ms + m.bytes;
             } else {
                 return false;
             }
