@@ -32,13 +32,11 @@ impl PagedPool {
                 bytes: want,
                 npages,
                 pages: slots::SlotTable::new(npages),
-                tree: MaxTree::new(2 * npages),
-                starts: vec![0; npages],
                 idle: page_bits::PageBits::new(npages),
             },
         );
         self.free.insert(va, want);
-        self.update_leaves(ri, &[], &[(va, want)]);
+        self.refit(ri, &[(va, want)]);
         Ok(ri)
     }
 
@@ -108,7 +106,7 @@ impl PagedPool {
             added[n] = (va + bytes, st + len - va - bytes);
             n += 1;
         }
-        self.update_leaves(ri, &[(st, len)], &added[..n]);
+        self.refit(ri, &added[..n]);
         for t in run {
             self.set_extent(ri, t.page, t.handle, 1, false);
             self.mapped_pages += t.handle.pages;
@@ -469,13 +467,7 @@ impl PagedPool {
             Some((ps, pl)) => (ps, pl + grown),
             None => (addr, grown),
         };
-        let mut removed = [(0, 0); 2];
-        let mut n = 0;
-        for r in [prev, next].into_iter().flatten() {
-            removed[n] = r;
-            n += 1;
-        }
-        self.update_leaves(ri, &removed[..n], &[(st, len)]);
+        self.refit(ri, &[(st, len)]);
         Ok(())
     }
 }

@@ -1,9 +1,11 @@
-//! Where a block goes: the free-range map, the O(log n) search for a fit in pages already
-//! mapped, and the scored search (fewest new pages, then least waste) when pages must be
+//! Where a block goes: the free-range map and its fit tags, the search for a fit in pages
+//! already mapped, and the scored search (fewest new pages, then least waste) when pages must be
 //! mapped.
 use super::*;
 
-/// [`PagedPool::usable_head`] with page size `p`.
+/// Mapped bytes a block may use at the start of the free range `[st, st+len)` in a
+/// reservation starting at `base`, pages of `p` bytes: the whole range when it has no
+/// interior page, else the free tail of the page holding `st`.
 pub(super) fn usable_head_at(p: u64, base: u64, st: u64, len: u64) -> u64 {
     // Pages are a power of two: shifts, not divisions (a division is tens of cycles).
     let sh = p.trailing_zeros();
@@ -17,7 +19,7 @@ pub(super) fn usable_head_at(p: u64, base: u64, st: u64, len: u64) -> u64 {
     }
 }
 
-/// The tail leaf the free range `[st, st + len)` of a reservation starting at `base` feeds:
+/// The tail value of the free range `[st, st + len)` of a reservation starting at `base`:
 /// `(page, bytes)` when it ends inside page `page` and covers the whole page before it
 /// (so the free bytes at that page's head are usable next to its mapped part).
 pub(super) fn tail_leaf(p: u64, base: u64, st: u64, len: u64) -> Option<(usize, u64)> {
@@ -27,124 +29,84 @@ pub(super) fn tail_leaf(p: u64, base: u64, st: u64, len: u64) -> Option<(usize, 
     (b > ps && st + p <= ps).then_some((page as usize, b - ps))
 }
 
-impl PagedPool {
-    /// Mapped bytes a block may use at the start of the free range `[st, st+len)` in a
-    /// reservation starting at `base`: the whole range when it has no interior page, else the
-    /// free tail of the page holding `st`.
-    pub(super) fn usable_head(&self, base: u64, st: u64, len: u64) -> u64 {
-        usable_head_at(self.page_bytes, base, st, len)
-    }
+/// `bytes` in [`UNIT_BYTES`] units, saturated to `u32`.
+#[inline]
+fn units(bytes: u64) -> u32 {
+    u32::try_from(bytes / UNIT_BYTES).unwrap_or(u32::MAX)
+}
 
-    /// Updates the tree leaves after the free map of reservation `ri` lost the ranges
-    /// `removed` and gained `added` (`(start, bytes)` each; the map already changed). Each
-    /// range feeds the tail leaf of the page it ends in (no other range can: it covers that
-    /// page's start) and the head leaf of the page it starts in (a maximum over the ranges
-    /// starting there). Only a head leaf whose maximum was a removed range, on a page where
-    /// other ranges still start, reads the free map again.
-    pub(super) fn update_leaves(
-        &mut self,
-        ri: usize,
-        removed: &[(u64, u64)],
-        added: &[(u64, u64)],
-    ) {
+/// The fit tag of the free range `[st, st + len)` of a reservation starting at `base`, pages
+/// of `p` bytes: the larger of its head value ([`usable_head_at`]) and its tail value
+/// ([`tail_leaf`], 0 when it has none), in [`UNIT_BYTES`] units.
+pub(super) fn fit_of(p: u64, base: u64, st: u64, len: u64) -> u32 {
+    let head = units(usable_head_at(p, base, st, len));
+    let tail = tail_leaf(p, base, st, len).map_or(0, |(_, t)| units(t));
+    head.max(tail)
+}
+
+impl PagedPool {
+    /// Sets the fit tags ([`fit_of`]) of the free ranges `added` (`(start, bytes)` each, in
+    /// reservation `ri`) after the free map gained or rewrote them; a removed range took its
+    /// tag with it.
+    pub(super) fn refit(&mut self, ri: usize, added: &[(u64, u64)]) {
         let p = self.page_bytes;
-        let free = &self.free;
-        let Some(r) = self.reservations.get_mut(ri) else {
+        let Some(base) = self.reservations.get(ri).map(|r| r.va) else {
             return;
         };
-        let base = r.va;
-        let units = |b: u64| u32::try_from(b / UNIT_BYTES).unwrap_or(u32::MAX);
-        let sh = p.trailing_zeros();
-        let page_of = |a: u64| ((a - base) >> sh) as usize;
-        let mut rescan = [usize::MAX; 4];
-        let mut n_rescan = 0;
-        for &(st, len) in removed {
-            if let Some((pg, _)) = tail_leaf(p, base, st, len) {
-                r.tree.set(2 * pg, 0);
-            }
-            let pg = page_of(st);
-            if let Some(c) = r.starts.get_mut(pg) {
-                *c = c.saturating_sub(1);
-            }
-            let u = units(usable_head_at(p, base, st, len));
-            if u > 0 && r.tree.get(2 * pg + 1) == u && !rescan[..n_rescan].contains(&pg) {
-                if let Some(slot) = rescan.get_mut(n_rescan) {
-                    *slot = pg;
-                    n_rescan += 1;
-                }
-            }
-        }
         for &(st, len) in added {
-            if let Some((pg, t)) = tail_leaf(p, base, st, len) {
-                r.tree.set(2 * pg, units(t));
+            if let Some(i) = self.free.position(st) {
+                self.free.set_tag(i, fit_of(p, base, st, len));
             }
-            let pg = page_of(st);
-            if let Some(c) = r.starts.get_mut(pg) {
-                *c += 1;
-            }
-            let u = units(usable_head_at(p, base, st, len));
-            if !rescan[..n_rescan].contains(&pg) && u > r.tree.get(2 * pg + 1) {
-                r.tree.set(2 * pg + 1, u);
-            }
-        }
-        for &pg in &rescan[..n_rescan] {
-            let mut here = 0u32;
-            let mut head = 0u64;
-            for &(st, len) in added.iter().filter(|&&(st, _)| page_of(st) == pg) {
-                here += 1;
-                head = head.max(usable_head_at(p, base, st, len));
-            }
-            if r.starts.get(pg).copied() != Some(here) {
-                let ps = base + pg as u64 * p;
-                head = free
-                    .range(ps..ps + p)
-                    .map(|(&st, &len)| usable_head_at(p, base, st, len))
-                    .max()
-                    .unwrap_or(0);
-            }
-            r.tree.set(2 * pg + 1, units(head));
         }
     }
 
     /// Fast path: the lowest-addressed spot where `bytes` fit (aligned to `align`) without
     /// mapping a page.
+    ///
+    /// Each free range offers mapped bytes at two places: at its start (the head value of
+    /// [`usable_head_at`]) and at its end (the tail value of [`tail_leaf`]); in address
+    /// order the head comes first, then the tail, and the head values of the ranges that
+    /// start in one page count as one (their maximum), searched range by range. The first
+    /// range whose tag (the larger of its two) reaches the request decides: its head when
+    /// that reaches it, else its tail. When alignment above 256 bytes defeats that spot,
+    /// the scored search decides instead.
     pub(super) fn find_mapped_fit(&self, bytes: u64, align: u64) -> Option<Placement> {
         let p = self.page_bytes;
         let need = bytes + align.saturating_sub(UNIT_BYTES);
         let need = u32::try_from(need / UNIT_BYTES).ok()?;
-        for (ri, r) in self.reservations.iter().enumerate() {
-            let Some(leaf) = r.tree.first_at_least(need) else {
-                continue;
-            };
-            let page = (leaf / 2) as u64;
-            let ps = r.va + page * p;
-            if leaf % 2 == 0 {
-                let (&st, &len) = self.free.range(r.va..ps).next_back()?;
-                let b = st + len;
-                let addr = align_down(b.checked_sub(bytes)?, align);
-                if addr >= st && addr >= ps {
+        let i = self.free.first_tag_at_least(need)?;
+        let (st, len) = self.free.entry(i)?;
+        let res = self.res_of(st)?;
+        let base = self.reservations.get(res)?.va;
+        let sh = p.trailing_zeros();
+        if units(usable_head_at(p, base, st, len)) >= need {
+            // The ranges starting in the page of `st`, in order (those before `st` reach
+            // the request only with the alignment slack).
+            let ps = base + (((st - base) >> sh) << sh);
+            for (&st, &len) in self.free.range(ps..ps + p) {
+                let usable = usable_head_at(p, base, st, len);
+                let addr = align_up(st, align)?;
+                if addr + bytes <= st + usable {
                     return Some(Placement {
-                        res: ri,
+                        res,
                         range_start: st,
                         addr,
                     });
                 }
-            } else {
-                for (&st, &len) in self.free.range(ps..ps + p) {
-                    let usable = self.usable_head(r.va, st, len);
-                    let addr = align_up(st, align)?;
-                    if addr + bytes <= st + usable {
-                        return Some(Placement {
-                            res: ri,
-                            range_start: st,
-                            addr,
-                        });
-                    }
-                }
             }
-            // The tree promised a fit that the free map does not hold: fall back to the scan.
-            return None;
+        } else {
+            let b = st + len;
+            let ps = base + (((b - base) >> sh) << sh);
+            let addr = align_down(b.checked_sub(bytes)?, align);
+            if addr >= st && addr >= ps {
+                return Some(Placement {
+                    res,
+                    range_start: st,
+                    addr,
+                });
+            }
         }
+        // The tag promised a fit that alignment defeats: fall back to the scan.
         None
     }
 
@@ -242,7 +204,7 @@ impl PagedPool {
             added[n] = (bend, tail);
             n += 1;
         }
-        self.update_leaves(pl.res, &[(st, len)], &added[..n]);
+        self.refit(pl.res, &added[..n]);
         let Some(r) = self.reservations.get_mut(pl.res) else {
             return;
         };

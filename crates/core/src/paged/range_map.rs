@@ -19,13 +19,114 @@ use std::ops::{Bound, RangeBounds};
 /// A range `(start, bytes)`.
 pub(crate) type Range = (u64, u64);
 
-/// Ranges `start → bytes` in start order (see the module documentation).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct RangeMap {
-    v: Vec<(u64, u64)>,
+/// What a [`RangeMap`] keeps beside each range, position by position: nothing
+/// ([`NoTags`], `paged-lazy`), or a `u32` per range ([`FitTags`], `paged`'s fit index).
+pub(crate) trait Tags: Clone + Default + std::fmt::Debug + PartialEq + Eq {
+    /// A range was inserted at position `i` (its tag starts at 0).
+    fn inserted(&mut self, i: usize);
+    /// The range at position `i` was removed.
+    fn removed(&mut self, i: usize);
 }
 
-impl RangeMap {
+/// No tags.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct NoTags;
+
+impl Tags for NoTags {
+    #[inline]
+    fn inserted(&mut self, _: usize) {}
+    #[inline]
+    fn removed(&mut self, _: usize) {}
+}
+
+/// A `u32` per range, and their maximum (kept as tags change: a tag that rises past it
+/// raises it; losing the maximum recounts, one pass over the tags).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct FitTags {
+    tags: Vec<u32>,
+    max: u32,
+}
+
+impl FitTags {
+    fn recount(&mut self) {
+        self.max = self.tags.iter().copied().max().unwrap_or(0);
+    }
+}
+
+impl Tags for FitTags {
+    #[inline]
+    fn inserted(&mut self, i: usize) {
+        self.tags.insert(i, 0);
+    }
+    #[inline]
+    fn removed(&mut self, i: usize) {
+        if i < self.tags.len() && self.tags.remove(i) == self.max && self.max > 0 {
+            self.recount();
+        }
+    }
+}
+
+/// Ranges `start → bytes` in start order (see the module documentation), each with a tag
+/// of `T`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct RangeMap<T: Tags = NoTags> {
+    v: Vec<(u64, u64)>,
+    tags: T,
+}
+
+impl RangeMap<FitTags> {
+    /// The tag of the range at position `i` (0 past the end).
+    #[inline]
+    pub(crate) fn tag(&self, i: usize) -> u32 {
+        self.tags.tags.get(i).copied().unwrap_or(0)
+    }
+
+    /// Sets the tag of the range at position `i`.
+    #[inline]
+    pub(crate) fn set_tag(&mut self, i: usize, tag: u32) {
+        let t = &mut self.tags;
+        let Some(slot) = t.tags.get_mut(i) else {
+            return;
+        };
+        let old = std::mem::replace(slot, tag);
+        if tag >= t.max {
+            t.max = tag;
+        } else if old == t.max {
+            t.recount();
+        }
+    }
+
+    /// The largest tag (0 when empty).
+    #[inline]
+    pub(crate) fn max_tag(&self) -> u32 {
+        self.tags.max
+    }
+
+    /// Position of the first range (in start order) whose tag is at least `need`: 16 tags
+    /// compared at a time (a loop the compiler turns into vector compares), then the one.
+    pub(crate) fn first_tag_at_least(&self, need: u32) -> Option<usize> {
+        if self.tags.max < need {
+            return None;
+        }
+        const LANES: usize = 16;
+        let tags = &self.tags.tags;
+        let mut chunks = tags.chunks_exact(LANES);
+        let mut base = 0;
+        for c in &mut chunks {
+            if c.iter().fold(false, |any, &t| any | (t >= need)) {
+                return c.iter().position(|&t| t >= need).map(|k| base + k);
+            }
+            base += LANES;
+        }
+        chunks
+            .remainder()
+            .iter()
+            .position(|&t| t >= need)
+            .map(|k| base + k)
+    }
+}
+
+impl<T: Tags> RangeMap<T> {
     /// Entries.
     pub(crate) fn len(&self) -> usize {
         self.v.len()
@@ -55,6 +156,7 @@ impl RangeMap {
             Ok(i) => Some(std::mem::replace(&mut self.v[i].1, bytes)),
             Err(i) => {
                 self.v.insert(i, (start, bytes));
+                self.tags.inserted(i);
                 None
             }
         }
@@ -67,6 +169,7 @@ impl RangeMap {
         u64: Borrow<Q>,
     {
         let i = self.search(start).ok()?;
+        self.tags.removed(i);
         Some(self.v.remove(i).1)
     }
 
@@ -188,11 +291,13 @@ impl RangeMap {
         debug_assert!(i == 0 || self.v[i - 1].0 < start);
         debug_assert!(i >= self.v.len() || start < self.v[i].0);
         self.v.insert(i, (start, bytes));
+        self.tags.inserted(i);
     }
 
     /// Removes the entry at position `i`.
     #[inline]
     pub(crate) fn remove_at(&mut self, i: usize) -> (u64, u64) {
+        self.tags.removed(i);
         self.v.remove(i)
     }
 
@@ -246,7 +351,7 @@ impl RangeMap {
     }
 }
 
-impl<'a> IntoIterator for &'a RangeMap {
+impl<'a, T: Tags> IntoIterator for &'a RangeMap<T> {
     type Item = (&'a u64, &'a u64);
     type IntoIter =
         std::iter::Map<std::slice::Iter<'a, (u64, u64)>, fn(&(u64, u64)) -> (&u64, &u64)>;
@@ -260,8 +365,8 @@ impl<'a> IntoIterator for &'a RangeMap {
 }
 
 /// The invariant checker recomputes the mapped runs into a `BTreeMap` and compares.
-impl PartialEq<RangeMap> for BTreeMap<u64, u64> {
-    fn eq(&self, other: &RangeMap) -> bool {
+impl<T: Tags> PartialEq<RangeMap<T>> for BTreeMap<u64, u64> {
+    fn eq(&self, other: &RangeMap<T>) -> bool {
         self.len() == other.len() && self.iter().zip(other.iter()).all(|(a, b)| a == b)
     }
 }
@@ -360,6 +465,64 @@ mod tests {
                     }
                 }
                 same(&m, &model, &[0, 15, 16, 17, 500, 1023, 1024, 2000]);
+            }
+        }
+    }
+
+    proptest! {
+        /// Tags follow their ranges through inserts, removals, cuts and joins; the maximum
+        /// and the first tag at least a value match a model's linear scan.
+        #[test]
+        fn fit_tags_follow_their_ranges(ops in prop::collection::vec(
+            (0u8..4, 0u64..80, 1u64..6, 0u32..40), 1..150)
+        ) {
+            let mut m: RangeMap<FitTags> = RangeMap::default();
+            // Model: start -> (bytes, tag).
+            let mut model: BTreeMap<u64, (u64, u32)> = BTreeMap::new();
+            for (op, a, l, t) in ops {
+                let s = a * 16;
+                match op {
+                    0 => {
+                        if m.insert(s, l).is_none() {
+                            model.insert(s, (l, 0));
+                        } else if let Some(e) = model.get_mut(&s) {
+                            e.0 = l;
+                        }
+                    }
+                    1 => {
+                        prop_assert_eq!(m.remove(&s), model.remove(&s).map(|e| e.0));
+                    }
+                    2 => {
+                        if let Some(i) = m.position(s) {
+                            m.set_tag(i, t);
+                            if let Some(e) = model.get_mut(&s) {
+                                e.1 = t;
+                            }
+                        }
+                    }
+                    _ => {
+                        // Cut the range at `s` (if any) into a head and a tail, both new tags 0
+                        // except the head's slot, which keeps its tag.
+                        if let (Some(i), Some(&(len, tag))) = (m.position(s), model.get(&s)) {
+                            if len >= 3 && m.range(s + 1..=s + 2).next().is_none() {
+                                m.cut(i, s, 1, s + 2, len - 2);
+                                model.insert(s, (1, tag));
+                                model.insert(s + 2, (len - 2, 0));
+                            }
+                        }
+                    }
+                }
+                let tags: Vec<u32> = model.values().map(|e| e.1).collect();
+                for i in 0..tags.len() {
+                    prop_assert_eq!(m.tag(i), tags[i]);
+                }
+                prop_assert_eq!(m.max_tag(), tags.iter().copied().max().unwrap_or(0));
+                for need in [1, 5, 20, 39, 40] {
+                    prop_assert_eq!(
+                        m.first_tag_at_least(need),
+                        tags.iter().position(|&x| x >= need)
+                    );
+                }
             }
         }
     }

@@ -1,6 +1,6 @@
 //! The full invariant walk behind [`Allocator::validate`](crate::Allocator::validate) for
 //! [`PagedPool`]: reservations, the free-range map, the live blocks tiling the VA with it, each
-//! page's reference count against the live blocks (and those held in the quick list), the placement tree, the cache bound and
+//! page's reference count against the live blocks (and those held in the quick list), the fit tags, the cache bound and
 //! the byte counters. O(reserved pages + blocks · log blocks).
 use super::{PagedPool, UNIT_BYTES};
 
@@ -105,11 +105,7 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
                 r.va, r.bytes
             ));
         }
-        if r.npages as u64 != r.bytes / p
-            || r.pages.len() != r.npages
-            || r.tree.len() < 2 * r.npages
-            || r.starts.len() != r.npages
-        {
+        if r.npages as u64 != r.bytes / p || r.pages.len() != r.npages {
             return Err(format!("reservation {:#x}: page table of wrong size", r.va));
         }
         if let Some(n) = a.reservations.get(i + 1) {
@@ -156,7 +152,6 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
     for r in &a.reservations {
         // Blocks (live or quick) and quarantined spans touching each page.
         let mut refs = vec![0u32; r.npages];
-        let leaves = expected_leaves(a, r);
         let mut quarantined = vec![false; r.npages];
         let held = a.live.iter().map(|(&s, b)| (s, b.bytes, false));
         let held = held.chain(a.quick.iter().map(|q| (q.addr, q.bytes, false)));
@@ -214,18 +209,10 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
                 }
                 None => {}
             }
-            // Pages with a non-zero leaf or count here; the rest from the expected side below.
-            let (t, h) = (r.tree.get(2 * i), r.tree.get(2 * i + 1));
-            if t != 0 || h != 0 || r.starts.get(i).is_some_and(|&c| c != 0) {
-                check_leaves(r, i, va, leaves.get(&i).copied().unwrap_or((0, 0, 0)))?;
-            }
         }
-        for (&i, &want) in &leaves {
-            check_leaves(r, i, r.va + i as u64 * p, want)?;
-        }
-        r.tree.check()?;
         r.idle.check()?;
     }
+    check_fit_tags(a)?;
     let listed: usize = a.reservations.iter().map(|r| r.idle.len()).sum();
     if mapped != a.mapped_pages || idle != a.idle_count || listed as u64 != idle {
         return Err(format!(
@@ -274,51 +261,28 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
     Ok(())
 }
 
-/// The `(tail, head)` bytes every page's two tree leaves should hold and the number of free
-/// ranges starting in it, derived from the free map in one pass over the reservation's free
-/// ranges (each range feeds at most the tail leaf of the page it ends in and the head leaf
-/// of the page it starts in), independently of the incremental upkeep in
-/// `PagedPool::update_leaves`.
-/// Sparse (pages without a free range's end or start are absent): a reservation spans
-/// `2 × capacity` of VA, far more pages than free ranges.
-fn expected_leaves(
-    a: &PagedPool,
-    r: &super::Reservation,
-) -> std::collections::HashMap<usize, (u64, u64, u32)> {
+/// Every free range's fit tag against [`super::placement::fit_of`] recomputed from the
+/// range, and the recorded maximum against the tags.
+fn check_fit_tags(a: &PagedPool) -> Result<(), String> {
     let p = a.page_bytes;
-    let mut leaves = std::collections::HashMap::new();
-    for (&st, &len) in a.free.range(r.va..r.end()) {
-        let b = st + len;
-        let end_page = ((b - r.va) / p) as usize;
-        let ps = r.va + end_page as u64 * p;
-        if b > ps && st + p <= ps {
-            leaves.entry(end_page).or_insert((0, 0, 0)).0 = b - ps;
+    let mut max = 0;
+    for (i, (&st, &len)) in a.free.iter().enumerate() {
+        let Some(r) = a.res_of(st).and_then(|ri| a.reservations.get(ri)) else {
+            return Err(format!("free range {st:#x} outside every reservation"));
+        };
+        let want = super::placement::fit_of(p, r.va, st, len);
+        let tag = a.free.tag(i);
+        if tag != want {
+            return Err(format!(
+                "free range {st:#x}+{len}: fit tag {tag} units, the range offers {want}"
+            ));
         }
-        let start_page = ((st - r.va) / p) as usize;
-        let l = leaves.entry(start_page).or_insert((0, 0, 0));
-        l.1 = l.1.max(a.usable_head(r.va, st, len));
-        l.2 += 1;
+        max = max.max(tag);
     }
-    leaves
-}
-
-/// Compares page `i`'s two tree leaves and range-start count with `(tail, head, starts)`.
-fn check_leaves(
-    r: &super::Reservation,
-    i: usize,
-    va: u64,
-    (tail, head, starts): (u64, u64, u32),
-) -> Result<(), String> {
-    if r.starts.get(i).copied() != Some(starts) {
+    if a.free.max_tag() != max {
         return Err(format!(
-            "page {va:#x}: {:?} free ranges recorded starting there, {starts} do",
-            r.starts.get(i)
-        ));
-    }
-    let (t, h) = (r.tree.get(2 * i), r.tree.get(2 * i + 1));
-    if u64::from(t) * UNIT_BYTES != tail || u64::from(h) * UNIT_BYTES != head {
-        return Err(format!(
-            "page {va:#x}: tree leaves ({t}, {h}) units, free map says ({tail}, {head}) bytes"
+            "largest fit tag recorded as {}, the tags say {max}",
+            a.free.max_tag()
         ));
     }
     Ok(())
