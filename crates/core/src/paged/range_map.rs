@@ -513,8 +513,8 @@ mod tests {
                     }
                 }
                 let tags: Vec<u32> = model.values().map(|e| e.1).collect();
-                for i in 0..tags.len() {
-                    prop_assert_eq!(m.tag(i), tags[i]);
+                for (i, &want) in tags.iter().enumerate() {
+                    prop_assert_eq!(m.tag(i), want);
                 }
                 prop_assert_eq!(m.max_tag(), tags.iter().copied().max().unwrap_or(0));
                 for need in [1, 5, 20, 39, 40] {
