@@ -202,23 +202,41 @@ impl PagedPool {
                 plan.push((b, None, 1));
             }
         };
-        let mut start = None;
         // Whether a page already mapped under the block lacks access (a quarantined one):
         // only then do the set-access range and the opening below look at those pages.
         let mut any_closed = false;
-        for (page, s) in (p0..=p1).zip(r.pages.range(p0, p1 + 1)) {
-            any_closed |= s.is_some_and(|pg| !pg.access);
-            match (s, start) {
-                (None, None) => start = Some(page),
-                (Some(_), Some(st)) => {
-                    push_run(st, page);
-                    start = None;
+        // The pages already mapped under the block, in order: its end pages (which a
+        // neighbour may hold), and between them only idle pages (the block's interior lay
+        // in one free range, which no block touches: a page there is mapped only when idle),
+        // found through the idle bitmap rather than page by page. The runs between them
+        // are the gaps to fill.
+        let mut at = p0;
+        let mut visit = |page: usize, pg: &Page| {
+            any_closed |= !pg.access;
+            if at < page {
+                push_run(at, page);
+            }
+            at = page + 1;
+        };
+        if let Some(Some(pg)) = r.pages.get(p0) {
+            visit(p0, pg);
+        }
+        if p1 > p0 + 1 && self.idle_count > 0 {
+            let mut i = p0 + 1;
+            while let Some(j) = r.idle.next_at_or_after(i).filter(|&j| j < p1) {
+                if let Some(Some(pg)) = r.pages.get(j) {
+                    visit(j, pg);
                 }
-                _ => {}
+                i = j + 1;
             }
         }
-        if let Some(st) = start {
-            push_run(st, p1 + 1);
+        if p1 > p0 {
+            if let Some(Some(pg)) = r.pages.get(p1) {
+                visit(p1, pg);
+            }
+        }
+        if at <= p1 {
+            push_run(at, p1 + 1);
         }
         let mut leftover = 0u64;
         // Rewrites the plan with cached handles where they fit: the new entries are appended,
@@ -377,32 +395,37 @@ impl PagedPool {
                 "block {addr:#x} crosses the end of its reservation"
             )));
         }
-        // Pages only this block touches form one contiguous run.
-        // In the same pass: the extents of the run's pages (each must lie inside the run),
-        // and whether they are all single pages.
-        let mut run: Option<(usize, usize)> = None;
+        // Pages only this block touches form one contiguous run: every page it covers
+        // whole (no other block can touch one), and each end page that no neighbour shares.
+        // In the same walk, extent by extent: the extents of the run's pages (each must lie
+        // inside the run), and whether they are all single pages.
+        let pages = &self.reservations[ri].pages;
+        let mapped = |page: usize| match pages.get(page).copied().flatten() {
+            Some(pg) => Ok(pg),
+            None => Err(AllocError::Internal(format!(
+                "page {page} under block {addr:#x} is not mapped"
+            ))),
+        };
+        let (first, last) = (mapped(p0)?, mapped(p1)?);
+        let a = if first.refs == 1 { p0 } else { p0 + 1 };
+        let b = if last.refs == 1 {
+            p1
+        } else {
+            p1.wrapping_sub(1)
+        };
+        let run = (a <= b && b != usize::MAX).then_some((a, b));
         let mut ext_lo = usize::MAX;
         let mut ext_hi = 0usize; // exclusive
         let mut all_single = true;
-        let slots = self.reservations[ri].pages.range(p0, p1 + 1);
-        for (page, s) in (p0..=p1).zip(slots.copied()) {
-            match s {
-                Some(pg) if pg.refs == 1 => {
-                    run = Some(match run {
-                        None => (page, page),
-                        Some((a, _)) => (a, page),
-                    });
-                    let (f, n) = (pg.ext_first as usize, pg.ext_pages as usize);
-                    ext_lo = ext_lo.min(f);
-                    ext_hi = ext_hi.max(f + n);
-                    all_single &= n == 1;
-                }
-                Some(_) => {}
-                None => {
-                    return Err(AllocError::Internal(format!(
-                        "page {page} under block {addr:#x} is not mapped"
-                    )))
-                }
+        if let Some((a, b)) = run {
+            let mut page = a;
+            while page <= b {
+                let pg = mapped(page)?;
+                let (f, n) = (pg.ext_first as usize, pg.ext_pages as usize);
+                ext_lo = ext_lo.min(f);
+                ext_hi = ext_hi.max(f + n);
+                all_single &= n == 1;
+                page = (f + n).max(page + 1);
             }
         }
         // Lazy unmapping keeps the first pages of the run mapped while the cache has room
@@ -431,24 +454,49 @@ impl PagedPool {
         freed_handles.clear();
         let mut unmapped = 0u64;
         let r = &mut self.reservations[ri];
-        for (page, slot) in (p0..=p1).zip(r.pages.range_mut(p0, p1 + 1)) {
-            let Some(pg) = slot else { continue };
-            pg.refs = pg.refs.saturating_sub(1);
-            if pg.refs == 0 {
-                if page < keep_until {
-                    if r.idle.insert(page) {
-                        self.idle_count += 1;
-                    }
-                } else {
-                    if pg.ext_first as usize == page {
-                        freed_handles.push(CachedHandle {
-                            handle: pg.handle,
-                            pages: u64::from(pg.ext_pages),
-                        });
-                    }
-                    *slot = None;
-                    unmapped += 1;
+        // End pages a neighbour shares lose this block's reference.
+        for page in [p0, p1] {
+            if run.is_none_or(|(a, b)| page < a || page > b) {
+                if let Some(Some(pg)) = r.pages.get_mut(page) {
+                    pg.refs = pg.refs.saturating_sub(1);
                 }
+            }
+            if p1 == p0 {
+                break;
+            }
+        }
+        if let Some((a, b)) = run {
+            // Kept pages turn idle.
+            for page in a..keep_until {
+                if let Some(Some(pg)) = r.pages.get_mut(page) {
+                    pg.refs = 0;
+                }
+                if r.idle.insert(page) {
+                    self.idle_count += 1;
+                }
+            }
+            // The rest was unmapped: its handles go to the cache (in page order), its slots
+            // are cleared.
+            let mut page = keep_until;
+            while page <= b {
+                let Some(Some(pg)) = r.pages.get(page) else {
+                    page += 1;
+                    continue;
+                };
+                let (f, n) = (pg.ext_first as usize, pg.ext_pages);
+                if f == page {
+                    freed_handles.push(CachedHandle {
+                        handle: pg.handle,
+                        pages: u64::from(n),
+                    });
+                }
+                page = (f + n as usize).max(page + 1);
+            }
+            if keep_until <= b {
+                for slot in r.pages.range_mut(keep_until, b + 1) {
+                    *slot = None;
+                }
+                unmapped = (b + 1 - keep_until) as u64;
             }
         }
         self.mapped_pages = self.mapped_pages.saturating_sub(unmapped);
