@@ -509,13 +509,8 @@ impl PagedPool {
         // block's own ends (the old neighbours' far ends are the merged range's ends).
         let res_end = self.reservations[ri].end();
         // One entry grows in place (the range before, else the one after), or one is added.
-        let (prev, next) = self.free.join(addr, bytes, base, res_end);
-        let grown = bytes + next.map_or(0, |(_, nl)| nl);
-        let (st, len) = match prev {
-            Some((ps, pl)) => (ps, pl + grown),
-            None => (addr, grown),
-        };
-        self.refit(ri, &[(st, len)]);
+        let (_, _, at) = self.free.join_at(addr, bytes, base, res_end);
+        self.refit_at(base, at);
         Ok(())
     }
 }

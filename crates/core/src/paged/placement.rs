@@ -60,6 +60,15 @@ impl PagedPool {
         }
     }
 
+    /// Sets the fit tag of the free range at position `i` of the free map, in the
+    /// reservation starting at `base`.
+    #[inline]
+    pub(super) fn refit_at(&mut self, base: u64, i: usize) {
+        if let Some((st, len)) = self.free.entry(i) {
+            self.free.set_tag(i, fit_of(self.page_bytes, base, st, len));
+        }
+    }
+
     /// Fast path: the lowest-addressed spot where `bytes` fit (aligned to `align`) without
     /// mapping a page.
     ///
@@ -194,17 +203,18 @@ impl PagedPool {
         let (head, tail) = (pl.addr - st, end.saturating_sub(bend));
         // Cut in place: the head keeps the range's slot, or else the tail does.
         self.free.cut(i, st, head, bend, tail);
-        let mut added = [(0, 0); 2];
-        let mut n = 0;
-        if head > 0 {
-            added[n] = (st, head);
-            n += 1;
+        let Some(base) = self.reservations.get(pl.res).map(|r| r.va) else {
+            return;
+        };
+        // The head keeps the range's position, the tail follows it (or takes it).
+        match (head > 0, tail > 0) {
+            (true, true) => {
+                self.refit_at(base, i);
+                self.refit_at(base, i + 1);
+            }
+            (false, false) => {}
+            _ => self.refit_at(base, i),
         }
-        if tail > 0 {
-            added[n] = (bend, tail);
-            n += 1;
-        }
-        self.refit(pl.res, &added[..n]);
         let Some(r) = self.reservations.get_mut(pl.res) else {
             return;
         };

@@ -330,6 +330,18 @@ impl<T: Tags> RangeMap<T> {
         lo: u64,
         hi: u64,
     ) -> (Option<Range>, Option<Range>) {
+        let (prev, next, _) = self.join_at(addr, bytes, lo, hi);
+        (prev, next)
+    }
+
+    /// [`RangeMap::join`], and the position of the merged range.
+    pub(crate) fn join_at(
+        &mut self,
+        addr: u64,
+        bytes: u64,
+        lo: u64,
+        hi: u64,
+    ) -> (Option<Range>, Option<Range>, usize) {
         let end = addr + bytes;
         let i = self.first_from(addr);
         let prev = i
@@ -338,16 +350,26 @@ impl<T: Tags> RangeMap<T> {
             .and_then(|j| self.entry(j))
             .filter(|&(ps, pl)| ps + pl == addr);
         let next = self.entry(i).filter(|&(ns, _)| ns == end && end < hi);
-        match (prev, next) {
+        let at = match (prev, next) {
             (Some((ps, pl)), Some((_, nl))) => {
                 self.set_at(i - 1, ps, pl + bytes + nl);
                 self.remove_at(i);
+                i - 1
             }
-            (Some((ps, pl)), None) => self.set_at(i - 1, ps, pl + bytes),
-            (None, Some((_, nl))) => self.set_at(i, addr, bytes + nl),
-            (None, None) => self.insert_at(i, addr, bytes),
-        }
-        (prev, next)
+            (Some((ps, pl)), None) => {
+                self.set_at(i - 1, ps, pl + bytes);
+                i - 1
+            }
+            (None, Some((_, nl))) => {
+                self.set_at(i, addr, bytes + nl);
+                i
+            }
+            (None, None) => {
+                self.insert_at(i, addr, bytes);
+                i
+            }
+        };
+        (prev, next, at)
     }
 }
 
