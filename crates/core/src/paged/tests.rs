@@ -731,6 +731,14 @@ mod prop {
                 a.validate().unwrap();
                 a.check_device(&d).unwrap();
                 prop_assert_eq!(a.stats().reserved_bytes.peak, d.peak_used_bytes());
+                // The closed-form scored search agrees with the generic one.
+                if a.page_bytes > 0 {
+                    for bytes in [UNIT_BYTES, 3 * UNIT_BYTES, G / 2, G, G + 7 * UNIT_BYTES, 3 * G] {
+                        let fast = a.find_scored_fit_unit(bytes).map(|(pl, k)| (pl.res, pl.range_start, pl.addr, k));
+                        let slow = a.find_scored_fit_any(bytes, UNIT_BYTES).map(|(pl, k)| (pl.res, pl.range_start, pl.addr, k));
+                        prop_assert_eq!(fast, slow, "{} bytes", bytes);
+                    }
+                }
             }
             for (addr, _) in live {
                 a.deallocate(&mut d, addr).unwrap();
