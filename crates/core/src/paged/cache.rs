@@ -196,14 +196,20 @@ impl PagedPool {
 
     /// Truly frees every block of the quick list; a block whose unmap fails stays listed.
     pub(super) fn flush_quick(&mut self, dev: &mut dyn Device) {
-        let list = std::mem::take(&mut self.quick);
-        for q in list {
+        // The list keeps its allocation (a new one would regrow push by push).
+        let mut list = std::mem::take(&mut self.quick);
+        let mut kept = 0;
+        for i in 0..list.len() {
+            let q = list[i];
             if self.free_span(dev, q.addr, q.bytes).is_ok() {
                 self.quick_bytes = self.quick_bytes.saturating_sub(q.bytes);
             } else {
-                self.quick.push(q);
+                list[kept] = q;
+                kept += 1;
             }
         }
+        list.truncate(kept);
+        self.quick = list;
     }
 
     /// Unmaps every idle page (one cuMemUnmap per run of neighbouring idle pages) and
