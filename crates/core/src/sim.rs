@@ -368,6 +368,90 @@ pub struct CostBasis {
     pub isolated_seconds_x_mappings: f64,
 }
 
+/// What every driver call is charged: its index (for fault injection), its modelled seconds
+/// and the sums behind them. Kept apart from the device's records so that a call can
+/// charge itself while it holds one of them.
+#[derive(Debug, Clone)]
+struct Meter {
+    counters: DriverCounters,
+    /// Per call kind, the isolated cost in seconds of the last sizes modelled, in
+    /// [`COST_MEMO_SLOTS`] slots picked by the size in granules (a cache: the log-linear
+    /// interpolation is the dearest part of a call, and a pool's calls come in a few sizes).
+    cost_memo: [[Option<(u64, f64)>; COST_MEMO_SLOTS]; CALL_KINDS],
+    /// Per call kind, the sums behind the cost model ([`SimDevice::cost_basis`]).
+    basis: [CostBasis; CALL_KINDS],
+    calls_made: u64,
+    fault_at: Option<u64>,
+}
+
+impl Meter {
+    /// Counts a call of `bytes` on a device of `capacity` bytes and granules of
+    /// `1 << granule_shift` bytes, made with `live_mappings` mappings live, and charges its
+    /// modelled seconds; the injected fault when it is the call to fail.
+    fn charge(
+        &mut self,
+        call: DriverCall,
+        bytes: u64,
+        capacity: u64,
+        granule_shift: u32,
+        live_mappings: u64,
+    ) -> Result<(), DeviceError> {
+        let idx = self.calls_made;
+        self.calls_made += 1;
+        if self.fault_at == Some(idx) {
+            return Err(DeviceError::Driver {
+                call: call.cuda_name(),
+                name: "CUDA_ERROR_UNKNOWN (injected fault)".into(),
+            });
+        }
+        // A request above the whole device is refused at once, not timed as a huge call.
+        let bytes = bytes.min(capacity.max(1));
+        let slot = (bytes >> granule_shift) as usize % COST_MEMO_SLOTS;
+        let memo = self
+            .cost_memo
+            .get_mut(call as usize)
+            .and_then(|m| m.get_mut(slot));
+        let isolated = match memo {
+            Some(Some((b, s))) if *b == bytes => *s,
+            m => {
+                let s = h200_isolated_call_seconds(call, bytes);
+                if let Some(m) = m {
+                    *m = Some((bytes, s));
+                }
+                s
+            }
+        };
+        let (alpha, beta) = mapping_cost_factors(call);
+        let live = live_mappings as f64;
+        let seconds = isolated * (alpha + beta * live);
+        self.counters.record(call, seconds);
+        if let Some(b) = self.basis.get_mut(call as usize) {
+            b.calls += 1;
+            b.isolated_seconds += isolated;
+            b.isolated_seconds_x_mappings += isolated * live;
+        }
+        Ok(())
+    }
+}
+
+/// Index of the range of `reserved` (in address order) holding `va`.
+#[inline]
+fn reserved_at(reserved: &[Reserved], va: u64) -> Option<usize> {
+    let i = reserved.partition_point(|r| r.start <= va).checked_sub(1)?;
+    let r = reserved.get(i)?;
+    (va - r.start < r.bytes).then_some(i)
+}
+
+/// Index of the range of `reserved` (in address order) holding all of `[va, va+bytes)`.
+#[inline]
+fn reserved_holding(reserved: &[Reserved], va: u64, bytes: u64) -> Option<usize> {
+    let i = reserved_at(reserved, va)?;
+    let r = reserved.get(i)?;
+    va.checked_add(bytes)
+        .is_some_and(|e| e <= r.start + r.bytes)
+        .then_some(i)
+}
+
 /// The simulated device. Cheap to clone (for bisection over capacities).
 #[derive(Debug, Clone)]
 pub struct SimDevice {
@@ -375,7 +459,8 @@ pub struct SimDevice {
     granularity: u64,
     used: u64,
     peak_used: u64,
-    counters: DriverCounters,
+    /// Call counts, modelled seconds and the cost model's sums.
+    meter: Meter,
     /// Free virtual address ranges: start -> length.
     free_va: BTreeMap<u64, u64>,
     /// Live cuMemAlloc segments: addr -> bytes (rounded to the granularity).
@@ -386,15 +471,7 @@ pub struct SimDevice {
     /// Live mappings, in all reserved ranges.
     live_mappings: u64,
     handles: AddrMap<u64, Handle>,
-    /// Per call kind, the isolated cost in seconds of the last sizes modelled, in
-    /// [`COST_MEMO_SLOTS`] slots picked by the size in granules (a cache: the log-linear
-    /// interpolation is the dearest part of a call, and a pool's calls come in a few sizes).
-    cost_memo: [[Option<(u64, f64)>; COST_MEMO_SLOTS]; CALL_KINDS],
-    /// Per call kind, the sums behind the cost model ([`SimDevice::cost_basis`]).
-    basis: [CostBasis; CALL_KINDS],
     next_handle: u64,
-    calls_made: u64,
-    fault_at: Option<u64>,
     /// Recorded cudaMalloc/cudaFree calls to follow (see [`SimDevice::follow_recorded`]).
     script: Option<Script>,
     /// Live segments placed at recorded addresses outside the simulated address space.
@@ -517,17 +594,19 @@ impl SimDevice {
             granularity,
             used: 0,
             peak_used: 0,
-            counters: DriverCounters::default(),
+            meter: Meter {
+                counters: DriverCounters::default(),
+                cost_memo: [[None; COST_MEMO_SLOTS]; CALL_KINDS],
+                basis: [CostBasis::default(); CALL_KINDS],
+                calls_made: 0,
+                fault_at: None,
+            },
             free_va,
             segments: BTreeMap::new(),
             reserved: Vec::new(),
             live_mappings: 0,
             handles: HashMap::default(),
-            cost_memo: [[None; COST_MEMO_SLOTS]; CALL_KINDS],
-            basis: [CostBasis::default(); CALL_KINDS],
             next_handle: 1,
-            calls_made: 0,
-            fault_at: None,
             smallest_refused_demand: None,
             script: None,
             foreign: std::collections::BTreeSet::new(),
@@ -555,7 +634,7 @@ impl SimDevice {
     /// `isolated_seconds_x_mappings` with `(alpha, beta)` = [`mapping_cost_factors`]. What a
     /// refit of the model against real replays needs (`scripts/fit-cost-model.py`).
     pub fn cost_basis(&self) -> [CostBasis; CALL_KINDS] {
-        self.basis
+        self.meter.basis
     }
 
     /// How the calls made compare with the ones given to [`SimDevice::follow_recorded`]
@@ -665,12 +744,12 @@ impl SimDevice {
     /// Makes the driver call with 0-based index `call_index` (counting every call from the
     /// start of the device) fail with `CUDA_ERROR_UNKNOWN`; `None` clears it.
     pub fn inject_fault_at(&mut self, call_index: Option<u64>) {
-        self.fault_at = call_index;
+        self.meter.fault_at = call_index;
     }
 
     /// Calls made so far (including failed ones).
     pub fn calls_made(&self) -> u64 {
-        self.calls_made
+        self.meter.calls_made
     }
 
     /// Highest physical usage seen, in bytes.
@@ -701,41 +780,13 @@ impl SimDevice {
     }
 
     fn begin(&mut self, call: DriverCall, bytes: u64) -> Result<(), DeviceError> {
-        let idx = self.calls_made;
-        self.calls_made += 1;
-        if self.fault_at == Some(idx) {
-            return Err(DeviceError::Driver {
-                call: call.cuda_name(),
-                name: "CUDA_ERROR_UNKNOWN (injected fault)".into(),
-            });
-        }
-        // A request above the whole device is refused at once, not timed as a huge call.
-        let bytes = bytes.min(self.capacity.max(1));
-        let slot = self.granules(bytes) as usize % COST_MEMO_SLOTS;
-        let memo = self
-            .cost_memo
-            .get_mut(call as usize)
-            .and_then(|m| m.get_mut(slot));
-        let isolated = match memo {
-            Some(Some((b, s))) if *b == bytes => *s,
-            m => {
-                let s = h200_isolated_call_seconds(call, bytes);
-                if let Some(m) = m {
-                    *m = Some((bytes, s));
-                }
-                s
-            }
-        };
-        let (alpha, beta) = mapping_cost_factors(call);
-        let live = self.live_mappings as f64;
-        let seconds = isolated * (alpha + beta * live);
-        self.counters.record(call, seconds);
-        if let Some(b) = self.basis.get_mut(call as usize) {
-            b.calls += 1;
-            b.isolated_seconds += isolated;
-            b.isolated_seconds_x_mappings += isolated * live;
-        }
-        Ok(())
+        self.meter.charge(
+            call,
+            bytes,
+            self.capacity,
+            self.granularity.trailing_zeros(),
+            self.live_mappings,
+        )
     }
 
     fn take_physical(&mut self, bytes: u64) -> Result<(), DeviceError> {
@@ -823,21 +874,7 @@ impl SimDevice {
     /// Index of the reserved range holding `va`.
     #[inline]
     fn reserved_at(&self, va: u64) -> Option<usize> {
-        let i = self
-            .reserved
-            .partition_point(|r| r.start <= va)
-            .checked_sub(1)?;
-        let r = self.reserved.get(i)?;
-        (va - r.start < r.bytes).then_some(i)
-    }
-
-    /// Index of the reserved range holding all of `[va, va+bytes)`.
-    fn reserved_holding(&self, va: u64, bytes: u64) -> Option<usize> {
-        let i = self.reserved_at(va)?;
-        let r = self.reserved.get(i)?;
-        va.checked_add(bytes)
-            .is_some_and(|e| e <= r.start + r.bytes)
-            .then_some(i)
+        reserved_at(&self.reserved, va)
     }
 
     /// Where the mapping starting at `va` would be recorded: `(reserved range, granule in
@@ -907,7 +944,7 @@ impl Device for SimDevice {
         self.used
     }
     fn counters(&self) -> DriverCounters {
-        self.counters
+        self.meter.counters
     }
 
     fn alloc_segment(&mut self, bytes: u64) -> Result<u64, DeviceError> {
@@ -1029,8 +1066,10 @@ impl Device for SimDevice {
                 format!("{va:#x} is not aligned to the granularity"),
             ));
         }
-        let h = match self.handles.get(&handle.0) {
-            Some(h) if !h.released => *h,
+        let sh = self.granularity.trailing_zeros();
+        // One look-up of the handle: the meter and the reserved ranges are other fields.
+        let h = match self.handles.get_mut(&handle.0) {
+            Some(h) if !h.released => h,
             _ => return Err(Self::invalid(c, format!("handle {} is not live", handle.0))),
         };
         if h.bytes != bytes {
@@ -1045,25 +1084,23 @@ impl Device for SimDevice {
                 format!("handle {} is already mapped", handle.0),
             ));
         }
-        let Some(ri) = self.reserved_holding(va, bytes) else {
+        let Some(ri) = reserved_holding(&self.reserved, va, bytes) else {
             return Err(Self::invalid(
                 c,
                 format!("{va:#x}+{bytes} is not inside a reserved range"),
             ));
         };
-        let (first, n) = (
-            self.granules(va - self.reserved[ri].start),
-            self.granules(bytes),
-        );
+        let r = &mut self.reserved[ri];
+        let (first, n) = ((va - r.start) >> sh, bytes >> sh);
         // Mappings never overlap: no granule of the range may be mapped already.
-        if self.reserved[ri].any_mapped(first, n) {
+        if r.any_mapped(first, n) {
             return Err(Self::invalid(
                 c,
                 format!("{va:#x}+{bytes} overlaps a mapping"),
             ));
         }
-        self.begin(c, bytes)?;
-        let r = &mut self.reserved[ri];
+        self.meter
+            .charge(c, bytes, self.capacity, sh, self.live_mappings)?;
         r.maps.insert(
             first,
             Mapping {
@@ -1074,9 +1111,7 @@ impl Device for SimDevice {
         );
         r.mark(first, n, true);
         self.live_mappings += 1;
-        if let Some(e) = self.handles.get_mut(&handle.0) {
-            e.mapped_at = Some(va);
-        }
+        h.mapped_at = Some(va);
         Ok(())
     }
 
