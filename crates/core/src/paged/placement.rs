@@ -305,15 +305,32 @@ impl PagedPool {
         let sh = p.trailing_zeros();
         let p0 = ((pl.addr - r.va) >> sh) as usize;
         let p1 = ((bend - 1 - r.va) >> sh) as usize;
-        for (i, slot) in (p0..=p1).zip(r.pages.range_mut(p0, p1 + 1)) {
-            if let Some(pg) = slot {
-                // Idle pages are single-page handles: a page of a longer handle (one this
-                // allocation just mapped) is not looked up.
-                if pg.refs == 0 && pg.ext_pages == 1 && self.idle_count > 0 && r.idle.remove(i) {
-                    self.idle_count -= 1;
+        // Idle pages under the block are no longer idle. Its interior lay in one free range
+        // (no block touches it): a page there is mapped only if it was idle or this
+        // allocation just mapped it, so the idle ones are found through the idle bitmap;
+        // the end pages are looked at one by one.
+        if self.idle_count > 0 {
+            for i in [p0, p1] {
+                if let Some(Some(pg)) = r.pages.get(i) {
+                    // Idle pages are single-page handles: a page of a longer handle (one
+                    // this allocation just mapped) is not looked up.
+                    if pg.refs == 0 && pg.ext_pages == 1 && r.idle.remove(i) {
+                        self.idle_count -= 1;
+                    }
                 }
-                pg.refs += 1;
             }
+            if p1 > p0 + 1 {
+                let mut i = p0 + 1;
+                while let Some(j) = r.idle.next_at_or_after(i).filter(|&j| j < p1) {
+                    if r.idle.remove(j) {
+                        self.idle_count -= 1;
+                    }
+                    i = j + 1;
+                }
+            }
+        }
+        for pg in r.pages.range_mut(p0, p1 + 1).flatten() {
+            pg.refs += 1;
         }
         self.live.insert(pl.addr, LiveBlock { bytes, requested });
         self.tracker.on_alloc(requested, bytes);
