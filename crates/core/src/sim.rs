@@ -24,7 +24,7 @@ const MIB: f64 = (1u64 << 20) as f64;
 /// Kinds of [`DriverCall`] (the length of the per-kind cost memo).
 const CALL_KINDS: usize = DriverCall::ALL.len();
 /// Sizes remembered per call kind by the cost memo (a power of two).
-const COST_MEMO_SLOTS: usize = 16;
+const COST_MEMO_SLOTS: usize = 64;
 
 /// Driver-call time in seconds for a call of `bytes`, interpolated log-linearly between
 /// measured points `(bytes, microseconds)`; clamped outside.
