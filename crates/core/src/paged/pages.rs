@@ -143,12 +143,8 @@ impl PagedPool {
             }
             return;
         }
-        for slot in r
-            .pages
-            .range_mut(first, first.saturating_add(h.pages as usize))
-        {
-            *slot = page;
-        }
+        r.pages
+            .fill(first, first.saturating_add(h.pages as usize), page);
     }
 
     /// Maps and opens the pages a block at `addr` of `bytes` needs, as few handles as it
@@ -493,9 +489,7 @@ impl PagedPool {
                 page = (f + n as usize).max(page + 1);
             }
             if keep_until <= b {
-                for slot in r.pages.range_mut(keep_until, b + 1) {
-                    *slot = None;
-                }
+                r.pages.fill(keep_until, b + 1, None);
                 unmapped = (b + 1 - keep_until) as u64;
             }
         }
