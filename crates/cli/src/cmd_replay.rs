@@ -209,8 +209,9 @@ struct JsonAllocator {
     /// `torch`: the PYTORCH_CUDA_ALLOC_CONF emulated (`native` for the defaults).
     #[serde(skip_serializing_if = "Option::is_none")]
     torch_conf: Option<String>,
-    /// `paged-lazy`: its settings (`placement=…,headroom=…,max_handle=…,map_ahead=…`, sizes in
-    /// bytes; `headroom`, `max_handle` and `map_ahead` act with `placement=pages` only).
+    /// `paged-lazy`: its settings (`placement=…,headroom=…,max_handle=…,map_ahead=…,grow_ahead=…`,
+    /// sizes in bytes; `headroom`, `max_handle` and `map_ahead` act with `placement=pages`
+    /// only, `grow_ahead` with `placement=segments` only).
     #[serde(skip_serializing_if = "Option::is_none")]
     lazy_conf: Option<String>,
     /// `torch` on the simulated device with the recorded run's setting: its cudaMalloc /
@@ -583,6 +584,16 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         .collect();
     warnings.extend(capacity_warnings(a.capacity, &summaries));
     if let Some(text) = &a.lazy_conf {
+        if config.lazy.placement == LazyPlacement::Pages
+            && text
+                .split(',')
+                .filter_map(|item| item.split_once('=').map(|(k, _)| k.trim()))
+                .any(|k| k == "grow_ahead")
+        {
+            warnings.push(
+                "--lazy-conf: grow_ahead tunes placement=segments (the default) only; with placement=pages it has no effect (map_ahead is its counterpart there)".to_string(),
+            );
+        }
         if config.lazy.placement == LazyPlacement::Segments {
             let ignored: Vec<&str> = text
                 .split(',')
@@ -648,6 +659,11 @@ pub fn run(a: ReplayArgs) -> Result<()> {
                 "defaults"
             };
             match l.placement {
+                LazyPlacement::Segments if l.grow_ahead_bp > 0 => eprintln!(
+                    "paged-lazy: placement=segments,grow_ahead={} (PyTorch's expandable segments, one handle per growth, each growth {}% of the bytes held beyond the request) ({source})",
+                    f64::from(l.grow_ahead_bp) / 10_000.0,
+                    f64::from(l.grow_ahead_bp) / 100.0,
+                ),
                 LazyPlacement::Segments => eprintln!(
                     "paged-lazy: placement=segments (PyTorch's expandable segments, one handle per growth) ({source})"
                 ),
@@ -750,11 +766,12 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         if r.name == "paged-lazy" {
             let l = config.lazy;
             ja.lazy_conf = Some(format!(
-                "placement={},headroom={},max_handle={},map_ahead={}",
+                "placement={},headroom={},max_handle={},map_ahead={},grow_ahead={}",
                 l.placement.name(),
                 f64::from(l.headroom_bp) / 10_000.0,
                 l.handle_bytes,
-                l.ahead_bytes
+                l.ahead_bytes,
+                f64::from(l.grow_ahead_bp) / 10_000.0,
             ));
         }
         ja.simulated_peak_reserved_bytes = r.simulated_peak_reserved_bytes;

@@ -987,6 +987,12 @@ fn lazy_conf_notes_page_keys_that_segments_ignore() {
     let (plain, plain_err) = run("");
     let (headroom, headroom_err) = run("headroom=0.02,map_ahead=0");
     let (_, pages_err) = run("placement=pages,headroom=0.02");
+    let (_, grow_pages_err) = run("placement=pages,grow_ahead=0.01");
+    assert!(
+        grow_pages_err.contains("grow_ahead tunes placement=segments"),
+        "{grow_pages_err}"
+    );
+    assert!(!pages_err.contains("grow_ahead"), "{pages_err}");
     assert!(!plain_err.contains("placement=pages only"), "{plain_err}");
     assert!(!pages_err.contains("placement=pages only"), "{pages_err}");
     let note: Vec<&str> = headroom_err
@@ -1028,11 +1034,11 @@ fn lazy_conf_sets_the_paged_lazy_trade_and_names_bad_items() {
     let small = run("placement=pages,max_handle=2MiB,map_ahead=0");
     assert_eq!(
         default["lazy_conf"],
-        "placement=segments,headroom=0,max_handle=1073741824,map_ahead=1073741824"
+        "placement=segments,headroom=0,max_handle=1073741824,map_ahead=1073741824,grow_ahead=0"
     );
     assert_eq!(
         small["lazy_conf"],
-        "placement=pages,headroom=0,max_handle=2097152,map_ahead=0"
+        "placement=pages,headroom=0,max_handle=2097152,map_ahead=0,grow_ahead=0"
     );
     // The two placements are different allocators: not the same peak and calls.
     assert_ne!(
@@ -1047,14 +1053,32 @@ fn lazy_conf_sets_the_paged_lazy_trade_and_names_bad_items() {
         small["driver_calls_total"].as_u64() > pages["driver_calls_total"].as_u64(),
         "{small} vs {pages}"
     );
+    // Growing ahead by 10 % of the bytes held: fewer growths (calls) for a higher peak.
+    let grow = run("grow_ahead=0.1");
+    assert_eq!(
+        grow["lazy_conf"],
+        "placement=segments,headroom=0,max_handle=1073741824,map_ahead=1073741824,grow_ahead=0.1"
+    );
+    assert!(
+        grow["driver_calls_total"].as_u64() < default["driver_calls_total"].as_u64(),
+        "{grow} vs {default}"
+    );
+    assert!(
+        grow["peak_reserved_bytes"].as_u64() > default["peak_reserved_bytes"].as_u64(),
+        "{grow} vs {default}"
+    );
     for (bad, words) in [
         ("headroom=2%", ["`2%`", "`headroom`"]),
         (
             "colour=red",
-            ["`colour`", "placement, headroom, max_handle or map_ahead"],
+            [
+                "`colour`",
+                "placement, headroom, max_handle, map_ahead or grow_ahead",
+            ],
         ),
         ("max_handle=0", ["max_handle", "above 0"]),
         ("placement=torch", ["`placement`", "segments or pages"]),
+        ("grow_ahead=2", ["`grow_ahead`", "from 0 to 1"]),
     ] {
         let (ok, _, err) = replay(bad);
         assert!(!ok, "{bad} accepted");

@@ -5,12 +5,19 @@ use crate::conf_items::{items, ItemError};
 use gpumem_core::config::{LazyConfig, LazyPlacement};
 
 /// The keys [`apply`] knows.
-pub const KEYS: [&str; 4] = ["placement", "headroom", "max_handle", "map_ahead"];
+pub const KEYS: [&str; 5] = [
+    "placement",
+    "headroom",
+    "max_handle",
+    "map_ahead",
+    "grow_ahead",
+];
 
 /// Applies one item to `c`: `placement` (`segments` or `pages`), `headroom` (a fraction of
 /// the peak of allocated bytes, 0 to 10, e.g. `0.02`), `max_handle` (a size above 0, rounded
 /// down to whole pages, at least one page), `map_ahead` (a size; sizes as
-/// [`crate::units::parse_size`] reads them). Returns `Ok(false)` (and changes nothing) for a key that is not one of [`KEYS`].
+/// [`crate::units::parse_size`] reads them), `grow_ahead` (a fraction of the bytes held, 0 to 1,
+/// e.g. `0.0156`; placement `segments` only). Returns `Ok(false)` (and changes nothing) for a key that is not one of [`KEYS`].
 ///
 /// # Errors
 /// What was expected, for a bad value of a known key (`c` unchanged).
@@ -41,6 +48,14 @@ pub fn apply(c: &mut LazyConfig, key: &str, value: &str) -> Result<bool, String>
             c.handle_bytes = v;
         }
         "map_ahead" => c.ahead_bytes = crate::units::parse_size(value)?,
+        "grow_ahead" => {
+            let f: f64 = value
+                .parse()
+                .ok()
+                .filter(|f| (0.0..=1.0).contains(f))
+                .ok_or("expected a fraction from 0 to 1, such as 0.0156")?;
+            c.grow_ahead_bp = (f * 10_000.0).round() as u32;
+        }
         _ => return Ok(false),
     }
     Ok(true)
@@ -78,9 +93,15 @@ mod tests {
         assert_eq!(apply(&mut c, "headroom", "0.02"), Ok(true));
         assert_eq!(apply(&mut c, "max_handle", "64MiB"), Ok(true));
         assert_eq!(apply(&mut c, "map_ahead", "0"), Ok(true));
+        assert_eq!(apply(&mut c, "grow_ahead", "0.0156"), Ok(true));
         assert_eq!(
-            (c.headroom_bp, c.handle_bytes, c.ahead_bytes),
-            (200, 64 << 20, 0)
+            (
+                c.headroom_bp,
+                c.handle_bytes,
+                c.ahead_bytes,
+                c.grow_ahead_bp
+            ),
+            (200, 64 << 20, 0, 156)
         );
         let before = c;
         assert_eq!(apply(&mut c, "colour", "red"), Ok(false));
@@ -90,6 +111,8 @@ mod tests {
             ("headroom", "nan"),
             ("max_handle", "0"),
             ("map_ahead", "lots"),
+            ("grow_ahead", "1.5"),
+            ("grow_ahead", "-0.01"),
             ("placement", "torch"),
         ] {
             assert!(apply(&mut c, k, v).is_err(), "{k}={v}");
@@ -104,11 +127,11 @@ mod tests {
         assert_eq!(parse("").unwrap(), LazyConfig::default());
         assert_eq!(
             parse("pages").unwrap_err().to_string(),
-            "`pages` is not key=value (keys: placement, headroom, max_handle, map_ahead)"
+            "`pages` is not key=value (keys: placement, headroom, max_handle, map_ahead, grow_ahead)"
         );
         assert_eq!(
             parse("colour=red").unwrap_err().to_string(),
-            "unknown key `colour` (expected placement, headroom, max_handle or map_ahead)"
+            "unknown key `colour` (expected placement, headroom, max_handle, map_ahead or grow_ahead)"
         );
         let e = parse("headroom=2%").unwrap_err().to_string();
         assert!(e.contains("bad value `2%` for `headroom`"), "{e}");
