@@ -48,7 +48,8 @@ def perturb(src, dst, seed):
 
 
 def replay(gpumem, path, allocator, lazy_conf):
-    cmd = [gpumem, "replay", path, "--allocator", f"{allocator},torch", "--json"]
+    # --no-plan: only ratio, calls and time are read; the planned layout would cost a thread.
+    cmd = [gpumem, "replay", path, "--allocator", f"{allocator},torch", "--json", "--no-plan"]
     if lazy_conf:
         cmd += ["--lazy-conf", lazy_conf]
     out = subprocess.run(cmd, capture_output=True, text=True)

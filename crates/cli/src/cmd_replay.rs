@@ -79,6 +79,11 @@ pub struct ReplayArgs {
     /// block below the headroom; 1GiB). E.g. `placement=pages,headroom=0.02`.
     #[arg(long, value_name = "CONF")]
     pub lazy_conf: Option<String>,
+    /// Skip the planned layout (the whole trace known in advance), otherwise worked out in a
+    /// thread beside the replays: the table and `--json` (`planned_layout_skipped`) say it
+    /// was skipped. For scripts that read only the allocators' figures.
+    #[arg(long)]
+    pub no_plan: bool,
 }
 
 /// Parses `--lazy-conf` onto the defaults.
@@ -129,6 +134,9 @@ struct JsonPlanned {
     /// Which order of placement gave it: `size` (largest first) or `lifetime`.
     order: gpumem::plan::PlanOrder,
 }
+
+/// `trace.planned_layout_skipped` under `--no-plan`.
+const NO_PLAN: &str = "not asked for: --no-plan";
 
 /// The planned layout of every device of the trace, or why it was skipped.
 fn planned_layouts(
@@ -707,9 +715,10 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     // On the simulated device the allocators replay side by side, one thread each (the
     // capacity probes of one allocator run in order in its thread). On a real GPU they run
     // one after the other: concurrent pools would share the driver and cuMemGetInfo.
-    // The planned layout is worked out beside the replays, in a thread of its own.
+    // The planned layout is worked out beside the replays, in a thread of its own (none
+    // with --no-plan).
     let (runs, (planned_layout, planned_layout_skipped)) = std::thread::scope(|outer| {
-        let planner = outer.spawn(|| planned_layouts(&trace, &summaries));
+        let planner = (!a.no_plan).then(|| outer.spawn(|| planned_layouts(&trace, &summaries)));
         let runs: Vec<Result<AllocatorRun>> = if matches!(target, Target::Sim) && names.len() > 1 {
             std::thread::scope(|sc| {
                 let handles: Vec<_> = names
@@ -736,9 +745,12 @@ pub fn run(a: ReplayArgs) -> Result<()> {
                 .map(|&n| run_allocator(&shared, n, &progress))
                 .collect()
         };
-        let planned = planner
-            .join()
-            .unwrap_or_else(|_| (Vec::new(), Some("the planner panicked".into())));
+        let planned = match planner {
+            Some(p) => p
+                .join()
+                .unwrap_or_else(|_| (Vec::new(), Some("the planner panicked".into()))),
+            None => (Vec::new(), Some(NO_PLAN.into())),
+        };
         (runs, planned)
     });
     pb.finish_and_clear();

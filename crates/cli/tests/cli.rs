@@ -1121,5 +1121,38 @@ fn replay_reports_the_planned_layout_of_the_trace() {
         out.contains("planned layout (the whole trace known in advance, no block ever moved): 3.00 KiB (1.024)"),
         "{out}"
     );
+    // --no-plan: no layout, the JSON and the table say it was skipped and why, and the
+    // allocators' figures are those of the run with the plan.
+    let (ok, with_plan, err) = gpumem(&["replay", p, "-a", "tlsf", "--json"]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = gpumem(&["replay", p, "-a", "tlsf", "--json", "--no-plan"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["trace"]["planned_layout"], serde_json::json!([]));
+    assert_eq!(
+        v["trace"]["planned_layout_skipped"],
+        "not asked for: --no-plan"
+    );
+    let w: serde_json::Value = serde_json::from_str(&with_plan).unwrap();
+    assert!(
+        w["trace"].get("planned_layout_skipped").is_none(),
+        "{with_plan}"
+    );
+    for key in [
+        "peak_reserved_bytes",
+        "reserved_over_requested",
+        "driver_calls",
+        "steady_state_driver_calls",
+        "modelled_driver_seconds",
+    ] {
+        assert_eq!(v["allocators"][0][key], w["allocators"][0][key], "{key}");
+    }
+    let (ok, out, err) = gpumem(&["replay", p, "-a", "tlsf", "--no-plan"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("planned layout: skipped (not asked for: --no-plan)"),
+        "{out}"
+    );
+    assert!(!out.contains("3.00 KiB (1.024)"), "{out}");
     std::fs::remove_file(&path).ok();
 }

@@ -1,6 +1,7 @@
 //! The `paged-lazy` strategy's settings as `key=value` items, read the same way by
 //! `gpumem replay --lazy-conf` and the PyTorch plug-in's `GPUMEM_CONF`
 //! ([`gpumem_core::config::LazyConfig`]).
+use crate::conf_items::{items, ItemError};
 use gpumem_core::config::{LazyConfig, LazyPlacement};
 
 /// The keys [`apply`] knows.
@@ -60,29 +61,20 @@ pub fn apply(c: &mut LazyConfig, key: &str, value: &str) -> Result<bool, String>
     Ok(true)
 }
 
-/// Parses `key=value` items separated by commas (spaces around them ignored) onto the
-/// defaults, as `gpumem replay --lazy-conf` reads them.
+/// Parses `key=value` items separated by commas (spaces around them ignored; split by
+/// [`crate::conf_items::items`]) onto the defaults, as `gpumem replay --lazy-conf` reads them.
 ///
 /// # Errors
-/// The first bad item, what was wrong and what was expected: not `key=value`, an unknown key,
-/// or a bad value for a known key.
-pub fn parse(text: &str) -> Result<LazyConfig, String> {
+/// The first bad item ([`ItemError`]: what was wrong and what was expected): not
+/// `key=value`, an unknown key, or a bad value for a known key.
+pub fn parse(text: &str) -> Result<LazyConfig, ItemError> {
     let mut c = LazyConfig::default();
-    for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-        let Some((key, value)) = item.split_once('=') else {
-            return Err(format!(
-                "`{item}` is not key=value (keys: placement, headroom, max_handle, map_ahead, grow_ahead)"
-            ));
-        };
-        let (key, value) = (key.trim(), value.trim());
-        match apply(&mut c, key, value) {
-            Ok(true) => {}
-            Ok(false) => {
-                return Err(format!(
-                    "unknown key `{key}` (expected placement, headroom, max_handle, map_ahead or grow_ahead)"
-                ))
-            }
-            Err(why) => return Err(format!("bad value `{value}` for `{key}`: {why}")),
+    for item in items(text, &KEYS) {
+        let (key, value) = item?;
+        let known =
+            apply(&mut c, key, value).map_err(|why| ItemError::bad_value(key, value, why))?;
+        if !known {
+            return Err(ItemError::unknown_key(key, &KEYS));
         }
     }
     Ok(c)
@@ -133,13 +125,15 @@ mod tests {
         let c = parse(" placement=pages , headroom=0.02,,").unwrap();
         assert_eq!((c.placement, c.headroom_bp), (LazyPlacement::Pages, 200));
         assert_eq!(parse("").unwrap(), LazyConfig::default());
-        assert!(parse("pages")
-            .unwrap_err()
-            .contains("`pages` is not key=value"));
-        assert!(parse("colour=red")
-            .unwrap_err()
-            .contains("unknown key `colour`"));
-        let e = parse("headroom=2%").unwrap_err();
+        assert_eq!(
+            parse("pages").unwrap_err().to_string(),
+            "`pages` is not key=value (keys: placement, headroom, max_handle, map_ahead, grow_ahead)"
+        );
+        assert_eq!(
+            parse("colour=red").unwrap_err().to_string(),
+            "unknown key `colour` (expected placement, headroom, max_handle, map_ahead or grow_ahead)"
+        );
+        let e = parse("headroom=2%").unwrap_err().to_string();
         assert!(e.contains("bad value `2%` for `headroom`"), "{e}");
     }
 }

@@ -31,6 +31,7 @@
 //! first one.
 #![forbid(unsafe_code)]
 
+use gpumem::conf_items::{items, ItemError};
 use gpumem::cuda::pool::PoolConfig;
 use gpumem_core::config::AllocatorConfig;
 use gpumem_core::registry;
@@ -102,48 +103,33 @@ impl Default for Conf {
     }
 }
 
-/// A setting that could not be used.
+/// A setting that could not be used: the item and what was wrong, worded as
+/// `gpumem replay --lazy-conf` words it ([`ItemError`]), then what the plug-in did instead
+/// (ignored the item, or kept the key's default).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ConfError {
-    /// A key the plug-in does not know.
-    #[error("GPUMEM_CONF: unknown key `{key}` (expected one of {}); ignored", KEYS.join(", "))]
-    UnknownKey {
-        /// The key as written.
-        key: String,
-    },
-    /// A known key with a value that does not parse.
-    #[error("GPUMEM_CONF: bad value `{value}` for `{key}`: {why}; the default is used")]
-    BadValue {
-        /// The key.
-        key: String,
-        /// The value as written.
-        value: String,
-        /// What was expected.
-        why: String,
-    },
-    /// An item without `=`.
-    #[error("GPUMEM_CONF: `{item}` is not key=value; ignored")]
-    Syntax {
-        /// The item as written.
-        item: String,
-    },
+#[error("GPUMEM_CONF: {0}; {fate}", fate = fate(&self.0))]
+pub struct ConfError(pub ItemError);
+
+/// What the lenient [`parse`] does with a bad item.
+fn fate(e: &ItemError) -> &'static str {
+    match e {
+        ItemError::BadValue { .. } => "the default is used",
+        ItemError::NotKeyValue { .. } | ItemError::UnknownKey { .. } => "ignored",
+    }
 }
 
 /// Parses `GPUMEM_CONF` leniently: returns the settings (defaults where an item was bad) and
-/// every item that was ignored, in order. Empty items (`a=1,,b=2`) are skipped.
+/// every item that was ignored, in order. Items are split as `replay --lazy-conf` splits
+/// them ([`gpumem::conf_items::items`]); empty items (`a=1,,b=2`) are skipped.
 pub fn parse(s: &str) -> (Conf, Vec<ConfError>) {
     let mut c = Conf::default();
-    let mut errors = Vec::new();
-    for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-        let Some((key, value)) = item.split_once('=') else {
-            errors.push(ConfError::Syntax { item: item.into() });
-            continue;
-        };
-        let (key, value) = (key.trim(), value.trim());
-        if let Err(e) = apply(&mut c, key, value) {
-            errors.push(e);
-        }
-    }
+    let errors = items(s, &KEYS)
+        .filter_map(|item| {
+            item.and_then(|(key, value)| apply(&mut c, key, value))
+                .err()
+        })
+        .map(ConfError)
+        .collect();
     (c, errors)
 }
 
@@ -160,12 +146,8 @@ pub fn parse_strict(s: &str) -> Result<Conf, ConfError> {
     }
 }
 
-fn apply(c: &mut Conf, key: &str, value: &str) -> Result<(), ConfError> {
-    let bad = |why: String| ConfError::BadValue {
-        key: key.into(),
-        value: value.into(),
-        why,
-    };
+fn apply(c: &mut Conf, key: &str, value: &str) -> Result<(), ItemError> {
+    let bad = |why: String| ItemError::bad_value(key, value, why);
     let size = || parse_size(value).map_err(bad);
     match key {
         "strategy" => {
@@ -211,7 +193,7 @@ fn apply(c: &mut Conf, key: &str, value: &str) -> Result<(), ConfError> {
             }
         }
         "sim_capacity" => c.sim_capacity_bytes = size()?,
-        _ => return Err(ConfError::UnknownKey { key: key.into() }),
+        _ => return Err(ItemError::unknown_key(key, &KEYS)),
     }
     Ok(())
 }
@@ -285,7 +267,13 @@ mod tests {
         assert!(text[1].contains("`12XB` for `reserve`") && text[1].contains("unknown unit `xb`"));
         assert!(text[2].starts_with("GPUMEM_CONF: unknown key `colour`"));
         assert!(text[2].contains("strategy, mode, reserve, release_threshold"));
-        assert_eq!(text[3], "GPUMEM_CONF: `oops` is not key=value; ignored");
+        assert_eq!(
+            text[3],
+            format!(
+                "GPUMEM_CONF: `oops` is not key=value (keys: {}); ignored",
+                KEYS.join(", ")
+            )
+        );
         assert!(text[4].contains("`0` for `segment`"));
         assert_eq!(parse_strict("colour=red"), Err(e[2].clone()));
     }
