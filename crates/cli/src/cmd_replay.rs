@@ -73,10 +73,13 @@ pub struct ReplayArgs {
     /// The settings of the `paged-lazy` strategy, as `key=value` pairs separated by commas
     /// (the plug-in's `GPUMEM_CONF` keys): `placement` (`segments`: PyTorch's expandable
     /// segments with one physical handle per growth, the default; `pages`: gpumem's page
-    /// placement, which the other keys tune), `headroom` (fraction of the peak of allocated bytes it
-    /// may hold above that peak before it moves idle pages instead of creating them; 0),
-    /// `max_handle` (largest physical handle; 1GiB), `map_ahead` (bytes mapped ahead of a
-    /// block below the headroom; 1GiB). E.g. `placement=pages,headroom=0.02`.
+    /// placement). For `segments`: `grow_ahead` (fraction of the bytes held that each growth
+    /// maps beyond the request, 0 to 1 in steps of 0.0001: fewer driver calls for a higher
+    /// peak; 0). For `pages`: `headroom` (fraction of the peak of allocated bytes it may hold
+    /// above that peak before it moves idle pages instead of creating them, 0 to 10 in steps
+    /// of 0.0001; 0), `max_handle` (largest physical handle, rounded down to whole pages;
+    /// 1GiB), `map_ahead` (bytes mapped ahead of a block below the headroom; 1GiB). A key
+    /// given twice is refused. E.g. `grow_ahead=0.0156`, `placement=pages,headroom=0.02`.
     #[arg(long, value_name = "CONF")]
     pub lazy_conf: Option<String>,
     /// Skip the planned layout (the whole trace known in advance), otherwise worked out in a
@@ -653,7 +656,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         }
         if names.contains(&"paged-lazy") {
             let l = config.lazy;
-            let source = if a.lazy_conf.is_some() {
+            let source = if a.lazy_conf.as_deref().is_some_and(|t| !t.trim().is_empty()) {
                 "--lazy-conf"
             } else {
                 "defaults"

@@ -22,6 +22,12 @@ pub enum ItemError {
         /// The keys the reader knows.
         keys: &'static [&'static str],
     },
+    /// A key given more than once (readers that refuse it: `--lazy-conf`).
+    #[error("`{key}` is given twice (give each key once)")]
+    Repeated {
+        /// The key as written (trimmed).
+        key: String,
+    },
     /// A known key whose value does not parse or is out of range.
     #[error("bad value `{value}` for `{key}`: {why}")]
     BadValue {

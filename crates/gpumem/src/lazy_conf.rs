@@ -38,7 +38,11 @@ pub fn apply(c: &mut LazyConfig, key: &str, value: &str) -> Result<bool, String>
                 .ok()
                 .filter(|f| (0.0..=10.0).contains(f))
                 .ok_or("expected a fraction from 0 to 10, such as 0.02")?;
-            c.headroom_bp = (f * 10_000.0).round() as u32;
+            let bp = (f * 10_000.0).round() as u32;
+            if bp == 0 && f > 0.0 {
+                return Err("expected 0 or at least 0.0001 (read in steps of 0.0001)".into());
+            }
+            c.headroom_bp = bp;
         }
         "max_handle" => {
             let v = crate::units::parse_size(value)?;
@@ -54,7 +58,11 @@ pub fn apply(c: &mut LazyConfig, key: &str, value: &str) -> Result<bool, String>
                 .ok()
                 .filter(|f| (0.0..=1.0).contains(f))
                 .ok_or("expected a fraction from 0 to 1, such as 0.0156")?;
-            c.grow_ahead_bp = (f * 10_000.0).round() as u32;
+            let bp = (f * 10_000.0).round() as u32;
+            if bp == 0 && f > 0.0 {
+                return Err("expected 0 or at least 0.0001 (read in steps of 0.0001)".into());
+            }
+            c.grow_ahead_bp = bp;
         }
         _ => return Ok(false),
     }
@@ -66,11 +74,16 @@ pub fn apply(c: &mut LazyConfig, key: &str, value: &str) -> Result<bool, String>
 ///
 /// # Errors
 /// The first bad item ([`ItemError`]: what was wrong and what was expected): not
-/// `key=value`, an unknown key, or a bad value for a known key.
+/// `key=value`, an unknown key, a key given twice, or a bad value for a known key.
 pub fn parse(text: &str) -> Result<LazyConfig, ItemError> {
     let mut c = LazyConfig::default();
+    let mut seen: Vec<&str> = Vec::new();
     for item in items(text, &KEYS) {
         let (key, value) = item?;
+        if seen.contains(&key) {
+            return Err(ItemError::Repeated { key: key.into() });
+        }
+        seen.push(key);
         let known =
             apply(&mut c, key, value).map_err(|why| ItemError::bad_value(key, value, why))?;
         if !known {
@@ -113,6 +126,8 @@ mod tests {
             ("map_ahead", "lots"),
             ("grow_ahead", "1.5"),
             ("grow_ahead", "-0.01"),
+            ("grow_ahead", "0.00001"),
+            ("headroom", "0.00004"),
             ("placement", "torch"),
         ] {
             assert!(apply(&mut c, k, v).is_err(), "{k}={v}");
@@ -132,6 +147,12 @@ mod tests {
         assert_eq!(
             parse("colour=red").unwrap_err().to_string(),
             "unknown key `colour` (expected placement, headroom, max_handle, map_ahead or grow_ahead)"
+        );
+        assert_eq!(
+            parse("grow_ahead=0.0156, grow_ahead=0.5")
+                .unwrap_err()
+                .to_string(),
+            "`grow_ahead` is given twice (give each key once)"
         );
         let e = parse("headroom=2%").unwrap_err().to_string();
         assert!(e.contains("bad value `2%` for `headroom`"), "{e}");

@@ -114,7 +114,9 @@ pub struct ConfError(pub ItemError);
 fn fate(e: &ItemError) -> &'static str {
     match e {
         ItemError::BadValue { .. } => "the default is used",
-        ItemError::NotKeyValue { .. } | ItemError::UnknownKey { .. } => "ignored",
+        ItemError::NotKeyValue { .. }
+        | ItemError::UnknownKey { .. }
+        | ItemError::Repeated { .. } => "ignored",
     }
 }
 
