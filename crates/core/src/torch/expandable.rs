@@ -525,6 +525,10 @@ impl TorchCachingPool {
 
     /// Bytes a growth maps beyond what it needs: [`TorchCachingPool::grow_ahead_bp`] of the
     /// bytes taken from the device (0 without coarse handles: PyTorch maps what it needs).
+    /// Of all bytes held, not of the growing segment's: the small pool's segment then grows
+    /// in steps as large as the large pool's, which is what took gpt2_train and mixed_sizes
+    /// under the call target (a share of the segment's own bytes: 69 and 45 second-half
+    /// calls against limits of 46 and 30, BENCHMARKS.md, issue 11, sixth session).
     fn grow_ahead_bytes(&self) -> u64 {
         if !self.coarse_handles {
             return 0;
