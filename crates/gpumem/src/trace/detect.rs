@@ -107,6 +107,9 @@ pub struct Sniffed {
     pub data: Vec<u8>,
     /// Their format.
     pub format: Format,
+    /// Whether they came out of gunzip (byte offsets into `data` are not offsets into the
+    /// file).
+    pub gunzipped: bool,
     /// Under `lenient`: the gzip stream ended early or broke, and `data` is what it gave
     /// before that (the message says where).
     pub gzip_cut: Option<String>,
@@ -151,6 +154,7 @@ pub fn read_sniffed(
         return Ok(Sniffed {
             data,
             format,
+            gunzipped: false,
             gzip_cut: None,
         });
     }
@@ -205,6 +209,7 @@ pub fn read_sniffed(
     Ok(Sniffed {
         data,
         format,
+        gunzipped: true,
         gzip_cut,
     })
 }

@@ -425,7 +425,13 @@ fn read_detected(
     sniffed: detect::Sniffed,
     options: ReadConfig,
 ) -> Result<Trace, TraceError> {
-    let mut trace = read_format(name, &sniffed.data, sniffed.format, options)?;
+    let mut trace = read_format(
+        name,
+        &sniffed.data,
+        sniffed.format,
+        options,
+        sniffed.gunzipped,
+    )?;
     if let Some(cut) = sniffed.gzip_cut {
         trace.truncated = Some(match trace.truncated.take() {
             Some(t) => format!("{cut}; {t}"),
@@ -443,9 +449,10 @@ fn read_format(
     data: &[u8],
     format: Format,
     options: ReadConfig,
+    gunzipped: bool,
 ) -> Result<Trace, TraceError> {
     match format {
-        Format::TorchSnapshot => pickle::read_snapshot(name, data, options),
+        Format::TorchSnapshot => pickle::read_snapshot_from(name, data, options, gunzipped),
         Format::RmmCsv => rmm::read_rmm(name, data, options),
         Format::JsonLines => jsonl::read_jsonl(name, data, options),
     }
@@ -465,7 +472,7 @@ pub fn read_bytes(name: &str, bytes: &[u8], options: ReadConfig) -> Result<Trace
         return read_detected(name, sniffed, options);
     }
     match detect::detect(bytes) {
-        Ok(format) => read_format(name, bytes, format, options),
+        Ok(format) => read_format(name, bytes, format, options, false),
         Err(what) => Err(TraceError::NotATrace {
             path: name.to_string(),
             what,

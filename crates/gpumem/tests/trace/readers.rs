@@ -617,3 +617,77 @@ fn lenient_salvages_truncated_snapshots() {
     assert!(note.starts_with("gzip data truncated"), "{note}");
     assert!(t.events.len() > 500, "{}", t.events.len());
 }
+
+/// The number in "after N complete trace entries" of a strict read's error.
+fn entries_before(message: &str) -> u64 {
+    let at = message
+        .find(" complete trace entr")
+        .unwrap_or_else(|| panic!("no count in: {message}"));
+    let digits = message[..at]
+        .rsplit(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap();
+    digits.parse().unwrap()
+}
+
+/// New-user trial: a truncated pickle's error counts the trace entries read whole before the
+/// cut exactly (not in the pickler's batches of 1,000), and a gunzipped pickle's byte offset
+/// says it counts decompressed bytes.
+#[test]
+fn truncation_errors_count_the_entries_read_exactly() {
+    // Every cut of a small snapshot: the count rises one entry at a time, from 0 to all of
+    // them (python's count) just before the final STOP.
+    let p = std::fs::read(fixture("snapshot_p4.pickle")).unwrap();
+    let all = expected()["snapshot"]["entries"].as_u64().unwrap();
+    let mut last = 0;
+    for cut in 2..p.len() {
+        let message = match read_bytes("p4", &p[..cut], strict()) {
+            Err(TraceError::Malformed { message, .. }) => message,
+            other => panic!("cut {cut}: {other:?}"),
+        };
+        let n = entries_before(&message);
+        assert!(n == last || n == last + 1, "cut {cut}: {last} then {n}");
+        last = n;
+    }
+    assert_eq!(last, all);
+    // The shipped trace cut at 50,000 bytes, inside the pickler's first batch of 1,000 entries:
+    // the entries before the cut are counted (an earlier reader said 0), at least as many as
+    // the events a lenient read keeps from them (free_requested entries are not events).
+    let gz = std::fs::read(shipped("mixed_sizes")).unwrap();
+    let raw = {
+        use std::io::Read;
+        let mut v = Vec::new();
+        flate2::read::GzDecoder::new(&gz[..])
+            .read_to_end(&mut v)
+            .unwrap();
+        v
+    };
+    let message = read_bytes("mixed_sizes.pickle", &raw[..50_000], strict())
+        .unwrap_err()
+        .to_string();
+    let n = entries_before(&message);
+    let kept = read_bytes("mixed_sizes.pickle", &raw[..50_000], lenient())
+        .unwrap()
+        .events
+        .len() as u64;
+    assert!(
+        kept > 0 && n >= kept && n < 1000,
+        "{n} entries, {kept} kept: {message}"
+    );
+    assert!(
+        message.contains("truncated at byte offset 50000 of 50000 ("),
+        "{message}"
+    );
+    // The same cut pickle gzip'd: the offset is into the decompressed pickle, and says so.
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut enc, &raw[..50_000]).unwrap();
+    let cut_gz = enc.finish().unwrap();
+    let message = read_bytes("cut.pickle.gz", &cut_gz, strict())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("truncated at byte offset 50000 of 50000 of the decompressed pickle"),
+        "{message}"
+    );
+    assert_eq!(entries_before(&message), n, "{message}");
+}
