@@ -76,11 +76,7 @@ fn read_limited(
     r.read_to_end(out).map_err(|e| TraceError::Malformed {
         path: name.to_string(),
         index: 0,
-        message: format!(
-            "gzip data truncated or corrupt after {} inflated bytes: {e} (a lenient read, \
-                     `--lenient`, keeps the events before the damage)",
-            out.len()
-        ),
+        message: gzip_damage(out.len(), &e),
     })?;
     if out.len() as u64 > limit {
         return Err(bomb(name, limit, compressed));
@@ -100,6 +96,11 @@ fn bomb(name: &str, limit: u64, compressed: u64) -> TraceError {
     }
 }
 
+/// Where a gzip stream broke: `gzip data truncated or corrupt after N inflated bytes: why`.
+fn gzip_damage(inflated: usize, e: &std::io::Error) -> String {
+    format!("gzip data truncated or corrupt after {inflated} inflated bytes: {e}")
+}
+
 /// What [`read_sniffed`] read.
 #[derive(Debug)]
 pub struct Sniffed {
@@ -110,8 +111,8 @@ pub struct Sniffed {
     /// Whether they came out of gunzip (byte offsets into `data` are not offsets into the
     /// file).
     pub gunzipped: bool,
-    /// Under `lenient`: the gzip stream ended early or broke, and `data` is what it gave
-    /// before that (the message says where).
+    /// The gzip stream ended early or broke, and `data` is what it gave before that (the
+    /// message says where); [`read_sniffed`] keeps such data only when `lenient`.
     pub gzip_cut: Option<String>,
 }
 
@@ -127,9 +128,31 @@ pub struct Sniffed {
 /// or truncated gzip data (unless `lenient` and some data came before the damage).
 pub fn read_sniffed(
     name: &str,
-    mut reader: impl Read,
+    reader: impl Read,
     compressed_hint: Option<u64>,
     lenient: bool,
+) -> Result<Sniffed, TraceError> {
+    let sniffed = sniff(name, reader, compressed_hint)?;
+    match sniffed.gzip_cut {
+        Some(cut) if !lenient => Err(TraceError::Malformed {
+            path: name.to_string(),
+            index: 0,
+            message: cut,
+        }),
+        _ => Ok(sniffed),
+    }
+}
+
+/// [`read_sniffed`] that always keeps what a broken gzip stream gave before the damage (in
+/// [`Sniffed::gzip_cut`]) when that is enough to detect a format: the caller decides, from
+/// what a lenient read of it keeps, whether a strict read's error suggests a lenient one.
+///
+/// # Errors
+/// As [`read_sniffed`] with `lenient`.
+pub(crate) fn sniff(
+    name: &str,
+    mut reader: impl Read,
+    compressed_hint: Option<u64>,
 ) -> Result<Sniffed, TraceError> {
     let io = |source| TraceError::Io {
         path: name.to_string(),
@@ -174,12 +197,8 @@ pub fn read_sniffed(
         let n = match gz.read(&mut chunk) {
             Ok(n) => n,
             Err(e) => {
-                let what = format!(
-                    "gzip data truncated or corrupt after {} inflated bytes: {e} (a lenient read, \
-                     `--lenient`, keeps the events before the damage)",
-                    data.len()
-                );
-                if lenient && data.len() >= SNIFF_BYTES.min(64) {
+                let what = gzip_damage(data.len(), &e);
+                if data.len() >= SNIFF_BYTES.min(64) {
                     gzip_cut = Some(what);
                     break;
                 }
@@ -205,7 +224,18 @@ pub fn read_sniffed(
             return Err(bomb(name, limit, compressed));
         }
     }
-    let format = detect(&data).map_err(|what| not_a_trace(format!("after gunzip, {what}")))?;
+    let format = match (detect(&data), &gzip_cut) {
+        (Ok(format), _) => format,
+        // Cut short before its format shows: the damage is the better explanation.
+        (Err(_), Some(cut)) => {
+            return Err(TraceError::Malformed {
+                path: name.to_string(),
+                index: 0,
+                message: cut.clone(),
+            })
+        }
+        (Err(what), None) => return Err(not_a_trace(format!("after gunzip, {what}"))),
+    };
     Ok(Sniffed {
         data,
         format,

@@ -405,7 +405,7 @@ pub struct ReadConfig {
 pub fn read_path(path: &std::path::Path, options: ReadConfig) -> Result<Trace, TraceError> {
     if path.as_os_str() == "-" {
         let name = "standard input";
-        let sniffed = detect::read_sniffed(name, std::io::stdin().lock(), None, options.lenient)?;
+        let sniffed = detect::sniff(name, std::io::stdin().lock(), None)?;
         return read_detected(name, sniffed, options);
     }
     let name = path.display().to_string();
@@ -416,7 +416,7 @@ pub fn read_path(path: &std::path::Path, options: ReadConfig) -> Result<Trace, T
     let file = std::fs::File::open(path).map_err(io)?;
     let size = file.metadata().ok().map(|m| m.len());
     let reader = std::io::BufReader::new(file);
-    let sniffed = detect::read_sniffed(&name, reader, size, options.lenient)?;
+    let sniffed = detect::sniff(&name, reader, size)?;
     read_detected(&name, sniffed, options)
 }
 
@@ -425,6 +425,30 @@ fn read_detected(
     sniffed: detect::Sniffed,
     options: ReadConfig,
 ) -> Result<Trace, TraceError> {
+    if let (Some(cut), false) = (&sniffed.gzip_cut, options.lenient) {
+        // A strict read stops at the damage; it suggests a lenient one when that would keep
+        // something.
+        let lenient = ReadConfig {
+            lenient: true,
+            keep_frames: false,
+        };
+        let hint = match read_format(name, &sniffed.data, sniffed.format, lenient, true) {
+            Ok(t) if !t.events.is_empty() => format!(
+                "; a lenient read (--lenient) keeps the {} event{} inflated before it",
+                t.events.len(),
+                if t.events.len() == 1 { "" } else { "s" }
+            ),
+            Ok(t) if !t.segments.is_empty() => {
+                "; a lenient read (--lenient) keeps the segments inflated before it".to_string()
+            }
+            _ => String::new(),
+        };
+        return Err(TraceError::Malformed {
+            path: name.to_string(),
+            index: 0,
+            message: format!("{cut}{hint}"),
+        });
+    }
     let mut trace = read_format(
         name,
         &sniffed.data,
@@ -464,11 +488,13 @@ fn read_format(
 /// - [`TraceError::NotATrace`]: empty, a Git LFS pointer, HTML, unrelated JSON or binary data;
 /// - [`TraceError::Malformed`]: truncated or corrupt data, wrong types, a free of an unknown
 ///   address (RMM, JSON lines), an alloc at an address already live; the message says whether
-///   the index is an event index or a line number;
+///   the index is an event index or a line number. A strict read of a truncated pickle (plain
+///   or gzip'd) ends its message with what a lenient read would keep, when it would keep
+///   something;
 /// - [`TraceError::Refused`]: a pickle that asks for a class, a global or a persistent id.
 pub fn read_bytes(name: &str, bytes: &[u8], options: ReadConfig) -> Result<Trace, TraceError> {
     if detect::is_gzip(bytes) {
-        let sniffed = detect::read_sniffed(name, bytes, Some(bytes.len() as u64), options.lenient)?;
+        let sniffed = detect::sniff(name, bytes, Some(bytes.len() as u64))?;
         return read_detected(name, sniffed, options);
     }
     match detect::detect(bytes) {

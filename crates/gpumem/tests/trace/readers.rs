@@ -691,3 +691,73 @@ fn truncation_errors_count_the_entries_read_exactly() {
     );
     assert_eq!(entries_before(&message), n, "{message}");
 }
+
+/// New-user trial: a strict read of a truncated pickle, plain or gzip'd, suggests `--lenient`
+/// with what it would keep, exactly when that is something; a lenient read never suggests
+/// itself, and a file cut before anything could be kept gets no suggestion.
+#[test]
+fn the_lenient_hint_appears_exactly_when_it_helps() {
+    let gz = std::fs::read(shipped("mixed_sizes")).unwrap();
+    let raw = {
+        use std::io::Read;
+        let mut v = Vec::new();
+        flate2::read::GzDecoder::new(&gz[..])
+            .read_to_end(&mut v)
+            .unwrap();
+        v
+    };
+    let hint = "a lenient read (--lenient) keeps the";
+    // A plain pickle cut after some entries: the hint, with the count a lenient read keeps.
+    let cut = &raw[..50_000];
+    let kept = read_bytes("cut.pickle", cut, lenient())
+        .unwrap()
+        .events
+        .len();
+    let e = read_bytes("cut.pickle", cut, strict())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.ends_with(&format!("{hint} {kept} events read before the cut")),
+        "{e}"
+    );
+    // A gzip file cut in the middle: the same, counted on what it inflated to.
+    let cut_gz = &gz[..gz.len() / 2];
+    let t = read_bytes("cut.pickle.gz", cut_gz, lenient()).unwrap();
+    let e = read_bytes("cut.pickle.gz", cut_gz, strict())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.ends_with(&format!(
+            "{hint} {} events inflated before it",
+            t.events.len()
+        )),
+        "{e}"
+    );
+    // Read leniently, the note says where the file was cut, and suggests nothing.
+    let note = t.truncated.unwrap();
+    assert!(note.starts_with("gzip data truncated"), "{note}");
+    assert!(!note.contains("lenient"), "{note}");
+    // Cut before a single entry (a plain pickle), or before any inflated byte (gzip): a
+    // lenient read keeps nothing, and neither read suggests it.
+    let e = read_bytes("c300.pickle", &raw[..300], strict())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("after 0 complete trace entries"), "{e}");
+    assert!(!e.contains("lenient"), "{e}");
+    for options in [strict(), lenient()] {
+        let e = read_bytes("tiny.pickle.gz", &gz[..30], options)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("gzip data truncated"), "{e}");
+        assert!(!e.contains("lenient"), "{e}");
+    }
+    // A corrupt pickle (an unknown opcode), which a lenient read does not salvage either.
+    let mut bad = raw[..50_000].to_vec();
+    bad.push(0xff);
+    bad.extend_from_slice(&raw[50_000..]);
+    let e = read_bytes("bad.pickle", &bad, strict())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("corrupt pickle at byte offset 50000"), "{e}");
+    assert!(!e.contains("lenient"), "{e}");
+}

@@ -374,11 +374,32 @@ pub(crate) fn read_snapshot_from(
         }
         Err(VmError::Truncated { offset, what }) => {
             let whole = vm.entries_read();
+            // What a lenient read would keep, to suggest one only when it keeps something.
+            let lenient = ReadConfig {
+                lenient: true,
+                keep_frames: false,
+            };
+            let kept = vm.salvage().ok().and_then(|root| {
+                let events = std::mem::take(&mut vm.events);
+                build_trace(name, &mut vm, events, root, lenient).ok()
+            });
+            let hint = match kept {
+                Some(t) if !t.events.is_empty() => format!(
+                    "; a lenient read (--lenient) keeps the {} event{} read before the cut",
+                    t.events.len(),
+                    if t.events.len() == 1 { "" } else { "s" }
+                ),
+                Some(t) if !t.segments.is_empty() => {
+                    "; a lenient read (--lenient) keeps the segments read before the cut".into()
+                }
+                _ => String::new(),
+            };
             return Err(malformed(
                 name,
                 whole,
                 format!(
-                    "pickle truncated at byte offset {offset} of {}{of_pickle} ({what}), after {}",
+                    "pickle truncated at byte offset {offset} of {}{of_pickle} ({what}), after \
+                     {}{hint}",
                     data.len(),
                     entries(whole)
                 ),
