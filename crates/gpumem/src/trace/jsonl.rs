@@ -130,6 +130,18 @@ fn keyed_json_error(text: &str, strict: &serde_json::Error) -> String {
     }
 }
 
+/// What a JSON value is, in words (`an array`, `a number`, `null`, ...).
+fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
 /// An unknown key and the known key it is one edit away from.
 type Typo = (String, &'static str);
 
@@ -175,7 +187,15 @@ fn parse_line(text: &str) -> Result<(Parsed, Vec<Typo>), String> {
         Ok(l) => (Line::from(l), Vec::new()),
         Err(strict) => match serde_json::from_str::<Line>(text) {
             Ok(l) => (l, near_misses(text)),
-            Err(_) => return Err(keyed_json_error(text, &strict)),
+            Err(_) => {
+                return Err(match serde_json::from_str::<serde_json::Value>(text) {
+                    Ok(v) if !v.is_object() => format!(
+                        "expected a JSON object such as {{\"action\":\"alloc\",...}}, found {}",
+                        json_kind(&v)
+                    ),
+                    _ => keyed_json_error(text, &strict),
+                })
+            }
         },
     };
     Ok((parse_fields(l)?, typos))

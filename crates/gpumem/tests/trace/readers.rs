@@ -761,3 +761,43 @@ fn the_lenient_hint_appears_exactly_when_it_helps() {
     assert!(e.contains("corrupt pickle at byte offset 50000"), "{e}");
     assert!(!e.contains("lenient"), "{e}");
 }
+
+/// New-user trial: a JSON-lines line that is valid JSON but not an object says so, naming what
+/// it found (serde's "invalid type: integer `1`, expected a string" named no object at all).
+#[test]
+fn a_jsonl_line_that_is_not_an_object_says_what_it_is() {
+    let good = "{\"action\":\"alloc\",\"addr\":1,\"size\":512}\n";
+    for (line, found) in [
+        ("[1,2]", "an array"),
+        ("42", "a number"),
+        ("-1.5", "a number"),
+        ("\"alloc\"", "a string"),
+        ("null", "null"),
+        ("true", "a boolean"),
+    ] {
+        let text = format!("{good}{line}\n");
+        let e = read_bytes("t.jsonl", text.as_bytes(), strict())
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            format!(
+                "t.jsonl: line 2: expected a JSON object such as {{\"action\":\"alloc\",...}}, \
+                 found {found}"
+            )
+        );
+        // Lenient: skipped with the same reason.
+        let t = read_bytes("t.jsonl", text.as_bytes(), lenient()).unwrap();
+        assert_eq!(t.events.len(), 1);
+        assert!(
+            t.skipped[0].ends_with(&format!("found {found}")),
+            "{:?}",
+            t.skipped
+        );
+    }
+    // An object with a wrong value still names its key.
+    let e = read_bytes("t.jsonl", b"{\"action\":[1,2]}\n", strict())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("key \"action\""), "{e}");
+}
