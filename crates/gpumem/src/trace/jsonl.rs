@@ -28,9 +28,10 @@
 //! the top of the file; it may then be freed like any other block. Unknown keys are ignored;
 //! one that is a single edit away from a known key (`aling`, `strem`) gets a warning in
 //! [`Trace::warnings`] naming its first line and the key it resembles.
-//! Errors name the line number (1-based). [`write_jsonl`] writes any [`Trace`] in this format,
+//! Errors name the line number (1-based) and write an address in decimal, as the file does,
+//! with the hex in brackets (`free of address 991 (0x3df)`). [`write_jsonl`] writes any [`Trace`] in this format,
 //! so PyTorch snapshots and RMM logs convert losslessly (for the fields above).
-use super::live::{Liveness, UnknownFree};
+use super::live::{AddrStyle, Liveness, UnknownFree};
 use super::{Action, Event, Format, PreexistingBlock, ReadConfig, RecordedOom, Trace, TraceError};
 use serde::Deserialize;
 use std::io::Write;
@@ -268,7 +269,7 @@ pub fn read_jsonl(name: &str, data: &[u8], options: ReadConfig) -> Result<Trace,
         format: Some(Format::JsonLines),
         ..Trace::default()
     };
-    let mut live = Liveness::new(UnknownFree::Error);
+    let mut live = Liveness::new(UnknownFree::Error, AddrStyle::Decimal);
     let mut seen_first = false;
     let mut warned = std::collections::BTreeSet::new();
     for (i, raw) in data.split(|&b| b == b'\n').enumerate() {
@@ -461,7 +462,11 @@ mod tests {
             "{\"action\":\"alloc\",\"addr\":1,\"size\":1}\n{\"action\":\"free\",\"addr\":2}\n",
         )
         .unwrap_err();
-        assert!(e.to_string().contains("line 2: free of address 0x2"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("line 2: free of address 2 (0x2) (device 0)"),
+            "{e}"
+        );
         let e = read("{\"action\":\"alloc\",\"addr\":1,\"size\":-5}\n").unwrap_err();
         assert!(
             e.to_string()

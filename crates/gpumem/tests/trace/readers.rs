@@ -801,3 +801,48 @@ fn a_jsonl_line_that_is_not_an_object_says_what_it_is() {
         .to_string();
     assert!(e.contains("key \"action\""), "{e}");
 }
+
+/// New-user trial: messages write an address the way the file wrote it, so that it can be
+/// found there: JSON lines in decimal with the hex in brackets, RMM logs as their `Pointer`
+/// column has it (hex, or decimal with the hex), PyTorch snapshots in hex.
+#[test]
+fn messages_write_addresses_as_the_file_wrote_them() {
+    let e = read_bytes("t.jsonl", b"{\"action\":\"free\",\"addr\":991}\n", strict())
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "t.jsonl: line 1: free of address 991 (0x3df) (device 0) that is not live (never allocated)"
+    );
+    let e = read_bytes(
+        "t.jsonl",
+        b"{\"action\":\"alloc\",\"addr\":991,\"size\":8}\n{\"action\":\"alloc\",\"addr\":991,\"size\":8}\n",
+        strict(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains(
+            "line 2: alloc of 8 bytes at address 991 (0x3df) (device 0), which is already live"
+        ),
+        "{e}"
+    );
+    let head = "Thread,Time,Action,Pointer,Size,Stream\n";
+    for (pointer, shown) in [("0x3df", "0x3df"), ("991", "991 (0x3df)")] {
+        let log = format!("{head}1,10:00:00.5,free,{pointer},256,0x0\n");
+        let e = read_bytes("rmm.csv", log.as_bytes(), strict())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!(
+                "line 2: free of address {shown} (device 0) that is not live"
+            )),
+            "{e}"
+        );
+    }
+    // A snapshot: hex (duplicate_alloc.pickle allocates address 4096 twice).
+    let e = read_path(&fixture("duplicate_alloc.pickle"), strict())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("at address 0x1000 (device 0)"), "{e}");
+}

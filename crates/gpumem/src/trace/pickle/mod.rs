@@ -31,7 +31,7 @@
 mod entry;
 mod vm;
 
-use super::live::{AddrMap, Liveness, UnknownFree};
+use super::live::{AddrMap, AddrStyle, Liveness, UnknownFree};
 use super::{
     Action, Event, Format, PreexistingBlock, ReadConfig, SnapshotBlock, SnapshotSegment, Trace,
     TraceError,
@@ -535,7 +535,7 @@ fn build_trace(
         first.push(total);
         total += l.len() as u64;
     }
-    let mut live = Liveness::new(UnknownFree::Preexisting);
+    let mut live = Liveness::new(UnknownFree::Preexisting, AddrStyle::Hex);
     let size_hint = |d: u32, a: u64| block_sizes.get(&(d, a)).copied().unwrap_or(0);
     // Several devices with timestamps: interleave by time (stable, so ties keep file order).
     let time_of = |v: Value| match v {
