@@ -1156,3 +1156,71 @@ fn replay_reports_the_planned_layout_of_the_trace() {
     assert!(!out.contains("3.00 KiB (1.024)"), "{out}");
     std::fs::remove_file(&path).ok();
 }
+
+/// The res/req cell of each allocator's row of a replay table (cells are right-aligned under
+/// their header).
+fn res_req_cells(table: &str) -> Vec<(String, String)> {
+    let mut lines = table.lines().skip_while(|l| !l.starts_with("allocator"));
+    let header: Vec<char> = lines.next().unwrap().chars().collect();
+    let h: String = header.iter().collect();
+    let end = h[..h.find("res/req").unwrap()].chars().count() + "res/req".len();
+    lines
+        // The rows end at a blank line or the lines printed under them.
+        .take_while(|l| {
+            !l.trim().is_empty() && !l.starts_with("planned layout") && !l.starts_with("PyTorch")
+        })
+        .map(|l| {
+            let row: Vec<char> = l.chars().collect();
+            let upto: String = row[..end.min(row.len())].iter().collect();
+            let name = upto.split_whitespace().next().unwrap().to_string();
+            (name, upto.split_whitespace().last().unwrap().to_string())
+        })
+        .collect()
+}
+
+/// New-user trial: with no byte requested (zero-byte requests only, or a capacity under which
+/// every allocation fails) there is no res/req: the table shows `-` (marked † where
+/// allocations failed), `--json` keeps 0; with bytes served the ratio is at least 1.
+#[test]
+fn res_req_is_a_dash_when_nothing_was_requested() {
+    let path = jsonl_trace(
+        "zero-size",
+        &[
+            r#"{"action":"alloc","addr":1,"size":0}"#.to_string(),
+            r#"{"action":"alloc","addr":2,"size":0}"#.to_string(),
+            r#"{"action":"free","addr":1}"#.to_string(),
+        ],
+    );
+    let p = path.to_str().unwrap();
+    let (ok, out, err) = gpumem(&["replay", p]);
+    assert!(ok, "{err}");
+    let cells = res_req_cells(&out);
+    assert_eq!(cells.len(), 6, "{out}");
+    for (name, cell) in &cells {
+        assert_eq!(cell, "-", "{name}: {out}");
+    }
+    assert!(out.contains("no block ever moved): 1.00 KiB (-)"), "{out}");
+    let (ok, out, err) = gpumem(&["replay", p, "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for a in v["allocators"].as_array().unwrap() {
+        assert_eq!(a["peak_requested_served_bytes"], 0, "{a}");
+        assert_eq!(a["reserved_over_requested"].as_f64(), Some(0.0), "{a}");
+    }
+    let _ = std::fs::remove_file(&path);
+    // Every allocation fails: `-†`, not 0.000†.
+    let trace = "traces/mixed_sizes.pickle.gz";
+    let (ok, out, err) = gpumem(&["replay", trace, "-a", "torch,paged", "--capacity", "5"]);
+    assert!(ok, "{err}");
+    let cells = res_req_cells(&out);
+    assert_eq!(cells.len(), 2, "{out}");
+    for (name, cell) in &cells {
+        assert_eq!(cell, "-†", "{name}: {out}");
+    }
+    // Some served: a ratio of at least 1, marked.
+    let (ok, out, err) = gpumem(&["replay", trace, "-a", "torch", "--capacity", "3GiB"]);
+    assert!(ok, "{err}");
+    let (_, cell) = &res_req_cells(&out)[0];
+    let r: f64 = cell.trim_end_matches('†').parse().unwrap();
+    assert!(r >= 1.0 && cell.ends_with('†'), "{cell}: {out}");
+}
