@@ -94,9 +94,9 @@ pub fn run(a: ConvertArgs) -> Result<()> {
             tmp.persist(out)
                 .with_context(|| format!("writing {}", out.display()))?;
             eprintln!(
-                "wrote {} events and {} pre-existing blocks to {}{}{note}",
-                trace.events.len(),
-                trace.preexisting.len(),
+                "wrote {} and {} to {}{}{note}",
+                crate::units::counted(trace.events.len() as u64, "event"),
+                crate::units::counted(trace.preexisting.len() as u64, "pre-existing block"),
                 out.display(),
                 if trace.skipped_count > 0 {
                     format!(

@@ -17,7 +17,7 @@ use gpumem::trace::{self, ReadConfig};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
-use crate::units::{human_bytes, parse_size};
+use crate::units::{counted, human_bytes, parse_size};
 
 mod table;
 mod timeline;
@@ -635,10 +635,10 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     let show_progress = !a.json && std::io::stderr().is_terminal();
     if !a.json {
         eprintln!(
-            "read {} ({:?}, {} events, {:.2} s){}",
+            "read {} ({:?}, {}, {:.2} s){}",
             a.trace.display(),
             trace.format.unwrap_or(trace::Format::JsonLines),
-            trace.events.len(),
+            counted(trace.events.len() as u64, "event"),
             read_seconds,
             if trace.skipped_count > 0 {
                 format!(

@@ -76,9 +76,9 @@ pub fn build(
     )?;
     if !quiet {
         eprintln!(
-            "read {} ({} events, {:.2} s)",
+            "read {} ({}, {:.2} s)",
             path.display(),
-            trace.events.len(),
+            crate::units::counted(trace.events.len() as u64, "event"),
             started.elapsed().as_secs_f64()
         );
     }
@@ -118,10 +118,10 @@ pub fn run(a: ReportArgs) -> Result<()> {
     let html = report::html::render(&r);
     std::fs::write(&a.output, &html).with_context(|| format!("writing {}", a.output.display()))?;
     eprintln!(
-        "wrote {} ({}): {} events, {} allocator{}",
+        "wrote {} ({}): {}, {} allocator{}",
         a.output.display(),
         human_bytes(html.len() as u64),
-        r.events(),
+        crate::units::counted(r.events(), "event"),
         r.runs.len(),
         if r.runs.len() == 1 { "" } else { "s" }
     );

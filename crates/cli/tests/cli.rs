@@ -1224,3 +1224,26 @@ fn res_req_is_a_dash_when_nothing_was_requested() {
     let r: f64 = cell.trim_end_matches('†').parse().unwrap();
     assert!(r >= 1.0 && cell.ends_with('†'), "{cell}: {out}");
 }
+
+/// New-user trial: counts of one are singular ("1 event (1 alloc, 0 frees)").
+#[test]
+fn counts_of_one_are_singular() {
+    let path = jsonl_trace(
+        "one-event",
+        &[r#"{"action":"alloc","addr":1,"size":4096}"#.to_string()],
+    );
+    let p = path.to_str().unwrap();
+    let (ok, out, err) = gpumem(&["replay", p, "-a", "tlsf"]);
+    assert!(ok, "{err}");
+    assert!(out.contains(": 1 event (1 alloc, 0 frees), peak"), "{out}");
+    assert!(err.contains("(JsonLines, 1 event, "), "{err}");
+    let jsonl = std::env::temp_dir().join(format!("gpumem-one-out-{}.jsonl", std::process::id()));
+    let (ok, _, err) = gpumem(&["convert", p, "-o", jsonl.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("wrote 1 event and 0 pre-existing blocks to"),
+        "{err}"
+    );
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(&jsonl);
+}

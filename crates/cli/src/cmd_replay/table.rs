@@ -1,7 +1,7 @@
 //! The replay's table: one row per allocator, the columns in [`columns`], the smallest
 //! capacities and the notes under them.
 use super::{DeviceMinCapacity, JsonAllocator, JsonOut};
-use crate::units::human_bytes;
+use crate::units::{counted, human_bytes};
 use gpumem::replay::MinCapacityOutcome;
 
 /// One column of the replay table: header, width, and the cell of an allocator's row.
@@ -142,11 +142,11 @@ fn ratio(value: Option<f64>) -> String {
 pub(super) fn print_table(j: &JsonOut, capacity: u64, capacity_given: bool) {
     let t = &j.trace;
     println!(
-        "trace {}: {} events ({} allocs, {} frees), peak requested {}, largest request {}{}",
+        "trace {}: {} ({}, {}), peak requested {}, largest request {}{}",
         t.path,
-        t.events,
-        t.alloc_events,
-        t.free_events,
+        counted(t.events, "event"),
+        counted(t.alloc_events, "alloc"),
+        counted(t.free_events, "free"),
         human_bytes(t.peak_requested_bytes),
         human_bytes(t.largest_request_bytes),
         t.duration_seconds

@@ -285,8 +285,9 @@ impl Trace {
     /// ```
     pub fn summary(&self) -> String {
         let mut s = format!(
-            "{} events: {} alloc, {} free",
+            "{} event{}: {} alloc, {} free",
             self.events.len(),
+            if self.events.len() == 1 { "" } else { "s" },
             self.count(Action::Alloc),
             self.count(Action::Free)
         );
