@@ -3,8 +3,8 @@
 //! Order of the checks: gzip magic (`1f 8b`, inflated by the caller, then detected again), the
 //! pickle `PROTO` byte `0x80` (protocol 2 and later) or a text-protocol pickle that starts with
 //! `(`, `}` or `]` and ends with `.`, an RMM CSV header (`Thread,Time,Action,Pointer,...`), and a
-//! line starting with `{` (JSON lines). Anything else is named: an empty file, a Git LFS pointer,
-//! an HTML page, other text or binary data.
+//! line starting with `{` (JSON lines). Anything else is named: an empty file, an archive (ZIP,
+//! tar) or other compression, a Git LFS pointer, an HTML page, other text or binary data.
 use super::{Format, TraceError};
 use std::io::Read;
 
@@ -12,6 +12,10 @@ use std::io::Read;
 pub const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 /// The pickle `PROTO` opcode that starts every pickle of protocol 2 or later.
 pub const PICKLE_PROTO: u8 = 0x80;
+/// The magic of a POSIX (ustar) or GNU tar header, at [`TAR_MAGIC_OFFSET`] of the archive.
+pub const TAR_MAGIC: &[u8] = b"ustar";
+/// Where [`TAR_MAGIC`] lies in a tar header (POSIX.1-1988, `magic` field).
+pub const TAR_MAGIC_OFFSET: usize = 257;
 /// The first line of a Git LFS pointer file.
 pub const LFS_POINTER: &[u8] = b"version https://git-lfs.github.com/spec/";
 
@@ -325,6 +329,9 @@ pub fn detect_with(bytes: &[u8], complete: bool) -> Result<Format, String> {
         if bytes.starts_with(magic) {
             return Err(what.into());
         }
+    }
+    if bytes.get(TAR_MAGIC_OFFSET..TAR_MAGIC_OFFSET + TAR_MAGIC.len()) == Some(TAR_MAGIC) {
+        return Err("a tar archive: extract the trace first (tar -xf FILE)".into());
     }
     let text = strip_bom(bytes);
     let start = text

@@ -846,3 +846,34 @@ fn messages_write_addresses_as_the_file_wrote_them() {
         .to_string();
     assert!(e.contains("at address 0x1000 (device 0)"), "{e}");
 }
+
+/// New-user trial: a tar archive (`.tar`, or `.tgz` once gunzipped) is named as one, with what
+/// to do, instead of "binary data that is neither gzip nor a pickle".
+#[test]
+fn a_tar_archive_is_named_as_one() {
+    // A ustar header for `trace.pickle` (what `tar -cf` writes), then the file's first block.
+    let mut tar = vec![0u8; 1024];
+    tar[..12].copy_from_slice(b"trace.pickle");
+    tar[100..108].copy_from_slice(b"0000644\0");
+    tar[124..136].copy_from_slice(b"00000001000\0");
+    tar[257..263].copy_from_slice(b"ustar\0");
+    tar[263..265].copy_from_slice(b"00");
+    tar[512..515].copy_from_slice(b"\x80\x04\x95");
+    let e = read_bytes("traces.tar", &tar, strict()).unwrap_err();
+    assert!(matches!(e, TraceError::NotATrace { .. }), "{e}");
+    assert_eq!(
+        e.to_string(),
+        "traces.tar: not an allocation trace: a tar archive: extract the trace first (tar -xf FILE)"
+    );
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut enc, &tar).unwrap();
+    let tgz = enc.finish().unwrap();
+    let e = read_bytes("traces.tgz", &tgz, strict())
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "traces.tgz: not an allocation trace: after gunzip, a tar archive: extract the trace \
+         first (tar -xf FILE)"
+    );
+}
