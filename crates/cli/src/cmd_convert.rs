@@ -48,7 +48,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         if trace.segments.is_empty() {
             bail!(
                 "{}: nothing to convert: no alloc/free events and no segments{}",
-                a.trace.display(),
+                trace::source_name(&a.trace),
                 if trace.format == Some(trace::Format::TorchSnapshot) {
                     format!(" ({})", crate::cmd_analyze::HOW_TO_RECORD)
                 } else {
@@ -63,7 +63,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         if from_state == 0 {
             bail!(
                 "{}: the snapshot holds {} segments but no allocated block and no trace: nothing to replay (`gpumem replay` shows the segments' state)",
-                a.trace.display(),
+                trace::source_name(&a.trace),
                 trace.segments.len()
             );
         }

@@ -472,7 +472,7 @@ fn run_allocator(
             .with_context(|| {
                 format!(
                     "replaying {} with {name} on device {d}",
-                    sh.trace_path.display()
+                    trace::source_name(sh.trace_path)
                 )
             })?;
         checks.extend(recording.as_ref().and_then(SimDevice::recorded_check));
@@ -636,7 +636,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     if !a.json {
         eprintln!(
             "read {} ({:?}, {}, {:.2} s){}",
-            a.trace.display(),
+            trace::source_name(&a.trace),
             trace.format.unwrap_or(trace::Format::JsonLines),
             counted(trace.events.len() as u64, "event"),
             read_seconds,

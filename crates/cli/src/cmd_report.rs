@@ -77,7 +77,7 @@ pub fn build(
     if !quiet {
         eprintln!(
             "read {} ({}, {:.2} s)",
-            path.display(),
+            gpumem::trace::source_name(path),
             crate::units::counted(trace.events.len() as u64, "event"),
             started.elapsed().as_secs_f64()
         );
@@ -94,12 +94,22 @@ pub fn build(
         ..ReportConfig::default()
     };
     let started = Instant::now();
-    let mut r = report::build(&trace, &path.display().to_string(), &cfg, &mut |name| {
-        if !quiet {
-            eprintln!("  replaying with {name}");
-        }
-    })
-    .with_context(|| format!("building the report of {}", path.display()))?;
+    let mut r = report::build(
+        &trace,
+        &gpumem::trace::source_name(path),
+        &cfg,
+        &mut |name| {
+            if !quiet {
+                eprintln!("  replaying with {name}");
+            }
+        },
+    )
+    .with_context(|| {
+        format!(
+            "building the report of {}",
+            gpumem::trace::source_name(path)
+        )
+    })?;
     r.recorded = report::recorded_figures(path);
     if !quiet {
         eprintln!(

@@ -116,7 +116,7 @@ pub fn run(a: TuneArgs) -> Result<()> {
     )?;
     let own = recorded_conf(&trace)?;
     let report = tune::tune(&trace, own, a.capacity, a.device, a.threads)
-        .with_context(|| format!("tuning {}", a.trace.display()))?;
+        .with_context(|| format!("tuning {}", gpumem::trace::source_name(&a.trace)))?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -128,7 +128,7 @@ pub fn run(a: TuneArgs) -> Result<()> {
 fn print_report(a: &TuneArgs, r: &TuneReport, recorded: bool) {
     println!(
         "trace {}: peak requested {}; its own setting: {}{}",
-        a.trace.display(),
+        gpumem::trace::source_name(&a.trace),
         human_bytes(r.peak_requested_bytes),
         r.trace_setting,
         if recorded {

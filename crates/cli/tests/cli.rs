@@ -1247,3 +1247,24 @@ fn counts_of_one_are_singular() {
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_file(&jsonl);
 }
+
+/// New-user trial: standard input has one name, `standard input`, on success as in errors.
+#[test]
+fn standard_input_has_one_name() {
+    let good =
+        b"{\"action\":\"alloc\",\"addr\":1,\"size\":4096}\n{\"action\":\"free\",\"addr\":1}\n";
+    let (ok, out, err) = gpumem_stdin(&["replay", "-", "-a", "tlsf"], good);
+    assert!(ok, "{err}");
+    assert!(
+        err.starts_with("read standard input (JsonLines, 2 events"),
+        "{err}"
+    );
+    assert!(out.starts_with("trace standard input: 2 events"), "{out}");
+    let (ok, _, err) = gpumem_stdin(&["replay", "-"], b"{\"action\":\"free\",\"addr\":1}\n");
+    assert!(!ok);
+    assert!(
+        err.contains("standard input: line 1: free of address 1 (0x1)"),
+        "{err}"
+    );
+    assert!(!err.contains(" -:") && !err.contains("read -"), "{err}");
+}

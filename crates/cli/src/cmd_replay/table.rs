@@ -143,7 +143,7 @@ pub(super) fn print_table(j: &JsonOut, capacity: u64, capacity_given: bool) {
     let t = &j.trace;
     println!(
         "trace {}: {} ({}, {}), peak requested {}, largest request {}{}",
-        t.path,
+        gpumem::trace::source_name(std::path::Path::new(&t.path)),
         counted(t.events, "event"),
         counted(t.alloc_events, "alloc"),
         counted(t.free_events, "free"),

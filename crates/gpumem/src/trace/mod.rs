@@ -393,8 +393,25 @@ pub struct ReadConfig {
     pub keep_frames: bool,
 }
 
+/// The name messages give the trace at `path`: `standard input` for `-` (what [`read_path`]
+/// reads then), the path otherwise.
+///
+/// ```
+/// use gpumem::trace::source_name;
+/// use std::path::Path;
+/// assert_eq!(source_name(Path::new("-")), "standard input");
+/// assert_eq!(source_name(Path::new("a/t.jsonl")), "a/t.jsonl");
+/// ```
+pub fn source_name(path: &std::path::Path) -> String {
+    if path.as_os_str() == "-" {
+        "standard input".to_string()
+    } else {
+        path.display().to_string()
+    }
+}
+
 /// Reads a trace file, detecting the format (and gzip) from the content; `-` reads standard
-/// input.
+/// input (messages call it [`source_name`]'s `standard input`).
 ///
 /// The first bytes are looked at before the rest is read (see [`detect::read_sniffed`]), so
 /// a file that is not a trace is refused at once whatever its size. The whole trace is then
@@ -404,12 +421,11 @@ pub struct ReadConfig {
 /// # Errors
 /// [`TraceError::Io`] when the file cannot be read; otherwise as [`read_bytes`].
 pub fn read_path(path: &std::path::Path, options: ReadConfig) -> Result<Trace, TraceError> {
+    let name = source_name(path);
     if path.as_os_str() == "-" {
-        let name = "standard input";
-        let sniffed = detect::sniff(name, std::io::stdin().lock(), None)?;
-        return read_detected(name, sniffed, options);
+        let sniffed = detect::sniff(&name, std::io::stdin().lock(), None)?;
+        return read_detected(&name, sniffed, options);
     }
-    let name = path.display().to_string();
     let io = |source| TraceError::Io {
         path: name.clone(),
         source,
