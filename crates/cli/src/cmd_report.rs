@@ -32,10 +32,12 @@ pub struct ReportArgs {
 #[derive(Args)]
 pub struct ReplayOptions {
     /// Capacity of the simulated device (e.g. 80GiB, 141GB).
-    #[arg(long, value_parser = parse_size)]
+    // A negative-looking size reaches parse_size, which says why it is refused.
+    #[arg(long, value_parser = parse_size, allow_hyphen_values = true)]
     pub capacity: Option<u64>,
     /// Segment size for the buddy, tlsf and best-fit pools.
-    #[arg(long, value_parser = parse_size, default_value = "256MiB")]
+    // A negative-looking size reaches parse_size, which says why it is refused.
+    #[arg(long, value_parser = parse_size, allow_hyphen_values = true, default_value = "256MiB")]
     pub segment_size: u64,
     /// Device ordinal of the trace to show (default: the first with events).
     #[arg(long)]

@@ -18,7 +18,8 @@ pub struct TuneArgs {
     /// The device capacity to fit in (e.g. 80GiB): the table counts the OOMs at that size,
     /// and the garbage_collection_threshold settings are tried too, with the capacity as
     /// their memory limit (as `torch.cuda.set_per_process_memory_fraction` would set it).
-    #[arg(long, value_parser = parse_size)]
+    // A negative-looking size reaches parse_size, which says why it is refused.
+    #[arg(long, value_parser = parse_size, allow_hyphen_values = true)]
     pub capacity: Option<u64>,
     /// Print one JSON object instead of a table.
     #[arg(long)]

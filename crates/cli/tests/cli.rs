@@ -1268,3 +1268,32 @@ fn standard_input_has_one_name() {
     );
     assert!(!err.contains(" -:") && !err.contains("read -"), "{err}");
 }
+
+/// New-user trial: a negative size reaches the size parser, which says what it expected
+/// (clap called `-1` an unexpected argument).
+#[test]
+fn a_negative_size_is_refused_as_one() {
+    let trace = "traces/mixed_sizes.pickle.gz";
+    for args in [
+        &["replay", trace, "--capacity", "-1"][..],
+        &["replay", trace, "--capacity", "-1GiB"],
+        &["replay", trace, "--segment-size", "-5"],
+        &["tune", trace, "--capacity", "-1"],
+        &["report", trace, "--capacity", "-1"],
+    ] {
+        let (ok, _, err) = gpumem(args);
+        assert!(!ok, "{args:?}");
+        assert!(
+            err.contains("`: expected a size ≥ 0, such as 8GiB"),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("unexpected argument"), "{args:?}: {err}");
+    }
+    // A flag where a size was expected is named as the value it is.
+    let (ok, _, err) = gpumem(&["replay", trace, "--capacity", "--json"]);
+    assert!(!ok);
+    assert!(
+        err.contains("invalid value '--json' for '--capacity <CAPACITY>'"),
+        "{err}"
+    );
+}
