@@ -17,7 +17,7 @@ use gpumem::trace::{self, ReadConfig};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
-use crate::units::{human_bytes, parse_size};
+use crate::units::{counted, human_bytes, parse_size};
 
 mod table;
 mod timeline;
@@ -38,7 +38,8 @@ pub struct ReplayArgs {
     /// KB/MB/GB/TB decimal, a bare number is bytes; default: the H200's 139.8 GiB as
     /// cuMemGetInfo reports it); allocations that still do not fit after the pool released
     /// its cache count as OOMs and are dropped (with their frees), and the replay goes on.
-    #[arg(long, value_parser = parse_size)]
+    // A negative-looking size reaches parse_size, which says why it is refused.
+    #[arg(long, value_parser = parse_size, allow_hyphen_values = true)]
     pub capacity: Option<u64>,
     /// Also find, per allocator, the smallest simulated capacity that completes the trace
     /// with no failed allocation, and the smallest from which every larger one does.
@@ -46,7 +47,8 @@ pub struct ReplayArgs {
     pub min_capacity: bool,
     /// Segment size for the buddy, tlsf and best-fit pools (each segment is one cuMemAlloc,
     /// sub-allocated by the strategy, like a pre-allocated pool).
-    #[arg(long, value_parser = parse_size, default_value = "256MiB")]
+    // A negative-looking size reaches parse_size, which says why it is refused.
+    #[arg(long, value_parser = parse_size, allow_hyphen_values = true, default_value = "256MiB")]
     pub segment_size: u64,
     /// Print one JSON object instead of a table.
     #[arg(long)]
@@ -472,7 +474,7 @@ fn run_allocator(
             .with_context(|| {
                 format!(
                     "replaying {} with {name} on device {d}",
-                    sh.trace_path.display()
+                    trace::source_name(sh.trace_path)
                 )
             })?;
         checks.extend(recording.as_ref().and_then(SimDevice::recorded_check));
@@ -635,10 +637,10 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     let show_progress = !a.json && std::io::stderr().is_terminal();
     if !a.json {
         eprintln!(
-            "read {} ({:?}, {} events, {:.2} s){}",
-            a.trace.display(),
+            "read {} ({:?}, {}, {:.2} s){}",
+            trace::source_name(&a.trace),
             trace.format.unwrap_or(trace::Format::JsonLines),
-            trace.events.len(),
+            counted(trace.events.len() as u64, "event"),
             read_seconds,
             if trace.skipped_count > 0 {
                 format!(
