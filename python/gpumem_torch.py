@@ -24,7 +24,8 @@ stream semantics, the default; pool: gpumem's DevicePool), reserve, release_thre
 max_cached_block, shard_cache, segment (sizes such as 256MiB or 4GiB), page_cache_pages
 (a whole number), placement (paged-lazy: segments, the default, or pages), headroom
 (paged-lazy pages: a fraction such as 0.02), max_handle and map_ahead (paged-lazy pages:
-sizes), backend (cuda, or sim for tests without a GPU), sim_capacity.
+sizes), grow_ahead (paged-lazy segments: a fraction from 0 to 1 of the bytes held that each
+growth maps beyond the request, such as 0.0156), backend (cuda, or sim for tests without a GPU), sim_capacity.
 """
 
 import contextlib
@@ -58,6 +59,7 @@ KEYS = (
     "headroom",
     "max_handle",
     "map_ahead",
+    "grow_ahead",
     "backend",
     "sim_capacity",
 )
@@ -107,14 +109,16 @@ def check_conf(conf):
             raise ValueError(f"gpumem conf: bad value {value!r} for 'placement' (expected segments or pages)")
         if key == "backend" and value not in ("cuda", "sim"):
             raise ValueError(f"gpumem conf: bad value {value!r} for 'backend' (expected cuda or sim)")
-        if key == "headroom":
+        for fkey, top, example in (("headroom", 10.0, "0.02"), ("grow_ahead", 1.0, "0.0156")):
+            if key != fkey:
+                continue
             try:
-                ok = 0.0 <= float(value) <= 10.0
+                ok = 0.0 <= float(value) <= top
             except ValueError:
                 ok = False
             if not ok:
-                raise ValueError(f"gpumem conf: bad value {value!r} for 'headroom' "
-                                 f"(expected a fraction from 0 to 10, such as 0.02)")
+                raise ValueError(f"gpumem conf: bad value {value!r} for {fkey!r} "
+                                 f"(expected a fraction from 0 to {top:g}, such as {example})")
         if key == "page_cache_pages" and not value.isdigit():
             raise ValueError(f"gpumem conf: bad value {value!r} for 'page_cache_pages' "
                              f"(expected a whole number)")

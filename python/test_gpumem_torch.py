@@ -34,6 +34,7 @@ class ConfChecks(unittest.TestCase):
         self.assertEqual(g.check_conf({"strategy": "torch", "reserve": 0}), "strategy=torch,reserve=0")
         g.check_conf(" release_threshold = none , page_cache_pages=8, segment=1.5GB, backend=sim,")
         g.check_conf("strategy=paged-lazy,headroom=0.02,max_handle=64MiB,map_ahead=0")
+        g.check_conf("grow_ahead=0.0156")
 
     def test_bad_keys_and_values_are_named(self):
         for conf, words in [
@@ -46,6 +47,7 @@ class ConfChecks(unittest.TestCase):
             ("segment=0", ["'segment'"]),
             ("headroom=2%", ["'2%'", "'headroom'", "0.02"]),
             ("headroom=-1", ["'-1'", "'headroom'"]),
+            ("grow_ahead=2", ["'2'", "'grow_ahead'", "from 0 to 1"]),
             ("max_handle=big", ["'big'", "'max_handle'"]),
             ("oops", ["'oops' is not key=value"]),
         ]:

@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """Refit the simulated device's driver-cost model to real replays on the H200.
 
-usage: fit-cost-model.py REPLAY_JSONL [--basis BIN] [--out DATA_JSON] [--allocators A,B,..]
+usage: fit-cost-model.py REPLAY_JSONL... [--basis BIN] [--out DATA_JSON] [--allocators A,B,..]
 
 REPLAY_JSONL is the replay.jsonl that `scripts/gpu-check.sh run replay` writes on the device
-(`gpumem replay T --device cuda --canary --allocator all --json`, one line per trace). For
+(`gpumem replay T --device cuda --canary --allocator all --json`, one line per trace), or
+the lazy.jsonl of `run lazy` (paged-lazy under other --lazy-conf settings); several files are
+joined. For
 every single-device trace in it and every allocator named (default paged, paged-lazy, torch),
 the same trace is replayed here on the simulated device by the `cost_basis` example
-(`cargo build --release --example cost_basis`), which prints per call kind the number of
+(`cargo build --release --example cost_basis`; a `paged-lazy` replay with the settings its
+report echoes in `lazy_conf`), which prints per call kind the number of
 calls, the sum of their isolated costs (`sim::h200_call_points`, interpolated) and the sum of
 isolated cost x mappings live at the call. The counts must equal the real ones, kind by kind
 (else the replay is left out, and said so).
@@ -29,6 +32,8 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGE_TABLE = ["create", "map", "set_access", "unmap", "release"]
+# `lazy_conf` as a replay report echoes paged-lazy's defaults (before grow_ahead existed).
+DEFAULT_LAZY = "placement=segments,headroom=0,max_handle=1073741824,map_ahead=1073741824"
 
 
 def find_trace(name):
@@ -39,13 +44,14 @@ def find_trace(name):
     return None
 
 
-def basis(binary, path, allocator):
+def basis(binary, path, allocator, lazy_conf):
     if not os.path.exists(binary):
         sys.exit(f"{binary} not found: build it with `cargo build --release --example "
                  "cost_basis` or pass --basis")
-    out = subprocess.run([binary, path, allocator], capture_output=True, text=True)
+    cmd = [binary, path, allocator] + ([lazy_conf] if lazy_conf else [])
+    out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
-        sys.exit(f"{binary} {path} {allocator} failed:\n{out.stderr}")
+        sys.exit(f"{' '.join(cmd)} failed:\n{out.stderr}")
     return json.loads(out.stdout)["sim"]
 
 
@@ -75,32 +81,18 @@ def fit(rows):
     return min(cands, key=loss)
 
 
-def main():
-    ap = argparse.ArgumentParser(
-        description=__doc__.split("\n")[1],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("replay_jsonl",
-                    help="replay.jsonl of `scripts/gpu-check.sh run replay` on a GPU machine: "
-                    "one JSON object per line with keys trace, rc and report (the output of "
-                    "`gpumem replay T --device cuda --allocator all --json`)")
-    target_dir = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
-    ap.add_argument("--basis", default=os.path.join(target_dir, "release/examples/cost_basis"),
-                    help="the cost_basis example binary")
-    ap.add_argument("--out", help="write the cost_model test's data here")
-    ap.add_argument("--allocators", default="paged,paged-lazy,torch",
-                    help="allocators of the replays to fit, comma-separated")
-    args = ap.parse_args()
-    wanted = args.allocators.split(",")
+def read_replays(src, wanted, basis_bin):
+    """The replays of one replay.jsonl / lazy.jsonl joined with their simulated basis."""
     replays = []
     try:
-        with open(args.replay_jsonl, "rb") as f:
+        with open(src, "rb") as f:
             raw = f.read().split(b"\n")
     except OSError as e:
-        sys.exit(f"{args.replay_jsonl}: {e.strerror}")
+        sys.exit(f"{src}: {e.strerror}")
     for n, line in enumerate(raw, 1):
         if not line.strip():
             continue
-        where = f"{args.replay_jsonl}: line {n}"
+        where = f"{src}: line {n}"
         try:
             d = json.loads(line.decode("utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -123,17 +115,44 @@ def main():
                 continue
             real_calls = {k: v for k, v in a["driver_calls"].items() if v}
             real_secs = {k: a["driver_seconds"][k] for k in real_calls}
-            sim = basis(args.basis, path, a["name"])
+            lazy = a.get("lazy_conf") if a["name"] == "paged-lazy" else None
+            sim = basis(basis_bin, path, a["name"], lazy)
             counts = {k: v["calls"] for k, v in sim.items()}
             if counts != real_calls:
-                print(f"{d['trace']} / {a['name']}: simulated calls {counts} differ from "
+                print(f"{src}: {d['trace']} / {a['name']}: simulated calls {counts} differ from "
                       f"the real {real_calls}, left out", file=sys.stderr)
                 continue
-            replays.append({"trace": d["trace"].split(".")[0], "allocator": a["name"],
+            label = a["name"]
+            if lazy and lazy.removesuffix(",grow_ahead=0") != DEFAULT_LAZY:
+                label += f" ({lazy})"
+            replays.append({"trace": d["trace"].split(".")[0], "allocator": label,
                             "real_seconds": real_secs, "real_calls": real_calls,
                             "sim": sim})
+    return replays
+
+
+def main():
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n")[1],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("replay_jsonl", nargs="+",
+                    help="replay.jsonl (or lazy.jsonl) of `scripts/gpu-check.sh run replay` "
+                    "(or `run lazy`) on a GPU machine: one JSON object per line with keys "
+                    "trace, rc and report (the output of `gpumem replay T --device cuda "
+                    "--allocator all --json`)")
+    target_dir = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
+    ap.add_argument("--basis", default=os.path.join(target_dir, "release/examples/cost_basis"),
+                    help="the cost_basis example binary")
+    ap.add_argument("--out", help="write the cost_model test's data here")
+    ap.add_argument("--allocators", default="paged,paged-lazy,torch",
+                    help="allocators of the replays to fit, comma-separated")
+    args = ap.parse_args()
+    wanted = args.allocators.split(",")
+    replays = []
+    for src in args.replay_jsonl:
+        replays += read_replays(src, wanted, args.basis)
     if not replays:
-        sys.exit(f"{args.replay_jsonl}: no replay to fit (none of {args.allocators} replayed a "
+        sys.exit(f"{', '.join(args.replay_jsonl)}: no replay to fit (none of {args.allocators} replayed a "
                  "single-device trace of traces/ with rc 0)")
     factors = {}
     for k in PAGE_TABLE:
@@ -159,9 +178,11 @@ def main():
     print(f"\nmean |ln(model / real)| {sum(logs) / len(logs):.3f} over {len(logs)} replays, "
           f"worst factor {math.exp(max(logs)):.2f}")
     if args.out:
-        about = ("Real driver seconds per call kind of `gpumem replay T --device cuda --canary "
-                 "--allocator all` on the lent H200 (driver 580, CUDA 13.0), 2026-12-01 03:31 "
-                 "UTC (scripts/gpu-check.sh run info baselines replay, replay.jsonl), for "
+        about = ("Real driver seconds per call kind of `gpumem replay T --device cuda --canary` "
+                 "on the lent H200 (driver 580, CUDA 13.0), from "
+                 f"{', '.join(os.path.basename(p) for p in args.replay_jsonl)} of "
+                 "scripts/gpu-check.sh (`run replay`: --allocator all; `run lazy`: paged-lazy "
+                 "under the --lazy-conf its label names), for "
                  f"{', '.join(wanted)}. `sim` holds, for the same replay on the simulated device "
                  "(the counts per kind equal the real ones), per call kind: the number of calls, "
                  "the sum of their isolated costs (h200_isolated_call_seconds) and the sum of "

@@ -14,6 +14,10 @@
 #   scripts/gpu-check.sh run [GROUP...]   (on the device machine, from the repository root)
 #       GROUPs (default: all, in this order): info baselines tests bench pinned replay multigpu — e.g.
 #       `run replay` in a second device call when one call's 10 minutes are not enough.
+#       Group `lazy` runs only when named: every shipped single-device trace replayed with
+#       --device cuda --canary --allocator paged-lazy,torch under --lazy-conf placement=pages
+#       and grow_ahead=0.0156, into lazy.jsonl (the input of scripts/fit-cost-model.py, with
+#       replay.jsonl).
 #       Group `torch` runs only when named, in a call of its own (`run torch`, ~7 min):
 #       scripts/torch-compare.py with libgpumem_torch.so as PyTorch's allocator (smoke check,
 #       1,000-step soak, native vs expandable_segments vs gpumem paged-lazy on four workloads); its
@@ -122,7 +126,7 @@ for line in open(sys.argv[1]):
   cargo build --release -p gpumem-torch || die "cargo build -p gpumem-torch failed"
   mkdir -p "$CARRY/torch" || die "cannot create $CARRY/torch"
   strip -o "$CARRY/torch/libgpumem_torch.so" "$target/release/libgpumem_torch.so" || die "strip libgpumem_torch.so failed"
-  cp python/gpumem_torch.py scripts/torch-compare.py "$CARRY/torch/" || die "cannot copy the plug-in's Python files"
+  cp python/gpumem_torch.py scripts/torch-compare.py scripts/gpt2_workload.py "$CARRY/torch/" || die "cannot copy the plug-in's Python files"
   # The baseline programs (scripts/baselines/) are built by nvcc on the device machine.
   echo "== carry/ holds $(du -sh "$CARRY" | cut -f1):"
   find "$CARRY" -type f | sort | sed 's/^/   /'
@@ -198,17 +202,20 @@ multigpu_json() {
   return "$rc"
 }
 
-# replay_one TRACE LIMIT_S: one canary replay under its own time limit, so that a line with
-# its exit status (124: timed out) lands in replay.jsonl even when it is cut short.
+# replay_one TRACE LIMIT_S [OUT ALLOCATORS LAZY_CONF]: one canary replay under its own time
+# limit, so that a line with its exit status (124: timed out) lands in OUT (default
+# replay.jsonl; ALLOCATORS default all, LAZY_CONF default none) even when it is cut short.
 replay_one() {
-  local trace=$1 limit=$2
+  local trace=$1 limit=$2 out=${3:-$OUTDIR/replay.jsonl} allocators=${4:-all} lazy=${5:-}
   local tmp
   tmp=$(mktemp)
-  timeout --kill-after=10 "$limit" "$CARRY/gpumem" replay "$trace" --device cuda --canary --allocator all --json >"$tmp"
+  local extra=()
+  [ -n "$lazy" ] && extra=(--lazy-conf "$lazy")
+  timeout --kill-after=10 "$limit" "$CARRY/gpumem" replay "$trace" --device cuda --canary --allocator "$allocators" "${extra[@]}" --json >"$tmp"
   local rc=$?
-  printf '{"trace": "%s", "rc": %d, "report": ' "$(basename "$trace")" "$rc" >>"$OUTDIR/replay.jsonl"
-  if [ -s "$tmp" ]; then tr -d '\n' <"$tmp" >>"$OUTDIR/replay.jsonl"; else printf 'null' >>"$OUTDIR/replay.jsonl"; fi
-  printf '}\n' >>"$OUTDIR/replay.jsonl"
+  printf '{"trace": "%s", "rc": %d, "lazy_conf": "%s", "report": ' "$(basename "$trace")" "$rc" "$lazy" >>"$out"
+  if [ -s "$tmp" ]; then tr -d '\n' <"$tmp" >>"$out"; else printf 'null' >>"$out"; fi
+  printf '}\n' >>"$out"
   # A damaged canary means two live blocks overlapped: a failure even if the replay ended.
   if grep -Eq '"canary_errors": *[1-9]' "$tmp"; then
     echo "canary errors in $(basename "$trace")"
@@ -231,7 +238,7 @@ run() {
   GROUPS_WANTED=("$@")
   local g
   for g in "${GROUPS_WANTED[@]}"; do
-    case "$g" in info | baselines | anchors | tests | bench | pinned | replay | torch | multigpu) ;; *) echo "unknown step group: $g" >&2; exit 2 ;; esac
+    case "$g" in info | baselines | anchors | tests | bench | pinned | replay | lazy | torch | multigpu) ;; *) echo "unknown step group: $g" >&2; exit 2 ;; esac
   done
   export CARRY OUTDIR
   export -f json_to replay_one multigpu_json
@@ -344,6 +351,22 @@ PY
   done < <(find "$CARRY/traces" \( -name '*.pickle.gz' -o -name '*.jsonl' -o -name '*.csv' \) -printf '%s %p\n' |
     sort -n | cut -d' ' -f2-)
   BUDGET=$full_budget
+
+  # 5b. `lazy` (only when named): paged-lazy's other settings against torch on every shipped
+  #     single-device trace, with canaries, into lazy.jsonl: the page placement (which unmaps
+  #     and remaps idle handles with few mappings live: data for the cost model's unmap and
+  #     release factors, scripts/fit-cost-model.py) and grow_ahead=0.0156 (the call-first
+  #     setting of the default placement).
+  if [ "${#GROUPS_WANTED[@]}" -gt 0 ] && want lazy; then
+    : >"$OUTDIR/lazy.jsonl"
+    local conf
+    for conf in placement=pages grow_ahead=0.0156; do
+      while IFS= read -r tr; do
+        step "lazy $conf $(basename "$tr")" $((rlimit + 20)) replay_one "$tr" "$rlimit" "$OUTDIR/lazy.jsonl" paged-lazy,torch "$conf"
+      done < <(find "$CARRY/traces" -path '*multigpu*' -prune -o -name '*.pickle.gz' -printf '%s %p\n' |
+        sort -n | cut -d' ' -f2-)
+    done
+  fi
 
   # 6. two devices: peer copies, peer bandwidth, a multi-device trace on both GPUs. Figures
   #    and checks go to replay.jsonl (lines with a "step" key; the device tool brings back 8
@@ -461,7 +484,7 @@ case "${1:-}" in
     ;;
   *)
     echo "usage: scripts/gpu-check.sh build   # here: release CLI + GPU test binaries into carry/" >&2
-    echo "       scripts/gpu-check.sh run [GROUP...]  # on the device machine; GROUPs: info baselines tests bench pinned replay multigpu (default all), torch (only when named)" >&2
+    echo "       scripts/gpu-check.sh run [GROUP...]  # on the device machine; GROUPs: info baselines tests bench pinned replay multigpu (default all), lazy and torch (only when named)" >&2
     exit 2
     ;;
 esac

@@ -30,6 +30,8 @@ import time
 
 import torch
 
+import gpt2_workload  # beside this script (scripts/gpt2_workload.py)
+
 dev = torch.device("cuda")
 
 
@@ -122,16 +124,8 @@ def llama_accum():
 
 
 def gpt2_eval():
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    cfg = GPT2Config(n_layer=12, n_embd=768, n_head=12, n_positions=1024)
-    model = GPT2LMHeadModel(cfg).to(dev)
-
-    def batch():
-        ids = torch.randint(0, cfg.vocab_size, (8, 512), device=dev)
-        return {"input_ids": ids, "labels": ids}
-
-    adamw_steps(model, batch, 16)
+    cfg, model = gpt2_workload.model(dev)
+    adamw_steps(model, lambda: gpt2_workload.batch(torch, cfg, 8, 512, dev), 16)
     model.eval()
     with torch.no_grad():
         for _ in range(4):

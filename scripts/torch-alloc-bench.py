@@ -33,6 +33,8 @@ import subprocess
 import sys
 import time
 
+import gpt2_workload  # beside this script (scripts/gpt2_workload.py)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -139,21 +141,9 @@ def child_step(a):
     torch, stats = setup(a)
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cudnn.deterministic = True
-    from transformers import GPT2Config, GPT2LMHeadModel
     dev = torch.device("cuda")
     torch.manual_seed(0)
-    cfg = GPT2Config(n_layer=12, n_embd=768, n_head=12, n_positions=1024)
-    model = GPT2LMHeadModel(cfg).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-    def step(bs, seq):
-        ids = torch.randint(0, cfg.vocab_size, (bs, seq), device=dev)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
+    *_, step = gpt2_workload.trainer(torch, dev)
 
     def prof_state():
         if stats is None:

@@ -41,6 +41,8 @@ import subprocess
 import sys
 import time
 
+import gpt2_workload  # beside this script (scripts/gpt2_workload.py; gpu-check.sh carries it)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKLOADS = ("resnet50", "gpt2", "bert", "churn")
 GPUMEM_CONFIGS = {"paged": "strategy=paged", "lazy": "strategy=paged-lazy", "torch": "strategy=torch"}
@@ -153,23 +155,10 @@ def build(torch, name, n_steps):
             return loss
         return step, (model, opt)
     if name in ("gpt2", "soak"):
-        from transformers import GPT2Config, GPT2LMHeadModel
-        if name == "gpt2":
-            cfg = GPT2Config(n_layer=12, n_embd=768, n_head=12, n_positions=1024)
-        else:
-            cfg = GPT2Config(n_layer=2, n_embd=256, n_head=4, n_positions=256, vocab_size=8192)
-        model = GPT2LMHeadModel(cfg).to(dev)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        _, model, opt, train = gpt2_workload.trainer(torch, dev, "small" if name == "gpt2" else "tiny")
 
         def step(i):
-            bs, seq = shapes[i]
-            ids = torch.randint(0, cfg.vocab_size, (bs, seq), device=dev)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            return loss
+            return train(*shapes[i])
         return step, (model, opt)
     if name == "bert":
         from transformers import BertConfig, BertForSequenceClassification

@@ -18,7 +18,8 @@ are checked against the torch emulation of the same replay:
          second-half events)
   time   modelled driver seconds ≤ 2 × torch's
 Prints one line per trace (targets met out of N, and the figures of each copy) and the
-totals; --json prints the figures instead.
+totals; --json prints the figures instead. Exit status 1 when any copy misses a target
+(with --json: 0 once the figures are printed).
 """
 import argparse
 import concurrent.futures as cf
@@ -48,7 +49,8 @@ def perturb(src, dst, seed):
 
 
 def replay(gpumem, path, allocator, lazy_conf):
-    cmd = [gpumem, "replay", path, "--allocator", f"{allocator},torch", "--json"]
+    # --no-plan: only ratio, calls and time are read; the planned layout would cost a thread.
+    cmd = [gpumem, "replay", path, "--allocator", f"{allocator},torch", "--json", "--no-plan"]
     if lazy_conf:
         cmd += ["--lazy-conf", lazy_conf]
     out = subprocess.run(cmd, capture_output=True, text=True)
@@ -95,13 +97,22 @@ def main():
     )
     if not os.path.exists(a.gpumem):
         sys.exit(f"{a.gpumem} not found: build it with `cargo build --release` or pass --gpumem")
+    if a.variants < 1:
+        sys.exit(f"--variants {a.variants}: expected at least 1 (the original)")
     with tempfile.TemporaryDirectory() as tmp:
         jobs = []
+        names = set()
         for t in traces:
             name = os.path.basename(t).split(".")[0]
+            stem, k = name, 2
+            while name in names:  # two traces with one stem stay two rows
+                name, k = f"{stem}#{k}", k + 1
+            names.add(name)
             base = os.path.join(tmp, name + ".jsonl")
-            subprocess.run([a.gpumem, "convert", t, "-o", base], check=True,
-                           capture_output=True)
+            out = subprocess.run([a.gpumem, "convert", t, "-o", base], capture_output=True,
+                                 text=True)
+            if out.returncode != 0:
+                sys.exit(f"{t}: gpumem convert failed:\n{out.stderr.strip()}")
             for v in range(a.variants):
                 path = base
                 if v > 0:
@@ -141,6 +152,8 @@ def main():
                if f["ratio"] <= 1.02 and f["calls"] <= f["calls_limit"] and f["time"] <= 2.0)
     print(f"met: ratio {met['ratio']}/{n}, calls {met['calls']}/{n}, time {met['time']}/{n}; "
           f"all three on {all3}/{n} copies")
+    if all3 < n:
+        sys.exit(1)
 
 if __name__ == "__main__":
     main()

@@ -10,7 +10,7 @@ use std::hash::Hasher;
 use gpumem::core::config::AllocatorConfig;
 use gpumem::core::registry;
 use gpumem::core::sim::SimDevice;
-use gpumem::core::{Allocator, Device, DeviceError, DriverCounters, PhysHandle};
+use gpumem::core::{forward_device, Allocator, Device, DeviceError, PhysHandle};
 use gpumem::replay::{self, ReplayConfig};
 use gpumem::trace::{read_path, ReadConfig};
 
@@ -49,63 +49,53 @@ impl Logged {
     }
 }
 
-impl Device for Logged {
-    fn capacity_bytes(&self) -> u64 {
-        self.inner.capacity_bytes()
-    }
-    fn granularity_bytes(&self) -> u64 {
-        self.inner.granularity_bytes()
-    }
-    fn used_bytes(&self) -> u64 {
-        self.inner.used_bytes()
-    }
-    fn counters(&self) -> DriverCounters {
-        self.inner.counters()
-    }
-    fn alloc_segment(&mut self, bytes: u64) -> Result<u64, DeviceError> {
-        let r = self.inner.alloc_segment(bytes);
-        self.log(0, &[bytes], &r);
-        r
-    }
-    fn free_segment(&mut self, addr: u64) -> Result<(), DeviceError> {
-        let r = self.inner.free_segment(addr);
-        self.log(1, &[addr], &r);
-        r
-    }
-    fn reserve_va(&mut self, bytes: u64) -> Result<u64, DeviceError> {
-        let r = self.inner.reserve_va(bytes);
-        self.log(2, &[bytes], &r);
-        r
-    }
-    fn free_va(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
-        let r = self.inner.free_va(va, bytes);
-        self.log(3, &[va, bytes], &r);
-        r
-    }
-    fn create_physical(&mut self, bytes: u64) -> Result<PhysHandle, DeviceError> {
-        let r = self.inner.create_physical(bytes);
-        self.log(4, &[bytes], &r);
-        r
-    }
-    fn release_physical(&mut self, handle: PhysHandle) -> Result<(), DeviceError> {
-        let r = self.inner.release_physical(handle);
-        self.log(5, &[handle.0], &r);
-        r
-    }
-    fn map(&mut self, va: u64, bytes: u64, handle: PhysHandle) -> Result<(), DeviceError> {
-        let r = self.inner.map(va, bytes, handle);
-        self.log(6, &[va, bytes, handle.0], &r);
-        r
-    }
-    fn set_access(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
-        let r = self.inner.set_access(va, bytes);
-        self.log(7, &[va, bytes], &r);
-        r
-    }
-    fn unmap(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
-        let r = self.inner.unmap(va, bytes);
-        self.log(8, &[va, bytes], &r);
-        r
+forward_device! {
+    impl Device for Logged => inner {
+        fn alloc_segment(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+            let r = self.inner.alloc_segment(bytes);
+            self.log(0, &[bytes], &r);
+            r
+        }
+        fn free_segment(&mut self, addr: u64) -> Result<(), DeviceError> {
+            let r = self.inner.free_segment(addr);
+            self.log(1, &[addr], &r);
+            r
+        }
+        fn reserve_va(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+            let r = self.inner.reserve_va(bytes);
+            self.log(2, &[bytes], &r);
+            r
+        }
+        fn free_va(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
+            let r = self.inner.free_va(va, bytes);
+            self.log(3, &[va, bytes], &r);
+            r
+        }
+        fn create_physical(&mut self, bytes: u64) -> Result<PhysHandle, DeviceError> {
+            let r = self.inner.create_physical(bytes);
+            self.log(4, &[bytes], &r);
+            r
+        }
+        fn release_physical(&mut self, handle: PhysHandle) -> Result<(), DeviceError> {
+            let r = self.inner.release_physical(handle);
+            self.log(5, &[handle.0], &r);
+            r
+        }
+        fn map(&mut self, va: u64, bytes: u64, handle: PhysHandle) -> Result<(), DeviceError> {
+            let r = self.inner.map(va, bytes, handle);
+            self.log(6, &[va, bytes, handle.0], &r);
+            r
+        }
+        fn set_access(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
+            let r = self.inner.set_access(va, bytes);
+            self.log(7, &[va, bytes], &r);
+            r
+        }
+        fn unmap(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
+            let r = self.inner.unmap(va, bytes);
+            self.log(8, &[va, bytes], &r);
+            r
+        }
     }
 }
 

@@ -30,14 +30,14 @@ pub fn print_state(path: &std::path::Path, trace: &Trace, json: bool) -> Result<
                 }))?
             );
         } else {
-            println!("{}: {explanation}", path.display());
+            println!("{}: {explanation}", gpumem::trace::source_name(path));
         }
         return Ok(());
     }
     if trace.segments.is_empty() {
         bail!(
             "{}: the file is a valid trace but holds no alloc/free events and no segments: nothing to replay or analyse",
-            path.display()
+            gpumem::trace::source_name(path)
         );
     }
     let a = analyze(&trace.segments);
@@ -54,7 +54,7 @@ pub fn print_state(path: &std::path::Path, trace: &Trace, json: bool) -> Result<
     let t = &a.totals;
     println!(
         "{}: no alloc/free events to replay; state of the {} segments the snapshot recorded:",
-        path.display(),
+        gpumem::trace::source_name(path),
         t.segments
     );
     println!(

@@ -48,7 +48,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         if trace.segments.is_empty() {
             bail!(
                 "{}: nothing to convert: no alloc/free events and no segments{}",
-                a.trace.display(),
+                trace::source_name(&a.trace),
                 if trace.format == Some(trace::Format::TorchSnapshot) {
                     format!(" ({})", crate::cmd_analyze::HOW_TO_RECORD)
                 } else {
@@ -63,7 +63,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         if from_state == 0 {
             bail!(
                 "{}: the snapshot holds {} segments but no allocated block and no trace: nothing to replay (`gpumem replay` shows the segments' state)",
-                a.trace.display(),
+                trace::source_name(&a.trace),
                 trace.segments.len()
             );
         }
@@ -94,9 +94,9 @@ pub fn run(a: ConvertArgs) -> Result<()> {
             tmp.persist(out)
                 .with_context(|| format!("writing {}", out.display()))?;
             eprintln!(
-                "wrote {} events and {} pre-existing blocks to {}{}{note}",
-                trace.events.len(),
-                trace.preexisting.len(),
+                "wrote {} and {} to {}{}{note}",
+                crate::units::counted(trace.events.len() as u64, "event"),
+                crate::units::counted(trace.preexisting.len() as u64, "pre-existing block"),
                 out.display(),
                 if trace.skipped_count > 0 {
                     format!(

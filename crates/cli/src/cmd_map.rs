@@ -75,7 +75,7 @@ pub fn run(a: MapArgs) -> Result<()> {
             Some(m) => m.clone(),
             None => bail!(
                 "{}: the trace recorded no segments (only PyTorch snapshots do)",
-                a.trace.display()
+                gpumem::trace::source_name(&a.trace)
             ),
         }
     } else {

@@ -17,7 +17,7 @@ use gpumem::trace::{self, ReadConfig};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
-use crate::units::{human_bytes, parse_size};
+use crate::units::{counted, human_bytes, parse_size};
 
 mod table;
 mod timeline;
@@ -38,7 +38,8 @@ pub struct ReplayArgs {
     /// KB/MB/GB/TB decimal, a bare number is bytes; default: the H200's 139.8 GiB as
     /// cuMemGetInfo reports it); allocations that still do not fit after the pool released
     /// its cache count as OOMs and are dropped (with their frees), and the replay goes on.
-    #[arg(long, value_parser = parse_size)]
+    // A negative-looking size reaches parse_size, which says why it is refused.
+    #[arg(long, value_parser = parse_size, allow_hyphen_values = true)]
     pub capacity: Option<u64>,
     /// Also find, per allocator, the smallest simulated capacity that completes the trace
     /// with no failed allocation, and the smallest from which every larger one does.
@@ -46,7 +47,8 @@ pub struct ReplayArgs {
     pub min_capacity: bool,
     /// Segment size for the buddy, tlsf and best-fit pools (each segment is one cuMemAlloc,
     /// sub-allocated by the strategy, like a pre-allocated pool).
-    #[arg(long, value_parser = parse_size, default_value = "256MiB")]
+    // A negative-looking size reaches parse_size, which says why it is refused.
+    #[arg(long, value_parser = parse_size, allow_hyphen_values = true, default_value = "256MiB")]
     pub segment_size: u64,
     /// Print one JSON object instead of a table.
     #[arg(long)]
@@ -73,12 +75,20 @@ pub struct ReplayArgs {
     /// The settings of the `paged-lazy` strategy, as `key=value` pairs separated by commas
     /// (the plug-in's `GPUMEM_CONF` keys): `placement` (`segments`: PyTorch's expandable
     /// segments with one physical handle per growth, the default; `pages`: gpumem's page
-    /// placement, which the other keys tune), `headroom` (fraction of the peak of allocated bytes it
-    /// may hold above that peak before it moves idle pages instead of creating them; 0),
-    /// `max_handle` (largest physical handle; 1GiB), `map_ahead` (bytes mapped ahead of a
-    /// block below the headroom; 1GiB). E.g. `placement=pages,headroom=0.02`.
+    /// placement). For `segments`: `grow_ahead` (fraction of the bytes held that each growth
+    /// maps beyond the request, 0 to 1 in steps of 0.0001: fewer driver calls for a higher
+    /// peak; 0). For `pages`: `headroom` (fraction of the peak of allocated bytes it may hold
+    /// above that peak before it moves idle pages instead of creating them, 0 to 10 in steps
+    /// of 0.0001; 0), `max_handle` (largest physical handle, rounded down to whole pages;
+    /// 1GiB), `map_ahead` (bytes mapped ahead of a block below the headroom; 1GiB). A key
+    /// given twice is refused. E.g. `grow_ahead=0.0156`, `placement=pages,headroom=0.02`.
     #[arg(long, value_name = "CONF")]
     pub lazy_conf: Option<String>,
+    /// Skip the planned layout (the whole trace known in advance), otherwise worked out in a
+    /// thread beside the replays: the table and `--json` (`planned_layout_skipped`) say it
+    /// was skipped. For scripts that read only the allocators' figures.
+    #[arg(long)]
+    pub no_plan: bool,
 }
 
 /// Parses `--lazy-conf` onto the defaults.
@@ -129,6 +139,9 @@ struct JsonPlanned {
     /// Which order of placement gave it: `size` (largest first) or `lifetime`.
     order: gpumem::plan::PlanOrder,
 }
+
+/// `trace.planned_layout_skipped` under `--no-plan`.
+const NO_PLAN: &str = "not asked for: --no-plan";
 
 /// The planned layout of every device of the trace, or why it was skipped.
 fn planned_layouts(
@@ -201,8 +214,9 @@ struct JsonAllocator {
     /// `torch`: the PYTORCH_CUDA_ALLOC_CONF emulated (`native` for the defaults).
     #[serde(skip_serializing_if = "Option::is_none")]
     torch_conf: Option<String>,
-    /// `paged-lazy`: its settings (`placement=…,headroom=…,max_handle=…,map_ahead=…`, sizes in
-    /// bytes; `headroom`, `max_handle` and `map_ahead` act with `placement=pages` only).
+    /// `paged-lazy`: its settings (`placement=…,headroom=…,max_handle=…,map_ahead=…,grow_ahead=…`,
+    /// sizes in bytes; `headroom`, `max_handle` and `map_ahead` act with `placement=pages`
+    /// only, `grow_ahead` with `placement=segments` only).
     #[serde(skip_serializing_if = "Option::is_none")]
     lazy_conf: Option<String>,
     /// `torch` on the simulated device with the recorded run's setting: its cudaMalloc /
@@ -460,7 +474,7 @@ fn run_allocator(
             .with_context(|| {
                 format!(
                     "replaying {} with {name} on device {d}",
-                    sh.trace_path.display()
+                    trace::source_name(sh.trace_path)
                 )
             })?;
         checks.extend(recording.as_ref().and_then(SimDevice::recorded_check));
@@ -575,6 +589,16 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         .collect();
     warnings.extend(capacity_warnings(a.capacity, &summaries));
     if let Some(text) = &a.lazy_conf {
+        if config.lazy.placement == LazyPlacement::Pages
+            && text
+                .split(',')
+                .filter_map(|item| item.split_once('=').map(|(k, _)| k.trim()))
+                .any(|k| k == "grow_ahead")
+        {
+            warnings.push(
+                "--lazy-conf: grow_ahead tunes placement=segments (the default) only; with placement=pages it has no effect (map_ahead is its counterpart there)".to_string(),
+            );
+        }
         if config.lazy.placement == LazyPlacement::Segments {
             let ignored: Vec<&str> = text
                 .split(',')
@@ -613,10 +637,10 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     let show_progress = !a.json && std::io::stderr().is_terminal();
     if !a.json {
         eprintln!(
-            "read {} ({:?}, {} events, {:.2} s){}",
-            a.trace.display(),
+            "read {} ({:?}, {}, {:.2} s){}",
+            trace::source_name(&a.trace),
             trace.format.unwrap_or(trace::Format::JsonLines),
-            trace.events.len(),
+            counted(trace.events.len() as u64, "event"),
             read_seconds,
             if trace.skipped_count > 0 {
                 format!(
@@ -634,12 +658,17 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         }
         if names.contains(&"paged-lazy") {
             let l = config.lazy;
-            let source = if a.lazy_conf.is_some() {
+            let source = if a.lazy_conf.as_deref().is_some_and(|t| !t.trim().is_empty()) {
                 "--lazy-conf"
             } else {
                 "defaults"
             };
             match l.placement {
+                LazyPlacement::Segments if l.grow_ahead_bp > 0 => eprintln!(
+                    "paged-lazy: placement=segments,grow_ahead={} (PyTorch's expandable segments, one handle per growth, each growth {}% of the bytes held beyond the request) ({source})",
+                    f64::from(l.grow_ahead_bp) / 10_000.0,
+                    f64::from(l.grow_ahead_bp) / 100.0,
+                ),
                 LazyPlacement::Segments => eprintln!(
                     "paged-lazy: placement=segments (PyTorch's expandable segments, one handle per growth) ({source})"
                 ),
@@ -691,9 +720,10 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     // On the simulated device the allocators replay side by side, one thread each (the
     // capacity probes of one allocator run in order in its thread). On a real GPU they run
     // one after the other: concurrent pools would share the driver and cuMemGetInfo.
-    // The planned layout is worked out beside the replays, in a thread of its own.
+    // The planned layout is worked out beside the replays, in a thread of its own (none
+    // with --no-plan).
     let (runs, (planned_layout, planned_layout_skipped)) = std::thread::scope(|outer| {
-        let planner = outer.spawn(|| planned_layouts(&trace, &summaries));
+        let planner = (!a.no_plan).then(|| outer.spawn(|| planned_layouts(&trace, &summaries)));
         let runs: Vec<Result<AllocatorRun>> = if matches!(target, Target::Sim) && names.len() > 1 {
             std::thread::scope(|sc| {
                 let handles: Vec<_> = names
@@ -720,9 +750,12 @@ pub fn run(a: ReplayArgs) -> Result<()> {
                 .map(|&n| run_allocator(&shared, n, &progress))
                 .collect()
         };
-        let planned = planner
-            .join()
-            .unwrap_or_else(|_| (Vec::new(), Some("the planner panicked".into())));
+        let planned = match planner {
+            Some(p) => p
+                .join()
+                .unwrap_or_else(|_| (Vec::new(), Some("the planner panicked".into()))),
+            None => (Vec::new(), Some(NO_PLAN.into())),
+        };
         (runs, planned)
     });
     pb.finish_and_clear();
@@ -738,11 +771,12 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         if r.name == "paged-lazy" {
             let l = config.lazy;
             ja.lazy_conf = Some(format!(
-                "placement={},headroom={},max_handle={},map_ahead={}",
+                "placement={},headroom={},max_handle={},map_ahead={},grow_ahead={}",
                 l.placement.name(),
                 f64::from(l.headroom_bp) / 10_000.0,
                 l.handle_bytes,
-                l.ahead_bytes
+                l.ahead_bytes,
+                f64::from(l.grow_ahead_bp) / 10_000.0,
             ));
         }
         ja.simulated_peak_reserved_bytes = r.simulated_peak_reserved_bytes;

@@ -32,10 +32,12 @@ pub struct ReportArgs {
 #[derive(Args)]
 pub struct ReplayOptions {
     /// Capacity of the simulated device (e.g. 80GiB, 141GB).
-    #[arg(long, value_parser = parse_size)]
+    // A negative-looking size reaches parse_size, which says why it is refused.
+    #[arg(long, value_parser = parse_size, allow_hyphen_values = true)]
     pub capacity: Option<u64>,
     /// Segment size for the buddy, tlsf and best-fit pools.
-    #[arg(long, value_parser = parse_size, default_value = "256MiB")]
+    // A negative-looking size reaches parse_size, which says why it is refused.
+    #[arg(long, value_parser = parse_size, allow_hyphen_values = true, default_value = "256MiB")]
     pub segment_size: u64,
     /// Device ordinal of the trace to show (default: the first with events).
     #[arg(long)]
@@ -76,9 +78,9 @@ pub fn build(
     )?;
     if !quiet {
         eprintln!(
-            "read {} ({} events, {:.2} s)",
-            path.display(),
-            trace.events.len(),
+            "read {} ({}, {:.2} s)",
+            gpumem::trace::source_name(path),
+            crate::units::counted(trace.events.len() as u64, "event"),
             started.elapsed().as_secs_f64()
         );
     }
@@ -94,12 +96,22 @@ pub fn build(
         ..ReportConfig::default()
     };
     let started = Instant::now();
-    let mut r = report::build(&trace, &path.display().to_string(), &cfg, &mut |name| {
-        if !quiet {
-            eprintln!("  replaying with {name}");
-        }
-    })
-    .with_context(|| format!("building the report of {}", path.display()))?;
+    let mut r = report::build(
+        &trace,
+        &gpumem::trace::source_name(path),
+        &cfg,
+        &mut |name| {
+            if !quiet {
+                eprintln!("  replaying with {name}");
+            }
+        },
+    )
+    .with_context(|| {
+        format!(
+            "building the report of {}",
+            gpumem::trace::source_name(path)
+        )
+    })?;
     r.recorded = report::recorded_figures(path);
     if !quiet {
         eprintln!(
@@ -118,10 +130,10 @@ pub fn run(a: ReportArgs) -> Result<()> {
     let html = report::html::render(&r);
     std::fs::write(&a.output, &html).with_context(|| format!("writing {}", a.output.display()))?;
     eprintln!(
-        "wrote {} ({}): {} events, {} allocator{}",
+        "wrote {} ({}): {}, {} allocator{}",
         a.output.display(),
         human_bytes(html.len() as u64),
-        r.events(),
+        crate::units::counted(r.events(), "event"),
         r.runs.len(),
         if r.runs.len() == 1 { "" } else { "s" }
     );

@@ -18,7 +18,8 @@ pub struct TuneArgs {
     /// The device capacity to fit in (e.g. 80GiB): the table counts the OOMs at that size,
     /// and the garbage_collection_threshold settings are tried too, with the capacity as
     /// their memory limit (as `torch.cuda.set_per_process_memory_fraction` would set it).
-    #[arg(long, value_parser = parse_size)]
+    // A negative-looking size reaches parse_size, which says why it is refused.
+    #[arg(long, value_parser = parse_size, allow_hyphen_values = true)]
     pub capacity: Option<u64>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
@@ -116,7 +117,7 @@ pub fn run(a: TuneArgs) -> Result<()> {
     )?;
     let own = recorded_conf(&trace)?;
     let report = tune::tune(&trace, own, a.capacity, a.device, a.threads)
-        .with_context(|| format!("tuning {}", a.trace.display()))?;
+        .with_context(|| format!("tuning {}", gpumem::trace::source_name(&a.trace)))?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -128,7 +129,7 @@ pub fn run(a: TuneArgs) -> Result<()> {
 fn print_report(a: &TuneArgs, r: &TuneReport, recorded: bool) {
     println!(
         "trace {}: peak requested {}; its own setting: {}{}",
-        a.trace.display(),
+        gpumem::trace::source_name(&a.trace),
         human_bytes(r.peak_requested_bytes),
         r.trace_setting,
         if recorded {

@@ -987,6 +987,12 @@ fn lazy_conf_notes_page_keys_that_segments_ignore() {
     let (plain, plain_err) = run("");
     let (headroom, headroom_err) = run("headroom=0.02,map_ahead=0");
     let (_, pages_err) = run("placement=pages,headroom=0.02");
+    let (_, grow_pages_err) = run("placement=pages,grow_ahead=0.01");
+    assert!(
+        grow_pages_err.contains("grow_ahead tunes placement=segments"),
+        "{grow_pages_err}"
+    );
+    assert!(!pages_err.contains("grow_ahead"), "{pages_err}");
     assert!(!plain_err.contains("placement=pages only"), "{plain_err}");
     assert!(!pages_err.contains("placement=pages only"), "{pages_err}");
     let note: Vec<&str> = headroom_err
@@ -1028,11 +1034,11 @@ fn lazy_conf_sets_the_paged_lazy_trade_and_names_bad_items() {
     let small = run("placement=pages,max_handle=2MiB,map_ahead=0");
     assert_eq!(
         default["lazy_conf"],
-        "placement=segments,headroom=0,max_handle=1073741824,map_ahead=1073741824"
+        "placement=segments,headroom=0,max_handle=1073741824,map_ahead=1073741824,grow_ahead=0"
     );
     assert_eq!(
         small["lazy_conf"],
-        "placement=pages,headroom=0,max_handle=2097152,map_ahead=0"
+        "placement=pages,headroom=0,max_handle=2097152,map_ahead=0,grow_ahead=0"
     );
     // The two placements are different allocators: not the same peak and calls.
     assert_ne!(
@@ -1047,14 +1053,32 @@ fn lazy_conf_sets_the_paged_lazy_trade_and_names_bad_items() {
         small["driver_calls_total"].as_u64() > pages["driver_calls_total"].as_u64(),
         "{small} vs {pages}"
     );
+    // Growing ahead by 10 % of the bytes held: fewer growths (calls) for a higher peak.
+    let grow = run("grow_ahead=0.1");
+    assert_eq!(
+        grow["lazy_conf"],
+        "placement=segments,headroom=0,max_handle=1073741824,map_ahead=1073741824,grow_ahead=0.1"
+    );
+    assert!(
+        grow["driver_calls_total"].as_u64() < default["driver_calls_total"].as_u64(),
+        "{grow} vs {default}"
+    );
+    assert!(
+        grow["peak_reserved_bytes"].as_u64() > default["peak_reserved_bytes"].as_u64(),
+        "{grow} vs {default}"
+    );
     for (bad, words) in [
         ("headroom=2%", ["`2%`", "`headroom`"]),
         (
             "colour=red",
-            ["`colour`", "placement, headroom, max_handle or map_ahead"],
+            [
+                "`colour`",
+                "placement, headroom, max_handle, map_ahead or grow_ahead",
+            ],
         ),
         ("max_handle=0", ["max_handle", "above 0"]),
         ("placement=torch", ["`placement`", "segments or pages"]),
+        ("grow_ahead=2", ["`grow_ahead`", "from 0 to 1"]),
     ] {
         let (ok, _, err) = replay(bad);
         assert!(!ok, "{bad} accepted");
@@ -1097,5 +1121,179 @@ fn replay_reports_the_planned_layout_of_the_trace() {
         out.contains("planned layout (the whole trace known in advance, no block ever moved): 3.00 KiB (1.024)"),
         "{out}"
     );
+    // --no-plan: no layout, the JSON and the table say it was skipped and why, and the
+    // allocators' figures are those of the run with the plan.
+    let (ok, with_plan, err) = gpumem(&["replay", p, "-a", "tlsf", "--json"]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = gpumem(&["replay", p, "-a", "tlsf", "--json", "--no-plan"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["trace"]["planned_layout"], serde_json::json!([]));
+    assert_eq!(
+        v["trace"]["planned_layout_skipped"],
+        "not asked for: --no-plan"
+    );
+    let w: serde_json::Value = serde_json::from_str(&with_plan).unwrap();
+    assert!(
+        w["trace"].get("planned_layout_skipped").is_none(),
+        "{with_plan}"
+    );
+    for key in [
+        "peak_reserved_bytes",
+        "reserved_over_requested",
+        "driver_calls",
+        "steady_state_driver_calls",
+        "modelled_driver_seconds",
+    ] {
+        assert_eq!(v["allocators"][0][key], w["allocators"][0][key], "{key}");
+    }
+    let (ok, out, err) = gpumem(&["replay", p, "-a", "tlsf", "--no-plan"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("planned layout: skipped (not asked for: --no-plan)"),
+        "{out}"
+    );
+    assert!(!out.contains("3.00 KiB (1.024)"), "{out}");
     std::fs::remove_file(&path).ok();
+}
+
+/// The res/req cell of each allocator's row of a replay table (cells are right-aligned under
+/// their header).
+fn res_req_cells(table: &str) -> Vec<(String, String)> {
+    let mut lines = table.lines().skip_while(|l| !l.starts_with("allocator"));
+    let header: Vec<char> = lines.next().unwrap().chars().collect();
+    let h: String = header.iter().collect();
+    let end = h[..h.find("res/req").unwrap()].chars().count() + "res/req".len();
+    lines
+        // The rows end at a blank line or the lines printed under them.
+        .take_while(|l| {
+            !l.trim().is_empty() && !l.starts_with("planned layout") && !l.starts_with("PyTorch")
+        })
+        .map(|l| {
+            let row: Vec<char> = l.chars().collect();
+            let upto: String = row[..end.min(row.len())].iter().collect();
+            let name = upto.split_whitespace().next().unwrap().to_string();
+            (name, upto.split_whitespace().last().unwrap().to_string())
+        })
+        .collect()
+}
+
+/// New-user trial: with no byte requested (zero-byte requests only, or a capacity under which
+/// every allocation fails) there is no res/req: the table shows `-` (marked † where
+/// allocations failed), `--json` keeps 0; with bytes served the ratio is at least 1.
+#[test]
+fn res_req_is_a_dash_when_nothing_was_requested() {
+    let path = jsonl_trace(
+        "zero-size",
+        &[
+            r#"{"action":"alloc","addr":1,"size":0}"#.to_string(),
+            r#"{"action":"alloc","addr":2,"size":0}"#.to_string(),
+            r#"{"action":"free","addr":1}"#.to_string(),
+        ],
+    );
+    let p = path.to_str().unwrap();
+    let (ok, out, err) = gpumem(&["replay", p]);
+    assert!(ok, "{err}");
+    let cells = res_req_cells(&out);
+    assert_eq!(cells.len(), 6, "{out}");
+    for (name, cell) in &cells {
+        assert_eq!(cell, "-", "{name}: {out}");
+    }
+    assert!(out.contains("no block ever moved): 1.00 KiB (-)"), "{out}");
+    let (ok, out, err) = gpumem(&["replay", p, "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for a in v["allocators"].as_array().unwrap() {
+        assert_eq!(a["peak_requested_served_bytes"], 0, "{a}");
+        assert_eq!(a["reserved_over_requested"].as_f64(), Some(0.0), "{a}");
+    }
+    let _ = std::fs::remove_file(&path);
+    // Every allocation fails: `-†`, not 0.000†.
+    let trace = "traces/mixed_sizes.pickle.gz";
+    let (ok, out, err) = gpumem(&["replay", trace, "-a", "torch,paged", "--capacity", "5"]);
+    assert!(ok, "{err}");
+    let cells = res_req_cells(&out);
+    assert_eq!(cells.len(), 2, "{out}");
+    for (name, cell) in &cells {
+        assert_eq!(cell, "-†", "{name}: {out}");
+    }
+    // Some served: a ratio of at least 1, marked.
+    let (ok, out, err) = gpumem(&["replay", trace, "-a", "torch", "--capacity", "3GiB"]);
+    assert!(ok, "{err}");
+    let (_, cell) = &res_req_cells(&out)[0];
+    let r: f64 = cell.trim_end_matches('†').parse().unwrap();
+    assert!(r >= 1.0 && cell.ends_with('†'), "{cell}: {out}");
+}
+
+/// New-user trial: counts of one are singular ("1 event (1 alloc, 0 frees)").
+#[test]
+fn counts_of_one_are_singular() {
+    let path = jsonl_trace(
+        "one-event",
+        &[r#"{"action":"alloc","addr":1,"size":4096}"#.to_string()],
+    );
+    let p = path.to_str().unwrap();
+    let (ok, out, err) = gpumem(&["replay", p, "-a", "tlsf"]);
+    assert!(ok, "{err}");
+    assert!(out.contains(": 1 event (1 alloc, 0 frees), peak"), "{out}");
+    assert!(err.contains("(JsonLines, 1 event, "), "{err}");
+    let jsonl = std::env::temp_dir().join(format!("gpumem-one-out-{}.jsonl", std::process::id()));
+    let (ok, _, err) = gpumem(&["convert", p, "-o", jsonl.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("wrote 1 event and 0 pre-existing blocks to"),
+        "{err}"
+    );
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(&jsonl);
+}
+
+/// New-user trial: standard input has one name, `standard input`, on success as in errors.
+#[test]
+fn standard_input_has_one_name() {
+    let good =
+        b"{\"action\":\"alloc\",\"addr\":1,\"size\":4096}\n{\"action\":\"free\",\"addr\":1}\n";
+    let (ok, out, err) = gpumem_stdin(&["replay", "-", "-a", "tlsf"], good);
+    assert!(ok, "{err}");
+    assert!(
+        err.starts_with("read standard input (JsonLines, 2 events"),
+        "{err}"
+    );
+    assert!(out.starts_with("trace standard input: 2 events"), "{out}");
+    let (ok, _, err) = gpumem_stdin(&["replay", "-"], b"{\"action\":\"free\",\"addr\":1}\n");
+    assert!(!ok);
+    assert!(
+        err.contains("standard input: line 1: free of address 1 (0x1)"),
+        "{err}"
+    );
+    assert!(!err.contains(" -:") && !err.contains("read -"), "{err}");
+}
+
+/// New-user trial: a negative size reaches the size parser, which says what it expected
+/// (clap called `-1` an unexpected argument).
+#[test]
+fn a_negative_size_is_refused_as_one() {
+    let trace = "traces/mixed_sizes.pickle.gz";
+    for args in [
+        &["replay", trace, "--capacity", "-1"][..],
+        &["replay", trace, "--capacity", "-1GiB"],
+        &["replay", trace, "--segment-size", "-5"],
+        &["tune", trace, "--capacity", "-1"],
+        &["report", trace, "--capacity", "-1"],
+    ] {
+        let (ok, _, err) = gpumem(args);
+        assert!(!ok, "{args:?}");
+        assert!(
+            err.contains("`: expected a size ≥ 0, such as 8GiB"),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("unexpected argument"), "{args:?}: {err}");
+    }
+    // A flag where a size was expected is named as the value it is.
+    let (ok, _, err) = gpumem(&["replay", trace, "--capacity", "--json"]);
+    assert!(!ok);
+    assert!(
+        err.contains("invalid value '--json' for '--capacity <CAPACITY>'"),
+        "{err}"
+    );
 }

@@ -250,3 +250,204 @@ pub trait Device: Send {
         ))
     }
 }
+
+/// Implements [`Device`] for an adaptor (a device that wraps another in one of its fields),
+/// forwarding every method to that field except the ones written out, so that a method added
+/// to [`Device`] needs one edit here rather than one in every adaptor. Used by
+/// [`crate::Capped`], [`crate::Tracked`] and the adaptors of the other crates.
+///
+/// The methods written out are ordinary [`Device`] methods (attributes and doc comments
+/// allowed); the impl header takes plain generic parameters with one bound each.
+///
+/// ```
+/// use gpumem_core::sim::SimDevice;
+/// use gpumem_core::{forward_device, Device, DeviceError};
+///
+/// /// Counts the segments allocated through it; everything else goes to `inner` as is.
+/// struct Counting<D> {
+///     inner: D,
+///     segments: u64,
+/// }
+///
+/// forward_device! {
+///     impl<D: Device> Device for Counting<D> => inner {
+///         fn alloc_segment(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+///             self.segments += 1;
+///             self.inner.alloc_segment(bytes)
+///         }
+///     }
+/// }
+///
+/// let mut d = Counting { inner: SimDevice::new(1 << 30), segments: 0 };
+/// let a = d.alloc_segment(2 << 20)?;
+/// d.free_segment(a)?;
+/// assert_eq!((d.segments, d.capacity_bytes(), d.used_bytes()), (1, 1 << 30, 0));
+/// # Ok::<(), DeviceError>(())
+/// ```
+///
+/// Adding a method to [`Device`]: add its forwarding rule and its line to the list below it
+/// (the two lists of this macro), and the method to the conformance test of
+/// [`crate::adaptor`].
+#[macro_export]
+macro_rules! forward_device {
+    (
+        impl $(<$($g:ident : $bound:path),+ $(,)?>)? Device for $ty:ty => $field:ident {
+            $(
+                $(#[$attr:meta])*
+                fn $name:ident ($($args:tt)*) $(-> $ret:ty)? $body:block
+            )*
+        }
+    ) => {
+        const _: () = {
+            // A method written out matches its own rule first and is not forwarded.
+            macro_rules! __forward_unless_written {
+                $( ($name) => {}; )*
+                (capacity_bytes) => {
+                    fn capacity_bytes(&self) -> u64 {
+                        $crate::Device::capacity_bytes(&self.$field)
+                    }
+                };
+                (granularity_bytes) => {
+                    fn granularity_bytes(&self) -> u64 {
+                        $crate::Device::granularity_bytes(&self.$field)
+                    }
+                };
+                (used_bytes) => {
+                    fn used_bytes(&self) -> u64 {
+                        $crate::Device::used_bytes(&self.$field)
+                    }
+                };
+                (counters) => {
+                    fn counters(&self) -> $crate::DriverCounters {
+                        $crate::Device::counters(&self.$field)
+                    }
+                };
+                (alloc_segment) => {
+                    fn alloc_segment(
+                        &mut self,
+                        bytes: u64,
+                    ) -> ::core::result::Result<u64, $crate::DeviceError> {
+                        $crate::Device::alloc_segment(&mut self.$field, bytes)
+                    }
+                };
+                (free_segment) => {
+                    fn free_segment(
+                        &mut self,
+                        addr: u64,
+                    ) -> ::core::result::Result<(), $crate::DeviceError> {
+                        $crate::Device::free_segment(&mut self.$field, addr)
+                    }
+                };
+                (reserve_va) => {
+                    fn reserve_va(
+                        &mut self,
+                        bytes: u64,
+                    ) -> ::core::result::Result<u64, $crate::DeviceError> {
+                        $crate::Device::reserve_va(&mut self.$field, bytes)
+                    }
+                };
+                (free_va) => {
+                    fn free_va(
+                        &mut self,
+                        va: u64,
+                        bytes: u64,
+                    ) -> ::core::result::Result<(), $crate::DeviceError> {
+                        $crate::Device::free_va(&mut self.$field, va, bytes)
+                    }
+                };
+                (create_physical) => {
+                    fn create_physical(
+                        &mut self,
+                        bytes: u64,
+                    ) -> ::core::result::Result<$crate::PhysHandle, $crate::DeviceError> {
+                        $crate::Device::create_physical(&mut self.$field, bytes)
+                    }
+                };
+                (release_physical) => {
+                    fn release_physical(
+                        &mut self,
+                        handle: $crate::PhysHandle,
+                    ) -> ::core::result::Result<(), $crate::DeviceError> {
+                        $crate::Device::release_physical(&mut self.$field, handle)
+                    }
+                };
+                (map) => {
+                    fn map(
+                        &mut self,
+                        va: u64,
+                        bytes: u64,
+                        handle: $crate::PhysHandle,
+                    ) -> ::core::result::Result<(), $crate::DeviceError> {
+                        $crate::Device::map(&mut self.$field, va, bytes, handle)
+                    }
+                };
+                (set_access) => {
+                    fn set_access(
+                        &mut self,
+                        va: u64,
+                        bytes: u64,
+                    ) -> ::core::result::Result<(), $crate::DeviceError> {
+                        $crate::Device::set_access(&mut self.$field, va, bytes)
+                    }
+                };
+                (unmap) => {
+                    fn unmap(
+                        &mut self,
+                        va: u64,
+                        bytes: u64,
+                    ) -> ::core::result::Result<(), $crate::DeviceError> {
+                        $crate::Device::unmap(&mut self.$field, va, bytes)
+                    }
+                };
+                (driver_used_bytes) => {
+                    fn driver_used_bytes(&mut self) -> ::core::option::Option<u64> {
+                        $crate::Device::driver_used_bytes(&mut self.$field)
+                    }
+                };
+                (fill_pattern) => {
+                    fn fill_pattern(
+                        &mut self,
+                        addr: u64,
+                        bytes: u64,
+                        pattern: u32,
+                    ) -> ::core::result::Result<(), $crate::DeviceError> {
+                        $crate::Device::fill_pattern(&mut self.$field, addr, bytes, pattern)
+                    }
+                };
+                (check_pattern) => {
+                    fn check_pattern(
+                        &mut self,
+                        addr: u64,
+                        bytes: u64,
+                        pattern: u32,
+                    ) -> ::core::result::Result<bool, $crate::DeviceError> {
+                        $crate::Device::check_pattern(&mut self.$field, addr, bytes, pattern)
+                    }
+                };
+            }
+
+            impl $(<$($g: $bound),+>)? $crate::Device for $ty {
+                $(
+                    $(#[$attr])*
+                    fn $name($($args)*) $(-> $ret)? $body
+                )*
+                __forward_unless_written!(capacity_bytes);
+                __forward_unless_written!(granularity_bytes);
+                __forward_unless_written!(used_bytes);
+                __forward_unless_written!(counters);
+                __forward_unless_written!(alloc_segment);
+                __forward_unless_written!(free_segment);
+                __forward_unless_written!(reserve_va);
+                __forward_unless_written!(free_va);
+                __forward_unless_written!(create_physical);
+                __forward_unless_written!(release_physical);
+                __forward_unless_written!(map);
+                __forward_unless_written!(set_access);
+                __forward_unless_written!(unmap);
+                __forward_unless_written!(driver_used_bytes);
+                __forward_unless_written!(fill_pattern);
+                __forward_unless_written!(check_pattern);
+            }
+        };
+    };
+}

@@ -388,7 +388,8 @@ fn pool_op() -> impl Strategy<Value = PoolOp> {
 }
 
 /// Device and settings of the pool tests: a 64 MiB device, 8 MiB segments. Besides the
-/// registry's names, `paged-lazy:pages` is `paged-lazy` with `placement=pages` and
+/// registry's names, `paged-lazy:pages` is `paged-lazy` with `placement=pages`,
+/// `paged-lazy:grow` the default placement with `grow_ahead=0.25`, and
 /// `torch:expandable` the torch emulation under `expandable_segments:True` (page by page,
 /// as PyTorch maps and unmaps; like PyTorch it keeps the range of a segment whose first
 /// mapping failed, which [`drain_pool`] accepts once the pool has shown it still owns it;
@@ -406,6 +407,12 @@ fn pool_setup(name: &str) -> (SimDevice, Box<dyn Allocator>) {
         "torch:expandable" => {
             config.torch.expandable_segments = true;
             "torch"
+        }
+        "paged-lazy:grow" => {
+            // Every growth maps 25 % of the bytes held beyond the request: often more than
+            // the 64 MiB device has left, so the fallback to what the request needs runs.
+            config.lazy.grow_ahead_bp = 2_500;
+            "paged-lazy"
         }
         n => n,
     };
@@ -753,6 +760,7 @@ for_every_pool! {
     paged_pool => "paged",
     paged_lazy_pool => "paged-lazy",
     paged_lazy_pages_pool => "paged-lazy:pages",
+    paged_lazy_grow_pool => "paged-lazy:grow",
     torch_pool => "torch",
     torch_expandable_pool => "torch:expandable",
 }

@@ -1,15 +1,23 @@
 //! The `paged-lazy` strategy's settings as `key=value` items, read the same way by
 //! `gpumem replay --lazy-conf` and the PyTorch plug-in's `GPUMEM_CONF`
 //! ([`gpumem_core::config::LazyConfig`]).
+use crate::conf_items::{items, ItemError};
 use gpumem_core::config::{LazyConfig, LazyPlacement};
 
 /// The keys [`apply`] knows.
-pub const KEYS: [&str; 4] = ["placement", "headroom", "max_handle", "map_ahead"];
+pub const KEYS: [&str; 5] = [
+    "placement",
+    "headroom",
+    "max_handle",
+    "map_ahead",
+    "grow_ahead",
+];
 
 /// Applies one item to `c`: `placement` (`segments` or `pages`), `headroom` (a fraction of
 /// the peak of allocated bytes, 0 to 10, e.g. `0.02`), `max_handle` (a size above 0, rounded
 /// down to whole pages, at least one page), `map_ahead` (a size; sizes as
-/// [`crate::units::parse_size`] reads them). Returns `Ok(false)` (and changes nothing) for a key that is not one of [`KEYS`].
+/// [`crate::units::parse_size`] reads them), `grow_ahead` (a fraction of the bytes held, 0 to 1,
+/// e.g. `0.0156`; placement `segments` only). Returns `Ok(false)` (and changes nothing) for a key that is not one of [`KEYS`].
 ///
 /// # Errors
 /// What was expected, for a bad value of a known key (`c` unchanged).
@@ -30,7 +38,11 @@ pub fn apply(c: &mut LazyConfig, key: &str, value: &str) -> Result<bool, String>
                 .ok()
                 .filter(|f| (0.0..=10.0).contains(f))
                 .ok_or("expected a fraction from 0 to 10, such as 0.02")?;
-            c.headroom_bp = (f * 10_000.0).round() as u32;
+            let bp = (f * 10_000.0).round() as u32;
+            if bp == 0 && f > 0.0 {
+                return Err("expected 0 or at least 0.0001 (read in steps of 0.0001)".into());
+            }
+            c.headroom_bp = bp;
         }
         "max_handle" => {
             let v = crate::units::parse_size(value)?;
@@ -40,34 +52,42 @@ pub fn apply(c: &mut LazyConfig, key: &str, value: &str) -> Result<bool, String>
             c.handle_bytes = v;
         }
         "map_ahead" => c.ahead_bytes = crate::units::parse_size(value)?,
+        "grow_ahead" => {
+            let f: f64 = value
+                .parse()
+                .ok()
+                .filter(|f| (0.0..=1.0).contains(f))
+                .ok_or("expected a fraction from 0 to 1, such as 0.0156")?;
+            let bp = (f * 10_000.0).round() as u32;
+            if bp == 0 && f > 0.0 {
+                return Err("expected 0 or at least 0.0001 (read in steps of 0.0001)".into());
+            }
+            c.grow_ahead_bp = bp;
+        }
         _ => return Ok(false),
     }
     Ok(true)
 }
 
-/// Parses `key=value` items separated by commas (spaces around them ignored) onto the
-/// defaults, as `gpumem replay --lazy-conf` reads them.
+/// Parses `key=value` items separated by commas (spaces around them ignored; split by
+/// [`crate::conf_items::items`]) onto the defaults, as `gpumem replay --lazy-conf` reads them.
 ///
 /// # Errors
-/// The first bad item, what was wrong and what was expected: not `key=value`, an unknown key,
-/// or a bad value for a known key.
-pub fn parse(text: &str) -> Result<LazyConfig, String> {
+/// The first bad item ([`ItemError`]: what was wrong and what was expected): not
+/// `key=value`, an unknown key, a key given twice, or a bad value for a known key.
+pub fn parse(text: &str) -> Result<LazyConfig, ItemError> {
     let mut c = LazyConfig::default();
-    for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-        let Some((key, value)) = item.split_once('=') else {
-            return Err(format!(
-                "`{item}` is not key=value (keys: placement, headroom, max_handle, map_ahead)"
-            ));
-        };
-        let (key, value) = (key.trim(), value.trim());
-        match apply(&mut c, key, value) {
-            Ok(true) => {}
-            Ok(false) => {
-                return Err(format!(
-                    "unknown key `{key}` (expected placement, headroom, max_handle or map_ahead)"
-                ))
-            }
-            Err(why) => return Err(format!("bad value `{value}` for `{key}`: {why}")),
+    let mut seen: Vec<&str> = Vec::new();
+    for item in items(text, &KEYS) {
+        let (key, value) = item?;
+        if seen.contains(&key) {
+            return Err(ItemError::Repeated { key: key.into() });
+        }
+        seen.push(key);
+        let known =
+            apply(&mut c, key, value).map_err(|why| ItemError::bad_value(key, value, why))?;
+        if !known {
+            return Err(ItemError::unknown_key(key, &KEYS));
         }
     }
     Ok(c)
@@ -86,9 +106,15 @@ mod tests {
         assert_eq!(apply(&mut c, "headroom", "0.02"), Ok(true));
         assert_eq!(apply(&mut c, "max_handle", "64MiB"), Ok(true));
         assert_eq!(apply(&mut c, "map_ahead", "0"), Ok(true));
+        assert_eq!(apply(&mut c, "grow_ahead", "0.0156"), Ok(true));
         assert_eq!(
-            (c.headroom_bp, c.handle_bytes, c.ahead_bytes),
-            (200, 64 << 20, 0)
+            (
+                c.headroom_bp,
+                c.handle_bytes,
+                c.ahead_bytes,
+                c.grow_ahead_bp
+            ),
+            (200, 64 << 20, 0, 156)
         );
         let before = c;
         assert_eq!(apply(&mut c, "colour", "red"), Ok(false));
@@ -98,6 +124,10 @@ mod tests {
             ("headroom", "nan"),
             ("max_handle", "0"),
             ("map_ahead", "lots"),
+            ("grow_ahead", "1.5"),
+            ("grow_ahead", "-0.01"),
+            ("grow_ahead", "0.00001"),
+            ("headroom", "0.00004"),
             ("placement", "torch"),
         ] {
             assert!(apply(&mut c, k, v).is_err(), "{k}={v}");
@@ -110,13 +140,21 @@ mod tests {
         let c = parse(" placement=pages , headroom=0.02,,").unwrap();
         assert_eq!((c.placement, c.headroom_bp), (LazyPlacement::Pages, 200));
         assert_eq!(parse("").unwrap(), LazyConfig::default());
-        assert!(parse("pages")
-            .unwrap_err()
-            .contains("`pages` is not key=value"));
-        assert!(parse("colour=red")
-            .unwrap_err()
-            .contains("unknown key `colour`"));
-        let e = parse("headroom=2%").unwrap_err();
+        assert_eq!(
+            parse("pages").unwrap_err().to_string(),
+            "`pages` is not key=value (keys: placement, headroom, max_handle, map_ahead, grow_ahead)"
+        );
+        assert_eq!(
+            parse("colour=red").unwrap_err().to_string(),
+            "unknown key `colour` (expected placement, headroom, max_handle, map_ahead or grow_ahead)"
+        );
+        assert_eq!(
+            parse("grow_ahead=0.0156, grow_ahead=0.5")
+                .unwrap_err()
+                .to_string(),
+            "`grow_ahead` is given twice (give each key once)"
+        );
+        let e = parse("headroom=2%").unwrap_err().to_string();
         assert!(e.contains("bad value `2%` for `headroom`"), "{e}");
     }
 }

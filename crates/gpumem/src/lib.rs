@@ -12,6 +12,7 @@
 #![warn(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod conf_items;
 pub mod cuda;
 pub mod lazy_conf;
 pub mod pinned;

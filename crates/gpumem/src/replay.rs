@@ -20,7 +20,8 @@
 //!   `empty_cache()` does not reach a plug-in allocator).
 //!
 //! Figures: `requested` bytes are those of the blocks actually served, so
-//! [`ReplayReport::reserved_over_requested`] is never below 1 even when allocations failed;
+//! [`ReplayReport::reserved_over_requested`] is at least 1 even when allocations failed (and 0,
+//! no ratio, when no byte was served);
 //! events/s is events ÷ CPU seconds of the replaying thread (so replays run side by side on a
 //! busy machine measure the same), [`ReplayReport::seconds`] the wall time.
 use std::time::Instant;
@@ -112,8 +113,9 @@ pub struct ReplayReport {
     pub peak_allocated_bytes: u64,
     /// Highest requested bytes of the blocks that were actually served.
     pub peak_requested_bytes: u64,
-    /// `peak_reserved_bytes / peak_requested_bytes` (1.0 is perfect; never below 1 since
-    /// both count only served blocks). Equals peak reserved ÷ the trace's peak requested
+    /// `peak_reserved_bytes / peak_requested_bytes` (1.0 is perfect; at least 1 since both
+    /// count only served blocks), or 0 when `peak_requested_bytes` is 0 (zero-byte requests
+    /// only, or none served): no ratio. Equals peak reserved ÷ the trace's peak requested
     /// when every allocation was served.
     pub reserved_over_requested: f64,
     /// Highest external fragmentation `1 − largest_free / free` over the samples.

@@ -10,10 +10,17 @@ const BINARY_UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
 /// `4096`, `2g`; `_` may group digits.
 ///
 /// # Errors
-/// A message naming the text and what was expected: no number, an unknown unit, or a value
-/// past `u64`.
+/// A message naming the text and what was expected: a negative size, no number, an unknown
+/// unit, or a value past `u64`.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
+    if t.strip_prefix('-')
+        .is_some_and(|n| n.starts_with(|c: char| c.is_ascii_digit() || c == '.'))
+    {
+        return Err(format!(
+            "`{s}`: expected a size ≥ 0, such as 8GiB, 256MiB, 1.5GB or 4096"
+        ));
+    }
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_'))
         .unwrap_or(t.len());
@@ -166,6 +173,12 @@ mod tests {
         assert_eq!(parse_size("2g"), Ok(2 << 30));
         assert_eq!(parse_size("1_024"), Ok(1024));
         assert!(parse_size("12XB").unwrap_err().contains("unknown unit"));
+        assert!(parse_size("-1")
+            .unwrap_err()
+            .contains("expected a size ≥ 0"));
+        assert!(parse_size("-2GiB")
+            .unwrap_err()
+            .contains("expected a size ≥ 0"));
         assert!(parse_size("GiB").is_err());
         assert!(parse_size("99999999999TiB").is_err());
         // 2^64 as a fraction is past u64 (u64::MAX as f64 rounds up to it).

@@ -19,6 +19,7 @@
 //! | `headroom` | `paged-lazy` with `placement=pages` (no effect with `segments`): fraction of the peak of allocated bytes it may hold above that peak in idle pages before it moves pages instead of creating them (`0.02` = 2 %) | 0 |
 //! | `max_handle` | `paged-lazy` with `placement=pages` (no effect with `segments`): largest physical handle (runs of new pages are cut into powers of two of pages) | 1 GiB |
 //! | `map_ahead` | `paged-lazy` with `placement=pages` (no effect with `segments`): most bytes mapped ahead of a block while below the headroom | 1 GiB |
+//! | `grow_ahead` | `paged-lazy` with `placement=segments` (no effect with `pages`): fraction of the bytes held that each growth maps beyond the request, 0 to 1 (fewer driver calls for a higher peak; `0.0156` met issue 11's call target on every trace tried) | 0 |
 //! | `backend` | `cuda`, or `sim` (the simulated device: tests without a GPU) | `cuda` |
 //! | `sim_capacity` | capacity of the simulated device | 80 GiB |
 //!
@@ -30,12 +31,13 @@
 //! first one.
 #![forbid(unsafe_code)]
 
+use gpumem::conf_items::{items, ItemError};
 use gpumem::cuda::pool::PoolConfig;
 use gpumem_core::config::AllocatorConfig;
 use gpumem_core::registry;
 
 /// Keys `GPUMEM_CONF` accepts, in the order of the table above.
-pub const KEYS: [&str; 14] = [
+pub const KEYS: [&str; 15] = [
     "strategy",
     "mode",
     "reserve",
@@ -48,6 +50,7 @@ pub const KEYS: [&str; 14] = [
     "headroom",
     "max_handle",
     "map_ahead",
+    "grow_ahead",
     "backend",
     "sim_capacity",
 ];
@@ -100,48 +103,35 @@ impl Default for Conf {
     }
 }
 
-/// A setting that could not be used.
+/// A setting that could not be used: the item and what was wrong, worded as
+/// `gpumem replay --lazy-conf` words it ([`ItemError`]), then what the plug-in did instead
+/// (ignored the item, or kept the key's default).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ConfError {
-    /// A key the plug-in does not know.
-    #[error("GPUMEM_CONF: unknown key `{key}` (expected one of {}); ignored", KEYS.join(", "))]
-    UnknownKey {
-        /// The key as written.
-        key: String,
-    },
-    /// A known key with a value that does not parse.
-    #[error("GPUMEM_CONF: bad value `{value}` for `{key}`: {why}; the default is used")]
-    BadValue {
-        /// The key.
-        key: String,
-        /// The value as written.
-        value: String,
-        /// What was expected.
-        why: String,
-    },
-    /// An item without `=`.
-    #[error("GPUMEM_CONF: `{item}` is not key=value; ignored")]
-    Syntax {
-        /// The item as written.
-        item: String,
-    },
+#[error("GPUMEM_CONF: {0}; {fate}", fate = fate(&self.0))]
+pub struct ConfError(pub ItemError);
+
+/// What the lenient [`parse`] does with a bad item.
+fn fate(e: &ItemError) -> &'static str {
+    match e {
+        ItemError::BadValue { .. } => "the default is used",
+        ItemError::NotKeyValue { .. }
+        | ItemError::UnknownKey { .. }
+        | ItemError::Repeated { .. } => "ignored",
+    }
 }
 
 /// Parses `GPUMEM_CONF` leniently: returns the settings (defaults where an item was bad) and
-/// every item that was ignored, in order. Empty items (`a=1,,b=2`) are skipped.
+/// every item that was ignored, in order. Items are split as `replay --lazy-conf` splits
+/// them ([`gpumem::conf_items::items`]); empty items (`a=1,,b=2`) are skipped.
 pub fn parse(s: &str) -> (Conf, Vec<ConfError>) {
     let mut c = Conf::default();
-    let mut errors = Vec::new();
-    for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-        let Some((key, value)) = item.split_once('=') else {
-            errors.push(ConfError::Syntax { item: item.into() });
-            continue;
-        };
-        let (key, value) = (key.trim(), value.trim());
-        if let Err(e) = apply(&mut c, key, value) {
-            errors.push(e);
-        }
-    }
+    let errors = items(s, &KEYS)
+        .filter_map(|item| {
+            item.and_then(|(key, value)| apply(&mut c, key, value))
+                .err()
+        })
+        .map(ConfError)
+        .collect();
     (c, errors)
 }
 
@@ -158,12 +148,8 @@ pub fn parse_strict(s: &str) -> Result<Conf, ConfError> {
     }
 }
 
-fn apply(c: &mut Conf, key: &str, value: &str) -> Result<(), ConfError> {
-    let bad = |why: String| ConfError::BadValue {
-        key: key.into(),
-        value: value.into(),
-        why,
-    };
+fn apply(c: &mut Conf, key: &str, value: &str) -> Result<(), ItemError> {
+    let bad = |why: String| ItemError::bad_value(key, value, why);
     let size = || parse_size(value).map_err(bad);
     match key {
         "strategy" => {
@@ -198,7 +184,7 @@ fn apply(c: &mut Conf, key: &str, value: &str) -> Result<(), ConfError> {
                 .parse()
                 .map_err(|_| bad("expected a whole number of pages".into()))?
         }
-        "placement" | "headroom" | "max_handle" | "map_ahead" => {
+        "placement" | "headroom" | "max_handle" | "map_ahead" | "grow_ahead" => {
             gpumem::lazy_conf::apply(&mut c.allocator.lazy, key, value).map_err(bad)?;
         }
         "backend" => {
@@ -209,7 +195,7 @@ fn apply(c: &mut Conf, key: &str, value: &str) -> Result<(), ConfError> {
             }
         }
         "sim_capacity" => c.sim_capacity_bytes = size()?,
-        _ => return Err(ConfError::UnknownKey { key: key.into() }),
+        _ => return Err(ItemError::unknown_key(key, &KEYS)),
     }
     Ok(())
 }
@@ -225,14 +211,17 @@ mod tests {
 
     #[test]
     fn paged_lazy_knobs() {
-        let c =
-            parse_strict("strategy=paged-lazy,headroom=0.02,max_handle=64MiB,map_ahead=0").unwrap();
+        let c = parse_strict(
+            "strategy=paged-lazy,headroom=0.02,max_handle=64MiB,map_ahead=0,grow_ahead=0.01",
+        )
+        .unwrap();
         assert_eq!(c.strategy, "paged-lazy");
+        assert_eq!(c.allocator.lazy.grow_ahead_bp, 100);
         assert_eq!(c.allocator.lazy.headroom_bp, 200);
         assert_eq!(c.allocator.lazy.handle_bytes, 64 << 20);
         assert_eq!(c.allocator.lazy.ahead_bytes, 0);
-        let (c, e) = parse("headroom=-1,max_handle=0,headroom=x");
-        assert_eq!(e.len(), 3, "{e:?}");
+        let (c, e) = parse("headroom=-1,max_handle=0,headroom=x,grow_ahead=2");
+        assert_eq!(e.len(), 4, "{e:?}");
         assert_eq!(c.allocator.lazy, AllocatorConfig::default().lazy);
     }
 
@@ -280,7 +269,13 @@ mod tests {
         assert!(text[1].contains("`12XB` for `reserve`") && text[1].contains("unknown unit `xb`"));
         assert!(text[2].starts_with("GPUMEM_CONF: unknown key `colour`"));
         assert!(text[2].contains("strategy, mode, reserve, release_threshold"));
-        assert_eq!(text[3], "GPUMEM_CONF: `oops` is not key=value; ignored");
+        assert_eq!(
+            text[3],
+            format!(
+                "GPUMEM_CONF: `oops` is not key=value (keys: {}); ignored",
+                KEYS.join(", ")
+            )
+        );
         assert!(text[4].contains("`0` for `segment`"));
         assert_eq!(parse_strict("colour=red"), Err(e[2].clone()));
     }

@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use gpumem::cuda::pool::{PoolError, PoolStats, RawBlock};
 use gpumem::cuda::StreamEvents;
-use gpumem_core::{Allocator, Device, DeviceError, DriverCounters, PhysHandle};
+use gpumem_core::{forward_device, Allocator, Device, DeviceError, DriverCounters, PhysHandle};
 
 use crate::metered::Metered;
 
@@ -158,87 +158,62 @@ impl<D: Device> Deferred<D> {
     }
 }
 
-impl<D: Device> Device for Deferred<D> {
-    fn capacity_bytes(&self) -> u64 {
-        self.inner.capacity_bytes()
-    }
-    fn granularity_bytes(&self) -> u64 {
-        self.inner.granularity_bytes()
-    }
-    fn used_bytes(&self) -> u64 {
-        self.inner.used_bytes()
-    }
-    fn counters(&self) -> DriverCounters {
-        self.inner.counters()
-    }
-    fn alloc_segment(&mut self, bytes: u64) -> Result<u64, DeviceError> {
-        match self.inner.alloc_segment(bytes) {
-            Err(DeviceError::OutOfMemory { .. }) if !self.late.is_empty() => {
-                self.settle_all()?;
-                self.inner.alloc_segment(bytes)
+forward_device! {
+    impl<D: Device> Device for Deferred<D> => inner {
+        fn alloc_segment(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+            match self.inner.alloc_segment(bytes) {
+                Err(DeviceError::OutOfMemory { .. }) if !self.late.is_empty() => {
+                    self.settle_all()?;
+                    self.inner.alloc_segment(bytes)
+                }
+                r => r,
             }
-            r => r,
         }
-    }
-    fn free_segment(&mut self, addr: u64) -> Result<(), DeviceError> {
-        // cuMemFree waits for the work in flight itself.
-        self.inner.free_segment(addr)
-    }
-    fn reserve_va(&mut self, bytes: u64) -> Result<u64, DeviceError> {
-        self.inner.reserve_va(bytes)
-    }
-    fn free_va(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
-        self.settle_range(va, bytes)?;
-        self.inner.free_va(va, bytes)
-    }
-    fn create_physical(&mut self, bytes: u64) -> Result<PhysHandle, DeviceError> {
-        match self.inner.create_physical(bytes) {
-            // Released handles still mapped behind a postponed unmap hold memory.
-            Err(DeviceError::OutOfMemory { .. }) if !self.late.is_empty() => {
-                self.settle_all()?;
-                self.inner.create_physical(bytes)
+        fn free_segment(&mut self, addr: u64) -> Result<(), DeviceError> {
+            // cuMemFree waits for the work in flight itself.
+            self.inner.free_segment(addr)
+        }
+        fn free_va(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
+            self.settle_range(va, bytes)?;
+            self.inner.free_va(va, bytes)
+        }
+        fn create_physical(&mut self, bytes: u64) -> Result<PhysHandle, DeviceError> {
+            match self.inner.create_physical(bytes) {
+                // Released handles still mapped behind a postponed unmap hold memory.
+                Err(DeviceError::OutOfMemory { .. }) if !self.late.is_empty() => {
+                    self.settle_all()?;
+                    self.inner.create_physical(bytes)
+                }
+                r => r,
             }
-            r => r,
         }
-    }
-    fn release_physical(&mut self, handle: PhysHandle) -> Result<(), DeviceError> {
-        // cuMemRelease of a handle still mapped frees its memory at the (postponed) unmap.
-        self.inner.release_physical(handle)
-    }
-    fn map(&mut self, va: u64, bytes: u64, handle: PhysHandle) -> Result<(), DeviceError> {
-        self.settle_range(va, bytes)?;
-        match self.inner.map(va, bytes, handle) {
-            // The handle may still be mapped at its old place (a device that allows one
-            // mapping per handle refuses): carry out the postponed unmaps, then retry.
-            Err(_) if !self.late.is_empty() => {
-                self.settle_all()?;
-                self.inner.map(va, bytes, handle)
+        fn release_physical(&mut self, handle: PhysHandle) -> Result<(), DeviceError> {
+            // cuMemRelease of a handle still mapped frees its memory at the (postponed) unmap.
+            self.inner.release_physical(handle)
+        }
+        fn map(&mut self, va: u64, bytes: u64, handle: PhysHandle) -> Result<(), DeviceError> {
+            self.settle_range(va, bytes)?;
+            match self.inner.map(va, bytes, handle) {
+                // The handle may still be mapped at its old place (a device that allows one
+                // mapping per handle refuses): carry out the postponed unmaps, then retry.
+                Err(_) if !self.late.is_empty() => {
+                    self.settle_all()?;
+                    self.inner.map(va, bytes, handle)
+                }
+                r => r,
             }
-            r => r,
         }
-    }
-    fn set_access(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
-        self.inner.set_access(va, bytes)
-    }
-    fn unmap(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
-        match self.stream.filter(|_| !self.immediate) {
-            Some(stream) => {
-                let event = self.events.record(stream)?;
-                self.late.push_back(LateUnmap { event, va, bytes });
-                self.postponed += 1;
-                Ok(())
+        fn unmap(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
+            match self.stream.filter(|_| !self.immediate) {
+                Some(stream) => {
+                    let event = self.events.record(stream)?;
+                    self.late.push_back(LateUnmap { event, va, bytes });
+                    self.postponed += 1;
+                    Ok(())
+                }
+                None => self.inner.unmap(va, bytes),
             }
-            None => self.inner.unmap(va, bytes),
         }
-    }
-    fn driver_used_bytes(&mut self) -> Option<u64> {
-        self.inner.driver_used_bytes()
-    }
-    fn fill_pattern(&mut self, addr: u64, bytes: u64, pattern: u32) -> Result<(), DeviceError> {
-        self.inner.fill_pattern(addr, bytes, pattern)
-    }
-    fn check_pattern(&mut self, addr: u64, bytes: u64, pattern: u32) -> Result<bool, DeviceError> {
-        self.inner.check_pattern(addr, bytes, pattern)
     }
 }
 

@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use gpumem_core::{Device, DeviceError, DriverCounters, PhysHandle};
+use gpumem_core::{forward_device, Device, DeviceError, PhysHandle};
 
 /// Reserved bytes, current and peak, shared between a [`Metered`] device and its readers.
 #[derive(Debug, Default)]
@@ -70,60 +70,29 @@ impl<D: Device> Metered<D> {
     }
 }
 
-impl<D: Device> Device for Metered<D> {
-    fn capacity_bytes(&self) -> u64 {
-        self.inner.capacity_bytes()
-    }
-    fn granularity_bytes(&self) -> u64 {
-        self.inner.granularity_bytes()
-    }
-    fn used_bytes(&self) -> u64 {
-        self.inner.used_bytes()
-    }
-    fn counters(&self) -> DriverCounters {
-        self.inner.counters()
-    }
-    fn alloc_segment(&mut self, bytes: u64) -> Result<u64, DeviceError> {
-        let r = self.inner.alloc_segment(bytes);
-        self.after(r)
-    }
-    fn free_segment(&mut self, addr: u64) -> Result<(), DeviceError> {
-        let r = self.inner.free_segment(addr);
-        self.after(r)
-    }
-    fn reserve_va(&mut self, bytes: u64) -> Result<u64, DeviceError> {
-        self.inner.reserve_va(bytes)
-    }
-    fn free_va(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
-        self.inner.free_va(va, bytes)
-    }
-    fn create_physical(&mut self, bytes: u64) -> Result<PhysHandle, DeviceError> {
-        let r = self.inner.create_physical(bytes);
-        self.after(r)
-    }
-    fn release_physical(&mut self, handle: PhysHandle) -> Result<(), DeviceError> {
-        let r = self.inner.release_physical(handle);
-        self.after(r)
-    }
-    fn map(&mut self, va: u64, bytes: u64, handle: PhysHandle) -> Result<(), DeviceError> {
-        self.inner.map(va, bytes, handle)
-    }
-    fn set_access(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
-        self.inner.set_access(va, bytes)
-    }
-    fn unmap(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
-        // cuMemUnmap can free memory whose handle was already released.
-        let r = self.inner.unmap(va, bytes);
-        self.after(r)
-    }
-    fn driver_used_bytes(&mut self) -> Option<u64> {
-        self.inner.driver_used_bytes()
-    }
-    fn fill_pattern(&mut self, addr: u64, bytes: u64, pattern: u32) -> Result<(), DeviceError> {
-        self.inner.fill_pattern(addr, bytes, pattern)
-    }
-    fn check_pattern(&mut self, addr: u64, bytes: u64, pattern: u32) -> Result<bool, DeviceError> {
-        self.inner.check_pattern(addr, bytes, pattern)
+forward_device! {
+    impl<D: Device> Device for Metered<D> => inner {
+        fn alloc_segment(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+            let r = self.inner.alloc_segment(bytes);
+            self.after(r)
+        }
+        fn free_segment(&mut self, addr: u64) -> Result<(), DeviceError> {
+            let r = self.inner.free_segment(addr);
+            self.after(r)
+        }
+        fn create_physical(&mut self, bytes: u64) -> Result<PhysHandle, DeviceError> {
+            let r = self.inner.create_physical(bytes);
+            self.after(r)
+        }
+        fn release_physical(&mut self, handle: PhysHandle) -> Result<(), DeviceError> {
+            let r = self.inner.release_physical(handle);
+            self.after(r)
+        }
+        fn unmap(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
+            // cuMemUnmap can free memory whose handle was already released.
+            let r = self.inner.unmap(va, bytes);
+            self.after(r)
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! The replay's table: one row per allocator, the columns in [`columns`], the smallest
 //! capacities and the notes under them.
 use super::{DeviceMinCapacity, JsonAllocator, JsonOut};
-use crate::units::human_bytes;
+use crate::units::{counted, human_bytes};
 use gpumem::replay::MinCapacityOutcome;
 
 /// One column of the replay table: header, width, and the cell of an allocator's row.
@@ -32,14 +32,16 @@ fn columns(j: &JsonOut) -> Vec<Column> {
         Column {
             header: "res/req",
             width: 8,
-            // Rows with failed allocations divide by what they served: marked.
+            // Rows with failed allocations divide by what they served: marked. No byte
+            // requested (zero-byte requests only, or none served): no ratio.
             cell: |a| {
                 let mark = if a.oom_count + a.refused_count > 0 {
                     "†"
                 } else {
                     ""
                 };
-                format!("{:.3}{mark}", a.reserved_over_requested)
+                let r = (a.peak_requested_served_bytes > 0).then_some(a.reserved_over_requested);
+                format!("{}{mark}", ratio(r))
             },
         },
         Column {
@@ -131,14 +133,20 @@ fn columns(j: &JsonOut) -> Vec<Column> {
     c
 }
 
+/// A ratio to peak requested bytes, to 3 decimals; `-` for `None`, when nothing was
+/// requested (where `--json` has 0).
+fn ratio(value: Option<f64>) -> String {
+    value.map_or_else(|| "-".to_string(), |r| format!("{r:.3}"))
+}
+
 pub(super) fn print_table(j: &JsonOut, capacity: u64, capacity_given: bool) {
     let t = &j.trace;
     println!(
-        "trace {}: {} events ({} allocs, {} frees), peak requested {}, largest request {}{}",
-        t.path,
-        t.events,
-        t.alloc_events,
-        t.free_events,
+        "trace {}: {} ({}, {}), peak requested {}, largest request {}{}",
+        gpumem::trace::source_name(std::path::Path::new(&t.path)),
+        counted(t.events, "event"),
+        counted(t.alloc_events, "alloc"),
+        counted(t.free_events, "free"),
         human_bytes(t.peak_requested_bytes),
         human_bytes(t.largest_request_bytes),
         t.duration_seconds
@@ -225,10 +233,10 @@ pub(super) fn print_table(j: &JsonOut, capacity: u64, capacity_given: bool) {
             .iter()
             .map(|r| {
                 format!(
-                    "{} {} ({:.3})",
+                    "{} {} ({})",
                     r.conf,
                     human_bytes(r.reserved_bytes_peak),
-                    r.reserved_over_requested
+                    ratio((j.trace.peak_requested_bytes > 0).then_some(r.reserved_over_requested))
                 )
             })
             .collect();
@@ -247,22 +255,21 @@ pub(super) fn print_table(j: &JsonOut, capacity: u64, capacity_given: bool) {
             } else {
                 String::new()
             };
+            // A device's layout holds at least its peak requested bytes: the ratio is 0 only
+            // when that peak is.
             format!(
-                "{dev}{} ({:.3})",
+                "{dev}{} ({})",
                 human_bytes(p.layout_bytes),
-                p.over_requested
+                ratio((p.over_requested > 0.0).then_some(p.over_requested))
             )
         })
         .collect();
     if !planned.is_empty() {
         let total = if j.trace.planned_layout.len() > 1 {
             let bytes: u64 = j.trace.planned_layout.iter().map(|p| p.layout_bytes).sum();
-            let ratio = if j.trace.peak_requested_bytes == 0 {
-                0.0
-            } else {
-                bytes as f64 / j.trace.peak_requested_bytes as f64
-            };
-            format!("; all devices {} ({ratio:.3})", human_bytes(bytes))
+            let peak = j.trace.peak_requested_bytes;
+            let r = ratio((peak > 0).then(|| bytes as f64 / peak as f64));
+            format!("; all devices {} ({r})", human_bytes(bytes))
         } else {
             String::new()
         };
@@ -348,7 +355,7 @@ pub(super) fn print_notes(j: &JsonOut, capacity: u64) {
         }
     }
     println!();
-    println!("res/req: peak reserved / peak requested (1.000 = no memory lost to rounding or fragmentation).");
+    println!("res/req: peak reserved / peak requested (1.000 = no memory lost to rounding or fragmentation; - when no byte was requested).");
     if !j.trace.planned_layout.is_empty() {
         println!("planned layout: every block at one address for its life, placed with the whole trace known in advance (greedy: the smaller of largest-first, as TensorFlow Lite's planner, and longest-lived-first; requests rounded to 512 B), ÷ peak requested in brackets; what foresight alone buys a placement that never moves memory. A heuristic, not a floor: paged, which remaps pages, often goes below it.");
     }

@@ -1,6 +1,6 @@
 //! [`Capped`]: a device whose memory is limited below what it really has, so a trace recorded
 //! on a smaller GPU replays on a larger one with the same out-of-memory points.
-use crate::{Device, DeviceError, DriverCounters, PhysHandle};
+use crate::{Device, DeviceError, PhysHandle};
 
 /// Wraps a device and refuses (CUDA_ERROR_OUT_OF_MEMORY, without calling the driver) any
 /// segment or physical allocation that would take its used bytes past `cap_bytes`.
@@ -32,56 +32,19 @@ impl<D: Device> Capped<D> {
     }
 }
 
-impl<D: Device> Device for Capped<D> {
-    fn capacity_bytes(&self) -> u64 {
-        self.cap_bytes
-    }
-    fn granularity_bytes(&self) -> u64 {
-        self.inner.granularity_bytes()
-    }
-    fn used_bytes(&self) -> u64 {
-        self.inner.used_bytes()
-    }
-    fn counters(&self) -> DriverCounters {
-        self.inner.counters()
-    }
-    fn driver_used_bytes(&mut self) -> Option<u64> {
-        self.inner.driver_used_bytes()
-    }
-    fn alloc_segment(&mut self, bytes: u64) -> Result<u64, DeviceError> {
-        self.admit(bytes)?;
-        self.inner.alloc_segment(bytes)
-    }
-    fn free_segment(&mut self, addr: u64) -> Result<(), DeviceError> {
-        self.inner.free_segment(addr)
-    }
-    fn reserve_va(&mut self, bytes: u64) -> Result<u64, DeviceError> {
-        self.inner.reserve_va(bytes)
-    }
-    fn free_va(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
-        self.inner.free_va(va, bytes)
-    }
-    fn create_physical(&mut self, bytes: u64) -> Result<PhysHandle, DeviceError> {
-        self.admit(bytes)?;
-        self.inner.create_physical(bytes)
-    }
-    fn release_physical(&mut self, handle: PhysHandle) -> Result<(), DeviceError> {
-        self.inner.release_physical(handle)
-    }
-    fn map(&mut self, va: u64, bytes: u64, handle: PhysHandle) -> Result<(), DeviceError> {
-        self.inner.map(va, bytes, handle)
-    }
-    fn set_access(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
-        self.inner.set_access(va, bytes)
-    }
-    fn unmap(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
-        self.inner.unmap(va, bytes)
-    }
-    fn fill_pattern(&mut self, addr: u64, bytes: u64, pattern: u32) -> Result<(), DeviceError> {
-        self.inner.fill_pattern(addr, bytes, pattern)
-    }
-    fn check_pattern(&mut self, addr: u64, bytes: u64, pattern: u32) -> Result<bool, DeviceError> {
-        self.inner.check_pattern(addr, bytes, pattern)
+crate::forward_device! {
+    impl<D: Device> Device for Capped<D> => inner {
+        fn capacity_bytes(&self) -> u64 {
+            self.cap_bytes
+        }
+        fn alloc_segment(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+            self.admit(bytes)?;
+            self.inner.alloc_segment(bytes)
+        }
+        fn create_physical(&mut self, bytes: u64) -> Result<PhysHandle, DeviceError> {
+            self.admit(bytes)?;
+            self.inner.create_physical(bytes)
+        }
     }
 }
 

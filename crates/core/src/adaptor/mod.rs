@@ -3,7 +3,9 @@
 //! - [`Capped`]: a memory limit below what the device has;
 //! - [`Tracked`]: a record ([`VmmBook`]) of the VMM calls and segments that passed through.
 //!
-//! One conformance test (below) checks that each forwards every `Device` method.
+//! Each implements [`crate::Device`] with [`crate::forward_device`], which forwards every
+//! method it does not write out; one conformance test (below) checks that each forwards
+//! every `Device` method.
 mod capped;
 mod tracked;
 mod vmm_book;
@@ -200,5 +202,25 @@ mod conformance {
     #[test]
     fn tracked_forwards_every_method() {
         assert_forwards("Tracked", Tracked::new(Probe::default()), |d| &d.inner);
+    }
+
+    /// An adaptor that writes no method out: [`crate::forward_device`] forwards them all.
+    struct Bare {
+        wrapped: Probe,
+    }
+
+    crate::forward_device! {
+        impl Device for Bare => wrapped {}
+    }
+
+    #[test]
+    fn forward_device_forwards_every_method_not_written_out() {
+        assert_forwards(
+            "Bare",
+            Bare {
+                wrapped: Probe::default(),
+            },
+            |d| &d.wrapped,
+        );
     }
 }

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::VmmBook;
-use crate::{Device, DeviceError, DriverCounters, PhysHandle};
+use crate::{Device, DeviceError, PhysHandle};
 
 /// Wraps any [`Device`] and records its VMM calls in a [`VmmBook`] (for the simulated device's
 /// page table; the CUDA device keeps its own).
@@ -28,71 +28,52 @@ impl<D: Device> Tracked<D> {
     }
 }
 
-impl<D: Device> Device for Tracked<D> {
-    fn capacity_bytes(&self) -> u64 {
-        self.inner.capacity_bytes()
-    }
-    fn granularity_bytes(&self) -> u64 {
-        self.inner.granularity_bytes()
-    }
-    fn used_bytes(&self) -> u64 {
-        self.inner.used_bytes()
-    }
-    fn counters(&self) -> DriverCounters {
-        self.inner.counters()
-    }
-    fn driver_used_bytes(&mut self) -> Option<u64> {
-        self.inner.driver_used_bytes()
-    }
-    fn alloc_segment(&mut self, bytes: u64) -> Result<u64, DeviceError> {
-        let a = self.inner.alloc_segment(bytes)?;
-        self.segments.insert(a, bytes);
-        Ok(a)
-    }
-    fn free_segment(&mut self, addr: u64) -> Result<(), DeviceError> {
-        self.inner.free_segment(addr)?;
-        self.segments.remove(&addr);
-        Ok(())
-    }
-    fn reserve_va(&mut self, bytes: u64) -> Result<u64, DeviceError> {
-        let va = self.inner.reserve_va(bytes)?;
-        self.book.on_reserve(va, bytes);
-        Ok(va)
-    }
-    fn free_va(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
-        self.inner.free_va(va, bytes)?;
-        self.book.on_free_va(va);
-        Ok(())
-    }
-    fn create_physical(&mut self, bytes: u64) -> Result<PhysHandle, DeviceError> {
-        let h = self.inner.create_physical(bytes)?;
-        self.book.on_create(h.0, bytes);
-        Ok(h)
-    }
-    fn release_physical(&mut self, handle: PhysHandle) -> Result<(), DeviceError> {
-        self.inner.release_physical(handle)?;
-        self.book.on_release(handle.0);
-        Ok(())
-    }
-    fn map(&mut self, va: u64, bytes: u64, handle: PhysHandle) -> Result<(), DeviceError> {
-        self.inner.map(va, bytes, handle)?;
-        self.book.on_map(va, bytes, handle.0);
-        Ok(())
-    }
-    fn set_access(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
-        self.inner.set_access(va, bytes)?;
-        self.book.on_set_access(va, bytes, 0, true);
-        Ok(())
-    }
-    fn unmap(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
-        self.inner.unmap(va, bytes)?;
-        self.book.on_unmap(va, bytes);
-        Ok(())
-    }
-    fn fill_pattern(&mut self, addr: u64, bytes: u64, pattern: u32) -> Result<(), DeviceError> {
-        self.inner.fill_pattern(addr, bytes, pattern)
-    }
-    fn check_pattern(&mut self, addr: u64, bytes: u64, pattern: u32) -> Result<bool, DeviceError> {
-        self.inner.check_pattern(addr, bytes, pattern)
+crate::forward_device! {
+    impl<D: Device> Device for Tracked<D> => inner {
+        fn alloc_segment(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+            let a = self.inner.alloc_segment(bytes)?;
+            self.segments.insert(a, bytes);
+            Ok(a)
+        }
+        fn free_segment(&mut self, addr: u64) -> Result<(), DeviceError> {
+            self.inner.free_segment(addr)?;
+            self.segments.remove(&addr);
+            Ok(())
+        }
+        fn reserve_va(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+            let va = self.inner.reserve_va(bytes)?;
+            self.book.on_reserve(va, bytes);
+            Ok(va)
+        }
+        fn free_va(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
+            self.inner.free_va(va, bytes)?;
+            self.book.on_free_va(va);
+            Ok(())
+        }
+        fn create_physical(&mut self, bytes: u64) -> Result<PhysHandle, DeviceError> {
+            let h = self.inner.create_physical(bytes)?;
+            self.book.on_create(h.0, bytes);
+            Ok(h)
+        }
+        fn release_physical(&mut self, handle: PhysHandle) -> Result<(), DeviceError> {
+            self.inner.release_physical(handle)?;
+            self.book.on_release(handle.0);
+            Ok(())
+        }
+        fn map(&mut self, va: u64, bytes: u64, handle: PhysHandle) -> Result<(), DeviceError> {
+            self.inner.map(va, bytes, handle)?;
+            self.book.on_map(va, bytes, handle.0);
+            Ok(())
+        }
+        fn set_access(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
+            self.inner.set_access(va, bytes)?;
+            self.book.on_set_access(va, bytes, 0, true);
+            Ok(())
+        }
+        fn unmap(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
+            self.inner.unmap(va, bytes)?;
+            self.book.on_unmap(va, bytes);
+            Ok(())
+        }
     }
 }

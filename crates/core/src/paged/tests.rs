@@ -757,57 +757,26 @@ struct Flaky {
     fail_unmap: bool,
 }
 
-impl Device for Flaky {
-    fn capacity_bytes(&self) -> u64 {
-        self.inner.capacity_bytes()
-    }
-    fn granularity_bytes(&self) -> u64 {
-        self.inner.granularity_bytes()
-    }
-    fn used_bytes(&self) -> u64 {
-        self.inner.used_bytes()
-    }
-    fn counters(&self) -> crate::DriverCounters {
-        self.inner.counters()
-    }
-    fn alloc_segment(&mut self, bytes: u64) -> Result<u64, DeviceError> {
-        self.inner.alloc_segment(bytes)
-    }
-    fn free_segment(&mut self, addr: u64) -> Result<(), DeviceError> {
-        self.inner.free_segment(addr)
-    }
-    fn reserve_va(&mut self, bytes: u64) -> Result<u64, DeviceError> {
-        self.inner.reserve_va(bytes)
-    }
-    fn free_va(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
-        self.inner.free_va(va, bytes)
-    }
-    fn create_physical(&mut self, bytes: u64) -> Result<PhysHandle, DeviceError> {
-        self.inner.create_physical(bytes)
-    }
-    fn release_physical(&mut self, handle: PhysHandle) -> Result<(), DeviceError> {
-        self.inner.release_physical(handle)
-    }
-    fn map(&mut self, va: u64, bytes: u64, handle: PhysHandle) -> Result<(), DeviceError> {
-        self.inner.map(va, bytes, handle)
-    }
-    fn set_access(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
-        if self.fail_set_access {
-            return Err(DeviceError::Driver {
-                call: "cuMemSetAccess",
-                name: "test".into(),
-            });
+crate::forward_device! {
+    impl Device for Flaky => inner {
+        fn set_access(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
+            if self.fail_set_access {
+                return Err(DeviceError::Driver {
+                    call: "cuMemSetAccess",
+                    name: "test".into(),
+                });
+            }
+            self.inner.set_access(va, bytes)
         }
-        self.inner.set_access(va, bytes)
-    }
-    fn unmap(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
-        if self.fail_unmap {
-            return Err(DeviceError::Driver {
-                call: "cuMemUnmap",
-                name: "test".into(),
-            });
+        fn unmap(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
+            if self.fail_unmap {
+                return Err(DeviceError::Driver {
+                    call: "cuMemUnmap",
+                    name: "test".into(),
+                });
+            }
+            self.inner.unmap(va, bytes)
         }
-        self.inner.unmap(va, bytes)
     }
 }
 

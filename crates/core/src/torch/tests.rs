@@ -827,3 +827,52 @@ fn expandable_segments_fault_anywhere_in_page_by_page_mapping_and_unmapping() {
         assert_eq!(t.unreleased.len() + t.ranges_to_free.len(), 0);
     }
 }
+
+/// `grow_ahead` ([`crate::config::LazyConfig::grow_ahead_bp`]): a growth maps that share of
+/// the bytes held beyond the request, so a peak that creeps up grows in fewer steps; where
+/// the device has no room for the extra, the growth maps what the request needs.
+#[test]
+fn grow_ahead_maps_a_share_of_the_held_bytes_beyond_the_request() {
+    use crate::device::DriverCall;
+    let pool = |bp: u32| {
+        let mut config = AllocatorConfig::default();
+        config.lazy.grow_ahead_bp = bp;
+        TorchCachingPool::paged_lazy(&config)
+    };
+    let creates = |d: &SimDevice| d.counters().get(DriverCall::Create);
+    let reserved = |t: &TorchCachingPool| t.stats().reserved_bytes.current;
+    for (capacity, bp, after_b, creates_after_c) in [
+        // 25 % of 100 MiB ahead: B maps 20 + 25 MiB, rounded up to 20 MiB pages = 60 MiB,
+        // and C (30 MiB) fits in what is left: two growths for three blocks.
+        (1 << 30, 2_500, 160 * MIB, 2),
+        // No ahead: C needs a third growth.
+        (1 << 30, 0, 120 * MIB, 3),
+        // A 128 MiB device has no room for B's 60 MiB: B maps its 20 MiB after one refused
+        // cuMemCreate (three calls to create), and C finds no room at all.
+        (128 * MIB, 2_500, 120 * MIB, 3),
+    ] {
+        let mut t = pool(bp);
+        let mut d = SimDevice::new(capacity);
+        let a = alloc(&mut t, &mut d, 100 * MIB);
+        assert_eq!(
+            reserved(&t),
+            100 * MIB,
+            "the first growth has nothing held to scale"
+        );
+        let b = alloc(&mut t, &mut d, 20 * MIB);
+        assert_eq!(reserved(&t), after_b, "capacity {capacity}, {bp} bp");
+        assert_eq!(b.addr, a.addr + 100 * MIB, "placement is PyTorch's");
+        if capacity > 128 * MIB {
+            alloc(&mut t, &mut d, 30 * MIB);
+            assert_eq!(creates(&d), creates_after_c, "capacity {capacity}, {bp} bp");
+        } else {
+            assert_eq!(creates(&d), creates_after_c, "one refused, one made");
+            assert!(matches!(
+                t.allocate(&mut d, 30 * MIB, 512, 0),
+                Err(AllocError::OutOfMemory { .. })
+            ));
+            assert_eq!(reserved(&t), after_b, "nothing lost on the refusal");
+        }
+        t.validate().unwrap();
+    }
+}

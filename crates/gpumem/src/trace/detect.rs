@@ -3,8 +3,8 @@
 //! Order of the checks: gzip magic (`1f 8b`, inflated by the caller, then detected again), the
 //! pickle `PROTO` byte `0x80` (protocol 2 and later) or a text-protocol pickle that starts with
 //! `(`, `}` or `]` and ends with `.`, an RMM CSV header (`Thread,Time,Action,Pointer,...`), and a
-//! line starting with `{` (JSON lines). Anything else is named: an empty file, a Git LFS pointer,
-//! an HTML page, other text or binary data.
+//! line starting with `{` (JSON lines). Anything else is named: an empty file, an archive (ZIP,
+//! tar) or other compression, a Git LFS pointer, an HTML page, other text or binary data.
 use super::{Format, TraceError};
 use std::io::Read;
 
@@ -12,6 +12,10 @@ use std::io::Read;
 pub const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 /// The pickle `PROTO` opcode that starts every pickle of protocol 2 or later.
 pub const PICKLE_PROTO: u8 = 0x80;
+/// The magic of a POSIX (ustar) or GNU tar header, at [`TAR_MAGIC_OFFSET`] of the archive.
+pub const TAR_MAGIC: &[u8] = b"ustar";
+/// Where [`TAR_MAGIC`] lies in a tar header (POSIX.1-1988, `magic` field).
+pub const TAR_MAGIC_OFFSET: usize = 257;
 /// The first line of a Git LFS pointer file.
 pub const LFS_POINTER: &[u8] = b"version https://git-lfs.github.com/spec/";
 
@@ -76,11 +80,7 @@ fn read_limited(
     r.read_to_end(out).map_err(|e| TraceError::Malformed {
         path: name.to_string(),
         index: 0,
-        message: format!(
-            "gzip data truncated or corrupt after {} inflated bytes: {e} (a lenient read, \
-                     `--lenient`, keeps the events before the damage)",
-            out.len()
-        ),
+        message: gzip_damage(out.len(), &e),
     })?;
     if out.len() as u64 > limit {
         return Err(bomb(name, limit, compressed));
@@ -100,6 +100,11 @@ fn bomb(name: &str, limit: u64, compressed: u64) -> TraceError {
     }
 }
 
+/// Where a gzip stream broke: `gzip data truncated or corrupt after N inflated bytes: why`.
+fn gzip_damage(inflated: usize, e: &std::io::Error) -> String {
+    format!("gzip data truncated or corrupt after {inflated} inflated bytes: {e}")
+}
+
 /// What [`read_sniffed`] read.
 #[derive(Debug)]
 pub struct Sniffed {
@@ -107,8 +112,11 @@ pub struct Sniffed {
     pub data: Vec<u8>,
     /// Their format.
     pub format: Format,
-    /// Under `lenient`: the gzip stream ended early or broke, and `data` is what it gave
-    /// before that (the message says where).
+    /// Whether they came out of gunzip (byte offsets into `data` are not offsets into the
+    /// file).
+    pub gunzipped: bool,
+    /// The gzip stream ended early or broke, and `data` is what it gave before that (the
+    /// message says where); [`read_sniffed`] keeps such data only when `lenient`.
     pub gzip_cut: Option<String>,
 }
 
@@ -124,9 +132,31 @@ pub struct Sniffed {
 /// or truncated gzip data (unless `lenient` and some data came before the damage).
 pub fn read_sniffed(
     name: &str,
-    mut reader: impl Read,
+    reader: impl Read,
     compressed_hint: Option<u64>,
     lenient: bool,
+) -> Result<Sniffed, TraceError> {
+    let sniffed = sniff(name, reader, compressed_hint)?;
+    match sniffed.gzip_cut {
+        Some(cut) if !lenient => Err(TraceError::Malformed {
+            path: name.to_string(),
+            index: 0,
+            message: cut,
+        }),
+        _ => Ok(sniffed),
+    }
+}
+
+/// [`read_sniffed`] that always keeps what a broken gzip stream gave before the damage (in
+/// [`Sniffed::gzip_cut`]) when that is enough to detect a format: the caller decides, from
+/// what a lenient read of it keeps, whether a strict read's error suggests a lenient one.
+///
+/// # Errors
+/// As [`read_sniffed`] with `lenient`.
+pub(crate) fn sniff(
+    name: &str,
+    mut reader: impl Read,
+    compressed_hint: Option<u64>,
 ) -> Result<Sniffed, TraceError> {
     let io = |source| TraceError::Io {
         path: name.to_string(),
@@ -151,6 +181,7 @@ pub fn read_sniffed(
         return Ok(Sniffed {
             data,
             format,
+            gunzipped: false,
             gzip_cut: None,
         });
     }
@@ -170,12 +201,8 @@ pub fn read_sniffed(
         let n = match gz.read(&mut chunk) {
             Ok(n) => n,
             Err(e) => {
-                let what = format!(
-                    "gzip data truncated or corrupt after {} inflated bytes: {e} (a lenient read, \
-                     `--lenient`, keeps the events before the damage)",
-                    data.len()
-                );
-                if lenient && data.len() >= SNIFF_BYTES.min(64) {
+                let what = gzip_damage(data.len(), &e);
+                if data.len() >= SNIFF_BYTES.min(64) {
                     gzip_cut = Some(what);
                     break;
                 }
@@ -201,10 +228,22 @@ pub fn read_sniffed(
             return Err(bomb(name, limit, compressed));
         }
     }
-    let format = detect(&data).map_err(|what| not_a_trace(format!("after gunzip, {what}")))?;
+    let format = match (detect(&data), &gzip_cut) {
+        (Ok(format), _) => format,
+        // Cut short before its format shows: the damage is the better explanation.
+        (Err(_), Some(cut)) => {
+            return Err(TraceError::Malformed {
+                path: name.to_string(),
+                index: 0,
+                message: cut.clone(),
+            })
+        }
+        (Err(what), None) => return Err(not_a_trace(format!("after gunzip, {what}"))),
+    };
     Ok(Sniffed {
         data,
         format,
+        gunzipped: true,
         gzip_cut,
     })
 }
@@ -290,6 +329,9 @@ pub fn detect_with(bytes: &[u8], complete: bool) -> Result<Format, String> {
         if bytes.starts_with(magic) {
             return Err(what.into());
         }
+    }
+    if bytes.get(TAR_MAGIC_OFFSET..TAR_MAGIC_OFFSET + TAR_MAGIC.len()) == Some(TAR_MAGIC) {
+        return Err("a tar archive: extract the trace first (tar -xf FILE)".into());
     }
     let text = strip_bom(bytes);
     let start = text

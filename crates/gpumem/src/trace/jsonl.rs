@@ -28,9 +28,10 @@
 //! the top of the file; it may then be freed like any other block. Unknown keys are ignored;
 //! one that is a single edit away from a known key (`aling`, `strem`) gets a warning in
 //! [`Trace::warnings`] naming its first line and the key it resembles.
-//! Errors name the line number (1-based). [`write_jsonl`] writes any [`Trace`] in this format,
+//! Errors name the line number (1-based) and write an address in decimal, as the file does,
+//! with the hex in brackets (`free of address 991 (0x3df)`). [`write_jsonl`] writes any [`Trace`] in this format,
 //! so PyTorch snapshots and RMM logs convert losslessly (for the fields above).
-use super::live::{Liveness, UnknownFree};
+use super::live::{AddrStyle, Liveness, UnknownFree};
 use super::{Action, Event, Format, PreexistingBlock, ReadConfig, RecordedOom, Trace, TraceError};
 use serde::Deserialize;
 use std::io::Write;
@@ -130,6 +131,18 @@ fn keyed_json_error(text: &str, strict: &serde_json::Error) -> String {
     }
 }
 
+/// What a JSON value is, in words (`an array`, `a number`, `null`, ...).
+fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
 /// An unknown key and the known key it is one edit away from.
 type Typo = (String, &'static str);
 
@@ -175,7 +188,15 @@ fn parse_line(text: &str) -> Result<(Parsed, Vec<Typo>), String> {
         Ok(l) => (Line::from(l), Vec::new()),
         Err(strict) => match serde_json::from_str::<Line>(text) {
             Ok(l) => (l, near_misses(text)),
-            Err(_) => return Err(keyed_json_error(text, &strict)),
+            Err(_) => {
+                return Err(match serde_json::from_str::<serde_json::Value>(text) {
+                    Ok(v) if !v.is_object() => format!(
+                        "expected a JSON object such as {{\"action\":\"alloc\",...}}, found {}",
+                        json_kind(&v)
+                    ),
+                    _ => keyed_json_error(text, &strict),
+                })
+            }
         },
     };
     Ok((parse_fields(l)?, typos))
@@ -248,7 +269,7 @@ pub fn read_jsonl(name: &str, data: &[u8], options: ReadConfig) -> Result<Trace,
         format: Some(Format::JsonLines),
         ..Trace::default()
     };
-    let mut live = Liveness::new(UnknownFree::Error);
+    let mut live = Liveness::new(UnknownFree::Error, AddrStyle::Decimal);
     let mut seen_first = false;
     let mut warned = std::collections::BTreeSet::new();
     for (i, raw) in data.split(|&b| b == b'\n').enumerate() {
@@ -441,7 +462,11 @@ mod tests {
             "{\"action\":\"alloc\",\"addr\":1,\"size\":1}\n{\"action\":\"free\",\"addr\":2}\n",
         )
         .unwrap_err();
-        assert!(e.to_string().contains("line 2: free of address 0x2"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("line 2: free of address 2 (0x2) (device 0)"),
+            "{e}"
+        );
         let e = read("{\"action\":\"alloc\",\"addr\":1,\"size\":-5}\n").unwrap_err();
         assert!(
             e.to_string()

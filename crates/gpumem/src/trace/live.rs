@@ -14,6 +14,26 @@ pub(crate) enum UnknownFree {
     Error,
 }
 
+/// How messages write an address: the way the file wrote it, so that a user finds it there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AddrStyle {
+    /// `0x3df`: PyTorch snapshots (Python ints, which users compare with the hex pointers
+    /// PyTorch prints) and RMM logs (hexadecimal `Pointer` column).
+    Hex,
+    /// `991 (0x3df)`: gpumem JSON lines, and RMM logs with decimal pointers.
+    Decimal,
+}
+
+impl AddrStyle {
+    /// `addr` written in this style.
+    pub(crate) fn show(self, addr: u64) -> String {
+        match self {
+            AddrStyle::Hex => format!("{addr:#x}"),
+            AddrStyle::Decimal => format!("{addr} ({addr:#x})"),
+        }
+    }
+}
+
 /// What the reader knows about an address.
 #[derive(Debug, Clone, Copy)]
 enum Slot {
@@ -30,13 +50,16 @@ enum Slot {
 pub(crate) struct Liveness {
     slots: AddrMap<Slot>,
     unknown: UnknownFree,
+    /// How messages write addresses.
+    pub(crate) style: AddrStyle,
 }
 
 impl Liveness {
-    pub(crate) fn new(unknown: UnknownFree) -> Self {
+    pub(crate) fn new(unknown: UnknownFree, style: AddrStyle) -> Self {
         Self {
             slots: AddrMap::default(),
             unknown,
+            style,
         }
     }
 
@@ -76,16 +99,20 @@ impl Liveness {
             Action::Alloc => match self.slots.get(&key) {
                 Some(&Slot::Live { size, at }) => {
                     return Err(format!(
-                        "alloc of {} bytes at address {:#x} (device {}), which is already live \
+                        "alloc of {} bytes at address {} (device {}), which is already live \
                          (allocated with {size} bytes at event {at}, not freed since)",
-                        event.size_bytes, event.addr, event.device
+                        event.size_bytes,
+                        self.style.show(event.addr),
+                        event.device
                     ))
                 }
                 Some(&Slot::Declared { size, .. }) => {
                     return Err(format!(
-                        "alloc of {} bytes at address {:#x} (device {}), which is already live \
+                        "alloc of {} bytes at address {} (device {}), which is already live \
                          (a preexisting block of {size} bytes)",
-                        event.size_bytes, event.addr, event.device
+                        event.size_bytes,
+                        self.style.show(event.addr),
+                        event.device
                     ))
                 }
                 Some(Slot::Freed { .. }) | None => {
@@ -116,17 +143,19 @@ impl Liveness {
                 }
                 Some(Slot::Freed { at }) => {
                     return Err(format!(
-                        "free of address {:#x} (device {}) that is not live: freed at event {at} \
+                        "free of address {} (device {}) that is not live: freed at event {at} \
                          and not allocated since (a double free)",
-                        event.addr, event.device
+                        self.style.show(event.addr),
+                        event.device
                     ))
                 }
                 None => match self.unknown {
                     UnknownFree::Error => {
                         return Err(format!(
-                            "free of address {:#x} (device {}) that is not live (never \
+                            "free of address {} (device {}) that is not live (never \
                              allocated)",
-                            event.addr, event.device
+                            self.style.show(event.addr),
+                            event.device
                         ))
                     }
                     UnknownFree::Preexisting => {
@@ -161,8 +190,9 @@ impl Liveness {
         let key = (block.device, block.addr);
         if let Some(Slot::Live { .. } | Slot::Declared { .. }) = self.slots.get(&key) {
             return Err(format!(
-                "preexisting block at address {:#x} (device {}), which is already live",
-                block.addr, block.device
+                "preexisting block at address {} (device {}), which is already live",
+                self.style.show(block.addr),
+                block.device
             ));
         }
         self.slots.insert(
@@ -193,7 +223,7 @@ mod tests {
     #[test]
     fn duplicate_and_unknown() {
         let mut t = Trace::default();
-        let mut l = Liveness::new(UnknownFree::Error);
+        let mut l = Liveness::new(UnknownFree::Error, AddrStyle::Hex);
         l.admit(&mut t, Event::alloc(16, 8), |_, _| 0).unwrap();
         assert!(l
             .admit(&mut t, Event::alloc(16, 8), |_, _| 0)
@@ -217,7 +247,7 @@ mod tests {
     #[test]
     fn preexisting() {
         let mut t = Trace::default();
-        let mut l = Liveness::new(UnknownFree::Preexisting);
+        let mut l = Liveness::new(UnknownFree::Preexisting, AddrStyle::Hex);
         l.admit(&mut t, Event::free(32, 0), |_, a| a * 2).unwrap();
         assert_eq!(
             t.preexisting,

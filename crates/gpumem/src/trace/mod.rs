@@ -285,8 +285,9 @@ impl Trace {
     /// ```
     pub fn summary(&self) -> String {
         let mut s = format!(
-            "{} events: {} alloc, {} free",
+            "{} event{}: {} alloc, {} free",
             self.events.len(),
+            if self.events.len() == 1 { "" } else { "s" },
             self.count(Action::Alloc),
             self.count(Action::Free)
         );
@@ -392,8 +393,25 @@ pub struct ReadConfig {
     pub keep_frames: bool,
 }
 
+/// The name messages give the trace at `path`: `standard input` for `-` (what [`read_path`]
+/// reads then), the path otherwise.
+///
+/// ```
+/// use gpumem::trace::source_name;
+/// use std::path::Path;
+/// assert_eq!(source_name(Path::new("-")), "standard input");
+/// assert_eq!(source_name(Path::new("a/t.jsonl")), "a/t.jsonl");
+/// ```
+pub fn source_name(path: &std::path::Path) -> String {
+    if path.as_os_str() == "-" {
+        "standard input".to_string()
+    } else {
+        path.display().to_string()
+    }
+}
+
 /// Reads a trace file, detecting the format (and gzip) from the content; `-` reads standard
-/// input.
+/// input (messages call it [`source_name`]'s `standard input`).
 ///
 /// The first bytes are looked at before the rest is read (see [`detect::read_sniffed`]), so
 /// a file that is not a trace is refused at once whatever its size. The whole trace is then
@@ -403,12 +421,11 @@ pub struct ReadConfig {
 /// # Errors
 /// [`TraceError::Io`] when the file cannot be read; otherwise as [`read_bytes`].
 pub fn read_path(path: &std::path::Path, options: ReadConfig) -> Result<Trace, TraceError> {
+    let name = source_name(path);
     if path.as_os_str() == "-" {
-        let name = "standard input";
-        let sniffed = detect::read_sniffed(name, std::io::stdin().lock(), None, options.lenient)?;
-        return read_detected(name, sniffed, options);
+        let sniffed = detect::sniff(&name, std::io::stdin().lock(), None)?;
+        return read_detected(&name, sniffed, options);
     }
-    let name = path.display().to_string();
     let io = |source| TraceError::Io {
         path: name.clone(),
         source,
@@ -416,7 +433,7 @@ pub fn read_path(path: &std::path::Path, options: ReadConfig) -> Result<Trace, T
     let file = std::fs::File::open(path).map_err(io)?;
     let size = file.metadata().ok().map(|m| m.len());
     let reader = std::io::BufReader::new(file);
-    let sniffed = detect::read_sniffed(&name, reader, size, options.lenient)?;
+    let sniffed = detect::sniff(&name, reader, size)?;
     read_detected(&name, sniffed, options)
 }
 
@@ -425,7 +442,37 @@ fn read_detected(
     sniffed: detect::Sniffed,
     options: ReadConfig,
 ) -> Result<Trace, TraceError> {
-    let mut trace = read_format(name, &sniffed.data, sniffed.format, options)?;
+    if let (Some(cut), false) = (&sniffed.gzip_cut, options.lenient) {
+        // A strict read stops at the damage; it suggests a lenient one when that would keep
+        // something.
+        let lenient = ReadConfig {
+            lenient: true,
+            keep_frames: false,
+        };
+        let hint = match read_format(name, &sniffed.data, sniffed.format, lenient, true) {
+            Ok(t) if !t.events.is_empty() => format!(
+                "; a lenient read (--lenient) keeps the {} event{} inflated before it",
+                t.events.len(),
+                if t.events.len() == 1 { "" } else { "s" }
+            ),
+            Ok(t) if !t.segments.is_empty() => {
+                "; a lenient read (--lenient) keeps the segments inflated before it".to_string()
+            }
+            _ => String::new(),
+        };
+        return Err(TraceError::Malformed {
+            path: name.to_string(),
+            index: 0,
+            message: format!("{cut}{hint}"),
+        });
+    }
+    let mut trace = read_format(
+        name,
+        &sniffed.data,
+        sniffed.format,
+        options,
+        sniffed.gunzipped,
+    )?;
     if let Some(cut) = sniffed.gzip_cut {
         trace.truncated = Some(match trace.truncated.take() {
             Some(t) => format!("{cut}; {t}"),
@@ -443,9 +490,10 @@ fn read_format(
     data: &[u8],
     format: Format,
     options: ReadConfig,
+    gunzipped: bool,
 ) -> Result<Trace, TraceError> {
     match format {
-        Format::TorchSnapshot => pickle::read_snapshot(name, data, options),
+        Format::TorchSnapshot => pickle::read_snapshot_from(name, data, options, gunzipped),
         Format::RmmCsv => rmm::read_rmm(name, data, options),
         Format::JsonLines => jsonl::read_jsonl(name, data, options),
     }
@@ -457,15 +505,17 @@ fn read_format(
 /// - [`TraceError::NotATrace`]: empty, a Git LFS pointer, HTML, unrelated JSON or binary data;
 /// - [`TraceError::Malformed`]: truncated or corrupt data, wrong types, a free of an unknown
 ///   address (RMM, JSON lines), an alloc at an address already live; the message says whether
-///   the index is an event index or a line number;
+///   the index is an event index or a line number. A strict read of a truncated pickle (plain
+///   or gzip'd) ends its message with what a lenient read would keep, when it would keep
+///   something;
 /// - [`TraceError::Refused`]: a pickle that asks for a class, a global or a persistent id.
 pub fn read_bytes(name: &str, bytes: &[u8], options: ReadConfig) -> Result<Trace, TraceError> {
     if detect::is_gzip(bytes) {
-        let sniffed = detect::read_sniffed(name, bytes, Some(bytes.len() as u64), options.lenient)?;
+        let sniffed = detect::sniff(name, bytes, Some(bytes.len() as u64))?;
         return read_detected(name, sniffed, options);
     }
     match detect::detect(bytes) {
-        Ok(format) => read_format(name, bytes, format, options),
+        Ok(format) => read_format(name, bytes, format, options, false),
         Err(what) => Err(TraceError::NotATrace {
             path: name.to_string(),
             what,

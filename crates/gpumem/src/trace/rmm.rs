@@ -9,7 +9,7 @@
 //! [`Action::Alloc`], `free` (or `deallocate`) → [`Action::Free`],
 //! `allocate failure` → [`Action::Oom`] (the size is the failed request). RMM logs everything
 //! from the adaptor's creation, so a free of an address that is not live is an error.
-use super::live::{Liveness, UnknownFree};
+use super::live::{AddrStyle, Liveness, UnknownFree};
 use super::{Action, Event, Format, ReadConfig, Trace, TraceError};
 
 /// Column positions found in the header.
@@ -118,7 +118,7 @@ pub fn read_rmm(name: &str, data: &[u8], options: ReadConfig) -> Result<Trace, T
         format: Some(Format::RmmCsv),
         ..Trace::default()
     };
-    let mut live = Liveness::new(UnknownFree::Error);
+    let mut live = Liveness::new(UnknownFree::Error, AddrStyle::Hex);
     let mut rec = csv::ByteRecord::new();
     loop {
         let line_no = rdr.position().line();
@@ -126,6 +126,16 @@ pub fn read_rmm(name: &str, data: &[u8], options: ReadConfig) -> Result<Trace, T
             Ok(false) => break,
             Ok(true) => {
                 let line = rec.position().map_or(line_no, csv::Position::line);
+                // Messages write the address as this line wrote it.
+                let hex = rec.get(cols.pointer).is_some_and(|p| {
+                    let p = p.trim_ascii_start();
+                    p.starts_with(b"0x") || p.starts_with(b"0X")
+                });
+                live.style = if hex {
+                    AddrStyle::Hex
+                } else {
+                    AddrStyle::Decimal
+                };
                 (
                     line,
                     record_event(&rec, &cols).and_then(|ev| live.admit(&mut trace, ev, |_, _| 0)),

@@ -617,3 +617,263 @@ fn lenient_salvages_truncated_snapshots() {
     assert!(note.starts_with("gzip data truncated"), "{note}");
     assert!(t.events.len() > 500, "{}", t.events.len());
 }
+
+/// The number in "after N complete trace entries" of a strict read's error.
+fn entries_before(message: &str) -> u64 {
+    let at = message
+        .find(" complete trace entr")
+        .unwrap_or_else(|| panic!("no count in: {message}"));
+    let digits = message[..at]
+        .rsplit(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap();
+    digits.parse().unwrap()
+}
+
+/// New-user trial: a truncated pickle's error counts the trace entries read whole before the
+/// cut exactly (not in the pickler's batches of 1,000), and a gunzipped pickle's byte offset
+/// says it counts decompressed bytes.
+#[test]
+fn truncation_errors_count_the_entries_read_exactly() {
+    // Every cut of a small snapshot: the count rises one entry at a time, from 0 to all of
+    // them (python's count) just before the final STOP.
+    let p = std::fs::read(fixture("snapshot_p4.pickle")).unwrap();
+    let all = expected()["snapshot"]["entries"].as_u64().unwrap();
+    let mut last = 0;
+    for cut in 2..p.len() {
+        let message = match read_bytes("p4", &p[..cut], strict()) {
+            Err(TraceError::Malformed { message, .. }) => message,
+            other => panic!("cut {cut}: {other:?}"),
+        };
+        let n = entries_before(&message);
+        assert!(n == last || n == last + 1, "cut {cut}: {last} then {n}");
+        last = n;
+    }
+    assert_eq!(last, all);
+    // The shipped trace cut at 50,000 bytes, inside the pickler's first batch of 1,000 entries:
+    // the entries before the cut are counted (an earlier reader said 0), at least as many as
+    // the events a lenient read keeps from them (free_requested entries are not events).
+    let gz = std::fs::read(shipped("mixed_sizes")).unwrap();
+    let raw = {
+        use std::io::Read;
+        let mut v = Vec::new();
+        flate2::read::GzDecoder::new(&gz[..])
+            .read_to_end(&mut v)
+            .unwrap();
+        v
+    };
+    let message = read_bytes("mixed_sizes.pickle", &raw[..50_000], strict())
+        .unwrap_err()
+        .to_string();
+    let n = entries_before(&message);
+    let kept = read_bytes("mixed_sizes.pickle", &raw[..50_000], lenient())
+        .unwrap()
+        .events
+        .len() as u64;
+    assert!(
+        kept > 0 && n >= kept && n < 1000,
+        "{n} entries, {kept} kept: {message}"
+    );
+    assert!(
+        message.contains("truncated at byte offset 50000 of 50000 ("),
+        "{message}"
+    );
+    // The same cut pickle gzip'd: the offset is into the decompressed pickle, and says so.
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut enc, &raw[..50_000]).unwrap();
+    let cut_gz = enc.finish().unwrap();
+    let message = read_bytes("cut.pickle.gz", &cut_gz, strict())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("truncated at byte offset 50000 of 50000 of the decompressed pickle"),
+        "{message}"
+    );
+    assert_eq!(entries_before(&message), n, "{message}");
+}
+
+/// New-user trial: a strict read of a truncated pickle, plain or gzip'd, suggests `--lenient`
+/// with what it would keep, exactly when that is something; a lenient read never suggests
+/// itself, and a file cut before anything could be kept gets no suggestion.
+#[test]
+fn the_lenient_hint_appears_exactly_when_it_helps() {
+    let gz = std::fs::read(shipped("mixed_sizes")).unwrap();
+    let raw = {
+        use std::io::Read;
+        let mut v = Vec::new();
+        flate2::read::GzDecoder::new(&gz[..])
+            .read_to_end(&mut v)
+            .unwrap();
+        v
+    };
+    let hint = "a lenient read (--lenient) keeps the";
+    // A plain pickle cut after some entries: the hint, with the count a lenient read keeps.
+    let cut = &raw[..50_000];
+    let kept = read_bytes("cut.pickle", cut, lenient())
+        .unwrap()
+        .events
+        .len();
+    let e = read_bytes("cut.pickle", cut, strict())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.ends_with(&format!("{hint} {kept} events read before the cut")),
+        "{e}"
+    );
+    // A gzip file cut in the middle: the same, counted on what it inflated to.
+    let cut_gz = &gz[..gz.len() / 2];
+    let t = read_bytes("cut.pickle.gz", cut_gz, lenient()).unwrap();
+    let e = read_bytes("cut.pickle.gz", cut_gz, strict())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.ends_with(&format!(
+            "{hint} {} events inflated before it",
+            t.events.len()
+        )),
+        "{e}"
+    );
+    // Read leniently, the note says where the file was cut, and suggests nothing.
+    let note = t.truncated.unwrap();
+    assert!(note.starts_with("gzip data truncated"), "{note}");
+    assert!(!note.contains("lenient"), "{note}");
+    // Cut before a single entry (a plain pickle), or before any inflated byte (gzip): a
+    // lenient read keeps nothing, and neither read suggests it.
+    let e = read_bytes("c300.pickle", &raw[..300], strict())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("after 0 complete trace entries"), "{e}");
+    assert!(!e.contains("lenient"), "{e}");
+    for options in [strict(), lenient()] {
+        let e = read_bytes("tiny.pickle.gz", &gz[..30], options)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("gzip data truncated"), "{e}");
+        assert!(!e.contains("lenient"), "{e}");
+    }
+    // A corrupt pickle (an unknown opcode), which a lenient read does not salvage either.
+    let mut bad = raw[..50_000].to_vec();
+    bad.push(0xff);
+    bad.extend_from_slice(&raw[50_000..]);
+    let e = read_bytes("bad.pickle", &bad, strict())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("corrupt pickle at byte offset 50000"), "{e}");
+    assert!(!e.contains("lenient"), "{e}");
+}
+
+/// New-user trial: a JSON-lines line that is valid JSON but not an object says so, naming what
+/// it found (serde's "invalid type: integer `1`, expected a string" named no object at all).
+#[test]
+fn a_jsonl_line_that_is_not_an_object_says_what_it_is() {
+    let good = "{\"action\":\"alloc\",\"addr\":1,\"size\":512}\n";
+    for (line, found) in [
+        ("[1,2]", "an array"),
+        ("42", "a number"),
+        ("-1.5", "a number"),
+        ("\"alloc\"", "a string"),
+        ("null", "null"),
+        ("true", "a boolean"),
+    ] {
+        let text = format!("{good}{line}\n");
+        let e = read_bytes("t.jsonl", text.as_bytes(), strict())
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            format!(
+                "t.jsonl: line 2: expected a JSON object such as {{\"action\":\"alloc\",...}}, \
+                 found {found}"
+            )
+        );
+        // Lenient: skipped with the same reason.
+        let t = read_bytes("t.jsonl", text.as_bytes(), lenient()).unwrap();
+        assert_eq!(t.events.len(), 1);
+        assert!(
+            t.skipped[0].ends_with(&format!("found {found}")),
+            "{:?}",
+            t.skipped
+        );
+    }
+    // An object with a wrong value still names its key.
+    let e = read_bytes("t.jsonl", b"{\"action\":[1,2]}\n", strict())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("key \"action\""), "{e}");
+}
+
+/// New-user trial: messages write an address the way the file wrote it, so that it can be
+/// found there: JSON lines in decimal with the hex in brackets, RMM logs as their `Pointer`
+/// column has it (hex, or decimal with the hex), PyTorch snapshots in hex.
+#[test]
+fn messages_write_addresses_as_the_file_wrote_them() {
+    let e = read_bytes("t.jsonl", b"{\"action\":\"free\",\"addr\":991}\n", strict())
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "t.jsonl: line 1: free of address 991 (0x3df) (device 0) that is not live (never allocated)"
+    );
+    let e = read_bytes(
+        "t.jsonl",
+        b"{\"action\":\"alloc\",\"addr\":991,\"size\":8}\n{\"action\":\"alloc\",\"addr\":991,\"size\":8}\n",
+        strict(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains(
+            "line 2: alloc of 8 bytes at address 991 (0x3df) (device 0), which is already live"
+        ),
+        "{e}"
+    );
+    let head = "Thread,Time,Action,Pointer,Size,Stream\n";
+    for (pointer, shown) in [("0x3df", "0x3df"), ("991", "991 (0x3df)")] {
+        let log = format!("{head}1,10:00:00.5,free,{pointer},256,0x0\n");
+        let e = read_bytes("rmm.csv", log.as_bytes(), strict())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!(
+                "line 2: free of address {shown} (device 0) that is not live"
+            )),
+            "{e}"
+        );
+    }
+    // A snapshot: hex (duplicate_alloc.pickle allocates address 4096 twice).
+    let e = read_path(&fixture("duplicate_alloc.pickle"), strict())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("at address 0x1000 (device 0)"), "{e}");
+}
+
+/// New-user trial: a tar archive (`.tar`, or `.tgz` once gunzipped) is named as one, with what
+/// to do, instead of "binary data that is neither gzip nor a pickle".
+#[test]
+fn a_tar_archive_is_named_as_one() {
+    // A ustar header for `trace.pickle` (what `tar -cf` writes), then the file's first block.
+    let mut tar = vec![0u8; 1024];
+    tar[..12].copy_from_slice(b"trace.pickle");
+    tar[100..108].copy_from_slice(b"0000644\0");
+    tar[124..136].copy_from_slice(b"00000001000\0");
+    tar[257..263].copy_from_slice(b"ustar\0");
+    tar[263..265].copy_from_slice(b"00");
+    tar[512..515].copy_from_slice(b"\x80\x04\x95");
+    let e = read_bytes("traces.tar", &tar, strict()).unwrap_err();
+    assert!(matches!(e, TraceError::NotATrace { .. }), "{e}");
+    assert_eq!(
+        e.to_string(),
+        "traces.tar: not an allocation trace: a tar archive: extract the trace first (tar -xf FILE)"
+    );
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut enc, &tar).unwrap();
+    let tgz = enc.finish().unwrap();
+    let e = read_bytes("traces.tgz", &tgz, strict())
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "traces.tgz: not an allocation trace: after gunzip, a tar archive: extract the trace \
+         first (tar -xf FILE)"
+    );
+}

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use gpumem::trace::{read_path, Action, ReadConfig, Trace};
 use gpumem_core::sim::SimDevice;
 use gpumem_core::torch::TorchCachingPool;
-use gpumem_core::{Allocator, Device, DeviceError, DriverCounters, PhysHandle};
+use gpumem_core::{Allocator, DeviceError};
 
 const TRACES: [&str; 3] = ["gpt2_train", "mixed_sizes", "resnet_train"];
 
@@ -65,58 +65,27 @@ struct TestDevice {
     to_sim: HashMap<u64, u64>,
 }
 
-impl Device for TestDevice {
-    fn capacity_bytes(&self) -> u64 {
-        self.sim.capacity_bytes()
-    }
-    fn granularity_bytes(&self) -> u64 {
-        self.sim.granularity_bytes()
-    }
-    fn used_bytes(&self) -> u64 {
-        self.sim.used_bytes()
-    }
-    fn counters(&self) -> DriverCounters {
-        self.sim.counters()
-    }
-    fn alloc_segment(&mut self, bytes: u64) -> Result<u64, DeviceError> {
-        let at = self.sim.alloc_segment(bytes)?;
-        let addr = match self.placement {
-            Placement::Sim => at,
-            Placement::Recorded => match self.recorded.pop_front() {
-                Some((addr, recorded_bytes)) if recorded_bytes == bytes => addr,
-                other => panic!("cudaMalloc({bytes}) where PyTorch made {other:?}"),
-            },
-        };
-        self.to_sim.insert(addr, at);
-        Ok(addr)
-    }
-    fn free_segment(&mut self, addr: u64) -> Result<(), DeviceError> {
-        let at = self.to_sim.remove(&addr).ok_or(DeviceError::Invalid {
-            call: "cuMemFree",
-            detail: format!("{addr:#x} is not a live segment"),
-        })?;
-        self.sim.free_segment(at)
-    }
-    fn reserve_va(&mut self, bytes: u64) -> Result<u64, DeviceError> {
-        self.sim.reserve_va(bytes)
-    }
-    fn free_va(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
-        self.sim.free_va(va, bytes)
-    }
-    fn create_physical(&mut self, bytes: u64) -> Result<PhysHandle, DeviceError> {
-        self.sim.create_physical(bytes)
-    }
-    fn release_physical(&mut self, handle: PhysHandle) -> Result<(), DeviceError> {
-        self.sim.release_physical(handle)
-    }
-    fn map(&mut self, va: u64, bytes: u64, handle: PhysHandle) -> Result<(), DeviceError> {
-        self.sim.map(va, bytes, handle)
-    }
-    fn set_access(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
-        self.sim.set_access(va, bytes)
-    }
-    fn unmap(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
-        self.sim.unmap(va, bytes)
+gpumem_core::forward_device! {
+    impl Device for TestDevice => sim {
+        fn alloc_segment(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+            let at = self.sim.alloc_segment(bytes)?;
+            let addr = match self.placement {
+                Placement::Sim => at,
+                Placement::Recorded => match self.recorded.pop_front() {
+                    Some((addr, recorded_bytes)) if recorded_bytes == bytes => addr,
+                    other => panic!("cudaMalloc({bytes}) where PyTorch made {other:?}"),
+                },
+            };
+            self.to_sim.insert(addr, at);
+            Ok(addr)
+        }
+        fn free_segment(&mut self, addr: u64) -> Result<(), DeviceError> {
+            let at = self.to_sim.remove(&addr).ok_or(DeviceError::Invalid {
+                call: "cuMemFree",
+                detail: format!("{addr:#x} is not a live segment"),
+            })?;
+            self.sim.free_segment(at)
+        }
     }
 }
 

@@ -31,7 +31,7 @@
 mod entry;
 mod vm;
 
-use super::live::{AddrMap, Liveness, UnknownFree};
+use super::live::{AddrMap, AddrStyle, Liveness, UnknownFree};
 use super::{
     Action, Event, Format, PreexistingBlock, ReadConfig, SnapshotBlock, SnapshotSegment, Trace,
     TraceError,
@@ -76,6 +76,16 @@ impl Vm<'_> {
             ));
         }
         Ok(d)
+    }
+
+    /// After a failed read: how many trace entries were read whole. Entries are converted
+    /// when their list's `APPENDS` runs (the pickler writes one per 1,000 items); those still
+    /// waiting on the stack are converted here, so the count is exact.
+    fn entries_read(&mut self) -> u64 {
+        let mut stack = std::mem::take(&mut self.stack);
+        self.convert_entries(&mut stack);
+        self.stack = stack;
+        self.converted
     }
 
     /// After a truncated read: gathers what the stack holds of a snapshot (the device trace
@@ -294,26 +304,48 @@ fn malformed(name: &str, index: u64, message: String) -> TraceError {
 /// # Errors
 /// [`TraceError::Refused`] for an opcode that would import or call code; [`TraceError::NotATrace`]
 /// for a pickle that is not a snapshot; [`TraceError::Malformed`] for a truncated or corrupt
-/// pickle (the message gives the byte offset), a bad trace entry (its event index, the device and
-/// the position in that device's trace) or an alloc at an address already live (unless
-/// `options.lenient`, which skips and counts bad entries).
+/// pickle (the message gives the byte offset and how many trace entries were read whole before
+/// it), a bad trace entry (its event index, the device and the position in that device's
+/// trace) or an alloc at an address already live (unless `options.lenient`, which skips and
+/// counts bad entries).
 pub fn read_snapshot(name: &str, data: &[u8], options: ReadConfig) -> Result<Trace, TraceError> {
+    read_snapshot_from(name, data, options, false)
+}
+
+/// [`read_snapshot`] of the bytes gunzip gave when `gunzipped`: byte offsets in messages then
+/// say that they count bytes of the decompressed pickle, not of the file.
+pub(crate) fn read_snapshot_from(
+    name: &str,
+    data: &[u8],
+    options: ReadConfig,
+    gunzipped: bool,
+) -> Result<Trace, TraceError> {
     let mut vm = Vm::new(data);
     vm.keep_frames = options.keep_frames;
+    let of_pickle = if gunzipped {
+        " of the decompressed pickle"
+    } else {
+        ""
+    };
     let root = match vm.run() {
         Ok(v) => v,
         Err(VmError::Refused { offset, opcode }) => {
             return Err(TraceError::Refused {
                 path: name.to_string(),
                 message: format!(
-                    "pickle opcode {opcode} at byte offset {offset} asks for a class, global or \
-                     external object; a trace reader never imports or executes anything"
+                    "pickle opcode {opcode} at byte offset {offset}{of_pickle} asks for a class, \
+                     global or external object; a trace reader never imports or executes anything"
                 ),
             })
         }
         Err(VmError::Truncated { offset, what }) if options.lenient => {
             let cut = format!(
-                "the file is cut at byte offset {offset} of {} ({what})",
+                "the {} is cut at byte offset {offset} of {} ({what})",
+                if gunzipped {
+                    "decompressed pickle"
+                } else {
+                    "file"
+                },
                 data.len()
             );
             let root = vm.salvage().map_err(|_| {
@@ -341,26 +373,48 @@ pub fn read_snapshot(name: &str, data: &[u8], options: ReadConfig) -> Result<Tra
             return Ok(trace);
         }
         Err(VmError::Truncated { offset, what }) => {
+            let whole = vm.entries_read();
+            // What a lenient read would keep, to suggest one only when it keeps something.
+            let lenient = ReadConfig {
+                lenient: true,
+                keep_frames: false,
+            };
+            let kept = vm.salvage().ok().and_then(|root| {
+                let events = std::mem::take(&mut vm.events);
+                build_trace(name, &mut vm, events, root, lenient).ok()
+            });
+            let hint = match kept {
+                Some(t) if !t.events.is_empty() => format!(
+                    "; a lenient read (--lenient) keeps the {} event{} read before the cut",
+                    t.events.len(),
+                    if t.events.len() == 1 { "" } else { "s" }
+                ),
+                Some(t) if !t.segments.is_empty() => {
+                    "; a lenient read (--lenient) keeps the segments read before the cut".into()
+                }
+                _ => String::new(),
+            };
             return Err(malformed(
                 name,
-                vm.converted,
+                whole,
                 format!(
-                    "pickle truncated at byte offset {offset} of {} ({what}), after {} trace \
-                     entries",
+                    "pickle truncated at byte offset {offset} of {}{of_pickle} ({what}), after \
+                     {}{hint}",
                     data.len(),
-                    vm.converted
+                    entries(whole)
                 ),
-            ))
+            ));
         }
         Err(VmError::Malformed { offset, what }) => {
+            let whole = vm.entries_read();
             return Err(malformed(
                 name,
-                vm.converted,
+                whole,
                 format!(
-                    "corrupt pickle at byte offset {offset}: {what} (after {} trace entries)",
-                    vm.converted
+                    "corrupt pickle at byte offset {offset}{of_pickle}: {what} (after {})",
+                    entries(whole)
                 ),
-            ))
+            ));
         }
     };
     let events = std::mem::take(&mut vm.events);
@@ -369,6 +423,15 @@ pub fn read_snapshot(name: &str, data: &[u8], options: ReadConfig) -> Result<Tra
         trace.stacks = std::mem::take(&mut vm.stacks);
     }
     Ok(trace)
+}
+
+/// `N complete trace entries`, in words (entries of `device_traces`, `free_requested` ones
+/// included, read whole before the damage).
+fn entries(n: u64) -> String {
+    format!(
+        "{n} complete trace entr{}",
+        if n == 1 { "y" } else { "ies" }
+    )
 }
 
 fn build_trace(
@@ -472,7 +535,7 @@ fn build_trace(
         first.push(total);
         total += l.len() as u64;
     }
-    let mut live = Liveness::new(UnknownFree::Preexisting);
+    let mut live = Liveness::new(UnknownFree::Preexisting, AddrStyle::Hex);
     let size_hint = |d: u32, a: u64| block_sizes.get(&(d, a)).copied().unwrap_or(0);
     // Several devices with timestamps: interleave by time (stable, so ties keep file order).
     let time_of = |v: Value| match v {
