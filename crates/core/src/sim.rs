@@ -64,7 +64,12 @@ fn interp(points: &[(f64, f64)], bytes: u64) -> f64 {
 /// a factor 2.9; real seconds of the same replay move by ±40 % from run to run. Only `paged`
 /// unmaps or releases in these replays, always with hundreds of mappings live, so for
 /// cuMemUnmap and cuMemRelease alpha and beta cannot be told apart and the fit put the whole
-/// cost in one of them.
+/// cost in one of them. Checked out of sample on 44 later replays (`paged-lazy` under
+/// `placement=pages`, which unmaps and releases with tens of mappings, and `grow_ahead`,
+/// beside torch; `tests/data/h200_lazy_replays.json`): mean factor 1.38, the page
+/// placement's 1.26. Refitting on all 110 replays moves part of cuMemUnmap's cost into beta
+/// (alpha 1.52, beta 1.26 per 1,000 mappings) but predicts the 110 worse (mean factor 1.41
+/// against 1.37), so the factors stay.
 pub fn mapping_cost_factors(call: DriverCall) -> (f64, f64) {
     match call {
         DriverCall::Create => (0.87, 0.316e-3),
