@@ -366,7 +366,7 @@ impl PagedPool {
             return Ok(block(q.addr));
         }
         if let Some(pl) = self.find_mapped_fit(bytes, align) {
-            self.commit_block(pl, bytes, requested);
+            self.commit_block(pl, bytes, requested, None);
             return Ok(block(pl.addr));
         }
         // Pages will be mapped: first give the quick list's blocks back, so that no page is
@@ -374,7 +374,7 @@ impl PagedPool {
         if !self.quick.is_empty() {
             self.flush_quick(dev);
             if let Some(pl) = self.find_mapped_fit(bytes, align) {
-                self.commit_block(pl, bytes, requested);
+                self.commit_block(pl, bytes, requested, None);
                 return Ok(block(pl.addr));
             }
         }
@@ -392,13 +392,16 @@ impl PagedPool {
                 }
             }
         };
-        if let Err(e) = self.map_block_pages(dev, pl.res, pl.addr, bytes) {
-            if let Some(ri) = grown {
-                self.ungrow(dev, ri);
+        let ends_mapped = match self.map_block_pages(dev, pl.res, pl.addr, bytes) {
+            Ok(ends) => ends,
+            Err(e) => {
+                if let Some(ri) = grown {
+                    self.ungrow(dev, ri);
+                }
+                return Err(e.into());
             }
-            return Err(e.into());
-        }
-        self.commit_block(pl, bytes, requested);
+        };
+        self.commit_block(pl, bytes, requested, Some(ends_mapped));
         Ok(block(pl.addr))
     }
 

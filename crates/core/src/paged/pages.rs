@@ -154,13 +154,17 @@ impl PagedPool {
     /// elsewhere; only then, after releasing the cached handles too large to use (so that the
     /// peak stays the pages under live blocks), are new ones created. On failure unwinds
     /// everything it mapped and returns the error.
+    ///
+    /// The pages it maps get the block's reference already (refs 1: only the block touches
+    /// a page it newly maps); it returns whether the block's first and last pages were
+    /// mapped before, for [`PagedPool::commit_block`] to raise those.
     pub(super) fn map_block_pages(
         &mut self,
         dev: &mut dyn Device,
         ri: usize,
         addr: u64,
         bytes: u64,
-    ) -> Result<(), DeviceError> {
+    ) -> Result<[bool; 2], DeviceError> {
         let p = self.page_bytes;
         let Some(r) = self.reservations.get(ri) else {
             return Err(DeviceError::Invalid {
@@ -214,7 +218,9 @@ impl PagedPool {
             }
             at = page + 1;
         };
+        let mut ends_mapped = [false; 2];
         if let Some(Some(pg)) = r.pages.get(p0) {
+            ends_mapped[0] = true;
             visit(p0, pg);
         }
         if p1 > p0 + 1 && self.idle_count > 0 {
@@ -228,8 +234,11 @@ impl PagedPool {
         }
         if p1 > p0 {
             if let Some(Some(pg)) = r.pages.get(p1) {
+                ends_mapped[1] = true;
                 visit(p1, pg);
             }
+        } else {
+            ends_mapped[1] = ends_mapped[0];
         }
         if at <= p1 {
             push_run(at, p1 + 1);
@@ -352,9 +361,10 @@ impl PagedPool {
                 return Err(e);
             }
         }
-        // Commit the new pages (refs are raised by the caller).
+        // Commit the new pages, with the block's reference (the caller raises the refs of
+        // the pages that were mapped before).
         for t in &taken {
-            self.set_extent(ri, t.page, t.handle, 0, true);
+            self.set_extent(ri, t.page, t.handle, 1, true);
             self.mapped_pages += t.handle.pages;
         }
         // Pages the block covers are now open (new ones are already).
@@ -365,7 +375,7 @@ impl PagedPool {
         }
         self.taken_scratch = taken;
         self.plan_scratch = plan;
-        Ok(())
+        Ok(ends_mapped)
     }
 
     /// Returns the span of a block (live or quick) to the free map: one cuMemUnmap over

@@ -272,7 +272,19 @@ impl PagedPool {
     }
 
     /// Cuts the block out of its free range and raises the refs of its pages.
-    pub(super) fn commit_block(&mut self, pl: Placement, bytes: u64, requested: u64) {
+    ///
+    /// `mapped` is `None` when no page was mapped for the block (every page it covers gets
+    /// its reference here), else what [`PagedPool::map_block_pages`] returned: the pages it
+    /// mapped have their reference already, and only the pages mapped before it get one
+    /// here: the block's end pages when `mapped` says so, and the idle pages of its
+    /// interior (the only mapped pages there besides the new ones).
+    pub(super) fn commit_block(
+        &mut self,
+        pl: Placement,
+        bytes: u64,
+        requested: u64,
+        mapped: Option<[bool; 2]>,
+    ) {
         let p = self.page_bytes;
         let st = pl.range_start;
         let Some((i, len)) = self
@@ -325,12 +337,31 @@ impl PagedPool {
                     if r.idle.remove(j) {
                         self.idle_count -= 1;
                     }
+                    if let (Some(_), Some(Some(pg))) = (mapped, r.pages.get_mut(j)) {
+                        pg.refs += 1;
+                    }
                     i = j + 1;
                 }
             }
         }
-        for pg in r.pages.range_mut(p0, p1 + 1).flatten() {
-            pg.refs += 1;
+        match mapped {
+            None => {
+                for pg in r.pages.range_mut(p0, p1 + 1).flatten() {
+                    pg.refs += 1;
+                }
+            }
+            Some([first, last]) => {
+                for (i, was_mapped) in [(p0, first), (p1, last)] {
+                    if was_mapped {
+                        if let Some(Some(pg)) = r.pages.get_mut(i) {
+                            pg.refs += 1;
+                        }
+                    }
+                    if p1 == p0 {
+                        break;
+                    }
+                }
+            }
         }
         self.live.insert(pl.addr, LiveBlock { bytes, requested });
         self.tracker.on_alloc(requested, bytes);
