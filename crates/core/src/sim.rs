@@ -393,6 +393,7 @@ impl Meter {
     /// Counts a call of `bytes` on a device of `capacity` bytes and granules of
     /// `1 << granule_shift` bytes, made with `live_mappings` mappings live, and charges its
     /// modelled seconds; the injected fault when it is the call to fail.
+    #[inline]
     fn charge(
         &mut self,
         call: DriverCall,
@@ -1097,8 +1098,14 @@ impl Device for SimDevice {
         };
         let r = &mut self.reserved[ri];
         let (first, n) = ((va - r.start) >> sh, bytes >> sh);
-        // Mappings never overlap: no granule of the range may be mapped already.
-        if r.any_mapped(first, n) {
+        // Mappings never overlap: no granule of the range may be mapped already. A mapping
+        // of granules in one bitmap word (the common case) reads and sets that word once.
+        let word = Reserved::one_word(first, n);
+        let overlaps = match word {
+            Some((w, mask)) => r.mapped.get(w).is_some_and(|&x| x & mask != 0),
+            None => r.any_mapped(first, n),
+        };
+        if overlaps {
             return Err(Self::invalid(
                 c,
                 format!("{va:#x}+{bytes} overlaps a mapping"),
@@ -1114,7 +1121,18 @@ impl Device for SimDevice {
                 access: false,
             },
         );
-        r.mark(first, n, true);
+        match word {
+            Some((w, mask)) => {
+                if w >= r.mapped.len() {
+                    r.mapped.resize(w + 1, 0);
+                }
+                if let Some(x) = r.mapped.get_mut(w) {
+                    *x |= mask;
+                }
+                r.mapped_granules += n;
+            }
+            None => r.mark(first, n, true),
+        }
         self.live_mappings += 1;
         h.mapped_at = Some(va);
         Ok(())
