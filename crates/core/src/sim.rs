@@ -928,6 +928,47 @@ impl SimDevice {
         Ok(())
     }
 
+    /// `(reserved range, first granule, granules)` when `[va, va + bytes)` starts on a
+    /// granule and lies inside one reserved range (the common case, walked by granule
+    /// index without a look-up per mapping); `None` otherwise (the general walk decides).
+    #[inline]
+    fn span_in_one_range(&self, va: u64, bytes: u64) -> Option<(usize, u64, u64)> {
+        let ri = reserved_holding(&self.reserved, va, bytes)?;
+        let off = va - self.reserved.get(ri)?.start;
+        self.is_granular(off)
+            .then(|| (ri, self.granules(off), self.granules(bytes)))
+    }
+
+    /// [`SimDevice::check_tiled`] for granules `[first, first + n)` of reserved range `ri`:
+    /// the same walk and the same errors, by granule index.
+    fn check_tiled_in(
+        &self,
+        c: DriverCall,
+        ri: usize,
+        first: u64,
+        n: u64,
+    ) -> Result<(), DeviceError> {
+        let sh = self.granularity.trailing_zeros();
+        let Some(r) = self.reserved.get(ri) else {
+            return Err(Self::invalid(c, "reserved range vanished".into()));
+        };
+        let end = first + n;
+        let mut gi = first;
+        while gi < end {
+            match r.maps.get(gi) {
+                Some(m) => gi += m.bytes >> sh,
+                None => {
+                    let at = r.start + (gi << sh);
+                    return Err(Self::invalid(c, format!("{at:#x} is not mapped")));
+                }
+            }
+        }
+        if gi != end {
+            return Err(Self::invalid(c, "range ends inside a mapping".into()));
+        }
+        Ok(())
+    }
+
     /// `bytes` in granules (the granularity is a power of two: a shift, not a division).
     fn granules(&self, bytes: u64) -> u64 {
         bytes >> self.granularity.trailing_zeros()
@@ -1141,6 +1182,19 @@ impl Device for SimDevice {
     fn set_access(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
         let c = DriverCall::SetAccess;
         self.check_granular(c, bytes)?;
+        if let Some((ri, first, n)) = self.span_in_one_range(va, bytes) {
+            self.check_tiled_in(c, ri, first, n)?;
+            self.begin(c, bytes)?;
+            let sh = self.granularity.trailing_zeros();
+            if let Some(r) = self.reserved.get_mut(ri) {
+                let mut gi = first;
+                while let Some(m) = r.maps.get_mut(gi).filter(|_| gi < first + n) {
+                    m.access = true;
+                    gi += m.bytes >> sh;
+                }
+            }
+            return Ok(());
+        }
         // The range must be covered by contiguous mappings starting exactly at va.
         self.check_tiled(c, va, bytes)?;
         self.begin(c, bytes)?;
@@ -1166,6 +1220,38 @@ impl Device for SimDevice {
     fn unmap(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
         let c = DriverCall::Unmap;
         self.check_granular(c, bytes)?;
+        if let Some((ri, first, n)) = self.span_in_one_range(va, bytes) {
+            self.check_tiled_in(c, ri, first, n)?;
+            self.begin(c, bytes)?;
+            let sh = self.granularity.trailing_zeros();
+            let Some(r) = self.reserved.get_mut(ri) else {
+                return Ok(());
+            };
+            // The mappings tile the granules: each is taken, and their bits are cleared
+            // in one pass at the end.
+            let mut gi = first;
+            while gi < first + n {
+                let Some(m) = r.maps.remove(gi) else {
+                    break;
+                };
+                self.live_mappings -= 1;
+                gi += m.bytes >> sh;
+                let drop_it = match self.handles.get_mut(&m.handle.0) {
+                    Some(h) => {
+                        h.mapped_at = None;
+                        h.released
+                    }
+                    None => false,
+                };
+                if drop_it {
+                    if let Some(h) = self.handles.remove(&m.handle.0) {
+                        self.used -= h.bytes;
+                    }
+                }
+            }
+            r.mark(first, gi - first, false);
+            return Ok(());
+        }
         // Walk the mappings from the start of the range: they must tile it.
         self.check_tiled(c, va, bytes)?;
         self.begin(c, bytes)?;
