@@ -393,7 +393,7 @@ impl Meter {
     /// Counts a call of `bytes` on a device of `capacity` bytes and granules of
     /// `1 << granule_shift` bytes, made with `live_mappings` mappings live, and charges its
     /// modelled seconds; the injected fault when it is the call to fail.
-    #[inline]
+    #[inline(always)]
     fn charge(
         &mut self,
         call: DriverCall,
@@ -405,27 +405,14 @@ impl Meter {
         let idx = self.calls_made;
         self.calls_made += 1;
         if self.fault_at == Some(idx) {
-            return Err(DeviceError::Driver {
-                call: call.cuda_name(),
-                name: "CUDA_ERROR_UNKNOWN (injected fault)".into(),
-            });
+            return Err(Self::injected_fault(call));
         }
         // A request above the whole device is refused at once, not timed as a huge call.
         let bytes = bytes.min(capacity.max(1));
         let slot = (bytes >> granule_shift) as usize % COST_MEMO_SLOTS;
-        let memo = self
-            .cost_memo
-            .get_mut(call as usize)
-            .and_then(|m| m.get_mut(slot));
-        let isolated = match memo {
+        let isolated = match self.cost_memo.get(call as usize).and_then(|m| m.get(slot)) {
             Some(Some((b, s))) if *b == bytes => *s,
-            m => {
-                let s = h200_isolated_call_seconds(call, bytes);
-                if let Some(m) = m {
-                    *m = Some((bytes, s));
-                }
-                s
-            }
+            _ => self.memo_miss(call, bytes, slot),
         };
         let (alpha, beta) = mapping_cost_factors(call);
         let live = live_mappings as f64;
@@ -437,6 +424,32 @@ impl Meter {
             b.isolated_seconds_x_mappings += isolated * live;
         }
         Ok(())
+    }
+
+    /// The isolated cost of a call of `bytes` not in memo slot `slot`: modelled, and kept
+    /// in that slot (out of line: the charge of a memoized size stays a few instructions).
+    #[cold]
+    #[inline(never)]
+    fn memo_miss(&mut self, call: DriverCall, bytes: u64, slot: usize) -> f64 {
+        let s = h200_isolated_call_seconds(call, bytes);
+        if let Some(m) = self
+            .cost_memo
+            .get_mut(call as usize)
+            .and_then(|m| m.get_mut(slot))
+        {
+            *m = Some((bytes, s));
+        }
+        s
+    }
+
+    /// The error of an injected fault.
+    #[cold]
+    #[inline(never)]
+    fn injected_fault(call: DriverCall) -> DeviceError {
+        DeviceError::Driver {
+            call: call.cuda_name(),
+            name: "CUDA_ERROR_UNKNOWN (injected fault)".into(),
+        }
     }
 }
 
