@@ -224,10 +224,25 @@ impl GranuleMap {
     }
 
     /// Records `m` as the mapping starting at granule `i`.
+    #[inline(always)]
     fn insert(&mut self, i: u64, m: Mapping) {
         let Ok(i) = usize::try_from(i) else {
             return;
         };
+        // The chunk is there (the common case): one write.
+        if let Some(Some(chunk)) = self.chunks.get_mut(i / MAP_CHUNK) {
+            if let Some(slot) = chunk.get_mut(i % MAP_CHUNK) {
+                *slot = Some(m);
+            }
+            return;
+        }
+        self.insert_in_new_chunk(i, m);
+    }
+
+    /// [`GranuleMap::insert`] where the chunk of granule `i` is not allocated yet.
+    #[cold]
+    #[inline(never)]
+    fn insert_in_new_chunk(&mut self, i: usize, m: Mapping) {
         let c = i / MAP_CHUNK;
         if c >= self.chunks.len() {
             self.chunks.resize_with(c + 1, || None);
@@ -454,7 +469,7 @@ impl Meter {
 }
 
 /// Index of the range of `reserved` (in address order) holding `va`.
-#[inline]
+#[inline(always)]
 fn reserved_at(reserved: &[Reserved], va: u64) -> Option<usize> {
     let i = reserved.partition_point(|r| r.start <= va).checked_sub(1)?;
     let r = reserved.get(i)?;
@@ -462,7 +477,7 @@ fn reserved_at(reserved: &[Reserved], va: u64) -> Option<usize> {
 }
 
 /// Index of the range of `reserved` (in address order) holding all of `[va, va+bytes)`.
-#[inline]
+#[inline(always)]
 fn reserved_holding(reserved: &[Reserved], va: u64, bytes: u64) -> Option<usize> {
     let i = reserved_at(reserved, va)?;
     let r = reserved.get(i)?;

@@ -145,10 +145,17 @@ impl PagedPool {
 
     /// Releases cached handles, largest first, until the cache is within its bound
     /// (cuMemRelease each); stops at the first failure, leaving `trim_pending` set.
+    #[inline]
     pub(super) fn trim_cache(&mut self, dev: &mut dyn Device) {
-        if !self.trim_pending {
-            return;
+        if self.trim_pending {
+            self.trim_cache_now(dev);
         }
+    }
+
+    /// [`PagedPool::trim_cache`] once a trim is pending (out of line: most calls find
+    /// none).
+    #[inline(never)]
+    fn trim_cache_now(&mut self, dev: &mut dyn Device) {
         while self.held_free_pages() > self.cache_limit {
             // The last of the largest handles.
             let Some(&(size, _)) = self.cache_sizes.last() else {
