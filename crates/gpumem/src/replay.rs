@@ -435,6 +435,7 @@ pub fn replay_summarized(
         .checked_div(opts.timeline_points)
         .map_or(u64::MAX, |v| v.max(1));
     let want_timeline = opts.timeline_points > 0;
+    let mut frag_left = frag_every;
     let mut st = State {
         live: FxHashMap::default(),
         opts,
@@ -597,7 +598,13 @@ pub fn replay_summarized(
         if want_timeline && index.is_multiple_of(timeline_every) {
             report.timeline.extend(bucket.take());
         }
-        let sample_frag = index.is_multiple_of(frag_every);
+        // `index` is a multiple of `frag_every`, counted down rather than divided (a 64-bit
+        // division per event is a fair share of a fast allocator's time).
+        frag_left -= 1;
+        let sample_frag = frag_left == 0;
+        if sample_frag {
+            frag_left = frag_every;
+        }
         if sample_frag || index.is_multiple_of(4096) {
             let s = alloc.stats();
             if s.reserved_bytes.peak > peak_reserved_seen {

@@ -357,7 +357,7 @@ impl PagedPool {
         if let Some(i) = self
             .quick
             .iter()
-            .rposition(|q| q.bytes == bytes && q.addr % align == 0)
+            .rposition(|q| q.bytes == bytes && q.addr & (align - 1) == 0)
         {
             let q = self.quick.remove(i);
             self.quick_bytes = self.quick_bytes.saturating_sub(q.bytes);
@@ -517,7 +517,14 @@ pub(crate) fn page_request(
     let bytes = align_up(size_bytes.max(1), UNIT_BYTES)
         .filter(|b| b.checked_add(2 * page_bytes).is_some())
         .ok_or(AllocError::Overflow { size_bytes, align })?;
-    Ok((bytes.div_ceil(page_bytes) <= dev.capacity_bytes() / page_bytes).then_some((bytes, align)))
+    // Pages are a power of two once learnt: shifts, not two 64-bit divisions per request.
+    let fits = if is_pow2(page_bytes) {
+        let sh = page_bytes.trailing_zeros();
+        (bytes >> sh) + u64::from(bytes & (page_bytes - 1) != 0) <= dev.capacity_bytes() >> sh
+    } else {
+        bytes.div_ceil(page_bytes) <= dev.capacity_bytes() / page_bytes
+    };
+    Ok(fits.then_some((bytes, align)))
 }
 
 impl Default for PagedPool {
