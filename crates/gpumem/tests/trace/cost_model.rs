@@ -138,7 +138,10 @@ fn model_predicts_replays_it_was_not_fitted_to() {
         );
         all.push(err);
         if r["allocator"].as_str().unwrap().contains("placement=pages") {
-            assert!(r["sim"]["unmap"]["calls"].as_u64() > Some(0), "{name} unmaps");
+            assert!(
+                r["sim"]["unmap"]["calls"].as_u64() > Some(0),
+                "{name} unmaps"
+            );
             pages.push(err);
         }
     }
