@@ -66,7 +66,7 @@ fn now_utc() -> String {
 #[derive(Args)]
 pub struct BenchTransferArgs {
     /// Sizes per copy, comma-separated, with units.
-    #[arg(long, default_value = "4KiB,16KiB,64KiB,256KiB,1MiB,4MiB,8MiB,16MiB,64MiB,256MiB,1GiB", value_parser = units::parse_size_set)]
+    #[arg(long, default_value = "4KiB,16KiB,64KiB,256KiB,1MiB,4MiB,8MiB,16MiB,64MiB,256MiB,1GiB", value_parser = units::parse_size_set, allow_hyphen_values = true)]
     pub sizes: std::vec::Vec<u64>,
     /// Host memory kinds: pageable, pinned, write_combined, mapped, staged.
     #[arg(long, default_value = "pageable,pinned,write_combined,mapped,staged", value_parser = parse_kinds)]
@@ -83,7 +83,7 @@ pub struct BenchTransferArgs {
     #[arg(long, default_value = "0", value_parser = crate::cmd_multigpu::parse_transfer_device)]
     pub device: crate::cmd_multigpu::TransferDevice,
     /// Staging ring: bytes per chunk.
-    #[arg(long, default_value = "16MiB", value_parser = parse_size)]
+    #[arg(long, default_value = "16MiB", value_parser = parse_size, allow_hyphen_values = true)]
     pub stage_chunk: u64,
     /// Staging ring: pinned buffers.
     #[arg(long, default_value_t = 4)]
@@ -511,7 +511,7 @@ fn rows_for_plot(rows: &[Row]) -> Vec<(String, Vec<(u64, f64)>)> {
 #[derive(Args)]
 pub struct BenchPinnedArgs {
     /// Sizes per allocation, comma-separated, with units.
-    #[arg(long, default_value = "1MiB,16MiB,256MiB,1GiB", value_parser = units::parse_size_set)]
+    #[arg(long, default_value = "1MiB,16MiB,256MiB,1GiB", value_parser = units::parse_size_set, allow_hyphen_values = true)]
     pub sizes: std::vec::Vec<u64>,
     /// Repeats per point (median); the pool's warm figure uses at least 1000.
     #[arg(long, default_value_t = 5)]
@@ -636,7 +636,7 @@ pub fn bench_pinned(a: BenchPinnedArgs) -> Result<()> {
 #[derive(Args)]
 pub struct AdviseArgs {
     /// Bytes per transfer, with units (at least 1 B).
-    #[arg(long, value_parser = parse_transfer_size)]
+    #[arg(long, value_parser = parse_transfer_size, allow_hyphen_values = true)]
     pub size: u64,
     /// Transfers per second (0: a one-off).
     #[arg(long, default_value_t = 0.0)]
@@ -651,7 +651,7 @@ pub struct AdviseArgs {
     #[arg(long, default_value_t = 60.0)]
     pub horizon: f64,
     /// Cap on pinned memory, with units (default: half of RAM or of the cgroup limit).
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = parse_size, allow_hyphen_values = true)]
     pub cap: Option<u64>,
     /// A table written by `bench transfer` (default: the cached one, else built-in H200 figures).
     #[arg(long)]

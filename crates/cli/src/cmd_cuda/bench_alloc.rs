@@ -37,7 +37,7 @@ pub struct BenchAllocArgs {
     #[arg(long, default_value = "all")]
     pub strategies: String,
     /// Sizes of the alloc+free pairs (comma-separated).
-    #[arg(long, default_value = "256,4KiB,64KiB,1MiB,16MiB,256MiB,1GiB", value_parser = gpumem::units::parse_size_list)]
+    #[arg(long, default_value = "256,4KiB,64KiB,1MiB,16MiB,256MiB,1GiB", value_parser = gpumem::units::parse_size_list, allow_hyphen_values = true)]
     pub sizes: std::vec::Vec<u64>,
     /// Also run the mixed batch (1000 live allocations of 1 KiB..4 MiB).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]

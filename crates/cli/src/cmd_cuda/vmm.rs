@@ -23,7 +23,7 @@ pub struct VmmArgs {
     #[arg(long, default_value = "cuda")]
     pub device: DeviceSel,
     /// Virtual range to reserve for the demonstration arena.
-    #[arg(long, default_value = "32MiB", value_parser = parse_size)]
+    #[arg(long, default_value = "32MiB", value_parser = parse_size, allow_hyphen_values = true)]
     pub reserve: u64,
     /// Pages considered for mapping (every other one is mapped, leaving holes).
     #[arg(long, default_value_t = 8)]
