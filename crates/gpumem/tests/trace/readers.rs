@@ -24,6 +24,16 @@ fn expected() -> serde_json::Value {
     serde_json::from_str(&text).unwrap()
 }
 
+/// The pickle inside a gzip file's bytes.
+fn gunzip(gz: &[u8]) -> Vec<u8> {
+    use std::io::Read;
+    let mut v = Vec::new();
+    flate2::read::GzDecoder::new(gz)
+        .read_to_end(&mut v)
+        .unwrap();
+    v
+}
+
 fn strict() -> ReadConfig {
     ReadConfig::default()
 }
@@ -342,14 +352,7 @@ fn truncated_pickles_give_clear_errors() {
         assert!(read_bytes("p0", &p0[..cut], strict()).is_err(), "cut {cut}");
     }
     let gz = std::fs::read(shipped("mixed_sizes")).unwrap();
-    let raw = {
-        use std::io::Read;
-        let mut v = Vec::new();
-        flate2::read::GzDecoder::new(&gz[..])
-            .read_to_end(&mut v)
-            .unwrap();
-        v
-    };
+    let raw = gunzip(&gz);
     for k in 1..200 {
         let cut = raw.len() * k / 200;
         match read_bytes("mixed_sizes", &raw[..cut], strict()) {
@@ -574,14 +577,7 @@ fn shared_frames_snapshot_reads_with_its_stacks() {
 #[test]
 fn lenient_salvages_truncated_snapshots() {
     let gz = std::fs::read(fixture("shared_frames.pickle.gz")).unwrap();
-    let raw = {
-        use std::io::Read;
-        let mut v = Vec::new();
-        flate2::read::GzDecoder::new(&gz[..])
-            .read_to_end(&mut v)
-            .unwrap();
-        v
-    };
+    let raw = gunzip(&gz);
     let whole = read_bytes("whole", &raw, strict()).unwrap();
     let mut last = 0;
     for k in 1..10 {
@@ -654,14 +650,7 @@ fn truncation_errors_count_the_entries_read_exactly() {
     // the entries before the cut are counted (an earlier reader said 0), at least as many as
     // the events a lenient read keeps from them (free_requested entries are not events).
     let gz = std::fs::read(shipped("mixed_sizes")).unwrap();
-    let raw = {
-        use std::io::Read;
-        let mut v = Vec::new();
-        flate2::read::GzDecoder::new(&gz[..])
-            .read_to_end(&mut v)
-            .unwrap();
-        v
-    };
+    let raw = gunzip(&gz);
     let message = read_bytes("mixed_sizes.pickle", &raw[..50_000], strict())
         .unwrap_err()
         .to_string();
@@ -698,14 +687,7 @@ fn truncation_errors_count_the_entries_read_exactly() {
 #[test]
 fn the_lenient_hint_appears_exactly_when_it_helps() {
     let gz = std::fs::read(shipped("mixed_sizes")).unwrap();
-    let raw = {
-        use std::io::Read;
-        let mut v = Vec::new();
-        flate2::read::GzDecoder::new(&gz[..])
-            .read_to_end(&mut v)
-            .unwrap();
-        v
-    };
+    let raw = gunzip(&gz);
     let hint = "a lenient read (--lenient) keeps the";
     // A plain pickle cut after some entries: the hint, with the count a lenient read keeps.
     let cut = &raw[..50_000];
