@@ -483,15 +483,7 @@ impl TorchCachingPool {
         let mut c = self.find_expandable_block(dev, stream, pool, size)?;
         let cb = *self.slab.get(c);
         if !cb.mapped {
-            let mut mapped = Ok(false);
-            let ahead = self.grow_ahead_bytes();
-            if ahead > 0 {
-                mapped = self.map_block(dev, c, cb.size.min(size.saturating_add(ahead)));
-            }
-            if matches!(mapped, Ok(false)) {
-                // No ahead, or no room for it: what the request needs.
-                mapped = self.map_block(dev, c, cb.size.min(size));
-            }
+            let mapped = self.map_growth(dev, c, size);
             if !matches!(mapped, Ok(true)) {
                 // Coarse handles (not PyTorch): a segment left with nothing mapped gives its
                 // range back at once instead of waiting for a later request.
@@ -509,18 +501,25 @@ impl TorchCachingPool {
             if next == NIL {
                 return Ok(None);
             }
-            let room = self.slab.get(next).size;
-            let ahead = self.grow_ahead_bytes();
-            let ahead_mapped = ahead > 0
-                && !self.slab.get(next).mapped
-                && self.map_block(dev, next, room.min(remaining.saturating_add(ahead)))?;
-            if !ahead_mapped && !self.map_block(dev, next, remaining.min(room))? {
+            if !self.map_growth(dev, next, remaining)? {
                 return Ok(None);
             }
             c = next;
         }
         self.remove_free(c);
         Ok(Some(c))
+    }
+
+    /// [`TorchCachingPool::map_block`] of the unmapped block `i` for a growth that needs
+    /// `need` bytes: first with [`TorchCachingPool::grow_ahead_bytes`] more, then, when the
+    /// device has no room for that (or there is no ahead), only `need` (at most the block).
+    fn map_growth(&mut self, dev: &mut dyn Device, i: u32, need: u64) -> Result<bool, DeviceError> {
+        let room = self.slab.get(i).size;
+        let ahead = self.grow_ahead_bytes();
+        if ahead > 0 && self.map_block(dev, i, room.min(need.saturating_add(ahead)))? {
+            return Ok(true);
+        }
+        self.map_block(dev, i, room.min(need))
     }
 
     /// Bytes a growth maps beyond what it needs: [`TorchCachingPool::grow_ahead_bp`] of the
