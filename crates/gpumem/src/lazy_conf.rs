@@ -32,18 +32,7 @@ pub fn apply(c: &mut LazyConfig, key: &str, value: &str) -> Result<bool, String>
                 }
             };
         }
-        "headroom" => {
-            let f: f64 = value
-                .parse()
-                .ok()
-                .filter(|f| (0.0..=10.0).contains(f))
-                .ok_or("expected a fraction from 0 to 10, such as 0.02")?;
-            let bp = (f * 10_000.0).round() as u32;
-            if bp == 0 && f > 0.0 {
-                return Err("expected 0 or at least 0.0001 (read in steps of 0.0001)".into());
-            }
-            c.headroom_bp = bp;
-        }
+        "headroom" => c.headroom_bp = basis_points(value, 10.0, "0.02")?,
         "max_handle" => {
             let v = crate::units::parse_size(value)?;
             if v == 0 {
@@ -52,21 +41,25 @@ pub fn apply(c: &mut LazyConfig, key: &str, value: &str) -> Result<bool, String>
             c.handle_bytes = v;
         }
         "map_ahead" => c.ahead_bytes = crate::units::parse_size(value)?,
-        "grow_ahead" => {
-            let f: f64 = value
-                .parse()
-                .ok()
-                .filter(|f| (0.0..=1.0).contains(f))
-                .ok_or("expected a fraction from 0 to 1, such as 0.0156")?;
-            let bp = (f * 10_000.0).round() as u32;
-            if bp == 0 && f > 0.0 {
-                return Err("expected 0 or at least 0.0001 (read in steps of 0.0001)".into());
-            }
-            c.grow_ahead_bp = bp;
-        }
+        "grow_ahead" => c.grow_ahead_bp = basis_points(value, 1.0, "0.0156")?,
         _ => return Ok(false),
     }
     Ok(true)
+}
+
+/// A fraction from 0 to `max` in basis points (1/10,000, rounded to the nearest); a fraction
+/// above 0 that rounds to 0 is refused rather than read as 0.
+fn basis_points(value: &str, max: f64, example: &str) -> Result<u32, String> {
+    let f: f64 = value
+        .parse()
+        .ok()
+        .filter(|f| (0.0..=max).contains(f))
+        .ok_or_else(|| format!("expected a fraction from 0 to {max}, such as {example}"))?;
+    let bp = (f * 10_000.0).round() as u32;
+    if bp == 0 && f > 0.0 {
+        return Err("expected 0 or at least 0.0001 (read in steps of 0.0001)".into());
+    }
+    Ok(bp)
 }
 
 /// Parses `key=value` items separated by commas (spaces around them ignored; split by
