@@ -589,20 +589,20 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         .collect();
     warnings.extend(capacity_warnings(a.capacity, &summaries));
     if let Some(text) = &a.lazy_conf {
-        if config.lazy.placement == LazyPlacement::Pages
-            && text
-                .split(',')
-                .filter_map(|item| item.split_once('=').map(|(k, _)| k.trim()))
-                .any(|k| k == "grow_ahead")
-        {
+        // The keys given, split as lazy_conf read them (it accepted every item above).
+        let keys: Vec<&str> = gpumem::conf_items::items(text, &gpumem::lazy_conf::KEYS)
+            .filter_map(Result::ok)
+            .map(|(k, _)| k)
+            .collect();
+        if config.lazy.placement == LazyPlacement::Pages && keys.contains(&"grow_ahead") {
             warnings.push(
                 "--lazy-conf: grow_ahead tunes placement=segments (the default) only; with placement=pages it has no effect (map_ahead is its counterpart there)".to_string(),
             );
         }
         if config.lazy.placement == LazyPlacement::Segments {
-            let ignored: Vec<&str> = text
-                .split(',')
-                .filter_map(|item| item.split_once('=').map(|(k, _)| k.trim()))
+            let ignored: Vec<&str> = keys
+                .iter()
+                .copied()
                 .filter(|k| matches!(*k, "headroom" | "max_handle" | "map_ahead"))
                 .collect();
             if !ignored.is_empty() {
