@@ -5,8 +5,7 @@
 //! reserved ranges, no double map, access only on mapped ranges), so an allocator that runs
 //! clean here makes legal calls on a real GPU. Faults can be injected at any call to test
 //! that allocators unwind exactly what they did.
-use crate::hash::AddrMap;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use crate::device::{Device, DeviceError, DriverCall, DriverCounters, PhysHandle};
 
@@ -177,7 +176,109 @@ pub fn h200_call_seconds(call: DriverCall, bytes: u64, live_mappings: u64) -> f6
 struct Handle {
     bytes: u64,
     released: bool,
-    mapped_at: Option<u64>,
+    /// Under a mapping (cuMemRelease of a mapped handle frees its memory only at the unmap).
+    mapped: bool,
+}
+
+/// Handles below this many slots are never trimmed from the front of [`Handles`].
+const HANDLE_TRIM_MIN: usize = 64;
+
+/// The physical handles, by id. Ids are issued in sequence from 1 and never reused (what
+/// cuMemCreate answers, seen by the callers), so a handle is found by subtracting the id of
+/// the first slot kept: an indexing, not a hash. The slots of handles gone are trimmed from
+/// the front once they are at least half of the slab, so that it spans the ids from the
+/// oldest live handle to the newest (16 bytes a slot), not every cuMemCreate of the run.
+#[derive(Debug, Clone)]
+struct Handles {
+    /// Id of `slots[0]`.
+    first_id: u64,
+    /// Slots below this index are all `None` (handles gone).
+    head: usize,
+    slots: Vec<Option<Handle>>,
+}
+
+impl Handles {
+    fn new() -> Self {
+        Handles {
+            first_id: 1,
+            head: 0,
+            slots: Vec::new(),
+        }
+    }
+
+    /// Index of handle `id` in the slab, if it was issued and not trimmed.
+    #[inline(always)]
+    fn index(&self, id: u64) -> Option<usize> {
+        usize::try_from(id.checked_sub(self.first_id)?).ok()
+    }
+
+    /// The live (or released but still mapped) handle `id`.
+    #[inline(always)]
+    fn get(&self, id: u64) -> Option<&Handle> {
+        self.slots.get(self.index(id)?)?.as_ref()
+    }
+
+    /// The live (or released but still mapped) handle `id`, to write.
+    #[inline(always)]
+    fn get_mut(&mut self, id: u64) -> Option<&mut Handle> {
+        let i = self.index(id)?;
+        self.slots.get_mut(i)?.as_mut()
+    }
+
+    /// Records a new handle and returns its id (the next in sequence).
+    #[inline(always)]
+    fn push(&mut self, h: Handle) -> u64 {
+        self.slots.push(Some(h));
+        self.first_id + self.slots.len() as u64 - 1
+    }
+
+    /// Forgets handle `id` (released and unmapped).
+    #[inline]
+    fn remove(&mut self, id: u64) {
+        let Some(i) = self.index(id) else {
+            return;
+        };
+        if let Some(slot) = self.slots.get_mut(i) {
+            *slot = None;
+        }
+        if i == self.head {
+            self.trim_front();
+        }
+    }
+
+    /// Moves `head` past the handles gone at the front, and drops them once they are at
+    /// least half of the slab.
+    #[cold]
+    #[inline(never)]
+    fn trim_front(&mut self) {
+        while self.slots.get(self.head).is_some_and(|s| s.is_none()) {
+            self.head += 1;
+        }
+        if self.head >= HANDLE_TRIM_MIN && self.head * 2 >= self.slots.len() {
+            self.slots.drain(..self.head);
+            self.first_id += self.head as u64;
+            self.head = 0;
+        }
+    }
+
+    /// Marks handle `id` unmapped; a released one is gone then, and its `bytes` leave
+    /// `used`.
+    #[inline(always)]
+    fn unmapped(&mut self, id: u64, used: &mut u64) {
+        let Some(h) = self.get_mut(id) else {
+            return;
+        };
+        h.mapped = false;
+        if h.released {
+            *used -= h.bytes;
+            self.remove(id);
+        }
+    }
+
+    /// Handles not released (mapped or not).
+    fn unreleased(&self) -> usize {
+        self.slots.iter().flatten().filter(|h| !h.released).count()
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -190,6 +291,9 @@ struct Mapping {
 /// Slots per chunk of a [`GranuleMap`] (a power of two).
 const MAP_CHUNK: usize = 256;
 
+/// One chunk of a [`GranuleMap`].
+type MapChunk = Box<[Option<Mapping>; MAP_CHUNK]>;
+
 /// The mappings of one reserved range by the granule they start at: chunks of
 /// [`MAP_CHUNK`] slots, each allocated when one of its slots is first written, the chunk
 /// index grown on demand (a range costs nothing until mapped, however large). A look-up is
@@ -197,73 +301,69 @@ const MAP_CHUNK: usize = 256;
 /// by mapping from its start.
 #[derive(Debug, Clone, Default)]
 struct GranuleMap {
-    chunks: Vec<Option<Box<[Option<Mapping>]>>>,
+    chunks: Vec<Option<MapChunk>>,
 }
 
 impl GranuleMap {
-    /// The mapping starting at granule `i`.
-    #[inline]
-    fn get(&self, i: u64) -> Option<&Mapping> {
+    /// The slot of granule `i`, if its chunk is allocated.
+    #[inline(always)]
+    fn slot(&self, i: u64) -> Option<&Option<Mapping>> {
         let i = usize::try_from(i).ok()?;
-        self.chunks
-            .get(i / MAP_CHUNK)?
-            .as_ref()?
-            .get(i % MAP_CHUNK)?
-            .as_ref()
+        let chunk = self.chunks.get(i / MAP_CHUNK)?.as_ref()?;
+        Some(&chunk[i % MAP_CHUNK])
+    }
+
+    /// The slot of granule `i`, to write, if its chunk is allocated.
+    #[inline(always)]
+    fn slot_mut(&mut self, i: u64) -> Option<&mut Option<Mapping>> {
+        let i = usize::try_from(i).ok()?;
+        let chunk = self.chunks.get_mut(i / MAP_CHUNK)?.as_mut()?;
+        Some(&mut chunk[i % MAP_CHUNK])
+    }
+
+    /// The mapping starting at granule `i`.
+    #[inline(always)]
+    fn get(&self, i: u64) -> Option<&Mapping> {
+        self.slot(i)?.as_ref()
     }
 
     /// The mapping starting at granule `i`, to write.
-    #[inline]
+    #[inline(always)]
     fn get_mut(&mut self, i: u64) -> Option<&mut Mapping> {
-        let i = usize::try_from(i).ok()?;
-        self.chunks
-            .get_mut(i / MAP_CHUNK)?
-            .as_mut()?
-            .get_mut(i % MAP_CHUNK)?
-            .as_mut()
+        self.slot_mut(i)?.as_mut()
     }
 
     /// Records `m` as the mapping starting at granule `i`.
     #[inline(always)]
     fn insert(&mut self, i: u64, m: Mapping) {
-        let Ok(i) = usize::try_from(i) else {
-            return;
-        };
         // The chunk is there (the common case): one write.
-        if let Some(Some(chunk)) = self.chunks.get_mut(i / MAP_CHUNK) {
-            if let Some(slot) = chunk.get_mut(i % MAP_CHUNK) {
-                *slot = Some(m);
-            }
-            return;
+        match self.slot_mut(i) {
+            Some(slot) => *slot = Some(m),
+            None => self.insert_in_new_chunk(i, m),
         }
-        self.insert_in_new_chunk(i, m);
     }
 
     /// [`GranuleMap::insert`] where the chunk of granule `i` is not allocated yet.
     #[cold]
     #[inline(never)]
-    fn insert_in_new_chunk(&mut self, i: usize, m: Mapping) {
+    fn insert_in_new_chunk(&mut self, i: u64, m: Mapping) {
+        let Ok(i) = usize::try_from(i) else {
+            return;
+        };
         let c = i / MAP_CHUNK;
         if c >= self.chunks.len() {
             self.chunks.resize_with(c + 1, || None);
         }
         if let Some(chunk) = self.chunks.get_mut(c) {
-            let chunk = chunk.get_or_insert_with(|| vec![None; MAP_CHUNK].into_boxed_slice());
-            if let Some(slot) = chunk.get_mut(i % MAP_CHUNK) {
-                *slot = Some(m);
-            }
+            let chunk = chunk.get_or_insert_with(|| Box::new([None; MAP_CHUNK]));
+            chunk[i % MAP_CHUNK] = Some(m);
         }
     }
 
     /// Takes the mapping starting at granule `i`.
-    #[inline]
+    #[inline(always)]
     fn remove(&mut self, i: u64) -> Option<Mapping> {
-        let i = usize::try_from(i).ok()?;
-        self.chunks
-            .get_mut(i / MAP_CHUNK)?
-            .as_mut()?
-            .get_mut(i % MAP_CHUNK)?
-            .take()
+        self.slot_mut(i)?.take()
     }
 }
 
@@ -308,11 +408,8 @@ impl Reserved {
             }
             let (w, b) = ((i / 64) as usize, i % 64);
             let k = (64 - b).min(end - i);
-            let mask = if k == 64 {
-                u64::MAX
-            } else {
-                ((1u64 << k) - 1) << b
-            };
+            // 1 ≤ k ≤ 64 - b: `k` ones from bit `b`.
+            let mask = (u64::MAX >> (64 - k)) << b;
             i += k;
             Some((w, mask))
         })
@@ -320,17 +417,11 @@ impl Reserved {
 
     /// `(word, mask)` when granules `[first, first + n)` lie in one bitmap word (the common
     /// case: a mapping of fewer than 64 granules), without the iterator.
-    #[inline]
+    #[inline(always)]
     fn one_word(first: u64, n: u64) -> Option<(usize, u64)> {
         let b = first % 64;
-        (n >= 1 && b + n <= 64).then(|| {
-            let mask = if n == 64 {
-                u64::MAX
-            } else {
-                ((1u64 << n) - 1) << b
-            };
-            ((first / 64) as usize, mask)
-        })
+        // 1 ≤ n ≤ 64 - b (`n - 1` wraps above for n = 0): `n` ones from bit `b`.
+        (n.wrapping_sub(1) < 64 - b).then(|| ((first / 64) as usize, (u64::MAX >> (64 - n)) << b))
     }
 
     /// Whether any granule of `[first, first + n)` is mapped.
@@ -340,6 +431,38 @@ impl Reserved {
         }
         Self::word_masks(first, n)
             .any(|(w, mask)| self.mapped.get(w).is_some_and(|&x| x & mask != 0))
+    }
+
+    /// Whether every granule of `[first, first + n)` is mapped.
+    #[inline(always)]
+    fn all_mapped(&self, first: u64, n: u64) -> bool {
+        if let Some((w, mask)) = Self::one_word(first, n) {
+            return self.mapped.get(w).is_some_and(|&x| x & mask == mask);
+        }
+        Self::word_masks(first, n)
+            .all(|(w, mask)| self.mapped.get(w).is_some_and(|&x| x & mask == mask))
+    }
+
+    /// Whether granule `i` is mapped.
+    #[inline(always)]
+    fn is_mapped(&self, i: u64) -> bool {
+        let w = usize::try_from(i / 64).unwrap_or(usize::MAX);
+        self.mapped.get(w).is_some_and(|&x| x >> (i % 64) & 1 != 0)
+    }
+
+    /// Whether mappings tile granules `[first, first + n)` exactly (`n` ≥ 1): what the walk
+    /// of [`SimDevice::check_tiled_in`] accepts, from the bitmap and two slots instead of a
+    /// look-up per mapping. Mappings are runs of granules that never overlap, each recorded
+    /// at its first granule, and the bitmap is their union; so the walk from `first` steps
+    /// from mapping to mapping exactly when a mapping starts at `first` and every granule
+    /// up to `first + n` is mapped, and it stops on `first + n` exactly when no mapping
+    /// runs across it (that granule is unmapped, or a mapping starts there).
+    #[inline(always)]
+    fn tiles(&self, first: u64, n: u64) -> bool {
+        let end = first + n;
+        self.maps.get(first).is_some()
+            && self.all_mapped(first, n)
+            && (!self.is_mapped(end) || self.maps.get(end).is_some())
     }
 
     /// Marks granules `[first, first + n)` mapped (`on`) or not.
@@ -394,49 +517,80 @@ pub struct CostBasis {
 #[derive(Debug, Clone)]
 struct Meter {
     counters: DriverCounters,
-    /// Per call kind, the isolated cost in seconds of the last sizes modelled, in
+    /// Per call kind, `(bytes, isolated cost in seconds)` of the last sizes modelled, in
     /// [`COST_MEMO_SLOTS`] slots picked by the size in granules (a cache: the log-linear
     /// interpolation is the dearest part of a call, and a pool's calls come in a few sizes).
-    cost_memo: [[Option<(u64, f64)>; COST_MEMO_SLOTS]; CALL_KINDS],
-    /// Per call kind, the sums behind the cost model ([`SimDevice::cost_basis`]).
-    basis: [CostBasis; CALL_KINDS],
+    /// An empty slot holds the cost of a call of 0 bytes, so it needs no flag of its own.
+    cost_memo: [[(u64, f64); COST_MEMO_SLOTS]; CALL_KINDS],
+    /// Per call kind, the sum of the isolated costs charged, seconds.
+    isolated_seconds: [f64; CALL_KINDS],
+    /// Per call kind, the sum of isolated cost × mappings live at the call, seconds.
+    isolated_seconds_x_mappings: [f64; CALL_KINDS],
     calls_made: u64,
-    fault_at: Option<u64>,
+    /// Index of the call to fail; `u64::MAX` for none (a count no run reaches).
+    fault_at: u64,
+    /// The largest size a call is modelled at: the device's capacity (at least 1 byte).
+    max_bytes: u64,
+    /// log2 of the granularity (the memo slot of a size is its granules, modulo).
+    granule_shift: u32,
 }
 
 impl Meter {
-    /// Counts a call of `bytes` on a device of `capacity` bytes and granules of
-    /// `1 << granule_shift` bytes, made with `live_mappings` mappings live, and charges its
-    /// modelled seconds; the injected fault when it is the call to fail.
+    /// The meter of a device of `capacity` bytes and granules of `1 << granule_shift` bytes.
+    fn new(capacity: u64, granule_shift: u32) -> Self {
+        let mut cost_memo = [[(0, 0.0); COST_MEMO_SLOTS]; CALL_KINDS];
+        for (memo, &call) in cost_memo.iter_mut().zip(DriverCall::ALL.iter()) {
+            *memo = [(0, h200_isolated_call_seconds(call, 0)); COST_MEMO_SLOTS];
+        }
+        Meter {
+            counters: DriverCounters::default(),
+            cost_memo,
+            isolated_seconds: [0.0; CALL_KINDS],
+            isolated_seconds_x_mappings: [0.0; CALL_KINDS],
+            calls_made: 0,
+            fault_at: u64::MAX,
+            max_bytes: capacity.max(1),
+            granule_shift,
+        }
+    }
+
+    /// Counts a call of `bytes` made with `live_mappings` mappings live, and charges its
+    /// modelled seconds; the injected fault when it is the call to fail. Inlined in every
+    /// call with `call` a constant: the cost factors and the indexings fold away.
     #[inline(always)]
     fn charge(
         &mut self,
         call: DriverCall,
         bytes: u64,
-        capacity: u64,
-        granule_shift: u32,
         live_mappings: u64,
     ) -> Result<(), DeviceError> {
         let idx = self.calls_made;
         self.calls_made += 1;
-        if self.fault_at == Some(idx) {
+        if idx == self.fault_at {
             return Err(Self::injected_fault(call));
         }
         // A request above the whole device is refused at once, not timed as a huge call.
-        let bytes = bytes.min(capacity.max(1));
-        let slot = (bytes >> granule_shift) as usize % COST_MEMO_SLOTS;
-        let isolated = match self.cost_memo.get(call as usize).and_then(|m| m.get(slot)) {
-            Some(Some((b, s))) if *b == bytes => *s,
+        let bytes = bytes.min(self.max_bytes);
+        let k = call as usize;
+        let slot = (bytes >> self.granule_shift) as usize % COST_MEMO_SLOTS;
+        let isolated = match self.cost_memo.get(k).and_then(|m| m.get(slot)) {
+            Some(&(b, s)) if b == bytes => s,
             _ => self.memo_miss(call, bytes, slot),
         };
         let (alpha, beta) = mapping_cost_factors(call);
-        let live = live_mappings as f64;
+        // The same value as `live_mappings as f64`, by the signed conversion (one
+        // instruction) for every count below 2^63.
+        let live = match i64::try_from(live_mappings) {
+            Ok(l) => l as f64,
+            Err(_) => live_mappings as f64,
+        };
         let seconds = isolated * (alpha + beta * live);
         self.counters.record(call, seconds);
-        if let Some(b) = self.basis.get_mut(call as usize) {
-            b.calls += 1;
-            b.isolated_seconds += isolated;
-            b.isolated_seconds_x_mappings += isolated * live;
+        if let Some(s) = self.isolated_seconds.get_mut(k) {
+            *s += isolated;
+        }
+        if let Some(s) = self.isolated_seconds_x_mappings.get_mut(k) {
+            *s += isolated * live;
         }
         Ok(())
     }
@@ -452,9 +606,26 @@ impl Meter {
             .get_mut(call as usize)
             .and_then(|m| m.get_mut(slot))
         {
-            *m = Some((bytes, s));
+            *m = (bytes, s);
         }
         s
+    }
+
+    /// Per call kind, the sums behind the cost model ([`SimDevice::cost_basis`]).
+    fn basis(&self) -> [CostBasis; CALL_KINDS] {
+        let mut b = [CostBasis::default(); CALL_KINDS];
+        for (k, b) in b.iter_mut().enumerate() {
+            *b = CostBasis {
+                calls: self.counters.calls.get(k).copied().unwrap_or(0),
+                isolated_seconds: self.isolated_seconds.get(k).copied().unwrap_or(0.0),
+                isolated_seconds_x_mappings: self
+                    .isolated_seconds_x_mappings
+                    .get(k)
+                    .copied()
+                    .unwrap_or(0.0),
+            };
+        }
+        b
     }
 
     /// The error of an injected fault.
@@ -486,11 +657,45 @@ fn reserved_holding(reserved: &[Reserved], va: u64, bytes: u64) -> Option<usize>
         .then_some(i)
 }
 
+/// [`reserved_holding`] trying range `*last` first (a pool's calls fall in one or two
+/// ranges), and remembering in `*last` the range found.
+#[inline(always)]
+fn reserved_holding_from(
+    reserved: &[Reserved],
+    last: &mut usize,
+    va: u64,
+    bytes: u64,
+) -> Option<usize> {
+    if let Some(r) = reserved.get(*last) {
+        let off = va.wrapping_sub(r.start);
+        if off < r.bytes {
+            // Ranges do not overlap: this is the one holding `va`.
+            return (bytes <= r.bytes - off).then_some(*last);
+        }
+    }
+    reserved_holding_elsewhere(reserved, last, va, bytes)
+}
+
+/// [`reserved_holding_from`] when `va` is not in range `*last`.
+#[inline(never)]
+fn reserved_holding_elsewhere(
+    reserved: &[Reserved],
+    last: &mut usize,
+    va: u64,
+    bytes: u64,
+) -> Option<usize> {
+    let i = reserved_holding(reserved, va, bytes)?;
+    *last = i;
+    Some(i)
+}
+
 /// The simulated device. Cheap to clone (for bisection over capacities).
 #[derive(Debug, Clone)]
 pub struct SimDevice {
     capacity: u64,
     granularity: u64,
+    /// log2 of `granularity`.
+    granule_shift: u32,
     used: u64,
     peak_used: u64,
     /// Call counts, modelled seconds and the cost model's sums.
@@ -502,10 +707,13 @@ pub struct SimDevice {
     /// Live reserved VA ranges in address order (a pool holds a few: a binary search of a
     /// short vector), each with its mappings.
     reserved: Vec<Reserved>,
+    /// Index in `reserved` of the range the last cuMemMap, cuMemSetAccess or cuMemUnmap
+    /// fell in (tried first: a pool maps into one or two ranges).
+    last_range: usize,
     /// Live mappings, in all reserved ranges.
     live_mappings: u64,
-    handles: AddrMap<u64, Handle>,
-    next_handle: u64,
+    /// Physical handles, by id.
+    handles: Handles,
     /// Recorded cudaMalloc/cudaFree calls to follow (see [`SimDevice::follow_recorded`]).
     script: Option<Script>,
     /// Live segments placed at recorded addresses outside the simulated address space.
@@ -626,21 +834,16 @@ impl SimDevice {
         SimDevice {
             capacity: capacity_bytes,
             granularity,
+            granule_shift: granularity.trailing_zeros(),
             used: 0,
             peak_used: 0,
-            meter: Meter {
-                counters: DriverCounters::default(),
-                cost_memo: [[None; COST_MEMO_SLOTS]; CALL_KINDS],
-                basis: [CostBasis::default(); CALL_KINDS],
-                calls_made: 0,
-                fault_at: None,
-            },
+            meter: Meter::new(capacity_bytes, granularity.trailing_zeros()),
             free_va,
             segments: BTreeMap::new(),
             reserved: Vec::new(),
+            last_range: 0,
             live_mappings: 0,
-            handles: HashMap::default(),
-            next_handle: 1,
+            handles: Handles::new(),
             smallest_refused_demand: None,
             script: None,
             foreign: std::collections::BTreeSet::new(),
@@ -668,7 +871,7 @@ impl SimDevice {
     /// `isolated_seconds_x_mappings` with `(alpha, beta)` = [`mapping_cost_factors`]. What a
     /// refit of the model against real replays needs (`scripts/fit-cost-model.py`).
     pub fn cost_basis(&self) -> [CostBasis; CALL_KINDS] {
-        self.meter.basis
+        self.meter.basis()
     }
 
     /// How the calls made compare with the ones given to [`SimDevice::follow_recorded`]
@@ -778,7 +981,7 @@ impl SimDevice {
     /// Makes the driver call with 0-based index `call_index` (counting every call from the
     /// start of the device) fail with `CUDA_ERROR_UNKNOWN`; `None` clears it.
     pub fn inject_fault_at(&mut self, call_index: Option<u64>) {
-        self.meter.fault_at = call_index;
+        self.meter.fault_at = call_index.unwrap_or(u64::MAX);
     }
 
     /// Calls made so far (including failed ones).
@@ -804,7 +1007,7 @@ impl SimDevice {
     /// Live segments, reserved ranges, mappings and unreleased handles; all zero means
     /// nothing leaked.
     pub fn live_objects(&self) -> (usize, usize, usize, usize) {
-        let live_handles = self.handles.values().filter(|h| !h.released).count();
+        let live_handles = self.handles.unreleased();
         (
             self.segments.len(),
             self.reserved.len(),
@@ -813,14 +1016,9 @@ impl SimDevice {
         )
     }
 
+    #[inline(always)]
     fn begin(&mut self, call: DriverCall, bytes: u64) -> Result<(), DeviceError> {
-        self.meter.charge(
-            call,
-            bytes,
-            self.capacity,
-            self.granularity.trailing_zeros(),
-            self.live_mappings,
-        )
+        self.meter.charge(call, bytes, self.live_mappings)
     }
 
     fn take_physical(&mut self, bytes: u64) -> Result<(), DeviceError> {
@@ -959,9 +1157,9 @@ impl SimDevice {
     /// `(reserved range, first granule, granules)` when `[va, va + bytes)` starts on a
     /// granule and lies inside one reserved range (the common case, walked by granule
     /// index without a look-up per mapping); `None` otherwise (the general walk decides).
-    #[inline]
-    fn span_in_one_range(&self, va: u64, bytes: u64) -> Option<(usize, u64, u64)> {
-        let ri = reserved_holding(&self.reserved, va, bytes)?;
+    #[inline(always)]
+    fn span_in_one_range(&mut self, va: u64, bytes: u64) -> Option<(usize, u64, u64)> {
+        let ri = reserved_holding_from(&self.reserved, &mut self.last_range, va, bytes)?;
         let off = va - self.reserved.get(ri)?.start;
         self.is_granular(off)
             .then(|| (ri, self.granules(off), self.granules(bytes)))
@@ -976,7 +1174,7 @@ impl SimDevice {
         first: u64,
         n: u64,
     ) -> Result<(), DeviceError> {
-        let sh = self.granularity.trailing_zeros();
+        let sh = self.granule_shift;
         let Some(r) = self.reserved.get(ri) else {
             return Err(Self::invalid(c, "reserved range vanished".into()));
         };
@@ -999,7 +1197,7 @@ impl SimDevice {
 
     /// `bytes` in granules (the granularity is a power of two: a shift, not a division).
     fn granules(&self, bytes: u64) -> u64 {
-        bytes >> self.granularity.trailing_zeros()
+        bytes >> self.granule_shift
     }
 
     /// Whether `v` is a multiple of the granularity (a power of two).
@@ -1103,30 +1301,25 @@ impl Device for SimDevice {
         self.check_granular(c, bytes)?;
         self.begin(c, bytes)?;
         self.take_physical(bytes)?;
-        let h = self.next_handle;
-        self.next_handle += 1;
-        self.handles.insert(
-            h,
-            Handle {
-                bytes,
-                released: false,
-                mapped_at: None,
-            },
-        );
+        let h = self.handles.push(Handle {
+            bytes,
+            released: false,
+            mapped: false,
+        });
         Ok(PhysHandle(h))
     }
 
     fn release_physical(&mut self, handle: PhysHandle) -> Result<(), DeviceError> {
         let c = DriverCall::Release;
-        let h = match self.handles.get(&handle.0) {
+        let h = match self.handles.get(handle.0) {
             Some(h) if !h.released => *h,
             _ => return Err(Self::invalid(c, format!("handle {} is not live", handle.0))),
         };
         self.begin(c, h.bytes)?;
-        if h.mapped_at.is_none() {
-            self.handles.remove(&handle.0);
+        if !h.mapped {
+            self.handles.remove(handle.0);
             self.used -= h.bytes;
-        } else if let Some(e) = self.handles.get_mut(&handle.0) {
+        } else if let Some(e) = self.handles.get_mut(handle.0) {
             e.released = true;
         }
         Ok(())
@@ -1141,9 +1334,9 @@ impl Device for SimDevice {
                 format!("{va:#x} is not aligned to the granularity"),
             ));
         }
-        let sh = self.granularity.trailing_zeros();
+        let sh = self.granule_shift;
         // One look-up of the handle: the meter and the reserved ranges are other fields.
-        let h = match self.handles.get_mut(&handle.0) {
+        let h = match self.handles.get_mut(handle.0) {
             Some(h) if !h.released => h,
             _ => return Err(Self::invalid(c, format!("handle {} is not live", handle.0))),
         };
@@ -1153,19 +1346,22 @@ impl Device for SimDevice {
                 format!("handle {} has {} B, not {bytes}", handle.0, h.bytes),
             ));
         }
-        if h.mapped_at.is_some() {
+        if h.mapped {
             return Err(Self::invalid(
                 c,
                 format!("handle {} is already mapped", handle.0),
             ));
         }
-        let Some(ri) = reserved_holding(&self.reserved, va, bytes) else {
+        let Some(ri) = reserved_holding_from(&self.reserved, &mut self.last_range, va, bytes)
+        else {
             return Err(Self::invalid(
                 c,
                 format!("{va:#x}+{bytes} is not inside a reserved range"),
             ));
         };
-        let r = &mut self.reserved[ri];
+        let Some(r) = self.reserved.get_mut(ri) else {
+            return Err(Self::invalid(c, "reserved range vanished".into()));
+        };
         let (first, n) = ((va - r.start) >> sh, bytes >> sh);
         // Mappings never overlap: no granule of the range may be mapped already. A mapping
         // of granules in one bitmap word (the common case) reads and sets that word once.
@@ -1180,8 +1376,7 @@ impl Device for SimDevice {
                 format!("{va:#x}+{bytes} overlaps a mapping"),
             ));
         }
-        self.meter
-            .charge(c, bytes, self.capacity, sh, self.live_mappings)?;
+        self.meter.charge(c, bytes, self.live_mappings)?;
         r.maps.insert(
             first,
             Mapping {
@@ -1203,7 +1398,7 @@ impl Device for SimDevice {
             None => r.mark(first, n, true),
         }
         self.live_mappings += 1;
-        h.mapped_at = Some(va);
+        h.mapped = true;
         Ok(())
     }
 
@@ -1211,12 +1406,19 @@ impl Device for SimDevice {
         let c = DriverCall::SetAccess;
         self.check_granular(c, bytes)?;
         if let Some((ri, first, n)) = self.span_in_one_range(va, bytes) {
-            self.check_tiled_in(c, ri, first, n)?;
+            if !self.reserved.get(ri).is_some_and(|r| r.tiles(first, n)) {
+                // The walk says why (and decides, should the bitmap disagree).
+                self.check_tiled_in(c, ri, first, n)?;
+            }
             self.begin(c, bytes)?;
-            let sh = self.granularity.trailing_zeros();
+            let sh = self.granule_shift;
             if let Some(r) = self.reserved.get_mut(ri) {
+                let end = first + n;
                 let mut gi = first;
-                while let Some(m) = r.maps.get_mut(gi).filter(|_| gi < first + n) {
+                while gi < end {
+                    let Some(m) = r.maps.get_mut(gi) else {
+                        break;
+                    };
                     m.access = true;
                     gi += m.bytes >> sh;
                 }
@@ -1249,33 +1451,26 @@ impl Device for SimDevice {
         let c = DriverCall::Unmap;
         self.check_granular(c, bytes)?;
         if let Some((ri, first, n)) = self.span_in_one_range(va, bytes) {
-            self.check_tiled_in(c, ri, first, n)?;
+            if !self.reserved.get(ri).is_some_and(|r| r.tiles(first, n)) {
+                // The walk says why (and decides, should the bitmap disagree).
+                self.check_tiled_in(c, ri, first, n)?;
+            }
             self.begin(c, bytes)?;
-            let sh = self.granularity.trailing_zeros();
+            let sh = self.granule_shift;
             let Some(r) = self.reserved.get_mut(ri) else {
                 return Ok(());
             };
             // The mappings tile the granules: each is taken, and their bits are cleared
             // in one pass at the end.
+            let end = first + n;
             let mut gi = first;
-            while gi < first + n {
+            while gi < end {
                 let Some(m) = r.maps.remove(gi) else {
                     break;
                 };
                 self.live_mappings -= 1;
                 gi += m.bytes >> sh;
-                let drop_it = match self.handles.get_mut(&m.handle.0) {
-                    Some(h) => {
-                        h.mapped_at = None;
-                        h.released
-                    }
-                    None => false,
-                };
-                if drop_it {
-                    if let Some(h) = self.handles.remove(&m.handle.0) {
-                        self.used -= h.bytes;
-                    }
-                }
+                self.handles.unmapped(m.handle.0, &mut self.used);
             }
             r.mark(first, gi - first, false);
             return Ok(());
@@ -1286,7 +1481,7 @@ impl Device for SimDevice {
         let mut at = va;
         let end = va + bytes;
         let mut hint = 0;
-        let sh = self.granularity.trailing_zeros();
+        let sh = self.granule_shift;
         while at < end {
             let Some((ri, gi)) = self.granule_of(at, hint) else {
                 break;
@@ -1299,18 +1494,7 @@ impl Device for SimDevice {
             self.live_mappings -= 1;
             hint = ri;
             at += m.bytes;
-            let drop_it = match self.handles.get_mut(&m.handle.0) {
-                Some(h) => {
-                    h.mapped_at = None;
-                    h.released
-                }
-                None => false,
-            };
-            if drop_it {
-                if let Some(h) = self.handles.remove(&m.handle.0) {
-                    self.used -= h.bytes;
-                }
-            }
+            self.handles.unmapped(m.handle.0, &mut self.used);
         }
         Ok(())
     }
@@ -1501,6 +1685,93 @@ mod tests {
         }
         d.free_va(va, 200 * G).unwrap();
         assert_eq!(d.live_objects(), (0, 0, 0, 0));
+    }
+
+    #[test]
+    fn handle_ids_stay_sequential_when_the_slab_is_trimmed() {
+        let mut d = SimDevice::new(1 << 40);
+        let hs: Vec<PhysHandle> = (0..300).map(|_| d.create_physical(G).unwrap()).collect();
+        assert_eq!(hs.first(), Some(&PhysHandle(1)));
+        assert_eq!(hs.last(), Some(&PhysHandle(300)));
+        let va = d.reserve_va(4 * G).unwrap();
+        // Handle 250 stays mapped while released: it lives until its unmap.
+        d.map(va, G, hs[249]).unwrap();
+        // Release the first 200 out of order: the front is trimmed once it is all gone.
+        for i in (0..200).rev() {
+            d.release_physical(hs[i]).unwrap();
+        }
+        assert!(d.handles.first_id > 1, "the slab was trimmed");
+        d.release_physical(hs[249]).unwrap();
+        assert_eq!(d.used_bytes(), 100 * G);
+        assert_eq!(d.live_objects(), (0, 1, 1, 99));
+        assert_eq!(d.create_physical(G).unwrap(), PhysHandle(301));
+        for bad in [0, 1, 150, 200, 250, 302, u64::MAX] {
+            let e = d.release_physical(PhysHandle(bad)).unwrap_err().to_string();
+            assert!(e.contains(&format!("handle {bad} is not live")), "{e}");
+            let e = d.map(va + G, G, PhysHandle(bad)).unwrap_err().to_string();
+            assert!(e.contains(&format!("handle {bad} is not live")), "{e}");
+        }
+        d.map(va + G, G, hs[200]).unwrap();
+        d.unmap(va, 2 * G).unwrap();
+        assert_eq!(d.used_bytes(), 100 * G, "handle 250 gone at its unmap");
+        for h in hs[200..300].iter().filter(|h| h.0 != 250) {
+            d.release_physical(*h).unwrap();
+        }
+        d.release_physical(PhysHandle(301)).unwrap();
+        d.free_va(va, 4 * G).unwrap();
+        assert_eq!(d.live_objects(), (0, 0, 0, 0));
+        assert_eq!(d.used_bytes(), 0);
+        assert_eq!(d.create_physical(G).unwrap(), PhysHandle(302));
+    }
+
+    #[test]
+    fn the_bitmap_tiling_check_agrees_with_the_walk() {
+        // Random mappings of 1–70 granules in a 300-granule range, then every span from
+        // random starts: the bitmap check and the walk must agree on each.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        for _ in 0..20 {
+            let mut d = SimDevice::new(1 << 40);
+            let va = d.reserve_va(300 * G).unwrap();
+            for _ in 0..40 {
+                let (at, n) = (rnd(300), 1 + rnd(70));
+                let h = d.create_physical(n * G).unwrap();
+                if d.map(va + at * G, n * G, h).is_err() {
+                    d.release_physical(h).unwrap();
+                }
+            }
+            let r = &d.reserved[0];
+            let mut agreed = (0, 0);
+            for first in 0..300 {
+                for n in 1..=(300 - first).min(140) {
+                    let walk = d.check_tiled_in(DriverCall::Unmap, 0, first, n).is_ok();
+                    assert_eq!(r.tiles(first, n), walk, "granules {first}+{n}");
+                    if walk {
+                        agreed.0 += 1;
+                    } else {
+                        agreed.1 += 1;
+                    }
+                }
+            }
+            assert!(agreed.0 > 0 && agreed.1 > 0, "{agreed:?}");
+        }
+    }
+
+    #[test]
+    fn one_word_masks() {
+        assert_eq!(Reserved::one_word(0, 64), Some((0, u64::MAX)));
+        assert_eq!(Reserved::one_word(64, 1), Some((1, 1)));
+        assert_eq!(Reserved::one_word(70, 3), Some((1, 0b111 << 6)));
+        assert_eq!(Reserved::one_word(127, 1), Some((1, 1 << 63)));
+        assert_eq!(Reserved::one_word(63, 2), None);
+        assert_eq!(Reserved::one_word(5, 0), None);
+        let words: Vec<_> = Reserved::word_masks(60, 70).collect();
+        assert_eq!(words, [(0, 0xf << 60), (1, u64::MAX), (2, 0b11)]);
     }
 
     #[test]
