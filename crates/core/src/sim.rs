@@ -281,11 +281,11 @@ impl Handles {
     }
 }
 
+/// A mapping (whether access was granted is a bit of [`Reserved::access`]).
 #[derive(Debug, Clone, Copy)]
 struct Mapping {
     bytes: u64,
     handle: PhysHandle,
-    access: bool,
 }
 
 /// Slots per chunk of a [`GranuleMap`] (a power of two).
@@ -327,12 +327,6 @@ impl GranuleMap {
         self.slot(i)?.as_ref()
     }
 
-    /// The mapping starting at granule `i`, to write.
-    #[inline(always)]
-    fn get_mut(&mut self, i: u64) -> Option<&mut Mapping> {
-        self.slot_mut(i)?.as_mut()
-    }
-
     /// Records `m` as the mapping starting at granule `i`.
     #[inline(always)]
     fn insert(&mut self, i: u64, m: Mapping) {
@@ -360,6 +354,39 @@ impl GranuleMap {
         }
     }
 
+    /// Takes the mappings that follow each other from granule `first` (each starting where
+    /// the one before ends, mappings of `1 << sh`-byte granules) until granule `end` or
+    /// the first granule where none starts, passing each to `f`; returns the granule where
+    /// it stopped. One chunk look-up per chunk crossed, not per mapping.
+    #[inline(always)]
+    fn take_run(&mut self, first: u64, end: u64, sh: u32, mut f: impl FnMut(Mapping)) -> u64 {
+        let chunk_slots = MAP_CHUNK as u64;
+        let mut gi = first;
+        'chunks: while gi < end {
+            let Ok(i) = usize::try_from(gi) else {
+                break;
+            };
+            let Some(Some(chunk)) = self.chunks.get_mut(i / MAP_CHUNK) else {
+                break;
+            };
+            let chunk_end = (gi / chunk_slots + 1) * chunk_slots;
+            loop {
+                let Some(m) = chunk[(gi % chunk_slots) as usize].take() else {
+                    break 'chunks;
+                };
+                f(m);
+                gi += m.bytes >> sh;
+                if gi >= end {
+                    break 'chunks;
+                }
+                if gi >= chunk_end {
+                    continue 'chunks;
+                }
+            }
+        }
+        gi
+    }
+
     /// Takes the mapping starting at granule `i`.
     #[inline(always)]
     fn remove(&mut self, i: u64) -> Option<Mapping> {
@@ -367,16 +394,27 @@ impl GranuleMap {
     }
 }
 
+/// 64 granules' state in a reserved range: bit `i` of `mapped` is set when granule `i`
+/// is under a mapping, bit `i` of `access` when that mapping was made accessible by
+/// cuMemSetAccess (set on whole mappings, cleared at their unmap: a subset of `mapped`).
+#[derive(Debug, Clone, Copy, Default)]
+struct GranuleBits {
+    mapped: u64,
+    access: u64,
+}
+
 /// A reserved virtual range: where it starts, its size, which of its granules are mapped
-/// and the mappings in it.
+/// and accessible, and the mappings in it.
 #[derive(Debug, Clone)]
 struct Reserved {
     start: u64,
     bytes: u64,
-    /// Bit `i`: granule `i` of the range is under a mapping (what the overlap check of
-    /// cuMemMap reads, a word per 64 granules, instead of an ordered search of the
-    /// mappings).
-    mapped: Vec<u64>,
+    /// The range's granules, 64 a word (what the overlap check of cuMemMap and the tiling
+    /// check of cuMemUnmap and cuMemSetAccess read, instead of an ordered search of the
+    /// mappings). Grown as granules are mapped (a missing word is all unmapped): a large
+    /// range costs nothing until mapped, and a range mapped from its start (expandable
+    /// segments) touches a few words, not a bitmap of the whole range.
+    bits: Vec<GranuleBits>,
     /// Granules mapped (cuMemAddressFree refuses a range with any).
     mapped_granules: u64,
     /// Live mappings in the range, by first granule.
@@ -388,35 +426,41 @@ impl Reserved {
         Reserved {
             start,
             bytes,
-            // Grown as granules are mapped (a missing word is all unmapped): a large range
-            // costs nothing until mapped, and a range mapped from its start (expandable
-            // segments) touches a few words, not a bitmap of the whole range.
-            mapped: Vec::new(),
+            bits: Vec::new(),
             mapped_granules: 0,
             maps: GranuleMap::default(),
         }
     }
 
-    /// The bitmap words that granules `[first, first + n)` touch, as `(word, mask of the
-    /// range's bits in it)`.
-    fn word_masks(first: u64, n: u64) -> impl Iterator<Item = (usize, u64)> {
-        let end = first + n;
-        let mut i = first;
-        std::iter::from_fn(move || {
-            if i >= end {
-                return None;
+    /// Calls `f(word, mask of the span's bits in it)` for each bitmap word that granules
+    /// `[first, first + n)` touch, in order, while it returns `true`; whether every call
+    /// did. A plain loop: one word for a span inside one (the common case).
+    #[inline(always)]
+    fn words(first: u64, n: u64, mut f: impl FnMut(usize, u64) -> bool) -> bool {
+        if n == 0 {
+            return true;
+        }
+        let last = first + (n - 1);
+        let (w0, b0) = (first / 64, first % 64);
+        let (w1, b1) = (last / 64, last % 64);
+        // Words of granules in a range held in memory fit a usize.
+        let (w0, w1) = (w0 as usize, w1 as usize);
+        if w0 == w1 {
+            return f(w0, (u64::MAX >> (63 - (b1 - b0))) << b0);
+        }
+        if !f(w0, u64::MAX << b0) {
+            return false;
+        }
+        for w in w0 + 1..w1 {
+            if !f(w, u64::MAX) {
+                return false;
             }
-            let (w, b) = ((i / 64) as usize, i % 64);
-            let k = (64 - b).min(end - i);
-            // 1 ≤ k ≤ 64 - b: `k` ones from bit `b`.
-            let mask = (u64::MAX >> (64 - k)) << b;
-            i += k;
-            Some((w, mask))
-        })
+        }
+        f(w1, u64::MAX >> (63 - b1))
     }
 
     /// `(word, mask)` when granules `[first, first + n)` lie in one bitmap word (the common
-    /// case: a mapping of fewer than 64 granules), without the iterator.
+    /// case: a mapping of fewer than 64 granules).
     #[inline(always)]
     fn one_word(first: u64, n: u64) -> Option<(usize, u64)> {
         let b = first % 64;
@@ -425,29 +469,28 @@ impl Reserved {
     }
 
     /// Whether any granule of `[first, first + n)` is mapped.
+    #[inline(always)]
     fn any_mapped(&self, first: u64, n: u64) -> bool {
-        if let Some((w, mask)) = Self::one_word(first, n) {
-            return self.mapped.get(w).is_some_and(|&x| x & mask != 0);
-        }
-        Self::word_masks(first, n)
-            .any(|(w, mask)| self.mapped.get(w).is_some_and(|&x| x & mask != 0))
+        !Self::words(first, n, |w, mask| {
+            self.bits.get(w).is_none_or(|x| x.mapped & mask == 0)
+        })
     }
 
     /// Whether every granule of `[first, first + n)` is mapped.
     #[inline(always)]
     fn all_mapped(&self, first: u64, n: u64) -> bool {
-        if let Some((w, mask)) = Self::one_word(first, n) {
-            return self.mapped.get(w).is_some_and(|&x| x & mask == mask);
-        }
-        Self::word_masks(first, n)
-            .all(|(w, mask)| self.mapped.get(w).is_some_and(|&x| x & mask == mask))
+        Self::words(first, n, |w, mask| {
+            self.bits.get(w).is_some_and(|x| x.mapped & mask == mask)
+        })
     }
 
     /// Whether granule `i` is mapped.
     #[inline(always)]
     fn is_mapped(&self, i: u64) -> bool {
         let w = usize::try_from(i / 64).unwrap_or(usize::MAX);
-        self.mapped.get(w).is_some_and(|&x| x >> (i % 64) & 1 != 0)
+        self.bits
+            .get(w)
+            .is_some_and(|x| x.mapped >> (i % 64) & 1 != 0)
     }
 
     /// Whether mappings tile granules `[first, first + n)` exactly (`n` ≥ 1): what the walk
@@ -465,38 +508,62 @@ impl Reserved {
             && (!self.is_mapped(end) || self.maps.get(end).is_some())
     }
 
-    /// Marks granules `[first, first + n)` mapped (`on`) or not.
-    fn mark(&mut self, first: u64, n: u64, on: bool) {
-        if on {
-            let words = usize::try_from((first + n).div_ceil(64)).unwrap_or(usize::MAX);
-            if words > self.mapped.len() {
-                self.mapped.resize(words, 0);
-            }
+    /// Whether granule `i` was made accessible.
+    fn granted(&self, i: u64) -> bool {
+        let w = usize::try_from(i / 64).unwrap_or(usize::MAX);
+        self.bits
+            .get(w)
+            .is_some_and(|x| x.access >> (i % 64) & 1 != 0)
+    }
+
+    /// Grows the bitmap to hold granules below `end`.
+    #[inline(always)]
+    fn cover(&mut self, end: u64) {
+        let words = usize::try_from(end.div_ceil(64)).unwrap_or(usize::MAX);
+        if words > self.bits.len() {
+            self.bits.resize(words, GranuleBits::default());
         }
-        if let Some((w, mask)) = Self::one_word(first, n) {
-            if let Some(x) = self.mapped.get_mut(w) {
-                if on {
-                    *x |= mask;
-                } else {
-                    *x &= !mask;
-                }
+    }
+
+    /// Makes granules `[first, first + n)` accessible (whole mappings).
+    #[inline(always)]
+    fn grant(&mut self, first: u64, n: u64) {
+        self.cover(first + n);
+        let bits = &mut self.bits;
+        Self::words(first, n, |w, mask| {
+            if let Some(x) = bits.get_mut(w) {
+                x.access |= mask;
             }
-        } else {
-            for (w, mask) in Self::word_masks(first, n) {
-                if let Some(x) = self.mapped.get_mut(w) {
-                    if on {
-                        *x |= mask;
-                    } else {
-                        *x &= !mask;
-                    }
-                }
+            true
+        });
+    }
+
+    /// Marks granules `[first, first + n)` mapped.
+    #[inline(always)]
+    fn set_mapped(&mut self, first: u64, n: u64) {
+        self.cover(first + n);
+        let bits = &mut self.bits;
+        Self::words(first, n, |w, mask| {
+            if let Some(x) = bits.get_mut(w) {
+                x.mapped |= mask;
             }
-        }
-        if on {
-            self.mapped_granules += n;
-        } else {
-            self.mapped_granules = self.mapped_granules.saturating_sub(n);
-        }
+            true
+        });
+        self.mapped_granules += n;
+    }
+
+    /// Marks granules `[first, first + n)` unmapped (and so not accessible).
+    #[inline(always)]
+    fn clear_mapped(&mut self, first: u64, n: u64) {
+        let bits = &mut self.bits;
+        Self::words(first, n, |w, mask| {
+            if let Some(x) = bits.get_mut(w) {
+                x.mapped &= !mask;
+                x.access &= !mask;
+            }
+            true
+        });
+        self.mapped_granules = self.mapped_granules.saturating_sub(n);
     }
 }
 
@@ -578,12 +645,10 @@ impl Meter {
             _ => self.memo_miss(call, bytes, slot),
         };
         let (alpha, beta) = mapping_cost_factors(call);
-        // The same value as `live_mappings as f64`, by the signed conversion (one
-        // instruction) for every count below 2^63.
-        let live = match i64::try_from(live_mappings) {
-            Ok(l) => l as f64,
-            Err(_) => live_mappings as f64,
-        };
+        // The same value as `live_mappings as f64` by the signed conversion (one
+        // instruction): a count of mappings is below 2^63 (each holds a granule of the
+        // 2^46-byte address space).
+        let live = live_mappings as i64 as f64;
         let seconds = isolated * (alpha + beta * live);
         self.counters.record(call, seconds);
         if let Some(s) = self.isolated_seconds.get_mut(k) {
@@ -1195,6 +1260,43 @@ impl SimDevice {
         Ok(())
     }
 
+    /// Why cuMemMap of `handle` at `va` for `bytes` is refused: its checks in order, the
+    /// first that fails (out of line: [`Device::map`] runs them without their messages).
+    #[cold]
+    #[inline(never)]
+    fn map_refused(&self, va: u64, bytes: u64, handle: PhysHandle) -> DeviceError {
+        let c = DriverCall::Map;
+        if let Err(e) = self.check_granular(c, bytes) {
+            return e;
+        }
+        if !self.is_granular(va) {
+            return Self::invalid(c, format!("{va:#x} is not aligned to the granularity"));
+        }
+        let h = match self.handles.get(handle.0) {
+            Some(h) if !h.released => h,
+            _ => return Self::invalid(c, format!("handle {} is not live", handle.0)),
+        };
+        if h.bytes != bytes {
+            return Self::invalid(
+                c,
+                format!("handle {} has {} B, not {bytes}", handle.0, h.bytes),
+            );
+        }
+        if h.mapped {
+            return Self::invalid(c, format!("handle {} is already mapped", handle.0));
+        }
+        let Some(r) =
+            reserved_holding(&self.reserved, va, bytes).and_then(|i| self.reserved.get(i))
+        else {
+            return Self::invalid(c, format!("{va:#x}+{bytes} is not inside a reserved range"));
+        };
+        let sh = self.granule_shift;
+        if r.any_mapped((va - r.start) >> sh, bytes >> sh) {
+            return Self::invalid(c, format!("{va:#x}+{bytes} overlaps a mapping"));
+        }
+        Self::invalid(c, "refused by a check that then passed".into())
+    }
+
     /// `bytes` in granules (the granularity is a power of two: a shift, not a division).
     fn granules(&self, bytes: u64) -> u64 {
         bytes >> self.granule_shift
@@ -1326,76 +1428,45 @@ impl Device for SimDevice {
     }
 
     fn map(&mut self, va: u64, bytes: u64, handle: PhysHandle) -> Result<(), DeviceError> {
+        // The checks of `map_refused`, in one pass without their messages: the errors are
+        // made out of line, by that function, which runs the checks again in order.
         let c = DriverCall::Map;
-        self.check_granular(c, bytes)?;
-        if !self.is_granular(va) {
-            return Err(Self::invalid(
-                c,
-                format!("{va:#x} is not aligned to the granularity"),
-            ));
-        }
         let sh = self.granule_shift;
+        let args_ok = bytes != 0 && (bytes | va) & (self.granularity - 1) == 0;
         // One look-up of the handle: the meter and the reserved ranges are other fields.
         let h = match self.handles.get_mut(handle.0) {
-            Some(h) if !h.released => h,
-            _ => return Err(Self::invalid(c, format!("handle {} is not live", handle.0))),
+            Some(h) if args_ok && !h.released && h.bytes == bytes && !h.mapped => h,
+            _ => return Err(self.map_refused(va, bytes, handle)),
         };
-        if h.bytes != bytes {
-            return Err(Self::invalid(
-                c,
-                format!("handle {} has {} B, not {bytes}", handle.0, h.bytes),
-            ));
-        }
-        if h.mapped {
-            return Err(Self::invalid(
-                c,
-                format!("handle {} is already mapped", handle.0),
-            ));
-        }
-        let Some(ri) = reserved_holding_from(&self.reserved, &mut self.last_range, va, bytes)
+        let Some(r) = reserved_holding_from(&self.reserved, &mut self.last_range, va, bytes)
+            .and_then(|ri| self.reserved.get_mut(ri))
         else {
-            return Err(Self::invalid(
-                c,
-                format!("{va:#x}+{bytes} is not inside a reserved range"),
-            ));
-        };
-        let Some(r) = self.reserved.get_mut(ri) else {
-            return Err(Self::invalid(c, "reserved range vanished".into()));
+            return Err(self.map_refused(va, bytes, handle));
         };
         let (first, n) = ((va - r.start) >> sh, bytes >> sh);
         // Mappings never overlap: no granule of the range may be mapped already. A mapping
         // of granules in one bitmap word (the common case) reads and sets that word once.
         let word = Reserved::one_word(first, n);
         let overlaps = match word {
-            Some((w, mask)) => r.mapped.get(w).is_some_and(|&x| x & mask != 0),
+            Some((w, mask)) => r.bits.get(w).is_some_and(|x| x.mapped & mask != 0),
             None => r.any_mapped(first, n),
         };
         if overlaps {
-            return Err(Self::invalid(
-                c,
-                format!("{va:#x}+{bytes} overlaps a mapping"),
-            ));
+            return Err(self.map_refused(va, bytes, handle));
         }
         self.meter.charge(c, bytes, self.live_mappings)?;
-        r.maps.insert(
-            first,
-            Mapping {
-                bytes,
-                handle,
-                access: false,
-            },
-        );
+        r.maps.insert(first, Mapping { bytes, handle });
         match word {
             Some((w, mask)) => {
-                if w >= r.mapped.len() {
-                    r.mapped.resize(w + 1, 0);
+                if w >= r.bits.len() {
+                    r.bits.resize(w + 1, GranuleBits::default());
                 }
-                if let Some(x) = r.mapped.get_mut(w) {
-                    *x |= mask;
+                if let Some(x) = r.bits.get_mut(w) {
+                    x.mapped |= mask;
                 }
                 r.mapped_granules += n;
             }
-            None => r.mark(first, n, true),
+            None => r.set_mapped(first, n),
         }
         self.live_mappings += 1;
         h.mapped = true;
@@ -1411,17 +1482,9 @@ impl Device for SimDevice {
                 self.check_tiled_in(c, ri, first, n)?;
             }
             self.begin(c, bytes)?;
-            let sh = self.granule_shift;
+            // The mappings tile the granules: their access bits, set in one pass.
             if let Some(r) = self.reserved.get_mut(ri) {
-                let end = first + n;
-                let mut gi = first;
-                while gi < end {
-                    let Some(m) = r.maps.get_mut(gi) else {
-                        break;
-                    };
-                    m.access = true;
-                    gi += m.bytes >> sh;
-                }
+                r.grant(first, n);
             }
             return Ok(());
         }
@@ -1435,9 +1498,10 @@ impl Device for SimDevice {
             let Some((ri, gi)) = self.granule_of(at, hint) else {
                 break;
             };
-            match self.reserved[ri].maps.get_mut(gi) {
+            let r = &mut self.reserved[ri];
+            match r.maps.get(gi).copied() {
                 Some(m) => {
-                    m.access = true;
+                    r.grant(gi, m.bytes >> self.granule_shift);
                     at += m.bytes;
                     hint = ri;
                 }
@@ -1462,17 +1526,13 @@ impl Device for SimDevice {
             };
             // The mappings tile the granules: each is taken, and their bits are cleared
             // in one pass at the end.
-            let end = first + n;
-            let mut gi = first;
-            while gi < end {
-                let Some(m) = r.maps.remove(gi) else {
-                    break;
-                };
-                self.live_mappings -= 1;
-                gi += m.bytes >> sh;
-                self.handles.unmapped(m.handle.0, &mut self.used);
-            }
-            r.mark(first, gi - first, false);
+            let (handles, used, live) =
+                (&mut self.handles, &mut self.used, &mut self.live_mappings);
+            let gi = r.maps.take_run(first, first + n, sh, |m| {
+                *live -= 1;
+                handles.unmapped(m.handle.0, used);
+            });
+            r.clear_mapped(first, gi - first);
             return Ok(());
         }
         // Walk the mappings from the start of the range: they must tile it.
@@ -1490,7 +1550,7 @@ impl Device for SimDevice {
             let Some(m) = r.maps.remove(gi) else {
                 break;
             };
-            r.mark(gi, m.bytes >> sh, false);
+            r.clear_mapped(gi, m.bytes >> sh);
             self.live_mappings -= 1;
             hint = ri;
             at += m.bytes;
@@ -1538,7 +1598,7 @@ impl SimDevice {
                 s -= 1;
             };
             let ms = r.start + s * g;
-            if at < ms + m.bytes && m.access {
+            if at < ms + m.bytes && r.granted(s) {
                 at = ms + m.bytes;
             } else {
                 return false;
@@ -1763,15 +1823,31 @@ mod tests {
     }
 
     #[test]
-    fn one_word_masks() {
-        assert_eq!(Reserved::one_word(0, 64), Some((0, u64::MAX)));
-        assert_eq!(Reserved::one_word(64, 1), Some((1, 1)));
-        assert_eq!(Reserved::one_word(70, 3), Some((1, 0b111 << 6)));
-        assert_eq!(Reserved::one_word(127, 1), Some((1, 1 << 63)));
-        assert_eq!(Reserved::one_word(63, 2), None);
-        assert_eq!(Reserved::one_word(5, 0), None);
-        let words: Vec<_> = Reserved::word_masks(60, 70).collect();
-        assert_eq!(words, [(0, 0xf << 60), (1, u64::MAX), (2, 0b11)]);
+    fn bitmap_words_of_a_span() {
+        let words = |first, n| {
+            let mut v = Vec::new();
+            let all = Reserved::words(first, n, |w, m| {
+                v.push((w, m));
+                true
+            });
+            assert!(all);
+            v
+        };
+        assert_eq!(words(0, 64), [(0, u64::MAX)]);
+        assert_eq!(words(64, 1), [(1, 1)]);
+        assert_eq!(words(70, 3), [(1, 0b111 << 6)]);
+        assert_eq!(words(127, 1), [(1, 1 << 63)]);
+        assert_eq!(words(63, 2), [(0, 1 << 63), (1, 1)]);
+        assert_eq!(words(5, 0), []);
+        assert_eq!(words(60, 70), [(0, 0xf << 60), (1, u64::MAX), (2, 0b11)]);
+        assert_eq!(words(64, 128), [(1, u64::MAX), (2, u64::MAX)]);
+        // Stops at the first word refused.
+        let mut seen = 0;
+        assert!(!Reserved::words(0, 200, |_, _| {
+            seen += 1;
+            seen < 2
+        }));
+        assert_eq!(seen, 2);
     }
 
     #[test]
