@@ -284,7 +284,8 @@ impl Handles {
 /// A mapping (whether access was granted is a bit of [`Reserved::access`]).
 #[derive(Debug, Clone, Copy)]
 struct Mapping {
-    bytes: u64,
+    /// Never 0 (a mapping is at least a granule): the niche makes a slot 16 bytes.
+    bytes: std::num::NonZeroU64,
     handle: PhysHandle,
 }
 
@@ -375,7 +376,7 @@ impl GranuleMap {
                     break 'chunks;
                 };
                 f(m);
-                gi += m.bytes >> sh;
+                gi += m.bytes.get() >> sh;
                 if gi >= end {
                     break 'chunks;
                 }
@@ -395,11 +396,14 @@ impl GranuleMap {
 }
 
 /// 64 granules' state in a reserved range: bit `i` of `mapped` is set when granule `i`
-/// is under a mapping, bit `i` of `access` when that mapping was made accessible by
-/// cuMemSetAccess (set on whole mappings, cleared at their unmap: a subset of `mapped`).
+/// is under a mapping, of `starts` when a mapping starts there (it has a slot in the
+/// [`GranuleMap`]), of `access` when its mapping was made accessible by cuMemSetAccess
+/// (set on whole mappings, cleared at their unmap). `starts` and `access` are subsets of
+/// `mapped`.
 #[derive(Debug, Clone, Copy, Default)]
 struct GranuleBits {
     mapped: u64,
+    starts: u64,
     access: u64,
 }
 
@@ -493,19 +497,48 @@ impl Reserved {
             .is_some_and(|x| x.mapped >> (i % 64) & 1 != 0)
     }
 
+    /// Whether a mapping starts at granule `i`.
+    #[inline(always)]
+    fn starts_at(&self, i: u64) -> bool {
+        let w = usize::try_from(i / 64).unwrap_or(usize::MAX);
+        self.bits
+            .get(w)
+            .is_some_and(|x| x.starts >> (i % 64) & 1 != 0)
+    }
+
     /// Whether mappings tile granules `[first, first + n)` exactly (`n` ≥ 1): what the walk
-    /// of [`SimDevice::check_tiled_in`] accepts, from the bitmap and two slots instead of a
-    /// look-up per mapping. Mappings are runs of granules that never overlap, each recorded
-    /// at its first granule, and the bitmap is their union; so the walk from `first` steps
-    /// from mapping to mapping exactly when a mapping starts at `first` and every granule
-    /// up to `first + n` is mapped, and it stops on `first + n` exactly when no mapping
-    /// runs across it (that granule is unmapped, or a mapping starts there).
+    /// of [`SimDevice::check_tiled_in`] accepts, from the bitmaps instead of a look-up per
+    /// mapping. Mappings are runs of granules that never overlap, each starting where its
+    /// `starts` bit is, and `mapped` is their union; so the walk from `first` steps from
+    /// mapping to mapping exactly when a mapping starts at `first` and every granule up to
+    /// `first + n` is mapped, and it stops on `first + n` exactly when no mapping runs
+    /// across it (that granule is unmapped, or a mapping starts there).
     #[inline(always)]
     fn tiles(&self, first: u64, n: u64) -> bool {
         let end = first + n;
-        self.maps.get(first).is_some()
+        let end_ok = |x: &GranuleBits| {
+            let b = end % 64;
+            (x.mapped & !x.starts) >> b & 1 == 0
+        };
+        if let Some((w, mask)) = Self::one_word(first, n) {
+            // The whole span in one word: its start bit, its mapped bits, and the granule
+            // after it in the same word or the next.
+            let Some(x) = self.bits.get(w) else {
+                return false;
+            };
+            if x.mapped & mask != mask || x.starts >> (first % 64) & 1 == 0 {
+                return false;
+            }
+            let we = usize::try_from(end / 64).unwrap_or(usize::MAX);
+            return if we == w {
+                end_ok(x)
+            } else {
+                self.bits.get(we).is_none_or(end_ok)
+            };
+        }
+        self.starts_at(first)
             && self.all_mapped(first, n)
-            && (!self.is_mapped(end) || self.maps.get(end).is_some())
+            && (!self.is_mapped(end) || self.starts_at(end))
     }
 
     /// Whether granule `i` was made accessible.
@@ -538,7 +571,7 @@ impl Reserved {
         });
     }
 
-    /// Marks granules `[first, first + n)` mapped.
+    /// Marks granules `[first, first + n)` mapped, by one mapping starting at `first`.
     #[inline(always)]
     fn set_mapped(&mut self, first: u64, n: u64) {
         self.cover(first + n);
@@ -549,16 +582,22 @@ impl Reserved {
             }
             true
         });
+        let w = usize::try_from(first / 64).unwrap_or(usize::MAX);
+        if let Some(x) = self.bits.get_mut(w) {
+            x.starts |= 1 << (first % 64);
+        }
         self.mapped_granules += n;
     }
 
-    /// Marks granules `[first, first + n)` unmapped (and so not accessible).
+    /// Marks granules `[first, first + n)` unmapped (no mapping starts there, none is
+    /// accessible).
     #[inline(always)]
     fn clear_mapped(&mut self, first: u64, n: u64) {
         let bits = &mut self.bits;
         Self::words(first, n, |w, mask| {
             if let Some(x) = bits.get_mut(w) {
                 x.mapped &= !mask;
+                x.starts &= !mask;
                 x.access &= !mask;
             }
             true
@@ -723,19 +762,19 @@ fn reserved_holding(reserved: &[Reserved], va: u64, bytes: u64) -> Option<usize>
 }
 
 /// [`reserved_holding`] trying range `*last` first (a pool's calls fall in one or two
-/// ranges), and remembering in `*last` the range found.
+/// ranges), and remembering in `*last` the range found: `(its index, offset of va in it)`.
 #[inline(always)]
 fn reserved_holding_from(
     reserved: &[Reserved],
     last: &mut usize,
     va: u64,
     bytes: u64,
-) -> Option<usize> {
+) -> Option<(usize, u64)> {
     if let Some(r) = reserved.get(*last) {
         let off = va.wrapping_sub(r.start);
         if off < r.bytes {
             // Ranges do not overlap: this is the one holding `va`.
-            return (bytes <= r.bytes - off).then_some(*last);
+            return (bytes <= r.bytes - off).then_some((*last, off));
         }
     }
     reserved_holding_elsewhere(reserved, last, va, bytes)
@@ -748,10 +787,10 @@ fn reserved_holding_elsewhere(
     last: &mut usize,
     va: u64,
     bytes: u64,
-) -> Option<usize> {
+) -> Option<(usize, u64)> {
     let i = reserved_holding(reserved, va, bytes)?;
     *last = i;
-    Some(i)
+    Some((i, va - reserved.get(i)?.start))
 }
 
 /// The simulated device. Cheap to clone (for bisection over capacities).
@@ -1148,17 +1187,25 @@ impl SimDevice {
         self.free_va.insert(s, l);
     }
 
+    #[inline(always)]
     fn check_granular(&self, call: DriverCall, v: u64) -> Result<(), DeviceError> {
         if v == 0 || !self.is_granular(v) {
-            return Err(DeviceError::Invalid {
-                call: call.cuda_name(),
-                detail: format!(
-                    "{v} is not a non-zero multiple of the granularity {}",
-                    self.granularity
-                ),
-            });
+            return Err(self.not_granular(call, v));
         }
         Ok(())
+    }
+
+    /// The error of [`SimDevice::check_granular`].
+    #[cold]
+    #[inline(never)]
+    fn not_granular(&self, call: DriverCall, v: u64) -> DeviceError {
+        DeviceError::Invalid {
+            call: call.cuda_name(),
+            detail: format!(
+                "{v} is not a non-zero multiple of the granularity {}",
+                self.granularity
+            ),
+        }
     }
 
     fn invalid(call: DriverCall, detail: String) -> DeviceError {
@@ -1204,7 +1251,7 @@ impl SimDevice {
         while at < end {
             match self.mapping_at(at, hint) {
                 Some((ri, _, m)) => {
-                    at += m.bytes;
+                    at += m.bytes.get();
                     hint = ri;
                 }
                 None => break,
@@ -1224,8 +1271,7 @@ impl SimDevice {
     /// index without a look-up per mapping); `None` otherwise (the general walk decides).
     #[inline(always)]
     fn span_in_one_range(&mut self, va: u64, bytes: u64) -> Option<(usize, u64, u64)> {
-        let ri = reserved_holding_from(&self.reserved, &mut self.last_range, va, bytes)?;
-        let off = va - self.reserved.get(ri)?.start;
+        let (ri, off) = reserved_holding_from(&self.reserved, &mut self.last_range, va, bytes)?;
         self.is_granular(off)
             .then(|| (ri, self.granules(off), self.granules(bytes)))
     }
@@ -1247,7 +1293,7 @@ impl SimDevice {
         let mut gi = first;
         while gi < end {
             match r.maps.get(gi) {
-                Some(m) => gi += m.bytes >> sh,
+                Some(m) => gi += m.bytes.get() >> sh,
                 None => {
                     let at = r.start + (gi << sh);
                     return Err(Self::invalid(c, format!("{at:#x} is not mapped")));
@@ -1438,12 +1484,12 @@ impl Device for SimDevice {
             Some(h) if args_ok && !h.released && h.bytes == bytes && !h.mapped => h,
             _ => return Err(self.map_refused(va, bytes, handle)),
         };
-        let Some(r) = reserved_holding_from(&self.reserved, &mut self.last_range, va, bytes)
-            .and_then(|ri| self.reserved.get_mut(ri))
+        let Some((r, off)) = reserved_holding_from(&self.reserved, &mut self.last_range, va, bytes)
+            .and_then(|(ri, off)| Some((self.reserved.get_mut(ri)?, off)))
         else {
             return Err(self.map_refused(va, bytes, handle));
         };
-        let (first, n) = ((va - r.start) >> sh, bytes >> sh);
+        let (first, n) = (off >> sh, bytes >> sh);
         // Mappings never overlap: no granule of the range may be mapped already. A mapping
         // of granules in one bitmap word (the common case) reads and sets that word once.
         let word = Reserved::one_word(first, n);
@@ -1455,7 +1501,9 @@ impl Device for SimDevice {
             return Err(self.map_refused(va, bytes, handle));
         }
         self.meter.charge(c, bytes, self.live_mappings)?;
-        r.maps.insert(first, Mapping { bytes, handle });
+        if let Some(bytes) = std::num::NonZeroU64::new(bytes) {
+            r.maps.insert(first, Mapping { bytes, handle });
+        }
         match word {
             Some((w, mask)) => {
                 if w >= r.bits.len() {
@@ -1463,6 +1511,7 @@ impl Device for SimDevice {
                 }
                 if let Some(x) = r.bits.get_mut(w) {
                     x.mapped |= mask;
+                    x.starts |= 1 << (first % 64);
                 }
                 r.mapped_granules += n;
             }
@@ -1476,18 +1525,54 @@ impl Device for SimDevice {
     fn set_access(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
         let c = DriverCall::SetAccess;
         self.check_granular(c, bytes)?;
-        if let Some((ri, first, n)) = self.span_in_one_range(va, bytes) {
-            if !self.reserved.get(ri).is_some_and(|r| r.tiles(first, n)) {
-                // The walk says why (and decides, should the bitmap disagree).
-                self.check_tiled_in(c, ri, first, n)?;
-            }
-            self.begin(c, bytes)?;
-            // The mappings tile the granules: their access bits, set in one pass.
-            if let Some(r) = self.reserved.get_mut(ri) {
-                r.grant(first, n);
-            }
-            return Ok(());
+        let Some((ri, first, n)) = self.span_in_one_range(va, bytes) else {
+            return self.set_access_across(va, bytes);
+        };
+        if !self.reserved.get(ri).is_some_and(|r| r.tiles(first, n)) {
+            // The walk says why (and decides, should the bitmaps disagree).
+            self.check_tiled_in(c, ri, first, n)?;
         }
+        self.begin(c, bytes)?;
+        // The mappings tile the granules: their access bits, set in one pass.
+        if let Some(r) = self.reserved.get_mut(ri) {
+            r.grant(first, n);
+        }
+        Ok(())
+    }
+
+    fn unmap(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
+        let c = DriverCall::Unmap;
+        self.check_granular(c, bytes)?;
+        let Some((ri, first, n)) = self.span_in_one_range(va, bytes) else {
+            return self.unmap_across(va, bytes);
+        };
+        if !self.reserved.get(ri).is_some_and(|r| r.tiles(first, n)) {
+            // The walk says why (and decides, should the bitmaps disagree).
+            self.check_tiled_in(c, ri, first, n)?;
+        }
+        self.begin(c, bytes)?;
+        let sh = self.granule_shift;
+        let Some(r) = self.reserved.get_mut(ri) else {
+            return Ok(());
+        };
+        // The mappings tile the granules: each is taken, and their bits are cleared in one
+        // pass at the end.
+        let (handles, used, live) = (&mut self.handles, &mut self.used, &mut self.live_mappings);
+        let gi = r.maps.take_run(first, first + n, sh, |m| {
+            *live -= 1;
+            handles.unmapped(m.handle.0, used);
+        });
+        r.clear_mapped(first, gi - first);
+        Ok(())
+    }
+}
+
+impl SimDevice {
+    /// cuMemSetAccess of a span that does not start on a granule of one reserved range (out
+    /// of line: the general walk, mapping by mapping).
+    #[inline(never)]
+    fn set_access_across(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
+        let c = DriverCall::SetAccess;
         // The range must be covered by contiguous mappings starting exactly at va.
         self.check_tiled(c, va, bytes)?;
         self.begin(c, bytes)?;
@@ -1501,8 +1586,8 @@ impl Device for SimDevice {
             let r = &mut self.reserved[ri];
             match r.maps.get(gi).copied() {
                 Some(m) => {
-                    r.grant(gi, m.bytes >> self.granule_shift);
-                    at += m.bytes;
+                    r.grant(gi, m.bytes.get() >> self.granule_shift);
+                    at += m.bytes.get();
                     hint = ri;
                 }
                 None => break,
@@ -1511,30 +1596,11 @@ impl Device for SimDevice {
         Ok(())
     }
 
-    fn unmap(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
+    /// cuMemUnmap of a span that does not start on a granule of one reserved range (out of
+    /// line: the general walk, mapping by mapping).
+    #[inline(never)]
+    fn unmap_across(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
         let c = DriverCall::Unmap;
-        self.check_granular(c, bytes)?;
-        if let Some((ri, first, n)) = self.span_in_one_range(va, bytes) {
-            if !self.reserved.get(ri).is_some_and(|r| r.tiles(first, n)) {
-                // The walk says why (and decides, should the bitmap disagree).
-                self.check_tiled_in(c, ri, first, n)?;
-            }
-            self.begin(c, bytes)?;
-            let sh = self.granule_shift;
-            let Some(r) = self.reserved.get_mut(ri) else {
-                return Ok(());
-            };
-            // The mappings tile the granules: each is taken, and their bits are cleared
-            // in one pass at the end.
-            let (handles, used, live) =
-                (&mut self.handles, &mut self.used, &mut self.live_mappings);
-            let gi = r.maps.take_run(first, first + n, sh, |m| {
-                *live -= 1;
-                handles.unmapped(m.handle.0, used);
-            });
-            r.clear_mapped(first, gi - first);
-            return Ok(());
-        }
         // Walk the mappings from the start of the range: they must tile it.
         self.check_tiled(c, va, bytes)?;
         self.begin(c, bytes)?;
@@ -1550,10 +1616,10 @@ impl Device for SimDevice {
             let Some(m) = r.maps.remove(gi) else {
                 break;
             };
-            r.clear_mapped(gi, m.bytes >> sh);
+            r.clear_mapped(gi, m.bytes.get() >> sh);
             self.live_mappings -= 1;
             hint = ri;
-            at += m.bytes;
+            at += m.bytes.get();
             self.handles.unmapped(m.handle.0, &mut self.used);
         }
         Ok(())
@@ -1598,8 +1664,8 @@ impl SimDevice {
                 s -= 1;
             };
             let ms = r.start + s * g;
-            if at < ms + m.bytes && r.granted(s) {
-                at = ms + m.bytes;
+            if at < ms + m.bytes.get() && r.granted(s) {
+                at = ms + m.bytes.get();
             } else {
                 return false;
             }
