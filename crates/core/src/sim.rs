@@ -675,6 +675,26 @@ impl Meter {
         if idx == self.fault_at {
             return Err(Self::injected_fault(call));
         }
+        self.record(call, bytes, live_mappings);
+        Ok(())
+    }
+
+    /// Whether the next call is the one to fail.
+    #[inline(always)]
+    fn next_faults(&self) -> bool {
+        self.calls_made == self.fault_at
+    }
+
+    /// [`Meter::charge`] of a call that is not the one to fail ([`Meter::next_faults`]).
+    #[inline(always)]
+    fn charge_unfailing(&mut self, call: DriverCall, bytes: u64, live_mappings: u64) {
+        self.calls_made += 1;
+        self.record(call, bytes, live_mappings);
+    }
+
+    /// The cost part of [`Meter::charge`]: the call's modelled seconds and the sums.
+    #[inline(always)]
+    fn record(&mut self, call: DriverCall, bytes: u64, live_mappings: u64) {
         // A request above the whole device is refused at once, not timed as a huge call.
         let bytes = bytes.min(self.max_bytes);
         let k = call as usize;
@@ -696,7 +716,6 @@ impl Meter {
         if let Some(s) = self.isolated_seconds_x_mappings.get_mut(k) {
             *s += isolated * live;
         }
-        Ok(())
     }
 
     /// The isolated cost of a call of `bytes` not in memo slot `slot`: modelled, and kept
@@ -1474,6 +1493,97 @@ impl Device for SimDevice {
     }
 
     fn map(&mut self, va: u64, bytes: u64, handle: PhysHandle) -> Result<(), DeviceError> {
+        if self.map_in_one_word(va, bytes, handle) {
+            return Ok(());
+        }
+        self.map_checked(va, bytes, handle)
+    }
+
+    fn set_access(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
+        if self.set_access_in_one_word(va, bytes) {
+            return Ok(());
+        }
+        self.set_access_checked(va, bytes)
+    }
+
+    fn unmap(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
+        let c = DriverCall::Unmap;
+        self.check_granular(c, bytes)?;
+        let Some((ri, first, n)) = self.span_in_one_range(va, bytes) else {
+            return self.unmap_across(va, bytes);
+        };
+        if !self.reserved.get(ri).is_some_and(|r| r.tiles(first, n)) {
+            // The walk says why (and decides, should the bitmaps disagree).
+            self.check_tiled_in(c, ri, first, n)?;
+        }
+        self.begin(c, bytes)?;
+        let sh = self.granule_shift;
+        let Some(r) = self.reserved.get_mut(ri) else {
+            return Ok(());
+        };
+        // The mappings tile the granules: each is taken, and their bits are cleared in one
+        // pass at the end.
+        let (handles, used, live) = (&mut self.handles, &mut self.used, &mut self.live_mappings);
+        let gi = r.maps.take_run(first, first + n, sh, |m| {
+            *live -= 1;
+            handles.unmapped(m.handle.0, used);
+        });
+        r.clear_mapped(first, gi - first);
+        Ok(())
+    }
+}
+
+impl SimDevice {
+    /// cuMemMap in the common case, in few registers: a live unmapped handle of `bytes`,
+    /// a span in one bitmap word of the range the last call used, no granule mapped there,
+    /// and a call not to fail. Then done, `true`; otherwise nothing done, `false`
+    /// ([`SimDevice::map_checked`] decides, with every check and its error).
+    #[inline(always)]
+    fn map_in_one_word(&mut self, va: u64, bytes: u64, handle: PhysHandle) -> bool {
+        let Some(h) = self.handles.get_mut(handle.0) else {
+            return false;
+        };
+        let Some(r) = self.reserved.get_mut(self.last_range) else {
+            return false;
+        };
+        let off = va.wrapping_sub(r.start);
+        if h.released
+            || h.mapped
+            || h.bytes != bytes
+            || bytes == 0
+            || off >= r.bytes
+            || bytes > r.bytes - off
+            || (va | bytes) & (self.granularity - 1) != 0
+        {
+            return false;
+        }
+        let sh = self.granule_shift;
+        let (first, n) = (off >> sh, bytes >> sh);
+        let Some((w, mask)) = Reserved::one_word(first, n) else {
+            return false;
+        };
+        let Some(x) = r.bits.get_mut(w) else {
+            return false;
+        };
+        if x.mapped & mask != 0 || self.meter.next_faults() {
+            return false;
+        }
+        x.mapped |= mask;
+        x.starts |= 1 << (first % 64);
+        r.mapped_granules += n;
+        self.meter
+            .charge_unfailing(DriverCall::Map, bytes, self.live_mappings);
+        if let Some(bytes) = std::num::NonZeroU64::new(bytes) {
+            r.maps.insert(first, Mapping { bytes, handle });
+        }
+        self.live_mappings += 1;
+        h.mapped = true;
+        true
+    }
+
+    /// cuMemMap with every check (out of line).
+    #[inline(never)]
+    fn map_checked(&mut self, va: u64, bytes: u64, handle: PhysHandle) -> Result<(), DeviceError> {
         // The checks of `map_refused`, in one pass without their messages: the errors are
         // made out of line, by that function, which runs the checks again in order.
         let c = DriverCall::Map;
@@ -1522,7 +1632,42 @@ impl Device for SimDevice {
         Ok(())
     }
 
-    fn set_access(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
+    /// cuMemSetAccess in the common case, in few registers: a span in one bitmap word of
+    /// the range the last call used, tiled by its mappings, and a call not to fail. Then
+    /// done, `true`; otherwise nothing done, `false` ([`SimDevice::set_access_checked`]
+    /// decides, with every check and its error).
+    #[inline(always)]
+    fn set_access_in_one_word(&mut self, va: u64, bytes: u64) -> bool {
+        let Some(r) = self.reserved.get_mut(self.last_range) else {
+            return false;
+        };
+        let off = va.wrapping_sub(r.start);
+        if bytes == 0
+            || off >= r.bytes
+            || bytes > r.bytes - off
+            || (off | bytes) & (self.granularity - 1) != 0
+        {
+            return false;
+        }
+        let sh = self.granule_shift;
+        let (first, n) = (off >> sh, bytes >> sh);
+        let Some((w, mask)) = Reserved::one_word(first, n) else {
+            return false;
+        };
+        if !r.tiles(first, n) || self.meter.next_faults() {
+            return false;
+        }
+        self.meter
+            .charge_unfailing(DriverCall::SetAccess, bytes, self.live_mappings);
+        if let Some(x) = r.bits.get_mut(w) {
+            x.access |= mask;
+        }
+        true
+    }
+
+    /// cuMemSetAccess with every check (out of line).
+    #[inline(never)]
+    fn set_access_checked(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
         let c = DriverCall::SetAccess;
         self.check_granular(c, bytes)?;
         let Some((ri, first, n)) = self.span_in_one_range(va, bytes) else {
@@ -1540,34 +1685,6 @@ impl Device for SimDevice {
         Ok(())
     }
 
-    fn unmap(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
-        let c = DriverCall::Unmap;
-        self.check_granular(c, bytes)?;
-        let Some((ri, first, n)) = self.span_in_one_range(va, bytes) else {
-            return self.unmap_across(va, bytes);
-        };
-        if !self.reserved.get(ri).is_some_and(|r| r.tiles(first, n)) {
-            // The walk says why (and decides, should the bitmaps disagree).
-            self.check_tiled_in(c, ri, first, n)?;
-        }
-        self.begin(c, bytes)?;
-        let sh = self.granule_shift;
-        let Some(r) = self.reserved.get_mut(ri) else {
-            return Ok(());
-        };
-        // The mappings tile the granules: each is taken, and their bits are cleared in one
-        // pass at the end.
-        let (handles, used, live) = (&mut self.handles, &mut self.used, &mut self.live_mappings);
-        let gi = r.maps.take_run(first, first + n, sh, |m| {
-            *live -= 1;
-            handles.unmapped(m.handle.0, used);
-        });
-        r.clear_mapped(first, gi - first);
-        Ok(())
-    }
-}
-
-impl SimDevice {
     /// cuMemSetAccess of a span that does not start on a granule of one reserved range (out
     /// of line: the general walk, mapping by mapping).
     #[inline(never)]
@@ -1914,6 +2031,41 @@ mod tests {
             seen < 2
         }));
         assert_eq!(seen, 2);
+    }
+
+    #[test]
+    fn injected_faults_on_map_access_and_unmap_change_nothing() {
+        let mut d = SimDevice::new(8 * G);
+        let va = d.reserve_va(4 * G).unwrap();
+        let h = d.create_physical(2 * G).unwrap();
+        let before = (d.counters(), d.live_objects(), d.used_bytes());
+        d.inject_fault_at(Some(d.calls_made()));
+        let e = d.map(va, 2 * G, h).unwrap_err();
+        assert!(e.to_string().contains("cuMemMap"), "{e}");
+        assert_eq!((d.counters(), d.live_objects(), d.used_bytes()), before);
+        d.map(va, 2 * G, h).unwrap();
+        d.inject_fault_at(Some(d.calls_made()));
+        assert!(d.set_access(va, 2 * G).is_err());
+        assert!(!d.is_accessible(va, 1), "the failed call granted nothing");
+        d.set_access(va, 2 * G).unwrap();
+        assert!(d.is_accessible(va, 2 * G));
+        d.inject_fault_at(Some(d.calls_made()));
+        assert!(d.unmap(va, 2 * G).is_err());
+        assert!(
+            d.is_accessible(va, 2 * G),
+            "the failed call unmapped nothing"
+        );
+        assert_eq!(d.live_objects(), (0, 1, 1, 1));
+        d.unmap(va, 2 * G).unwrap();
+        d.release_physical(h).unwrap();
+        d.free_va(va, 4 * G).unwrap();
+        assert_eq!(d.live_objects(), (0, 0, 0, 0));
+        assert_eq!(
+            d.counters().total(),
+            7,
+            "the three failed calls are not counted"
+        );
+        assert_eq!(d.calls_made(), 10, "but were made");
     }
 
     #[test]
