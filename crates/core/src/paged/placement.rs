@@ -44,6 +44,53 @@ pub(super) fn fit_of(p: u64, base: u64, st: u64, len: u64) -> u32 {
     head.max(tail)
 }
 
+/// The scores `(pages newly mapped, bytes of them left free, address)` of a block of
+/// `bytes` (a multiple of [`UNIT_BYTES`], at most `len`) flush against the start and
+/// against the end of the free range `[st, st + len)` of a reservation starting at `r_va`,
+/// pages of `p` bytes (a power of two), in closed form.
+///
+/// In page units relative to the reservation, the range `[s, e)` wholly holds the pages
+/// `i0 = ⌈s/p⌉ .. i1 = ⌊e/p⌋` (the pages around them are mapped: a neighbour holds their
+/// other part). A block flush at `s` ends at `er = s + bytes` and newly maps the pages
+/// `i0 .. min(⌈er/p⌉, i1)`; it leaves `⌈er/p⌉·p − er` bytes of them free unless it runs
+/// into the mapped page at the end (then none). Flush at `e` it starts at `xr = e − bytes`,
+/// maps `max(⌊xr/p⌋, i0) .. i1` and leaves `xr mod p` free unless it runs into the mapped
+/// page at the start.
+#[inline]
+pub(super) fn scored_ends(
+    p: u64,
+    r_va: u64,
+    st: u64,
+    len: u64,
+    bytes: u64,
+) -> [(u64, u64, u64); 2] {
+    let sh = p.trailing_zeros();
+    let mask = p - 1;
+    let s = st - r_va;
+    let e = s + len;
+    let i0 = (s + mask) >> sh;
+    let i1 = e >> sh;
+    // Flush against the start.
+    let er = s + bytes;
+    let hr = (er + mask) >> sh;
+    let (k0, slack0) = if hr <= i1 {
+        let k = hr - i0;
+        (k, if k == 0 { 0 } else { (hr << sh) - er })
+    } else {
+        (i1.saturating_sub(i0), 0)
+    };
+    // Flush against the end.
+    let xr = e - bytes;
+    let lr = xr >> sh;
+    let (k1, slack1) = if lr >= i0 {
+        let k = i1 - lr;
+        (k, if k == 0 { 0 } else { xr & mask })
+    } else {
+        (i1.saturating_sub(i0), 0)
+    };
+    [(k0, slack0, st), (k1, slack1, r_va + xr)]
+}
+
 impl PagedPool {
     /// Sets the fit tags ([`fit_of`]) of the free ranges `added` (`(start, bytes)` each, in
     /// reservation `ri`) after the free map gained or rewrote them; a removed range took its
@@ -132,22 +179,84 @@ impl PagedPool {
 
     /// [`PagedPool::find_scored_fit`] for the default alignment (every free range starts
     /// and ends on it, so a block fits flush against either end of any range at least as
-    /// long): the same scores in closed form, a few shifts and compares per range.
-    ///
-    /// In page units relative to the reservation, a range `[s, e)` wholly holds the pages
-    /// `i0 = ⌈s/p⌉ .. i1 = ⌊e/p⌋` (the pages around them are mapped: a neighbour holds
-    /// their other part). A block flush at `s` ends at `er = s + bytes` and newly maps the
-    /// pages `i0 .. min(⌈er/p⌉, i1)`; it leaves `⌈er/p⌉·p − er` bytes of them free unless it
-    /// runs into the mapped page at the end (then none). Flush at `e` it starts at
-    /// `xr = e − bytes`, maps `max(⌊xr/p⌋, i0) .. i1` and leaves `xr mod p` free unless it
-    /// runs into the mapped page at the start. Candidates come in ascending address order,
-    /// so a later one wins only on a strictly better `(pages, slack)`.
+    /// long): the same scores ([`scored_ends`]), the best of them found from the free
+    /// map's shape columns rather than range by range. Ties go to the lower address, as in
+    /// a scan in address order that keeps the first best.
     pub(super) fn find_scored_fit_unit(&self, bytes: u64) -> Option<(Placement, u64)> {
         let p = self.page_bytes;
         let sh = p.trailing_zeros();
         let mask = p - 1;
-        let (mut bk, mut bs) = (u64::MAX, u64::MAX);
-        let mut best: Option<Placement> = None;
+        let q = bytes >> sh;
+        let r = bytes & mask;
+        let Some(long_from) = bytes.checked_add(2 * p).filter(|_| q > 0) else {
+            // A block under a page may score 0 pages (ties then go by address alone): the
+            // scan decides.
+            return self.find_scored_fit_scan(bytes);
+        };
+        // A range at least two pages longer than the block is *long*. Reservations start
+        // on a page boundary, so a range's head `h` (bytes from its start to the next page
+        // boundary) and tail `t` (from the last page boundary to its end) are those of its
+        // addresses. Flush against the start of a long range the block newly maps `q`
+        // pages when `h ≥ r = bytes mod p`, leaving `h − r` of them free, else `q + 1`
+        // pages leaving `p − r + h`; flush against its end likewise with `t`. Both order
+        // as `v' = (v − r) mod p` does (`v` the head or the tail): among long ranges the
+        // best candidate is the first in address order of the least `v'`, a subtraction
+        // and a mask per end. A shorter range that holds the block (*near*) is scored in
+        // full ([`scored_ends`]).
+        let mut least = u64::MAX;
+        let mut at = (0u64, 0u64, false);
+        let mut near: Option<((u64, u64, u64), u64)> = None;
+        for (&st, &len) in &self.free {
+            if len >= long_from {
+                let vh = st.wrapping_neg().wrapping_sub(r) & mask;
+                let vt = (st + len).wrapping_sub(r) & mask;
+                if vh < least {
+                    (least, at) = (vh, (st, len, false));
+                }
+                if vt < least {
+                    (least, at) = (vt, (st, len, true));
+                }
+            } else if len >= bytes {
+                let r_va = self.reservations.get(self.res_of(st)?)?.va;
+                for score in scored_ends(p, r_va, st, len, bytes) {
+                    if near.is_none_or(|(b, _)| score < b) {
+                        near = Some((score, st));
+                    }
+                }
+            }
+        }
+        let long = (least != u64::MAX).then(|| {
+            let (st, len, end) = at;
+            let k = q + u64::from(least >= p - r);
+            let addr = if end { st + len - bytes } else { st };
+            ((k, least, addr), st)
+        });
+        let ((k, _, addr), st) = match (long, near) {
+            (Some(l), Some(n)) => {
+                if n.0 < l.0 {
+                    n
+                } else {
+                    l
+                }
+            }
+            (l, n) => l.or(n)?,
+        };
+        Some((
+            Placement {
+                res: self.res_of(st)?,
+                range_start: st,
+                addr,
+            },
+            k,
+        ))
+    }
+
+    /// [`PagedPool::find_scored_fit_unit`] by a scan of every free range, each scored in
+    /// closed form ([`scored_ends`]).
+    pub(super) fn find_scored_fit_scan(&self, bytes: u64) -> Option<(Placement, u64)> {
+        let p = self.page_bytes;
+        // The best `(pages, slack, address)` so far and its placement.
+        let mut best: Option<((u64, u64, u64), Placement)> = None;
         let mut ri = 0usize;
         let mut r_va = 0u64;
         let mut r_end = 0u64;
@@ -162,46 +271,18 @@ impl PagedPool {
                 let r = self.reservations.get(ri)?;
                 (r_va, r_end) = (r.va, r.end());
             }
-            let s = st - r_va;
-            let e = s + len;
-            let i0 = (s + mask) >> sh;
-            let i1 = e >> sh;
-            // Flush against the start.
-            let er = s + bytes;
-            let hr = (er + mask) >> sh;
-            let (k, slack) = if hr <= i1 {
-                let k = hr - i0;
-                (k, if k == 0 { 0 } else { (hr << sh) - er })
-            } else {
-                (i1.saturating_sub(i0), 0)
-            };
-            if k < bk || (k == bk && slack < bs) {
-                (bk, bs) = (k, slack);
-                best = Some(Placement {
-                    res: ri,
-                    range_start: st,
-                    addr: st,
-                });
-            }
-            // Flush against the end.
-            let xr = e - bytes;
-            let lr = xr >> sh;
-            let (k, slack) = if lr >= i0 {
-                let k = i1 - lr;
-                (k, if k == 0 { 0 } else { xr & mask })
-            } else {
-                (i1.saturating_sub(i0), 0)
-            };
-            if k < bk || (k == bk && slack < bs) {
-                (bk, bs) = (k, slack);
-                best = Some(Placement {
-                    res: ri,
-                    range_start: st,
-                    addr: r_va + xr,
-                });
+            for score in scored_ends(p, r_va, st, len, bytes) {
+                if best.is_none_or(|(b, _)| score < b) {
+                    let pl = Placement {
+                        res: ri,
+                        range_start: st,
+                        addr: score.2,
+                    };
+                    best = Some((score, pl));
+                }
             }
         }
-        best.map(|pl| (pl, bk))
+        best.map(|((k, _, _), pl)| (pl, k))
     }
 
     /// [`PagedPool::find_scored_fit`] for any alignment: each end of each range, scored as
