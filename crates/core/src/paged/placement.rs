@@ -139,7 +139,12 @@ impl PagedPool {
             // The ranges starting in the page of `st`, in order (those before `st` reach
             // the request only with the alignment slack).
             let ps = base + (((st - base) >> sh) << sh);
-            for (&st, &len) in self.free.range(ps..ps + p) {
+            // The first of them: walk back from `i` (ranges start in address order).
+            let mut j = i;
+            while j > 0 && self.free.entry(j - 1).is_some_and(|(s, _)| s >= ps) {
+                j -= 1;
+            }
+            while let Some((st, len)) = self.free.entry(j).filter(|&(s, _)| s < ps + p) {
                 let usable = usable_head_at(p, base, st, len);
                 let addr = align_up(st, align)?;
                 if addr + bytes <= st + usable {
@@ -149,6 +154,7 @@ impl PagedPool {
                         addr,
                     });
                 }
+                j += 1;
             }
         } else {
             let b = st + len;
