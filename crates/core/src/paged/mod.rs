@@ -192,6 +192,17 @@ pub struct CachedHandle {
     pub pages: u64,
 }
 
+/// The cached handles of one size ([`PagedPool`]'s `cache_sizes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct CacheSize {
+    /// The size, in pages.
+    pages: u64,
+    /// Handles of this size in the cache (never 0).
+    count: u32,
+    /// Index in the cache of the first of them.
+    first: u32,
+}
+
 /// A handle mapped for a new block during an allocation, to give back on failure.
 #[derive(Debug, Clone, Copy)]
 struct Taken {
@@ -248,11 +259,11 @@ pub struct PagedPool {
     live: AddrMap<LiveBlock>,
     /// Unmapped physical handles kept for reuse.
     cache: Vec<CachedHandle>,
-    /// How many handles of each size (in pages) `cache` holds, so that a pick finds the
-    /// size it wants without walking the cache.
-    /// `(pages, handles)` in ascending order of size, no zero count (a sorted vector: a pool
-    /// holds handles of a few sizes).
-    cache_sizes: Vec<(u64, u32)>,
+    /// How many handles of each size (in pages) `cache` holds, and where the first of them
+    /// lies, so that a pick finds the handle it wants without walking the cache. In
+    /// ascending order of size, no zero count (a sorted vector: a pool holds handles of a
+    /// few sizes).
+    cache_sizes: Vec<CacheSize>,
     /// Pages of the handles in `cache`.
     cached_pages: u64,
     /// Spans (address, bytes) of whole pages left mapped without access by an unwind whose

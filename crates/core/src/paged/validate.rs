@@ -246,13 +246,23 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
     for h in &a.cache {
         *sizes.entry(h.pages).or_insert(0u32) += 1;
     }
-    let listed: std::collections::BTreeMap<u64, u32> = a.cache_sizes.iter().copied().collect();
-    let ascending = a.cache_sizes.windows(2).all(|w| w[0].0 < w[1].0);
-    if sizes != listed || !ascending || a.cache_sizes.iter().any(|&(_, c)| c == 0) {
+    let listed: std::collections::BTreeMap<u64, u32> =
+        a.cache_sizes.iter().map(|e| (e.pages, e.count)).collect();
+    let ascending = a.cache_sizes.windows(2).all(|w| w[0].pages < w[1].pages);
+    if sizes != listed || !ascending || a.cache_sizes.iter().any(|e| e.count == 0) {
         return Err(format!(
             "cache size index {:?}, cache holds {sizes:?}",
             a.cache_sizes
         ));
+    }
+    for e in &a.cache_sizes {
+        let first = a.cache.iter().position(|h| h.pages == e.pages);
+        if first != Some(e.first as usize) {
+            return Err(format!(
+                "cache size index: first handle of {} pages at {}, the cache has it at {first:?}",
+                e.pages, e.first
+            ));
+        }
     }
     if a.cache.iter().map(|h| h.pages).sum::<u64>() != a.cached_pages {
         return Err(format!("cached pages recorded as {}", a.cached_pages));
