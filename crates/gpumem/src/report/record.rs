@@ -6,7 +6,7 @@
 //!
 //! The replay semantics are those of [`crate::replay::replay`]: pre-existing blocks first, an
 //! allocation refused with out-of-memory is dropped together with its later free.
-use gpumem_core::{AllocError, Allocator, Device, DeviceError, DriverCounters, PhysHandle};
+use gpumem_core::{AllocError, Allocator, Device, DeviceError, PhysHandle};
 use rustc_hash::FxHashMap;
 use std::collections::BTreeMap;
 
@@ -149,72 +149,52 @@ impl<D: Device> RecordingDevice<D> {
     }
 }
 
-impl<D: Device> Device for RecordingDevice<D> {
-    fn capacity_bytes(&self) -> u64 {
-        self.inner.capacity_bytes()
-    }
-    fn granularity_bytes(&self) -> u64 {
-        self.inner.granularity_bytes()
-    }
-    fn used_bytes(&self) -> u64 {
-        self.inner.used_bytes()
-    }
-    fn counters(&self) -> DriverCounters {
-        self.inner.counters()
-    }
-    fn alloc_segment(&mut self, bytes: u64) -> Result<u64, DeviceError> {
-        let base = self.inner.alloc_segment(bytes)?;
-        self.open(RegionKind::Segment, base, bytes);
-        Ok(base)
-    }
-    fn free_segment(&mut self, addr: u64) -> Result<(), DeviceError> {
-        self.inner.free_segment(addr)?;
-        self.close(addr);
-        Ok(())
-    }
-    fn reserve_va(&mut self, bytes: u64) -> Result<u64, DeviceError> {
-        let va = self.inner.reserve_va(bytes)?;
-        self.open(RegionKind::VaRange, va, bytes);
-        Ok(va)
-    }
-    fn free_va(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
-        self.inner.free_va(va, bytes)?;
-        self.close(va);
-        Ok(())
-    }
-    fn create_physical(&mut self, bytes: u64) -> Result<PhysHandle, DeviceError> {
-        self.inner.create_physical(bytes)
-    }
-    fn release_physical(&mut self, handle: PhysHandle) -> Result<(), DeviceError> {
-        self.inner.release_physical(handle)
-    }
-    fn map(&mut self, va: u64, bytes: u64, handle: PhysHandle) -> Result<(), DeviceError> {
-        self.inner.map(va, bytes, handle)?;
-        self.open_mappings.insert(va, self.mappings.len());
-        self.mappings.push(Mapping {
-            va,
-            bytes,
-            mapped: self.event,
-            unmapped: NEVER,
-        });
-        Ok(())
-    }
-    fn set_access(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
-        self.inner.set_access(va, bytes)
-    }
-    fn unmap(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
-        self.inner.unmap(va, bytes)?;
-        let end = va.saturating_add(bytes);
-        let gone: Vec<u64> = self.open_mappings.range(va..end).map(|(&k, _)| k).collect();
-        for k in gone {
-            if let Some(i) = self.open_mappings.remove(&k) {
-                self.mappings[i].unmapped = self.event;
-            }
+// Every other Device method (capacities, counters, creates, releases, set-access, the canary's
+// fill and check) goes to the wrapped device as is; a recording is transparent.
+gpumem_core::forward_device! {
+    impl<D: Device> Device for RecordingDevice<D> => inner {
+        fn alloc_segment(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+            let base = self.inner.alloc_segment(bytes)?;
+            self.open(RegionKind::Segment, base, bytes);
+            Ok(base)
         }
-        Ok(())
-    }
-    fn driver_used_bytes(&mut self) -> Option<u64> {
-        self.inner.driver_used_bytes()
+        fn free_segment(&mut self, addr: u64) -> Result<(), DeviceError> {
+            self.inner.free_segment(addr)?;
+            self.close(addr);
+            Ok(())
+        }
+        fn reserve_va(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+            let va = self.inner.reserve_va(bytes)?;
+            self.open(RegionKind::VaRange, va, bytes);
+            Ok(va)
+        }
+        fn free_va(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
+            self.inner.free_va(va, bytes)?;
+            self.close(va);
+            Ok(())
+        }
+        fn map(&mut self, va: u64, bytes: u64, handle: PhysHandle) -> Result<(), DeviceError> {
+            self.inner.map(va, bytes, handle)?;
+            self.open_mappings.insert(va, self.mappings.len());
+            self.mappings.push(Mapping {
+                va,
+                bytes,
+                mapped: self.event,
+                unmapped: NEVER,
+            });
+            Ok(())
+        }
+        fn unmap(&mut self, va: u64, bytes: u64) -> Result<(), DeviceError> {
+            self.inner.unmap(va, bytes)?;
+            let end = va.saturating_add(bytes);
+            let gone: Vec<u64> = self.open_mappings.range(va..end).map(|(&k, _)| k).collect();
+            for k in gone {
+                if let Some(i) = self.open_mappings.remove(&k) {
+                    self.mappings[i].unmapped = self.event;
+                }
+            }
+            Ok(())
+        }
     }
 }
 
@@ -406,5 +386,46 @@ mod tests {
             got,
             vec![m(0, 6, 1, 9), m(6, 2, 1, 8), m(10, 2, 1, 9), m(8, 2, 2, 9)]
         );
+    }
+
+    /// A simulated device that keeps a canary's pattern calls, as the CUDA device serves them.
+    struct Canary {
+        inner: gpumem_core::sim::SimDevice,
+        filled: Vec<(u64, u64, u32)>,
+    }
+
+    gpumem_core::forward_device! {
+        impl Device for Canary => inner {
+            fn fill_pattern(&mut self, addr: u64, bytes: u64, pattern: u32) -> Result<(), DeviceError> {
+                self.filled.push((addr, bytes, pattern));
+                Ok(())
+            }
+            fn check_pattern(&mut self, addr: u64, bytes: u64, pattern: u32) -> Result<bool, DeviceError> {
+                Ok(self.filled.contains(&(addr, bytes, pattern)))
+            }
+        }
+    }
+
+    #[test]
+    fn recording_forwards_the_calls_it_does_not_record() {
+        let inner = Canary {
+            inner: gpumem_core::sim::SimDevice::new(1 << 30),
+            filled: Vec::new(),
+        };
+        let mut d = RecordingDevice::new(inner);
+        d.event = 3;
+        let base = d.alloc_segment(4 << 20).unwrap();
+        d.fill_pattern(base, 4 << 20, 0xA5A5_A5A5).unwrap();
+        assert!(d.check_pattern(base, 4 << 20, 0xA5A5_A5A5).unwrap());
+        assert!(!d.check_pattern(base, 4 << 20, 0x5A5A_5A5A).unwrap());
+        assert_eq!(d.used_bytes(), 4 << 20);
+        assert_eq!(d.counters().total(), 1);
+        d.event = 5;
+        d.free_segment(base).unwrap();
+        let (regions, mappings) = d.into_log();
+        assert_eq!(regions.len(), 1);
+        assert_eq!((regions[0].base, regions[0].bytes), (base, 4 << 20));
+        assert_eq!((regions[0].created, regions[0].released), (3, 5));
+        assert!(mappings.is_empty());
     }
 }
