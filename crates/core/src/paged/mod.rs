@@ -179,6 +179,9 @@ struct Placement {
     res: usize,
     /// Start of the free range it is cut from.
     range_start: u64,
+    /// Position of that range in the free map when the search found it (`usize::MAX`
+    /// when unknown), so that the commit need not search for it.
+    pos: usize,
     /// Block address.
     addr: u64,
 }
@@ -406,6 +409,7 @@ impl PagedPool {
                 Placement {
                     res: ri,
                     range_start: r.va,
+                    pos: usize::MAX,
                     addr: r.va,
                 }
             }

@@ -151,6 +151,7 @@ impl PagedPool {
                     return Some(Placement {
                         res,
                         range_start: st,
+                        pos: j,
                         addr,
                     });
                 }
@@ -164,6 +165,7 @@ impl PagedPool {
                 return Some(Placement {
                     res,
                     range_start: st,
+                    pos: i,
                     addr,
                 });
             }
@@ -210,34 +212,35 @@ impl PagedPool {
         // and a mask per end. A shorter range that holds the block (*near*) is scored in
         // full ([`scored_ends`]).
         let mut least = u64::MAX;
-        let mut at = (0u64, 0u64, false);
-        let mut near: Option<((u64, u64, u64), u64)> = None;
-        for (&st, &len) in &self.free {
+        // The best long candidate: (start, length, at its end, position).
+        let mut at = (0u64, 0u64, false, 0usize);
+        let mut near: Option<((u64, u64, u64), u64, usize)> = None;
+        for (i, &(st, len)) in self.free.as_slice().iter().enumerate() {
             if len >= long_from {
                 let vh = st.wrapping_neg().wrapping_sub(r) & mask;
                 let vt = (st + len).wrapping_sub(r) & mask;
                 if vh < least {
-                    (least, at) = (vh, (st, len, false));
+                    (least, at) = (vh, (st, len, false, i));
                 }
                 if vt < least {
-                    (least, at) = (vt, (st, len, true));
+                    (least, at) = (vt, (st, len, true, i));
                 }
             } else if len >= bytes {
                 let r_va = self.reservations.get(self.res_of(st)?)?.va;
                 for score in scored_ends(p, r_va, st, len, bytes) {
-                    if near.is_none_or(|(b, _)| score < b) {
-                        near = Some((score, st));
+                    if near.is_none_or(|(b, _, _)| score < b) {
+                        near = Some((score, st, i));
                     }
                 }
             }
         }
         let long = (least != u64::MAX).then(|| {
-            let (st, len, end) = at;
+            let (st, len, end, i) = at;
             let k = q + u64::from(least >= p - r);
             let addr = if end { st + len - bytes } else { st };
-            ((k, least, addr), st)
+            ((k, least, addr), st, i)
         });
-        let ((k, _, addr), st) = match (long, near) {
+        let ((k, _, addr), st, pos) = match (long, near) {
             (Some(l), Some(n)) => {
                 if n.0 < l.0 {
                     n
@@ -251,6 +254,7 @@ impl PagedPool {
             Placement {
                 res: self.res_of(st)?,
                 range_start: st,
+                pos,
                 addr,
             },
             k,
@@ -282,6 +286,7 @@ impl PagedPool {
                     let pl = Placement {
                         res: ri,
                         range_start: st,
+                        pos: usize::MAX,
                         addr: score.2,
                     };
                     best = Some((score, pl));
@@ -340,6 +345,7 @@ impl PagedPool {
                     best = Some(Placement {
                         res: ri,
                         range_start: st,
+                        pos: usize::MAX,
                         addr: x,
                     });
                 }
@@ -374,11 +380,12 @@ impl PagedPool {
     ) {
         let p = self.page_bytes;
         let st = pl.range_start;
-        let Some((i, len)) = self
-            .free
-            .position(st)
-            .and_then(|i| Some((i, self.free.entry(i)?.1)))
-        else {
+        let found = self.free.entry(pl.pos).filter(|&(s, _)| s == st);
+        let Some((i, len)) = found.map(|(_, len)| (pl.pos, len)).or_else(|| {
+            self.free
+                .position(st)
+                .and_then(|i| Some((i, self.free.entry(i)?.1)))
+        }) else {
             return;
         };
         let end = st + len;
