@@ -414,7 +414,8 @@ impl PagedPool {
                 "page {page} under block {addr:#x} is not mapped"
             ))),
         };
-        let (first, last) = (mapped(p0)?, mapped(p1)?);
+        let first = mapped(p0)?;
+        let last = if p1 == p0 { first } else { mapped(p1)? };
         let a = if first.refs == 1 { p0 } else { p0 + 1 };
         let b = if last.refs == 1 {
             p1
@@ -428,7 +429,8 @@ impl PagedPool {
         if let Some((a, b)) = run {
             let mut page = a;
             while page <= b {
-                let pg = mapped(page)?;
+                // The run's first extent is often the block's first page, looked up above.
+                let pg = if page == p0 { first } else { mapped(page)? };
                 let (f, n) = (pg.ext_first as usize, pg.ext_pages as usize);
                 ext_lo = ext_lo.min(f);
                 ext_hi = ext_hi.max(f + n);

@@ -411,21 +411,28 @@ impl PagedPool {
         let sh = p.trailing_zeros();
         let p0 = ((pl.addr - r.va) >> sh) as usize;
         let p1 = ((bend - 1 - r.va) >> sh) as usize;
-        // Idle pages under the block are no longer idle. Its interior lay in one free range
-        // (no block touches it): a page there is mapped only if it was idle or this
-        // allocation just mapped it, so the idle ones are found through the idle bitmap;
-        // the end pages are looked at one by one.
-        if self.idle_count > 0 {
-            for i in [p0, p1] {
-                if let Some(Some(pg)) = r.pages.get(i) {
-                    // Idle pages are single-page handles: a page of a longer handle (one
-                    // this allocation just mapped) is not looked up.
-                    if pg.refs == 0 && pg.ext_pages == 1 && r.idle.remove(i) {
-                        self.idle_count -= 1;
-                    }
+        // The end pages, one look-up each: an idle one is idle no more, and each gets the
+        // block's reference unless this allocation just mapped it (then it has it).
+        let ends = if p1 == p0 { 1 } else { 2 };
+        for (k, i) in [p0, p1].into_iter().take(ends).enumerate() {
+            let raise = mapped.is_none_or(|m| m[k]);
+            if let Some(Some(pg)) = r.pages.get_mut(i) {
+                // Idle pages are single-page handles: a page of a longer handle (one this
+                // allocation just mapped) is not looked up.
+                if self.idle_count > 0 && pg.refs == 0 && pg.ext_pages == 1 && r.idle.remove(i) {
+                    self.idle_count -= 1;
+                }
+                if raise {
+                    pg.refs += 1;
                 }
             }
-            if p1 > p0 + 1 {
+        }
+        // The interior lay in one free range (no block touches it): a page there is mapped
+        // only if it was idle or this allocation just mapped it, so the idle ones are found
+        // through the idle bitmap. (A block placed without mapping spans at most two pages:
+        // no interior.)
+        if p1 > p0 + 1 {
+            if self.idle_count > 0 {
                 let mut i = p0 + 1;
                 while let Some(j) = r.idle.next_at_or_after(i).filter(|&j| j < p1) {
                     if r.idle.remove(j) {
@@ -437,23 +444,9 @@ impl PagedPool {
                     i = j + 1;
                 }
             }
-        }
-        match mapped {
-            None => {
-                for pg in r.pages.range_mut(p0, p1 + 1).flatten() {
+            if mapped.is_none() {
+                for pg in r.pages.range_mut(p0 + 1, p1).flatten() {
                     pg.refs += 1;
-                }
-            }
-            Some([first, last]) => {
-                for (i, was_mapped) in [(p0, first), (p1, last)] {
-                    if was_mapped {
-                        if let Some(Some(pg)) = r.pages.get_mut(i) {
-                            pg.refs += 1;
-                        }
-                    }
-                    if p1 == p0 {
-                        break;
-                    }
                 }
             }
         }
