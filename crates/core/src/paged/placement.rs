@@ -187,9 +187,10 @@ impl PagedPool {
 
     /// [`PagedPool::find_scored_fit`] for the default alignment (every free range starts
     /// and ends on it, so a block fits flush against either end of any range at least as
-    /// long): the same scores ([`scored_ends`]), the best of them found from the free
-    /// map's shape columns rather than range by range. Ties go to the lower address, as in
-    /// a scan in address order that keeps the first best.
+    /// long): the same scores as [`scored_ends`], with the ranges at least two pages longer
+    /// than the block scored by their page offsets alone (below), a subtraction and a mask
+    /// per end. Ties go to the lower address, as in a scan in address order that keeps the
+    /// first best.
     pub(super) fn find_scored_fit_unit(&self, bytes: u64) -> Option<(Placement, u64)> {
         let p = self.page_bytes;
         let sh = p.trailing_zeros();
