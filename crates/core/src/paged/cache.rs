@@ -6,18 +6,54 @@ impl PagedPool {
     /// Adds a handle to the cache.
     pub(super) fn cache_push(&mut self, h: CachedHandle) {
         self.cached_pages += h.pages;
+        let at = self.cache.len() as u32;
         self.cache.push(h);
-        match self.cache_sizes.binary_search_by_key(&h.pages, |&(s, _)| s) {
-            Ok(i) => self.cache_sizes[i].1 += 1,
-            Err(i) => self.cache_sizes.insert(i, (h.pages, 1)),
+        match self.cache_sizes.binary_search_by_key(&h.pages, |e| e.pages) {
+            Ok(i) => self.cache_sizes[i].count += 1,
+            Err(i) => self.cache_sizes.insert(
+                i,
+                CacheSize {
+                    pages: h.pages,
+                    count: 1,
+                    first: at,
+                },
+            ),
         }
     }
 
-    /// Takes the cached handle at `i`.
+    /// Takes the cached handle at `i` (the last handle moves to `i`).
     pub(super) fn cache_take(&mut self, i: usize) -> CachedHandle {
+        let last = self.cache.len() - 1;
         let h = self.cache.swap_remove(i);
-        self.cache_sizes_drop(h.pages);
         self.cached_pages = self.cached_pages.saturating_sub(h.pages);
+        // The handle's size: one fewer, and a new first handle when it was the first.
+        if let Ok(k) = self.cache_sizes.binary_search_by_key(&h.pages, |e| e.pages) {
+            let e = &mut self.cache_sizes[k];
+            e.count -= 1;
+            if e.count == 0 {
+                self.cache_sizes.remove(k);
+            } else if e.first as usize == i {
+                // The others of this size lie after `i` (the moved handle now at `i` too).
+                let next = (i..self.cache.len())
+                    .find(|&j| self.cache[j].pages == h.pages)
+                    .unwrap_or(last);
+                e.first = next as u32;
+            }
+        }
+        // The moved handle: at `i` now, before any other of its size that lay after `i`.
+        if let Some(&moved) = self.cache.get(i).filter(|_| i != last) {
+            if moved.pages != h.pages {
+                if let Ok(k) = self
+                    .cache_sizes
+                    .binary_search_by_key(&moved.pages, |e| e.pages)
+                {
+                    let e = &mut self.cache_sizes[k];
+                    if e.first as usize == last || (i as u32) < e.first {
+                        e.first = i as u32;
+                    }
+                }
+            }
+        }
         h
     }
 
@@ -25,27 +61,14 @@ impl PagedPool {
     /// largest one smaller than `n`.
     /// The first handle of that size in `cache` order.
     pub(super) fn cache_pick(&self, n: u64) -> Option<usize> {
-        let below = self.cache_sizes.partition_point(|&(s, _)| s <= n);
-        let &(size, _) = self.cache_sizes.get(below.checked_sub(1)?)?;
-        self.cache.iter().position(|h| h.pages == size)
-    }
-
-    /// Counts one handle of `pages` pages out of `cache_sizes`.
-    pub(super) fn cache_sizes_drop(&mut self, pages: u64) {
-        if let Ok(i) = self.cache_sizes.binary_search_by_key(&pages, |&(s, _)| s) {
-            self.cache_sizes[i].1 -= 1;
-            if self.cache_sizes[i].1 == 0 {
-                self.cache_sizes.remove(i);
-            }
-        }
+        let below = self.cache_sizes.partition_point(|e| e.pages <= n);
+        Some(self.cache_sizes.get(below.checked_sub(1)?)?.first as usize)
     }
 
     /// Takes the last handle of `cache`.
     pub(super) fn cache_pop(&mut self) -> Option<CachedHandle> {
-        let h = self.cache.pop()?;
-        self.cached_pages = self.cached_pages.saturating_sub(h.pages);
-        self.cache_sizes_drop(h.pages);
-        Some(h)
+        let i = self.cache.len().checked_sub(1)?;
+        Some(self.cache_take(i))
     }
 
     /// Moves up to `want` idle pages lying outside `[lo, hi)` into the cache (as single-page
@@ -158,7 +181,7 @@ impl PagedPool {
     fn trim_cache_now(&mut self, dev: &mut dyn Device) {
         while self.held_free_pages() > self.cache_limit {
             // The last of the largest handles.
-            let Some(&(size, _)) = self.cache_sizes.last() else {
+            let Some(size) = self.cache_sizes.last().map(|e| e.pages) else {
                 break;
             };
             let Some(i) = self.cache.iter().rposition(|h| h.pages == size) else {

@@ -130,16 +130,17 @@ pub(crate) struct QuickBlock {
 /// and [`LazyPagedPool::with_quick_slots`](crate::paged_lazy::LazyPagedPool::with_quick_slots)).
 pub const QUICK_SLOTS: usize = 16;
 
-/// A mapped physical page.
+/// The page-table entry of a mapped handle (see [`Reservation::pages`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Page {
-    /// The handle mapped over this page's extent.
+    /// The handle mapped over the extent.
     handle: PhysHandle,
     /// First page (index in the reservation) of the extent the handle covers.
     ext_first: u32,
     /// Pages in that extent (1 for a single-page handle).
     ext_pages: u32,
-    /// Live or quick-reuse blocks touching the page (0 for an idle page).
+    /// Live or quick-reuse blocks touching each page of the extent (0 for an idle page;
+    /// 1 for a handle of several pages, which one block covers whole).
     refs: u32,
     /// Whether cuMemSetAccess succeeded over it.
     access: bool,
@@ -152,7 +153,13 @@ struct Reservation {
     bytes: u64,
     /// Pages in the reservation (`bytes / page size`).
     npages: usize,
-    /// One slot per page: `Some` when mapped (sparse: see [`slots`]).
+    /// The page table, one slot per page (sparse: see [`slots`]): a mapped handle's entry
+    /// sits in the slots of its extent's first and last pages (one slot for a single
+    /// page); the slots inside an extent stay `None`, so that mapping or unmapping a
+    /// handle of any size writes two slots. Every page a lookup asks about is a single
+    /// page or an extent's end: a handle of several pages lies under the pages one block
+    /// covers whole, so a page holding a free byte (where a block starts or ends, or an
+    /// idle page) is a single page, and a block's end pages are its extents' ends.
     pages: slots::SlotTable<Page>,
     /// Idle pages: single-page handles mapped, but touched by no block, kept mapped for
     /// reuse in place (lazy unmapping).
@@ -172,6 +179,9 @@ struct Placement {
     res: usize,
     /// Start of the free range it is cut from.
     range_start: u64,
+    /// Position of that range in the free map when the search found it (`usize::MAX`
+    /// when unknown), so that the commit need not search for it.
+    pos: usize,
     /// Block address.
     addr: u64,
 }
@@ -183,6 +193,17 @@ pub struct CachedHandle {
     pub handle: PhysHandle,
     /// Its size in pages.
     pub pages: u64,
+}
+
+/// The cached handles of one size ([`PagedPool`]'s `cache_sizes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct CacheSize {
+    /// The size, in pages.
+    pages: u64,
+    /// Handles of this size in the cache (never 0).
+    count: u32,
+    /// Index in the cache of the first of them.
+    first: u32,
 }
 
 /// A handle mapped for a new block during an allocation, to give back on failure.
@@ -241,11 +262,11 @@ pub struct PagedPool {
     live: AddrMap<LiveBlock>,
     /// Unmapped physical handles kept for reuse.
     cache: Vec<CachedHandle>,
-    /// How many handles of each size (in pages) `cache` holds, so that a pick finds the
-    /// size it wants without walking the cache.
-    /// `(pages, handles)` in ascending order of size, no zero count (a sorted vector: a pool
-    /// holds handles of a few sizes).
-    cache_sizes: Vec<(u64, u32)>,
+    /// How many handles of each size (in pages) `cache` holds, and where the first of them
+    /// lies, so that a pick finds the handle it wants without walking the cache. In
+    /// ascending order of size, no zero count (a sorted vector: a pool holds handles of a
+    /// few sizes).
+    cache_sizes: Vec<CacheSize>,
     /// Pages of the handles in `cache`.
     cached_pages: u64,
     /// Spans (address, bytes) of whole pages left mapped without access by an unwind whose
@@ -388,6 +409,7 @@ impl PagedPool {
                 Placement {
                     res: ri,
                     range_start: r.va,
+                    pos: usize::MAX,
                     addr: r.va,
                 }
             }

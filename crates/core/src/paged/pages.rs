@@ -114,7 +114,8 @@ impl PagedPool {
         self.quarantine.push((va, bytes));
     }
 
-    /// Writes the page-table entries of handle `h` mapped from page `first`.
+    /// Writes the page-table entry of handle `h` mapped from page `first` (in the extent's
+    /// first and last slots; see [`Reservation::pages`]).
     pub(super) fn set_extent(
         &mut self,
         ri: usize,
@@ -136,15 +137,16 @@ impl PagedPool {
         let Some(r) = self.reservations.get_mut(ri) else {
             return;
         };
-        if h.pages == 1 {
-            // Most handles are single pages: no range walk.
-            if let Some(slot) = r.pages.get_mut(first) {
+        // An extent's entry lives in its first and last slots only (one slot for a single
+        // page): mapping `n` pages writes at most two slots.
+        if let Some(slot) = r.pages.get_mut(first) {
+            *slot = page;
+        }
+        if h.pages > 1 {
+            if let Some(slot) = r.pages.get_mut(first + h.pages as usize - 1) {
                 *slot = page;
             }
-            return;
         }
-        r.pages
-            .fill(first, first.saturating_add(h.pages as usize), page);
     }
 
     /// Maps and opens the pages a block at `addr` of `bytes` needs, as few handles as it
@@ -412,7 +414,8 @@ impl PagedPool {
                 "page {page} under block {addr:#x} is not mapped"
             ))),
         };
-        let (first, last) = (mapped(p0)?, mapped(p1)?);
+        let first = mapped(p0)?;
+        let last = if p1 == p0 { first } else { mapped(p1)? };
         let a = if first.refs == 1 { p0 } else { p0 + 1 };
         let b = if last.refs == 1 {
             p1
@@ -426,7 +429,8 @@ impl PagedPool {
         if let Some((a, b)) = run {
             let mut page = a;
             while page <= b {
-                let pg = mapped(page)?;
+                // The run's first extent is often the block's first page, looked up above.
+                let pg = if page == p0 { first } else { mapped(page)? };
                 let (f, n) = (pg.ext_first as usize, pg.ext_pages as usize);
                 ext_lo = ext_lo.min(f);
                 ext_hi = ext_hi.max(f + n);
@@ -481,25 +485,31 @@ impl PagedPool {
                     self.idle_count += 1;
                 }
             }
-            // The rest was unmapped: its handles go to the cache (in page order), its slots
-            // are cleared.
+            // The rest was unmapped: its handles go to the cache (in page order), their
+            // extents' end slots are cleared (the run is a whole number of extents, and only
+            // an extent's end slots are written).
             let mut page = keep_until;
             while page <= b {
-                let Some(Some(pg)) = r.pages.get(page) else {
+                let Some(slot) = r.pages.get_mut(page) else {
+                    break;
+                };
+                let Some(pg) = slot.take() else {
                     page += 1;
                     continue;
                 };
                 let (f, n) = (pg.ext_first as usize, pg.ext_pages);
-                if f == page {
-                    freed_handles.push(CachedHandle {
-                        handle: pg.handle,
-                        pages: u64::from(n),
-                    });
+                freed_handles.push(CachedHandle {
+                    handle: pg.handle,
+                    pages: u64::from(n),
+                });
+                if n > 1 {
+                    if let Some(last) = r.pages.get_mut(f + n as usize - 1) {
+                        *last = None;
+                    }
                 }
                 page = (f + n as usize).max(page + 1);
             }
             if keep_until <= b {
-                r.pages.fill(keep_until, b + 1, None);
                 unmapped = (b + 1 - keep_until) as u64;
             }
         }

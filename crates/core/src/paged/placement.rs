@@ -44,6 +44,53 @@ pub(super) fn fit_of(p: u64, base: u64, st: u64, len: u64) -> u32 {
     head.max(tail)
 }
 
+/// The scores `(pages newly mapped, bytes of them left free, address)` of a block of
+/// `bytes` (a multiple of [`UNIT_BYTES`], at most `len`) flush against the start and
+/// against the end of the free range `[st, st + len)` of a reservation starting at `r_va`,
+/// pages of `p` bytes (a power of two), in closed form.
+///
+/// In page units relative to the reservation, the range `[s, e)` wholly holds the pages
+/// `i0 = ⌈s/p⌉ .. i1 = ⌊e/p⌋` (the pages around them are mapped: a neighbour holds their
+/// other part). A block flush at `s` ends at `er = s + bytes` and newly maps the pages
+/// `i0 .. min(⌈er/p⌉, i1)`; it leaves `⌈er/p⌉·p − er` bytes of them free unless it runs
+/// into the mapped page at the end (then none). Flush at `e` it starts at `xr = e − bytes`,
+/// maps `max(⌊xr/p⌋, i0) .. i1` and leaves `xr mod p` free unless it runs into the mapped
+/// page at the start.
+#[inline]
+pub(super) fn scored_ends(
+    p: u64,
+    r_va: u64,
+    st: u64,
+    len: u64,
+    bytes: u64,
+) -> [(u64, u64, u64); 2] {
+    let sh = p.trailing_zeros();
+    let mask = p - 1;
+    let s = st - r_va;
+    let e = s + len;
+    let i0 = (s + mask) >> sh;
+    let i1 = e >> sh;
+    // Flush against the start.
+    let er = s + bytes;
+    let hr = (er + mask) >> sh;
+    let (k0, slack0) = if hr <= i1 {
+        let k = hr - i0;
+        (k, if k == 0 { 0 } else { (hr << sh) - er })
+    } else {
+        (i1.saturating_sub(i0), 0)
+    };
+    // Flush against the end.
+    let xr = e - bytes;
+    let lr = xr >> sh;
+    let (k1, slack1) = if lr >= i0 {
+        let k = i1 - lr;
+        (k, if k == 0 { 0 } else { xr & mask })
+    } else {
+        (i1.saturating_sub(i0), 0)
+    };
+    [(k0, slack0, st), (k1, slack1, r_va + xr)]
+}
+
 impl PagedPool {
     /// Sets the fit tags ([`fit_of`]) of the free ranges `added` (`(start, bytes)` each, in
     /// reservation `ri`) after the free map gained or rewrote them; a removed range took its
@@ -92,16 +139,23 @@ impl PagedPool {
             // The ranges starting in the page of `st`, in order (those before `st` reach
             // the request only with the alignment slack).
             let ps = base + (((st - base) >> sh) << sh);
-            for (&st, &len) in self.free.range(ps..ps + p) {
+            // The first of them: walk back from `i` (ranges start in address order).
+            let mut j = i;
+            while j > 0 && self.free.entry(j - 1).is_some_and(|(s, _)| s >= ps) {
+                j -= 1;
+            }
+            while let Some((st, len)) = self.free.entry(j).filter(|&(s, _)| s < ps + p) {
                 let usable = usable_head_at(p, base, st, len);
                 let addr = align_up(st, align)?;
                 if addr + bytes <= st + usable {
                     return Some(Placement {
                         res,
                         range_start: st,
+                        pos: j,
                         addr,
                     });
                 }
+                j += 1;
             }
         } else {
             let b = st + len;
@@ -111,6 +165,7 @@ impl PagedPool {
                 return Some(Placement {
                     res,
                     range_start: st,
+                    pos: i,
                     addr,
                 });
             }
@@ -132,22 +187,87 @@ impl PagedPool {
 
     /// [`PagedPool::find_scored_fit`] for the default alignment (every free range starts
     /// and ends on it, so a block fits flush against either end of any range at least as
-    /// long): the same scores in closed form, a few shifts and compares per range.
-    ///
-    /// In page units relative to the reservation, a range `[s, e)` wholly holds the pages
-    /// `i0 = ⌈s/p⌉ .. i1 = ⌊e/p⌋` (the pages around them are mapped: a neighbour holds
-    /// their other part). A block flush at `s` ends at `er = s + bytes` and newly maps the
-    /// pages `i0 .. min(⌈er/p⌉, i1)`; it leaves `⌈er/p⌉·p − er` bytes of them free unless it
-    /// runs into the mapped page at the end (then none). Flush at `e` it starts at
-    /// `xr = e − bytes`, maps `max(⌊xr/p⌋, i0) .. i1` and leaves `xr mod p` free unless it
-    /// runs into the mapped page at the start. Candidates come in ascending address order,
-    /// so a later one wins only on a strictly better `(pages, slack)`.
+    /// long): the same scores as [`scored_ends`], with the ranges at least two pages longer
+    /// than the block scored by their page offsets alone (below), a subtraction and a mask
+    /// per end. Ties go to the lower address, as in a scan in address order that keeps the
+    /// first best.
     pub(super) fn find_scored_fit_unit(&self, bytes: u64) -> Option<(Placement, u64)> {
         let p = self.page_bytes;
         let sh = p.trailing_zeros();
         let mask = p - 1;
-        let (mut bk, mut bs) = (u64::MAX, u64::MAX);
-        let mut best: Option<Placement> = None;
+        let q = bytes >> sh;
+        let r = bytes & mask;
+        let Some(long_from) = bytes.checked_add(2 * p).filter(|_| q > 0) else {
+            // A block under a page may score 0 pages (ties then go by address alone): the
+            // scan decides.
+            return self.find_scored_fit_scan(bytes);
+        };
+        // A range at least two pages longer than the block is *long*. Reservations start
+        // on a page boundary, so a range's head `h` (bytes from its start to the next page
+        // boundary) and tail `t` (from the last page boundary to its end) are those of its
+        // addresses. Flush against the start of a long range the block newly maps `q`
+        // pages when `h ≥ r = bytes mod p`, leaving `h − r` of them free, else `q + 1`
+        // pages leaving `p − r + h`; flush against its end likewise with `t`. Both order
+        // as `v' = (v − r) mod p` does (`v` the head or the tail): among long ranges the
+        // best candidate is the first in address order of the least `v'`, a subtraction
+        // and a mask per end. A shorter range that holds the block (*near*) is scored in
+        // full ([`scored_ends`]).
+        let mut least = u64::MAX;
+        // The best long candidate: (start, length, at its end, position).
+        let mut at = (0u64, 0u64, false, 0usize);
+        let mut near: Option<((u64, u64, u64), u64, usize)> = None;
+        for (i, &(st, len)) in self.free.as_slice().iter().enumerate() {
+            if len >= long_from {
+                let vh = st.wrapping_neg().wrapping_sub(r) & mask;
+                let vt = (st + len).wrapping_sub(r) & mask;
+                if vh < least {
+                    (least, at) = (vh, (st, len, false, i));
+                }
+                if vt < least {
+                    (least, at) = (vt, (st, len, true, i));
+                }
+            } else if len >= bytes {
+                let r_va = self.reservations.get(self.res_of(st)?)?.va;
+                for score in scored_ends(p, r_va, st, len, bytes) {
+                    if near.is_none_or(|(b, _, _)| score < b) {
+                        near = Some((score, st, i));
+                    }
+                }
+            }
+        }
+        let long = (least != u64::MAX).then(|| {
+            let (st, len, end, i) = at;
+            let k = q + u64::from(least >= p - r);
+            let addr = if end { st + len - bytes } else { st };
+            ((k, least, addr), st, i)
+        });
+        let ((k, _, addr), st, pos) = match (long, near) {
+            (Some(l), Some(n)) => {
+                if n.0 < l.0 {
+                    n
+                } else {
+                    l
+                }
+            }
+            (l, n) => l.or(n)?,
+        };
+        Some((
+            Placement {
+                res: self.res_of(st)?,
+                range_start: st,
+                pos,
+                addr,
+            },
+            k,
+        ))
+    }
+
+    /// [`PagedPool::find_scored_fit_unit`] by a scan of every free range, each scored in
+    /// closed form ([`scored_ends`]).
+    pub(super) fn find_scored_fit_scan(&self, bytes: u64) -> Option<(Placement, u64)> {
+        let p = self.page_bytes;
+        // The best `(pages, slack, address)` so far and its placement.
+        let mut best: Option<((u64, u64, u64), Placement)> = None;
         let mut ri = 0usize;
         let mut r_va = 0u64;
         let mut r_end = 0u64;
@@ -162,46 +282,19 @@ impl PagedPool {
                 let r = self.reservations.get(ri)?;
                 (r_va, r_end) = (r.va, r.end());
             }
-            let s = st - r_va;
-            let e = s + len;
-            let i0 = (s + mask) >> sh;
-            let i1 = e >> sh;
-            // Flush against the start.
-            let er = s + bytes;
-            let hr = (er + mask) >> sh;
-            let (k, slack) = if hr <= i1 {
-                let k = hr - i0;
-                (k, if k == 0 { 0 } else { (hr << sh) - er })
-            } else {
-                (i1.saturating_sub(i0), 0)
-            };
-            if k < bk || (k == bk && slack < bs) {
-                (bk, bs) = (k, slack);
-                best = Some(Placement {
-                    res: ri,
-                    range_start: st,
-                    addr: st,
-                });
-            }
-            // Flush against the end.
-            let xr = e - bytes;
-            let lr = xr >> sh;
-            let (k, slack) = if lr >= i0 {
-                let k = i1 - lr;
-                (k, if k == 0 { 0 } else { xr & mask })
-            } else {
-                (i1.saturating_sub(i0), 0)
-            };
-            if k < bk || (k == bk && slack < bs) {
-                (bk, bs) = (k, slack);
-                best = Some(Placement {
-                    res: ri,
-                    range_start: st,
-                    addr: r_va + xr,
-                });
+            for score in scored_ends(p, r_va, st, len, bytes) {
+                if best.is_none_or(|(b, _)| score < b) {
+                    let pl = Placement {
+                        res: ri,
+                        range_start: st,
+                        pos: usize::MAX,
+                        addr: score.2,
+                    };
+                    best = Some((score, pl));
+                }
             }
         }
-        best.map(|pl| (pl, bk))
+        best.map(|((k, _, _), pl)| (pl, k))
     }
 
     /// [`PagedPool::find_scored_fit`] for any alignment: each end of each range, scored as
@@ -253,6 +346,7 @@ impl PagedPool {
                     best = Some(Placement {
                         res: ri,
                         range_start: st,
+                        pos: usize::MAX,
                         addr: x,
                     });
                 }
@@ -287,11 +381,12 @@ impl PagedPool {
     ) {
         let p = self.page_bytes;
         let st = pl.range_start;
-        let Some((i, len)) = self
-            .free
-            .position(st)
-            .and_then(|i| Some((i, self.free.entry(i)?.1)))
-        else {
+        let found = self.free.entry(pl.pos).filter(|&(s, _)| s == st);
+        let Some((i, len)) = found.map(|(_, len)| (pl.pos, len)).or_else(|| {
+            self.free
+                .position(st)
+                .and_then(|i| Some((i, self.free.entry(i)?.1)))
+        }) else {
             return;
         };
         let end = st + len;
@@ -317,21 +412,28 @@ impl PagedPool {
         let sh = p.trailing_zeros();
         let p0 = ((pl.addr - r.va) >> sh) as usize;
         let p1 = ((bend - 1 - r.va) >> sh) as usize;
-        // Idle pages under the block are no longer idle. Its interior lay in one free range
-        // (no block touches it): a page there is mapped only if it was idle or this
-        // allocation just mapped it, so the idle ones are found through the idle bitmap;
-        // the end pages are looked at one by one.
-        if self.idle_count > 0 {
-            for i in [p0, p1] {
-                if let Some(Some(pg)) = r.pages.get(i) {
-                    // Idle pages are single-page handles: a page of a longer handle (one
-                    // this allocation just mapped) is not looked up.
-                    if pg.refs == 0 && pg.ext_pages == 1 && r.idle.remove(i) {
-                        self.idle_count -= 1;
-                    }
+        // The end pages, one look-up each: an idle one is idle no more, and each gets the
+        // block's reference unless this allocation just mapped it (then it has it).
+        let ends = if p1 == p0 { 1 } else { 2 };
+        for (k, i) in [p0, p1].into_iter().take(ends).enumerate() {
+            let raise = mapped.is_none_or(|m| m[k]);
+            if let Some(Some(pg)) = r.pages.get_mut(i) {
+                // Idle pages are single-page handles: a page of a longer handle (one this
+                // allocation just mapped) is not looked up.
+                if self.idle_count > 0 && pg.refs == 0 && pg.ext_pages == 1 && r.idle.remove(i) {
+                    self.idle_count -= 1;
+                }
+                if raise {
+                    pg.refs += 1;
                 }
             }
-            if p1 > p0 + 1 {
+        }
+        // The interior lay in one free range (no block touches it): a page there is mapped
+        // only if it was idle or this allocation just mapped it, so the idle ones are found
+        // through the idle bitmap. (A block placed without mapping spans at most two pages:
+        // no interior.)
+        if p1 > p0 + 1 {
+            if self.idle_count > 0 {
                 let mut i = p0 + 1;
                 while let Some(j) = r.idle.next_at_or_after(i).filter(|&j| j < p1) {
                     if r.idle.remove(j) {
@@ -343,23 +445,9 @@ impl PagedPool {
                     i = j + 1;
                 }
             }
-        }
-        match mapped {
-            None => {
-                for pg in r.pages.range_mut(p0, p1 + 1).flatten() {
+            if mapped.is_none() {
+                for pg in r.pages.range_mut(p0 + 1, p1).flatten() {
                     pg.refs += 1;
-                }
-            }
-            Some([first, last]) => {
-                for (i, was_mapped) in [(p0, first), (p1, last)] {
-                    if was_mapped {
-                        if let Some(Some(pg)) = r.pages.get_mut(i) {
-                            pg.refs += 1;
-                        }
-                    }
-                    if p1 == p0 {
-                        break;
-                    }
                 }
             }
         }

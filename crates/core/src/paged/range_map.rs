@@ -209,6 +209,12 @@ impl<T: Tags> RangeMap<T> {
         self.v[a..b].iter_mut().map(|e| (&e.0, &mut e.1))
     }
 
+    /// Every entry `(start, bytes)` in start order, by position.
+    #[inline]
+    pub(crate) fn as_slice(&self) -> &[(u64, u64)] {
+        &self.v
+    }
+
     /// Every entry in start order.
     pub(crate) fn iter(&self) -> impl DoubleEndedIterator<Item = (&u64, &u64)> + '_ {
         self.v.iter().map(|e| (&e.0, &e.1))

@@ -90,34 +90,6 @@ impl<T: Copy> SlotTable<T> {
         }
     }
 
-    /// Sets slots `a..b` (clamped to the table) to `value`, a chunk slice at a time (a
-    /// chunk is allocated only when `value` is `Some`: an unallocated one reads `None`).
-    pub(crate) fn fill(&mut self, a: usize, b: usize, value: Option<T>) {
-        let b = b.min(self.len);
-        let a = a.min(b);
-        let mut c = a / CHUNK_SLOTS;
-        while c * CHUNK_SLOTS < b {
-            let (lo, hi) = Self::chunk_span(c, a, b);
-            if let Some(chunk) = self.chunks.get_mut(c) {
-                match chunk {
-                    Some(ch) => {
-                        if let Some(s) = ch.get_mut(lo..hi) {
-                            s.fill(value);
-                        }
-                    }
-                    None if value.is_some() => {
-                        let ch = chunk.insert(vec![None; CHUNK_SLOTS].into_boxed_slice());
-                        if let Some(s) = ch.get_mut(lo..hi) {
-                            s.fill(value);
-                        }
-                    }
-                    None => {}
-                }
-            }
-            c += 1;
-        }
-    }
-
     /// The part `lo..hi` of chunk `c` inside slots `a..b`.
     fn chunk_span(c: usize, a: usize, b: usize) -> (usize, usize) {
         let start = c * CHUNK_SLOTS;
@@ -243,21 +215,5 @@ mod tests {
         assert_eq!(t.get(CHUNK_SLOTS), Some(&Some(9)));
         *t.get_mut(1).unwrap() = None;
         assert_eq!(t.get(1), Some(&None));
-        // Filling across chunks: `None` allocates nothing, `Some` allocates what it covers.
-        let mut f: SlotTable<u32> = SlotTable::new(4 * CHUNK_SLOTS);
-        f.fill(10, 3 * CHUNK_SLOTS, None);
-        assert_eq!(f.chunks.iter().filter(|c| c.is_some()).count(), 0);
-        f.fill(CHUNK_SLOTS - 3, 2 * CHUNK_SLOTS + 2, Some(5));
-        assert_eq!(f.chunks.iter().filter(|c| c.is_some()).count(), 3);
-        let fives: Vec<usize> = (0..f.len())
-            .filter(|&i| f.get(i) == Some(&Some(5)))
-            .collect();
-        assert_eq!(
-            fives,
-            (CHUNK_SLOTS - 3..2 * CHUNK_SLOTS + 2).collect::<Vec<_>>()
-        );
-        f.fill(CHUNK_SLOTS, usize::MAX, None);
-        let fives = (0..f.len()).filter(|&i| f.get(i) == Some(&Some(5))).count();
-        assert_eq!(fives, 3);
     }
 }

@@ -731,12 +731,14 @@ mod prop {
                 a.validate().unwrap();
                 a.check_device(&d).unwrap();
                 prop_assert_eq!(a.stats().reserved_bytes.peak, d.peak_used_bytes());
-                // The closed-form scored search agrees with the generic one.
+                // The column search and the closed-form scan agree with the generic search.
                 if a.page_bytes > 0 {
-                    for bytes in [UNIT_BYTES, 3 * UNIT_BYTES, G / 2, G, G + 7 * UNIT_BYTES, 3 * G] {
+                    for bytes in [UNIT_BYTES, 3 * UNIT_BYTES, G / 2, G - UNIT_BYTES, G, G + 7 * UNIT_BYTES, 2 * G - UNIT_BYTES, 2 * G + G / 2, 3 * G] {
                         let fast = a.find_scored_fit_unit(bytes).map(|(pl, k)| (pl.res, pl.range_start, pl.addr, k));
+                        let scan = a.find_scored_fit_scan(bytes).map(|(pl, k)| (pl.res, pl.range_start, pl.addr, k));
                         let slow = a.find_scored_fit_any(bytes, UNIT_BYTES).map(|(pl, k)| (pl.res, pl.range_start, pl.addr, k));
                         prop_assert_eq!(fast, slow, "{} bytes", bytes);
+                        prop_assert_eq!(scan, slow, "{} bytes", bytes);
                     }
                 }
             }

@@ -168,47 +168,64 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
                 }
             }
         }
-        for (i, (slot, &want)) in r.pages.iter().zip(&refs).enumerate() {
+        // Extent by extent: an entry in the extent's first slot, a copy in its last, and
+        // `None` between them and on every unmapped page.
+        let mut i = 0;
+        while i < r.npages {
             let va = r.va + i as u64 * p;
-            match slot {
-                Some(pg) => {
-                    mapped += 1;
-                    let (f, n) = (pg.ext_first as usize, pg.ext_pages as usize);
-                    if n == 0 || f > i || f + n <= i {
-                        return Err(format!("page {va:#x}: extent {f}+{n} does not hold it"));
-                    }
-                    let head = r.pages.get(f).copied().flatten();
-                    if head.is_none_or(|h| h.handle != pg.handle || h.ext_pages != pg.ext_pages) {
-                        return Err(format!("page {va:#x}: extent {f}+{n} is not one mapping"));
-                    }
-                    if f == i {
-                        mapped_handles += 1;
-                        if !handles.insert(pg.handle) {
-                            return Err(format!("handle {} mapped twice", pg.handle.0));
-                        }
-                    }
-                    if pg.refs != want {
-                        return Err(format!(
-                            "page {va:#x}: {} refs recorded, {want} blocks touch it",
-                            pg.refs
-                        ));
-                    }
-                    if pg.refs == 0 {
-                        idle += 1;
-                        if !r.idle.contains(i) || n != 1 {
-                            return Err(format!("idle page {va:#x} not a listed single page"));
-                        }
-                    } else if !pg.access && !quarantined[i] {
-                        return Err(format!("page {va:#x} in use without access"));
-                    }
-                }
-                None if want > 0 => {
+            let Some(pg) = r.pages.get(i).copied().flatten() else {
+                if refs[i] > 0 {
                     return Err(format!(
-                        "page {va:#x} touched by {want} blocks is not mapped"
-                    ))
+                        "page {va:#x} touched by {} blocks is not mapped",
+                        refs[i]
+                    ));
                 }
-                None => {}
+                i += 1;
+                continue;
+            };
+            let (f, n) = (pg.ext_first as usize, pg.ext_pages as usize);
+            if f != i || n == 0 || i + n > r.npages {
+                return Err(format!(
+                    "page {va:#x}: entry of extent {f}+{n} where an extent starts"
+                ));
             }
+            if n > 1 {
+                if r.pages.get(i + n - 1).copied().flatten() != Some(pg) {
+                    return Err(format!(
+                        "extent {va:#x}+{n} pages: its last page does not repeat its entry"
+                    ));
+                }
+                if let Some(j) =
+                    (i + 1..i + n - 1).find(|&j| r.pages.get(j).copied().flatten().is_some())
+                {
+                    return Err(format!(
+                        "extent {va:#x}+{n} pages: an entry inside it, at page {j}"
+                    ));
+                }
+            }
+            mapped += n as u64;
+            mapped_handles += 1;
+            if !handles.insert(pg.handle) {
+                return Err(format!("handle {} mapped twice", pg.handle.0));
+            }
+            for j in i..i + n {
+                let (want, va) = (refs[j], r.va + j as u64 * p);
+                if pg.refs != want {
+                    return Err(format!(
+                        "page {va:#x}: {} refs recorded, {want} blocks touch it",
+                        pg.refs
+                    ));
+                }
+                if pg.refs == 0 {
+                    idle += 1;
+                    if !r.idle.contains(j) || n != 1 {
+                        return Err(format!("idle page {va:#x} not a listed single page"));
+                    }
+                } else if !pg.access && !quarantined[j] {
+                    return Err(format!("page {va:#x} in use without access"));
+                }
+            }
+            i += n;
         }
         r.idle.check()?;
     }
@@ -229,13 +246,23 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
     for h in &a.cache {
         *sizes.entry(h.pages).or_insert(0u32) += 1;
     }
-    let listed: std::collections::BTreeMap<u64, u32> = a.cache_sizes.iter().copied().collect();
-    let ascending = a.cache_sizes.windows(2).all(|w| w[0].0 < w[1].0);
-    if sizes != listed || !ascending || a.cache_sizes.iter().any(|&(_, c)| c == 0) {
+    let listed: std::collections::BTreeMap<u64, u32> =
+        a.cache_sizes.iter().map(|e| (e.pages, e.count)).collect();
+    let ascending = a.cache_sizes.windows(2).all(|w| w[0].pages < w[1].pages);
+    if sizes != listed || !ascending || a.cache_sizes.iter().any(|e| e.count == 0) {
         return Err(format!(
             "cache size index {:?}, cache holds {sizes:?}",
             a.cache_sizes
         ));
+    }
+    for e in &a.cache_sizes {
+        let first = a.cache.iter().position(|h| h.pages == e.pages);
+        if first != Some(e.first as usize) {
+            return Err(format!(
+                "cache size index: first handle of {} pages at {}, the cache has it at {first:?}",
+                e.pages, e.first
+            ));
+        }
     }
     if a.cache.iter().map(|h| h.pages).sum::<u64>() != a.cached_pages {
         return Err(format!("cached pages recorded as {}", a.cached_pages));

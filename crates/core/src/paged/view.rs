@@ -136,21 +136,30 @@ impl PagedPool {
         let p = self.page_bytes;
         let mut rows: Vec<VaRangeView> = Vec::new();
         for r in &self.reservations {
-            for (i, slot) in r.pages.iter().enumerate() {
+            // Extent by extent: a mapped handle's entry sits in its first page's slot.
+            let mut i = 0;
+            while i < r.npages {
                 let va = r.va + i as u64 * p;
-                match slot {
-                    Some(pg) if pg.ext_first as usize != i => {}
-                    Some(pg) => rows.push(VaRangeView {
-                        va,
-                        bytes: u64::from(pg.ext_pages) * p,
-                        page_bytes: p,
-                        state: PageState::Mapped {
-                            handle: pg.handle,
-                            live_blocks: pg.refs,
-                            access: pg.access,
-                        },
-                    }),
-                    None => push_unmapped_page(&mut rows, va, p),
+                match r.pages.get(i).copied().flatten() {
+                    Some(pg) if pg.ext_first as usize == i => {
+                        rows.push(VaRangeView {
+                            va,
+                            bytes: u64::from(pg.ext_pages) * p,
+                            page_bytes: p,
+                            state: PageState::Mapped {
+                                handle: pg.handle,
+                                live_blocks: pg.refs,
+                                access: pg.access,
+                            },
+                        });
+                        i += (pg.ext_pages as usize).max(1);
+                    }
+                    // An extent's last slot is passed over above; a stray one shows as
+                    // unmapped (`validate` refuses it).
+                    _ => {
+                        push_unmapped_page(&mut rows, va, p);
+                        i += 1;
+                    }
                 }
             }
         }
