@@ -230,12 +230,7 @@ fn print_report(a: &TuneArgs, r: &TuneReport, recorded: bool) {
                 .unwrap_or_else(|| "-".into())
         );
     }
-    if let Some(p) = r.paged_min_capacity_bytes {
-        println!(
-            "gpumem's own `paged` allocator would need {} (usable from PyTorch through the gpumem plug-in)",
-            human_bytes(p)
-        );
-    }
+    print_plugin_rows(r);
     eprintln!(
         "{} settings in {:.1} s on {} thread{}",
         r.rows.len(),
@@ -243,6 +238,103 @@ fn print_report(a: &TuneArgs, r: &TuneReport, recorded: bool) {
         r.threads,
         if r.threads == 1 { "" } else { "s" }
     );
+}
+
+/// gpumem's settings for the plug-in: a table, then the one that needs the least memory
+/// within 2 × native's modelled driver time (issue 11's bound on driver time).
+fn print_plugin_rows(r: &TuneReport) {
+    if r.plugin_rows.is_empty() {
+        return;
+    }
+    let native = r
+        .rows
+        .iter()
+        .find(|row| row.conf.is_empty())
+        .map(|row| row.modelled_driver_seconds);
+    let label = |row: &tune::PluginRow| {
+        if row.gpumem_conf.is_empty() {
+            "(defaults: paged-lazy)".to_string()
+        } else {
+            row.gpumem_conf.clone()
+        }
+    };
+    let w = r
+        .plugin_rows
+        .iter()
+        .map(|row| label(row).len())
+        .max()
+        .unwrap_or(0)
+        .max("gpumem plug-in, GPUMEM_CONF".len());
+    println!();
+    println!(
+        "{:<w$} {:>13} {:>8} {:>13} {:>5} {:>7} {:>8} {:>13}",
+        "gpumem plug-in, GPUMEM_CONF",
+        "peak reserv.",
+        "res/req",
+        "min capacity",
+        "OOMs",
+        "calls",
+        "2nd half",
+        "driver time",
+    );
+    let ratio = |row: &tune::PluginRow| {
+        native
+            .filter(|&n| n > 0.0)
+            .map(|n| row.modelled_driver_seconds / n)
+    };
+    for row in &r.plugin_rows {
+        println!(
+            "{:<w$} {:>13} {:>8} {:>13} {:>5} {:>7} {:>8} {:>13}",
+            label(row),
+            human_bytes(row.peak_reserved_bytes),
+            format!(
+                "{:.3}{}",
+                row.reserved_over_requested,
+                if row.oom_count > 0 { "†" } else { "" }
+            ),
+            row.min_capacity_bytes
+                .map(|b| {
+                    let not_monotone = row.smallest_completing_bytes.is_some_and(|s| s < b);
+                    format!("{}{}", human_bytes(b), if not_monotone { "*" } else { "" })
+                })
+                .unwrap_or_else(|| "-".into()),
+            if r.capacity_bytes.is_some() {
+                row.oom_count.to_string()
+            } else {
+                "-".into()
+            },
+            row.driver_calls,
+            row.steady_state_driver_calls,
+            ratio(row)
+                .map(|x| format!("{x:.2} × nat."))
+                .unwrap_or_else(|| format!("{:.1} ms", row.modelled_driver_seconds * 1e3)),
+        );
+    }
+    println!(
+        "2nd half: driver calls in the second half of the events (the steady state); driver time: modelled H200 driver seconds ÷ the native setting's."
+    );
+    let pick = r
+        .plugin_rows
+        .iter()
+        .filter(|row| row.oom_count == 0 && ratio(row).is_some_and(|x| x <= 2.0))
+        .filter_map(|row| row.min_capacity_bytes.map(|b| (b, row)))
+        .min_by_key(|(b, _)| *b);
+    match pick {
+        Some((b, row)) => {
+            if row.gpumem_conf.is_empty() {
+                println!("unset GPUMEM_CONF  # the plug-in's defaults (paged-lazy)");
+            } else {
+                println!("export GPUMEM_CONF={}", row.gpumem_conf);
+            }
+            println!(
+                "  needs {}: the least memory of gpumem's settings within 2 × native's driver time",
+                human_bytes(b)
+            );
+        }
+        None => println!(
+            "none of gpumem's settings stays within 2 × native's driver time on this trace"
+        ),
+    }
 }
 
 /// The value as it can be pasted after `export NAME=` (empty for native).

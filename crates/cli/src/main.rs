@@ -30,7 +30,7 @@ struct Cli {
 enum Command {
     /// Replay an allocation trace through allocators and report reserved memory and fragmentation.
     Replay(cmd_replay::ReplayArgs),
-    /// Rank PYTORCH_CUDA_ALLOC_CONF settings by the memory a trace needs under each.
+    /// Rank PYTORCH_CUDA_ALLOC_CONF settings by the memory a trace needs under each, with gpumem's own plug-in settings (GPUMEM_CONF) beside them.
     Tune(cmd_tune::TuneArgs),
     /// One self-contained HTML page: timelines, memory maps, what holds memory at the peak.
     Report(cmd_report::ReportArgs),

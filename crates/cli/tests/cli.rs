@@ -816,6 +816,10 @@ fn torch_conf_and_the_emulation_self_check() {
     );
 }
 
+fn cap_of(row: &serde_json::Value) -> u64 {
+    row["min_capacity_bytes"].as_u64().unwrap()
+}
+
 #[test]
 fn tune_ranks_settings_and_prints_the_export_line() {
     let (ok, out, err) = gpumem(&["tune", "traces/mixed_sizes.pickle.gz", "--json"]);
@@ -833,10 +837,53 @@ fn tune_ranks_settings_and_prints_the_export_line() {
     let floor = v["peak_requested_bytes"].as_u64().unwrap();
     assert!(cap(&rows[0]) >= floor && cap(&rows[0]) <= cap(native));
     assert!(v["paged_min_capacity_bytes"].as_u64().unwrap() >= floor);
+    // gpumem's settings for the plug-in, replayed as `replay` replays them.
+    let plugin = v["plugin_rows"].as_array().unwrap();
+    let confs: Vec<&str> = plugin
+        .iter()
+        .map(|r| r["gpumem_conf"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        confs,
+        ["", "grow_ahead=0.0156", "placement=pages", "strategy=paged"]
+    );
+    let paged = &plugin[3];
+    assert_eq!(paged["strategy"], "paged");
+    assert_eq!(paged["min_capacity_bytes"], v["paged_min_capacity_bytes"]);
+    let (ok, rout, err) = gpumem(&[
+        "replay",
+        "traces/mixed_sizes.pickle.gz",
+        "-a",
+        "paged-lazy,paged",
+        "--json",
+        "--no-plan",
+    ]);
+    assert!(ok, "{err}");
+    let r: serde_json::Value = serde_json::from_str(&rout).unwrap();
+    for (row, a) in [
+        (&plugin[0], &r["allocators"][0]),
+        (paged, &r["allocators"][1]),
+    ] {
+        for key in [
+            "peak_reserved_bytes",
+            "steady_state_driver_calls",
+            "modelled_driver_seconds",
+        ] {
+            assert_eq!(row[key], a[key], "{key} of {}", row["gpumem_conf"]);
+        }
+        assert_eq!(row["driver_calls"], a["driver_calls_total"]);
+    }
+    // The least memory of them is paged's, and each needs at least the peak requested.
+    for row in plugin {
+        let cap = row["min_capacity_bytes"].as_u64().unwrap();
+        assert!(cap >= floor && cap >= cap_of(paged), "{row}");
+    }
     let (ok, out, err) = gpumem(&["tune", "traces/mixed_sizes.pickle.gz", "--capacity", "6GiB"]);
     assert!(ok, "{err}");
     assert!(out.contains("garbage_collection_threshold:0.6"), "{out}");
     assert!(out.contains("export PYTORCH_CUDA_ALLOC_CONF="), "{out}");
+    assert!(out.contains("gpumem plug-in, GPUMEM_CONF"), "{out}");
+    assert!(out.contains("strategy=paged"), "{out}");
 }
 
 /// Issue 14: `report --torch-conf` configures the torch emulation as `replay --torch-conf`

@@ -9,11 +9,17 @@
 //! collection). Each setting is replayed once at the given capacity (or the default
 //! simulated device) and bisected for its smallest capacity; settings run on every core,
 //! one setting per thread at a time.
+//!
+//! Beside them, gpumem's own settings for the PyTorch plug-in ([`PLUGIN_SETTINGS`], the
+//! `GPUMEM_CONF` values), replayed the same way, with their driver calls in the second half of
+//! the trace and their modelled driver time: the trade between memory and driver calls that
+//! `paged-lazy`'s settings make (the least memory, `strategy=paged`, costs a driver call on
+//! almost every allocation).
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use gpumem_core::config::AllocatorConfig;
+use gpumem_core::config::{AllocatorConfig, LazyPlacement};
 use gpumem_core::sim::{SimDevice, DEFAULT_CAPACITY};
 use gpumem_core::torch::TorchConfig;
 use gpumem_core::Allocator;
@@ -90,6 +96,41 @@ pub struct TuneRow {
     pub modelled_driver_seconds: f64,
 }
 
+/// gpumem's settings that [`tune`] replays beside PyTorch's, as `GPUMEM_CONF` values: the
+/// plug-in's default (`paged-lazy`, PyTorch's expandable-segments placement with one handle per
+/// growth), `grow_ahead=0.0156` (fewer driver calls for a slightly higher peak),
+/// `placement=pages` (gpumem's page placement) and `strategy=paged` (pages unmapped as soon as
+/// no block touches them: the least memory, a driver call on almost every allocation).
+pub const PLUGIN_SETTINGS: [&str; 4] =
+    ["", "grow_ahead=0.0156", "placement=pages", "strategy=paged"];
+
+/// One of gpumem's settings ([`PLUGIN_SETTINGS`]) replayed on the trace, as `gpumem replay
+/// --allocator paged-lazy --lazy-conf …` (or `--allocator paged`) replays it.
+#[derive(Debug, Clone, Serialize)]
+pub struct PluginRow {
+    /// The `GPUMEM_CONF` value (empty for the plug-in's defaults).
+    pub gpumem_conf: String,
+    /// The strategy: `paged-lazy` or `paged`.
+    pub strategy: String,
+    /// Peak reserved bytes (at the capacity given, else on the default device).
+    pub peak_reserved_bytes: u64,
+    /// `peak_reserved_bytes` ÷ the trace's peak requested bytes.
+    pub reserved_over_requested: f64,
+    /// Smallest device capacity from which every larger one runs the trace without an OOM,
+    /// to [`RESOLUTION_BYTES`]; `None` if even the default device does not.
+    pub min_capacity_bytes: Option<u64>,
+    /// Smallest device capacity that runs the trace without an OOM.
+    pub smallest_completing_bytes: Option<u64>,
+    /// Allocations that failed at the capacity given (0 without one).
+    pub oom_count: u64,
+    /// Driver calls of the replay (cuMemCreate, cuMemMap, cuMemSetAccess, …).
+    pub driver_calls: u64,
+    /// Driver calls in the second half of the trace's events (the steady state).
+    pub steady_state_driver_calls: u64,
+    /// Modelled H200 seconds of those calls.
+    pub modelled_driver_seconds: f64,
+}
+
 /// The ranked result.
 #[derive(Debug, Clone, Serialize)]
 pub struct TuneReport {
@@ -102,8 +143,11 @@ pub struct TuneReport {
     /// Every setting, best first: no OOM at the capacity given, then smallest capacity,
     /// then lowest peak reserved, then fewest driver calls.
     pub rows: Vec<TuneRow>,
-    /// Smallest capacity for gpumem's own `paged` allocator.
+    /// Smallest capacity for gpumem's own `paged` allocator (the `strategy=paged` row of
+    /// `plugin_rows`).
     pub paged_min_capacity_bytes: Option<u64>,
+    /// gpumem's settings for the PyTorch plug-in, in the order of [`PLUGIN_SETTINGS`].
+    pub plugin_rows: Vec<PluginRow>,
     /// Wall-clock seconds the whole tuning took.
     pub seconds: f64,
     /// Threads used.
@@ -120,6 +164,82 @@ impl TuneReport {
     pub fn trace_row(&self) -> Option<&TuneRow> {
         self.rows.iter().find(|r| r.is_trace_setting)
     }
+}
+
+/// What one job of [`tune`] gives.
+enum Out {
+    Torch(TuneRow),
+    Plugin(PluginRow),
+}
+
+/// The allocator of `GPUMEM_CONF` value `conf` (one of [`PLUGIN_SETTINGS`]): its strategy
+/// name and a maker.
+fn plugin_allocator(conf: &str) -> (&'static str, impl Fn() -> Box<dyn Allocator>) {
+    let paged = conf == "strategy=paged";
+    let mut config = AllocatorConfig::default();
+    if !paged {
+        // The settings are constants that `lazy_conf::parse` accepts (a test says so).
+        config.lazy = crate::lazy_conf::parse(conf).unwrap_or_default();
+    }
+    let make = move || -> Box<dyn Allocator> {
+        if paged {
+            Box::new(gpumem_core::paged::PagedPool::new(&config))
+        } else {
+            match config.lazy.placement {
+                LazyPlacement::Segments => {
+                    Box::new(gpumem_core::torch::TorchCachingPool::paged_lazy(&config))
+                }
+                LazyPlacement::Pages => {
+                    Box::new(gpumem_core::paged_lazy::LazyPagedPool::new(&config))
+                }
+            }
+        }
+    };
+    (if paged { "paged" } else { "paged-lazy" }, make)
+}
+
+/// Replays `trace` under gpumem's setting `conf` at `capacity_bytes` (else the default
+/// device), then bisects its smallest capacity.
+fn plugin_row(
+    trace: &Trace,
+    summary: &replay::TraceSummary,
+    conf: &str,
+    capacity_bytes: Option<u64>,
+    opts: &ReplayConfig,
+) -> Result<PluginRow, ReplayError> {
+    let (strategy, make) = plugin_allocator(conf);
+    let mut alloc = make();
+    let mut dev = SimDevice::new(capacity_bytes.unwrap_or(DEFAULT_CAPACITY));
+    let rep =
+        replay::replay_summarized(trace, summary, alloc.as_mut(), &mut dev, opts, &mut |_| {})?;
+    // The run on an unlimited device bounds the search from above.
+    let upper = if capacity_bytes.is_none() && rep.oom_count == 0 {
+        rep.peak_reserved_bytes.max(RESOLUTION_BYTES)
+    } else {
+        DEFAULT_CAPACITY
+    };
+    let search = MinCapacityConfig {
+        upper_bytes: upper,
+        max_replays: MAX_REPLAYS,
+        ..MinCapacityConfig::default()
+    };
+    let outcome = replay::min_capacity(trace, summary, &make, &SimDevice::new, &search, opts)?;
+    let (min_cap, smallest) = match outcome {
+        MinCapacityOutcome::Found(m) => (Some(m.all_larger_bytes), Some(m.smallest_bytes)),
+        MinCapacityOutcome::NeverCompletes(_) => (None, None),
+    };
+    Ok(PluginRow {
+        gpumem_conf: conf.to_string(),
+        strategy: strategy.to_string(),
+        peak_reserved_bytes: rep.peak_reserved_bytes,
+        reserved_over_requested: rep.reserved_over_requested,
+        min_capacity_bytes: min_cap,
+        smallest_completing_bytes: smallest,
+        oom_count: rep.oom_count,
+        driver_calls: rep.driver_calls.total(),
+        steady_state_driver_calls: rep.steady_state_driver_calls,
+        modelled_driver_seconds: rep.modelled_driver_seconds,
+    })
 }
 
 /// A unit of work for [`parallel`].
@@ -183,7 +303,7 @@ pub fn tune(
         ..ReplayConfig::default()
     };
     let capacity = capacity_bytes.unwrap_or(DEFAULT_CAPACITY);
-    let mut jobs: Vec<Job<'_, Result<Option<TuneRow>, ReplayError>>> = Vec::new();
+    let mut jobs: Vec<Job<'_, Result<Out, ReplayError>>> = Vec::new();
     for conf in confs {
         let opts = &opts;
         jobs.push(Box::new(move || {
@@ -206,7 +326,7 @@ pub fn tune(
             let min_cap =
                 torch_replay::min_capacity(trace, summary, &conf, upper, MAX_REPLAYS, opts)?;
             let rep = &r.report;
-            Ok(Some(TuneRow {
+            Ok(Out::Torch(TuneRow {
                 setting: conf.to_string(),
                 conf: conf.to_conf_string(),
                 is_trace_setting: conf == own,
@@ -220,56 +340,25 @@ pub fn tune(
             }))
         }));
     }
-    // gpumem's own paged allocator, for comparison.
-    jobs.push(Box::new(move || {
-        let make = || -> Box<dyn Allocator> {
-            Box::new(gpumem_core::paged::PagedPool::new(
-                &AllocatorConfig::default(),
-            ))
-        };
-        let make_dev = |c: u64| SimDevice::new(c);
-        let search = MinCapacityConfig {
-            upper_bytes: DEFAULT_CAPACITY,
-            max_replays: MAX_REPLAYS,
-            ..MinCapacityConfig::default()
-        };
-        let outcome = replay::min_capacity(
-            trace,
-            summary,
-            &make,
-            &make_dev,
-            &search,
-            &ReplayConfig {
-                device,
-                ..ReplayConfig::default()
-            },
-        )?;
-        Ok(match outcome {
-            MinCapacityOutcome::Found(m) => Some(TuneRow {
-                setting: "paged".into(),
-                conf: String::new(),
-                is_trace_setting: false,
-                peak_reserved_bytes: 0,
-                reserved_over_requested: 0.0,
-                min_capacity_bytes: Some(m.all_larger_bytes),
-                smallest_completing_bytes: Some(m.smallest_bytes),
-                oom_count: 0,
-                driver_calls: 0,
-                modelled_driver_seconds: 0.0,
-            }),
-            MinCapacityOutcome::NeverCompletes(_) => None,
-        })
-    }));
-    let mut results = parallel(threads, jobs);
-    let paged = results
-        .pop()
-        .transpose()?
-        .flatten()
-        .and_then(|r| r.min_capacity_bytes);
-    let mut rows: Vec<TuneRow> = Vec::new();
-    for r in results {
-        rows.extend(r?);
+    // gpumem's own settings for the plug-in.
+    for conf in PLUGIN_SETTINGS {
+        let opts = &opts;
+        jobs.push(Box::new(move || {
+            plugin_row(trace, summary, conf, capacity_bytes, opts).map(Out::Plugin)
+        }));
     }
+    let mut rows: Vec<TuneRow> = Vec::new();
+    let mut plugin_rows: Vec<PluginRow> = Vec::new();
+    for r in parallel(threads, jobs) {
+        match r? {
+            Out::Torch(row) => rows.push(row),
+            Out::Plugin(row) => plugin_rows.push(row),
+        }
+    }
+    let paged = plugin_rows
+        .iter()
+        .find(|r| r.strategy == "paged")
+        .and_then(|r| r.min_capacity_bytes);
     rows.sort_by(|a, b| {
         (
             a.oom_count,
@@ -289,7 +378,31 @@ pub fn tune(
         capacity_bytes,
         rows,
         paged_min_capacity_bytes: paged,
+        plugin_rows,
         seconds: started.elapsed().as_secs_f64(),
         threads,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_plugin_setting_is_a_valid_gpumem_conf() {
+        for conf in PLUGIN_SETTINGS {
+            let (strategy, _) = plugin_allocator(conf);
+            if conf == "strategy=paged" {
+                assert_eq!(strategy, "paged");
+            } else {
+                assert_eq!(strategy, "paged-lazy");
+                // plugin_allocator falls back to the defaults on a bad value: none is.
+                assert!(crate::lazy_conf::parse(conf).is_ok(), "{conf}");
+            }
+        }
+        let grow = crate::lazy_conf::parse(PLUGIN_SETTINGS[1]).unwrap();
+        assert_eq!(grow.grow_ahead_bp, 156);
+        let pages = crate::lazy_conf::parse(PLUGIN_SETTINGS[2]).unwrap();
+        assert_eq!(pages.placement, LazyPlacement::Pages);
+    }
 }
