@@ -157,27 +157,10 @@ fn print_report(a: &TuneArgs, r: &TuneReport, recorded: bool) {
         "setting", "peak reserv.", "res/req", "min capacity", "OOMs", "calls",
     );
     for row in &r.rows {
+        let [peak, ratio, cap, ooms, calls] = figure_cells(&row.figures, r.capacity_bytes);
         println!(
-            "{:<w$} {:>13} {:>8} {:>13} {:>5} {:>7}{}",
+            "{:<w$} {peak:>13} {ratio:>8} {cap:>13} {ooms:>5} {calls:>7}{}",
             row.setting,
-            human_bytes(row.peak_reserved_bytes),
-            format!(
-                "{:.3}{}",
-                row.reserved_over_requested,
-                if row.oom_count > 0 { "†" } else { "" }
-            ),
-            row.min_capacity_bytes
-                .map(|b| {
-                    let not_monotone = row.smallest_completing_bytes.is_some_and(|s| s < b);
-                    format!("{}{}", human_bytes(b), if not_monotone { "*" } else { "" })
-                })
-                .unwrap_or_else(|| "-".into()),
-            if r.capacity_bytes.is_some() {
-                row.oom_count.to_string()
-            } else {
-                "-".into()
-            },
-            row.driver_calls,
             if row.is_trace_setting {
                 "  (the trace's own)"
             } else {
@@ -194,23 +177,13 @@ fn print_report(a: &TuneArgs, r: &TuneReport, recorded: bool) {
             ""
         }
     );
-    if r.rows.iter().any(|row| row.oom_count > 0) {
-        println!("†: some allocations failed at the capacity given and were dropped; res/req is then ÷ the peak of the requests served.");
-    }
-    for row in &r.rows {
-        if let (Some(s), Some(b)) = (row.smallest_completing_bytes, row.min_capacity_bytes) {
-            if s < b {
-                println!(
-                    "*: {} also completes at {}, but not at every capacity between that and {} (a smaller device makes the cache release at other moments)",
-                    row.setting,
-                    human_bytes(s),
-                    human_bytes(b)
-                );
-            }
-        }
-    }
+    let figures = r.rows.iter().map(|row| (row.setting.clone(), &row.figures));
+    print_footnotes(figures);
     if let (Some(best), Some(own)) = (r.best(), r.trace_row()) {
-        let saving = match (best.min_capacity_bytes, own.min_capacity_bytes) {
+        let saving = match (
+            best.figures.min_capacity_bytes,
+            own.figures.min_capacity_bytes,
+        ) {
             (Some(b), Some(o)) if o > b => format!(
                 "{} less than the trace's own setting ({}) needs",
                 human_bytes(o - b),
@@ -225,7 +198,8 @@ fn print_report(a: &TuneArgs, r: &TuneReport, recorded: bool) {
         }
         println!(
             "  needs {}: {saving}",
-            best.min_capacity_bytes
+            best.figures
+                .min_capacity_bytes
                 .map(human_bytes)
                 .unwrap_or_else(|| "-".into())
         );
@@ -240,6 +214,48 @@ fn print_report(a: &TuneArgs, r: &TuneReport, recorded: bool) {
     );
 }
 
+/// The cells both tables print for a setting's figures: peak reserved, res/req (`†` when
+/// allocations failed), min capacity (`*` when not monotone), OOMs (`-` without a capacity
+/// given) and driver calls.
+fn figure_cells(f: &tune::Figures, capacity: Option<u64>) -> [String; 5] {
+    [
+        human_bytes(f.peak_reserved_bytes),
+        format!(
+            "{:.3}{}",
+            f.reserved_over_requested,
+            if f.oom_count > 0 { "†" } else { "" }
+        ),
+        f.min_capacity_bytes
+            .map(|b| {
+                let star = if f.not_monotone().is_some() { "*" } else { "" };
+                format!("{}{star}", human_bytes(b))
+            })
+            .unwrap_or_else(|| "-".into()),
+        if capacity.is_some() {
+            f.oom_count.to_string()
+        } else {
+            "-".into()
+        },
+        f.driver_calls.to_string(),
+    ]
+}
+
+/// The `†` and `*` footnotes of the marks [`figure_cells`] made for `rows` (setting, figures).
+fn print_footnotes<'a>(rows: impl Iterator<Item = (String, &'a tune::Figures)> + Clone) {
+    if rows.clone().any(|(_, f)| f.oom_count > 0) {
+        println!("†: some allocations failed at the capacity given and were dropped; res/req is then ÷ the peak of the requests served.");
+    }
+    for (setting, f) in rows {
+        if let Some((s, b)) = f.not_monotone() {
+            println!(
+                "*: {setting} also completes at {}, but not at every capacity between that and {} (a smaller device makes the cache release at other moments)",
+                human_bytes(s),
+                human_bytes(b)
+            );
+        }
+    }
+}
+
 /// gpumem's settings for the plug-in: a table, then the one that needs the least memory
 /// within 2 × native's modelled driver time (issue 11's bound on driver time).
 fn print_plugin_rows(r: &TuneReport) {
@@ -250,7 +266,7 @@ fn print_plugin_rows(r: &TuneReport) {
         .rows
         .iter()
         .find(|row| row.conf.is_empty())
-        .map(|row| row.modelled_driver_seconds);
+        .map(|row| row.figures.modelled_driver_seconds);
     let label = |row: &tune::PluginRow| {
         if row.gpumem_conf.is_empty() {
             "(defaults: paged-lazy)".to_string()
@@ -280,44 +296,28 @@ fn print_plugin_rows(r: &TuneReport) {
     let ratio = |row: &tune::PluginRow| {
         native
             .filter(|&n| n > 0.0)
-            .map(|n| row.modelled_driver_seconds / n)
+            .map(|n| row.figures.modelled_driver_seconds / n)
     };
     for row in &r.plugin_rows {
+        let [peak, res_req, cap, ooms, calls] = figure_cells(&row.figures, r.capacity_bytes);
         println!(
-            "{:<w$} {:>13} {:>8} {:>13} {:>5} {:>7} {:>8} {:>13}",
+            "{:<w$} {peak:>13} {res_req:>8} {cap:>13} {ooms:>5} {calls:>7} {:>8} {:>13}",
             label(row),
-            human_bytes(row.peak_reserved_bytes),
-            format!(
-                "{:.3}{}",
-                row.reserved_over_requested,
-                if row.oom_count > 0 { "†" } else { "" }
-            ),
-            row.min_capacity_bytes
-                .map(|b| {
-                    let not_monotone = row.smallest_completing_bytes.is_some_and(|s| s < b);
-                    format!("{}{}", human_bytes(b), if not_monotone { "*" } else { "" })
-                })
-                .unwrap_or_else(|| "-".into()),
-            if r.capacity_bytes.is_some() {
-                row.oom_count.to_string()
-            } else {
-                "-".into()
-            },
-            row.driver_calls,
             row.steady_state_driver_calls,
             ratio(row)
                 .map(|x| format!("{x:.2} × nat."))
-                .unwrap_or_else(|| format!("{:.1} ms", row.modelled_driver_seconds * 1e3)),
+                .unwrap_or_else(|| format!("{:.1} ms", row.figures.modelled_driver_seconds * 1e3)),
         );
     }
     println!(
         "2nd half: driver calls in the second half of the events (the steady state); driver time: modelled H200 driver seconds ÷ the native setting's."
     );
+    print_footnotes(r.plugin_rows.iter().map(|row| (label(row), &row.figures)));
     let pick = r
         .plugin_rows
         .iter()
-        .filter(|row| row.oom_count == 0 && ratio(row).is_some_and(|x| x <= 2.0))
-        .filter_map(|row| row.min_capacity_bytes.map(|b| (b, row)))
+        .filter(|row| row.figures.oom_count == 0 && ratio(row).is_some_and(|x| x <= 2.0))
+        .filter_map(|row| row.figures.min_capacity_bytes.map(|b| (b, row)))
         .min_by_key(|(b, _)| *b);
     match pick {
         Some((b, row)) => {

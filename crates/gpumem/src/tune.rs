@@ -25,7 +25,10 @@ use gpumem_core::torch::TorchConfig;
 use gpumem_core::Allocator;
 use serde::Serialize;
 
-use crate::replay::{self, MinCapacityConfig, MinCapacityOutcome, ReplayConfig, ReplayError};
+use crate::replay::{
+    self, MinCapacity, MinCapacityConfig, MinCapacityOutcome, ReplayConfig, ReplayError,
+    ReplayReport,
+};
 use crate::torch_replay;
 use crate::trace::Trace;
 
@@ -74,6 +77,15 @@ pub struct TuneRow {
     pub conf: String,
     /// Whether this is the trace's own setting.
     pub is_trace_setting: bool,
+    /// The replay's figures.
+    #[serde(flatten)]
+    pub figures: Figures,
+}
+
+/// The figures of one setting's replay and capacity search, shared by [`TuneRow`] and
+/// [`PluginRow`] (their fields in `--json`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Figures {
     /// Predicted peak reserved bytes (at the capacity given, else on the default device).
     pub peak_reserved_bytes: u64,
     /// `peak_reserved_bytes` ÷ the trace's peak requested bytes.
@@ -90,10 +102,44 @@ pub struct TuneRow {
     /// Allocations that failed at the capacity given (0 without one).
     pub oom_count: u64,
     /// Driver calls of the replay (cudaMalloc/cudaFree, or the VMM calls of expandable
-    /// segments).
+    /// segments and gpumem's strategies).
     pub driver_calls: u64,
     /// Modelled H200 seconds of those calls.
     pub modelled_driver_seconds: f64,
+}
+
+impl Figures {
+    /// The figures of replay `rep` and of the capacity search's result `min`.
+    fn new(rep: &ReplayReport, min: Option<&MinCapacity>) -> Self {
+        Figures {
+            peak_reserved_bytes: rep.peak_reserved_bytes,
+            reserved_over_requested: rep.reserved_over_requested,
+            min_capacity_bytes: min.map(|m| m.all_larger_bytes),
+            smallest_completing_bytes: min.map(|m| m.smallest_bytes),
+            oom_count: rep.oom_count,
+            driver_calls: rep.driver_calls.total(),
+            modelled_driver_seconds: rep.modelled_driver_seconds,
+        }
+    }
+
+    /// `(smallest, every larger)` completing capacities where they differ: the setting is not
+    /// monotone in the capacity.
+    pub fn not_monotone(&self) -> Option<(u64, u64)> {
+        match (self.smallest_completing_bytes, self.min_capacity_bytes) {
+            (Some(s), Some(b)) if s < b => Some((s, b)),
+            _ => None,
+        }
+    }
+}
+
+/// The upper bound of a setting's capacity search after replay `rep` at `capacity_bytes`:
+/// the run on an unlimited device (no capacity given, no OOM) bounds it by its peak.
+fn search_upper(capacity_bytes: Option<u64>, rep: &ReplayReport) -> u64 {
+    if capacity_bytes.is_none() && rep.oom_count == 0 {
+        rep.peak_reserved_bytes.max(RESOLUTION_BYTES)
+    } else {
+        DEFAULT_CAPACITY
+    }
 }
 
 /// gpumem's settings that [`tune`] replays beside PyTorch's, as `GPUMEM_CONF` values: the
@@ -112,23 +158,11 @@ pub struct PluginRow {
     pub gpumem_conf: String,
     /// The strategy: `paged-lazy` or `paged`.
     pub strategy: String,
-    /// Peak reserved bytes (at the capacity given, else on the default device).
-    pub peak_reserved_bytes: u64,
-    /// `peak_reserved_bytes` ÷ the trace's peak requested bytes.
-    pub reserved_over_requested: f64,
-    /// Smallest device capacity from which every larger one runs the trace without an OOM,
-    /// to [`RESOLUTION_BYTES`]; `None` if even the default device does not.
-    pub min_capacity_bytes: Option<u64>,
-    /// Smallest device capacity that runs the trace without an OOM.
-    pub smallest_completing_bytes: Option<u64>,
-    /// Allocations that failed at the capacity given (0 without one).
-    pub oom_count: u64,
-    /// Driver calls of the replay (cuMemCreate, cuMemMap, cuMemSetAccess, …).
-    pub driver_calls: u64,
+    /// The replay's figures.
+    #[serde(flatten)]
+    pub figures: Figures,
     /// Driver calls in the second half of the trace's events (the steady state).
     pub steady_state_driver_calls: u64,
-    /// Modelled H200 seconds of those calls.
-    pub modelled_driver_seconds: f64,
 }
 
 /// The ranked result.
@@ -212,33 +246,21 @@ fn plugin_row(
     let mut dev = SimDevice::new(capacity_bytes.unwrap_or(DEFAULT_CAPACITY));
     let rep =
         replay::replay_summarized(trace, summary, alloc.as_mut(), &mut dev, opts, &mut |_| {})?;
-    // The run on an unlimited device bounds the search from above.
-    let upper = if capacity_bytes.is_none() && rep.oom_count == 0 {
-        rep.peak_reserved_bytes.max(RESOLUTION_BYTES)
-    } else {
-        DEFAULT_CAPACITY
-    };
     let search = MinCapacityConfig {
-        upper_bytes: upper,
+        upper_bytes: search_upper(capacity_bytes, &rep),
         max_replays: MAX_REPLAYS,
         ..MinCapacityConfig::default()
     };
     let outcome = replay::min_capacity(trace, summary, &make, &SimDevice::new, &search, opts)?;
-    let (min_cap, smallest) = match outcome {
-        MinCapacityOutcome::Found(m) => (Some(m.all_larger_bytes), Some(m.smallest_bytes)),
-        MinCapacityOutcome::NeverCompletes(_) => (None, None),
+    let min = match &outcome {
+        MinCapacityOutcome::Found(m) => Some(m),
+        MinCapacityOutcome::NeverCompletes(_) => None,
     };
     Ok(PluginRow {
         gpumem_conf: conf.to_string(),
         strategy: strategy.to_string(),
-        peak_reserved_bytes: rep.peak_reserved_bytes,
-        reserved_over_requested: rep.reserved_over_requested,
-        min_capacity_bytes: min_cap,
-        smallest_completing_bytes: smallest,
-        oom_count: rep.oom_count,
-        driver_calls: rep.driver_calls.total(),
+        figures: Figures::new(&rep, min),
         steady_state_driver_calls: rep.steady_state_driver_calls,
-        modelled_driver_seconds: rep.modelled_driver_seconds,
     })
 }
 
@@ -317,26 +339,14 @@ pub fn tune(
             let follow = conf == own && capacity_bytes.is_none();
             let r =
                 torch_replay::replay_torch(trace, &run_conf, capacity, follow, opts, &mut |_| {})?;
-            // The run on an unlimited device bounds the search from above.
-            let upper = if capacity_bytes.is_none() && r.report.oom_count == 0 {
-                r.report.peak_reserved_bytes.max(RESOLUTION_BYTES)
-            } else {
-                DEFAULT_CAPACITY
-            };
+            let upper = search_upper(capacity_bytes, &r.report);
             let min_cap =
                 torch_replay::min_capacity(trace, summary, &conf, upper, MAX_REPLAYS, opts)?;
-            let rep = &r.report;
             Ok(Out::Torch(TuneRow {
                 setting: conf.to_string(),
                 conf: conf.to_conf_string(),
                 is_trace_setting: conf == own,
-                peak_reserved_bytes: rep.peak_reserved_bytes,
-                reserved_over_requested: rep.reserved_over_requested,
-                min_capacity_bytes: min_cap.as_ref().map(|m| m.all_larger_bytes),
-                smallest_completing_bytes: min_cap.as_ref().map(|m| m.smallest_bytes),
-                oom_count: rep.oom_count,
-                driver_calls: rep.driver_calls.total(),
-                modelled_driver_seconds: rep.modelled_driver_seconds,
+                figures: Figures::new(&r.report, min_cap.as_ref()),
             }))
         }));
     }
@@ -358,8 +368,9 @@ pub fn tune(
     let paged = plugin_rows
         .iter()
         .find(|r| r.strategy == "paged")
-        .and_then(|r| r.min_capacity_bytes);
+        .and_then(|r| r.figures.min_capacity_bytes);
     rows.sort_by(|a, b| {
+        let (a, b) = (&a.figures, &b.figures);
         (
             a.oom_count,
             a.min_capacity_bytes.unwrap_or(u64::MAX),
