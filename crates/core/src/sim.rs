@@ -488,22 +488,25 @@ impl Reserved {
         })
     }
 
-    /// Whether granule `i` is mapped.
+    /// Whether granule `i`'s bit is set in the bitmap `field` picks (mapped, starts, access).
     #[inline(always)]
-    fn is_mapped(&self, i: u64) -> bool {
+    fn bit(&self, i: u64, field: impl Fn(&GranuleBits) -> u64) -> bool {
         let w = usize::try_from(i / 64).unwrap_or(usize::MAX);
         self.bits
             .get(w)
-            .is_some_and(|x| x.mapped >> (i % 64) & 1 != 0)
+            .is_some_and(|x| field(x) >> (i % 64) & 1 != 0)
+    }
+
+    /// Whether granule `i` is mapped.
+    #[inline(always)]
+    fn is_mapped(&self, i: u64) -> bool {
+        self.bit(i, |x| x.mapped)
     }
 
     /// Whether a mapping starts at granule `i`.
     #[inline(always)]
     fn starts_at(&self, i: u64) -> bool {
-        let w = usize::try_from(i / 64).unwrap_or(usize::MAX);
-        self.bits
-            .get(w)
-            .is_some_and(|x| x.starts >> (i % 64) & 1 != 0)
+        self.bit(i, |x| x.starts)
     }
 
     /// Whether mappings tile granules `[first, first + n)` exactly (`n` ≥ 1): what the walk
@@ -543,10 +546,7 @@ impl Reserved {
 
     /// Whether granule `i` was made accessible.
     fn granted(&self, i: u64) -> bool {
-        let w = usize::try_from(i / 64).unwrap_or(usize::MAX);
-        self.bits
-            .get(w)
-            .is_some_and(|x| x.access >> (i % 64) & 1 != 0)
+        self.bit(i, |x| x.access)
     }
 
     /// Grows the bitmap to hold granules below `end`.
