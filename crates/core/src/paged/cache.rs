@@ -23,20 +23,35 @@ impl PagedPool {
 
     /// Takes the cached handle at `i` (the last handle moves to `i`).
     pub(super) fn cache_take(&mut self, i: usize) -> CachedHandle {
+        let k = self
+            .cache
+            .get(i)
+            .and_then(|h| {
+                self.cache_sizes
+                    .binary_search_by_key(&h.pages, |e| e.pages)
+                    .ok()
+            })
+            .unwrap_or(usize::MAX);
+        self.cache_take_sized(i, k)
+    }
+
+    /// [`PagedPool::cache_take`] when the handle's size is known to be `cache_sizes[k]`
+    /// (`usize::MAX`: not listed).
+    pub(super) fn cache_take_sized(&mut self, i: usize, k: usize) -> CachedHandle {
         let last = self.cache.len() - 1;
         let h = self.cache.swap_remove(i);
         self.cached_pages = self.cached_pages.saturating_sub(h.pages);
         // The handle's size: one fewer, and a new first handle when it was the first.
-        if let Ok(k) = self.cache_sizes.binary_search_by_key(&h.pages, |e| e.pages) {
-            let e = &mut self.cache_sizes[k];
+        if let Some(e) = self.cache_sizes.get_mut(k) {
             e.count -= 1;
             if e.count == 0 {
                 self.cache_sizes.remove(k);
             } else if e.first as usize == i {
                 // The others of this size lie after `i` (the moved handle now at `i` too).
-                let next = (i..self.cache.len())
-                    .find(|&j| self.cache[j].pages == h.pages)
-                    .unwrap_or(last);
+                let next = self.cache[i..]
+                    .iter()
+                    .position(|c| c.pages == h.pages)
+                    .map_or(last, |d| i + d);
                 e.first = next as u32;
             }
         }
@@ -59,10 +74,12 @@ impl PagedPool {
 
     /// Index of the cached handle to fill `n` pages with: one of exactly `n` pages, else the
     /// largest one smaller than `n`.
-    /// The first handle of that size in `cache` order.
-    pub(super) fn cache_pick(&self, n: u64) -> Option<usize> {
+    /// The first handle of that size in `cache` order, and the size's index in
+    /// `cache_sizes` (for [`PagedPool::cache_take_sized`]).
+    pub(super) fn cache_pick(&self, n: u64) -> Option<(usize, usize)> {
         let below = self.cache_sizes.partition_point(|e| e.pages <= n);
-        Some(self.cache_sizes.get(below.checked_sub(1)?)?.first as usize)
+        let k = below.checked_sub(1)?;
+        Some((self.cache_sizes.get(k)?.first as usize, k))
     }
 
     /// Takes the last handle of `cache`.
@@ -84,7 +101,8 @@ impl PagedPool {
         let p = self.page_bytes;
         let want = usize::try_from(want).unwrap_or(usize::MAX);
         // Idle pages at or above `hi`, then below `lo`, each from the top down.
-        let mut picked: Vec<u64> = Vec::new();
+        let mut picked = std::mem::take(&mut self.picked_scratch);
+        picked.clear();
         for above in [true, false] {
             for r in self.reservations.iter().rev() {
                 // Page indices `from..to` of `r` lie in the part searched.
@@ -108,48 +126,53 @@ impl PagedPool {
                 }
             }
         }
+        let sh = p.trailing_zeros();
         let mut i = 0;
+        let mut result = Ok(());
         while i < picked.len() {
             // `picked` descends: a run is a stretch of addresses one page apart, inside one
-            // reservation (neighbouring reservations may touch).
-            let res = self.res_of(picked[i]);
+            // reservation (neighbouring reservations may touch: the run ends below the
+            // start of the reservation of its first page).
+            let Some(ri) = self.res_of(picked[i]) else {
+                result = Err(DeviceError::Invalid {
+                    call: "paged",
+                    detail: format!("idle page {:#x} outside VA", picked[i]),
+                });
+                break;
+            };
+            let base = self.reservations[ri].va;
             let mut j = i + 1;
-            while j < picked.len()
-                && picked[j] + p == picked[j - 1]
-                && self.res_of(picked[j]) == res
-            {
+            while j < picked.len() && picked[j] + p == picked[j - 1] && picked[j] >= base {
                 j += 1;
             }
             let (first, n) = (picked[j - 1], (j - i) as u64);
-            let Some(ri) = self.res_of(first) else {
-                return Err(DeviceError::Invalid {
-                    call: "paged",
-                    detail: format!("idle page {first:#x} outside VA"),
-                });
-            };
-            dev.unmap(first, n * p)?;
-            let base = self.reservations[ri].va;
-            for k in 0..n {
-                let va = first + k * p;
-                let page = ((va - base) / p) as usize;
-                if self.reservations[ri].idle.remove(page) {
+            if let Err(e) = dev.unmap(first, n * p) {
+                result = Err(e);
+                break;
+            }
+            let r = &mut self.reservations[ri];
+            let first_page = ((first - base) >> sh) as usize;
+            for page in first_page..first_page + n as usize {
+                if r.idle.remove(page) {
                     self.idle_count -= 1;
                 }
-                let taken = self.reservations[ri]
-                    .pages
-                    .get_mut(page)
-                    .and_then(Option::take);
-                if let Some(pg) = taken {
-                    self.cache_push(CachedHandle {
+                if let Some(pg) = r.pages.get_mut(page).and_then(Option::take) {
+                    self.cached_handle_scratch.push(CachedHandle {
                         handle: pg.handle,
                         pages: 1,
                     });
                     self.mapped_pages = self.mapped_pages.saturating_sub(1);
                 }
             }
+            let mut moved = std::mem::take(&mut self.cached_handle_scratch);
+            for h in moved.drain(..) {
+                self.cache_push(h);
+            }
+            self.cached_handle_scratch = moved;
             i = j;
         }
-        Ok(())
+        self.picked_scratch = picked;
+        result
     }
 
     /// Parks a handle freed by an unmap in the cache; [`PagedPool::trim_cache`] releases what

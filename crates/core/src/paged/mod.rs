@@ -299,6 +299,12 @@ pub struct PagedPool {
     /// Scratch plan of the runs an allocation maps, `(first page, handle, pages)` (kept to
     /// spare an allocation per mapping allocation; an error path may leave it empty).
     plan_scratch: Vec<(usize, Option<CachedHandle>, u64)>,
+    /// The plan's second buffer: the cache fill rewrites the plan into it, then swaps.
+    plan_spare: Vec<(usize, Option<CachedHandle>, u64)>,
+    /// Scratch list of the idle pages an allocation takes (addresses, descending).
+    picked_scratch: Vec<u64>,
+    /// Scratch list of the handles of a run of idle pages on their way to the cache.
+    cached_handle_scratch: Vec<CachedHandle>,
 }
 
 impl PagedPool {
@@ -327,6 +333,9 @@ impl PagedPool {
             freed_scratch: Vec::new(),
             taken_scratch: Vec::new(),
             plan_scratch: Vec::new(),
+            plan_spare: Vec::new(),
+            picked_scratch: Vec::new(),
+            cached_handle_scratch: Vec::new(),
         }
     }
 

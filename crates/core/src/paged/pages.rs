@@ -246,38 +246,39 @@ impl PagedPool {
             push_run(at, p1 + 1);
         }
         let mut leftover = 0u64;
-        // Rewrites the plan with cached handles where they fit: the new entries are appended,
-        // then the old ones dropped (no second vector).
-        let fill = |this: &mut Self, plan: &mut Vec<(usize, Option<CachedHandle>, u64)>| {
+        // Rewrites the plan with cached handles where they fit, into the spare vector, which
+        // then becomes the plan (no shift of the entries, no allocation once both have grown).
+        let mut spare = std::mem::take(&mut self.plan_spare);
+        let fill = |this: &mut Self,
+                    plan: &mut Vec<(usize, Option<CachedHandle>, u64)>,
+                    out: &mut Vec<(usize, Option<CachedHandle>, u64)>| {
             let mut left = 0;
-            let old = plan.len();
-            for k in 0..old {
-                let (page, h, n) = plan[k];
-                let mut out = |e| plan.push(e);
+            out.clear();
+            for &(page, h, n) in plan.iter() {
                 if h.is_some() {
-                    out((page, h, n));
+                    out.push((page, h, n));
                     continue;
                 }
                 let (mut at, mut rest) = (page, n);
                 while rest > 0 {
-                    let Some(i) = this.cache_pick(rest) else {
+                    let Some((i, k)) = this.cache_pick(rest) else {
                         break;
                     };
-                    let c = this.cache_take(i);
-                    out((at, Some(c), c.pages));
+                    let c = this.cache_take_sized(i, k);
+                    out.push((at, Some(c), c.pages));
                     at += c.pages as usize;
                     rest -= c.pages;
                 }
                 if rest > 0 {
-                    out((at, None, rest));
+                    out.push((at, None, rest));
                     left += rest;
                 }
             }
-            plan.drain(..old);
+            std::mem::swap(plan, out);
             left
         };
         if !plan.is_empty() {
-            leftover = fill(self, &mut plan);
+            leftover = fill(self, &mut plan, &mut spare);
         }
         let give_back = |this: &mut Self, plan: &[(usize, Option<CachedHandle>, u64)]| {
             for &(_, h, _) in plan {
@@ -291,8 +292,9 @@ impl PagedPool {
                 give_back(self, &plan);
                 return Err(e);
             }
-            leftover = fill(self, &mut plan);
+            leftover = fill(self, &mut plan, &mut spare);
         }
+        self.plan_spare = spare;
         if leftover > 0 {
             // Nothing cached fits what is left: give it back before creating anything.
             while let Some(h) = self.cache_pop() {
