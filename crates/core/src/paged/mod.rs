@@ -588,7 +588,8 @@ impl Allocator for PagedPool {
     }
 
     fn deallocate(&mut self, dev: &mut dyn Device, addr: u64) -> Result<(), AllocError> {
-        let Some(&blk) = self.live.get(&addr) else {
+        // Out of the live map at once (one hash probe); put back if the free fails.
+        let Some(blk) = self.live.remove(&addr) else {
             return Err(AllocError::UnknownBlock { addr });
         };
         let limit = self.cache_limit.saturating_mul(self.page_bytes);
@@ -605,7 +606,6 @@ impl Allocator for PagedPool {
                 self.quick_bytes = self.quick_bytes.saturating_sub(old.bytes);
             }
             if self.quick.len() < self.quick_slots && self.quick_bytes + blk.bytes <= limit {
-                self.live.remove(&addr);
                 self.tracker.on_free(blk.requested, blk.bytes);
                 self.quick.push(QuickBlock {
                     addr,
@@ -616,8 +616,10 @@ impl Allocator for PagedPool {
                 return Ok(());
             }
         }
-        self.free_span(dev, addr, blk.bytes)?;
-        self.live.remove(&addr);
+        if let Err(e) = self.free_span(dev, addr, blk.bytes) {
+            self.live.insert(addr, blk);
+            return Err(e);
+        }
         self.tracker.on_free(blk.requested, blk.bytes);
         self.trim_cache(dev);
         Ok(())
