@@ -4,6 +4,7 @@ use super::*;
 
 impl PagedPool {
     /// Adds a handle to the cache.
+    #[inline]
     pub(super) fn cache_push(&mut self, h: CachedHandle) {
         self.cached_pages += h.pages;
         let at = self.cache.len() as u32;

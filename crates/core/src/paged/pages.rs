@@ -116,6 +116,7 @@ impl PagedPool {
 
     /// Writes the page-table entry of handle `h` mapped from page `first` (in the extent's
     /// first and last slots; see [`Reservation::pages`]).
+    #[inline]
     pub(super) fn set_extent(
         &mut self,
         ri: usize,
@@ -412,14 +413,18 @@ impl PagedPool {
         // In the same walk, extent by extent: the extents of the run's pages (each must lie
         // inside the run), and whether they are all single pages.
         let pages = &self.reservations[ri].pages;
-        let mapped = |page: usize| match pages.get(page).copied().flatten() {
-            Some(pg) => Ok(pg),
-            None => Err(AllocError::Internal(format!(
-                "page {page} under block {addr:#x} is not mapped"
-            ))),
+        let mapped = |page: usize| pages.get(page).copied().flatten();
+        let Some(first) = mapped(p0) else {
+            return Err(not_mapped(p0, addr));
         };
-        let first = mapped(p0)?;
-        let last = if p1 == p0 { first } else { mapped(p1)? };
+        let last = if p1 == p0 {
+            first
+        } else {
+            let Some(last) = mapped(p1) else {
+                return Err(not_mapped(p1, addr));
+            };
+            last
+        };
         let a = if first.refs == 1 { p0 } else { p0 + 1 };
         let b = if last.refs == 1 {
             p1
@@ -434,7 +439,14 @@ impl PagedPool {
             let mut page = a;
             while page <= b {
                 // The run's first extent is often the block's first page, looked up above.
-                let pg = if page == p0 { first } else { mapped(page)? };
+                let pg = if page == p0 {
+                    first
+                } else {
+                    let Some(pg) = mapped(page) else {
+                        return Err(not_mapped(page, addr));
+                    };
+                    pg
+                };
                 let (f, n) = (pg.ext_first as usize, pg.ext_pages as usize);
                 ext_lo = ext_lo.min(f);
                 ext_hi = ext_hi.max(f + n);
@@ -531,4 +543,12 @@ impl PagedPool {
         self.refit_at(base, at);
         Ok(())
     }
+}
+
+/// The error of a page under a freed block found unmapped (out of line: never on the hot
+/// path).
+#[cold]
+#[inline(never)]
+fn not_mapped(page: usize, addr: u64) -> AllocError {
+    AllocError::Internal(format!("page {page} under block {addr:#x} is not mapped"))
 }
