@@ -11,11 +11,24 @@
 /// Slots per chunk (a power of two).
 pub(crate) const CHUNK_SLOTS: usize = 512;
 
+/// [`CHUNK_SLOTS`] slots on the heap.
+type Chunk<T> = Box<[Option<T>; CHUNK_SLOTS]>;
+
+/// A chunk of `None` slots (out of line: a table allocates a chunk a few times a replay,
+/// and writes slots on every allocation).
+#[cold]
+#[inline(never)]
+fn new_chunk<T: Copy>() -> Chunk<T> {
+    Box::new([None; CHUNK_SLOTS])
+}
+
 /// One `Option<T>` per page; see the module documentation.
 #[derive(Debug, Clone)]
 pub(crate) struct SlotTable<T> {
     /// `chunks[c]` holds slots `c · CHUNK_SLOTS ..`; `None` until one of them is written.
-    chunks: Vec<Option<Box<[Option<T>]>>>,
+    /// A chunk is an array of fixed length: a slot's index in it needs no bounds check, and
+    /// the chunk index holds thin pointers.
+    chunks: Vec<Option<Chunk<T>>>,
     /// Number of slots.
     len: usize,
     /// What an unallocated slot reads as.
@@ -46,7 +59,7 @@ impl<T: Copy> SlotTable<T> {
             return None;
         }
         match self.chunks.get(i / CHUNK_SLOTS) {
-            Some(Some(c)) => c.get(i % CHUNK_SLOTS),
+            Some(Some(c)) => Some(&c[i % CHUNK_SLOTS]),
             _ => Some(&self.none),
         }
     }
@@ -57,9 +70,10 @@ impl<T: Copy> SlotTable<T> {
             return None;
         }
         let chunk = self.chunks.get_mut(i / CHUNK_SLOTS)?;
-        chunk
-            .get_or_insert_with(|| vec![None; CHUNK_SLOTS].into_boxed_slice())
-            .get_mut(i % CHUNK_SLOTS)
+        if chunk.is_none() {
+            *chunk = Some(new_chunk());
+        }
+        Some(&mut chunk.as_mut()?[i % CHUNK_SLOTS])
     }
 
     /// Slots `a..b` (clamped to the table) in order.
@@ -147,7 +161,7 @@ impl<'a, T: Copy> Iterator for Slots<'a, T> {
 /// The slots of a range, to write ([`SlotTable::range_mut`]): a slice iterator per chunk.
 #[derive(Debug)]
 pub(crate) struct SlotsMut<'a, T> {
-    chunks: std::slice::IterMut<'a, Option<Box<[Option<T>]>>>,
+    chunks: std::slice::IterMut<'a, Option<Chunk<T>>>,
     cur: std::slice::IterMut<'a, Option<T>>,
     /// Index of the next chunk `chunks` yields.
     chunk: usize,
@@ -167,7 +181,7 @@ impl<'a, T: Copy> Iterator for SlotsMut<'a, T> {
             let ch = self.chunks.next()?;
             let (lo, hi) = SlotTable::<T>::chunk_span(self.chunk, self.a, self.b);
             self.chunk += 1;
-            let ch = ch.get_or_insert_with(|| vec![None; CHUNK_SLOTS].into_boxed_slice());
+            let ch = ch.get_or_insert_with(new_chunk);
             self.cur = ch.get_mut(lo..hi).unwrap_or_default().iter_mut();
         }
     }
