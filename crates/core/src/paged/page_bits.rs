@@ -116,6 +116,47 @@ impl PageBits {
         }
     }
 
+    /// The lowest index in the set in `i..end`: [`PageBits::next_at_or_after`] that stops
+    /// looking at `end` (the words past it are not read).
+    #[inline]
+    pub(crate) fn next_in(&self, i: usize, end: usize) -> Option<usize> {
+        if i >= end {
+            return None;
+        }
+        let w = i / WORD_BITS;
+        let first = self.words.get(w)? & (u64::MAX << (i % WORD_BITS));
+        if first != 0 {
+            let j = w * WORD_BITS + first.trailing_zeros() as usize;
+            return (j < end).then_some(j);
+        }
+        // The next non-zero word after `w` and before the word of `end - 1`, through the
+        // summary.
+        let last_w = (end - 1) / WORD_BITS;
+        let w = w + 1;
+        if w > last_w {
+            return None;
+        }
+        let mut s = w / WORD_BITS;
+        let last_s = last_w / WORD_BITS;
+        let mut bits = self.summary.get(s)? & u64::MAX.checked_shl((w % WORD_BITS) as u32)?;
+        loop {
+            if bits != 0 {
+                let w = s * WORD_BITS + bits.trailing_zeros() as usize;
+                if w > last_w {
+                    return None;
+                }
+                let word = self.words.get(w)?;
+                let j = w * WORD_BITS + word.trailing_zeros() as usize;
+                return (j < end).then_some(j);
+            }
+            s += 1;
+            if s > last_s {
+                return None;
+            }
+            bits = *self.summary.get(s)?;
+        }
+    }
+
     /// The highest index in the set below `i`.
     pub(crate) fn prev_before(&self, i: usize) -> Option<usize> {
         let i = i.min(self.words.len() * WORD_BITS);
@@ -196,6 +237,12 @@ mod tests {
         assert_eq!(b.next_at_or_after(4), Some(64 * 64 * 2 + 5));
         assert_eq!(b.next_at_or_after(64 * 64 * 2 + 6), Some(n - 1));
         assert_eq!(b.next_at_or_after(n), None);
+        assert_eq!(b.next_in(4, 64 * 64 * 2 + 5), None);
+        assert_eq!(b.next_in(4, 64 * 64 * 2 + 6), Some(64 * 64 * 2 + 5));
+        assert_eq!(b.next_in(3, 4), Some(3));
+        assert_eq!(b.next_in(4, 4), None);
+        assert_eq!(b.next_in(64 * 64 * 2 + 6, n), Some(n - 1));
+        assert_eq!(b.next_in(64 * 64 * 2 + 6, n - 1), None);
         assert_eq!(b.prev_before(n - 1), Some(64 * 64 * 2 + 5));
         assert_eq!(b.prev_before(64 * 64 * 2 + 5), Some(3));
         assert_eq!(b.prev_before(3), None);
@@ -211,7 +258,7 @@ mod tests {
         #[test]
         fn matches_a_btree_set(
             len in 1usize..20_000,
-            ops in prop::collection::vec((0u8..5, any::<usize>()), 1..300),
+            ops in prop::collection::vec((0u8..6, any::<usize>()), 1..300),
         ) {
             let mut b = PageBits::new(len);
             let mut m = BTreeSet::new();
@@ -225,7 +272,14 @@ mod tests {
                     }
                     2 => prop_assert_eq!(b.remove(i), m.remove(&i)),
                     3 => prop_assert_eq!(b.next_at_or_after(i), m.range(i..).next().copied()),
-                    _ => prop_assert_eq!(b.prev_before(i), m.range(..i).next_back().copied()),
+                    4 => prop_assert_eq!(b.prev_before(i), m.range(..i).next_back().copied()),
+                    _ => {
+                        // A bound from just below `i` to far past it, in other words and
+                        // summary words too.
+                        let end = i.saturating_sub(3) + (x >> 8) % (3 * 64 * 64);
+                        let want = if i < end { m.range(i..end).next().copied() } else { None };
+                        prop_assert_eq!(b.next_in(i, end), want);
+                    }
                 }
                 prop_assert_eq!(b.contains(i), m.contains(&i));
                 prop_assert_eq!(b.len(), m.len());

@@ -435,7 +435,7 @@ impl PagedPool {
         if p1 > p0 + 1 {
             if self.idle_count > 0 {
                 let mut i = p0 + 1;
-                while let Some(j) = r.idle.next_at_or_after(i).filter(|&j| j < p1) {
+                while let Some(j) = r.idle.next_in(i, p1) {
                     if r.idle.remove(j) {
                         self.idle_count -= 1;
                     }
