@@ -253,16 +253,17 @@ impl PagedPool {
         // The list keeps its allocation (a new one would regrow push by push).
         let mut list = std::mem::take(&mut self.quick);
         let mut kept = 0;
-        for i in 0..list.len() {
-            let q = list[i];
+        for i in list.head..list.v.len() {
+            let q = list.v[i];
             if self.free_span(dev, q.addr, q.bytes).is_ok() {
                 self.quick_bytes = self.quick_bytes.saturating_sub(q.bytes);
             } else {
-                list[kept] = q;
+                list.v[kept] = q;
                 kept += 1;
             }
         }
-        list.truncate(kept);
+        list.v.truncate(kept);
+        list.head = 0;
         self.quick = list;
     }
 

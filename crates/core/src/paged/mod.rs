@@ -126,6 +126,76 @@ pub(crate) struct QuickBlock {
     pub(crate) bytes: u64,
 }
 
+/// The quick-reuse list of a [`PagedPool`], oldest first: a vector whose first `head`
+/// entries are gone, so that dropping the oldest block (every free once the list is full)
+/// moves nothing; the gone entries are cut off once they are [`QUICK_GONE_MAX`].
+#[derive(Debug, Clone, Default)]
+struct QuickList {
+    v: Vec<QuickBlock>,
+    head: usize,
+}
+
+/// Gone entries a [`QuickList`] keeps before it shifts its blocks down.
+const QUICK_GONE_MAX: usize = 32;
+
+impl QuickList {
+    /// The blocks, oldest first.
+    #[inline]
+    fn as_slice(&self) -> &[QuickBlock] {
+        self.v.get(self.head..).unwrap_or_default()
+    }
+
+    /// Blocks held.
+    #[inline]
+    fn len(&self) -> usize {
+        self.v.len() - self.head
+    }
+
+    #[inline]
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The blocks, oldest first.
+    fn iter(&self) -> std::slice::Iter<'_, QuickBlock> {
+        self.as_slice().iter()
+    }
+
+    /// The oldest block.
+    #[inline]
+    fn front(&self) -> Option<QuickBlock> {
+        self.v.get(self.head).copied()
+    }
+
+    /// Drops the oldest block.
+    #[inline]
+    fn pop_front(&mut self) {
+        if self.head < self.v.len() {
+            self.head += 1;
+            if self.head == self.v.len() {
+                self.v.clear();
+                self.head = 0;
+            } else if self.head >= QUICK_GONE_MAX {
+                self.v.drain(..self.head);
+                self.head = 0;
+            }
+        }
+    }
+
+    /// Adds the newest block.
+    #[inline]
+    fn push_back(&mut self, q: QuickBlock) {
+        self.v.push(q);
+    }
+
+    /// Takes the block at position `i` (0 = oldest).
+    #[inline]
+    fn remove(&mut self, i: usize) -> Option<QuickBlock> {
+        let k = self.head + i;
+        (k < self.v.len()).then(|| self.v.remove(k))
+    }
+}
+
 /// Freed blocks held for same-size reuse, at most (default of [`PagedPool::with_quick_slots`]
 /// and [`LazyPagedPool::with_quick_slots`](crate::paged_lazy::LazyPagedPool::with_quick_slots)).
 pub const QUICK_SLOTS: usize = 16;
@@ -284,7 +354,7 @@ pub struct PagedPool {
     trim_pending: bool,
     /// Recently freed blocks kept whole for reuse by a request of the same size (the O(1)
     /// hit path), oldest first; their bytes stay out of the free map.
-    quick: Vec<QuickBlock>,
+    quick: QuickList,
     /// Bytes of the blocks in `quick`.
     quick_bytes: u64,
     /// Most blocks `quick` may hold.
@@ -326,7 +396,7 @@ impl PagedPool {
             idle_count: 0,
             lazy_unmap: true,
             trim_pending: false,
-            quick: Vec::new(),
+            quick: QuickList::default(),
             quick_bytes: 0,
             quick_slots: QUICK_SLOTS,
             tracker: StatsTracker::default(),
@@ -384,12 +454,13 @@ impl PagedPool {
             requested_bytes: requested,
             allocated_bytes: bytes,
         };
-        if let Some(i) = self
+        if let Some(q) = self
             .quick
+            .as_slice()
             .iter()
             .rposition(|q| q.bytes == bytes && q.addr & (align - 1) == 0)
+            .and_then(|i| self.quick.remove(i))
         {
-            let q = self.quick.remove(i);
             self.quick_bytes = self.quick_bytes.saturating_sub(q.bytes);
             self.live.insert(q.addr, LiveBlock { bytes, requested });
             self.tracker.on_alloc(requested, bytes);
@@ -596,18 +667,18 @@ impl Allocator for PagedPool {
         if blk.bytes <= limit && self.quick_slots > 0 {
             // Make room in the quick list by truly freeing its oldest blocks.
             while self.quick.len() >= self.quick_slots || self.quick_bytes + blk.bytes > limit {
-                let Some(&old) = self.quick.first() else {
+                let Some(old) = self.quick.front() else {
                     break;
                 };
                 if self.free_span(dev, old.addr, old.bytes).is_err() {
                     break;
                 }
-                self.quick.remove(0);
+                self.quick.pop_front();
                 self.quick_bytes = self.quick_bytes.saturating_sub(old.bytes);
             }
             if self.quick.len() < self.quick_slots && self.quick_bytes + blk.bytes <= limit {
                 self.tracker.on_free(blk.requested, blk.bytes);
-                self.quick.push(QuickBlock {
+                self.quick.push_back(QuickBlock {
                     addr,
                     bytes: blk.bytes,
                 });
@@ -626,9 +697,9 @@ impl Allocator for PagedPool {
     }
     fn empty_cache(&mut self, dev: &mut dyn Device) -> Result<u64, AllocError> {
         let p = self.page_bytes;
-        while let Some(&q) = self.quick.first() {
+        while let Some(q) = self.quick.front() {
             self.free_span(dev, q.addr, q.bytes)?;
-            self.quick.remove(0);
+            self.quick.pop_front();
             self.quick_bytes = self.quick_bytes.saturating_sub(q.bytes);
         }
         while let Some(&(va, bytes)) = self.quarantine.first() {
