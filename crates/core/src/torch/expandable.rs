@@ -359,9 +359,9 @@ pub(crate) const COARSE_PIECE_DIVISOR: u64 = 16;
 
 /// Most pages of one coarse handle in a growth of `pages` pages of `page` bytes:
 /// 1/[`COARSE_PIECE_DIVISOR`] of the device memory the growth leaves free, at least one
-/// page. Free memory is the capacity less the larger of the device's own count of bytes
-/// in use and the driver's (cuMemGetInfo on a real device, which also sees other
-/// processes).
+/// page. Free memory is [`Device::capacity_bytes`] less [`Device::used_bytes`] (what this
+/// device object holds; not cuMemGetInfo, which would also count other processes and make
+/// a real replay cut growths where the simulated one does not).
 ///
 /// A handle is given back whole or not at all, so on an out-of-memory the free part of a
 /// handle that a live block touches stays held. Pieces that shrink as the device fills keep
@@ -371,11 +371,10 @@ pub(crate) const COARSE_PIECE_DIVISOR: u64 = 16;
 /// session): the smallest device that runs gpt2_train falls from 25.33 to 24.16 GiB and
 /// inference_with_empty_cache from 25.78 to 18.05 GiB (PyTorch's expandable segments: 23.75
 /// and 17.31), with the same driver calls on the H200's capacity.
-pub(crate) fn coarse_piece_pages(dev: &mut dyn Device, page: u64, pages: u64) -> u64 {
-    let used = dev.used_bytes().max(dev.driver_used_bytes().unwrap_or(0));
+pub(crate) fn coarse_piece_pages(dev: &dyn Device, page: u64, pages: u64) -> u64 {
     let free_after = dev
         .capacity_bytes()
-        .saturating_sub(used)
+        .saturating_sub(dev.used_bytes())
         .saturating_sub(pages.saturating_mul(page));
     (free_after / COARSE_PIECE_DIVISOR / page).clamp(1, pages.max(1))
 }
