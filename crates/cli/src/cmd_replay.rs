@@ -665,12 +665,12 @@ pub fn run(a: ReplayArgs) -> Result<()> {
             };
             match l.placement {
                 LazyPlacement::Segments if l.grow_ahead_bp > 0 => eprintln!(
-                    "paged-lazy: placement=segments,grow_ahead={} (PyTorch's expandable segments, one handle per growth, each growth {}% of the bytes held beyond the request) ({source})",
+                    "paged-lazy: placement=segments,grow_ahead={} (PyTorch's expandable segments, one handle per growth until the device fills, each growth {}% of the bytes held beyond the request) ({source})",
                     f64::from(l.grow_ahead_bp) / 10_000.0,
                     f64::from(l.grow_ahead_bp) / 100.0,
                 ),
                 LazyPlacement::Segments => eprintln!(
-                    "paged-lazy: placement=segments (PyTorch's expandable segments, one handle per growth) ({source})"
+                    "paged-lazy: placement=segments (PyTorch's expandable segments, one handle per growth until the device fills) ({source})"
                 ),
                 LazyPlacement::Pages => eprintln!(
                     "paged-lazy: placement=pages,headroom={},max_handle={},map_ahead={} ({source})",
