@@ -827,7 +827,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     };
     if let Some(path) = &a.timeline {
         let cap = a.capacity.map(|c| c as f64);
-        let svg = timeline_chart(&a.trace, &runs, cap).to_svg();
+        let svg = timeline_chart(&a.trace, &trace, &devices, &runs, cap).to_svg();
         std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
         if !a.json {
             eprintln!("timeline written to {}", path.display());
