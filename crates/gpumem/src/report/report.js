@@ -313,7 +313,7 @@
   function legendAtCurrent(u) {
     if (u.cursor.idx == null && u.data[0].length > 0) u.setLegend({ idx: columnOf(u, current) });
   }
-  function makeChart(title, seriesList, fmt, log, tickFmt, splits) {
+  function makeChart(title, seriesList, fmt, log, tickFmt, splits, extraDraw) {
     tickFmt = tickFmt || fmt;
     const el = document.createElement('div');
     $('charts').appendChild(el);
@@ -351,6 +351,7 @@
           ctx.strokeStyle = '#c92a2a'; ctx.lineWidth = 1.5 * (window.devicePixelRatio || 1);
           ctx.beginPath(); ctx.moveTo(px, u.bbox.top); ctx.lineTo(px, u.bbox.top + u.bbox.height); ctx.stroke();
           ctx.restore();
+          if (extraDraw) extraDraw(u);
         }],
       },
     };
@@ -368,7 +369,35 @@
     const reserved = [{ label: 'requested', y: interleave(A[0].series.requested), color: '#111', width: 1.5 }]
       .concat(A.map((a, i) => ({ label: a.name, y: interleave(a.series.reserved), color: SERIES_COLORS[i % 7] })))
       .concat(D.recorded.map((r) => ({ label: 'PyTorch peak (' + r.conf + ')', y: flat(r.reserved_peak_bytes), color: '#8a4b00', dash: [6, 4] })));
-    makeChart('Reserved bytes (from the device)', reserved, fmtBytes, false, tickBytes, byteSplits);
+    if (D.capacity_limit != null) {
+      reserved.push({ label: 'capacity', y: flat(D.capacity_limit), color: '#7f7f7f', dash: [3, 3] });
+    }
+    // Allocations that ran out of memory: a tick per event above the x axis, in the
+    // allocator's colour, one row of ticks per allocator.
+    const failed = A.map((a) => {
+      const out = [];
+      for (let i = 0; i < a.placementsV.addr.length; i++) {
+        if (a.placementsV.addr[i] < 0) out.push(D.blocksV.alloc_event[i]);
+      }
+      return out;
+    });
+    const anyFailed = failed.some((f) => f.length > 0);
+    const ticks = (u) => {
+      const ctx = u.ctx, dpr = window.devicePixelRatio || 1, bottom = u.bbox.top + u.bbox.height;
+      ctx.save();
+      ctx.lineWidth = 1.5 * dpr;
+      failed.forEach((f, i) => {
+        if (!f.length) return;
+        ctx.strokeStyle = SERIES_COLORS[i % 7];
+        const y0 = bottom - 3 * i * dpr;
+        ctx.beginPath();
+        for (const e of f) { const px = u.valToPos(e, 'x', true); ctx.moveTo(px, y0); ctx.lineTo(px, y0 - 8 * dpr); }
+        ctx.stroke();
+      });
+      ctx.restore();
+    };
+    makeChart(anyFailed ? 'Reserved bytes (ticks: failed allocations)' : 'Reserved bytes (from the device)',
+      reserved, fmtBytes, false, tickBytes, byteSplits, anyFailed ? ticks : null);
     const allocated = [{ label: 'requested', y: interleave(A[0].series.requested), color: '#111', width: 1.5 }]
       .concat(A.map((a, i) => ({ label: a.name, y: interleave(a.series.allocated), color: SERIES_COLORS[i % 7] })))
       .concat(D.recorded.filter((r) => r.allocated_peak_bytes != null).map((r) => ({ label: 'PyTorch peak (' + r.conf + ')', y: flat(r.allocated_peak_bytes), color: '#8a4b00', dash: [6, 4] })));
