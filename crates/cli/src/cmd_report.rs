@@ -126,9 +126,10 @@ pub fn build(
 
 pub fn run(a: ReportArgs) -> Result<()> {
     let quiet = !std::io::stderr().is_terminal() && std::env::var_os("GPUMEM_VERBOSE").is_none();
+    crate::output::check("-o", &a.output, &[&a.trace])?;
     let r = build(&a.trace, &a.allocator, &a.replay, true, quiet)?;
     let html = report::html::render(&r);
-    std::fs::write(&a.output, &html).with_context(|| format!("writing {}", a.output.display()))?;
+    crate::output::write_text(&a.output, &html)?;
     eprintln!(
         "wrote {} ({}): {}, {} allocator{}",
         a.output.display(),

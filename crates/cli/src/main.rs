@@ -11,6 +11,7 @@ mod cmd_replay;
 mod cmd_report;
 mod cmd_tune;
 mod cmd_watch;
+mod output;
 mod progress;
 mod units;
 

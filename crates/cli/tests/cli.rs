@@ -712,7 +712,7 @@ fn convert_reads_stdin_refuses_its_input_and_keeps_segments() {
     let left: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .filter(|n| n.starts_with(".gpumem-convert-"))
+        .filter(|n| n.starts_with(".gpumem-"))
         .collect();
     assert!(left.is_empty(), "temporary files left: {left:?}");
 
