@@ -210,6 +210,9 @@ fn host_only(a: &BenchTransferArgs) -> Result<()> {
 
 /// `gpumem bench transfer`.
 pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
+    if let Some(path) = &a.plot {
+        crate::output::check("--plot", path, &[])?;
+    }
     if a.host_only {
         return host_only(&a);
     }
@@ -401,11 +404,10 @@ pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
         }
     };
     if let Some(path) = &a.plot {
-        std::fs::write(
+        crate::output::write_text(
             path,
-            transfer::bandwidth_chart(&rows_for_plot(&rows), &device).to_svg(),
-        )
-        .with_context(|| format!("writing {}", path.display()))?;
+            &transfer::bandwidth_chart(&rows_for_plot(&rows), &device).to_svg(),
+        )?;
     }
     for w in &numa_warnings {
         eprintln!("warning: {w}");

@@ -550,9 +550,9 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     let target = parse_device(&a.device)?;
     let mut warnings = check_args(&a, &target)?;
     if let Some(path) = &a.timeline {
-        // Fail before a long replay, not after it.
-        std::fs::write(path, "")
-            .with_context(|| format!("--timeline: cannot write {}", path.display()))?;
+        // Fail before a long replay, not after it, and without touching the file: it is
+        // written last, through a temporary file.
+        crate::output::check("--timeline", path, &[&a.trace])?;
     }
     let names = registry::parse_list(&a.allocator)?;
     let read_started = Instant::now();
@@ -828,7 +828,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     if let Some(path) = &a.timeline {
         let cap = a.capacity.map(|c| c as f64);
         let svg = timeline_chart(&a.trace, &runs, cap).to_svg();
-        std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
+        crate::output::write_text(path, &svg)?;
         if !a.json {
             eprintln!("timeline written to {}", path.display());
         }

@@ -65,3 +65,88 @@ fn report_refuses_to_write_onto_its_input() {
     assert_eq!(std::fs::read(&t).unwrap(), before);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn timeline_never_touches_its_file_before_the_end() {
+    let dir = scratch("timeline");
+    let t = copy_trace(&dir, "traces/mixed_sizes.pickle.gz");
+    let before = std::fs::read(&t).unwrap();
+    let svg = dir.join("x.svg");
+    std::fs::write(&svg, "<svg>old</svg>").unwrap();
+    let old = || std::fs::read_to_string(&svg).unwrap();
+    let tp = t.to_str().unwrap();
+    let sp = svg.to_str().unwrap();
+
+    // The trace itself as the output: refused, the trace unchanged.
+    let (ok, _, err) = gpumem(&["replay", tp, "--timeline", tp, "-a", "torch"]);
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("--timeline") && err.contains("input file"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&t).unwrap(), before);
+    let renamed = dir.join("same.svg");
+    std::fs::hard_link(&t, &renamed).unwrap();
+    let (ok, _, err) = gpumem(&["replay", tp, "--timeline", renamed.to_str().unwrap()]);
+    assert!(!ok && err.contains("input file"), "{err}");
+    assert_eq!(std::fs::read(&t).unwrap(), before);
+
+    // A missing trace, a malformed one, a bad option: the old picture stays.
+    let missing = dir.join("missing.pickle.gz");
+    let (ok, _, err) = gpumem(&["replay", missing.to_str().unwrap(), "--timeline", sp]);
+    assert!(!ok, "{err}");
+    assert_eq!(old(), "<svg>old</svg>");
+    let bad = dir.join("bad.jsonl");
+    std::fs::write(&bad, "{\"action\":\"alloc\"\n").unwrap();
+    let (ok, _, err) = gpumem(&["replay", bad.to_str().unwrap(), "--timeline", sp]);
+    assert!(!ok, "{err}");
+    assert_eq!(old(), "<svg>old</svg>");
+    let (ok, _, err) = gpumem(&[
+        "replay",
+        tp,
+        "-a",
+        "paged-lazy",
+        "--lazy-conf",
+        "grow_ahead=5",
+        "--timeline",
+        sp,
+    ]);
+    assert!(!ok && err.contains("--lazy-conf"), "{err}");
+    assert_eq!(old(), "<svg>old</svg>");
+
+    // A good run replaces it, and leaves no temporary file behind.
+    let (ok, _, err) = gpumem(&["replay", tp, "-a", "torch", "--timeline", sp]);
+    assert!(ok, "{err}");
+    assert!(old().starts_with("<svg") && old().contains("torch: peak reserved"));
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with(".gpumem-"))
+        .collect();
+    assert!(left.is_empty(), "temporary files left: {left:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn report_and_convert_leave_an_old_output_alone_on_failure() {
+    let dir = scratch("outputs");
+    let out = dir.join("old.html");
+    std::fs::write(&out, "old").unwrap();
+    let missing = dir.join("missing.jsonl");
+    for cmd in ["report", "convert"] {
+        let (ok, _, err) = gpumem(&[cmd, missing.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+        assert!(!ok, "{cmd}: {err}");
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "old", "{cmd}");
+    }
+    // An output in a folder that does not exist is refused before the trace is read.
+    let nowhere = dir.join("no/such/folder/r.html");
+    let (ok, _, err) = gpumem(&[
+        "report",
+        "traces/mixed_sizes.pickle.gz",
+        "-o",
+        nowhere.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("does not exist"), "{err}");
+    one_line_error(&err);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
