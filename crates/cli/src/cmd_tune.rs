@@ -331,10 +331,50 @@ fn print_plugin_rows(r: &TuneReport) {
                 human_bytes(b)
             );
         }
-        None => println!(
-            "none of gpumem's settings stays within 2 × native's driver time on this trace"
-        ),
+        None => println!("{}", no_pick_reason(r, &ratio, &label)),
     }
+}
+
+/// Why no gpumem setting is recommended: none stays within 2 × native's driver time, or each
+/// one that does has an OOM at the capacity given, or both.
+fn no_pick_reason(
+    r: &TuneReport,
+    ratio: &dyn Fn(&tune::PluginRow) -> Option<f64>,
+    label: &dyn Fn(&tune::PluginRow) -> String,
+) -> String {
+    let fast: Vec<&tune::PluginRow> = r
+        .plugin_rows
+        .iter()
+        .filter(|row| ratio(row).is_some_and(|x| x <= 2.0))
+        .collect();
+    let cap = r.capacity_bytes.map(human_bytes).unwrap_or_default();
+    let all_oom = |rows: &[&tune::PluginRow]| {
+        r.capacity_bytes.is_some() && rows.iter().all(|row| row.figures.oom_count > 0)
+    };
+    if fast.is_empty() {
+        let every: Vec<&tune::PluginRow> = r.plugin_rows.iter().collect();
+        if all_oom(&every) {
+            return format!("none of gpumem's settings stays within 2 × native's driver time on this trace, and every one has an OOM at {cap}");
+        }
+        return "none of gpumem's settings stays within 2 × native's driver time on this trace"
+            .to_string();
+    }
+    if all_oom(&fast) {
+        let least = fast
+            .iter()
+            .filter_map(|row| row.figures.min_capacity_bytes.map(|b| (b, row)))
+            .min_by_key(|(b, _)| *b);
+        return match least {
+            Some((b, row)) => format!(
+                "every gpumem setting within 2 × native's driver time has an OOM at {cap}; the least demanding, {}, needs {} (a larger --capacity, or none, to compare them)",
+                label(row),
+                human_bytes(b)
+            ),
+            None => format!("every gpumem setting within 2 × native's driver time has an OOM at {cap}"),
+        };
+    }
+    "no gpumem setting within 2 × native's driver time has a minimum capacity on this trace"
+        .to_string()
 }
 
 /// The value as it can be pasted after `export NAME=` (empty for native).

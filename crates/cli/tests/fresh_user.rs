@@ -150,3 +150,24 @@ fn report_and_convert_leave_an_old_output_alone_on_failure() {
     one_line_error(&err);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn tune_says_why_no_gpumem_setting_is_picked() {
+    // The default row stays near native's driver time, but every fast setting has an OOM at
+    // 24 GiB: that, not the time bound, is the reason.
+    let (ok, out, err) = gpumem(&["tune", "traces/gpt2_train.pickle.gz", "--capacity", "24GiB"]);
+    assert!(ok, "{err}");
+    assert!(
+        !out.contains("none of gpumem's settings stays within 2 × native's driver time"),
+        "{out}"
+    );
+    let line = out
+        .lines()
+        .find(|l| {
+            l.starts_with(
+                "every gpumem setting within 2 × native's driver time has an OOM at 24.00 GiB",
+            )
+        })
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(line.contains("needs "), "{line}");
+}
