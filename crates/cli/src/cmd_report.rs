@@ -84,6 +84,9 @@ pub fn build(
             started.elapsed().as_secs_f64()
         );
     }
+    if o.trace_device.is_some() {
+        crate::cmd_tune::pick_device(&trace, "--trace-device", o.trace_device)?;
+    }
     let (torch_conf, conf_source) = crate::cmd_tune::torch_conf(o.torch_conf.as_deref(), &trace)?;
     if !quiet && names.contains(&"torch") {
         eprintln!("torch emulation: PYTORCH_CUDA_ALLOC_CONF {torch_conf} ({conf_source})");

@@ -24,9 +24,9 @@ pub struct TuneArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Device ordinal whose events are tuned.
-    #[arg(long, default_value_t = 0)]
-    pub device: u32,
+    /// Device ordinal whose events are tuned (default: the first with allocations).
+    #[arg(long)]
+    pub device: Option<u32>,
     /// Threads (0 = every core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -104,6 +104,47 @@ pub fn allocator_config(
     }
 }
 
+/// The devices on which the trace allocates (alloc events or pre-existing blocks), in order.
+pub fn alloc_devices(trace: &Trace) -> Vec<u32> {
+    let mut d: Vec<u32> = trace
+        .events
+        .iter()
+        .filter(|e| e.action == trace::Action::Alloc)
+        .map(|e| e.device)
+        .chain(trace.preexisting.iter().map(|p| p.device))
+        .collect();
+    d.sort_unstable();
+    d.dedup();
+    d
+}
+
+/// `device 0` or `devices 0, 1`.
+fn device_list(devices: &[u32]) -> String {
+    let list: Vec<String> = devices.iter().map(u32::to_string).collect();
+    format!(
+        "device{} {}",
+        if devices.len() == 1 { "" } else { "s" },
+        list.join(", ")
+    )
+}
+
+/// The device to look at: the one asked for (`flag`), which must have allocations, else the
+/// first that has some (0 for a trace without any).
+///
+/// # Errors
+/// The device asked for has no allocation in the trace: the message lists those that have.
+pub fn pick_device(trace: &Trace, flag: &str, asked: Option<u32>) -> Result<u32> {
+    let devices = alloc_devices(trace);
+    match asked {
+        Some(d) if !devices.is_empty() && !devices.contains(&d) => anyhow::bail!(
+            "{flag} {d}: the trace has no allocation on device {d} (it has {})",
+            device_list(&devices)
+        ),
+        Some(d) => Ok(d),
+        None => Ok(devices.first().copied().unwrap_or(0)),
+    }
+}
+
 pub fn run(a: TuneArgs) -> Result<()> {
     if a.capacity == Some(0) {
         anyhow::bail!("--capacity 0: expected a device capacity above zero (e.g. 80GiB)");
@@ -115,20 +156,36 @@ pub fn run(a: TuneArgs) -> Result<()> {
             ..ReadConfig::default()
         },
     )?;
+    let devices = alloc_devices(&trace);
+    let device = pick_device(&trace, "--device", a.device)?;
     let own = recorded_conf(&trace)?;
-    let report = tune::tune(&trace, own, a.capacity, a.device, a.threads)
+    let report = tune::tune(&trace, own, a.capacity, device, a.threads)
         .with_context(|| format!("tuning {}", gpumem::trace::source_name(&a.trace)))?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        let mut v = serde_json::to_value(&report)?;
+        if let Some(o) = v.as_object_mut() {
+            o.insert("device".into(), device.into());
+            o.insert("trace_devices".into(), devices.clone().into());
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        print_report(&a, &report, own.is_some());
+        print_report(&a, &report, own.is_some(), device, &devices);
     }
     Ok(())
 }
 
-fn print_report(a: &TuneArgs, r: &TuneReport, recorded: bool) {
+fn print_report(a: &TuneArgs, r: &TuneReport, recorded: bool, device: u32, devices: &[u32]) {
+    let which = if devices.len() > 1 {
+        format!(
+            ", device {device} of {} ({}; --device N tunes another)",
+            devices.len(),
+            device_list(devices)
+        )
+    } else {
+        String::new()
+    };
     println!(
-        "trace {}: peak requested {}; its own setting: {}{}",
+        "trace {}{which}: peak requested {}; its own setting: {}{}",
         gpumem::trace::source_name(&a.trace),
         human_bytes(r.peak_requested_bytes),
         r.trace_setting,

@@ -171,3 +171,49 @@ fn tune_says_why_no_gpumem_setting_is_picked() {
         .unwrap_or_else(|| panic!("{out}"));
     assert!(line.contains("needs "), "{line}");
 }
+
+#[test]
+fn tune_names_the_device_and_refuses_one_without_allocations() {
+    let (ok, out, err) = gpumem(&["tune", "traces/mixed_sizes.pickle.gz", "--device", "3"]);
+    assert!(!ok, "{out}");
+    assert!(
+        err.contains("--device 3: the trace has no allocation on device 3 (it has device 0)"),
+        "{err}"
+    );
+    one_line_error(&err);
+    let (ok, _, err) = gpumem(&[
+        "report",
+        "traces/mixed_sizes.pickle.gz",
+        "--trace-device",
+        "5",
+        "-o",
+        std::env::temp_dir()
+            .join("gpumem-fresh-never.html")
+            .to_str()
+            .unwrap(),
+    ]);
+    assert!(
+        !ok && err.contains("no allocation on device 5 (it has device 0)"),
+        "{err}"
+    );
+
+    // Several devices: the header says which one is tuned and how to pick another.
+    let (ok, out, err) = gpumem(&["tune", "traces/multigpu/two_devices.jsonl"]);
+    assert!(ok, "{err}");
+    let header = out.lines().next().unwrap();
+    assert!(
+        header.contains("device 0 of 2 (devices 0, 1; --device N tunes another)"),
+        "{header}"
+    );
+    let (ok, out, err) = gpumem(&[
+        "tune",
+        "traces/multigpu/two_devices.jsonl",
+        "--device",
+        "1",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["device"], 1);
+    assert_eq!(v["trace_devices"], serde_json::json!([0, 1]));
+}
