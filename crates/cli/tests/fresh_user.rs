@@ -217,3 +217,18 @@ fn tune_names_the_device_and_refuses_one_without_allocations() {
     assert_eq!(v["device"], 1);
     assert_eq!(v["trace_devices"], serde_json::json!([0, 1]));
 }
+
+#[test]
+fn a_misspelt_required_key_gets_its_hint() {
+    let dir = scratch("typo");
+    let t = dir.join("t.jsonl");
+    std::fs::write(&t, "{\"action\":\"alloc\",\"addr\":1,\"sise\":100}\n").unwrap();
+    let (ok, _, err) = gpumem(&["replay", t.to_str().unwrap()]);
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("line 1: \"alloc\" needs \"size\" (bytes); unknown key \"sise\": did you mean \"size\"?"),
+        "{err}"
+    );
+    one_line_error(&err);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
