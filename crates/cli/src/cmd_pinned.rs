@@ -518,8 +518,9 @@ pub struct BenchPinnedArgs {
     /// Repeats per point (median); the pool's warm figure uses at least 1000.
     #[arg(long, default_value_t = 5)]
     pub repeats: usize,
-    /// CUDA device ordinal.
-    #[arg(long, default_value_t = 0)]
+    /// CUDA device ordinal (`0`, or `cuda:N`). Without a CUDA driver the mlock fallback is
+    /// measured instead, on the host alone.
+    #[arg(long, default_value = "0", value_parser = parse_pinned_device)]
     pub device: usize,
     /// Measure the mlock fallback even where CUDA is present.
     #[arg(long)]
@@ -532,6 +533,17 @@ pub struct BenchPinnedArgs {
     pub json: bool,
 }
 
+/// `--device` of `bench pinned`: an ordinal, `cuda` or `cuda:N`.
+fn parse_pinned_device(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    if t == "cuda" {
+        return Ok(0);
+    }
+    t.strip_prefix("cuda:").unwrap_or(t).parse::<usize>().map_err(|_| {
+        "expected a CUDA device ordinal (0, 1, ...) or cuda:N; pinned memory has no simulated mode: without a driver (or with --no-cuda) the mlock fallback is measured".to_string()
+    })
+}
+
 /// `gpumem bench pinned`.
 pub fn bench_pinned(a: BenchPinnedArgs) -> Result<()> {
     if let Some(&max) = a.sizes.last() {
@@ -542,6 +554,12 @@ pub fn bench_pinned(a: BenchPinnedArgs) -> Result<()> {
     } else {
         match CudaContext::new(a.device) {
             Ok(h) => (Some(h), "CUDA".to_string()),
+            // Without a driver the fallback is this command's own answer: the driver error's
+            // advice (`--device sim`, for the device commands) does not apply here.
+            Err(gpumem::cuda::CudaError::NoDriver { .. }) => (
+                None,
+                "mlock fallback: no NVIDIA driver (libcuda.so.1) found".to_string(),
+            ),
             Err(e) => (None, format!("mlock fallback: {e}")),
         }
     };

@@ -232,3 +232,40 @@ fn a_misspelt_required_key_gets_its_hint() {
     one_line_error(&err);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn bench_pinned_gives_advice_that_works() {
+    // Without a driver (forced), the mlock fallback is measured: no advice to use a flag that
+    // this command refuses.
+    let out = Command::new(env!("CARGO_BIN_EXE_gpumem"))
+        .args([
+            "bench",
+            "pinned",
+            "--sizes",
+            "1MiB",
+            "--repeats",
+            "1",
+            "--no-cache",
+        ])
+        .env("GPUMEM_NO_CUDA", "1")
+        .output()
+        .unwrap();
+    let (stdout, err) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("measuring the mlock fallback"), "{err}");
+    assert!(
+        !err.contains("--device sim") && !stdout.contains("--device sim"),
+        "{err}{stdout}"
+    );
+
+    let (ok, _, err) = gpumem(&["bench", "pinned", "--device", "sim"]);
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("expected a CUDA device ordinal (0, 1, ...) or cuda:N")
+            && !err.contains("invalid digit"),
+        "{err}"
+    );
+}
