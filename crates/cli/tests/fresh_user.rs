@@ -269,3 +269,48 @@ fn bench_pinned_gives_advice_that_works() {
         "{err}"
     );
 }
+
+/// The lines of the map itself: between the header and the `one cell = ` legend.
+fn map_lines(out: &str) -> Vec<&str> {
+    out.lines()
+        .skip(1)
+        .take_while(|l| !l.starts_with("one cell = "))
+        .collect()
+}
+
+#[test]
+fn map_honours_its_size_options_or_says_why_not() {
+    let t = "traces/mixed_sizes.pickle.gz";
+    for w in ["0", "5"] {
+        let (ok, _, err) = gpumem(&["map", t, "--width", w]);
+        assert!(!ok, "--width {w}: {err}");
+        assert!(
+            err.contains(&format!("--width {w}: expected at least 8 cells a line")),
+            "{err}"
+        );
+        one_line_error(&err);
+    }
+    // Room enough: at most --lines lines of --width cells.
+    let (ok, out, err) = gpumem(&["map", t, "--width", "100", "--lines", "3"]);
+    assert!(ok, "{err}");
+    let lines = map_lines(&out);
+    assert!(!lines.is_empty() && lines.len() <= 3, "{out}");
+    assert!(lines.iter().all(|l| l.chars().count() <= 100), "{out}");
+    assert!(!err.contains("note: --lines"), "{err}");
+    // Too many segments for 2 lines of 8: the map says so, and the lines it shows are the
+    // fewest possible (each segment one cell), not cells of 1024 TiB.
+    let (ok, out, err) = gpumem(&["map", t, "--width", "8", "--lines", "2"]);
+    assert!(ok, "{err}");
+    let lines = map_lines(&out);
+    let note = err
+        .lines()
+        .find(|l| l.starts_with("note: --lines 2: the map's "))
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(
+        note.contains(&format!("need at least {} lines of 8 cells", lines.len())),
+        "{note}\n{out}"
+    );
+    let segments: usize = out.split(' ').nth(4).unwrap().parse().unwrap();
+    assert_eq!(lines.len(), (2 * segments - 1).div_ceil(8), "{out}");
+    assert!(!out.contains("TiB"), "{out}");
+}
