@@ -69,6 +69,7 @@ pub fn run(a: MapArgs) -> Result<()> {
         &a.replay,
         false,
         true,
+        "building the map of",
     )?;
     if r.runs.len() != 1 {
         bail!(

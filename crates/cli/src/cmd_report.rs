@@ -52,13 +52,15 @@ pub struct ReplayOptions {
     pub torch_conf: Option<String>,
 }
 
-/// Reads a trace and builds the report both `report` and `map` use.
+/// Reads a trace and builds the report both `report` and `map` use; `what` opens the context
+/// of a failure (`building the report of`, `building the map of`).
 pub fn build(
     path: &std::path::Path,
     allocators: &str,
     o: &ReplayOptions,
     keep_frames: bool,
     quiet: bool,
+    what: &str,
 ) -> Result<report::Report> {
     let (capacity, segment_size) = (o.capacity, o.segment_size);
     if capacity == Some(0) {
@@ -109,12 +111,27 @@ pub fn build(
             }
         },
     )
-    .with_context(|| {
-        format!(
-            "building the report of {}",
-            gpumem::trace::source_name(path)
-        )
-    })?;
+    .with_context(|| format!("{what} {}", gpumem::trace::source_name(path)))?;
+    // Impossible requests are dropped with their frees, as `replay` drops them: say so.
+    for rep in &r.replays {
+        if rep.refused_count > 0 {
+            eprintln!(
+                "note: {} refused {} as impossible and dropped {} with {} free{}",
+                rep.name,
+                crate::units::counted(rep.refused_count, "allocation"),
+                if rep.refused_count == 1 { "it" } else { "them" },
+                if rep.refused_count == 1 {
+                    "its"
+                } else {
+                    "their"
+                },
+                rep.first_refusal
+                    .as_deref()
+                    .map(|f| format!(" (first: {f})"))
+                    .unwrap_or_default()
+            );
+        }
+    }
     r.recorded = report::recorded_figures(path);
     if !quiet {
         eprintln!(
@@ -130,7 +147,14 @@ pub fn build(
 pub fn run(a: ReportArgs) -> Result<()> {
     let quiet = !std::io::stderr().is_terminal() && std::env::var_os("GPUMEM_VERBOSE").is_none();
     crate::output::check("-o", &a.output, &[&a.trace])?;
-    let r = build(&a.trace, &a.allocator, &a.replay, true, quiet)?;
+    let r = build(
+        &a.trace,
+        &a.allocator,
+        &a.replay,
+        true,
+        quiet,
+        "building the report of",
+    )?;
     let html = report::html::render(&r);
     crate::output::write_text(&a.output, &html)?;
     eprintln!(

@@ -280,7 +280,11 @@ fn figure_cells(f: &tune::Figures, capacity: Option<u64>) -> [String; 5] {
         format!(
             "{:.3}{}",
             f.reserved_over_requested,
-            if f.oom_count > 0 { "†" } else { "" }
+            if f.oom_count > 0 || f.refused_count > 0 {
+                "†"
+            } else {
+                ""
+            }
         ),
         f.min_capacity_bytes
             .map(|b| {
@@ -301,6 +305,18 @@ fn figure_cells(f: &tune::Figures, capacity: Option<u64>) -> [String; 5] {
 fn print_footnotes<'a>(rows: impl Iterator<Item = (String, &'a tune::Figures)> + Clone) {
     if rows.clone().any(|(_, f)| f.oom_count > 0) {
         println!("†: some allocations failed at the capacity given and were dropped; res/req is then ÷ the peak of the requests served.");
+    } else if let Some((setting, f)) = rows.clone().find(|(_, f)| f.refused_count > 0) {
+        // Impossible requests are dropped with their frees, as `gpumem replay` drops them.
+        println!(
+            "†: {} refused as impossible and dropped with {} free{} ({setting}{}); res/req is then ÷ the peak of the requests served.",
+            crate::units::counted(f.refused_count, "allocation"),
+            if f.refused_count == 1 { "its" } else { "their" },
+            if f.refused_count == 1 { "" } else { "s" },
+            f.first_refusal
+                .as_deref()
+                .map(|x| format!(", first: {x}"))
+                .unwrap_or_default()
+        );
     }
     for (setting, f) in rows {
         if let Some((s, b)) = f.not_monotone() {

@@ -314,3 +314,68 @@ fn map_honours_its_size_options_or_says_why_not() {
     assert_eq!(lines.len(), (2 * segments - 1).div_ceil(8), "{out}");
     assert!(!out.contains("TiB"), "{out}");
 }
+
+#[test]
+fn an_impossible_request_is_dropped_counted_and_said_by_every_command() {
+    let dir = scratch("overflow");
+    let t = dir.join("t.jsonl");
+    std::fs::write(
+        &t,
+        "{\"action\":\"alloc\",\"addr\":1,\"size\":18446744073709551615}\n\
+         {\"action\":\"alloc\",\"addr\":2,\"size\":1000}\n\
+         {\"action\":\"free\",\"addr\":2}\n",
+    )
+    .unwrap();
+    let tp = t.to_str().unwrap();
+    let (ok, out, err) = gpumem(&["replay", tp, "-a", "torch"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("torch refused event index 0"), "{out}");
+
+    let (ok, out, err) = gpumem(&["map", tp, "-a", "torch"]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("torch after event"), "{out}");
+    assert!(
+        err.contains("note: torch refused 1 allocation as impossible and dropped it with its free (first: event index 0:"),
+        "{err}"
+    );
+    let html = dir.join("r.html");
+    let (ok, _, err) = gpumem(&[
+        "report",
+        tp,
+        "-a",
+        "torch,tlsf",
+        "-o",
+        html.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("note: tlsf refused 1 allocation as impossible"),
+        "{err}"
+    );
+    assert!(std::fs::read_to_string(&html).unwrap().contains("<html"));
+
+    let (ok, out, err) = gpumem(&["tune", tp]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("†: 1 allocation refused as impossible and dropped with its free (native, first: event index 0:"),
+        "{out}"
+    );
+    let (ok, out, err) = gpumem(&["tune", tp, "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["rows"][0]["refused_count"], 1, "{out}");
+    assert_eq!(v["plugin_rows"][0]["refused_count"], 1, "{out}");
+
+    // `map` names itself, not the report, when it fails.
+    let seg = dir.join("segments.jsonl");
+    std::fs::write(
+        &seg,
+        "{\"action\":\"segment_alloc\",\"addr\":1,\"size\":100}\n",
+    )
+    .unwrap();
+    let (ok, _, err) = gpumem(&["map", seg.to_str().unwrap()]);
+    assert!(!ok, "{err}");
+    assert!(err.starts_with("error: building the map of "), "{err}");
+    assert!(!err.contains("report"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
