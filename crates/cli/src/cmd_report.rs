@@ -10,7 +10,7 @@ use gpumem::core::sim::DEFAULT_CAPACITY;
 use gpumem::report::{self, ReportConfig};
 use gpumem::trace::{self, ReadConfig};
 
-use crate::units::{human_bytes, parse_size};
+use crate::units::human_bytes;
 
 /// Arguments of `gpumem report`.
 #[derive(Args)]
@@ -33,11 +33,11 @@ pub struct ReportArgs {
 pub struct ReplayOptions {
     /// Capacity of the simulated device (e.g. 80GiB, 141GB).
     // A negative-looking size reaches parse_size, which says why it is refused.
-    #[arg(long, value_parser = parse_size, allow_hyphen_values = true)]
+    #[arg(long, value_parser = crate::units::parse_positive_size, allow_hyphen_values = true)]
     pub capacity: Option<u64>,
     /// Segment size for the buddy, tlsf and best-fit pools.
     // A negative-looking size reaches parse_size, which says why it is refused.
-    #[arg(long, value_parser = parse_size, allow_hyphen_values = true, default_value = "256MiB")]
+    #[arg(long, value_parser = crate::units::parse_positive_size, allow_hyphen_values = true, default_value = "256MiB")]
     pub segment_size: u64,
     /// Device ordinal of the trace to show (default: the first with events).
     #[arg(long)]

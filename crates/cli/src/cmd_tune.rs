@@ -7,7 +7,7 @@ use gpumem::core::torch::TorchConfig;
 use gpumem::trace::{self, ReadConfig, Trace};
 use gpumem::tune::{self, TuneReport};
 
-use gpumem::units::{bytes as human_bytes, parse_size};
+use gpumem::units::bytes as human_bytes;
 
 /// Arguments of `gpumem tune`.
 #[derive(Args)]
@@ -19,7 +19,7 @@ pub struct TuneArgs {
     /// and the garbage_collection_threshold settings are tried too, with the capacity as
     /// their memory limit (as `torch.cuda.set_per_process_memory_fraction` would set it).
     // A negative-looking size reaches parse_size, which says why it is refused.
-    #[arg(long, value_parser = parse_size, allow_hyphen_values = true)]
+    #[arg(long, value_parser = crate::units::parse_positive_size, allow_hyphen_values = true)]
     pub capacity: Option<u64>,
     /// Print one JSON object instead of a table.
     #[arg(long)]

@@ -379,3 +379,51 @@ fn an_impossible_request_is_dropped_counted_and_said_by_every_command() {
     assert!(!err.contains("report"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn small_things_of_the_qa_pass() {
+    let t = "traces/mixed_sizes.pickle.gz";
+    // Every unit parse_size takes is in the list the error gives.
+    let (ok, _, err) = gpumem(&["replay", t, "--capacity", "12XB"]);
+    assert!(!ok);
+    assert!(
+        err.contains("unknown unit `xb` (expected B, K or KiB, M or MiB, G or GiB, T or TiB, KB, MB, GB or TB)"),
+        "{err}"
+    );
+    // A capacity must be above zero: a negative one is told so, not "≥ 0".
+    for c in ["-1GiB", "-1"] {
+        let (ok, _, err) = gpumem(&["tune", t, "--capacity", c]);
+        assert!(!ok && err.contains("expected a size > 0"), "{err}");
+        assert!(!err.contains("≥ 0"), "{err}");
+    }
+    let (ok, _, err) = gpumem(&["replay", t, "--capacity", "0"]);
+    assert!(!ok && err.contains("above zero"), "{err}");
+    // `info` works without a driver: the help does not say it needs one.
+    let (ok, out, _) = gpumem(&["--help"]);
+    assert!(ok);
+    let info = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("info "))
+        .unwrap();
+    assert!(!info.contains("needs a CUDA driver"), "{info}");
+    let out = Command::new(env!("CARGO_BIN_EXE_gpumem"))
+        .args(["info"])
+        .env("GPUMEM_NO_CUDA", "1")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    // A snapshot that recorded nothing: explained, and not a success.
+    let (ok, _, err) = gpumem(&["replay", "crates/gpumem/tests/fixtures/no_recording.pickle"]);
+    assert!(!ok);
+    assert!(err.contains("_record_memory_history"), "{err}");
+    one_line_error(&err);
+    // --timeline draws SVG: another extension is refused before any work.
+    let dir = scratch("png");
+    let png = dir.join("x.png");
+    let (ok, _, err) = gpumem(&["replay", t, "--timeline", png.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("drawn as SVG, not .png"), "{err}");
+    one_line_error(&err);
+    assert!(!png.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
