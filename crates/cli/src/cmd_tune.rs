@@ -271,15 +271,21 @@ fn print_report(a: &TuneArgs, r: &TuneReport, recorded: bool, device: u32, devic
     );
 }
 
-/// The cells both tables print for a setting's figures: peak reserved, res/req (`†` when
-/// allocations failed), min capacity (`*` when not monotone), OOMs (`-` without a capacity
+/// The cells both tables print for a setting's figures: peak reserved, res/req (`-` when no
+/// byte was requested, `†` when allocations failed), min capacity (`*` when not monotone), OOMs (`-` without a capacity
 /// given) and driver calls.
 fn figure_cells(f: &tune::Figures, capacity: Option<u64>) -> [String; 5] {
     [
         human_bytes(f.peak_reserved_bytes),
         format!(
-            "{:.3}{}",
-            f.reserved_over_requested,
+            "{}{}",
+            // No byte requested (every allocation failed, or only zero-byte ones): no ratio,
+            // shown `-` as `replay` shows it (`--json` keeps 0).
+            if f.reserved_over_requested > 0.0 && f.reserved_over_requested.is_finite() {
+                format!("{:.3}", f.reserved_over_requested)
+            } else {
+                "-".to_string()
+            },
             if f.oom_count > 0 || f.refused_count > 0 {
                 "†"
             } else {

@@ -427,3 +427,32 @@ fn small_things_of_the_qa_pass() {
     assert!(!png.exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The README: a zero peak requested shows as `-` in every table, `tune`'s included.
+#[test]
+fn tune_shows_a_dash_where_nothing_was_requested() {
+    let (ok, out, err) = gpumem(&["tune", "traces/mixed_sizes.pickle.gz", "--capacity", "1MiB"]);
+    assert!(ok, "{err}");
+    assert!(!out.contains("0.000"), "{out}");
+    let native = out
+        .lines()
+        .find(|l| l.starts_with("native "))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(native.contains(" -† "), "{native}");
+    let plugin = out
+        .lines()
+        .find(|l| l.starts_with("(defaults: paged-lazy)"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(plugin.contains(" -† "), "{plugin}");
+    // --json keeps a number.
+    let (ok, out, err) = gpumem(&[
+        "tune",
+        "traces/mixed_sizes.pickle.gz",
+        "--capacity",
+        "1MiB",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["rows"][0]["reserved_over_requested"].as_f64(), Some(0.0));
+}
