@@ -212,6 +212,7 @@ fn host_only(a: &BenchTransferArgs) -> Result<()> {
 pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
     if let Some(path) = &a.plot {
         crate::output::check("--plot", path, &[])?;
+        crate::output::check_svg("--plot", path)?;
     }
     if a.host_only {
         return host_only(&a);

@@ -546,22 +546,6 @@ fn run_allocator(
     })
 }
 
-/// `--timeline` draws SVG: a file named otherwise (`x.png`) would hold SVG under a name that
-/// promises another format.
-fn check_timeline_path(path: &std::path::Path) -> Result<()> {
-    match path.extension().and_then(|e| e.to_str()) {
-        Some(e) if e.eq_ignore_ascii_case("svg") => Ok(()),
-        Some(e) => bail!(
-            "--timeline {}: the timeline is drawn as SVG, not .{e}; name the file .svg (convert it afterwards if you need another format)",
-            path.display()
-        ),
-        None => bail!(
-            "--timeline {}: the timeline is drawn as SVG; name the file .svg",
-            path.display()
-        ),
-    }
-}
-
 pub fn run(a: ReplayArgs) -> Result<()> {
     let target = parse_device(&a.device)?;
     let mut warnings = check_args(&a, &target)?;
@@ -569,7 +553,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         // Fail before a long replay, not after it, and without touching the file: it is
         // written last, through a temporary file.
         crate::output::check("--timeline", path, &[&a.trace])?;
-        check_timeline_path(path)?;
+        crate::output::check_svg("--timeline", path)?;
     }
     let names = registry::parse_list(&a.allocator)?;
     let read_started = Instant::now();

@@ -114,3 +114,22 @@ pub fn write(out: &Path, fill: impl FnOnce(&mut std::fs::File) -> Result<()>) ->
 pub fn write_text(out: &Path, text: &str) -> Result<()> {
     write(out, |f| Ok(f.write_all(text.as_bytes())?))
 }
+
+/// Refuses a picture's file name (`flag` names the option) that does not end in `.svg`: the
+/// pictures are drawn as SVG, and `x.png` would hold SVG under a name that promises PNG.
+///
+/// # Errors
+/// One line naming the flag, the file and the extension expected.
+pub fn check_svg(flag: &str, path: &Path) -> Result<()> {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some(e) if e.eq_ignore_ascii_case("svg") => Ok(()),
+        Some(e) => bail!(
+            "{flag} {}: the picture is drawn as SVG, not .{e}; name the file .svg (convert it afterwards if you need another format)",
+            path.display()
+        ),
+        None => bail!(
+            "{flag} {}: the picture is drawn as SVG; name the file .svg",
+            path.display()
+        ),
+    }
+}

@@ -425,6 +425,11 @@ fn small_things_of_the_qa_pass() {
     assert!(err.contains("drawn as SVG, not .png"), "{err}");
     one_line_error(&err);
     assert!(!png.exists());
+    let (ok, _, err) = gpumem(&["bench", "transfer", "--plot", png.to_str().unwrap()]);
+    assert!(
+        !ok && err.contains("--plot") && err.contains("not .png"),
+        "{err}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
