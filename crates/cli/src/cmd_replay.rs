@@ -828,7 +828,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     };
     if let Some(path) = &a.timeline {
         let cap = a.capacity.map(|c| c as f64);
-        let svg = timeline_chart(&a.trace, &runs, cap).to_svg();
+        let svg = timeline_chart(&a.trace, &trace, &devices, &runs, cap).to_svg();
         crate::output::write_text(path, &svg)?;
         if !a.json {
             eprintln!("timeline written to {}", path.display());
