@@ -670,17 +670,19 @@ fn recorded_oom_gets_a_verdict_per_allocator() {
     assert_eq!(v["recorded_ooms"], serde_json::json!([]));
 }
 
-/// Issue 9 item 3: a snapshot with nothing in it is explained, not an error.
+/// Issue 9 item 3: a snapshot with nothing in it is explained (and, since the QA pass, exits
+/// non-zero).
 #[test]
 fn empty_snapshot_says_how_to_record() {
     let f = format!("{FIXTURES}/no_recording.pickle");
+    // Explained, on one line, and an error: there is nothing to replay.
     let (ok, out, err) = gpumem(&["replay", &f]);
-    assert!(ok, "{err}");
-    assert_eq!(out.lines().count(), 1, "{out}");
-    assert!(out.contains("_record_memory_history(max_entries="), "{out}");
-    assert!(out.contains("_dump_snapshot"), "{out}");
+    assert!(!ok, "{out}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("_record_memory_history(max_entries="), "{err}");
+    assert!(err.contains("_dump_snapshot"), "{err}");
     let (ok, out, err) = gpumem(&["replay", &f, "--json"]);
-    assert!(ok, "{err}");
+    assert!(!ok && err.contains("nothing to replay"), "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["recording"], "empty");
     assert!(v["explanation"]
@@ -764,7 +766,7 @@ fn convert_reads_stdin_refuses_its_input_and_keeps_segments() {
     let left: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .filter(|n| n.starts_with(".gpumem-convert-"))
+        .filter(|n| n.starts_with(".gpumem-"))
         .collect();
     assert!(left.is_empty(), "temporary files left: {left:?}");
 
@@ -1382,8 +1384,9 @@ fn a_negative_size_is_refused_as_one() {
     ] {
         let (ok, _, err) = gpumem(args);
         assert!(!ok, "{args:?}");
+        // These sizes must be above zero (a 0 is refused too).
         assert!(
-            err.contains("`: expected a size ≥ 0, such as 8GiB"),
+            err.contains("`: expected a size > 0, such as 8GiB"),
             "{args:?}: {err}"
         );
         assert!(!err.contains("unexpected argument"), "{args:?}: {err}");

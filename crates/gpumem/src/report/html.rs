@@ -249,7 +249,9 @@ fn stack_html(r: &Report, stack: Option<u32>, frames: usize) -> String {
 
 fn peak_tables(r: &Report, o: &mut String) {
     let live = r.live_at(r.peak_requested_event);
-    let total: u64 = live.iter().map(|&i| r.blocks[i].requested_bytes).sum();
+    let total: u64 = live
+        .iter()
+        .fold(0u64, |t, &i| t.saturating_add(r.blocks[i].requested_bytes));
     let _ = writeln!(
         o,
         "<p>After event <b>{}</b>: <b>{}</b> requested in <b>{}</b> live blocks.</p>",
