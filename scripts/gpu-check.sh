@@ -18,6 +18,11 @@
 #       --device cuda --canary --allocator paged-lazy,torch under --lazy-conf placement=pages
 #       and grow_ahead=0.0156, into lazy.jsonl (the input of scripts/fit-cost-model.py, with
 #       replay.jsonl).
+#       Group `tight` runs only when named: every shipped single-device trace replayed with
+#       --device cuda --canary --allocator paged-lazy at the smallest capacity the simulated
+#       replay needs (found here with --min-capacity), so that growths are cut into small
+#       handles and out-of-memory releases run on the real driver; into tight.jsonl, each
+#       line with the simulated replay at the same capacity beside the real one.
 #       Group `torch` runs only when named, in a call of its own (`run torch`, ~7 min):
 #       scripts/torch-compare.py with libgpumem_torch.so as PyTorch's allocator (smoke check,
 #       1,000-step soak, native vs expandable_segments vs gpumem paged-lazy on four workloads); its
@@ -226,6 +231,31 @@ replay_one() {
   return "$rc"
 }
 
+# tight_one TRACE LIMIT: paged-lazy at the smallest capacity its simulated replay completes
+# with (every larger one too), simulated and on cuda, one line of tight.jsonl.
+tight_one() {
+  local trace=$1 limit=$2 cap sim real rc
+  cap=$("$CARRY/gpumem" replay "$trace" --allocator paged-lazy --min-capacity --no-plan --json |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["allocators"][0]["min_capacity_all_larger_bytes"])') || return 4
+  sim=$(mktemp); real=$(mktemp)
+  "$CARRY/gpumem" replay "$trace" --allocator paged-lazy --capacity "$cap" --no-plan --json >"$sim"
+  timeout --kill-after=10 "$limit" "$CARRY/gpumem" replay "$trace" --device cuda --canary \
+    --allocator paged-lazy --capacity "$cap" --no-plan --json >"$real"
+  rc=$?
+  printf '{"trace": "%s", "rc": %d, "capacity_bytes": %s, "sim": ' "$(basename "$trace")" "$rc" "$cap" >>"$OUTDIR/tight.jsonl"
+  if [ -s "$sim" ]; then tr -d '\n' <"$sim" >>"$OUTDIR/tight.jsonl"; else printf 'null' >>"$OUTDIR/tight.jsonl"; fi
+  printf ', "real": ' >>"$OUTDIR/tight.jsonl"
+  if [ -s "$real" ]; then tr -d '\n' <"$real" >>"$OUTDIR/tight.jsonl"; else printf 'null' >>"$OUTDIR/tight.jsonl"; fi
+  printf '}\n' >>"$OUTDIR/tight.jsonl"
+  if grep -Eq '"canary_errors": *[1-9]' "$real"; then
+    echo "canary errors in $(basename "$trace")"; rc=3
+  elif grep -Eq '"oom_count": *[1-9]' "$real"; then
+    echo "out of memory at $cap bytes in $(basename "$trace")"; rc=5
+  fi
+  rm -f "$sim" "$real"
+  return "$rc"
+}
+
 # want GROUP: whether this run includes a step group (all groups when none were named).
 want() {
   [ "${#GROUPS_WANTED[@]}" -eq 0 ] && return 0
@@ -238,10 +268,10 @@ run() {
   GROUPS_WANTED=("$@")
   local g
   for g in "${GROUPS_WANTED[@]}"; do
-    case "$g" in info | baselines | anchors | tests | bench | pinned | replay | lazy | torch | multigpu) ;; *) echo "unknown step group: $g" >&2; exit 2 ;; esac
+    case "$g" in info | baselines | anchors | tests | bench | pinned | replay | lazy | tight | torch | multigpu) ;; *) echo "unknown step group: $g" >&2; exit 2 ;; esac
   done
   export CARRY OUTDIR
-  export -f json_to replay_one multigpu_json
+  export -f json_to replay_one tight_one multigpu_json
   mkdir -p "$OUTDIR"
   : >"$LOG"
   : >"$OUTDIR/replay.jsonl"
@@ -366,6 +396,15 @@ PY
       done < <(find "$CARRY/traces" -path '*multigpu*' -prune -o -name '*.pickle.gz' -printf '%s %p\n' |
         sort -n | cut -d' ' -f2-)
     done
+  fi
+
+  # 5c. `tight` (only when named): paged-lazy at its smallest simulated capacity, on cuda.
+  if [ "${#GROUPS_WANTED[@]}" -gt 0 ] && want tight; then
+    : >"$OUTDIR/tight.jsonl"
+    while IFS= read -r tr; do
+      step "tight $(basename "$tr")" $((rlimit + 60)) tight_one "$tr" "$rlimit"
+    done < <(find "$CARRY/traces" -path '*multigpu*' -prune -o -name '*.pickle.gz' -printf '%s %p\n' |
+      sort -n | cut -d' ' -f2-)
   fi
 
   # 6. two devices: peer copies, peer bandwidth, a multi-device trace on both GPUs. Figures

@@ -12,8 +12,8 @@ pub const HOW_TO_RECORD: &str = "to record one, call \
     run the steps, then torch.cuda.memory._dump_snapshot(\"snapshot.pickle\")";
 
 /// Prints the state analysis of `trace.segments` (table, or JSON with `json`). A PyTorch
-/// snapshot with no segments and no trace (recording was never enabled) is not an error: it
-/// says so, and how to record one.
+/// snapshot with no segments and no trace (recording was never enabled) is an error that says
+/// so, and how to record one (with `json`, the JSON explanation is printed first).
 pub fn print_state(path: &std::path::Path, trace: &Trace, json: bool) -> Result<()> {
     if trace.segments.is_empty() && trace.format == Some(gpumem::trace::Format::TorchSnapshot) {
         let explanation = format!(
@@ -29,10 +29,12 @@ pub fn print_state(path: &std::path::Path, trace: &Trace, json: bool) -> Result<
                     "explanation": explanation,
                 }))?
             );
-        } else {
-            println!("{}: {explanation}", gpumem::trace::source_name(path));
+            bail!(
+                "{}: the snapshot holds no segments and no trace entries: nothing to replay (the JSON above says how to record one)",
+                gpumem::trace::source_name(path)
+            );
         }
-        return Ok(());
+        bail!("{}: {explanation}", gpumem::trace::source_name(path));
     }
     if trace.segments.is_empty() {
         bail!(

@@ -1,8 +1,7 @@
 //! `gpumem convert`: any trace to gpumem JSON lines.
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use gpumem::trace::{self, Action, PreexistingBlock, ReadConfig, Trace};
 
 /// Arguments of `gpumem convert`.
@@ -24,12 +23,7 @@ pub struct ConvertArgs {
 pub fn run(a: ConvertArgs) -> Result<()> {
     let output = (a.output != "-").then(|| PathBuf::from(&a.output));
     if let Some(out) = &output {
-        if a.trace.as_os_str() != "-" && same_file(&a.trace, out) {
-            bail!(
-                "-o {}: that is the input file; converting it onto itself would destroy it (choose another output)",
-                out.display()
-            );
-        }
+        crate::output::check("-o", out, &[&a.trace])?;
     }
     let mut trace = trace::read_path(
         &a.trace,
@@ -80,19 +74,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
             trace::jsonl::write_jsonl(&trace, std::io::stdout().lock())?;
         }
         Some(out) => {
-            let dir = out
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(Path::new("."));
-            let mut tmp = tempfile::Builder::new()
-                .prefix(".gpumem-convert-")
-                .tempfile_in(dir)
-                .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
-            trace::jsonl::write_jsonl(&trace, tmp.as_file_mut())
-                .and_then(|()| tmp.as_file_mut().flush())
-                .with_context(|| format!("writing {}", out.display()))?;
-            tmp.persist(out)
-                .with_context(|| format!("writing {}", out.display()))?;
+            crate::output::write(out, |f| Ok(trace::jsonl::write_jsonl(&trace, f)?))?;
             eprintln!(
                 "wrote {} and {} to {}{}{note}",
                 crate::units::counted(trace.events.len() as u64, "event"),
@@ -111,14 +93,6 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// Whether `a` and `b` name the same existing file (through links or other spellings).
-fn same_file(a: &Path, b: &Path) -> bool {
-    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
-        (Ok(x), Ok(y)) => x == y,
-        _ => false,
-    }
 }
 
 /// The blocks a snapshot's segments show allocated (`active_*`), as pre-existing blocks live

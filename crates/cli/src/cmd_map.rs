@@ -31,6 +31,9 @@ pub struct MapArgs {
     pub lines: usize,
 }
 
+/// The narrowest map drawn, in cells.
+const MIN_WIDTH: usize = 8;
+
 fn terminal_width() -> Option<usize> {
     if !std::io::stdout().is_terminal() {
         return None;
@@ -45,6 +48,9 @@ fn terminal_width() -> Option<usize> {
 pub fn run(a: MapArgs) -> Result<()> {
     if a.lines == 0 {
         bail!("--lines 0: expected at least one line");
+    }
+    if let Some(w) = a.width.filter(|&w| w < MIN_WIDTH) {
+        bail!("--width {w}: expected at least {MIN_WIDTH} cells a line");
     }
     let recorded = a.allocator == "recorded";
     let one = |name: &str| gpumem::core::registry::parse_list(name).is_ok_and(|l| l.len() == 1);
@@ -63,6 +69,7 @@ pub fn run(a: MapArgs) -> Result<()> {
         &a.replay,
         false,
         true,
+        "building the map of",
     )?;
     if r.runs.len() != 1 {
         bail!(
@@ -81,8 +88,22 @@ pub fn run(a: MapArgs) -> Result<()> {
     } else {
         r.map(0, a.event)?
     };
-    let width = a.width.or_else(terminal_width).unwrap_or(100).max(8);
+    let width = a
+        .width
+        .or_else(terminal_width)
+        .unwrap_or(100)
+        .max(MIN_WIDTH);
     let color = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let cell = map.cell_bytes(width, a.lines);
+    let lines = map.cells(cell).len().div_ceil(width);
+    if lines > a.lines {
+        // Each region takes a cell and a gap at least: more regions than the lines hold.
+        eprintln!(
+            "note: --lines {}: the map's {} regions need at least {lines} lines of {width} cells (one cell and a gap each); showing {lines} (a larger --width needs fewer)",
+            a.lines,
+            map.rows.len()
+        );
+    }
     let mut out = std::io::stdout().lock();
     out.write_all(map.render_text(width, a.lines, color).as_bytes())?;
     Ok(())

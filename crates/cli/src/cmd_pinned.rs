@@ -210,6 +210,10 @@ fn host_only(a: &BenchTransferArgs) -> Result<()> {
 
 /// `gpumem bench transfer`.
 pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
+    if let Some(path) = &a.plot {
+        crate::output::check("--plot", path, &[])?;
+        crate::output::check_svg("--plot", path)?;
+    }
     if a.host_only {
         return host_only(&a);
     }
@@ -401,11 +405,10 @@ pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
         }
     };
     if let Some(path) = &a.plot {
-        std::fs::write(
+        crate::output::write_text(
             path,
-            transfer::bandwidth_chart(&rows_for_plot(&rows), &device).to_svg(),
-        )
-        .with_context(|| format!("writing {}", path.display()))?;
+            &transfer::bandwidth_chart(&rows_for_plot(&rows), &device).to_svg(),
+        )?;
     }
     for w in &numa_warnings {
         eprintln!("warning: {w}");
@@ -516,8 +519,9 @@ pub struct BenchPinnedArgs {
     /// Repeats per point (median); the pool's warm figure uses at least 1000.
     #[arg(long, default_value_t = 5)]
     pub repeats: usize,
-    /// CUDA device ordinal.
-    #[arg(long, default_value_t = 0)]
+    /// CUDA device ordinal (`0`, or `cuda:N`). Without a CUDA driver the mlock fallback is
+    /// measured instead, on the host alone.
+    #[arg(long, default_value = "0", value_parser = parse_pinned_device)]
     pub device: usize,
     /// Measure the mlock fallback even where CUDA is present.
     #[arg(long)]
@@ -530,6 +534,17 @@ pub struct BenchPinnedArgs {
     pub json: bool,
 }
 
+/// `--device` of `bench pinned`: an ordinal, `cuda` or `cuda:N`.
+fn parse_pinned_device(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    if t == "cuda" {
+        return Ok(0);
+    }
+    t.strip_prefix("cuda:").unwrap_or(t).parse::<usize>().map_err(|_| {
+        "expected a CUDA device ordinal (0, 1, ...) or cuda:N; pinned memory has no simulated mode: without a driver (or with --no-cuda) the mlock fallback is measured".to_string()
+    })
+}
+
 /// `gpumem bench pinned`.
 pub fn bench_pinned(a: BenchPinnedArgs) -> Result<()> {
     if let Some(&max) = a.sizes.last() {
@@ -540,6 +555,12 @@ pub fn bench_pinned(a: BenchPinnedArgs) -> Result<()> {
     } else {
         match CudaContext::new(a.device) {
             Ok(h) => (Some(h), "CUDA".to_string()),
+            // Without a driver the fallback is this command's own answer: the driver error's
+            // advice (`--device sim`, for the device commands) does not apply here.
+            Err(gpumem::cuda::CudaError::NoDriver { .. }) => (
+                None,
+                "mlock fallback: no NVIDIA driver (libcuda.so.1) found".to_string(),
+            ),
             Err(e) => (None, format!("mlock fallback: {e}")),
         }
     };

@@ -17,7 +17,7 @@ use gpumem::trace::{self, ReadConfig};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
-use crate::units::{counted, human_bytes, parse_size};
+use crate::units::{counted, human_bytes};
 
 mod table;
 mod timeline;
@@ -39,7 +39,7 @@ pub struct ReplayArgs {
     /// cuMemGetInfo reports it); allocations that still do not fit after the pool released
     /// its cache count as OOMs and are dropped (with their frees), and the replay goes on.
     // A negative-looking size reaches parse_size, which says why it is refused.
-    #[arg(long, value_parser = parse_size, allow_hyphen_values = true)]
+    #[arg(long, value_parser = crate::units::parse_positive_size, allow_hyphen_values = true)]
     pub capacity: Option<u64>,
     /// Also find, per allocator, the smallest simulated capacity that completes the trace
     /// with no failed allocation, and the smallest from which every larger one does.
@@ -48,7 +48,7 @@ pub struct ReplayArgs {
     /// Segment size for the buddy, tlsf and best-fit pools (each segment is one cuMemAlloc,
     /// sub-allocated by the strategy, like a pre-allocated pool).
     // A negative-looking size reaches parse_size, which says why it is refused.
-    #[arg(long, value_parser = parse_size, allow_hyphen_values = true, default_value = "256MiB")]
+    #[arg(long, value_parser = crate::units::parse_positive_size, allow_hyphen_values = true, default_value = "256MiB")]
     pub segment_size: u64,
     /// Print one JSON object instead of a table.
     #[arg(long)]
@@ -550,9 +550,10 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     let target = parse_device(&a.device)?;
     let mut warnings = check_args(&a, &target)?;
     if let Some(path) = &a.timeline {
-        // Fail before a long replay, not after it.
-        std::fs::write(path, "")
-            .with_context(|| format!("--timeline: cannot write {}", path.display()))?;
+        // Fail before a long replay, not after it, and without touching the file: it is
+        // written last, through a temporary file.
+        crate::output::check("--timeline", path, &[&a.trace])?;
+        crate::output::check_svg("--timeline", path)?;
     }
     let names = registry::parse_list(&a.allocator)?;
     let read_started = Instant::now();
@@ -665,12 +666,12 @@ pub fn run(a: ReplayArgs) -> Result<()> {
             };
             match l.placement {
                 LazyPlacement::Segments if l.grow_ahead_bp > 0 => eprintln!(
-                    "paged-lazy: placement=segments,grow_ahead={} (PyTorch's expandable segments, one handle per growth, each growth {}% of the bytes held beyond the request) ({source})",
+                    "paged-lazy: placement=segments,grow_ahead={} (PyTorch's expandable segments, one handle per growth until the device fills, each growth {}% of the bytes held beyond the request) ({source})",
                     f64::from(l.grow_ahead_bp) / 10_000.0,
                     f64::from(l.grow_ahead_bp) / 100.0,
                 ),
                 LazyPlacement::Segments => eprintln!(
-                    "paged-lazy: placement=segments (PyTorch's expandable segments, one handle per growth) ({source})"
+                    "paged-lazy: placement=segments (PyTorch's expandable segments, one handle per growth until the device fills) ({source})"
                 ),
                 LazyPlacement::Pages => eprintln!(
                     "paged-lazy: placement=pages,headroom={},max_handle={},map_ahead={} ({source})",
@@ -827,8 +828,8 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     };
     if let Some(path) = &a.timeline {
         let cap = a.capacity.map(|c| c as f64);
-        let svg = timeline_chart(&a.trace, &runs, cap).to_svg();
-        std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
+        let svg = timeline_chart(&a.trace, &trace, &devices, &runs, cap).to_svg();
+        crate::output::write_text(path, &svg)?;
         if !a.json {
             eprintln!("timeline written to {}", path.display());
         }

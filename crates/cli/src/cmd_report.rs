@@ -10,7 +10,7 @@ use gpumem::core::sim::DEFAULT_CAPACITY;
 use gpumem::report::{self, ReportConfig};
 use gpumem::trace::{self, ReadConfig};
 
-use crate::units::{human_bytes, parse_size};
+use crate::units::human_bytes;
 
 /// Arguments of `gpumem report`.
 #[derive(Args)]
@@ -33,11 +33,11 @@ pub struct ReportArgs {
 pub struct ReplayOptions {
     /// Capacity of the simulated device (e.g. 80GiB, 141GB).
     // A negative-looking size reaches parse_size, which says why it is refused.
-    #[arg(long, value_parser = parse_size, allow_hyphen_values = true)]
+    #[arg(long, value_parser = crate::units::parse_positive_size, allow_hyphen_values = true)]
     pub capacity: Option<u64>,
     /// Segment size for the buddy, tlsf and best-fit pools.
     // A negative-looking size reaches parse_size, which says why it is refused.
-    #[arg(long, value_parser = parse_size, allow_hyphen_values = true, default_value = "256MiB")]
+    #[arg(long, value_parser = crate::units::parse_positive_size, allow_hyphen_values = true, default_value = "256MiB")]
     pub segment_size: u64,
     /// Device ordinal of the trace to show (default: the first with events).
     #[arg(long)]
@@ -52,13 +52,15 @@ pub struct ReplayOptions {
     pub torch_conf: Option<String>,
 }
 
-/// Reads a trace and builds the report both `report` and `map` use.
+/// Reads a trace and builds the report both `report` and `map` use; `what` opens the context
+/// of a failure (`building the report of`, `building the map of`).
 pub fn build(
     path: &std::path::Path,
     allocators: &str,
     o: &ReplayOptions,
     keep_frames: bool,
     quiet: bool,
+    what: &str,
 ) -> Result<report::Report> {
     let (capacity, segment_size) = (o.capacity, o.segment_size);
     if capacity == Some(0) {
@@ -84,6 +86,9 @@ pub fn build(
             started.elapsed().as_secs_f64()
         );
     }
+    if o.trace_device.is_some() {
+        crate::cmd_tune::pick_device(&trace, "--trace-device", o.trace_device)?;
+    }
     let (torch_conf, conf_source) = crate::cmd_tune::torch_conf(o.torch_conf.as_deref(), &trace)?;
     if !quiet && names.contains(&"torch") {
         eprintln!("torch emulation: PYTORCH_CUDA_ALLOC_CONF {torch_conf} ({conf_source})");
@@ -106,12 +111,27 @@ pub fn build(
             }
         },
     )
-    .with_context(|| {
-        format!(
-            "building the report of {}",
-            gpumem::trace::source_name(path)
-        )
-    })?;
+    .with_context(|| format!("{what} {}", gpumem::trace::source_name(path)))?;
+    // Impossible requests are dropped with their frees, as `replay` drops them: say so.
+    for rep in &r.replays {
+        if rep.refused_count > 0 {
+            eprintln!(
+                "note: {} refused {} as impossible and dropped {} with {} free{}",
+                rep.name,
+                crate::units::counted(rep.refused_count, "allocation"),
+                if rep.refused_count == 1 { "it" } else { "them" },
+                if rep.refused_count == 1 {
+                    "its"
+                } else {
+                    "their"
+                },
+                rep.first_refusal
+                    .as_deref()
+                    .map(|f| format!(" (first: {f})"))
+                    .unwrap_or_default()
+            );
+        }
+    }
     r.recorded = report::recorded_figures(path);
     if !quiet {
         eprintln!(
@@ -126,9 +146,17 @@ pub fn build(
 
 pub fn run(a: ReportArgs) -> Result<()> {
     let quiet = !std::io::stderr().is_terminal() && std::env::var_os("GPUMEM_VERBOSE").is_none();
-    let r = build(&a.trace, &a.allocator, &a.replay, true, quiet)?;
+    crate::output::check("-o", &a.output, &[&a.trace])?;
+    let r = build(
+        &a.trace,
+        &a.allocator,
+        &a.replay,
+        true,
+        quiet,
+        "building the report of",
+    )?;
     let html = report::html::render(&r);
-    std::fs::write(&a.output, &html).with_context(|| format!("writing {}", a.output.display()))?;
+    crate::output::write_text(&a.output, &html)?;
     eprintln!(
         "wrote {} ({}): {}, {} allocator{}",
         a.output.display(),

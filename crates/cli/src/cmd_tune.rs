@@ -7,7 +7,7 @@ use gpumem::core::torch::TorchConfig;
 use gpumem::trace::{self, ReadConfig, Trace};
 use gpumem::tune::{self, TuneReport};
 
-use gpumem::units::{bytes as human_bytes, parse_size};
+use gpumem::units::bytes as human_bytes;
 
 /// Arguments of `gpumem tune`.
 #[derive(Args)]
@@ -19,14 +19,14 @@ pub struct TuneArgs {
     /// and the garbage_collection_threshold settings are tried too, with the capacity as
     /// their memory limit (as `torch.cuda.set_per_process_memory_fraction` would set it).
     // A negative-looking size reaches parse_size, which says why it is refused.
-    #[arg(long, value_parser = parse_size, allow_hyphen_values = true)]
+    #[arg(long, value_parser = crate::units::parse_positive_size, allow_hyphen_values = true)]
     pub capacity: Option<u64>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Device ordinal whose events are tuned.
-    #[arg(long, default_value_t = 0)]
-    pub device: u32,
+    /// Device ordinal whose events are tuned (default: the first with allocations).
+    #[arg(long)]
+    pub device: Option<u32>,
     /// Threads (0 = every core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -104,6 +104,47 @@ pub fn allocator_config(
     }
 }
 
+/// The devices on which the trace allocates (alloc events or pre-existing blocks), in order.
+pub fn alloc_devices(trace: &Trace) -> Vec<u32> {
+    let mut d: Vec<u32> = trace
+        .events
+        .iter()
+        .filter(|e| e.action == trace::Action::Alloc)
+        .map(|e| e.device)
+        .chain(trace.preexisting.iter().map(|p| p.device))
+        .collect();
+    d.sort_unstable();
+    d.dedup();
+    d
+}
+
+/// `device 0` or `devices 0, 1`.
+fn device_list(devices: &[u32]) -> String {
+    let list: Vec<String> = devices.iter().map(u32::to_string).collect();
+    format!(
+        "device{} {}",
+        if devices.len() == 1 { "" } else { "s" },
+        list.join(", ")
+    )
+}
+
+/// The device to look at: the one asked for (`flag`), which must have allocations, else the
+/// first that has some (0 for a trace without any).
+///
+/// # Errors
+/// The device asked for has no allocation in the trace: the message lists those that have.
+pub fn pick_device(trace: &Trace, flag: &str, asked: Option<u32>) -> Result<u32> {
+    let devices = alloc_devices(trace);
+    match asked {
+        Some(d) if !devices.is_empty() && !devices.contains(&d) => anyhow::bail!(
+            "{flag} {d}: the trace has no allocation on device {d} (it has {})",
+            device_list(&devices)
+        ),
+        Some(d) => Ok(d),
+        None => Ok(devices.first().copied().unwrap_or(0)),
+    }
+}
+
 pub fn run(a: TuneArgs) -> Result<()> {
     if a.capacity == Some(0) {
         anyhow::bail!("--capacity 0: expected a device capacity above zero (e.g. 80GiB)");
@@ -115,20 +156,36 @@ pub fn run(a: TuneArgs) -> Result<()> {
             ..ReadConfig::default()
         },
     )?;
+    let devices = alloc_devices(&trace);
+    let device = pick_device(&trace, "--device", a.device)?;
     let own = recorded_conf(&trace)?;
-    let report = tune::tune(&trace, own, a.capacity, a.device, a.threads)
+    let report = tune::tune(&trace, own, a.capacity, device, a.threads)
         .with_context(|| format!("tuning {}", gpumem::trace::source_name(&a.trace)))?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        let mut v = serde_json::to_value(&report)?;
+        if let Some(o) = v.as_object_mut() {
+            o.insert("device".into(), device.into());
+            o.insert("trace_devices".into(), devices.clone().into());
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        print_report(&a, &report, own.is_some());
+        print_report(&a, &report, own.is_some(), device, &devices);
     }
     Ok(())
 }
 
-fn print_report(a: &TuneArgs, r: &TuneReport, recorded: bool) {
+fn print_report(a: &TuneArgs, r: &TuneReport, recorded: bool, device: u32, devices: &[u32]) {
+    let which = if devices.len() > 1 {
+        format!(
+            ", device {device} of {} ({}; --device N tunes another)",
+            devices.len(),
+            device_list(devices)
+        )
+    } else {
+        String::new()
+    };
     println!(
-        "trace {}: peak requested {}; its own setting: {}{}",
+        "trace {}{which}: peak requested {}; its own setting: {}{}",
         gpumem::trace::source_name(&a.trace),
         human_bytes(r.peak_requested_bytes),
         r.trace_setting,
@@ -214,16 +271,26 @@ fn print_report(a: &TuneArgs, r: &TuneReport, recorded: bool) {
     );
 }
 
-/// The cells both tables print for a setting's figures: peak reserved, res/req (`†` when
-/// allocations failed), min capacity (`*` when not monotone), OOMs (`-` without a capacity
+/// The cells both tables print for a setting's figures: peak reserved, res/req (`-` when no
+/// byte was requested, `†` when allocations failed), min capacity (`*` when not monotone), OOMs (`-` without a capacity
 /// given) and driver calls.
 fn figure_cells(f: &tune::Figures, capacity: Option<u64>) -> [String; 5] {
     [
         human_bytes(f.peak_reserved_bytes),
         format!(
-            "{:.3}{}",
-            f.reserved_over_requested,
-            if f.oom_count > 0 { "†" } else { "" }
+            "{}{}",
+            // No byte requested (every allocation failed, or only zero-byte ones): no ratio,
+            // shown `-` as `replay` shows it (`--json` keeps 0).
+            if f.reserved_over_requested > 0.0 && f.reserved_over_requested.is_finite() {
+                format!("{:.3}", f.reserved_over_requested)
+            } else {
+                "-".to_string()
+            },
+            if f.oom_count > 0 || f.refused_count > 0 {
+                "†"
+            } else {
+                ""
+            }
         ),
         f.min_capacity_bytes
             .map(|b| {
@@ -244,6 +311,18 @@ fn figure_cells(f: &tune::Figures, capacity: Option<u64>) -> [String; 5] {
 fn print_footnotes<'a>(rows: impl Iterator<Item = (String, &'a tune::Figures)> + Clone) {
     if rows.clone().any(|(_, f)| f.oom_count > 0) {
         println!("†: some allocations failed at the capacity given and were dropped; res/req is then ÷ the peak of the requests served.");
+    } else if let Some((setting, f)) = rows.clone().find(|(_, f)| f.refused_count > 0) {
+        // Impossible requests are dropped with their frees, as `gpumem replay` drops them.
+        println!(
+            "†: {} refused as impossible and dropped with {} free{} ({setting}{}); res/req is then ÷ the peak of the requests served.",
+            crate::units::counted(f.refused_count, "allocation"),
+            if f.refused_count == 1 { "its" } else { "their" },
+            if f.refused_count == 1 { "" } else { "s" },
+            f.first_refusal
+                .as_deref()
+                .map(|x| format!(", first: {x}"))
+                .unwrap_or_default()
+        );
     }
     for (setting, f) in rows {
         if let Some((s, b)) = f.not_monotone() {
@@ -331,10 +410,50 @@ fn print_plugin_rows(r: &TuneReport) {
                 human_bytes(b)
             );
         }
-        None => println!(
-            "none of gpumem's settings stays within 2 × native's driver time on this trace"
-        ),
+        None => println!("{}", no_pick_reason(r, &ratio, &label)),
     }
+}
+
+/// Why no gpumem setting is recommended: none stays within 2 × native's driver time, or each
+/// one that does has an OOM at the capacity given, or both.
+fn no_pick_reason(
+    r: &TuneReport,
+    ratio: &dyn Fn(&tune::PluginRow) -> Option<f64>,
+    label: &dyn Fn(&tune::PluginRow) -> String,
+) -> String {
+    let fast: Vec<&tune::PluginRow> = r
+        .plugin_rows
+        .iter()
+        .filter(|row| ratio(row).is_some_and(|x| x <= 2.0))
+        .collect();
+    let cap = r.capacity_bytes.map(human_bytes).unwrap_or_default();
+    let all_oom = |rows: &[&tune::PluginRow]| {
+        r.capacity_bytes.is_some() && rows.iter().all(|row| row.figures.oom_count > 0)
+    };
+    if fast.is_empty() {
+        let every: Vec<&tune::PluginRow> = r.plugin_rows.iter().collect();
+        if all_oom(&every) {
+            return format!("none of gpumem's settings stays within 2 × native's driver time on this trace, and every one has an OOM at {cap}");
+        }
+        return "none of gpumem's settings stays within 2 × native's driver time on this trace"
+            .to_string();
+    }
+    if all_oom(&fast) {
+        let least = fast
+            .iter()
+            .filter_map(|row| row.figures.min_capacity_bytes.map(|b| (b, row)))
+            .min_by_key(|(b, _)| *b);
+        return match least {
+            Some((b, row)) => format!(
+                "every gpumem setting within 2 × native's driver time has an OOM at {cap}; the least demanding, {}, needs {} (a larger --capacity, or none, to compare them)",
+                label(row),
+                human_bytes(b)
+            ),
+            None => format!("every gpumem setting within 2 × native's driver time has an OOM at {cap}"),
+        };
+    }
+    "no gpumem setting within 2 × native's driver time has a minimum capacity on this trace"
+        .to_string()
 }
 
 /// The value as it can be pasted after `export NAME=` (empty for native).

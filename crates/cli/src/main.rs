@@ -11,6 +11,7 @@ mod cmd_replay;
 mod cmd_report;
 mod cmd_tune;
 mod cmd_watch;
+mod output;
 mod progress;
 mod units;
 
@@ -38,11 +39,11 @@ enum Command {
     Map(cmd_map::MapArgs),
     /// A live view of each GPU's memory (NVML), or one sample with --once.
     Watch(cmd_watch::WatchArgs),
-    /// Devices, memory, granularity and pool figures (needs a CUDA driver).
+    /// Devices, memory, granularity and pool figures (the simulated device without a CUDA driver).
     Info(cmd_cuda::InfoArgs),
-    /// Allocate blocks and show each pointer as the driver and the pool see it (needs CUDA).
+    /// Allocate blocks and show each pointer as the driver and the pool see it (needs CUDA, or --device sim).
     Inspect(cmd_cuda::InspectArgs),
-    /// Print the page table of a live VMM arena (needs CUDA).
+    /// Print the page table of a live VMM arena (needs CUDA, or --device sim).
     Vmm(cmd_cuda::VmmArgs),
     /// Benchmarks: device allocation, host<->device transfers, pinned allocation.
     #[command(subcommand)]

@@ -7,3 +7,12 @@ pub fn counted(n: impl Into<u64>, noun: &str) -> String {
     let n = n.into();
     format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
 }
+
+/// A size that must be above zero (a capacity, a segment size): [`parse_size`], whose refusal
+/// of a negative size then says `> 0` (a 0 is refused by the command, naming the flag).
+///
+/// # Errors
+/// As [`parse_size`].
+pub fn parse_positive_size(s: &str) -> Result<u64, String> {
+    parse_size(s).map_err(|e| e.replace("expected a size ≥ 0", "expected a size > 0"))
+}

@@ -140,6 +140,58 @@ fn table_and_timeline() {
     let _ = std::fs::remove_file(svg);
 }
 
+/// A trace of two devices, one after the other: each device's lines sit on the trace's
+/// event axis (device 1 in the second half), not on its own replay's event count.
+#[test]
+fn timeline_of_two_devices_uses_the_trace_event_axis() {
+    let dir = std::env::temp_dir().join(format!("gpumem-timeline2-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("two.jsonl");
+    let mut lines = String::new();
+    for device in 0..2 {
+        for i in 0..100u64 {
+            let addr = (i + 1) << 21;
+            lines += &format!(
+                "{{\"action\":\"alloc\",\"addr\":{addr},\"size\":1048576,\"device\":{device}}}\n"
+            );
+        }
+        for i in 0..100u64 {
+            let addr = (i + 1) << 21;
+            lines += &format!("{{\"action\":\"free\",\"addr\":{addr},\"device\":{device}}}\n");
+        }
+    }
+    std::fs::write(&trace, lines).unwrap();
+    let svg = dir.join("two.svg");
+    let (ok, _, err) = gpumem(&[
+        "replay",
+        trace.to_str().unwrap(),
+        "-a",
+        "tlsf",
+        "--no-plan",
+        "--timeline",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let s = std::fs::read_to_string(&svg).unwrap();
+    assert!(s.contains("reserved, device 0") && s.contains("requested, device 1"));
+    assert!(s.contains("event (of the whole trace)"));
+    // The series' paths in order: reserved and requested of device 0, then of device 1.
+    // Their first x in pixels: the plot runs from x = 90 (event 0) to 760 (event 399).
+    let first_x: Vec<f64> = s
+        .split(r#"<path d="M"#)
+        .skip(1)
+        .map(|p| p.split(',').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(first_x.len(), 4, "{s}");
+    assert!(first_x[..2].iter().all(|&x| x < 100.0), "{first_x:?}");
+    // Device 1's first event is the trace's 200th: half way.
+    assert!(
+        first_x[2..].iter().all(|&x| (420.0..440.0).contains(&x)),
+        "{first_x:?}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn driver_time_is_shown_as_a_share_of_the_trace() {
     let (ok, out, err) = gpumem(&[
@@ -618,17 +670,19 @@ fn recorded_oom_gets_a_verdict_per_allocator() {
     assert_eq!(v["recorded_ooms"], serde_json::json!([]));
 }
 
-/// Issue 9 item 3: a snapshot with nothing in it is explained, not an error.
+/// Issue 9 item 3: a snapshot with nothing in it is explained (and, since the QA pass, exits
+/// non-zero).
 #[test]
 fn empty_snapshot_says_how_to_record() {
     let f = format!("{FIXTURES}/no_recording.pickle");
+    // Explained, on one line, and an error: there is nothing to replay.
     let (ok, out, err) = gpumem(&["replay", &f]);
-    assert!(ok, "{err}");
-    assert_eq!(out.lines().count(), 1, "{out}");
-    assert!(out.contains("_record_memory_history(max_entries="), "{out}");
-    assert!(out.contains("_dump_snapshot"), "{out}");
+    assert!(!ok, "{out}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("_record_memory_history(max_entries="), "{err}");
+    assert!(err.contains("_dump_snapshot"), "{err}");
     let (ok, out, err) = gpumem(&["replay", &f, "--json"]);
-    assert!(ok, "{err}");
+    assert!(!ok && err.contains("nothing to replay"), "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["recording"], "empty");
     assert!(v["explanation"]
@@ -712,7 +766,7 @@ fn convert_reads_stdin_refuses_its_input_and_keeps_segments() {
     let left: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .filter(|n| n.starts_with(".gpumem-convert-"))
+        .filter(|n| n.starts_with(".gpumem-"))
         .collect();
     assert!(left.is_empty(), "temporary files left: {left:?}");
 
@@ -1330,8 +1384,9 @@ fn a_negative_size_is_refused_as_one() {
     ] {
         let (ok, _, err) = gpumem(args);
         assert!(!ok, "{args:?}");
+        // These sizes must be above zero (a 0 is refused too).
         assert!(
-            err.contains("`: expected a size ≥ 0, such as 8GiB"),
+            err.contains("`: expected a size > 0, such as 8GiB"),
             "{args:?}: {err}"
         );
         assert!(!err.contains("unexpected argument"), "{args:?}: {err}");

@@ -22,7 +22,8 @@ pub struct AllocatorConfig {
 pub enum LazyPlacement {
     /// PyTorch's expandable segments (one growing virtual range per stream and pool, its
     /// best fit and splitting rules), with one physical handle per growth instead of one
-    /// per 20 MiB page ([`crate::torch::TorchCachingPool::paged_lazy`]): the default.
+    /// per 20 MiB page, cut into smaller handles as the device fills
+    /// ([`crate::torch::TorchCachingPool::paged_lazy`]): the default.
     #[default]
     Segments,
     /// gpumem's own page placement over one address space, which moves idle pages to hold

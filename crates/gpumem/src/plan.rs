@@ -192,7 +192,12 @@ pub fn plan_ordered(blocks: &[Lifetime], order_by: PlanOrder) -> Vec<u64> {
 /// An allocation at an address that is still live ends the block there first (as a free
 /// would); a free of an unknown address is ignored (replay counts those).
 pub fn lifetimes(trace: &Trace, device: u32) -> Vec<Lifetime> {
-    let round = |b: u64| b.max(1).div_ceil(PLAN_ROUND_BYTES) * PLAN_ROUND_BYTES;
+    // Saturating: a request too large to round (replay refuses it) must not wrap to 0.
+    let round = |b: u64| {
+        b.max(1)
+            .div_ceil(PLAN_ROUND_BYTES)
+            .saturating_mul(PLAN_ROUND_BYTES)
+    };
     let mut open: FxHashMap<u64, (u64, u64)> = FxHashMap::default();
     let mut out = Vec::new();
     for p in trace.preexisting.iter().filter(|p| p.device == device) {

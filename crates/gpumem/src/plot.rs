@@ -10,6 +10,9 @@ pub struct Series {
     pub color: String,
     /// Dashed line.
     pub dashed: bool,
+    /// Stroke width in pixels (1.6 for an ordinary line; a wider line drawn before a thin
+    /// one stays visible where the two coincide).
+    pub width: f64,
     /// Points `(x, y)`.
     pub points: Vec<(f64, f64)>,
 }
@@ -83,8 +86,12 @@ impl Chart {
     pub fn to_svg(&self) -> String {
         let width = 960.0;
         let panel_h = 300.0;
-        let (ml, mr, mt, mb) = (90.0, 200.0, 50.0, 50.0);
-        let height = mt + self.panels.len() as f64 * (panel_h + 40.0) + mb;
+        let (ml, mr, mt) = (90.0, 200.0, 50.0);
+        // Panels are `panel_h + 40` apart (the gap holds the x ticks and the next title);
+        // the x label sits under the last panel's ticks.
+        let n = self.panels.len().max(1) as f64;
+        let x_label_y = mt + (n - 1.0) * (panel_h + 40.0) + panel_h + 36.0;
+        let height = x_label_y + 14.0;
         let mut o = String::new();
         let _ = write!(
             o,
@@ -244,16 +251,17 @@ impl Chart {
                 };
                 let _ = write!(
                     o,
-                    r#"<path d="{d}" fill="none" stroke="{}" stroke-width="1.6"{dash}/>"#,
-                    s.color
+                    r#"<path d="{d}" fill="none" stroke="{}" stroke-width="{}"{dash}/>"#,
+                    s.color, s.width
                 );
                 let ly = top + 14.0 + si as f64 * 18.0;
                 let lx = ml + pw + 12.0;
                 let _ = write!(
                     o,
-                    r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{}" stroke-width="2"{dash}/>"#,
+                    r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{}" stroke-width="{}"{dash}/>"#,
                     lx + 24.0,
-                    s.color
+                    s.color,
+                    s.width.max(2.0)
                 );
                 let _ = write!(
                     o,
@@ -268,7 +276,7 @@ impl Chart {
             o,
             r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
             ml + (width - ml - mr) / 2.0,
-            height - 12.0,
+            x_label_y,
             esc(&self.x_label)
         );
         o.push_str("</svg>\n");
@@ -305,6 +313,7 @@ mod tests {
                     label: "reserved".into(),
                     color: PALETTE[0].into(),
                     dashed: false,
+                    width: 1.6,
                     points: vec![(0.0, 1.0), (10.0, 3.0)],
                 }],
             )],
@@ -328,6 +337,7 @@ mod tests {
                     label: "reserved".into(),
                     color: PALETTE[0].into(),
                     dashed: false,
+                    width: 1.6,
                     points: vec![(0.0, 0.0), (10.0, top)],
                 }],
             )
@@ -362,6 +372,7 @@ mod tests {
                     label: "a".into(),
                     color: "#000".into(),
                     dashed: true,
+                    width: 1.6,
                     points: vec![(4096.0, 1.0), (1048576.0, 40.0)],
                 }],
             )],

@@ -101,6 +101,12 @@ pub struct Figures {
     pub smallest_completing_bytes: Option<u64>,
     /// Allocations that failed at the capacity given (0 without one).
     pub oom_count: u64,
+    /// Allocations refused as impossible (a size that overflows with its padding, an
+    /// alignment the allocator does not support) and dropped with their frees, as
+    /// [`replay::replay`] does ([`ReplayReport::refused_count`]).
+    pub refused_count: u64,
+    /// The first refusal (`event index N: ...`), when there was one.
+    pub first_refusal: Option<String>,
     /// Driver calls of the replay (cudaMalloc/cudaFree, or the VMM calls of expandable
     /// segments and gpumem's strategies).
     pub driver_calls: u64,
@@ -117,6 +123,8 @@ impl Figures {
             min_capacity_bytes: min.map(|m| m.all_larger_bytes),
             smallest_completing_bytes: min.map(|m| m.smallest_bytes),
             oom_count: rep.oom_count,
+            refused_count: rep.refused_count,
+            first_refusal: rep.first_refusal.clone(),
             driver_calls: rep.driver_calls.total(),
             modelled_driver_seconds: rep.modelled_driver_seconds,
         }

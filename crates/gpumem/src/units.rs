@@ -43,7 +43,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "t" | "tib" => 1 << 40,
         other => {
             return Err(format!(
-                "`{s}`: unknown unit `{other}` (expected B, KB, MB, GB, TB, KiB, MiB, GiB or TiB)"
+                "`{s}`: unknown unit `{other}` (expected B, K or KiB, M or MiB, G or GiB, T or TiB, KB, MB, GB or TB)"
             ))
         }
     };

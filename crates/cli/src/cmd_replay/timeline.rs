@@ -3,6 +3,7 @@ use super::AllocatorRun;
 use crate::units::human_bytes;
 use gpumem::plot::{Chart, Series, PALETTE};
 use gpumem::replay::{self, ReplayReport};
+use gpumem::trace::Trace;
 
 /// A bucket's low and high as two points at the same x: the line goes down to the low and
 /// up to the high inside each bucket, so no peak is lost however many events a bucket holds.
@@ -13,87 +14,166 @@ fn envelope(points: &mut Vec<(f64, f64)>, x: f64, lo: f64, hi: f64) {
     }
 }
 
+/// Index in the whole trace of each event of `device`: a replay counts only its device's
+/// events, the chart's x axis is the trace's.
+fn trace_positions(trace: &Trace, device: u32) -> Vec<u64> {
+    trace
+        .events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.device == device)
+        .map(|(i, _)| i as u64)
+        .collect()
+}
+
+/// `n` and the noun, plural unless one.
+fn count(n: u64, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
+/// The chart of `runs` (one panel per allocator; `devices[i]` is the device of each run's
+/// `per_dev[i]`). One device: reserved, allocated (wide, under) and requested (dashed, on
+/// top). Several: reserved and requested per device, each in its own colour, on the
+/// trace's event axis (their sum is not drawn: the replays of two devices are apart, and
+/// their buckets do not line up).
 pub(super) fn timeline_chart(
     path: &std::path::Path,
+    trace: &Trace,
+    devices: &[u32],
     runs: &[AllocatorRun],
     capacity: Option<f64>,
 ) -> Chart {
     let gib = (1u64 << 30) as f64;
+    let positions: Vec<Vec<u64>> = devices.iter().map(|&d| trace_positions(trace, d)).collect();
+    // A replay's event index → the trace's (the index past the end: the trace's length).
+    let at = |dev: usize, i: u64| -> f64 {
+        positions
+            .get(dev)
+            .and_then(|p| p.get(i as usize).copied())
+            .unwrap_or(trace.events.len() as u64) as f64
+    };
+    let several = devices.len() > 1;
     let mut panels = Vec::new();
     let mut marks = Vec::new();
     let mut x_max = 0.0f64;
     for run in runs {
-        let per_dev = &run.per_dev;
-        // Timelines of several devices are summed bucket by bucket (lows and highs apart).
-        let n = per_dev.iter().map(|r| r.timeline.len()).min().unwrap_or(0);
-        let mut req = Vec::with_capacity(2 * n);
-        let mut all = Vec::with_capacity(2 * n);
-        let mut res = Vec::with_capacity(2 * n);
-        for i in 0..n {
-            let ev = per_dev[0].timeline[i].event as f64;
-            x_max = x_max.max(ev);
-            let s = |f: &dyn Fn(&replay::Sample) -> replay::MinMax| {
-                let (lo, hi) = per_dev.iter().fold((0u64, 0u64), |(l, h), r| {
-                    let m = f(&r.timeline[i]);
-                    (l + m.min, h + m.max)
+        let mut series = Vec::new();
+        for (di, r) in run.per_dev.iter().enumerate() {
+            let mut req = Vec::with_capacity(2 * r.timeline.len());
+            let mut all = Vec::with_capacity(2 * r.timeline.len());
+            let mut res = Vec::with_capacity(2 * r.timeline.len());
+            for s in &r.timeline {
+                let x = at(di, s.event);
+                x_max = x_max.max(x);
+                let gb = |m: replay::MinMax| (m.min as f64 / gib, m.max as f64 / gib);
+                let (lo, hi) = gb(s.requested_bytes);
+                envelope(&mut req, x, lo, hi);
+                let (lo, hi) = gb(s.allocated_bytes);
+                envelope(&mut all, x, lo, hi);
+                let (lo, hi) = gb(s.reserved_bytes);
+                envelope(&mut res, x, lo, hi);
+            }
+            if several {
+                // Grey is the capacity line's.
+                let color = PALETTE[[0, 1, 2, 4, 5, 6, 8, 9][di % 8]];
+                let dev = devices.get(di).copied().unwrap_or(0);
+                series.push(Series {
+                    label: format!("reserved, device {dev}"),
+                    color: color.into(),
+                    dashed: false,
+                    width: 1.6,
+                    points: res,
                 });
-                (lo as f64 / gib, hi as f64 / gib)
-            };
-            let (lo, hi) = s(&|x| x.requested_bytes);
-            envelope(&mut req, ev, lo, hi);
-            let (lo, hi) = s(&|x| x.allocated_bytes);
-            envelope(&mut all, ev, lo, hi);
-            let (lo, hi) = s(&|x| x.reserved_bytes);
-            envelope(&mut res, ev, lo, hi);
+                series.push(Series {
+                    label: format!("requested, device {dev}"),
+                    color: color.into(),
+                    dashed: true,
+                    width: 1.2,
+                    points: req,
+                });
+            } else {
+                series.extend([
+                    Series {
+                        label: "reserved".into(),
+                        color: PALETTE[3].into(),
+                        dashed: false,
+                        width: 1.6,
+                        points: res,
+                    },
+                    // Wide and under: it shows as a band around `requested` where the two
+                    // coincide (every strategy but rounding differences).
+                    Series {
+                        label: "allocated".into(),
+                        color: PALETTE[0].into(),
+                        dashed: false,
+                        width: 4.0,
+                        points: all,
+                    },
+                    Series {
+                        label: "requested".into(),
+                        color: PALETTE[2].into(),
+                        dashed: true,
+                        width: 1.2,
+                        points: req,
+                    },
+                ]);
+            }
         }
-        let peak_res: u64 = per_dev.iter().map(|r| r.peak_reserved_bytes).sum();
-        let failed: u64 = per_dev.iter().map(ReplayReport::failed_count).sum();
+        let failed: u64 = run.per_dev.iter().map(ReplayReport::failed_count).sum();
         marks.push(
-            per_dev
+            run.per_dev
                 .iter()
-                .flat_map(|r| r.failed_events.iter().map(|&e| e as f64))
+                .enumerate()
+                .flat_map(|(di, r)| r.failed_events.iter().map(move |&e| (di, e)))
+                .map(|(di, e)| at(di, e))
                 .collect::<Vec<f64>>(),
         );
+        let peaks = if several {
+            run.per_dev
+                .iter()
+                .zip(devices)
+                .map(|(r, d)| format!("{} on device {d}", human_bytes(r.peak_reserved_bytes)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        } else {
+            run.per_dev
+                .iter()
+                .map(|r| human_bytes(r.peak_reserved_bytes))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
         panels.push((
             format!(
-                "{}: peak reserved {}{}",
+                "{}: peak reserved {peaks}{}",
                 run.name,
-                human_bytes(peak_res),
                 if failed > 0 {
-                    format!(", {failed} failed allocations (black ticks on the x axis)")
+                    format!(
+                        ", {} (black ticks on the x axis)",
+                        count(failed, "failed allocation")
+                    )
                 } else {
                     String::new()
                 }
             ),
             "GiB".to_string(),
-            vec![
-                Series {
-                    label: "reserved".into(),
-                    color: PALETTE[3].into(),
-                    dashed: false,
-                    points: res,
-                },
-                Series {
-                    label: "allocated".into(),
-                    color: PALETTE[0].into(),
-                    dashed: false,
-                    points: all,
-                },
-                Series {
-                    label: "requested".into(),
-                    color: PALETTE[2].into(),
-                    dashed: true,
-                    points: req,
-                },
-            ],
+            series,
         ));
     }
     if let Some(c) = capacity {
         for (_, _, series) in &mut panels {
             series.push(Series {
-                label: "capacity".into(),
+                label: if several {
+                    "capacity (each device)".into()
+                } else {
+                    "capacity".into()
+                },
                 color: PALETTE[7].into(),
                 dashed: true,
+                width: 1.6,
                 points: vec![(0.0, c / gib), (x_max, c / gib)],
             });
         }
@@ -105,7 +185,11 @@ pub(super) fn timeline_chart(
                 .map(|f| f.to_string_lossy().into_owned())
                 .unwrap_or_default()
         ),
-        x_label: "event".into(),
+        x_label: if several {
+            "event (of the whole trace)".into()
+        } else {
+            "event".into()
+        },
         log_x: false,
         panels,
         shared_y: true,

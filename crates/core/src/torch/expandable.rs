@@ -28,7 +28,11 @@
 //! and opens it once (3 driver calls however many pages), and a release of the cache
 //! unmaps and releases only the handles that lie whole inside a free block (`first_whole_run`, one per
 //! `unmap_block`):
-//! a handle is unmapped whole or not at all. Placement and figures are unchanged; a
+//! a handle is unmapped whole or not at all. So that an out-of-memory can still give back
+//! the free pages beside live blocks, a growth is cut into handles of at most 1/16 of the
+//! device memory it leaves free ([`coarse_piece_pages`]; one cuMemCreate and one cuMemMap
+//! each, one cuMemSetAccess for the growth): one handle while the device has room, down to
+//! PyTorch's one page per handle near its limit. Placement and figures are unchanged; a
 //! partly used handle stays mapped where PyTorch would unmap its free pages. A segment
 //! reserves at least 64 GiB of address space (PyTorch: 1⅛ × the device memory, more than
 //! that on an H200), and one whose first mapping failed gives its range back at once.
@@ -182,8 +186,10 @@ impl ExpandableSegment {
         Ok(true)
     }
 
-    /// [`ExpandableSegment::map`] with coarse handles: one cuMemCreate of the whole run, one
-    /// cuMemMap, one cuMemSetAccess.
+    /// [`ExpandableSegment::map`] with coarse handles: the run is cut into pieces of at most
+    /// [`coarse_piece_pages`] pages, each one cuMemCreate and one cuMemMap, then one
+    /// cuMemSetAccess for the whole run (one piece, so three calls, unless the device is
+    /// nearly full).
     fn map_coarse(
         &mut self,
         dev: &mut dyn Device,
@@ -193,27 +199,50 @@ impl ExpandableSegment {
         if self.runs.len() < end as usize {
             self.runs.resize(end as usize, 0);
         }
-        let (va, bytes) = (self.va + begin * self.page, (end - begin) * self.page);
-        let h = match dev.create_physical(bytes) {
-            Ok(h) => h,
-            Err(DeviceError::OutOfMemory { .. }) => return Ok(false),
-            Err(e) => return Err(e),
-        };
+        let piece = coarse_piece_pages(dev, self.page, end - begin);
+        // (first page, pages, handle) of the pieces created so far.
+        let mut made: Vec<(u64, u64, PhysHandle)> = Vec::new();
         // Unwinding retries each call once, so that one failed call leaks nothing.
-        let release = |dev: &mut dyn Device| {
-            let _ = dev.release_physical(h).or_else(|_| dev.release_physical(h));
+        let unwind = |dev: &mut dyn Device, made: &[(u64, u64, PhysHandle)], mapped: usize| {
+            for &(i, n, _) in &made[..mapped] {
+                let (va, bytes) = (self.va + i * self.page, n * self.page);
+                let _ = dev.unmap(va, bytes).or_else(|_| dev.unmap(va, bytes));
+            }
+            for &(_, _, h) in made {
+                let _ = dev.release_physical(h).or_else(|_| dev.release_physical(h));
+            }
         };
-        if let Err(e) = dev.map(va, bytes, h) {
-            release(dev);
-            return Err(e);
+        let mut i = begin;
+        while i < end {
+            let n = piece.min(end - i);
+            match dev.create_physical(n * self.page) {
+                Ok(h) => made.push((i, n, h)),
+                Err(e) => {
+                    unwind(dev, &made, 0);
+                    return match e {
+                        DeviceError::OutOfMemory { .. } => Ok(false),
+                        other => Err(other),
+                    };
+                }
+            }
+            i += n;
         }
+        for k in 0..made.len() {
+            let (i, n, h) = made[k];
+            if let Err(e) = dev.map(self.va + i * self.page, n * self.page, h) {
+                unwind(dev, &made, k);
+                return Err(e);
+            }
+        }
+        let (va, bytes) = (self.va + begin * self.page, (end - begin) * self.page);
         if let Err(e) = dev.set_access(va, bytes) {
-            let _ = dev.unmap(va, bytes).or_else(|_| dev.unmap(va, bytes));
-            release(dev);
+            unwind(dev, &made, made.len());
             return Err(e);
         }
-        self.handles[begin as usize..end as usize].fill(Some(h));
-        self.runs[begin as usize] = end - begin;
+        for &(i, n, h) in &made {
+            self.handles[i as usize..(i + n) as usize].fill(Some(h));
+            self.runs[i as usize] = n;
+        }
         Ok(true)
     }
 
@@ -322,6 +351,32 @@ pub(crate) struct RangeToFree {
     pub stream: u64,
     /// Start of its range.
     pub va: u64,
+}
+
+/// A coarse handle holds at most this share (1/16) of the device memory its growth leaves
+/// free ([`coarse_piece_pages`]).
+pub(crate) const COARSE_PIECE_DIVISOR: u64 = 16;
+
+/// Most pages of one coarse handle in a growth of `pages` pages of `page` bytes:
+/// 1/[`COARSE_PIECE_DIVISOR`] of the device memory the growth leaves free, at least one
+/// page. Free memory is [`Device::capacity_bytes`] less [`Device::used_bytes`] (what this
+/// device object holds; not cuMemGetInfo, which would also count other processes and make
+/// a real replay cut growths where the simulated one does not).
+///
+/// A handle is given back whole or not at all, so on an out-of-memory the free part of a
+/// handle that a live block touches stays held. Pieces that shrink as the device fills keep
+/// that part small where it matters: on an H200 with a 25 GiB job a growth is cut only above
+/// ≈ 7 GiB (no shipped trace's growth is), near the device's limit handles come down to
+/// PyTorch's one page. Measured on the shipped traces (BENCHMARKS.md, issue 11, eighth
+/// session): the smallest device that runs gpt2_train falls from 25.33 to 24.16 GiB and
+/// inference_with_empty_cache from 25.78 to 18.05 GiB (PyTorch's expandable segments: 23.75
+/// and 17.31), with the same driver calls on the H200's capacity.
+pub(crate) fn coarse_piece_pages(dev: &dyn Device, page: u64, pages: u64) -> u64 {
+    let free_after = dev
+        .capacity_bytes()
+        .saturating_sub(dev.used_bytes())
+        .saturating_sub(pages.saturating_mul(page));
+    (free_after / COARSE_PIECE_DIVISOR / page).clamp(1, pages.max(1))
 }
 
 /// Least address space a segment with coarse handles reserves (64 GiB).

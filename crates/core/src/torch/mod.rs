@@ -205,7 +205,12 @@ impl TorchCachingPool {
     /// cuMemMap, one cuMemSetAccess) where PyTorch creates and maps one handle per 20 MiB
     /// page. Placement, splitting and the figures are PyTorch's; what differs is the
     /// driver calls, and that releasing the cache (`empty_cache`, an OOM) unmaps only the
-    /// handles that lie whole inside free blocks (a handle cannot be unmapped in part).
+    /// handles that lie whole inside free blocks (a handle cannot be unmapped in part). As
+    /// the device fills, growths are cut into smaller handles (at most 1/16 of the memory a
+    /// growth leaves free), so that an OOM can give back nearly what PyTorch's pages give
+    /// back: the smallest device that runs a shipped trace is 0.995–1.043 ×
+    /// `expandable_segments:True`'s (1.135 × on random churn; was up to 1.49 ×; BENCHMARKS.md,
+    /// issue 11, eighth session), with the same driver calls on an H200.
     /// Reports itself as `paged-lazy`.
     ///
     /// Measured (BENCHMARKS.md, issue 11): 1.007–1.016 × peak requested and at most 18 driver

@@ -690,7 +690,9 @@ fn expandable_segments_fault_at_every_call_changes_nothing() {
 #[test]
 fn coarse_handles_map_a_growth_in_three_calls_and_place_as_pytorch() {
     use crate::device::DriverCall;
-    let mut d = SimDevice::new(1 << 30);
+    // Room enough that no growth is cut (a handle is at most 1/16 of what a growth leaves
+    // free: `coarse_handles_shrink_as_the_device_fills`).
+    let mut d = SimDevice::new(16 << 30);
     let mut t = TorchCachingPool::paged_lazy(&AllocatorConfig::default());
     let (mut e, mut ed) = with("expandable_segments:True", 1 << 30);
     assert_eq!(t.name(), "paged-lazy");
@@ -749,6 +751,47 @@ fn coarse_handles_unmap_only_whole_handles() {
     assert_eq!(e.stats().reserved_bytes.current, 20 * MIB);
     assert_eq!(t.empty_cache(&mut d).unwrap(), 40 * MIB);
     assert_eq!(d.live_objects(), (0, 0, 0, 0));
+}
+
+/// Coarse handles shrink as the device fills (`expandable::coarse_piece_pages`): a growth is
+/// cut into handles of at most 1/16 of the device memory it leaves free, so that on an
+/// out-of-memory the free pages beside a live block can be given back, as PyTorch's 20 MiB
+/// pages can; on a roomy device the growth is one handle.
+#[test]
+fn coarse_handles_shrink_as_the_device_fills() {
+    use crate::device::DriverCall;
+    let mut t = TorchCachingPool::paged_lazy(&AllocatorConfig::default());
+    let mut d = SimDevice::new(16 << 30);
+    alloc(&mut t, &mut d, 800 * MIB);
+    assert_eq!(d.live_objects().2, 1, "one mapping: one handle");
+
+    // A device of 64 pages of 20 MiB: the same growth leaves 480 MiB free, so its handles
+    // are of one page (30 MiB rounded down to whole pages, at least one).
+    let capacity = 1280 * MIB;
+    let mut t = TorchCachingPool::paged_lazy(&AllocatorConfig::default());
+    let mut d = SimDevice::new(capacity);
+    let (mut e, mut ed) = with("expandable_segments:True", capacity);
+    for (t, d) in [(&mut t, &mut d), (&mut e, &mut ed)] {
+        let a = alloc(t, d, 800 * MIB);
+        let c = d.counters();
+        assert_eq!(
+            [DriverCall::Create, DriverCall::Map, DriverCall::SetAccess].map(|k| c.get(k)),
+            [40, 40, 1]
+        );
+        let b = alloc(t, d, 20 * MIB);
+        free(t, d, a.addr);
+        let c = alloc(t, d, 600 * MIB);
+        assert_eq!(c.addr, a.addr, "best fit: in a's pages");
+        // 30 more pages where the device has 23: only once the 10 free pages left of a's
+        // are given back (one coarse handle for a would have kept them).
+        let f = alloc(t, d, 600 * MIB);
+        assert_eq!(t.stats().reserved_bytes.current, 1220 * MIB);
+        for x in [b, c, f] {
+            free(t, d, x.addr);
+        }
+        t.empty_cache(d).unwrap();
+        assert_eq!(d.live_objects(), (0, 0, 0, 0));
+    }
 }
 
 /// `expandable_segments:True` maps and unmaps page by page, as PyTorch does: a fault at any
@@ -839,17 +882,18 @@ fn grow_ahead_maps_a_share_of_the_held_bytes_beyond_the_request() {
         config.lazy.grow_ahead_bp = bp;
         TorchCachingPool::paged_lazy(&config)
     };
-    let creates = |d: &SimDevice| d.counters().get(DriverCall::Create);
+    // One cuMemSetAccess per growth that succeeded.
+    let growths = |d: &SimDevice| d.counters().get(DriverCall::SetAccess);
     let reserved = |t: &TorchCachingPool| t.stats().reserved_bytes.current;
-    for (capacity, bp, after_b, creates_after_c) in [
+    for (capacity, bp, after_b, growths_after_c) in [
         // 25 % of 100 MiB ahead: B maps 20 + 25 MiB, rounded up to 20 MiB pages = 60 MiB,
         // and C (30 MiB) fits in what is left: two growths for three blocks.
         (1 << 30, 2_500, 160 * MIB, 2),
         // No ahead: C needs a third growth.
         (1 << 30, 0, 120 * MIB, 3),
-        // A 128 MiB device has no room for B's 60 MiB: B maps its 20 MiB after one refused
-        // cuMemCreate (three calls to create), and C finds no room at all.
-        (128 * MIB, 2_500, 120 * MIB, 3),
+        // A 128 MiB device has no room for B's 60 MiB: B maps its 20 MiB after a refused
+        // growth, and C finds no room at all.
+        (128 * MIB, 2_500, 120 * MIB, 2),
     ] {
         let mut t = pool(bp);
         let mut d = SimDevice::new(capacity);
@@ -864,9 +908,9 @@ fn grow_ahead_maps_a_share_of_the_held_bytes_beyond_the_request() {
         assert_eq!(b.addr, a.addr + 100 * MIB, "placement is PyTorch's");
         if capacity > 128 * MIB {
             alloc(&mut t, &mut d, 30 * MIB);
-            assert_eq!(creates(&d), creates_after_c, "capacity {capacity}, {bp} bp");
+            assert_eq!(growths(&d), growths_after_c, "capacity {capacity}, {bp} bp");
         } else {
-            assert_eq!(creates(&d), creates_after_c, "one refused, one made");
+            assert_eq!(growths(&d), growths_after_c, "one refused, one made");
             assert!(matches!(
                 t.allocate(&mut d, 30 * MIB, 512, 0),
                 Err(AllocError::OutOfMemory { .. })

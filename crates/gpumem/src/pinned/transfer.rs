@@ -92,6 +92,7 @@ pub fn bandwidth_chart(series: &[(String, Vec<(u64, f64)>)], device: &str) -> cr
                     label: label.clone(),
                     color: PALETTE[i % PALETTE.len()].into(),
                     dashed: false,
+                    width: 1.6,
                     points: pts.iter().map(|&(b, g)| (b as f64, g)).collect(),
                 })
                 .collect(),

@@ -157,6 +157,9 @@ fn data(r: &Report) -> Value {
         "device": r.device,
         "peak_requested_event": r.peak_requested_event,
         "peak_requested_bytes": r.summary.peak_requested_bytes,
+        // Drawn as a line only when the user set a capacity (the default, an H200's, would
+        // flatten every chart).
+        "capacity_limit": (r.capacity_bytes != gpumem_core::sim::DEFAULT_CAPACITY).then_some(r.capacity_bytes),
         "columns": first.map(|c| c.first_event.clone()).unwrap_or_default(),
         "va_gap_merge_bytes": super::map::VA_GAP_MERGE_BYTES,
         "states": STATES.iter().map(|s| s.label()).collect::<Vec<_>>(),
@@ -246,7 +249,9 @@ fn stack_html(r: &Report, stack: Option<u32>, frames: usize) -> String {
 
 fn peak_tables(r: &Report, o: &mut String) {
     let live = r.live_at(r.peak_requested_event);
-    let total: u64 = live.iter().map(|&i| r.blocks[i].requested_bytes).sum();
+    let total: u64 = live
+        .iter()
+        .fold(0u64, |t, &i| t.saturating_add(r.blocks[i].requested_bytes));
     let _ = writeln!(
         o,
         "<p>After event <b>{}</b>: <b>{}</b> requested in <b>{}</b> live blocks.</p>",
@@ -411,6 +416,33 @@ pub fn render(r: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::fill;
+
+    /// The capacity line's value: only a capacity the user set is drawn.
+    #[test]
+    fn capacity_limit_only_when_set() {
+        use crate::report::{build, ReportConfig};
+        use crate::trace::{read_bytes, ReadConfig};
+        let t = read_bytes(
+            "small.jsonl",
+            crate::report::tests::SMALL.as_bytes(),
+            ReadConfig::default(),
+        )
+        .unwrap();
+        let limit = |capacity_bytes: u64| {
+            let cfg = ReportConfig {
+                allocators: vec!["tlsf".into()],
+                capacity_bytes,
+                ..ReportConfig::default()
+            };
+            let r = build(&t, "small.jsonl", &cfg, &mut |_| {}).unwrap();
+            super::data(&r)["capacity_limit"].clone()
+        };
+        assert_eq!(
+            limit(gpumem_core::sim::DEFAULT_CAPACITY),
+            serde_json::Value::Null
+        );
+        assert_eq!(limit(1 << 30), serde_json::json!(1u64 << 30));
+    }
 
     #[test]
     fn fill_replaces_once_and_keeps_unknown_keys() {

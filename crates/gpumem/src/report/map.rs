@@ -372,9 +372,12 @@ impl MemoryMap {
     }
 
     /// The smallest power-of-two cell size (at least 512 bytes) with which every row, one
-    /// blank cell apart, fits in `width × max_lines` cells.
+    /// blank cell apart, fits in `width × max_lines` cells; when the rows are too many to fit
+    /// at all, the smallest with which every row is one cell.
     pub fn cell_bytes(&self, width: usize, max_lines: usize) -> u64 {
         let budget = (width.max(1) * max_lines.max(1)) as u64;
+        // Once every row is one cell, larger cells change nothing: the map cannot fit.
+        let largest = self.rows.iter().map(|r| r.shown_bytes).max().unwrap_or(0);
         let mut cell = 512u64;
         loop {
             let cells: u64 = self
@@ -382,7 +385,7 @@ impl MemoryMap {
                 .iter()
                 .map(|r| r.shown_bytes.div_ceil(cell).max(1) + 1)
                 .sum();
-            if cells <= budget || cell >= 1 << 50 {
+            if cells <= budget || cell >= largest || cell >= 1 << 50 {
                 return cell;
             }
             cell *= 2;

@@ -321,7 +321,7 @@ impl Report {
                 requested_bytes: 0,
             });
             e.blocks += 1;
-            e.requested_bytes += b.requested_bytes;
+            e.requested_bytes = e.requested_bytes.saturating_add(b.requested_bytes);
         }
         let mut v: Vec<SiteShare> = by.into_values().collect();
         v.sort_by(|a, b| {

@@ -99,6 +99,10 @@ pub struct AllocatorRun {
     pub peak_reserved_event: u64,
     /// Allocations refused with out-of-memory.
     pub oom_count: u64,
+    /// Allocations refused as impossible (a size that overflows with its padding, an
+    /// alignment the allocator does not support), dropped with their frees as
+    /// [`crate::replay::replay`] drops them.
+    pub refused_count: u64,
 }
 
 /// A [`Device`] adaptor that forwards every call and records, stamped with
@@ -252,7 +256,8 @@ pub fn trace_blocks(trace: &Trace, device: u32, stacks: &[Option<u32>]) -> Vec<T
 /// `alloc` on `dev`, recording a [`AllocatorRun`] with `columns` figure columns.
 ///
 /// # Errors
-/// An [`AllocError`] other than out-of-memory (a bug or a device failure), with the event.
+/// An [`AllocError`] other than out-of-memory or a refused impossible request (a bug or a
+/// device failure), with the event.
 pub fn record<D: Device>(
     blocks: &[TraceBlock],
     events: u64,
@@ -275,6 +280,7 @@ pub fn record<D: Device>(
     let mut next_alloc = 0usize;
     let calls0 = dev.counters().total();
     let mut oom_count = 0u64;
+    let mut refused_count = 0u64;
     let mut peak_reserved = 0u64;
     let mut peak_reserved_event = 0u64;
     // At event 0 the allocations come first: they include the pre-existing blocks, which
@@ -303,6 +309,9 @@ pub fn record<D: Device>(
                         })
                     }
                     Err(e) if e.is_oom() => oom_count += 1,
+                    Err(AllocError::InvalidAlignment { .. } | AllocError::Overflow { .. }) => {
+                        refused_count += 1
+                    }
                     Err(e) => return Err((ev, e)),
                 }
                 next_alloc += 1;
@@ -335,6 +344,7 @@ pub fn record<D: Device>(
         columns: cols,
         peak_reserved_event,
         oom_count,
+        refused_count,
     })
 }
 

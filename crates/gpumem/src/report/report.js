@@ -19,6 +19,21 @@
     const s = i === 0 ? String(Math.round(v)) : (v >= 100 ? v.toFixed(0) : v >= 10 ? v.toFixed(1) : v.toFixed(2));
     return (b < 0 ? '-' : '') + s + ' ' + u[i];
   }
+  // Byte-axis ticks at round multiples of a binary unit (0, 2 GiB, 4 GiB, ... rather than
+  // 2.33 GiB, 4.66 GiB): a step of 1, 2 or 5 × 10^k of the largest unit below the range.
+  function byteSplits(u, axisIdx, min, max) {
+    const range = Math.max(max - min, 1);
+    let unit = 1;
+    while (unit * 1024 <= range) unit *= 1024;
+    const raw = range / unit / 4, mag = Math.pow(10, Math.floor(Math.log10(raw)));
+    const r = raw / mag, step = (r < 1.5 ? 1 : r < 3 ? 2 : r < 7 ? 5 : 10) * mag * unit;
+    const out = [];
+    for (let v = Math.ceil(min / step) * step; v <= max + step * 1e-9; v += step) out.push(v);
+    return out;
+  }
+  // A byte tick without trailing zeros: 2 GiB, 1.5 GiB.
+  function tickBytes(b) { return fmtBytes(b).replace(/\.?0+ /, (m) => (m.startsWith('.') ? ' ' : m)).replace(/(\.\d*[1-9])0+ /, '$1 '); }
+  function pct(v, digits) { return v === 0 ? '0 %' : (v * 100).toFixed(digits) + ' %'; }
   function hex(x) { return '0x' + x.toString(16); }
   function esc(s) { return String(s).replace(/[&<>"]/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;' }[c])); }
 
@@ -286,7 +301,20 @@
     for (let c = 0; c < v.length; c++) { out[2 * c] = v[c]; out[2 * c + 1] = v[c]; }
     return out;
   }
-  function makeChart(title, seriesList, fmt, log) {
+  // Index of the largest value of the chart column that holds event `e`: the columns are
+  // (smallest, largest) pairs at ascending x, and a column's x is its first event.
+  function columnOf(u, e) {
+    const x = u.data[0];
+    let lo = 0, hi = x.length - 1;
+    while (lo < hi) { const m = (lo + hi + 1) >> 1; if (x[m] <= e) lo = m; else hi = m - 1; }
+    return lo % 2 === 0 && lo + 1 < x.length ? lo + 1 : lo;
+  }
+  // Without the pointer over a chart, its legend shows the values at the map's event.
+  function legendAtCurrent(u) {
+    if (u.cursor.idx == null && u.data[0].length > 0) u.setLegend({ idx: columnOf(u, current) });
+  }
+  function makeChart(title, seriesList, fmt, log, tickFmt, splits, extraDraw) {
+    tickFmt = tickFmt || fmt;
     const el = document.createElement('div');
     $('charts').appendChild(el);
     const w = Math.max(300, Math.floor(($('charts').clientWidth - 16) / 2));
@@ -301,23 +329,34 @@
         { label: 'event', size: 40, values: (u, v) => v.map((x) => x >= 1e6 ? (x / 1e6) + 'M' : x >= 1e3 ? (x / 1e3) + 'k' : x) },
         log
           ? { size: 70, values: (u, v) => v.map((x) => (Math.abs(Math.log10(x) - Math.round(Math.log10(x))) < 1e-9 ? fmt(x) : '')) }
-          : { size: 70, values: (u, v) => v.map(fmt) },
+          : Object.assign({ size: 70, values: (u, v) => v.map(tickFmt) }, splits ? { splits } : {}),
       ],
-      series: [{ label: 'event', value: (u, v) => v == null ? '' : Math.round(v) }].concat(seriesList.map((s, i) => ({
+      // The events of the column under the pointer (a column spans one or more events).
+      series: [{
+        label: 'event', value: (u, v, si, idx) => {
+          if (idx == null) return '';
+          const x = u.data[0], c = idx >> 1, first = x[2 * c];
+          const next = 2 * c + 2 < x.length ? x[2 * c + 2] : D.events;
+          return next - first > 1 ? first + '–' + (next - 1) : String(first);
+        },
+      }].concat(seriesList.map((s, i) => ({
         label: s.label, stroke: s.color || SERIES_COLORS[i % SERIES_COLORS.length], width: s.width || 1.25, points: { show: false },
         dash: s.dash, value: (u, v) => v == null ? '' : fmt(v),
       }))),
       hooks: {
+        setCursor: [legendAtCurrent],
         draw: [(u) => {
           const ctx = u.ctx, px = u.valToPos(current, 'x', true);
           ctx.save();
           ctx.strokeStyle = '#c92a2a'; ctx.lineWidth = 1.5 * (window.devicePixelRatio || 1);
           ctx.beginPath(); ctx.moveTo(px, u.bbox.top); ctx.lineTo(px, u.bbox.top + u.bbox.height); ctx.stroke();
           ctx.restore();
+          if (extraDraw) extraDraw(u);
         }],
       },
     };
     const u = new uPlot(opts, data, el);
+    legendAtCurrent(u);
     u.over.addEventListener('click', () => {
       if (u.cursor.left == null || u.cursor.left < 0) return;
       setEvent(Math.round(u.posToVal(u.cursor.left, 'x')));
@@ -330,12 +369,40 @@
     const reserved = [{ label: 'requested', y: interleave(A[0].series.requested), color: '#111', width: 1.5 }]
       .concat(A.map((a, i) => ({ label: a.name, y: interleave(a.series.reserved), color: SERIES_COLORS[i % 7] })))
       .concat(D.recorded.map((r) => ({ label: 'PyTorch peak (' + r.conf + ')', y: flat(r.reserved_peak_bytes), color: '#8a4b00', dash: [6, 4] })));
-    makeChart('Reserved bytes (from the device)', reserved, fmtBytes);
+    if (D.capacity_limit != null) {
+      reserved.push({ label: 'capacity', y: flat(D.capacity_limit), color: '#7f7f7f', dash: [3, 3] });
+    }
+    // Allocations that ran out of memory: a tick per event above the x axis, in the
+    // allocator's colour, one row of ticks per allocator.
+    const failed = A.map((a) => {
+      const out = [];
+      for (let i = 0; i < a.placementsV.addr.length; i++) {
+        if (a.placementsV.addr[i] < 0) out.push(D.blocksV.alloc_event[i]);
+      }
+      return out;
+    });
+    const anyFailed = failed.some((f) => f.length > 0);
+    const ticks = (u) => {
+      const ctx = u.ctx, dpr = window.devicePixelRatio || 1, bottom = u.bbox.top + u.bbox.height;
+      ctx.save();
+      ctx.lineWidth = 1.5 * dpr;
+      failed.forEach((f, i) => {
+        if (!f.length) return;
+        ctx.strokeStyle = SERIES_COLORS[i % 7];
+        const y0 = bottom - 3 * i * dpr;
+        ctx.beginPath();
+        for (const e of f) { const px = u.valToPos(e, 'x', true); ctx.moveTo(px, y0); ctx.lineTo(px, y0 - 8 * dpr); }
+        ctx.stroke();
+      });
+      ctx.restore();
+    };
+    makeChart(anyFailed ? 'Reserved bytes (ticks: failed allocations)' : 'Reserved bytes (from the device)',
+      reserved, fmtBytes, false, tickBytes, byteSplits, anyFailed ? ticks : null);
     const allocated = [{ label: 'requested', y: interleave(A[0].series.requested), color: '#111', width: 1.5 }]
       .concat(A.map((a, i) => ({ label: a.name, y: interleave(a.series.allocated), color: SERIES_COLORS[i % 7] })))
       .concat(D.recorded.filter((r) => r.allocated_peak_bytes != null).map((r) => ({ label: 'PyTorch peak (' + r.conf + ')', y: flat(r.allocated_peak_bytes), color: '#8a4b00', dash: [6, 4] })));
-    makeChart('Allocated bytes (live blocks after rounding)', allocated, fmtBytes);
-    makeChart('External fragmentation (1 − largest free / free)', A.map((a, i) => ({ label: a.name, y: interleave(a.series.fragmentation), color: SERIES_COLORS[i % 7] })), (v) => (v * 100).toFixed(v < 0.1 ? 1 : 0) + ' %');
+    makeChart('Allocated bytes (live blocks after rounding)', allocated, fmtBytes, false, tickBytes, byteSplits);
+    makeChart('External fragmentation (1 − largest free / free)', A.map((a, i) => ({ label: a.name, y: interleave(a.series.fragmentation), color: SERIES_COLORS[i % 7] })), (v) => pct(v, 1), false, (v) => pct(v, 0));
     // Log scale: pools differ by orders of magnitude; no call yet is left out (a gap).
     const calls = (a) => Array.from(doubled(a.series.driver_calls), (v) => (v >= 1 ? v : null));
     makeChart('Driver calls (cumulative, log scale)', A.map((a, i) => ({ label: a.name, y: calls(a), color: SERIES_COLORS[i % 7] })), (v) => v >= 1e6 ? (v / 1e6).toFixed(2) + 'M' : v >= 1e3 ? (v / 1e3).toFixed(1) + 'k' : String(Math.round(v)), true);
@@ -349,7 +416,7 @@
     $('map-slider').value = String(e);
     $('map-event-input').value = String(e);
     redrawMap();
-    for (const u of charts) u.redraw(false, false);
+    for (const u of charts) { u.redraw(false, false); legendAtCurrent(u); }
   }
   function redrawMap() {
     const ai = Number($('map-allocator').value) || 0;

@@ -199,7 +199,13 @@ fn parse_line(text: &str) -> Result<(Parsed, Vec<Typo>), String> {
             }
         },
     };
-    Ok((parse_fields(l)?, typos))
+    match parse_fields(l) {
+        Ok(p) => Ok((p, typos)),
+        // A missing key is often a misspelt one: say so in the error itself.
+        Err(e) => Err(typos.iter().fold(e, |e, (unknown, known)| {
+            format!("{e}; unknown key {unknown:?}: did you mean {known:?}?")
+        })),
+    }
 }
 
 fn parse_fields(l: Line) -> Result<Parsed, String> {
