@@ -19,7 +19,12 @@ type Chunk<T> = Box<[Option<T>; CHUNK_SLOTS]>;
 #[cold]
 #[inline(never)]
 fn new_chunk<T: Copy>() -> Chunk<T> {
-    Box::new([None; CHUNK_SLOTS])
+    // Written in place on the heap (`Box::new` of the array would build it on the stack
+    // and copy its 12 KiB).
+    match vec![None; CHUNK_SLOTS].into_boxed_slice().try_into() {
+        Ok(chunk) => chunk,
+        Err(_) => Box::new([None; CHUNK_SLOTS]),
+    }
 }
 
 /// One `Option<T>` per page; see the module documentation.
