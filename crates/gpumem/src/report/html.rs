@@ -367,7 +367,8 @@ pub fn render(r: &Report) -> String {
     let _ = write!(
         summary,
         "<dl class=\"summary\"><dt>trace</dt><dd>{}</dd><dt>format</dt><dd>{}</dd><dt>device</dt><dd>{}</dd><dt>events</dt><dd id=\"n-events\">{}</dd><dt>allocations / frees</dt><dd>{} / {}</dd><dt>peak requested</dt><dd id=\"peak-requested\" data-bytes=\"{}\">{} (after event {})</dd><dt>largest request</dt><dd>{}</dd><dt>simulated device</dt><dd>{}</dd><dt>stacks</dt><dd>{}</dd></dl>",
-        esc(&r.trace_name),
+        // A long path wraps after a slash rather than inside a name.
+        esc(&r.trace_name).replace('/', "/<wbr>"),
         r.format.map_or("gpumem JSON lines".into(), |f| format!("{f:?}")),
         r.device,
         s.events,
