@@ -29,7 +29,7 @@
 //! unmaps and releases only the handles that lie whole inside a free block (`first_whole_run`, one per
 //! `unmap_block`):
 //! a handle is unmapped whole or not at all. So that an out-of-memory can still give back
-//! the free pages beside live blocks, a growth is cut into handles of at most 1/16 of the
+//! the free pages beside live blocks, a growth is cut into handles of at most 1/8 of the
 //! device memory it leaves free ([`coarse_piece_pages`]; one cuMemCreate and one cuMemMap
 //! each, one cuMemSetAccess for the growth): one handle while the device has room, down to
 //! PyTorch's one page per handle near its limit. Placement and figures are unchanged; a
@@ -353,9 +353,9 @@ pub(crate) struct RangeToFree {
     pub va: u64,
 }
 
-/// A coarse handle holds at most this share (1/16) of the device memory its growth leaves
+/// A coarse handle holds at most this share (1/8) of the device memory its growth leaves
 /// free ([`coarse_piece_pages`]).
-pub(crate) const COARSE_PIECE_DIVISOR: u64 = 16;
+pub(crate) const COARSE_PIECE_DIVISOR: u64 = 8;
 
 /// Most pages of one coarse handle in a growth of `pages` pages of `page` bytes:
 /// 1/[`COARSE_PIECE_DIVISOR`] of the device memory the growth leaves free, at least one
@@ -366,11 +366,14 @@ pub(crate) const COARSE_PIECE_DIVISOR: u64 = 16;
 /// A handle is given back whole or not at all, so on an out-of-memory the free part of a
 /// handle that a live block touches stays held. Pieces that shrink as the device fills keep
 /// that part small where it matters: on an H200 with a 25 GiB job a growth is cut only above
-/// ≈ 7 GiB (no shipped trace's growth is), near the device's limit handles come down to
-/// PyTorch's one page. Measured on the shipped traces (BENCHMARKS.md, issue 11, eighth
-/// session): the smallest device that runs gpt2_train falls from 25.33 to 24.16 GiB and
-/// inference_with_empty_cache from 25.78 to 18.05 GiB (PyTorch's expandable segments: 23.75
-/// and 17.31), with the same driver calls on the H200's capacity.
+/// ≈ 14 GiB (no shipped trace's growth is), near the device's limit handles come down to
+/// PyTorch's one page. The divisor trades the smallest device a run fits in against calls
+/// in a job that fills much of the device (BENCHMARKS.md, issue 11, eighth session): with 8
+/// the smallest device that runs gpt2_train falls from 25.33 to 24.66 GiB and
+/// inference_with_empty_cache from 25.78 to 19.04 GiB (PyTorch's expandable segments: 23.75
+/// and 17.31), with the same driver calls on the H200's capacity; 16 gives 24.16 and
+/// 18.05 GiB but 2.5 × the second-half calls of gpt2_train with its sizes × 4 (a 101 GiB
+/// peak on the H200), 8 gives 1.5 ×.
 pub(crate) fn coarse_piece_pages(dev: &dyn Device, page: u64, pages: u64) -> u64 {
     let free_after = dev
         .capacity_bytes()

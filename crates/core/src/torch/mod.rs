@@ -206,10 +206,10 @@ impl TorchCachingPool {
     /// page. Placement, splitting and the figures are PyTorch's; what differs is the
     /// driver calls, and that releasing the cache (`empty_cache`, an OOM) unmaps only the
     /// handles that lie whole inside free blocks (a handle cannot be unmapped in part). As
-    /// the device fills, growths are cut into smaller handles (at most 1/16 of the memory a
-    /// growth leaves free), so that an OOM can give back nearly what PyTorch's pages give
-    /// back: the smallest device that runs a shipped trace is 0.995–1.043 ×
-    /// `expandable_segments:True`'s (1.135 × on random churn; was up to 1.49 ×; BENCHMARKS.md,
+    /// the device fills, growths are cut into smaller handles (at most 1/8 of the memory a
+    /// growth leaves free), so that an OOM can give back most of what PyTorch's pages give
+    /// back: the smallest device that runs a shipped trace is 0.995–1.100 ×
+    /// `expandable_segments:True`'s (1.155 × on random churn; was up to 1.49 ×; BENCHMARKS.md,
     /// issue 11, eighth session), with the same driver calls on an H200.
     /// Reports itself as `paged-lazy`.
     ///

@@ -690,7 +690,7 @@ fn expandable_segments_fault_at_every_call_changes_nothing() {
 #[test]
 fn coarse_handles_map_a_growth_in_three_calls_and_place_as_pytorch() {
     use crate::device::DriverCall;
-    // Room enough that no growth is cut (a handle is at most 1/16 of what a growth leaves
+    // Room enough that no growth is cut (a handle is at most 1/8 of what a growth leaves
     // free: `coarse_handles_shrink_as_the_device_fills`).
     let mut d = SimDevice::new(16 << 30);
     let mut t = TorchCachingPool::paged_lazy(&AllocatorConfig::default());
@@ -754,7 +754,7 @@ fn coarse_handles_unmap_only_whole_handles() {
 }
 
 /// Coarse handles shrink as the device fills (`expandable::coarse_piece_pages`): a growth is
-/// cut into handles of at most 1/16 of the device memory it leaves free, so that on an
+/// cut into handles of at most 1/8 of the device memory it leaves free, so that on an
 /// out-of-memory the free pages beside a live block can be given back, as PyTorch's 20 MiB
 /// pages can; on a roomy device the growth is one handle.
 #[test]
@@ -766,24 +766,26 @@ fn coarse_handles_shrink_as_the_device_fills() {
     assert_eq!(d.live_objects().2, 1, "one mapping: one handle");
 
     // A device of 64 pages of 20 MiB: the same growth leaves 480 MiB free, so its handles
-    // are of one page (30 MiB rounded down to whole pages, at least one).
+    // are of three pages (60 MiB): thirteen of them and one of a page, where PyTorch makes
+    // forty.
     let capacity = 1280 * MIB;
     let mut t = TorchCachingPool::paged_lazy(&AllocatorConfig::default());
     let mut d = SimDevice::new(capacity);
     let (mut e, mut ed) = with("expandable_segments:True", capacity);
-    for (t, d) in [(&mut t, &mut d), (&mut e, &mut ed)] {
+    for (t, d, handles) in [(&mut t, &mut d, 14), (&mut e, &mut ed, 40)] {
         let a = alloc(t, d, 800 * MIB);
         let c = d.counters();
         assert_eq!(
             [DriverCall::Create, DriverCall::Map, DriverCall::SetAccess].map(|k| c.get(k)),
-            [40, 40, 1]
+            [handles, handles, 1]
         );
         let b = alloc(t, d, 20 * MIB);
         free(t, d, a.addr);
         let c = alloc(t, d, 600 * MIB);
         assert_eq!(c.addr, a.addr, "best fit: in a's pages");
         // 30 more pages where the device has 23: only once the 10 free pages left of a's
-        // are given back (one coarse handle for a would have kept them).
+        // (pages 30-39: three handles of three pages and one of a page) are given back;
+        // one coarse handle for a would have kept them.
         let f = alloc(t, d, 600 * MIB);
         assert_eq!(t.stats().reserved_bytes.current, 1220 * MIB);
         for x in [b, c, f] {
