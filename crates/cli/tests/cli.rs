@@ -1,23 +1,9 @@
 //! End-to-end tests of the `gpumem` binary on the simulated device.
+mod common;
+
+use common::{gpumem, repo};
 use std::path::PathBuf;
 use std::process::Command;
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn gpumem(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpumem"))
-        .args(args)
-        .current_dir(repo())
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 #[test]
 fn replay_json_has_the_documented_fields_for_every_allocator() {
@@ -144,24 +130,18 @@ fn table_and_timeline() {
 /// event axis (device 1 in the second half), not on its own replay's event count.
 #[test]
 fn timeline_of_two_devices_uses_the_trace_event_axis() {
-    let dir = std::env::temp_dir().join(format!("gpumem-timeline2-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let trace = dir.join("two.jsonl");
-    let mut lines = String::new();
+    let mut lines = Vec::new();
     for device in 0..2 {
-        for i in 0..100u64 {
-            let addr = (i + 1) << 21;
-            lines += &format!(
-                "{{\"action\":\"alloc\",\"addr\":{addr},\"size\":1048576,\"device\":{device}}}\n"
-            );
-        }
-        for i in 0..100u64 {
-            let addr = (i + 1) << 21;
-            lines += &format!("{{\"action\":\"free\",\"addr\":{addr},\"device\":{device}}}\n");
-        }
+        let addrs = (1..=100u64).map(|i| i << 21);
+        lines.extend(addrs.clone().map(|addr| {
+            format!(r#"{{"action":"alloc","addr":{addr},"size":1048576,"device":{device}}}"#)
+        }));
+        lines.extend(
+            addrs.map(|addr| format!(r#"{{"action":"free","addr":{addr},"device":{device}}}"#)),
+        );
     }
-    std::fs::write(&trace, lines).unwrap();
-    let svg = dir.join("two.svg");
+    let trace = jsonl_trace("timeline2", &lines);
+    let svg = trace.with_extension("svg");
     let (ok, _, err) = gpumem(&[
         "replay",
         trace.to_str().unwrap(),
@@ -189,7 +169,8 @@ fn timeline_of_two_devices_uses_the_trace_event_axis() {
         first_x[2..].iter().all(|&x| (420.0..440.0).contains(&x)),
         "{first_x:?}"
     );
-    let _ = std::fs::remove_dir_all(dir);
+    let _ = std::fs::remove_file(trace);
+    let _ = std::fs::remove_file(svg);
 }
 
 #[test]

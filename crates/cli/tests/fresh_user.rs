@@ -1,24 +1,10 @@
 //! What a fresh user's QA pass of the `gpumem` binary found: each test runs the binary and
 //! checks the exit status and the message.
+mod common;
+
+use common::{gpumem, repo};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn gpumem(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpumem"))
-        .args(args)
-        .current_dir(repo())
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 /// A fresh folder of this test's own.
 fn scratch(tag: &str) -> PathBuf {
