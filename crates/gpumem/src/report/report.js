@@ -301,17 +301,15 @@
     for (let c = 0; c < v.length; c++) { out[2 * c] = v[c]; out[2 * c + 1] = v[c]; }
     return out;
   }
-  // Index of the largest value of the chart column that holds event `e`: the columns are
-  // (smallest, largest) pairs at ascending x, and a column's x is its first event.
-  function columnOf(u, e) {
-    const x = u.data[0];
-    let lo = 0, hi = x.length - 1;
-    while (lo < hi) { const m = (lo + hi + 1) >> 1; if (x[m] <= e) lo = m; else hi = m - 1; }
-    return lo % 2 === 0 && lo + 1 < x.length ? lo + 1 : lo;
+  // Index in a chart's data of the largest value of the column that holds event `e`: the
+  // data are (smallest, largest) pairs, one per column, and `D.columns` the first events.
+  function columnOf(e) {
+    const c = Math.max(0, lowerBound(D.columns, e + 1, (v) => v) - 1);
+    return 2 * c + 1;
   }
   // Without the pointer over a chart, its legend shows the values at the map's event.
   function legendAtCurrent(u) {
-    if (u.cursor.idx == null && u.data[0].length > 0) u.setLegend({ idx: columnOf(u, current) });
+    if (u.cursor.idx == null && u.data[0].length > 0) u.setLegend({ idx: columnOf(current) });
   }
   function makeChart(title, seriesList, fmt, log, tickFmt, splits, extraDraw) {
     tickFmt = tickFmt || fmt;
@@ -335,8 +333,8 @@
       series: [{
         label: 'event', value: (u, v, si, idx) => {
           if (idx == null) return '';
-          const x = u.data[0], c = idx >> 1, first = x[2 * c];
-          const next = 2 * c + 2 < x.length ? x[2 * c + 2] : D.events;
+          const c = idx >> 1, first = D.columns[c];
+          const next = c + 1 < D.columns.length ? D.columns[c + 1] : D.events;
           return next - first > 1 ? first + '–' + (next - 1) : String(first);
         },
       }].concat(seriesList.map((s, i) => ({
