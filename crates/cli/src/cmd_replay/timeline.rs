@@ -1,6 +1,6 @@
 //! The replay's `--timeline` chart: requested / allocated / reserved per allocator.
 use super::AllocatorRun;
-use crate::units::human_bytes;
+use crate::units::{counted, human_bytes};
 use gpumem::plot::{Chart, Series, PALETTE};
 use gpumem::replay::{self, ReplayReport};
 use gpumem::trace::Trace;
@@ -24,15 +24,6 @@ fn trace_positions(trace: &Trace, device: u32) -> Vec<u64> {
         .filter(|(_, e)| e.device == device)
         .map(|(i, _)| i as u64)
         .collect()
-}
-
-/// `n` and the noun, plural unless one.
-fn count(n: u64, noun: &str) -> String {
-    if n == 1 {
-        format!("1 {noun}")
-    } else {
-        format!("{n} {noun}s")
-    }
 }
 
 /// The chart of `runs` (one panel per allocator; `devices[i]` is the device of each run's
@@ -132,20 +123,20 @@ pub(super) fn timeline_chart(
                 .map(|(di, e)| at(di, e))
                 .collect::<Vec<f64>>(),
         );
-        let peaks = if several {
-            run.per_dev
-                .iter()
-                .zip(devices)
-                .map(|(r, d)| format!("{} on device {d}", human_bytes(r.peak_reserved_bytes)))
-                .collect::<Vec<_>>()
-                .join(", ")
-        } else {
-            run.per_dev
-                .iter()
-                .map(|r| human_bytes(r.peak_reserved_bytes))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
+        let peaks = run
+            .per_dev
+            .iter()
+            .zip(devices)
+            .map(|(r, d)| {
+                let peak = human_bytes(r.peak_reserved_bytes);
+                if several {
+                    format!("{peak} on device {d}")
+                } else {
+                    peak
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
         panels.push((
             format!(
                 "{}: peak reserved {peaks}{}",
@@ -153,7 +144,7 @@ pub(super) fn timeline_chart(
                 if failed > 0 {
                     format!(
                         ", {} (black ticks on the x axis)",
-                        count(failed, "failed allocation")
+                        counted(failed, "failed allocation")
                     )
                 } else {
                     String::new()
