@@ -26,8 +26,10 @@
 //! busy machine measure the same), [`ReplayReport::seconds`] the wall time.
 use std::time::Instant;
 
-use gpumem_core::{AllocError, Allocator, Device, DeviceError, DriverCounters, Stats};
-use rustc_hash::FxHashMap;
+use gpumem_core::{
+    AllocError, Allocator, Device, DeviceError, DriverCounters, ForeignBlock, ForeignSegment, Stats,
+};
+use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
 
 use crate::trace::{Action, Trace};
@@ -327,6 +329,105 @@ struct Live {
     bytes: u64,
 }
 
+/// A cudaMalloc segment the recorded run held when its trace began (see
+/// [`preexisting_segments`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreexistingSegment {
+    /// Its address in the recorded run.
+    pub address: u64,
+    /// The segment and the blocks live in it when the trace began.
+    pub segment: ForeignSegment,
+    /// The recorded addresses of those blocks ([`Trace::preexisting`]), in the order of
+    /// `segment.blocks`.
+    pub block_addrs: Vec<u64>,
+}
+
+/// The cudaMalloc segments `trace` shows existed on `device` before its first event, in
+/// address order: those the snapshot lists at its dump (expandable ones left out) that no
+/// `segment_alloc` or `segment_free` event touches, and those whose first segment event is
+/// a `segment_free` (size and stream from that event; a 2 MiB one is taken for a small-pool
+/// segment, as only PyTorch's small pool makes segments of that size). Each carries the
+/// pre-existing blocks ([`Trace::preexisting`]) that lie inside it; every other byte was free.
+/// A replay through the `torch` emulation starts from them
+/// ([`Allocator::adopt_segment`]), as the recorded run did; empty for traces that record no
+/// segments (JSON lines, RMM logs).
+pub fn preexisting_segments(trace: &Trace, device: u32) -> Vec<PreexistingSegment> {
+    // The first segment event at each address: (is a free, bytes, stream).
+    let mut first: FxHashMap<u64, (bool, u64, u64)> = FxHashMap::default();
+    for e in trace.events.iter().filter(|e| e.device == device) {
+        let free = match e.action {
+            Action::SegmentAlloc => false,
+            Action::SegmentFree => true,
+            _ => continue,
+        };
+        first
+            .entry(e.addr)
+            .or_insert((free, e.size_bytes, e.stream));
+    }
+    // Allocated bytes of the blocks the dump shows live.
+    let mut dumped: FxHashMap<u64, u64> = FxHashMap::default();
+    let mut out: Vec<PreexistingSegment> = Vec::new();
+    let mut add = |address: u64, bytes: u64, small_pool: bool, stream: u64| {
+        out.push(PreexistingSegment {
+            address,
+            segment: ForeignSegment {
+                bytes,
+                small_pool,
+                stream,
+                blocks: Vec::new(),
+            },
+            block_addrs: Vec::new(),
+        });
+    };
+    for s in trace.segments.iter().filter(|s| s.device == device) {
+        for b in s.blocks.iter().filter(|b| b.state.starts_with("active")) {
+            dumped.insert(b.address, b.size_bytes);
+        }
+        if !s.is_expandable && !first.contains_key(&s.address) && s.total_size_bytes > 0 {
+            add(
+                s.address,
+                s.total_size_bytes,
+                s.segment_type == "small",
+                s.stream,
+            );
+        }
+    }
+    for (&address, &(free, bytes, stream)) in &first {
+        if free && bytes > 0 {
+            add(
+                address,
+                bytes,
+                bytes == gpumem_core::torch::SMALL_BUFFER_BYTES,
+                stream,
+            );
+        }
+    }
+    if out.is_empty() {
+        return out;
+    }
+    out.sort_unstable_by_key(|s| s.address);
+    let mut blocks: Vec<(u64, u64)> = trace
+        .preexisting
+        .iter()
+        .filter(|p| p.device == device)
+        .map(|p| (p.addr, p.size_bytes))
+        .collect();
+    blocks.sort_unstable();
+    for seg in &mut out {
+        let end = seg.address.saturating_add(seg.segment.bytes);
+        let from = blocks.partition_point(|b| b.0 < seg.address);
+        for &(addr, requested) in blocks[from..].iter().take_while(|b| b.0 < end) {
+            seg.segment.blocks.push(ForeignBlock {
+                offset: addr - seg.address,
+                requested_bytes: requested,
+                allocated_bytes: dumped.get(&addr).copied(),
+            });
+            seg.block_addrs.push(addr);
+        }
+    }
+    out
+}
+
 struct State<'a> {
     live: FxHashMap<u64, Live>,
     opts: &'a ReplayConfig,
@@ -479,7 +580,43 @@ pub fn replay_summarized(
     let started = Instant::now();
     let cpu_started = thread_cpu_seconds();
 
-    for p in trace.preexisting.iter().filter(|p| p.device == opts.device) {
+    // The segments the recorded run already held, for an allocator that keeps PyTorch's
+    // (the `torch` emulation); the blocks live in them are taken in with them.
+    let mut adopted: FxHashSet<u64> = FxHashSet::default();
+    for f in preexisting_segments(trace, opts.device) {
+        let blocks = match alloc.adopt_segment(dev, &f.segment) {
+            Ok(Some(blocks)) => blocks,
+            // Not adopted: its blocks are allocated below like any other.
+            Ok(None) => continue,
+            Err(e) if e.is_oom() => continue,
+            Err(source) => {
+                return Err(ReplayError::Allocator {
+                    event: 0,
+                    allocator: name.clone(),
+                    source,
+                })
+            }
+        };
+        for (&trace_addr, b) in f.block_addrs.iter().zip(&blocks) {
+            if opts.canary && b.requested_bytes >= 4 {
+                dev.fill_pattern(b.addr, b.requested_bytes & !3, canary_pattern(trace_addr))
+                    .map_err(|source| ReplayError::Canary { event: 0, source })?;
+            }
+            st.live.insert(
+                trace_addr,
+                Live {
+                    addr: b.addr,
+                    bytes: b.requested_bytes,
+                },
+            );
+            adopted.insert(trace_addr);
+        }
+    }
+    for p in trace
+        .preexisting
+        .iter()
+        .filter(|p| p.device == opts.device && !adopted.contains(&p.addr))
+    {
         st.alloc(
             alloc,
             dev,
