@@ -52,8 +52,9 @@ pub struct ReplayConfig {
     pub canary: bool,
     /// Sample fragmentation figures (about 1000 times per replay); off for capacity probes.
     pub sample_fragmentation: bool,
-    /// Stop at the first failed allocation (capacity probes only need to know whether the
-    /// trace completes).
+    /// Stop at the first out-of-memory (capacity probes only need to know whether the trace
+    /// completes; a refused request, an impossible size or alignment, fails at every capacity
+    /// and does not stop the replay).
     pub stop_at_first_failure: bool,
 }
 
@@ -243,6 +244,9 @@ pub struct TraceSummary {
     pub preexisting_blocks: u64,
     /// Frees of blocks that were never allocated and are not pre-existing (lenient reads).
     pub unmatched_frees: u64,
+    /// Requests too large to round up to 512 bytes: every allocator refuses them, and they
+    /// are left out of the peak and the largest request (as their frees are).
+    pub impossible_requests: u64,
     /// Microseconds from the first to the last event with a `time_us`, when the trace has
     /// timestamps.
     pub duration_us: Option<u64>,
@@ -260,6 +264,7 @@ pub fn summarize(trace: &Trace, device: u32) -> TraceSummary {
         s.preexisting_blocks += 1;
     }
     s.peak_requested_bytes = cur;
+    let mut impossible: FxHashSet<u64> = FxHashSet::default();
     let mut times: Option<(i64, i64)> = None;
     for e in trace.events.iter().filter(|e| e.device == device) {
         s.events += 1;
@@ -269,10 +274,17 @@ pub fn summarize(trace: &Trace, device: u32) -> TraceSummary {
         match e.action {
             Action::Alloc => {
                 s.allocs += 1;
-                s.largest_request_bytes = s.largest_request_bytes.max(e.size_bytes);
-                if let Some(old) = live.insert(e.addr, e.size_bytes) {
+                if let Some(old) = live.remove(&e.addr) {
                     cur = cur.saturating_sub(old);
                 }
+                if e.size_bytes > u64::MAX - (crate::plan::PLAN_ROUND_BYTES - 1) {
+                    s.impossible_requests += 1;
+                    impossible.insert(e.addr);
+                    continue;
+                }
+                impossible.remove(&e.addr);
+                s.largest_request_bytes = s.largest_request_bytes.max(e.size_bytes);
+                live.insert(e.addr, e.size_bytes);
                 cur = cur.saturating_add(e.size_bytes);
                 s.peak_requested_bytes = s.peak_requested_bytes.max(cur);
             }
@@ -280,6 +292,7 @@ pub fn summarize(trace: &Trace, device: u32) -> TraceSummary {
                 s.frees += 1;
                 match live.remove(&e.addr) {
                     Some(sz) => cur = cur.saturating_sub(sz),
+                    None if impossible.remove(&e.addr) => {}
                     None => s.unmatched_frees += 1,
                 }
             }
@@ -671,7 +684,9 @@ pub fn replay_summarized(
                     align,
                     e.stream,
                 )?;
-                if !served && opts.stop_at_first_failure {
+                // Stop at an out-of-memory (the first, or the replay would have stopped), not
+                // at a refused request.
+                if !served && opts.stop_at_first_failure && report.oom_count > 0 {
                     index += 1;
                     break;
                 }
