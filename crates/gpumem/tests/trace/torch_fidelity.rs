@@ -388,6 +388,10 @@ fn recorded_sequence_self_check_on_every_trace() {
     for path in paths {
         let trace = read_path(&path, ReadConfig::default()).expect("reads");
         let name = path.file_name().unwrap().to_string_lossy().to_string();
+        if name.contains("expandable") {
+            // Expandable segments record map steps, not cudaMalloc calls: nothing to check.
+            continue;
+        }
         let r = gpumem::torch_replay::replay_torch(
             &trace,
             &TorchConfig::default(),
@@ -408,10 +412,11 @@ fn recorded_sequence_self_check_on_every_trace() {
     }
 }
 
-/// Traces recorded after other work in the same process start with segments PyTorch had
-/// already made (`traces/warm_process/README.md`): the emulation takes them in and matches
-/// PyTorch's own peaks to the byte (before it did, gan_train's reserved peak came out at
-/// 0.816 GiB against PyTorch's 1.025, seg_train's at 5.617 against 5.244).
+/// Traces recorded after other work in the same process, or after a model was loaded and
+/// trained a step, start with segments PyTorch had already made
+/// (`traces/warm_process/README.md`): the emulation takes them in and matches PyTorch's own
+/// peaks to the byte (before it did, gan_train's reserved peak came out at 0.816 GiB against
+/// PyTorch's 1.025, seg_train's at 5.617 against 5.244, gpt2_preloaded_native's 3.4 % high).
 #[test]
 fn warm_process_traces_match_pytorch_to_the_byte() {
     use gpumem::core::sim::RecordedCheck;
@@ -426,7 +431,16 @@ fn warm_process_traces_match_pytorch_to_the_byte() {
         })
         .collect();
     names.sort();
-    assert_eq!(names, ["gan_train", "lstm_lm", "seg_train"]);
+    assert_eq!(
+        names,
+        [
+            "gan_train",
+            "gpt2_preloaded_expandable",
+            "gpt2_preloaded_native",
+            "lstm_lm",
+            "seg_train"
+        ]
+    );
     for name in names {
         let trace = read_path(
             &dir.join(format!("{name}.pickle.gz")),
@@ -434,23 +448,38 @@ fn warm_process_traces_match_pytorch_to_the_byte() {
         )
         .expect("reads");
         let segs = gpumem::replay::preexisting_segments(&trace, 0);
-        assert!(segs.len() >= 2, "{name}: {segs:?}");
+        let expandable = trace
+            .allocator_settings
+            .as_ref()
+            .and_then(|s| s.expandable_segments)
+            == Some(true);
+        // Expandable segments are not taken in (their blocks are placed as usual, which
+        // matches on this trace); every other trace here starts with segments to adopt.
+        assert_eq!(segs.is_empty(), expandable, "{name}: {segs:?}");
         let text = std::fs::read_to_string(dir.join(format!("{name}.stats.json"))).expect("stats");
         let stats: serde_json::Value = serde_json::from_str(&text).expect("stats JSON");
+        // The trace's own setting, as `gpumem replay` runs it.
+        let conf = if expandable {
+            TorchConfig::parse("expandable_segments:True").expect("conf")
+        } else {
+            TorchConfig::default()
+        };
         let r = gpumem::torch_replay::replay_torch(
             &trace,
-            &TorchConfig::default(),
+            &conf,
             gpumem_core::sim::DEFAULT_CAPACITY,
             true,
             &gpumem::replay::ReplayConfig::default(),
             &mut |_| {},
         )
         .expect("replay");
-        let check = r.emulation_check.expect("segment events");
-        assert!(
-            matches!(check, RecordedCheck::Matches { .. }),
-            "{name}: {check}"
-        );
+        if !expandable {
+            let check = r.emulation_check.expect("segment events");
+            assert!(
+                matches!(check, RecordedCheck::Matches { .. }),
+                "{name}: {check}"
+            );
+        }
         assert_eq!(
             r.report.peak_reserved_bytes,
             stat(&stats, "reserved_bytes.all.peak"),
