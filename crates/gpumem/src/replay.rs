@@ -14,10 +14,12 @@
 //!   index of the first of each;
 //! - only events of [`ReplayConfig::device`] are replayed (one pool per device); event
 //!   indices count that device's events from 0;
-//! - for the `torch` emulation, each run of recorded `segment_free` / `segment_unmap` events is
-//!   a `torch.cuda.empty_cache()` (or an OOM's cache release) of the recorded run: the
-//!   emulation empties its cache there too (other allocators are left alone:
-//!   `empty_cache()` does not reach a plug-in allocator).
+//! - for the `torch` emulation, a run of recorded `segment_free` / `segment_unmap` events that
+//!   left no wholly free segment behind is a `torch.cuda.empty_cache()` (or an OOM's cache
+//!   release) of the recorded run: the emulation empties its cache there too
+//!   ([`cache_releases`]). A run that left some is the allocator's own (its garbage collector,
+//!   or oversize blocks freed under a memory limit), which the emulation does by itself. Other
+//!   allocators are left alone: `empty_cache()` does not reach a plug-in allocator.
 //!
 //! Figures: `requested` bytes are those of the blocks actually served, so
 //! [`ReplayReport::reserved_over_requested`] is at least 1 even when allocations failed (and 0,
@@ -342,6 +344,85 @@ struct Live {
     bytes: u64,
 }
 
+/// The event indices of `device` (counted as [`replay`] counts them, from 0) where a run of
+/// recorded `segment_free` / `segment_unmap` events starts that released the recorded run's
+/// cache: `torch.cuda.empty_cache()`, or the release before an out-of-memory retry. Both
+/// free every wholly free cudaMalloc segment, so a run of `segment_free` events after which
+/// one is left (by the trace's own addresses: a segment with no live block in it) was not
+/// one: PyTorch's garbage collector (`garbage_collection_threshold`) or its release of
+/// oversize blocks (`max_split_size_mb` under a memory limit) freed some segments only, inside
+/// an allocation the replay makes too. Runs with `segment_unmap` (expandable segments) count
+/// as releases of the cache.
+pub fn cache_releases(trace: &Trace, device: u32) -> FxHashSet<u64> {
+    let events: Vec<&crate::trace::Event> =
+        trace.events.iter().filter(|e| e.device == device).collect();
+    let mut out = FxHashSet::default();
+    if !events.iter().any(|e| e.action == Action::SegmentFree) {
+        // Only unmap runs (or none): every run is a release, as before.
+        let mut in_run = false;
+        for (i, e) in events.iter().enumerate() {
+            let release = matches!(e.action, Action::SegmentFree | Action::SegmentUnmap);
+            if release && !in_run {
+                out.insert(i as u64);
+            }
+            in_run = release;
+        }
+        return out;
+    }
+    let mut live: std::collections::BTreeMap<u64, u64> = trace
+        .preexisting
+        .iter()
+        .filter(|p| p.device == device)
+        .map(|p| (p.addr, p.size_bytes))
+        .collect();
+    let mut segments: std::collections::BTreeMap<u64, u64> = preexisting_segments(trace, device)
+        .into_iter()
+        .map(|s| (s.address, s.segment.bytes))
+        .collect();
+    let mut i = 0usize;
+    while i < events.len() {
+        let e = events[i];
+        match e.action {
+            Action::Alloc => {
+                live.insert(e.addr, e.size_bytes);
+            }
+            Action::Free => {
+                live.remove(&e.addr);
+            }
+            Action::SegmentAlloc => {
+                segments.insert(e.addr, e.size_bytes);
+            }
+            Action::SegmentFree | Action::SegmentUnmap => {
+                let start = i;
+                let mut unmaps = false;
+                let mut freed = FxHashSet::default();
+                while i < events.len()
+                    && matches!(events[i].action, Action::SegmentFree | Action::SegmentUnmap)
+                {
+                    unmaps |= events[i].action == Action::SegmentUnmap;
+                    if events[i].action == Action::SegmentFree {
+                        freed.insert(events[i].addr);
+                    }
+                    i += 1;
+                }
+                let wholly_free_left = segments.iter().any(|(&a, &b)| {
+                    !freed.contains(&a) && live.range(a..a.saturating_add(b)).next().is_none()
+                });
+                if unmaps || !wholly_free_left {
+                    out.insert(start as u64);
+                }
+                for a in &freed {
+                    segments.remove(a);
+                }
+                continue;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    out
+}
+
 /// A cudaMalloc segment the recorded run held when its trace began (see
 /// [`preexisting_segments`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -647,11 +728,13 @@ pub fn replay_summarized(
     let mut bucket: Option<Sample> = None;
     let half = summary.events / 2;
     let mut calls_at_half = (half == 0).then(|| dev.counters().total());
-    let honour_empty_cache = name == "torch";
-    let mut in_release_run = false;
+    let releases = if name == "torch" {
+        cache_releases(trace, opts.device)
+    } else {
+        FxHashSet::default()
+    };
     for e in trace.events.iter().filter(|e| e.device == opts.device) {
-        let release_event = matches!(e.action, Action::SegmentFree | Action::SegmentUnmap);
-        if release_event && honour_empty_cache && !in_release_run {
+        if !releases.is_empty() && releases.contains(&index) {
             alloc
                 .empty_cache(dev)
                 .map_err(|source| ReplayError::Allocator {
@@ -660,7 +743,6 @@ pub fn replay_summarized(
                     source,
                 })?;
         }
-        in_release_run = release_event;
         match e.action {
             Action::Alloc => {
                 // A duplicate live address can only come from a lenient read: free the old one.
@@ -846,6 +928,50 @@ pub fn replay_summarized(
 mod tests {
     use super::*;
     use crate::trace::{Event, PreexistingBlock};
+
+    /// A run of `segment_free` events is the recorded run's `empty_cache()` only when it left
+    /// no wholly free segment: the garbage collector frees some old segments and keeps others.
+    #[test]
+    fn cache_releases_tell_empty_cache_from_the_collector() {
+        const MIB: u64 = 1 << 20;
+        let (a, b) = (0x1000_0000u64, 0x2000_0000u64);
+        let events = vec![
+            Event::new(Action::SegmentAlloc, a, 20 * MIB),
+            Event::new(Action::Alloc, a, MIB),
+            Event::new(Action::SegmentAlloc, b, 20 * MIB),
+            Event::new(Action::Alloc, b, MIB),
+            Event::new(Action::Free, a, MIB),
+            Event::new(Action::Free, b, MIB),
+            // 6: the collector frees `a` only; `b` stays cached and wholly free.
+            Event::new(Action::SegmentFree, a, 20 * MIB),
+            Event::new(Action::SegmentAlloc, a, 40 * MIB),
+            Event::new(Action::Alloc, a, 30 * MIB),
+            // 9: empty_cache(): `b` goes; `a` holds a live block.
+            Event::new(Action::SegmentFree, b, 20 * MIB),
+            Event::new(Action::Free, a, 30 * MIB),
+            // 11, 12: empty_cache() again, one run of one event.
+            Event::new(Action::SegmentFree, a, 40 * MIB),
+        ];
+        let t = Trace {
+            events,
+            ..Trace::default()
+        };
+        let mut got: Vec<u64> = cache_releases(&t, 0).into_iter().collect();
+        got.sort_unstable();
+        assert_eq!(got, vec![9, 11]);
+        // Unmap runs (expandable segments) are releases as before.
+        let t = Trace {
+            events: vec![
+                Event::new(Action::SegmentMap, a, 20 * MIB),
+                Event::new(Action::SegmentUnmap, a, 20 * MIB),
+            ],
+            ..Trace::default()
+        };
+        assert_eq!(
+            cache_releases(&t, 0).into_iter().collect::<Vec<_>>(),
+            vec![1]
+        );
+    }
 
     #[test]
     fn summary_counts_peak_and_preexisting() {
