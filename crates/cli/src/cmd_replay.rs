@@ -696,7 +696,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
             .sum();
         if segs > 0 && names.contains(&"torch") {
             eprintln!(
-                "  {} made before recording started (no event of the trace made {}); the torch emulation starts from {}, as PyTorch did (not under expandable_segments)",
+                "  {} made before recording started (no event of the trace made {}); the torch emulation starts from {}, as PyTorch did",
                 crate::units::counted(segs as u64, "segment"),
                 if segs == 1 { "it" } else { "them" },
                 if segs == 1 { "it" } else { "them" },

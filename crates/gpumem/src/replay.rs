@@ -344,6 +344,116 @@ struct Live {
     bytes: u64,
 }
 
+/// The expandable segments (`expandable_segments:True`) `trace` shows had pages mapped on
+/// `device` when it began, one per stream and pool, without their blocks (see
+/// [`preexisting_segments`]). A page was mapped then if the trace's first `segment_map` /
+/// `segment_unmap` of it is an unmap, or, when no event touches it, if the snapshot's dump
+/// shows it mapped. Events are matched to the stream and pool whose dumped pages lie
+/// nearest. Offsets count from the lowest page the trace or the dump shows of the segment:
+/// PyTorch maps the lowest free place first, so no page below it served the run.
+fn preexisting_expandable(trace: &Trace, device: u32) -> Vec<PreexistingSegment> {
+    use std::collections::BTreeMap;
+    // (stream, small pool) -> (page bytes, dumped mapped pages)
+    let mut groups: BTreeMap<(u64, bool), (u64, Vec<u64>)> = BTreeMap::new();
+    for s in trace
+        .segments
+        .iter()
+        .filter(|s| s.device == device && s.is_expandable)
+    {
+        let small = s.segment_type == "small";
+        let page = if small {
+            gpumem_core::torch::SMALL_BUFFER_BYTES
+        } else {
+            gpumem_core::torch::LARGE_BUFFER_BYTES
+        };
+        let g = groups
+            .entry((s.stream, small))
+            .or_insert((page, Vec::new()));
+        let mut a = s.address;
+        while a < s.address.saturating_add(s.total_size_bytes) {
+            g.1.push(a);
+            a += page;
+        }
+    }
+    if groups.is_empty() {
+        return Vec::new();
+    }
+    for g in groups.values_mut() {
+        g.1.sort_unstable();
+        g.1.dedup();
+    }
+    let spans: Vec<((u64, bool), u64, u64)> = groups
+        .iter()
+        .filter_map(|(&k, (page, pages))| Some((k, *pages.first()?, pages.last()? + page)))
+        .collect();
+    // First map (false) or unmap (true) event of each page, per group.
+    let mut first: BTreeMap<(u64, bool), BTreeMap<u64, bool>> = BTreeMap::new();
+    for e in trace.events.iter().filter(|e| e.device == device) {
+        let unmap = match e.action {
+            Action::SegmentMap => false,
+            Action::SegmentUnmap => true,
+            _ => continue,
+        };
+        let Some(&(k, _, _)) = spans.iter().min_by_key(|(_, lo, hi)| {
+            if e.addr < *lo {
+                lo - e.addr
+            } else {
+                e.addr.saturating_sub(*hi)
+            }
+        }) else {
+            continue;
+        };
+        let page = groups[&k].0;
+        let f = first.entry(k).or_default();
+        let mut a = e.addr - e.addr % page;
+        while a < e.addr.saturating_add(e.size_bytes) {
+            f.entry(a).or_insert(unmap);
+            a += page;
+        }
+    }
+    let mut out = Vec::new();
+    for (&(stream, small), (page, dumped)) in &groups {
+        let f = first.get(&(stream, small));
+        let mut pages: Vec<u64> = dumped.clone();
+        pages.extend(f.into_iter().flat_map(|m| m.keys().copied()));
+        pages.sort_unstable();
+        pages.dedup();
+        let Some(&base) = pages.first() else {
+            continue;
+        };
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for &p in &pages {
+            let mapped_then = match f.and_then(|m| m.get(&p)) {
+                Some(&unmap) => unmap,
+                None => dumped.binary_search(&p).is_ok(),
+            };
+            if !mapped_then {
+                continue;
+            }
+            let off = p - base;
+            match runs.last_mut() {
+                Some(r) if r.0 + r.1 == off => r.1 += page,
+                _ => runs.push((off, *page)),
+            }
+        }
+        let Some(&(o, n)) = runs.last() else {
+            continue;
+        };
+        out.push(PreexistingSegment {
+            address: base,
+            segment: ForeignSegment {
+                bytes: o + n,
+                small_pool: small,
+                stream,
+                blocks: Vec::new(),
+                mapped: Some(runs),
+            },
+            block_addrs: Vec::new(),
+        });
+    }
+    out
+}
+
 /// The event indices of `device` (counted as [`replay`] counts them, from 0) where a run of
 /// recorded `segment_free` / `segment_unmap` events starts that released the recorded run's
 /// cache: `torch.cuda.empty_cache()`, or the release before an out-of-memory retry. Both
@@ -377,6 +487,7 @@ pub fn cache_releases(trace: &Trace, device: u32) -> FxHashSet<u64> {
         .collect();
     let mut segments: std::collections::BTreeMap<u64, u64> = preexisting_segments(trace, device)
         .into_iter()
+        .filter(|s| s.segment.mapped.is_none())
         .map(|s| (s.address, s.segment.bytes))
         .collect();
     let mut i = 0usize;
@@ -436,12 +547,14 @@ pub struct PreexistingSegment {
     pub block_addrs: Vec<u64>,
 }
 
-/// The cudaMalloc segments `trace` shows existed on `device` before its first event, in
-/// address order: those the snapshot lists at its dump (expandable ones left out) that no
-/// `segment_alloc` or `segment_free` event touches, and those whose first segment event is
-/// a `segment_free` (size and stream from that event; a 2 MiB one is taken for a small-pool
-/// segment, as only PyTorch's small pool makes segments of that size). Each carries the
-/// pre-existing blocks ([`Trace::preexisting`]) that lie inside it; every other byte was free.
+/// The segments `trace` shows existed on `device` before its first event, in address order.
+/// cudaMalloc segments: those the snapshot lists at its dump that no `segment_alloc` or
+/// `segment_free` event touches, and those whose first segment event is a `segment_free`
+/// (size and stream from that event; a 2 MiB one is taken for a small-pool segment, as only
+/// PyTorch's small pool makes segments of that size). Expandable segments: one per stream and
+/// pool with the pages mapped when the trace began ([`ForeignSegment::mapped`]; see
+/// `preexisting_expandable`). Each carries the pre-existing blocks ([`Trace::preexisting`])
+/// that lie inside it (inside its mapped pages); every other byte was free.
 /// A replay through the `torch` emulation starts from them
 /// ([`Allocator::adopt_segment`]), as the recorded run did; empty for traces that record no
 /// segments (JSON lines, RMM logs).
@@ -469,6 +582,7 @@ pub fn preexisting_segments(trace: &Trace, device: u32) -> Vec<PreexistingSegmen
                 small_pool,
                 stream,
                 blocks: Vec::new(),
+                mapped: None,
             },
             block_addrs: Vec::new(),
         });
@@ -496,6 +610,7 @@ pub fn preexisting_segments(trace: &Trace, device: u32) -> Vec<PreexistingSegmen
             );
         }
     }
+    out.extend(preexisting_expandable(trace, device));
     if out.is_empty() {
         return out;
     }
@@ -511,6 +626,13 @@ pub fn preexisting_segments(trace: &Trace, device: u32) -> Vec<PreexistingSegmen
         let end = seg.address.saturating_add(seg.segment.bytes);
         let from = blocks.partition_point(|b| b.0 < seg.address);
         for &(addr, requested) in blocks[from..].iter().take_while(|b| b.0 < end) {
+            if let Some(runs) = &seg.segment.mapped {
+                // Of an expandable segment, only blocks inside its mapped runs.
+                let off = addr - seg.address;
+                if !runs.iter().any(|&(o, n)| o <= off && off < o + n) {
+                    continue;
+                }
+            }
             seg.segment.blocks.push(ForeignBlock {
                 offset: addr - seg.address,
                 requested_bytes: requested,
@@ -1008,8 +1130,12 @@ mod tests {
         let mut t = Trace {
             events: vec![
                 Event::alloc(1, 1000),
-                Event::alloc(2, u64::MAX),
+                Event::alloc(2, u64::MAX - 511),
                 Event::free(2, 0),
+                // Too large to round to 512 bytes: every allocator refuses it, so it counts
+                // as impossible, not in the peak (nor does its free count as unmatched).
+                Event::alloc(3, u64::MAX),
+                Event::free(3, 0),
             ],
             ..Trace::default()
         };
@@ -1017,7 +1143,9 @@ mod tests {
         t.events[2].time_us = Some(1_000_000);
         let s = summarize(&t, 0);
         assert_eq!(s.peak_requested_bytes, u64::MAX);
-        assert_eq!(s.largest_request_bytes, u64::MAX);
+        assert_eq!(s.largest_request_bytes, u64::MAX - 511);
+        assert_eq!(s.impossible_requests, 1);
+        assert_eq!(s.unmatched_frees, 0);
         assert_eq!(s.duration_us, Some(1_000_005));
     }
 
