@@ -358,7 +358,7 @@ fn preexisting_expandable(trace: &Trace, device: u32) -> Vec<PreexistingSegment>
     for s in trace
         .segments
         .iter()
-        .filter(|s| s.device == device && s.is_expandable)
+        .filter(|s| s.device == device && s.is_expandable && !s.private_pool)
     {
         let small = s.segment_type == "small";
         let page = if small {
@@ -591,7 +591,12 @@ pub fn preexisting_segments(trace: &Trace, device: u32) -> Vec<PreexistingSegmen
         for b in s.blocks.iter().filter(|b| b.state.starts_with("active")) {
             dumped.insert(b.address, b.size_bytes);
         }
-        if !s.is_expandable && !first.contains_key(&s.address) && s.total_size_bytes > 0 {
+        // (A CUDA graph's private pool is not modelled: its segments are not adopted.)
+        if !s.is_expandable
+            && !s.private_pool
+            && !first.contains_key(&s.address)
+            && s.total_size_bytes > 0
+        {
             add(
                 s.address,
                 s.total_size_bytes,
