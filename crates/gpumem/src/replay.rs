@@ -794,6 +794,19 @@ pub fn replay_summarized(
         final_stats: Stats::default(),
         timeline: Vec::new(),
     };
+    // What only the torch emulation uses, found before the clock starts: the segments the
+    // recorded run already held, and where it emptied its cache.
+    let torch = name == "torch";
+    let foreign = if torch {
+        preexisting_segments(trace, opts.device)
+    } else {
+        Vec::new()
+    };
+    let releases = if torch {
+        cache_releases(trace, opts.device)
+    } else {
+        FxHashSet::default()
+    };
     let calls_before = dev.counters();
     let driver_baseline = dev.driver_used_bytes();
     let mut driver_peak = driver_baseline;
@@ -804,7 +817,7 @@ pub fn replay_summarized(
     // The segments the recorded run already held, for an allocator that keeps PyTorch's
     // (the `torch` emulation); the blocks live in them are taken in with them.
     let mut adopted: FxHashSet<u64> = FxHashSet::default();
-    for f in preexisting_segments(trace, opts.device) {
+    for f in foreign {
         let blocks = match alloc.adopt_segment(dev, &f.segment) {
             Ok(Some(blocks)) => blocks,
             // Not adopted: its blocks are allocated below like any other.
@@ -855,11 +868,6 @@ pub fn replay_summarized(
     let mut bucket: Option<Sample> = None;
     let half = summary.events / 2;
     let mut calls_at_half = (half == 0).then(|| dev.counters().total());
-    let releases = if name == "torch" {
-        cache_releases(trace, opts.device)
-    } else {
-        FxHashSet::default()
-    };
     for e in trace.events.iter().filter(|e| e.device == opts.device) {
         if !releases.is_empty() && releases.contains(&index) {
             alloc
