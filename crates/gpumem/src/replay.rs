@@ -403,9 +403,12 @@ fn preexisting_expandable(trace: &Trace, device: u32) -> Vec<PreexistingSegment>
         }) else {
             continue;
         };
-        let page = groups[&k].0;
+        // Pages lie on the segment's own grid (20 MiB is not a power of two): the residue of
+        // its dumped pages.
+        let (page, ref dumped) = groups[&k];
+        let grid = dumped.first().map_or(0, |d| d % page);
         let f = first.entry(k).or_default();
-        let mut a = e.addr - e.addr % page;
+        let mut a = e.addr - (e.addr.wrapping_sub(grid) % page);
         while a < e.addr.saturating_add(e.size_bytes) {
             f.entry(a).or_insert(unmap);
             a += page;
