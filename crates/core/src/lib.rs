@@ -142,6 +142,20 @@ pub trait Allocator: Send {
     /// [`AllocError::Internal`] describing the first broken invariant.
     fn validate(&self) -> Result<(), AllocError>;
 
+    /// The user freed the live block at `addr`, but it may be reused only once other streams
+    /// are done with it; [`Allocator::deallocate`] follows when they are (PyTorch's
+    /// `record_stream`: its `free_requested`, then `free_completed`). Only the statistics
+    /// change: the `torch` emulation takes the block out of `allocated_bytes` here, as
+    /// PyTorch's `free()` does, and out of `requested_bytes` at the `deallocate`. The default
+    /// does nothing (the block counts as allocated until it is deallocated).
+    ///
+    /// # Errors
+    /// [`AllocError::UnknownBlock`] if `addr` is not a live block (nothing changes).
+    fn free_requested(&mut self, dev: &mut dyn Device, addr: u64) -> Result<(), AllocError> {
+        let _ = (dev, addr);
+        Ok(())
+    }
+
     /// Takes in a segment made before this allocator existed, with its live blocks, as the
     /// allocator's own: one cudaMalloc of `seg.bytes`, the blocks allocated at their offsets,
     /// the rest of the segment free for later requests. This is how a replay starts from the

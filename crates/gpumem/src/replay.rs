@@ -935,6 +935,19 @@ pub fn replay_summarized(
                 // A free of a block dropped by a failed allocation (or of an unknown address
                 // in a lenient read) has nothing to return.
             }
+            Action::FreeRequested => {
+                // The block waits for other streams before the `Free` returns it: only the
+                // statistics change (the torch emulation's `allocated_bytes`).
+                if let Some(l) = st.live.get(&e.addr) {
+                    alloc
+                        .free_requested(dev, l.addr)
+                        .map_err(|source| ReplayError::Allocator {
+                            event: index,
+                            allocator: name.clone(),
+                            source,
+                        })?;
+                }
+            }
             _ => {}
         }
         if want_timeline {

@@ -167,6 +167,9 @@ pub struct TorchCachingPool {
     live: live::LiveMap,
     /// Null blocks (0-byte requests) handed out and not yet freed.
     null_blocks: u64,
+    /// Slab indices of allocated blocks whose free was requested but waits for other streams
+    /// ([`Allocator::free_requested`]): out of `allocated_bytes` already.
+    free_pending: rustc_hash::FxHashSet<u32>,
     /// Bytes of all free mapped blocks.
     free_bytes: u64,
     /// Bytes taken from the device (`total_allocated_memory`).
@@ -566,12 +569,19 @@ impl TorchCachingPool {
             apply_net(&mut self.torch.inactive_split, net_blocks);
             apply_net(&mut self.torch.inactive_split_bytes, net_bytes);
         }
-        self.tracker.on_free(b.requested, original);
+        if self.free_pending.remove(&i) {
+            // `allocated_bytes`, the allocation count and the oversize count went at the
+            // request (PyTorch's `free()`); the rest goes now (its `free_block`).
+            self.tracker.stats.requested_bytes.sub(b.requested);
+            self.tracker.stats.free_calls += 1;
+        } else {
+            self.tracker.on_free(b.requested, original);
+            if original >= self.conf.max_split_size_bytes {
+                self.torch.oversize_allocations.sub(1);
+            }
+        }
         self.torch.active.sub(1);
         self.torch.active_bytes.sub(original);
-        if original >= self.conf.max_split_size_bytes {
-            self.torch.oversize_allocations.sub(1);
-        }
     }
 
     fn oom(&self, requested_bytes: u64) -> AllocError {
@@ -712,6 +722,29 @@ impl Allocator for TorchCachingPool {
             )));
         }
         self.free_block(i);
+        Ok(())
+    }
+
+    /// PyTorch's `free()` for a block with stream uses: `allocated_bytes`, the allocation
+    /// count and `oversize_allocations` drop now; the block stays out of the pool (and in
+    /// `requested_bytes`, `active`) until [`Allocator::deallocate`] completes the free. A
+    /// second request for the same block changes nothing.
+    fn free_requested(&mut self, dev: &mut dyn Device, addr: u64) -> Result<(), AllocError> {
+        let _ = dev;
+        let Some(i) = self.live.get(addr) else {
+            if addr == 0 && self.null_blocks > 0 {
+                return Ok(());
+            }
+            return Err(AllocError::UnknownBlock { addr });
+        };
+        let b = *self.slab.get(i);
+        if b.allocated && self.free_pending.insert(i) {
+            self.tracker.stats.allocated_bytes.sub(b.size);
+            self.tracker.stats.allocation_count.sub(1);
+            if b.size >= self.conf.max_split_size_bytes {
+                self.torch.oversize_allocations.sub(1);
+            }
+        }
         Ok(())
     }
 

@@ -306,6 +306,8 @@ enum Op {
         align_shift: u32,
     },
     Free(usize),
+    /// A free requested while other streams still use the block ([`Allocator::free_requested`]).
+    Request(usize),
     Release,
     /// A segment made before the allocator existed ([`Allocator::adopt_segment`]): bytes,
     /// small pool, stream, and its live blocks as (gap before, size) in 512-byte units.
@@ -332,6 +334,7 @@ fn op() -> impl proptest::strategy::Strategy<Value = Op> {
         }),
         1 => Just(Op::Alloc { size: 0, stream: 0, align_shift: 9 }),
         5 => any::<usize>().prop_map(Op::Free),
+        2 => any::<usize>().prop_map(Op::Request),
         1 => Just(Op::Release),
         1 => (
             1u64..24,
@@ -421,6 +424,18 @@ proptest::proptest! {
                 }
                 Op::Release => {
                     t.empty_cache(&mut d).unwrap();
+                }
+                Op::Request(i) => {
+                    if !live.is_empty() {
+                        let k = *live.keys().nth(i % live.len()).unwrap();
+                        let before = t.stats();
+                        t.free_requested(&mut d, k).unwrap();
+                        // Only allocated_bytes (and the allocation count) may drop.
+                        let after = t.stats();
+                        proptest::prop_assert!(after.allocated_bytes.current <= before.allocated_bytes.current);
+                        proptest::prop_assert_eq!(after.requested_bytes, before.requested_bytes);
+                        proptest::prop_assert_eq!(after.reserved_bytes, before.reserved_bytes);
+                    }
                 }
                 Op::Adopt { bytes, small, stream, blocks } => {
                     let mut at = 0u64;
@@ -1161,4 +1176,35 @@ fn adopted_expandable_segment_serves_later_requests() {
     };
     assert_eq!(t.adopt_segment(&mut d, &odd).unwrap(), None);
     t.validate().unwrap();
+}
+
+/// A free that waits for another stream (`record_stream`): PyTorch's `free()` takes the block
+/// out of `allocated_bytes` at once, its `free_block` out of `requested_bytes` and back into
+/// the pool only when the stream's work is done.
+#[test]
+fn a_requested_free_leaves_allocated_bytes_first() {
+    let (mut t, mut d) = new();
+    let a = alloc(&mut t, &mut d, 3 * MIB - 10);
+    t.free_requested(&mut d, a.addr).unwrap();
+    t.validate().unwrap();
+    let s = t.stats();
+    assert_eq!(s.allocated_bytes.current, 0);
+    assert_eq!(s.requested_bytes.current, 3 * MIB - 10);
+    // Not back in the pool yet: the next request of the same size takes new memory.
+    let b = alloc(&mut t, &mut d, 3 * MIB - 10);
+    assert_ne!(b.addr, a.addr);
+    assert_eq!(t.stats().allocated_bytes.current, 3 * MIB);
+    // A second request changes nothing; the completion frees it.
+    t.free_requested(&mut d, a.addr).unwrap();
+    assert_eq!(t.stats().allocated_bytes.current, 3 * MIB);
+    free(&mut t, &mut d, a.addr);
+    let s = t.stats();
+    assert_eq!(s.allocated_bytes.current, 3 * MIB);
+    assert_eq!(s.requested_bytes.current, 3 * MIB - 10);
+    assert!(t.free_requested(&mut d, a.addr).is_err());
+    free(&mut t, &mut d, b.addr);
+    assert_eq!(t.stats().allocated_bytes.current, 0);
+    // Never 6 MiB: `a` had left allocated_bytes before `b` came (a free at completion would
+    // have made it 6 MiB).
+    assert_eq!(t.stats().allocated_bytes.peak, 3 * MIB);
 }

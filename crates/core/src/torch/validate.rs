@@ -165,8 +165,25 @@ pub(super) fn validate(t: &TorchCachingPool) -> Result<(), AllocError> {
         t.segments.values().map(|s| s.bytes).sum::<u64>() + mapped_expandable + unreleased;
     let s = &t.tracker.stats;
     let ts = &t.torch;
+    // Blocks whose free waits for other streams are out of `allocated_bytes` already.
+    let mut pending_bytes = 0u64;
+    for &i in &t.free_pending {
+        let b = t.slab.get(i);
+        if !b.allocated {
+            return bad(format!(
+                "pending free {:#x} is not an allocated block",
+                b.addr
+            ));
+        }
+        pending_bytes += b.size;
+    }
+    let pending = t.free_pending.len() as u64;
     let checks = [
-        ("allocated_bytes", s.allocated_bytes.current, allocated),
+        (
+            "allocated_bytes",
+            s.allocated_bytes.current,
+            allocated - pending_bytes,
+        ),
         ("requested_bytes", s.requested_bytes.current, requested),
         ("reserved_bytes", s.reserved_bytes.current, reserved),
         ("total_allocated_memory", t.total_allocated, reserved),
@@ -175,7 +192,11 @@ pub(super) fn validate(t: &TorchCachingPool) -> Result<(), AllocError> {
             s.segment_count.current,
             t.segments.len() as u64,
         ),
-        ("allocation_count", s.allocation_count.current, live_blocks),
+        (
+            "allocation_count",
+            s.allocation_count.current,
+            live_blocks - pending,
+        ),
         ("active", ts.active.current, live_blocks),
         ("active_bytes", ts.active_bytes.current, allocated),
         ("inactive_split", ts.inactive_split.current, split_free),

@@ -167,6 +167,7 @@ pub fn action_name(action: Action) -> &'static str {
     match action {
         Action::Alloc => "alloc",
         Action::Free => "free",
+        Action::FreeRequested => "free_requested",
         Action::SegmentAlloc => "segment_alloc",
         Action::SegmentFree => "segment_free",
         Action::SegmentMap => "segment_map",
@@ -212,6 +213,7 @@ fn parse_fields(l: Line) -> Result<Parsed, String> {
     let action = match l.action.as_str() {
         "alloc" => Action::Alloc,
         "free" => Action::Free,
+        "free_requested" => Action::FreeRequested,
         "segment_alloc" => Action::SegmentAlloc,
         "segment_free" => Action::SegmentFree,
         "segment_map" => Action::SegmentMap,
@@ -228,8 +230,8 @@ fn parse_fields(l: Line) -> Result<Parsed, String> {
         }
         other => {
             return Err(format!(
-                "unknown action {other:?}, expected alloc, free, preexisting, segment_alloc, \
-                 segment_free, segment_map, segment_unmap, oom or snapshot"
+                "unknown action {other:?}, expected alloc, free, free_requested, preexisting, \
+                 segment_alloc, segment_free, segment_map, segment_unmap, oom or snapshot"
             ))
         }
     };

@@ -31,6 +31,12 @@ pub enum Action {
     Alloc,
     /// The block at `addr` went back to the allocator.
     Free,
+    /// The block at `addr` was freed by its user, but the allocator reuses it only once other
+    /// streams are done with it (`record_stream`): PyTorch's `free_requested` when its
+    /// `free_completed` (the [`Action::Free`]) comes later. PyTorch takes the block out of
+    /// `allocated_bytes` here and out of `requested_bytes` at the `Free`. Read only when
+    /// other events come between the two.
+    FreeRequested,
     /// The allocator took a segment from the driver (PyTorch `segment_alloc`, informational).
     SegmentAlloc,
     /// The allocator gave a segment back (`segment_free`, informational).
@@ -296,6 +302,7 @@ impl Trace {
             self.count(Action::Free)
         );
         for (a, name) in [
+            (Action::FreeRequested, "free_requested"),
             (Action::SegmentAlloc, "segment_alloc"),
             (Action::SegmentFree, "segment_free"),
             (Action::SegmentMap, "segment_map"),

@@ -45,7 +45,7 @@ pub(super) fn classify(s: &[u8]) -> Known {
         b"name" => Known::KeyName,
         b"alloc" => Known::Act(Some(Action::Alloc)),
         b"free_completed" | b"free" => Known::Act(Some(Action::Free)),
-        b"free_requested" => Known::Act(None),
+        b"free_requested" => Known::Act(Some(Action::FreeRequested)),
         b"segment_alloc" => Known::Act(Some(Action::SegmentAlloc)),
         b"segment_free" => Known::Act(Some(Action::SegmentFree)),
         b"segment_map" => Known::Act(Some(Action::SegmentMap)),

@@ -13,7 +13,9 @@
 //! `addr`, `size`, `stream`, optional `time_us`, `frames` (kept under
 //! [`ReadConfig::keep_frames`]) and, for `oom`, `device_free` instead of `addr` (kept in
 //! [`Trace::ooms`]); other keys are ignored. `alloc` → [`Action::Alloc`], `free_completed` (and
-//! the older `free`) → [`Action::Free`], `free_requested` is skipped, the segment, `oom` and
+//! the older `free`) → [`Action::Free`], `free_requested` → [`Action::FreeRequested`] when
+//! other entries of its device come before its `free_completed`, or none comes (else it is
+//! skipped), the segment, `oom` and
 //! `snapshot` actions become the informational variants. A free of an address the trace never
 //! allocated is a block that existed before recording started: it goes to
 //! [`Trace::preexisting`]. Blocks the segments show allocated at dump time at addresses no event
@@ -365,7 +367,7 @@ pub(crate) fn read_snapshot_from(
                 )
             })?;
             let events = std::mem::take(&mut vm.events);
-            let mut trace = build_trace(name, &mut vm, events, root, options)?;
+            let mut trace = build_trace(name, &mut vm, events, root, options, true)?;
             if options.keep_frames {
                 trace.stacks = std::mem::take(&mut vm.stacks);
             }
@@ -390,7 +392,7 @@ pub(crate) fn read_snapshot_from(
             };
             let kept = vm.salvage().ok().and_then(|root| {
                 let events = std::mem::take(&mut vm.events);
-                build_trace(name, &mut vm, events, root, lenient).ok()
+                build_trace(name, &mut vm, events, root, lenient, true).ok()
             });
             let hint = match kept {
                 Some(t) if !t.events.is_empty() => format!(
@@ -427,7 +429,7 @@ pub(crate) fn read_snapshot_from(
         }
     };
     let events = std::mem::take(&mut vm.events);
-    let mut trace = build_trace(name, &mut vm, events, root, options)?;
+    let mut trace = build_trace(name, &mut vm, events, root, options, false)?;
     if options.keep_frames {
         trace.stacks = std::mem::take(&mut vm.stacks);
     }
@@ -443,12 +445,14 @@ fn entries(n: u64) -> String {
     )
 }
 
+/// `salvaged`: the entries are those read before a cut (a lenient read of a truncated file).
 fn build_trace(
     name: &str,
     vm: &mut Vm<'_>,
     events: Vec<Event>,
     root: Value,
     options: ReadConfig,
+    salvaged: bool,
 ) -> Result<Trace, TraceError> {
     let mut trace = Trace {
         format: Some(Format::TorchSnapshot),
@@ -546,9 +550,47 @@ fn build_trace(
     }
     let mut live = Liveness::new(UnknownFree::Preexisting, AddrStyle::Hex);
     let size_hint = |d: u32, a: u64| block_sizes.get(&(d, a)).copied().unwrap_or(0);
+    // A `free_requested` is kept only when other entries of its device come before its own
+    // `free_completed` (the block waited for other streams), or none comes; right before it,
+    // it adds nothing to the free.
+    let entry_at = |v: Value| match v {
+        Value::Entry(k) => events.get(k as usize),
+        _ => None,
+    };
+    let mut kept_requests: rustc_hash::FxHashSet<(u32, u32)> = rustc_hash::FxHashSet::default();
+    for (d, l) in devices.iter().enumerate() {
+        // Walking back: the index of the next free of each address.
+        let mut next_free: AddrMap<usize> = AddrMap::default();
+        for (j, &v) in l.iter().enumerate().rev() {
+            match entry_at(v) {
+                Some(e) if e.action == Action::Free => {
+                    next_free.insert((d as u32, e.addr), j);
+                }
+                Some(e) if e.action == Action::FreeRequested => {
+                    // Never completed in the trace: still waiting at the dump (PyTorch's
+                    // `allocated_bytes` has dropped), unless the file was cut there.
+                    let delayed = match next_free.get(&(d as u32, e.addr)) {
+                        Some(&at) => at > j + 1,
+                        None => !salvaged,
+                    };
+                    if delayed {
+                        kept_requests.insert((d as u32, j as u32));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
     // Several devices with timestamps: interleave by time (stable, so ties keep file order).
     let time_of = |v: Value| match v {
-        Value::Entry(k) => events.get(k as usize).and_then(|e| e.time_us),
+        Value::Entry(k) => events.get(k as usize).and_then(|e| {
+            if e.action == Action::FreeRequested {
+                // As a skipped entry was: first, unless it has a time.
+                Some(e.time_us.unwrap_or(i64::MIN))
+            } else {
+                e.time_us
+            }
+        }),
         Value::SkipEntry => Some(i64::MIN),
         _ => None,
     };
@@ -576,6 +618,11 @@ fn build_trace(
     let keep_frames = options.keep_frames;
     for (d, i, v) in items {
         let global = first[d as usize] + u64::from(i);
+        if entry_at(v).is_some_and(|e| e.action == Action::FreeRequested)
+            && !kept_requests.contains(&(d, i))
+        {
+            continue;
+        }
         let result = match v {
             Value::SkipEntry => continue,
             // An entry listed twice (the same dict object twice in a list) is read twice, as
