@@ -463,3 +463,44 @@ fn tune_shows_a_dash_where_nothing_was_requested() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["rows"][0]["reserved_over_requested"].as_f64(), Some(0.0));
 }
+
+/// The number of segments in the first line of `gpumem map` ("torch after event 5: 17
+/// segments, ...").
+fn map_segments(out: &str) -> usize {
+    let head = out.lines().next().unwrap_or_default();
+    let before = head
+        .split(" segment")
+        .next()
+        .unwrap_or_else(|| panic!("{out}"));
+    before
+        .rsplit(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{head}"))
+}
+
+/// `map` and the report's maps replay the torch emulation as `replay` does: from the segments
+/// a warm process held before recording began, and emptying the cache where the trace
+/// recorded `empty_cache()`. At the last event the emulation then holds the segments the
+/// snapshot's dump shows (it matches the recorded cudaMalloc calls on both traces).
+#[test]
+fn map_starts_from_the_recorded_state_and_empties_the_cache_as_replay_does() {
+    for t in [
+        "traces/warm_process/seg_train.pickle.gz",
+        "traces/validation/resnet_infer.pickle.gz",
+    ] {
+        let (ok, out, err) = gpumem(&["replay", t, "-a", "torch", "--no-plan", "--json"]);
+        assert!(ok, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let last = v["trace"]["events"].as_u64().unwrap() - 1;
+        let (ok, recorded, err) = gpumem(&["map", t, "-a", "recorded"]);
+        assert!(ok, "{err}");
+        let (ok, emulated, err) = gpumem(&["map", t, "-a", "torch", "--event", &last.to_string()]);
+        assert!(ok, "{err}");
+        assert_eq!(
+            map_segments(&emulated),
+            map_segments(&recorded),
+            "{t}:\n{emulated}\n{recorded}"
+        );
+    }
+}

@@ -384,15 +384,28 @@ pub fn build(
     let events = summary.events.max(1);
     let mut runs = Vec::new();
     let mut replays = Vec::new();
+    // As the replay does: the segments the recorded run already held, and (for the torch
+    // emulation) the recorded empty_cache() calls.
+    let preexisting_segments = replay::preexisting_segments(trace, device);
+    let empty_cache_at = record::empty_cache_events(trace, device);
     for name in &cfg.allocators {
         progress(name);
         let mut alloc = registry::build(name, &cfg.allocator_config)?;
+        let setup = record::RecordSetup {
+            preexisting_segments: preexisting_segments.clone(),
+            empty_cache_at: if alloc.name() == "torch" {
+                empty_cache_at.clone()
+            } else {
+                Vec::new()
+            },
+        };
         let run = record::record(
             &blocks,
             events,
             alloc.as_mut(),
             SimDevice::new(cfg.capacity_bytes),
             cfg.columns,
+            &setup,
         )
         .map_err(|(event, source)| ReportError::Record {
             event,
