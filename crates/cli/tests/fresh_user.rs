@@ -504,3 +504,40 @@ fn map_starts_from_the_recorded_state_and_empties_the_cache_as_replay_does() {
         );
     }
 }
+
+/// A truncated warm-process snapshot salvaged with --lenient: the dump's segments and live
+/// blocks describe the run after the cut, so they are not all taken for what existed before
+/// recording began.
+#[test]
+fn a_salvaged_snapshot_does_not_take_the_state_after_the_cut_for_its_start() {
+    let dir = scratch("cut-warm");
+    let whole = std::fs::read(repo().join("traces/warm_process/seg_train.pickle.gz")).unwrap();
+    let cut = dir.join("seg_train_cut.pickle.gz");
+    std::fs::write(&cut, &whole[..whole.len() * 6 / 10]).unwrap();
+    let (ok, _, err) = gpumem(&[
+        "replay",
+        cut.to_str().unwrap(),
+        "--lenient",
+        "-a",
+        "torch",
+        "--no-plan",
+    ]);
+    assert!(ok, "{err}");
+    assert!(err.contains("  truncated: "), "{err}");
+    assert!(
+        err.contains("not taken for the state before recording began"),
+        "{err}"
+    );
+    // The whole trace starts from 2 segments; only those the events read show are taken.
+    let segments = err
+        .lines()
+        .find(|l| l.contains("made before recording started"))
+        .unwrap_or_else(|| panic!("{err}"));
+    let n: usize = segments.split_whitespace().next().unwrap().parse().unwrap();
+    assert!((1..=2).contains(&n), "{segments}");
+    assert!(
+        !err.contains("already live when recording started"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -363,11 +363,38 @@ pub struct PreexistingSegment {
 /// pre-existing blocks ([`Trace::preexisting`]) that lie inside it; every other byte was free.
 /// A replay through the `torch` emulation starts from them
 /// ([`Allocator::adopt_segment`]), as the recorded run did; empty for traces that record no
-/// segments (JSON lines, RMM logs).
+/// segments (JSON lines, RMM logs). In a truncated snapshot salvaged by a lenient read
+/// ([`Trace::truncated`]) the segments are the state at the dump, after the cut: one the dump
+/// lists is taken only where a block event read lies inside it, outside every segment the
+/// events read made or freed (so it existed before the first event).
 pub fn preexisting_segments(trace: &Trace, device: u32) -> Vec<PreexistingSegment> {
+    let events = || trace.events.iter().filter(|e| e.device == device);
+    // For a truncated trace: the addresses of block events read, and the ranges of the
+    // segments the events read made or freed.
+    let (mut touched, mut made) = (Vec::new(), Vec::new());
+    if trace.truncated.is_some() {
+        for e in events() {
+            match e.action {
+                Action::Alloc | Action::Free => touched.push(e.addr),
+                Action::SegmentAlloc | Action::SegmentFree => {
+                    made.push((e.addr, e.addr.saturating_add(e.size_bytes)))
+                }
+                _ => {}
+            }
+        }
+        touched.sort_unstable();
+    }
+    let existed_before = |address: u64, bytes: u64| {
+        let end = address.saturating_add(bytes);
+        let from = touched.partition_point(|&a| a < address);
+        touched[from..]
+            .iter()
+            .take_while(|&&a| a < end)
+            .any(|&a| !made.iter().any(|&(lo, hi)| lo <= a && a < hi))
+    };
     // The first segment event at each address: (is a free, bytes, stream).
     let mut first: FxHashMap<u64, (bool, u64, u64)> = FxHashMap::default();
-    for e in trace.events.iter().filter(|e| e.device == device) {
+    for e in events() {
         let free = match e.action {
             Action::SegmentAlloc => false,
             Action::SegmentFree => true,
@@ -396,7 +423,11 @@ pub fn preexisting_segments(trace: &Trace, device: u32) -> Vec<PreexistingSegmen
         for b in s.blocks.iter().filter(|b| b.state.starts_with("active")) {
             dumped.insert(b.address, b.size_bytes);
         }
-        if !s.is_expandable && !first.contains_key(&s.address) && s.total_size_bytes > 0 {
+        if !s.is_expandable
+            && !first.contains_key(&s.address)
+            && s.total_size_bytes > 0
+            && (trace.truncated.is_none() || existed_before(s.address, s.total_size_bytes))
+        {
             add(
                 s.address,
                 s.total_size_bytes,
