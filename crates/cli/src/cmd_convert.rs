@@ -41,13 +41,9 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     if !has_blocks && trace.preexisting.is_empty() {
         if trace.segments.is_empty() {
             bail!(
-                "{}: nothing to convert: no alloc/free events and no segments{}",
+                "{}: nothing to convert: {}",
                 trace::source_name(&a.trace),
-                if trace.format == Some(trace::Format::TorchSnapshot) {
-                    format!(" ({})", crate::cmd_analyze::HOW_TO_RECORD)
-                } else {
-                    String::new()
-                }
+                crate::cmd_analyze::why_no_allocation(&trace)
             );
         }
         // A snapshot of the allocator's state without a trace: its allocated blocks are what

@@ -86,6 +86,8 @@ pub fn build(
             started.elapsed().as_secs_f64()
         );
     }
+    // What --lenient skipped or salvaged is said even by the quiet `map`.
+    crate::cmd_replay::print_read_notes(&trace);
     if o.trace_device.is_some() {
         crate::cmd_tune::pick_device(&trace, "--trace-device", o.trace_device)?;
     }

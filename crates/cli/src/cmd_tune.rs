@@ -156,7 +156,15 @@ pub fn run(a: TuneArgs) -> Result<()> {
             ..ReadConfig::default()
         },
     )?;
+    crate::cmd_replay::print_read_notes(&trace);
     let devices = alloc_devices(&trace);
+    if devices.is_empty() {
+        anyhow::bail!(
+            "{}: nothing to tune: {}",
+            gpumem::trace::source_name(&a.trace),
+            crate::cmd_analyze::why_no_allocation(&trace)
+        );
+    }
     let device = pick_device(&trace, "--device", a.device)?;
     let own = recorded_conf(&trace)?;
     let report = tune::tune(&trace, own, a.capacity, device, a.threads)
@@ -166,6 +174,7 @@ pub fn run(a: TuneArgs) -> Result<()> {
         if let Some(o) = v.as_object_mut() {
             o.insert("device".into(), device.into());
             o.insert("trace_devices".into(), devices.clone().into());
+            o.insert("skipped_events".into(), trace.skipped_count.into());
         }
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {

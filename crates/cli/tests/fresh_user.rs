@@ -541,3 +541,69 @@ fn a_salvaged_snapshot_does_not_take_the_state_after_the_cut_for_its_start() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// --lenient "skips and counts" in every command that reads a trace, and a file whose every
+/// event was skipped is told so (not that nothing was recorded); `tune` refuses a trace
+/// without allocations instead of ranking settings by zeros.
+#[test]
+fn lenient_commands_say_what_they_skipped() {
+    let dir = scratch("lenient");
+    let dup = dir.join("dup.jsonl");
+    std::fs::write(
+        &dup,
+        "{\"action\":\"alloc\",\"addr\":1,\"size\":4096}\n{\"action\":\"free\",\"addr\":1}\n{\"action\":\"free\",\"addr\":1}\n",
+    )
+    .unwrap();
+    let dup = dup.to_str().unwrap();
+    let html = dir.join("r.html");
+    for args in [
+        vec!["tune", dup, "--lenient"],
+        vec!["map", dup, "--lenient"],
+        vec!["report", dup, "--lenient", "-o", html.to_str().unwrap()],
+    ] {
+        let (ok, _, err) = gpumem(&args);
+        assert!(ok, "{args:?}: {err}");
+        assert!(
+            err.contains("  skipped: line 3: free of address 1"),
+            "{args:?}: {err}"
+        );
+    }
+    let (ok, out, err) = gpumem(&["tune", dup, "--lenient", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["skipped_events"], 1);
+
+    let bad = dir.join("bad.jsonl");
+    std::fs::write(&bad, "{\"action\":\"alloc\",\"addr\":1,\"size\":-10}\n").unwrap();
+    let bad = bad.to_str().unwrap();
+    for cmd in ["replay", "tune", "convert"] {
+        let (ok, out, err) = gpumem(&[cmd, bad, "--lenient"]);
+        assert!(!ok, "{cmd}: {out}");
+        assert!(err.contains("  skipped: line 1: "), "{cmd}: {err}");
+        assert!(
+            err.contains("no alloc/free event is left after --lenient skipped 1 malformed event"),
+            "{cmd}: {err}"
+        );
+        assert!(!err.contains("holds no alloc/free events"), "{cmd}: {err}");
+    }
+    // A snapshot that recorded nothing, and one of segments only: nothing to tune.
+    let (ok, out, err) = gpumem(&["tune", "crates/gpumem/tests/fixtures/no_recording.pickle"]);
+    assert!(!ok, "{out}");
+    assert!(
+        err.contains("nothing to tune") && err.contains("_record_memory_history"),
+        "{err}"
+    );
+    one_line_error(&err);
+    let (ok, out, err) = gpumem(&["tune", "crates/gpumem/tests/fixtures/segments_only.pickle"]);
+    assert!(!ok, "{out}");
+    assert!(err.contains("segments but no trace entries"), "{err}");
+    // Counted nouns in the state analysis.
+    let (ok, out, err) = gpumem(&[
+        "replay",
+        "crates/gpumem/tests/fixtures/segments_only.pickle",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("state of the 1 segment the snapshot"), "{out}");
+    assert!(out.contains(", 1 inactive split block holding"), "{out}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
