@@ -607,3 +607,46 @@ fn lenient_commands_say_what_they_skipped() {
     assert!(out.contains(", 1 inactive split block holding"), "{out}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `inspect`'s table keeps its columns under `paged-lazy` (one letter wider than the column
+/// was) and under a 12-digit offset, and ends no line with spaces.
+#[test]
+fn inspect_keeps_its_columns() {
+    let (ok, out, err) = gpumem(&["inspect", "--device", "sim"]);
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = out.lines().filter(|l| l.contains(" | ")).collect();
+    assert!(lines.iter().any(|l| l.starts_with("paged-lazy ")), "{out}");
+    let bars = |l: &str| -> Vec<usize> { l.match_indices(" | ").map(|(i, _)| i).collect() };
+    for l in &lines {
+        assert_eq!(bars(l), bars(lines[0]), "{out}");
+        assert_eq!(l.trim_end(), *l, "{out}");
+    }
+    // The offset column: every offset ends where its header does.
+    let end = lines[0].find("offset").unwrap() + "offset".len();
+    for l in &lines[1..] {
+        let cell = &l[..end];
+        assert!(
+            cell.ends_with(|c: char| c.is_ascii_digit()),
+            "{l}\n{}",
+            lines[0]
+        );
+    }
+}
+
+/// `watch` without the NVIDIA driver: one clear line, not the loader's wording.
+#[test]
+fn watch_without_a_driver_says_so_in_one_line() {
+    let (ok, out, err) = gpumem(&["watch", "--once"]);
+    if ok {
+        return; // a machine with the driver
+    }
+    assert!(out.is_empty(), "{out}");
+    one_line_error(&err);
+    if err.contains("no NVIDIA driver") {
+        assert_eq!(
+            err.trim_end(),
+            "error: no NVIDIA driver (libnvidia-ml.so.1, NVML) found: there is no GPU to watch"
+        );
+    }
+    assert!(!err.contains("libloading"), "{err}");
+}
