@@ -650,3 +650,37 @@ fn watch_without_a_driver_says_so_in_one_line() {
     }
     assert!(!err.contains("libloading"), "{err}");
 }
+
+/// Errors say what the line wrote: an integer beyond 64 bits is not called "floating point",
+/// and an RMM row with a field missing is not csv's "CSV error: record 1 (line: 2, ...)".
+#[test]
+fn errors_name_what_the_line_wrote() {
+    let dir = scratch("what-the-line-wrote");
+    let big = dir.join("big.jsonl");
+    std::fs::write(
+        &big,
+        "{\"action\":\"alloc\",\"addr\":1,\"size\":18446744073709551616}\n",
+    )
+    .unwrap();
+    let (ok, _, err) = gpumem(&["replay", big.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        err.contains("line 1: invalid value: integer 18446744073709551616 does not fit in 64 bits, expected a whole number ≥ 0 (column 54, key \"size\")"),
+        "{err}"
+    );
+    one_line_error(&err);
+    let csv = dir.join("short.csv");
+    std::fs::write(
+        &csv,
+        "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0x100,256\n",
+    )
+    .unwrap();
+    let (ok, _, err) = gpumem(&["replay", csv.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        err.trim_end()
+            .ends_with("short.csv: line 2: CSV: 5 fields, expected 6 as in the header"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
