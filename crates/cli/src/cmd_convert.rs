@@ -65,6 +65,29 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     } else {
         String::new()
     };
+    // What JSON lines cannot carry, and a replay of the snapshot uses.
+    let mut lost = Vec::new();
+    if let Some(conf) = crate::cmd_tune::recorded_conf(&trace)?
+        .map(|c| c.to_string())
+        .filter(|c| c != "native")
+    {
+        lost.push(format!(
+            "the snapshot's allocator setting (PYTORCH_CUDA_ALLOC_CONF {conf}: give --torch-conf '{conf}' to replay it; the torch emulation of the output runs native)"
+        ));
+    }
+    let segments: usize = gpumem::replay::devices(&trace)
+        .iter()
+        .map(|&d| gpumem::replay::preexisting_segments(&trace, d).len())
+        .sum();
+    if segments > 0 {
+        lost.push(format!(
+            "the {} made before recording began, which the torch emulation of the snapshot starts from (its blocks stay, as preexisting lines)",
+            crate::units::counted(segments as u64, "segment")
+        ));
+    }
+    if !lost.is_empty() {
+        eprintln!("note: JSON lines do not keep {}", lost.join(", nor "));
+    }
     match &output {
         None => {
             trace::jsonl::write_jsonl(&trace, std::io::stdout().lock())?;

@@ -684,3 +684,41 @@ fn errors_name_what_the_line_wrote() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `convert` says what JSON lines cannot keep and a replay of the snapshot uses: its
+/// allocator setting and the segments made before recording began (a converted
+/// warm-process trace replayed silently under native, or without those segments).
+#[test]
+fn convert_says_what_json_lines_do_not_keep() {
+    let dir = scratch("convert-lost");
+    let out = dir.join("x.jsonl");
+    let out = out.to_str().unwrap();
+    let (ok, _, err) = gpumem(&[
+        "convert",
+        "traces/warm_process/gpt2_preloaded_expandable.pickle.gz",
+        "-o",
+        out,
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("--torch-conf 'expandable_segments:True'"),
+        "{err}"
+    );
+    let (ok, _, err) = gpumem(&[
+        "convert",
+        "traces/warm_process/seg_train.pickle.gz",
+        "-o",
+        out,
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("do not keep the 2 segments made before recording began"),
+        "{err}"
+    );
+    assert!(!err.contains("allocator setting"), "{err}");
+    // Nothing lost, nothing said.
+    let (ok, _, err) = gpumem(&["convert", "traces/mixed_sizes.pickle.gz", "-o", out]);
+    assert!(ok, "{err}");
+    assert!(!err.contains("note:"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
