@@ -17,7 +17,7 @@ use crate::units::human_bytes;
 pub struct ReportArgs {
     /// The trace: a PyTorch memory snapshot, an RMM log CSV or gpumem JSON lines.
     pub trace: PathBuf,
-    /// Where to write the page.
+    /// Where to write the page (`-` for standard output).
     #[arg(long, short, default_value = "report.html")]
     pub output: PathBuf,
     /// Allocators to compare: a comma-separated list of buddy, tlsf, best-fit, torch, paged,
@@ -148,7 +148,11 @@ pub fn build(
 
 pub fn run(a: ReportArgs) -> Result<()> {
     let quiet = !std::io::stderr().is_terminal() && std::env::var_os("GPUMEM_VERBOSE").is_none();
-    crate::output::check("-o", &a.output, &[&a.trace])?;
+    // `-o -`: standard output, as `convert -o -` (not a file named `-`).
+    let to_stdout = a.output.as_os_str() == "-";
+    if !to_stdout {
+        crate::output::check("-o", &a.output, &[&a.trace])?;
+    }
     let r = build(
         &a.trace,
         &a.allocator,
@@ -158,10 +162,22 @@ pub fn run(a: ReportArgs) -> Result<()> {
         "building the report of",
     )?;
     let html = report::html::render(&r);
-    crate::output::write_text(&a.output, &html)?;
+    if to_stdout {
+        use std::io::Write;
+        std::io::stdout()
+            .lock()
+            .write_all(html.as_bytes())
+            .context("writing the page to standard output")?;
+    } else {
+        crate::output::write_text(&a.output, &html)?;
+    }
     eprintln!(
         "wrote {} ({}): {}, {} allocator{}",
-        a.output.display(),
+        if to_stdout {
+            "the page to standard output".to_string()
+        } else {
+            a.output.display().to_string()
+        },
         human_bytes(html.len() as u64),
         crate::units::counted(r.events(), "event"),
         r.runs.len(),

@@ -722,3 +722,30 @@ fn convert_says_what_json_lines_do_not_keep() {
     assert!(!err.contains("note:"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `report -o -` writes the page to standard output, as `convert -o -` writes its lines (it
+/// wrote a file named `-`).
+#[test]
+fn report_to_standard_output() {
+    let dir = scratch("report-stdout");
+    let t = copy_trace(&dir, "crates/gpumem/tests/fixtures/sample.jsonl");
+    let out = Command::new(env!("CARGO_BIN_EXE_gpumem"))
+        .args(["report", t.to_str().unwrap(), "-o", "-", "-a", "torch"])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let page = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        page.trim_start()
+            .to_ascii_lowercase()
+            .starts_with("<!doctype html"),
+        "{}",
+        &page[..page.len().min(200)]
+    );
+    assert!(page.trim_end().ends_with("</html>"));
+    assert!(err.contains("wrote the page to standard output"), "{err}");
+    assert!(!dir.join("-").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
