@@ -218,14 +218,32 @@ fn print_report(a: &TuneArgs, r: &TuneReport, recorded: bool, device: u32, devic
         .max()
         .unwrap_or(7)
         .max(7);
+    // res/req and calls as wide as their widest cell in either table (a ratio of 2097152.000
+    // on a trace of 1-byte requests, millions of driver calls).
+    let cells: Vec<[String; 5]> = r
+        .rows
+        .iter()
+        .map(|row| &row.figures)
+        .chain(r.plugin_rows.iter().map(|row| &row.figures))
+        .map(|f| figure_cells(f, r.capacity_bytes))
+        .collect();
+    let widest = |i: usize, least: usize| {
+        cells
+            .iter()
+            .map(|c| c[i].chars().count())
+            .max()
+            .unwrap_or(0)
+            .max(least)
+    };
+    let (rw, cw) = (widest(1, 8), widest(4, 7));
     println!(
-        "{:<w$} {:>13} {:>8} {:>13} {:>5} {:>7}",
+        "{:<w$} {:>13} {:>rw$} {:>13} {:>5} {:>cw$}",
         "setting", "peak reserv.", "res/req", "min capacity", "OOMs", "calls",
     );
     for row in &r.rows {
         let [peak, ratio, cap, ooms, calls] = figure_cells(&row.figures, r.capacity_bytes);
         println!(
-            "{:<w$} {peak:>13} {ratio:>8} {cap:>13} {ooms:>5} {calls:>7}{}",
+            "{:<w$} {peak:>13} {ratio:>rw$} {cap:>13} {ooms:>5} {calls:>cw$}{}",
             row.setting,
             if row.is_trace_setting {
                 "  (the trace's own)"
@@ -270,7 +288,7 @@ fn print_report(a: &TuneArgs, r: &TuneReport, recorded: bool, device: u32, devic
                 .unwrap_or_else(|| "-".into())
         );
     }
-    print_plugin_rows(r);
+    print_plugin_rows(r, (rw, cw));
     eprintln!(
         "{} settings in {:.1} s on {} thread{}",
         r.rows.len(),
@@ -346,7 +364,8 @@ fn print_footnotes<'a>(rows: impl Iterator<Item = (String, &'a tune::Figures)> +
 
 /// gpumem's settings for the plug-in: a table, then the one that needs the least memory
 /// within 2 × native's modelled driver time (issue 11's bound on driver time).
-fn print_plugin_rows(r: &TuneReport) {
+/// `(rw, cw)`: the widths of the res/req and calls columns, shared with the first table.
+fn print_plugin_rows(r: &TuneReport, (rw, cw): (usize, usize)) {
     if r.plugin_rows.is_empty() {
         return;
     }
@@ -371,7 +390,7 @@ fn print_plugin_rows(r: &TuneReport) {
         .max("gpumem plug-in, GPUMEM_CONF".len());
     println!();
     println!(
-        "{:<w$} {:>13} {:>8} {:>13} {:>5} {:>7} {:>8} {:>13}",
+        "{:<w$} {:>13} {:>rw$} {:>13} {:>5} {:>cw$} {:>8} {:>13}",
         "gpumem plug-in, GPUMEM_CONF",
         "peak reserv.",
         "res/req",
@@ -389,7 +408,7 @@ fn print_plugin_rows(r: &TuneReport) {
     for row in &r.plugin_rows {
         let [peak, res_req, cap, ooms, calls] = figure_cells(&row.figures, r.capacity_bytes);
         println!(
-            "{:<w$} {peak:>13} {res_req:>8} {cap:>13} {ooms:>5} {calls:>7} {:>8} {:>13}",
+            "{:<w$} {peak:>13} {res_req:>rw$} {cap:>13} {ooms:>5} {calls:>cw$} {:>8} {:>13}",
             label(row),
             row.steady_state_driver_calls,
             ratio(row)

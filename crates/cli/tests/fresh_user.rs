@@ -749,3 +749,30 @@ fn report_to_standard_output() {
     assert!(!dir.join("-").exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Tables keep their columns for any figure: `tune`'s res/req of a trace of 1-byte requests
+/// (2097152.000) pushed its row out of line; `--min-capacity` ended rows with spaces.
+#[test]
+fn tables_keep_their_columns_for_any_figure() {
+    let dir = scratch("tables");
+    let t = dir.join("one.jsonl");
+    std::fs::write(&t, "{\"action\":\"alloc\",\"addr\":1,\"size\":1}\n").unwrap();
+    let t = t.to_str().unwrap();
+    let (ok, out, err) = gpumem(&["tune", t]);
+    assert!(ok, "{err}");
+    for header in ["setting ", "gpumem plug-in, GPUMEM_CONF "] {
+        let lines: Vec<&str> = out.lines().collect();
+        let at = lines.iter().position(|l| l.starts_with(header)).unwrap();
+        let end = lines[at].find("res/req").unwrap() + "res/req".len();
+        let row = lines[at + 1];
+        assert!(
+            row[..end].ends_with(|c: char| c.is_ascii_digit()) && row.as_bytes()[end] == b' ',
+            "{}\n{row}",
+            lines[at]
+        );
+    }
+    let (ok, out, err) = gpumem(&["replay", t, "--min-capacity", "--no-plan"]);
+    assert!(ok, "{err}");
+    assert!(out.lines().all(|l| l.trim_end() == l), "{out:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
