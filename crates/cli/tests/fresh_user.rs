@@ -776,3 +776,20 @@ fn tables_keep_their_columns_for_any_figure() {
     assert!(out.lines().all(|l| l.trim_end() == l), "{out:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A folder given as the trace: said so, with what was expected (it was the OS's "Is a
+/// directory (os error 21)").
+#[test]
+fn a_folder_is_not_a_trace() {
+    for cmd in ["replay", "tune", "report", "map", "convert"] {
+        let (ok, _, err) = gpumem(&[cmd, "traces/warm_process"]);
+        assert!(!ok, "{cmd}");
+        assert!(
+            err.contains(
+                "traces/warm_process: not an allocation trace: a folder; expected a trace file"
+            ),
+            "{cmd}: {err}"
+        );
+        one_line_error(&err);
+    }
+}
