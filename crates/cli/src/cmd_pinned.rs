@@ -217,8 +217,13 @@ pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
     if a.host_only {
         return host_only(&a);
     }
-    if let Err(e) = gpumem::cuda::init() {
-        bail!("{e}\n`gpumem bench transfer` measures copies over PCIe and needs a CUDA device; `gpumem bench pinned` measures the mlock fallback without one");
+    match gpumem::cuda::init() {
+        Ok(_) => {}
+        // Not the driver error's "--device sim": this command has no simulated device.
+        Err(gpumem::cuda::CudaError::NoDriver { .. }) => bail!(
+            "no NVIDIA driver (libcuda.so.1) found: `gpumem bench transfer` measures copies over PCIe and needs a CUDA device (--host-only measures the staging ring's host side without one; `gpumem bench pinned` the mlock fallback)"
+        ),
+        Err(e) => bail!("{e}: `gpumem bench transfer` measures copies over PCIe and needs a CUDA device"),
     }
     let ordinal = match a.device {
         crate::cmd_multigpu::TransferDevice::One(n) => n,

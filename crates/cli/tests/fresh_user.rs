@@ -793,3 +793,61 @@ fn a_folder_is_not_a_trace() {
         one_line_error(&err);
     }
 }
+
+/// Every GPU command without a driver: a clear error, no panic, a non-zero exit, and advice
+/// that works: where it says `--device sim`, the command takes `--device sim` (`bench
+/// transfer` said so and then refused `sim` as a device).
+#[test]
+fn gpu_commands_without_a_driver_give_advice_that_works() {
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_gpumem"))
+            .args(args)
+            .env("GPUMEM_NO_CUDA", "1")
+            .current_dir(repo())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let t = "traces/mixed_sizes.pickle.gz";
+    for args in [
+        &["info", "--device", "cuda"][..],
+        &["inspect"],
+        &["vmm"],
+        &["bench", "alloc"],
+        &["bench", "transfer"],
+        &["bench", "transfer", "--device", "all"],
+        &["replay", t, "--device", "cuda"],
+        &["replay", t, "--device", "all", "--json"],
+    ] {
+        let (code, out, err) = run(args);
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert!(out.is_empty(), "{args:?}: {out}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(
+            err.starts_with("error: no NVIDIA driver"),
+            "{args:?}: {err}"
+        );
+        if err.contains("--device sim") {
+            // The advice, taken: the command's --device takes `sim` (its help says so).
+            let mut help: Vec<&str> = args
+                .iter()
+                .copied()
+                .take_while(|a| !a.starts_with('-') && !a.contains('/'))
+                .collect();
+            help.push("--help");
+            let (_, out, _) = run(&help);
+            let device = out
+                .lines()
+                .find(|l| l.trim_start().starts_with("--device"))
+                .unwrap_or_else(|| panic!("{help:?}: {out}"));
+            assert!(device.contains("sim"), "{args:?}: {err}\n{device}");
+        }
+    }
+    let (_, _, err) = run(&["bench", "transfer"]);
+    assert!(err.contains("--host-only"), "{err}");
+    one_line_error(&err);
+}
