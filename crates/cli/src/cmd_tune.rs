@@ -290,8 +290,9 @@ fn print_report(a: &TuneArgs, r: &TuneReport, recorded: bool, device: u32, devic
     }
     print_plugin_rows(r, (rw, cw));
     eprintln!(
-        "{} settings in {:.1} s on {} thread{}",
+        "{} PYTORCH_CUDA_ALLOC_CONF and {} GPUMEM_CONF settings in {:.1} s on {} thread{}",
         r.rows.len(),
+        r.plugin_rows.len(),
         r.seconds,
         r.threads,
         if r.threads == 1 { "" } else { "s" }

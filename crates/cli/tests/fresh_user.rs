@@ -851,3 +851,33 @@ fn gpu_commands_without_a_driver_give_advice_that_works() {
     assert!(err.contains("--host-only"), "{err}");
     one_line_error(&err);
 }
+
+/// `tune --threads N` reports the threads it ran, at most one per setting (it said "on 1000
+/// threads" for 21 replays).
+#[test]
+fn tune_reports_the_threads_it_ran() {
+    let (ok, out, err) = gpumem(&[
+        "tune",
+        "crates/gpumem/tests/fixtures/sample.jsonl",
+        "--threads",
+        "1000",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let settings = v["rows"].as_array().unwrap().len() + v["plugin_rows"].as_array().unwrap().len();
+    assert_eq!(v["threads"].as_u64(), Some(settings as u64), "{out}");
+    let (ok, _, err) = gpumem(&[
+        "tune",
+        "crates/gpumem/tests/fixtures/sample.jsonl",
+        "--threads",
+        "1000",
+    ]);
+    assert!(ok, "{err}");
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.ends_with(&format!("on {settings} threads"))
+            && last.contains(" GPUMEM_CONF settings in "),
+        "{err}"
+    );
+}
