@@ -589,6 +589,8 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         .map(|&d| (d, replay::summarize(&trace, d)))
         .collect();
     warnings.extend(capacity_warnings(a.capacity, &summaries));
+    // A `NAME-CONF.stats.json` beside the trace that cannot be used is said, not skipped.
+    warnings.extend(gpumem::report::recorded_figures_checked(&a.trace).1);
     if let Some(text) = &a.lazy_conf {
         // The keys given, split as lazy_conf read them (it accepted every item above).
         let keys: Vec<&str> = gpumem::conf_items::items(text, &gpumem::lazy_conf::KEYS)

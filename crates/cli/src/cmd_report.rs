@@ -134,7 +134,11 @@ pub fn build(
             );
         }
     }
-    r.recorded = report::recorded_figures(path);
+    let (recorded, warnings) = report::recorded_figures_checked(path);
+    for w in warnings {
+        eprintln!("warning: {w}");
+    }
+    r.recorded = recorded;
     if !quiet {
         eprintln!(
             "replayed {} allocator{} in {:.2} s",

@@ -881,3 +881,48 @@ fn tune_reports_the_threads_it_ran() {
         "{err}"
     );
 }
+
+/// A `NAME-CONF.stats.json` beside the trace that cannot be used is warned about, naming the
+/// file and what was expected (it was skipped without a word, and PyTorch's figures were
+/// just missing).
+#[test]
+fn a_broken_stats_file_beside_the_trace_is_warned_about() {
+    let dir = scratch("stats");
+    let t = copy_trace(&dir, "crates/gpumem/tests/fixtures/sample.jsonl");
+    std::fs::write(
+        dir.join("sample-native.stats.json"),
+        "{\"reserved_bytes.all.peak\": 1.5e9",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("sample-expandable_segments_True.stats.json"),
+        "{\"reserved\": 5}",
+    )
+    .unwrap();
+    let (ok, _, err) = gpumem(&["replay", t.to_str().unwrap(), "-a", "torch", "--no-plan"]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("sample-native.stats.json: not JSON (")
+            && err.contains("expected torch.cuda.memory_stats() as a JSON object"),
+        "{err}"
+    );
+    assert!(
+        err.contains("sample-expandable_segments_True.stats.json: no whole number under \"reserved_bytes.all.peak\""),
+        "{err}"
+    );
+    let html = dir.join("r.html");
+    let (ok, _, err) = gpumem(&[
+        "report",
+        t.to_str().unwrap(),
+        "-a",
+        "torch",
+        "-o",
+        html.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("sample-native.stats.json: not JSON ("),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
