@@ -669,6 +669,19 @@ fn errors_name_what_the_line_wrote() {
         "{err}"
     );
     one_line_error(&err);
+    // A device ordinal beyond 32 bits is a whole number ≥ 0: the error says the range.
+    let dev = dir.join("dev.jsonl");
+    std::fs::write(
+        &dev,
+        "{\"action\":\"alloc\",\"addr\":1,\"size\":1,\"device\":4294967296}\n",
+    )
+    .unwrap();
+    let (ok, _, err) = gpumem(&["replay", dev.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        err.contains("integer `4294967296`, expected a whole number from 0 to 4294967295"),
+        "{err}"
+    );
     let csv = dir.join("short.csv");
     std::fs::write(
         &csv,

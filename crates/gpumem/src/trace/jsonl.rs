@@ -116,7 +116,10 @@ fn keyed_json_error(text: &str, strict: &serde_json::Error) -> String {
             // serde's type names, in words: `-512`, "expected u64" → a whole number ≥ 0.
             let mut msg = json_error(e.inner())
                 .replace("expected u64", "expected a whole number ≥ 0")
-                .replace("expected u32", "expected a whole number ≥ 0")
+                .replace(
+                    "expected u32",
+                    "expected a whole number from 0 to 4294967295",
+                )
                 .replace("expected i64", "expected a whole number");
             // An integer too large for 64 bits is read as a float: say what the line wrote.
             if let Some(rest) = msg.strip_prefix("invalid type: floating point `") {
