@@ -939,3 +939,38 @@ fn a_broken_stats_file_beside_the_trace_is_warned_about() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A gzip file whose checksum is wrong but whose data is whole: the lenient read keeps every
+/// event and the note ends in a sentence ("kept the N events inflated before" stopped there).
+#[test]
+fn a_bad_gzip_checksum_note_is_a_whole_sentence() {
+    let dir = scratch("crc");
+    let mut gz = std::fs::read(repo().join("traces/mixed_sizes.pickle.gz")).unwrap();
+    let n = gz.len();
+    gz[n - 6] ^= 0xff; // inside the CRC-32 of the trailer
+    let t = dir.join("crc.pickle.gz");
+    std::fs::write(&t, &gz).unwrap();
+    let (ok, _, err) = gpumem(&["replay", t.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("does not have a matching checksum"), "{err}");
+    let (ok, out, err) = gpumem(&[
+        "replay",
+        t.to_str().unwrap(),
+        "-a",
+        "torch",
+        "--lenient",
+        "--json",
+        "--no-plan",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let events = v["trace"]["events"].as_u64().unwrap();
+    let note = v["trace"]["truncated"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        note.ends_with(&format!("kept the {events} events inflated before it")),
+        "{note}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

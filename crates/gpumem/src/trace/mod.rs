@@ -486,8 +486,9 @@ fn read_detected(
         trace.truncated = Some(match trace.truncated.take() {
             Some(t) => format!("{cut}; {t}"),
             None => format!(
-                "{cut}; kept the {} events inflated before",
-                trace.events.len()
+                "{cut}; kept the {} event{} inflated before it",
+                trace.events.len(),
+                if trace.events.len() == 1 { "" } else { "s" }
             ),
         });
     }
