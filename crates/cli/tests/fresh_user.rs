@@ -974,3 +974,32 @@ fn a_bad_gzip_checksum_note_is_a_whole_sentence() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `inspect` when no strategy can allocate: each error once, no empty table, "1 error" (the
+/// pool's out-of-memory cause was printed three times behind "torch: torch:").
+#[test]
+fn inspect_errors_say_each_cause_once() {
+    let (ok, out, err) = gpumem(&[
+        "inspect",
+        "--device",
+        "sim",
+        "--sizes",
+        "1TiB",
+        "--strategies",
+        "torch",
+    ]);
+    assert!(!ok);
+    assert!(out.is_empty(), "{out}");
+    let first = err.lines().next().unwrap();
+    assert!(
+        first.starts_with("error: torch: allocating 1 TiB: out of memory"),
+        "{err}"
+    );
+    assert!(!first.contains("torch: torch"), "{first}");
+    assert_eq!(first.matches("0 B free in total").count(), 1, "{first}");
+    assert!(
+        err.trim_end()
+            .ends_with("no strategy could allocate (1 error)"),
+        "{err}"
+    );
+}

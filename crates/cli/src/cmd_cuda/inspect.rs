@@ -197,7 +197,13 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
             res
         };
         if let Err(e) = r {
-            errors.push(format!("{name}: {e:#}"));
+            // Each cause once (the pool's out-of-memory error quotes its source), named once.
+            let text = crate::error_text(&e);
+            errors.push(if text.starts_with(&format!("{name}: ")) {
+                text
+            } else {
+                format!("{name}: {text}")
+            });
         }
     }
     if a.json {
@@ -231,7 +237,9 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
             "{:<sw$} {:>9} {:>16} | {:<8} {:>16} {:>10} {:>ow$} {:<6} | {:>4} {:<8} {:>16} {:>10} {:<5}",
             "strategy", "size", "address", "backing", "start", "bytes", "offset", "pages", "dev", "type", "range start", "range", "vmm"
         );
-        println!("{}", header.trim_end());
+        if !rows.is_empty() {
+            println!("{}", header.trim_end());
+        }
         for r in &rows {
             let p = &r.pool;
             let pages = if p.pages.is_empty() {
@@ -278,7 +286,10 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
         }
     }
     if rows.is_empty() && !errors.is_empty() {
-        bail!("no strategy could allocate ({} errors)", errors.len());
+        bail!(
+            "no strategy could allocate ({})",
+            crate::units::counted(errors.len() as u64, "error")
+        );
     }
     Ok(())
 }
