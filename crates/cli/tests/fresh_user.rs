@@ -1003,3 +1003,37 @@ fn inspect_errors_say_each_cause_once() {
         "{err}"
     );
 }
+
+/// `bench alloc` shows pairs/s with a decimal prefix as `replay` shows events/s (it printed
+/// 30891552), and its title has one pair of brackets.
+#[test]
+fn bench_alloc_rates_read_like_the_replay() {
+    let (ok, out, err) = gpumem(&[
+        "bench",
+        "alloc",
+        "--device",
+        "sim",
+        "--strategies",
+        "tlsf",
+        "--sizes",
+        "4KiB",
+        "--threads",
+        "1",
+        "--time-ms",
+        "5",
+        "--mixed",
+        "false",
+    ]);
+    assert!(ok, "{err}");
+    let title = out.lines().next().unwrap();
+    assert!(!title.contains(") ("), "{title}");
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("tlsf "))
+        .unwrap_or_else(|| panic!("{out}"));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    // tlsf 4 KiB 1 <median> ns <p99> ns <rate> <prefix> - -
+    let prefix = cells[cells.len() - 3];
+    assert!(matches!(prefix, "M" | "k"), "{row}");
+    assert!(cells[cells.len() - 4].contains('.'), "{row}");
+}
