@@ -682,6 +682,19 @@ fn errors_name_what_the_line_wrote() {
         err.contains("integer `4294967296`, expected a whole number from 0 to 4294967295"),
         "{err}"
     );
+    // An oom line without the request it failed on was judged as a 0-byte request.
+    let oom = dir.join("oom.jsonl");
+    std::fs::write(
+        &oom,
+        "{\"action\":\"oom\"}\n{\"action\":\"alloc\",\"addr\":1,\"size\":10}\n",
+    )
+    .unwrap();
+    let (ok, out, err) = gpumem(&["replay", oom.to_str().unwrap()]);
+    assert!(!ok, "{out}");
+    assert!(
+        err.contains("oom.jsonl: line 1: \"oom\" needs \"size\""),
+        "{err}"
+    );
     let csv = dir.join("short.csv");
     std::fs::write(
         &csv,

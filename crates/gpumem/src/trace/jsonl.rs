@@ -261,6 +261,10 @@ fn parse_fields(l: Line) -> Result<Parsed, String> {
     let size_bytes = match (l.size, action) {
         (Some(s), _) => s,
         (None, Action::Alloc) => return Err("\"alloc\" needs \"size\" (bytes)".into()),
+        // A recorded out-of-memory is judged by the request that failed.
+        (None, Action::Oom) => {
+            return Err("\"oom\" needs \"size\" (the bytes of the request that failed)".into())
+        }
         (None, _) => 0,
     };
     if let Some(a) = l.align {
