@@ -695,6 +695,19 @@ fn errors_name_what_the_line_wrote() {
         err.contains("oom.jsonl: line 1: \"oom\" needs \"size\""),
         "{err}"
     );
+    // The same in a snapshot (PyTorch writes the size of every oom entry).
+    let poom = dir.join("oom.pickle");
+    std::fs::write(
+        &poom,
+        b"\x80\x02}(X\x08\x00\x00\x00segments]X\r\x00\x00\x00device_traces]](}(X\x06\x00\x00\x00actionq\x00X\x03\x00\x00\x00oomX\x06\x00\x00\x00streamq\x01K\x00u}(h\x00X\x05\x00\x00\x00allocX\x04\x00\x00\x00addrK\x01X\x04\x00\x00\x00sizeK\nh\x01K\x00ueau.",
+    )
+    .unwrap();
+    let (ok, out, err) = gpumem(&["replay", poom.to_str().unwrap()]);
+    assert!(!ok, "{out}");
+    assert!(
+        err.contains("oom.pickle: event 0 (device 0 trace entry 0): no 'size'"),
+        "{err}"
+    );
     let csv = dir.join("short.csv");
     std::fs::write(
         &csv,
