@@ -1063,3 +1063,29 @@ fn bench_alloc_rates_read_like_the_replay() {
     assert!(matches!(prefix, "M" | "k"), "{row}");
     assert!(cells[cells.len() - 4].contains('.'), "{row}");
 }
+
+/// `advise` speaks in the units its table uses: the pinned-cap note in bytes units (it said
+/// "1099511627776 B is more than the pinned cap of 12638255104 B") and the recommendation's
+/// time in the unit that keeps it readable (it said "32055.733 ms", "0.054 ms").
+#[test]
+fn advise_speaks_in_human_units() {
+    let (ok, out, err) = gpumem(&["advise", "--size", "1TiB", "--cap", "1GiB"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("1.00 TiB is more than the pinned cap of 1.00 GiB"),
+        "{out}"
+    );
+    let rec = out
+        .lines()
+        .find(|l| l.starts_with("recommended: "))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(rec.contains(" s per transfer"), "{rec}");
+    let (ok, out, err) = gpumem(&["advise", "--size", "1MiB"]);
+    assert!(ok, "{err}");
+    let rec = out
+        .lines()
+        .find(|l| l.starts_with("recommended: "))
+        .unwrap();
+    assert!(!rec.contains(" 0.0"), "{rec}");
+    assert!(rec.contains(" µs per transfer"), "{rec}");
+}
