@@ -18,6 +18,25 @@ fn parse_transfer_size(s: &str) -> Result<u64, String> {
     }
 }
 
+/// `--stage-chunk`: a size above zero.
+fn parse_chunk(s: &str) -> Result<u64, String> {
+    match crate::units::parse_positive_size(s)? {
+        0 => Err(format!(
+            "`{s}`: a staging chunk holds at least 1 B (e.g. 16MiB)"
+        )),
+        n => Ok(n),
+    }
+}
+
+/// `--stage-buffers`: at least one.
+fn parse_buffer_count(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err(format!("`{s}`: the staging ring needs at least 1 buffer")),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("`{s}`: {e}")),
+    }
+}
+
 fn parse_thread_count(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
         Ok(0) => Err(format!("`{s}`: a thread count is at least 1")),
@@ -83,10 +102,10 @@ pub struct BenchTransferArgs {
     #[arg(long, default_value = "0", value_parser = crate::cmd_multigpu::parse_transfer_device)]
     pub device: crate::cmd_multigpu::TransferDevice,
     /// Staging ring: bytes per chunk.
-    #[arg(long, default_value = "16MiB", value_parser = parse_size, allow_hyphen_values = true)]
+    #[arg(long, default_value = "16MiB", value_parser = parse_chunk, allow_hyphen_values = true)]
     pub stage_chunk: u64,
     /// Staging ring: pinned buffers.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value = "4", value_parser = parse_buffer_count)]
     pub stage_buffers: usize,
     /// Staging ring: host threads copying each chunk (the caller included); default two
     /// below the CPU count, at most 12.

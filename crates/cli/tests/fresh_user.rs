@@ -1089,3 +1089,21 @@ fn advise_speaks_in_human_units() {
     assert!(!rec.contains(" 0.0"), "{rec}");
     assert!(rec.contains(" µs per transfer"), "{rec}");
 }
+
+/// The staging ring's settings are checked like the others: a zero chunk or buffer count is
+/// refused naming the flag (it printed the library's `StagingConfig { chunk_bytes: 0, .. }`).
+#[test]
+fn staging_ring_settings_are_refused_by_flag() {
+    for (flag, says) in [
+        ("--stage-chunk", "a staging chunk holds at least 1 B"),
+        (
+            "--stage-buffers",
+            "the staging ring needs at least 1 buffer",
+        ),
+    ] {
+        let (ok, _, err) = gpumem(&["bench", "transfer", "--host-only", flag, "0"]);
+        assert!(!ok);
+        assert!(err.contains(flag) && err.contains(says), "{err}");
+        assert!(!err.contains("StagingConfig"), "{err}");
+    }
+}
