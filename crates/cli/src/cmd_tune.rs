@@ -44,6 +44,9 @@ pub enum ConfSource {
     Trace,
     /// Neither: native.
     Default,
+    /// Neither, in a truncated snapshot: its `allocator_settings` (written after the trace)
+    /// may have been cut off.
+    Cut,
 }
 
 impl std::fmt::Display for ConfSource {
@@ -52,6 +55,7 @@ impl std::fmt::Display for ConfSource {
             ConfSource::Flag => "from --torch-conf",
             ConfSource::Trace => "the trace's own allocator_settings",
             ConfSource::Default => "native: the trace records no allocator_settings",
+            ConfSource::Cut => "native: the snapshot is cut before its allocator_settings; give --torch-conf with the setting it ran under",
         })
     }
 }
@@ -82,6 +86,11 @@ pub fn torch_conf(flag: Option<&str>, trace: &Trace) -> Result<(TorchConfig, Con
     }
     Ok(match recorded_conf(trace)? {
         Some(c) => (c, ConfSource::Trace),
+        None if trace.truncated.is_some()
+            && trace.format == Some(gpumem::trace::Format::TorchSnapshot) =>
+        {
+            (TorchConfig::default(), ConfSource::Cut)
+        }
         None => (TorchConfig::default(), ConfSource::Default),
     })
 }

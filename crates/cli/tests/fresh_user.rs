@@ -539,6 +539,27 @@ fn a_salvaged_snapshot_does_not_take_the_state_after_the_cut_for_its_start() {
         !err.contains("already live when recording started"),
         "{err}"
     );
+    // A snapshot cut before its allocator_settings (written after the trace) replays native:
+    // said so, with the way out.
+    let whole =
+        std::fs::read(repo().join("traces/warm_process/gan_train_expandable.pickle.gz")).unwrap();
+    let cut = dir.join("gan_cut.pickle.gz");
+    std::fs::write(&cut, &whole[..whole.len() * 6 / 10]).unwrap();
+    let (ok, _, err) = gpumem(&[
+        "replay",
+        cut.to_str().unwrap(),
+        "--lenient",
+        "-a",
+        "torch",
+        "--no-plan",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains(
+            "native (native: the snapshot is cut before its allocator_settings; give --torch-conf"
+        ),
+        "{err}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

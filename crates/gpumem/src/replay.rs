@@ -350,9 +350,29 @@ struct Live {
 /// `segment_unmap` of it is an unmap, or, when no event touches it, if the snapshot's dump
 /// shows it mapped. Events are matched to the stream and pool whose dumped pages lie
 /// nearest. Offsets count from the lowest page the trace or the dump shows of the segment:
-/// PyTorch maps the lowest free place first, so no page below it served the run.
+/// PyTorch maps the lowest free place first, so no page below it served the run. In a
+/// truncated snapshot ([`Trace::truncated`]) the dump is the state after the cut: a page no
+/// map or unmap event read touches counts as mapped then only where a block event read lies
+/// in it.
 fn preexisting_expandable(trace: &Trace, device: u32) -> Vec<PreexistingSegment> {
     use std::collections::BTreeMap;
+    // For a truncated trace: the addresses of the block events read.
+    let mut touched: Vec<u64> = Vec::new();
+    if trace.truncated.is_some() {
+        touched = trace
+            .events
+            .iter()
+            .filter(|e| e.device == device && matches!(e.action, Action::Alloc | Action::Free))
+            .map(|e| e.addr)
+            .collect();
+        touched.sort_unstable();
+    }
+    let used = |page_at: u64, page: u64| {
+        let from = touched.partition_point(|&a| a < page_at);
+        touched
+            .get(from)
+            .is_some_and(|&a| a < page_at.saturating_add(page))
+    };
     // (stream, small pool) -> (page bytes, dumped mapped pages)
     let mut groups: BTreeMap<(u64, bool), (u64, Vec<u64>)> = BTreeMap::new();
     for s in trace
@@ -425,7 +445,10 @@ fn preexisting_expandable(trace: &Trace, device: u32) -> Vec<PreexistingSegment>
         for &p in &pages {
             let mapped_then = match f.and_then(|m| m.get(&p)) {
                 Some(&unmap) => unmap,
-                None => dumped.binary_search(&p).is_ok(),
+                None => {
+                    dumped.binary_search(&p).is_ok()
+                        && (trace.truncated.is_none() || used(p, *page))
+                }
             };
             if !mapped_then {
                 continue;

@@ -415,7 +415,8 @@ pub fn build(
     // As the replay does: the segments the recorded run already held, and (for the torch
     // emulation) the recorded empty_cache() calls.
     let preexisting_segments = replay::preexisting_segments(trace, device);
-    let empty_cache_at = record::empty_cache_events(trace, device);
+    let mut empty_cache_at: Vec<u64> = replay::cache_releases(trace, device).into_iter().collect();
+    empty_cache_at.sort_unstable();
     for name in &cfg.allocators {
         progress(name);
         let mut alloc = registry::build(name, &cfg.allocator_config)?;

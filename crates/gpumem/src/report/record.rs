@@ -263,31 +263,10 @@ pub struct RecordSetup {
     /// them; the blocks of a segment it does not adopt are allocated as usual.
     pub preexisting_segments: Vec<crate::replay::PreexistingSegment>,
     /// Events (the trace's events on the device, counted from 0, ascending) before which the
-    /// allocator empties its cache: where a run of `segment_free` / `segment_unmap` events
-    /// begins, PyTorch's `empty_cache()` ([`empty_cache_events`]); empty for an allocator
-    /// that does not honour them (only the `torch` emulation does).
+    /// allocator empties its cache: where the recorded run released its cache
+    /// ([`crate::replay::cache_releases`]); empty for an allocator that does not honour them
+    /// (only the `torch` emulation does).
     pub empty_cache_at: Vec<u64>,
-}
-
-/// The events of `trace` on `device` (counted from 0 among that device's events) that begin a
-/// run of `segment_free` / `segment_unmap` events: where the recorded run called
-/// `empty_cache()`, which [`crate::replay::replay`] repeats for the `torch` emulation.
-pub fn empty_cache_events(trace: &Trace, device: u32) -> Vec<u64> {
-    let mut out = Vec::new();
-    let mut in_run = false;
-    for (i, e) in trace
-        .events
-        .iter()
-        .filter(|e| e.device == device)
-        .enumerate()
-    {
-        let release = matches!(e.action, Action::SegmentFree | Action::SegmentUnmap);
-        if release && !in_run {
-            out.push(i as u64);
-        }
-        in_run = release;
-    }
-    out
 }
 
 /// Replays the blocks `blocks` (from [`trace_blocks`], `events` events in all) through
