@@ -28,7 +28,7 @@ use timeline::timeline_chart;
 #[derive(Args)]
 pub struct ReplayArgs {
     /// The trace: a PyTorch memory snapshot (.pickle or .pickle.gz), an RMM log CSV, or
-    /// gpumem JSON lines (detected from the content).
+    /// gpumem JSON lines (detected from the content); `-` reads standard input.
     pub trace: PathBuf,
     /// Allocators to compare: a comma-separated list of buddy, tlsf, best-fit, torch, paged,
     /// paged-lazy, or `all`.

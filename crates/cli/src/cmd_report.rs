@@ -15,7 +15,8 @@ use crate::units::human_bytes;
 /// Arguments of `gpumem report`.
 #[derive(Args)]
 pub struct ReportArgs {
-    /// The trace: a PyTorch memory snapshot, an RMM log CSV or gpumem JSON lines.
+    /// The trace: a PyTorch memory snapshot, an RMM log CSV or gpumem JSON lines (`-`:
+    /// standard input).
     pub trace: PathBuf,
     /// Where to write the page (`-` for standard output).
     #[arg(long, short, default_value = "report.html")]

@@ -13,7 +13,7 @@ use gpumem::units::bytes as human_bytes;
 #[derive(Args)]
 pub struct TuneArgs {
     /// The trace: a PyTorch memory snapshot (.pickle or .pickle.gz), an RMM log CSV, or
-    /// gpumem JSON lines.
+    /// gpumem JSON lines; `-` reads standard input.
     pub trace: PathBuf,
     /// The device capacity to fit in (e.g. 80GiB): the table counts the OOMs at that size,
     /// and the garbage_collection_threshold settings are tried too, with the capacity as

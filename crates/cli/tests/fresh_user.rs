@@ -1128,3 +1128,40 @@ fn staging_ring_settings_are_refused_by_flag() {
         assert!(!err.contains("StagingConfig"), "{err}");
     }
 }
+
+/// Every command that reads a trace takes `-` for standard input, and its help says so.
+#[test]
+fn every_trace_command_reads_standard_input_and_says_so() {
+    use std::io::Write;
+    let sample = std::fs::read(repo().join("crates/gpumem/tests/fixtures/sample.jsonl")).unwrap();
+    for cmd in ["replay", "tune", "report", "map", "convert"] {
+        let (ok, out, _) = gpumem(&[cmd, "--help"]);
+        assert!(ok);
+        let arg = out
+            .split("Arguments:")
+            .nth(1)
+            .and_then(|a| a.split("Options:").next())
+            .unwrap_or_default();
+        assert!(arg.contains("standard input"), "{cmd}: {arg}");
+        let mut args = vec![cmd, "-"];
+        if cmd == "report" {
+            args.extend(["-o", "-", "-a", "torch"]);
+        }
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gpumem"))
+            .args(&args)
+            .current_dir(repo())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(&sample).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{cmd}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.stdout.is_empty(), "{cmd}");
+    }
+}
