@@ -47,8 +47,8 @@ pub struct ReplayOptions {
     #[arg(long)]
     pub lenient: bool,
     /// PYTORCH_CUDA_ALLOC_CONF for the `torch` emulation (e.g.
-    /// `expandable_segments:True,max_split_size_mb:128`); default: the trace's own
-    /// allocator_settings when the snapshot has them, else native.
+    /// `expandable_segments:True,max_split_size_mb:128`, or `native` for PyTorch's defaults);
+    /// default: the trace's own allocator_settings when the snapshot has them, else native.
     #[arg(long)]
     pub torch_conf: Option<String>,
 }

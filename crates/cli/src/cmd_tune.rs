@@ -79,10 +79,13 @@ pub fn recorded_conf(trace: &Trace) -> Result<Option<TorchConfig>> {
 /// The torch emulation's setting: `--torch-conf` when given, else the trace's own.
 pub fn torch_conf(flag: Option<&str>, trace: &Trace) -> Result<(TorchConfig, ConfSource)> {
     if let Some(s) = flag {
-        return Ok((
-            TorchConfig::parse(s).context("--torch-conf")?,
-            ConfSource::Flag,
-        ));
+        // `native` (unset), the name `tune` and the replay give PyTorch's defaults.
+        let conf = if s.trim() == "native" {
+            TorchConfig::default()
+        } else {
+            TorchConfig::parse(s).context("--torch-conf")?
+        };
+        return Ok((conf, ConfSource::Flag));
     }
     Ok(match recorded_conf(trace)? {
         Some(c) => (c, ConfSource::Trace),

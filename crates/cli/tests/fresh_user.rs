@@ -1165,3 +1165,52 @@ fn every_trace_command_reads_standard_input_and_says_so() {
         assert!(!out.stdout.is_empty(), "{cmd}");
     }
 }
+
+/// `--torch-conf native` (the name `tune` prints for PyTorch's defaults) is taken, and the
+/// line about segments made before recording says which ones the emulation can take in under
+/// the setting given (seg_train's cudaMalloc segments under expandable_segments:True were said
+/// to be taken in, "as PyTorch did").
+#[test]
+fn the_setting_given_decides_which_earlier_segments_are_taken_in() {
+    let seg = "traces/warm_process/seg_train.pickle.gz";
+    let (ok, _, err) = gpumem(&[
+        "replay",
+        seg,
+        "-a",
+        "torch",
+        "--no-plan",
+        "--torch-conf",
+        "expandable_segments:True",
+    ]);
+    assert!(ok, "{err}");
+    assert!(!err.contains("the torch emulation starts from"), "{err}");
+    assert!(
+        err.contains("2 cudaMalloc segments made before recording started are not of the kind expandable_segments:True makes"),
+        "{err}"
+    );
+    let (ok, _, err) = gpumem(&["replay", seg, "-a", "torch", "--no-plan"]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("2 segments made before recording started (no event of the trace made them); the torch emulation starts from them"),
+        "{err}"
+    );
+    let gan = "traces/warm_process/gan_train_expandable.pickle.gz";
+    let (ok, _, err) = gpumem(&[
+        "replay",
+        gan,
+        "-a",
+        "torch",
+        "--no-plan",
+        "--torch-conf",
+        "native",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("PYTORCH_CUDA_ALLOC_CONF native (from --torch-conf)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("1 expandable segment made before recording started is not of the kind"),
+        "{err}"
+    );
+}
