@@ -693,6 +693,14 @@ pub fn run(a: ReplayArgs) -> Result<()> {
                 if n == 1 { " was" } else { "s were" }
             );
         }
+        let private = trace.segments.iter().filter(|s| s.private_pool).count();
+        if private > 0 && names.contains(&"torch") {
+            eprintln!(
+                "  {} of the snapshot {} to CUDA-graph private pools (torch.cuda.graph, torch.compile mode=\"reduce-overhead\"), which the torch emulation does not model: its figures may differ from PyTorch's where graphs allocate (the self-check says where)",
+                crate::units::counted(private as u64, "segment"),
+                if private == 1 { "belongs" } else { "belong" },
+            );
+        }
         // The emulation takes in the segments of the kind its setting makes (cudaMalloc
         // segments, or expandable ones under expandable_segments); the others' blocks are
         // allocated as usual.

@@ -412,17 +412,23 @@ pub fn build(
     let events = summary.events.max(1);
     let mut runs = Vec::new();
     let mut replays = Vec::new();
-    // As the replay does: the segments the recorded run already held, and (for the torch
-    // emulation) the recorded empty_cache() calls.
+    // As the replay does for the torch emulation: the segments the recorded run already
+    // held, and where it released its cache.
     let preexisting_segments = replay::preexisting_segments(trace, device);
     let mut empty_cache_at: Vec<u64> = replay::cache_releases(trace, device).into_iter().collect();
     empty_cache_at.sort_unstable();
     for name in &cfg.allocators {
         progress(name);
         let mut alloc = registry::build(name, &cfg.allocator_config)?;
+        // Both for the torch emulation only, as the replay does.
+        let torch = alloc.name() == "torch";
         let setup = record::RecordSetup {
-            preexisting_segments: preexisting_segments.clone(),
-            empty_cache_at: if alloc.name() == "torch" {
+            preexisting_segments: if torch {
+                preexisting_segments.clone()
+            } else {
+                Vec::new()
+            },
+            empty_cache_at: if torch {
                 empty_cache_at.clone()
             } else {
                 Vec::new()
