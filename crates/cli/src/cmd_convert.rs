@@ -41,13 +41,9 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     if !has_blocks && trace.preexisting.is_empty() {
         if trace.segments.is_empty() {
             bail!(
-                "{}: nothing to convert: no alloc/free events and no segments{}",
+                "{}: nothing to convert: {}",
                 trace::source_name(&a.trace),
-                if trace.format == Some(trace::Format::TorchSnapshot) {
-                    format!(" ({})", crate::cmd_analyze::HOW_TO_RECORD)
-                } else {
-                    String::new()
-                }
+                crate::cmd_analyze::why_no_allocation(&trace)
             );
         }
         // A snapshot of the allocator's state without a trace: its allocated blocks are what
@@ -69,6 +65,29 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     } else {
         String::new()
     };
+    // What JSON lines cannot carry, and a replay of the snapshot uses.
+    let mut lost = Vec::new();
+    if let Some(conf) = crate::cmd_tune::recorded_conf(&trace)?
+        .map(|c| c.to_string())
+        .filter(|c| c != "native")
+    {
+        lost.push(format!(
+            "the snapshot's allocator setting (PYTORCH_CUDA_ALLOC_CONF {conf}: give --torch-conf '{conf}' to replay it; the torch emulation of the output runs native)"
+        ));
+    }
+    let segments: usize = gpumem::replay::devices(&trace)
+        .iter()
+        .map(|&d| gpumem::replay::preexisting_segments(&trace, d).len())
+        .sum();
+    if segments > 0 {
+        lost.push(format!(
+            "the {} made before recording began, which the torch emulation of the snapshot starts from (its blocks stay, as preexisting lines)",
+            crate::units::counted(segments as u64, "segment")
+        ));
+    }
+    if !lost.is_empty() {
+        eprintln!("note: JSON lines do not keep {}", lost.join(", nor "));
+    }
     match &output {
         None => {
             trace::jsonl::write_jsonl(&trace, std::io::stdout().lock())?;

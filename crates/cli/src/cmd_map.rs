@@ -8,7 +8,8 @@ use clap::Args;
 /// Arguments of `gpumem map`.
 #[derive(Args)]
 pub struct MapArgs {
-    /// The trace: a PyTorch memory snapshot, an RMM log CSV or gpumem JSON lines.
+    /// The trace: a PyTorch memory snapshot, an RMM log CSV or gpumem JSON lines (`-`:
+    /// standard input).
     pub trace: PathBuf,
     /// The event after which to show the map (0-based; default: the allocator's peak of
     /// reserved bytes).

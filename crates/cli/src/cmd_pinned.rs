@@ -18,6 +18,25 @@ fn parse_transfer_size(s: &str) -> Result<u64, String> {
     }
 }
 
+/// `--stage-chunk`: a size above zero.
+fn parse_chunk(s: &str) -> Result<u64, String> {
+    match crate::units::parse_positive_size(s)? {
+        0 => Err(format!(
+            "`{s}`: a staging chunk holds at least 1 B (e.g. 16MiB)"
+        )),
+        n => Ok(n),
+    }
+}
+
+/// `--stage-buffers`: at least one.
+fn parse_buffer_count(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err(format!("`{s}`: the staging ring needs at least 1 buffer")),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("`{s}`: {e}")),
+    }
+}
+
 fn parse_thread_count(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
         Ok(0) => Err(format!("`{s}`: a thread count is at least 1")),
@@ -83,10 +102,10 @@ pub struct BenchTransferArgs {
     #[arg(long, default_value = "0", value_parser = crate::cmd_multigpu::parse_transfer_device)]
     pub device: crate::cmd_multigpu::TransferDevice,
     /// Staging ring: bytes per chunk.
-    #[arg(long, default_value = "16MiB", value_parser = parse_size, allow_hyphen_values = true)]
+    #[arg(long, default_value = "16MiB", value_parser = parse_chunk, allow_hyphen_values = true)]
     pub stage_chunk: u64,
     /// Staging ring: pinned buffers.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value = "4", value_parser = parse_buffer_count)]
     pub stage_buffers: usize,
     /// Staging ring: host threads copying each chunk (the caller included); default two
     /// below the CPU count, at most 12.
@@ -217,8 +236,13 @@ pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
     if a.host_only {
         return host_only(&a);
     }
-    if let Err(e) = gpumem::cuda::init() {
-        bail!("{e}\n`gpumem bench transfer` measures copies over PCIe and needs a CUDA device; `gpumem bench pinned` measures the mlock fallback without one");
+    match gpumem::cuda::init() {
+        Ok(_) => {}
+        // Not the driver error's "--device sim": this command has no simulated device.
+        Err(gpumem::cuda::CudaError::NoDriver { .. }) => bail!(
+            "no NVIDIA driver (libcuda.so.1) found: `gpumem bench transfer` measures copies over PCIe and needs a CUDA device (--host-only measures the staging ring's host side without one; `gpumem bench pinned` the mlock fallback)"
+        ),
+        Err(e) => bail!("{e}: `gpumem bench transfer` measures copies over PCIe and needs a CUDA device"),
     }
     let ordinal = match a.device {
         crate::cmd_multigpu::TransferDevice::One(n) => n,

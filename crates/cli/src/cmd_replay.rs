@@ -28,7 +28,7 @@ use timeline::timeline_chart;
 #[derive(Args)]
 pub struct ReplayArgs {
     /// The trace: a PyTorch memory snapshot (.pickle or .pickle.gz), an RMM log CSV, or
-    /// gpumem JSON lines (detected from the content).
+    /// gpumem JSON lines (detected from the content); `-` reads standard input.
     pub trace: PathBuf,
     /// Allocators to compare: a comma-separated list of buddy, tlsf, best-fit, torch, paged,
     /// paged-lazy, or `all`.
@@ -67,9 +67,10 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub canary: bool,
     /// The PYTORCH_CUDA_ALLOC_CONF the `torch` emulation follows (PyTorch's syntax, e.g.
-    /// `expandable_segments:True,max_split_size_mb:128`); default: the trace's own
-    /// `allocator_settings`, else native. With --capacity, the capacity is also the memory
-    /// limit (as `torch.cuda.set_per_process_memory_fraction` sets it).
+    /// `expandable_segments:True,max_split_size_mb:128`, or `native` for PyTorch's defaults);
+    /// default: the trace's own `allocator_settings`, else native. With --capacity, the
+    /// capacity is also the memory limit (as `torch.cuda.set_per_process_memory_fraction`
+    /// sets it).
     #[arg(long, value_name = "CONF")]
     pub torch_conf: Option<String>,
     /// The settings of the `paged-lazy` strategy, as `key=value` pairs separated by commas
@@ -589,6 +590,8 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         .map(|&d| (d, replay::summarize(&trace, d)))
         .collect();
     warnings.extend(capacity_warnings(a.capacity, &summaries));
+    // A `NAME-CONF.stats.json` beside the trace that cannot be used is said, not skipped.
+    warnings.extend(gpumem::report::recorded_figures_checked(&a.trace).1);
     if let Some(text) = &a.lazy_conf {
         // The keys given, split as lazy_conf read them (it accepted every item above).
         let keys: Vec<&str> = gpumem::conf_items::items(text, &gpumem::lazy_conf::KEYS)
@@ -698,16 +701,34 @@ pub fn run(a: ReplayArgs) -> Result<()> {
                 if private == 1 { "belongs" } else { "belong" },
             );
         }
-        let segs: usize = summaries
-            .iter()
-            .map(|&(d, _)| gpumem::replay::preexisting_segments(&trace, d).len())
-            .sum();
+        // The emulation takes in the segments of the kind its setting makes (cudaMalloc
+        // segments, or expandable ones under expandable_segments); the others' blocks are
+        // allocated as usual.
+        let (mut segs, mut other) = (0usize, 0usize);
+        for &(d, _) in &summaries {
+            for s in gpumem::replay::preexisting_segments(&trace, d) {
+                if s.segment.mapped.is_some() == config.torch.expandable_segments {
+                    segs += 1;
+                } else {
+                    other += 1;
+                }
+            }
+        }
         if segs > 0 && names.contains(&"torch") {
             eprintln!(
                 "  {} made before recording started (no event of the trace made {}); the torch emulation starts from {}, as PyTorch did",
                 crate::units::counted(segs as u64, "segment"),
                 if segs == 1 { "it" } else { "them" },
                 if segs == 1 { "it" } else { "them" },
+            );
+        }
+        if other > 0 && names.contains(&"torch") {
+            eprintln!(
+                "  {} made before recording started {} not of the kind {} makes: the torch emulation allocates {} blocks as usual",
+                crate::units::counted(other as u64, if config.torch.expandable_segments { "cudaMalloc segment" } else { "expandable segment" }),
+                if other == 1 { "is" } else { "are" },
+                if config.torch.expandable_segments { "expandable_segments:True" } else { "this setting" },
+                if other == 1 { "its" } else { "their" },
             );
         }
     }

@@ -15,9 +15,10 @@ use crate::units::human_bytes;
 /// Arguments of `gpumem report`.
 #[derive(Args)]
 pub struct ReportArgs {
-    /// The trace: a PyTorch memory snapshot, an RMM log CSV or gpumem JSON lines.
+    /// The trace: a PyTorch memory snapshot, an RMM log CSV or gpumem JSON lines (`-`:
+    /// standard input).
     pub trace: PathBuf,
-    /// Where to write the page.
+    /// Where to write the page (`-` for standard output).
     #[arg(long, short, default_value = "report.html")]
     pub output: PathBuf,
     /// Allocators to compare: a comma-separated list of buddy, tlsf, best-fit, torch, paged,
@@ -46,8 +47,8 @@ pub struct ReplayOptions {
     #[arg(long)]
     pub lenient: bool,
     /// PYTORCH_CUDA_ALLOC_CONF for the `torch` emulation (e.g.
-    /// `expandable_segments:True,max_split_size_mb:128`); default: the trace's own
-    /// allocator_settings when the snapshot has them, else native.
+    /// `expandable_segments:True,max_split_size_mb:128`, or `native` for PyTorch's defaults);
+    /// default: the trace's own allocator_settings when the snapshot has them, else native.
     #[arg(long)]
     pub torch_conf: Option<String>,
 }
@@ -86,6 +87,8 @@ pub fn build(
             started.elapsed().as_secs_f64()
         );
     }
+    // What --lenient skipped or salvaged is said even by the quiet `map`.
+    crate::cmd_replay::print_read_notes(&trace);
     if o.trace_device.is_some() {
         crate::cmd_tune::pick_device(&trace, "--trace-device", o.trace_device)?;
     }
@@ -132,7 +135,11 @@ pub fn build(
             );
         }
     }
-    r.recorded = report::recorded_figures(path);
+    let (recorded, warnings) = report::recorded_figures_checked(path);
+    for w in warnings {
+        eprintln!("warning: {w}");
+    }
+    r.recorded = recorded;
     if !quiet {
         eprintln!(
             "replayed {} allocator{} in {:.2} s",
@@ -146,7 +153,11 @@ pub fn build(
 
 pub fn run(a: ReportArgs) -> Result<()> {
     let quiet = !std::io::stderr().is_terminal() && std::env::var_os("GPUMEM_VERBOSE").is_none();
-    crate::output::check("-o", &a.output, &[&a.trace])?;
+    // `-o -`: standard output, as `convert -o -` (not a file named `-`).
+    let to_stdout = a.output.as_os_str() == "-";
+    if !to_stdout {
+        crate::output::check("-o", &a.output, &[&a.trace])?;
+    }
     let r = build(
         &a.trace,
         &a.allocator,
@@ -156,10 +167,22 @@ pub fn run(a: ReportArgs) -> Result<()> {
         "building the report of",
     )?;
     let html = report::html::render(&r);
-    crate::output::write_text(&a.output, &html)?;
+    if to_stdout {
+        use std::io::Write;
+        std::io::stdout()
+            .lock()
+            .write_all(html.as_bytes())
+            .context("writing the page to standard output")?;
+    } else {
+        crate::output::write_text(&a.output, &html)?;
+    }
     eprintln!(
         "wrote {} ({}): {}, {} allocator{}",
-        a.output.display(),
+        if to_stdout {
+            "the page to standard output".to_string()
+        } else {
+            a.output.display().to_string()
+        },
         human_bytes(html.len() as u64),
         crate::units::counted(r.events(), "event"),
         r.runs.len(),

@@ -13,7 +13,7 @@ use gpumem::units::bytes as human_bytes;
 #[derive(Args)]
 pub struct TuneArgs {
     /// The trace: a PyTorch memory snapshot (.pickle or .pickle.gz), an RMM log CSV, or
-    /// gpumem JSON lines.
+    /// gpumem JSON lines; `-` reads standard input.
     pub trace: PathBuf,
     /// The device capacity to fit in (e.g. 80GiB): the table counts the OOMs at that size,
     /// and the garbage_collection_threshold settings are tried too, with the capacity as
@@ -44,6 +44,9 @@ pub enum ConfSource {
     Trace,
     /// Neither: native.
     Default,
+    /// Neither, in a truncated snapshot: its `allocator_settings` (written after the trace)
+    /// may have been cut off.
+    Cut,
 }
 
 impl std::fmt::Display for ConfSource {
@@ -52,6 +55,7 @@ impl std::fmt::Display for ConfSource {
             ConfSource::Flag => "from --torch-conf",
             ConfSource::Trace => "the trace's own allocator_settings",
             ConfSource::Default => "native: the trace records no allocator_settings",
+            ConfSource::Cut => "native: the snapshot is cut before its allocator_settings; give --torch-conf with the setting it ran under",
         })
     }
 }
@@ -75,13 +79,21 @@ pub fn recorded_conf(trace: &Trace) -> Result<Option<TorchConfig>> {
 /// The torch emulation's setting: `--torch-conf` when given, else the trace's own.
 pub fn torch_conf(flag: Option<&str>, trace: &Trace) -> Result<(TorchConfig, ConfSource)> {
     if let Some(s) = flag {
-        return Ok((
-            TorchConfig::parse(s).context("--torch-conf")?,
-            ConfSource::Flag,
-        ));
+        // `native` (unset), the name `tune` and the replay give PyTorch's defaults.
+        let conf = if s.trim() == "native" {
+            TorchConfig::default()
+        } else {
+            TorchConfig::parse(s).context("--torch-conf")?
+        };
+        return Ok((conf, ConfSource::Flag));
     }
     Ok(match recorded_conf(trace)? {
         Some(c) => (c, ConfSource::Trace),
+        None if trace.truncated.is_some()
+            && trace.format == Some(gpumem::trace::Format::TorchSnapshot) =>
+        {
+            (TorchConfig::default(), ConfSource::Cut)
+        }
         None => (TorchConfig::default(), ConfSource::Default),
     })
 }
@@ -156,7 +168,15 @@ pub fn run(a: TuneArgs) -> Result<()> {
             ..ReadConfig::default()
         },
     )?;
+    crate::cmd_replay::print_read_notes(&trace);
     let devices = alloc_devices(&trace);
+    if devices.is_empty() {
+        anyhow::bail!(
+            "{}: nothing to tune: {}",
+            gpumem::trace::source_name(&a.trace),
+            crate::cmd_analyze::why_no_allocation(&trace)
+        );
+    }
     let device = pick_device(&trace, "--device", a.device)?;
     let own = recorded_conf(&trace)?;
     let report = tune::tune(&trace, own, a.capacity, device, a.threads)
@@ -166,6 +186,7 @@ pub fn run(a: TuneArgs) -> Result<()> {
         if let Some(o) = v.as_object_mut() {
             o.insert("device".into(), device.into());
             o.insert("trace_devices".into(), devices.clone().into());
+            o.insert("skipped_events".into(), trace.skipped_count.into());
         }
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -209,14 +230,32 @@ fn print_report(a: &TuneArgs, r: &TuneReport, recorded: bool, device: u32, devic
         .max()
         .unwrap_or(7)
         .max(7);
+    // res/req and calls as wide as their widest cell in either table (a ratio of 2097152.000
+    // on a trace of 1-byte requests, millions of driver calls).
+    let cells: Vec<[String; 5]> = r
+        .rows
+        .iter()
+        .map(|row| &row.figures)
+        .chain(r.plugin_rows.iter().map(|row| &row.figures))
+        .map(|f| figure_cells(f, r.capacity_bytes))
+        .collect();
+    let widest = |i: usize, least: usize| {
+        cells
+            .iter()
+            .map(|c| c[i].chars().count())
+            .max()
+            .unwrap_or(0)
+            .max(least)
+    };
+    let (rw, cw) = (widest(1, 8), widest(4, 7));
     println!(
-        "{:<w$} {:>13} {:>8} {:>13} {:>5} {:>7}",
+        "{:<w$} {:>13} {:>rw$} {:>13} {:>5} {:>cw$}",
         "setting", "peak reserv.", "res/req", "min capacity", "OOMs", "calls",
     );
     for row in &r.rows {
         let [peak, ratio, cap, ooms, calls] = figure_cells(&row.figures, r.capacity_bytes);
         println!(
-            "{:<w$} {peak:>13} {ratio:>8} {cap:>13} {ooms:>5} {calls:>7}{}",
+            "{:<w$} {peak:>13} {ratio:>rw$} {cap:>13} {ooms:>5} {calls:>cw$}{}",
             row.setting,
             if row.is_trace_setting {
                 "  (the trace's own)"
@@ -261,10 +300,11 @@ fn print_report(a: &TuneArgs, r: &TuneReport, recorded: bool, device: u32, devic
                 .unwrap_or_else(|| "-".into())
         );
     }
-    print_plugin_rows(r);
+    print_plugin_rows(r, (rw, cw));
     eprintln!(
-        "{} settings in {:.1} s on {} thread{}",
+        "{} PYTORCH_CUDA_ALLOC_CONF and {} GPUMEM_CONF settings in {:.1} s on {} thread{}",
         r.rows.len(),
+        r.plugin_rows.len(),
         r.seconds,
         r.threads,
         if r.threads == 1 { "" } else { "s" }
@@ -337,7 +377,8 @@ fn print_footnotes<'a>(rows: impl Iterator<Item = (String, &'a tune::Figures)> +
 
 /// gpumem's settings for the plug-in: a table, then the one that needs the least memory
 /// within 2 × native's modelled driver time (issue 11's bound on driver time).
-fn print_plugin_rows(r: &TuneReport) {
+/// `(rw, cw)`: the widths of the res/req and calls columns, shared with the first table.
+fn print_plugin_rows(r: &TuneReport, (rw, cw): (usize, usize)) {
     if r.plugin_rows.is_empty() {
         return;
     }
@@ -362,7 +403,7 @@ fn print_plugin_rows(r: &TuneReport) {
         .max("gpumem plug-in, GPUMEM_CONF".len());
     println!();
     println!(
-        "{:<w$} {:>13} {:>8} {:>13} {:>5} {:>7} {:>8} {:>13}",
+        "{:<w$} {:>13} {:>rw$} {:>13} {:>5} {:>cw$} {:>8} {:>13}",
         "gpumem plug-in, GPUMEM_CONF",
         "peak reserv.",
         "res/req",
@@ -380,7 +421,7 @@ fn print_plugin_rows(r: &TuneReport) {
     for row in &r.plugin_rows {
         let [peak, res_req, cap, ooms, calls] = figure_cells(&row.figures, r.capacity_bytes);
         println!(
-            "{:<w$} {peak:>13} {res_req:>8} {cap:>13} {ooms:>5} {calls:>7} {:>8} {:>13}",
+            "{:<w$} {peak:>13} {res_req:>rw$} {cap:>13} {ooms:>5} {calls:>cw$} {:>8} {:>13}",
             label(row),
             row.steady_state_driver_calls,
             ratio(row)

@@ -100,10 +100,16 @@ struct Sample {
 }
 
 fn open_nvml() -> Result<Nvml> {
-    Nvml::init().map_err(|e| {
-        anyhow::anyhow!(
-            "cannot load NVML (libnvidia-ml.so.1): {e}. There is no NVIDIA driver on this machine, so there is no GPU to watch"
-        )
+    use nvml_wrapper::error::NvmlError;
+    Nvml::init().map_err(|e| match e {
+        // The library is not there: no driver is installed.
+        NvmlError::LibloadingError(_) | NvmlError::LibraryNotFound => anyhow::anyhow!(
+            "no NVIDIA driver (libnvidia-ml.so.1, NVML) found: there is no GPU to watch"
+        ),
+        NvmlError::DriverNotLoaded => anyhow::anyhow!(
+            "NVML: the NVIDIA driver is installed but not loaded (nvidia-smi says why): there is no GPU to watch"
+        ),
+        other => anyhow::anyhow!("cannot initialise NVML (libnvidia-ml.so.1): {other}"),
     })
 }
 

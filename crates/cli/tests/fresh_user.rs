@@ -463,3 +463,754 @@ fn tune_shows_a_dash_where_nothing_was_requested() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["rows"][0]["reserved_over_requested"].as_f64(), Some(0.0));
 }
+
+/// The number of segments in the first line of `gpumem map` ("torch after event 5: 17
+/// segments, ...").
+fn map_segments(out: &str) -> usize {
+    let head = out.lines().next().unwrap_or_default();
+    let before = head
+        .split(" segment")
+        .next()
+        .unwrap_or_else(|| panic!("{out}"));
+    before
+        .rsplit(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{head}"))
+}
+
+/// `map` and the report's maps replay the torch emulation as `replay` does: from the segments
+/// a warm process held before recording began, and emptying the cache where the trace
+/// recorded `empty_cache()`. At the last event the emulation then holds the segments the
+/// snapshot's dump shows (it matches the recorded cudaMalloc calls on both traces).
+#[test]
+fn map_starts_from_the_recorded_state_and_empties_the_cache_as_replay_does() {
+    for t in [
+        "traces/warm_process/seg_train.pickle.gz",
+        "traces/validation/resnet_infer.pickle.gz",
+    ] {
+        let (ok, out, err) = gpumem(&["replay", t, "-a", "torch", "--no-plan", "--json"]);
+        assert!(ok, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let last = v["trace"]["events"].as_u64().unwrap() - 1;
+        let (ok, recorded, err) = gpumem(&["map", t, "-a", "recorded"]);
+        assert!(ok, "{err}");
+        let (ok, emulated, err) = gpumem(&["map", t, "-a", "torch", "--event", &last.to_string()]);
+        assert!(ok, "{err}");
+        assert_eq!(
+            map_segments(&emulated),
+            map_segments(&recorded),
+            "{t}:\n{emulated}\n{recorded}"
+        );
+    }
+}
+
+/// A truncated warm-process snapshot salvaged with --lenient: the dump's segments and live
+/// blocks describe the run after the cut, so they are not all taken for what existed before
+/// recording began.
+#[test]
+fn a_salvaged_snapshot_does_not_take_the_state_after_the_cut_for_its_start() {
+    let dir = scratch("cut-warm");
+    let whole = std::fs::read(repo().join("traces/warm_process/seg_train.pickle.gz")).unwrap();
+    let cut = dir.join("seg_train_cut.pickle.gz");
+    std::fs::write(&cut, &whole[..whole.len() * 6 / 10]).unwrap();
+    let (ok, _, err) = gpumem(&[
+        "replay",
+        cut.to_str().unwrap(),
+        "--lenient",
+        "-a",
+        "torch",
+        "--no-plan",
+    ]);
+    assert!(ok, "{err}");
+    assert!(err.contains("  truncated: "), "{err}");
+    assert!(
+        err.contains("not taken for the state before recording began"),
+        "{err}"
+    );
+    // The whole trace starts from 2 segments; only those the events read show are taken.
+    let segments = err
+        .lines()
+        .find(|l| l.contains("made before recording started"))
+        .unwrap_or_else(|| panic!("{err}"));
+    let n: usize = segments.split_whitespace().next().unwrap().parse().unwrap();
+    assert!((1..=2).contains(&n), "{segments}");
+    assert!(
+        !err.contains("already live when recording started"),
+        "{err}"
+    );
+    // A snapshot cut before its allocator_settings (written after the trace) replays native:
+    // said so, with the way out.
+    let whole =
+        std::fs::read(repo().join("traces/warm_process/gan_train_expandable.pickle.gz")).unwrap();
+    let cut = dir.join("gan_cut.pickle.gz");
+    std::fs::write(&cut, &whole[..whole.len() * 6 / 10]).unwrap();
+    let (ok, _, err) = gpumem(&[
+        "replay",
+        cut.to_str().unwrap(),
+        "--lenient",
+        "-a",
+        "torch",
+        "--no-plan",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains(
+            "native (native: the snapshot is cut before its allocator_settings; give --torch-conf"
+        ),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// --lenient "skips and counts" in every command that reads a trace, and a file whose every
+/// event was skipped is told so (not that nothing was recorded); `tune` refuses a trace
+/// without allocations instead of ranking settings by zeros.
+#[test]
+fn lenient_commands_say_what_they_skipped() {
+    let dir = scratch("lenient");
+    let dup = dir.join("dup.jsonl");
+    std::fs::write(
+        &dup,
+        "{\"action\":\"alloc\",\"addr\":1,\"size\":4096}\n{\"action\":\"free\",\"addr\":1}\n{\"action\":\"free\",\"addr\":1}\n",
+    )
+    .unwrap();
+    let dup = dup.to_str().unwrap();
+    let html = dir.join("r.html");
+    for args in [
+        vec!["tune", dup, "--lenient"],
+        vec!["map", dup, "--lenient"],
+        vec!["report", dup, "--lenient", "-o", html.to_str().unwrap()],
+    ] {
+        let (ok, _, err) = gpumem(&args);
+        assert!(ok, "{args:?}: {err}");
+        assert!(
+            err.contains("  skipped: line 3: free of address 1"),
+            "{args:?}: {err}"
+        );
+    }
+    let (ok, out, err) = gpumem(&["tune", dup, "--lenient", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["skipped_events"], 1);
+
+    let bad = dir.join("bad.jsonl");
+    std::fs::write(&bad, "{\"action\":\"alloc\",\"addr\":1,\"size\":-10}\n").unwrap();
+    let bad = bad.to_str().unwrap();
+    for cmd in ["replay", "tune", "convert"] {
+        let (ok, out, err) = gpumem(&[cmd, bad, "--lenient"]);
+        assert!(!ok, "{cmd}: {out}");
+        assert!(err.contains("  skipped: line 1: "), "{cmd}: {err}");
+        assert!(
+            err.contains("no alloc/free event is left after --lenient skipped 1 malformed event"),
+            "{cmd}: {err}"
+        );
+        assert!(!err.contains("holds no alloc/free events"), "{cmd}: {err}");
+    }
+    // A snapshot that recorded nothing, and one of segments only: nothing to tune.
+    let (ok, out, err) = gpumem(&["tune", "crates/gpumem/tests/fixtures/no_recording.pickle"]);
+    assert!(!ok, "{out}");
+    assert!(
+        err.contains("nothing to tune") && err.contains("_record_memory_history"),
+        "{err}"
+    );
+    one_line_error(&err);
+    let (ok, out, err) = gpumem(&["tune", "crates/gpumem/tests/fixtures/segments_only.pickle"]);
+    assert!(!ok, "{out}");
+    assert!(err.contains("segments but no trace entries"), "{err}");
+    // Counted nouns in the state analysis.
+    let (ok, out, err) = gpumem(&[
+        "replay",
+        "crates/gpumem/tests/fixtures/segments_only.pickle",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("state of the 1 segment the snapshot"), "{out}");
+    assert!(out.contains(", 1 inactive split block holding"), "{out}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `inspect`'s table keeps its columns under `paged-lazy` (one letter wider than the column
+/// was) and under a 12-digit offset, and ends no line with spaces.
+#[test]
+fn inspect_keeps_its_columns() {
+    let (ok, out, err) = gpumem(&["inspect", "--device", "sim"]);
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = out.lines().filter(|l| l.contains(" | ")).collect();
+    assert!(lines.iter().any(|l| l.starts_with("paged-lazy ")), "{out}");
+    let bars = |l: &str| -> Vec<usize> { l.match_indices(" | ").map(|(i, _)| i).collect() };
+    for l in &lines {
+        assert_eq!(bars(l), bars(lines[0]), "{out}");
+        assert_eq!(l.trim_end(), *l, "{out}");
+    }
+    // The offset column: every offset ends where its header does.
+    let end = lines[0].find("offset").unwrap() + "offset".len();
+    for l in &lines[1..] {
+        let cell = &l[..end];
+        assert!(
+            cell.ends_with(|c: char| c.is_ascii_digit()),
+            "{l}\n{}",
+            lines[0]
+        );
+    }
+}
+
+/// `watch` without the NVIDIA driver: one clear line, not the loader's wording.
+#[test]
+fn watch_without_a_driver_says_so_in_one_line() {
+    let (ok, out, err) = gpumem(&["watch", "--once"]);
+    if ok {
+        return; // a machine with the driver
+    }
+    assert!(out.is_empty(), "{out}");
+    one_line_error(&err);
+    if err.contains("no NVIDIA driver") {
+        assert_eq!(
+            err.trim_end(),
+            "error: no NVIDIA driver (libnvidia-ml.so.1, NVML) found: there is no GPU to watch"
+        );
+    }
+    assert!(!err.contains("libloading"), "{err}");
+}
+
+/// Errors say what the line wrote: an integer beyond 64 bits is not called "floating point",
+/// and an RMM row with a field missing is not csv's "CSV error: record 1 (line: 2, ...)".
+#[test]
+fn errors_name_what_the_line_wrote() {
+    let dir = scratch("what-the-line-wrote");
+    let big = dir.join("big.jsonl");
+    std::fs::write(
+        &big,
+        "{\"action\":\"alloc\",\"addr\":1,\"size\":18446744073709551616}\n",
+    )
+    .unwrap();
+    let (ok, _, err) = gpumem(&["replay", big.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        err.contains("line 1: invalid value: integer 18446744073709551616 does not fit in 64 bits, expected a whole number ≥ 0 (column 54, key \"size\")"),
+        "{err}"
+    );
+    one_line_error(&err);
+    // A device ordinal beyond 32 bits is a whole number ≥ 0: the error says the range.
+    let dev = dir.join("dev.jsonl");
+    std::fs::write(
+        &dev,
+        "{\"action\":\"alloc\",\"addr\":1,\"size\":1,\"device\":4294967296}\n",
+    )
+    .unwrap();
+    let (ok, _, err) = gpumem(&["replay", dev.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        err.contains("integer `4294967296`, expected a whole number from 0 to 4294967295"),
+        "{err}"
+    );
+    // An oom line without the request it failed on was judged as a 0-byte request.
+    let oom = dir.join("oom.jsonl");
+    std::fs::write(
+        &oom,
+        "{\"action\":\"oom\"}\n{\"action\":\"alloc\",\"addr\":1,\"size\":10}\n",
+    )
+    .unwrap();
+    let (ok, out, err) = gpumem(&["replay", oom.to_str().unwrap()]);
+    assert!(!ok, "{out}");
+    assert!(
+        err.contains("oom.jsonl: line 1: \"oom\" needs \"size\""),
+        "{err}"
+    );
+    // The same in a snapshot (PyTorch writes the size of every oom entry).
+    let poom = dir.join("oom.pickle");
+    std::fs::write(
+        &poom,
+        b"\x80\x02}(X\x08\x00\x00\x00segments]X\r\x00\x00\x00device_traces]](}(X\x06\x00\x00\x00actionq\x00X\x03\x00\x00\x00oomX\x06\x00\x00\x00streamq\x01K\x00u}(h\x00X\x05\x00\x00\x00allocX\x04\x00\x00\x00addrK\x01X\x04\x00\x00\x00sizeK\nh\x01K\x00ueau.",
+    )
+    .unwrap();
+    let (ok, out, err) = gpumem(&["replay", poom.to_str().unwrap()]);
+    assert!(!ok, "{out}");
+    assert!(
+        err.contains("oom.pickle: event 0 (device 0 trace entry 0): no 'size'"),
+        "{err}"
+    );
+    let csv = dir.join("short.csv");
+    std::fs::write(
+        &csv,
+        "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0x100,256\n",
+    )
+    .unwrap();
+    let (ok, _, err) = gpumem(&["replay", csv.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        err.trim_end()
+            .ends_with("short.csv: line 2: CSV: 5 fields, expected 6 as in the header"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `convert` says what JSON lines cannot keep and a replay of the snapshot uses: its
+/// allocator setting and the segments made before recording began (a converted
+/// warm-process trace replayed silently under native, or without those segments).
+#[test]
+fn convert_says_what_json_lines_do_not_keep() {
+    let dir = scratch("convert-lost");
+    let out = dir.join("x.jsonl");
+    let out = out.to_str().unwrap();
+    let (ok, _, err) = gpumem(&[
+        "convert",
+        "traces/warm_process/gpt2_preloaded_expandable.pickle.gz",
+        "-o",
+        out,
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("--torch-conf 'expandable_segments:True'"),
+        "{err}"
+    );
+    let (ok, _, err) = gpumem(&[
+        "convert",
+        "traces/warm_process/seg_train.pickle.gz",
+        "-o",
+        out,
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("do not keep the 2 segments made before recording began"),
+        "{err}"
+    );
+    assert!(!err.contains("allocator setting"), "{err}");
+    // Nothing lost, nothing said.
+    let (ok, _, err) = gpumem(&["convert", "traces/mixed_sizes.pickle.gz", "-o", out]);
+    assert!(ok, "{err}");
+    assert!(!err.contains("note:"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `report -o -` writes the page to standard output, as `convert -o -` writes its lines (it
+/// wrote a file named `-`).
+#[test]
+fn report_to_standard_output() {
+    let dir = scratch("report-stdout");
+    let t = copy_trace(&dir, "crates/gpumem/tests/fixtures/sample.jsonl");
+    let out = Command::new(env!("CARGO_BIN_EXE_gpumem"))
+        .args(["report", t.to_str().unwrap(), "-o", "-", "-a", "torch"])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let page = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        page.trim_start()
+            .to_ascii_lowercase()
+            .starts_with("<!doctype html"),
+        "{}",
+        &page[..page.len().min(200)]
+    );
+    assert!(page.trim_end().ends_with("</html>"));
+    assert!(err.contains("wrote the page to standard output"), "{err}");
+    assert!(!dir.join("-").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Tables keep their columns for any figure: `tune`'s res/req of a trace of 1-byte requests
+/// (2097152.000) pushed its row out of line; `--min-capacity` ended rows with spaces.
+#[test]
+fn tables_keep_their_columns_for_any_figure() {
+    let dir = scratch("tables");
+    let t = dir.join("one.jsonl");
+    std::fs::write(&t, "{\"action\":\"alloc\",\"addr\":1,\"size\":1}\n").unwrap();
+    let t = t.to_str().unwrap();
+    let (ok, out, err) = gpumem(&["tune", t]);
+    assert!(ok, "{err}");
+    for header in ["setting ", "gpumem plug-in, GPUMEM_CONF "] {
+        let lines: Vec<&str> = out.lines().collect();
+        let at = lines.iter().position(|l| l.starts_with(header)).unwrap();
+        let end = lines[at].find("res/req").unwrap() + "res/req".len();
+        let row = lines[at + 1];
+        assert!(
+            row[..end].ends_with(|c: char| c.is_ascii_digit()) && row.as_bytes()[end] == b' ',
+            "{}\n{row}",
+            lines[at]
+        );
+    }
+    let (ok, out, err) = gpumem(&["replay", t, "--min-capacity", "--no-plan"]);
+    assert!(ok, "{err}");
+    assert!(out.lines().all(|l| l.trim_end() == l), "{out:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A folder given as the trace: said so, with what was expected (it was the OS's "Is a
+/// directory (os error 21)").
+#[test]
+fn a_folder_is_not_a_trace() {
+    for cmd in ["replay", "tune", "report", "map", "convert"] {
+        let (ok, _, err) = gpumem(&[cmd, "traces/warm_process"]);
+        assert!(!ok, "{cmd}");
+        assert!(
+            err.contains(
+                "traces/warm_process: not an allocation trace: a folder; expected a trace file"
+            ),
+            "{cmd}: {err}"
+        );
+        one_line_error(&err);
+    }
+}
+
+/// Every GPU command without a driver: a clear error, no panic, a non-zero exit, and advice
+/// that works: where it says `--device sim`, the command takes `--device sim` (`bench
+/// transfer` said so and then refused `sim` as a device).
+#[test]
+fn gpu_commands_without_a_driver_give_advice_that_works() {
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_gpumem"))
+            .args(args)
+            .env("GPUMEM_NO_CUDA", "1")
+            .current_dir(repo())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let t = "traces/mixed_sizes.pickle.gz";
+    for args in [
+        &["info", "--device", "cuda"][..],
+        &["inspect"],
+        &["vmm"],
+        &["bench", "alloc"],
+        &["bench", "transfer"],
+        &["bench", "transfer", "--device", "all"],
+        &["replay", t, "--device", "cuda"],
+        &["replay", t, "--device", "all", "--json"],
+    ] {
+        let (code, out, err) = run(args);
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert!(out.is_empty(), "{args:?}: {out}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(
+            err.starts_with("error: no NVIDIA driver"),
+            "{args:?}: {err}"
+        );
+        if err.contains("--device sim") {
+            // The advice, taken: the command's --device takes `sim` (its help says so).
+            let mut help: Vec<&str> = args
+                .iter()
+                .copied()
+                .take_while(|a| !a.starts_with('-') && !a.contains('/'))
+                .collect();
+            help.push("--help");
+            let (_, out, _) = run(&help);
+            let device = out
+                .lines()
+                .find(|l| l.trim_start().starts_with("--device"))
+                .unwrap_or_else(|| panic!("{help:?}: {out}"));
+            assert!(device.contains("sim"), "{args:?}: {err}\n{device}");
+        }
+    }
+    let (_, _, err) = run(&["bench", "transfer"]);
+    assert!(err.contains("--host-only"), "{err}");
+    one_line_error(&err);
+}
+
+/// `tune --threads N` reports the threads it ran, at most one per setting (it said "on 1000
+/// threads" for 21 replays).
+#[test]
+fn tune_reports_the_threads_it_ran() {
+    let (ok, out, err) = gpumem(&[
+        "tune",
+        "crates/gpumem/tests/fixtures/sample.jsonl",
+        "--threads",
+        "1000",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let settings = v["rows"].as_array().unwrap().len() + v["plugin_rows"].as_array().unwrap().len();
+    assert_eq!(v["threads"].as_u64(), Some(settings as u64), "{out}");
+    let (ok, _, err) = gpumem(&[
+        "tune",
+        "crates/gpumem/tests/fixtures/sample.jsonl",
+        "--threads",
+        "1000",
+    ]);
+    assert!(ok, "{err}");
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.ends_with(&format!("on {settings} threads"))
+            && last.contains(" GPUMEM_CONF settings in "),
+        "{err}"
+    );
+}
+
+/// A `NAME-CONF.stats.json` beside the trace that cannot be used is warned about, naming the
+/// file and what was expected (it was skipped without a word, and PyTorch's figures were
+/// just missing).
+#[test]
+fn a_broken_stats_file_beside_the_trace_is_warned_about() {
+    let dir = scratch("stats");
+    let t = copy_trace(&dir, "crates/gpumem/tests/fixtures/sample.jsonl");
+    std::fs::write(
+        dir.join("sample-native.stats.json"),
+        "{\"reserved_bytes.all.peak\": 1.5e9",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("sample-expandable_segments_True.stats.json"),
+        "{\"reserved\": 5}",
+    )
+    .unwrap();
+    let (ok, _, err) = gpumem(&["replay", t.to_str().unwrap(), "-a", "torch", "--no-plan"]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("sample-native.stats.json: not JSON (")
+            && err.contains("expected torch.cuda.memory_stats() as a JSON object"),
+        "{err}"
+    );
+    assert!(
+        err.contains("sample-expandable_segments_True.stats.json: no whole number under \"reserved_bytes.all.peak\""),
+        "{err}"
+    );
+    let html = dir.join("r.html");
+    let (ok, _, err) = gpumem(&[
+        "report",
+        t.to_str().unwrap(),
+        "-a",
+        "torch",
+        "-o",
+        html.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("sample-native.stats.json: not JSON ("),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A gzip file whose checksum is wrong but whose data is whole: the lenient read keeps every
+/// event and the note ends in a sentence ("kept the N events inflated before" stopped there).
+#[test]
+fn a_bad_gzip_checksum_note_is_a_whole_sentence() {
+    let dir = scratch("crc");
+    let mut gz = std::fs::read(repo().join("traces/mixed_sizes.pickle.gz")).unwrap();
+    let n = gz.len();
+    gz[n - 6] ^= 0xff; // inside the CRC-32 of the trailer
+    let t = dir.join("crc.pickle.gz");
+    std::fs::write(&t, &gz).unwrap();
+    let (ok, _, err) = gpumem(&["replay", t.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("does not have a matching checksum"), "{err}");
+    let (ok, out, err) = gpumem(&[
+        "replay",
+        t.to_str().unwrap(),
+        "-a",
+        "torch",
+        "--lenient",
+        "--json",
+        "--no-plan",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let events = v["trace"]["events"].as_u64().unwrap();
+    let note = v["trace"]["truncated"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        note.ends_with(&format!("kept the {events} events inflated before it")),
+        "{note}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `inspect` when no strategy can allocate: each error once, no empty table, "1 error" (the
+/// pool's out-of-memory cause was printed three times behind "torch: torch:").
+#[test]
+fn inspect_errors_say_each_cause_once() {
+    let (ok, out, err) = gpumem(&[
+        "inspect",
+        "--device",
+        "sim",
+        "--sizes",
+        "1TiB",
+        "--strategies",
+        "torch",
+    ]);
+    assert!(!ok);
+    assert!(out.is_empty(), "{out}");
+    let first = err.lines().next().unwrap();
+    assert!(
+        first.starts_with("error: torch: allocating 1 TiB: out of memory"),
+        "{err}"
+    );
+    assert!(!first.contains("torch: torch"), "{first}");
+    assert_eq!(first.matches("0 B free in total").count(), 1, "{first}");
+    assert!(
+        err.trim_end()
+            .ends_with("no strategy could allocate (1 error)"),
+        "{err}"
+    );
+}
+
+/// `bench alloc` shows pairs/s with a decimal prefix as `replay` shows events/s (it printed
+/// 30891552), and its title has one pair of brackets.
+#[test]
+fn bench_alloc_rates_read_like_the_replay() {
+    let (ok, out, err) = gpumem(&[
+        "bench",
+        "alloc",
+        "--device",
+        "sim",
+        "--strategies",
+        "tlsf",
+        "--sizes",
+        "4KiB",
+        "--threads",
+        "1",
+        "--time-ms",
+        "5",
+        "--mixed",
+        "false",
+    ]);
+    assert!(ok, "{err}");
+    let title = out.lines().next().unwrap();
+    assert!(!title.contains(") ("), "{title}");
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("tlsf "))
+        .unwrap_or_else(|| panic!("{out}"));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    // tlsf 4 KiB 1 <median> ns <p99> ns <rate> <prefix> - -
+    let prefix = cells[cells.len() - 3];
+    assert!(matches!(prefix, "M" | "k"), "{row}");
+    assert!(cells[cells.len() - 4].contains('.'), "{row}");
+}
+
+/// `advise` speaks in the units its table uses: the pinned-cap note in bytes units (it said
+/// "1099511627776 B is more than the pinned cap of 12638255104 B") and the recommendation's
+/// time in the unit that keeps it readable (it said "32055.733 ms", "0.054 ms").
+#[test]
+fn advise_speaks_in_human_units() {
+    let (ok, out, err) = gpumem(&["advise", "--size", "1TiB", "--cap", "1GiB"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("1.00 TiB is more than the pinned cap of 1.00 GiB"),
+        "{out}"
+    );
+    let rec = out
+        .lines()
+        .find(|l| l.starts_with("recommended: "))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(rec.contains(" s per transfer"), "{rec}");
+    let (ok, out, err) = gpumem(&["advise", "--size", "1MiB"]);
+    assert!(ok, "{err}");
+    let rec = out
+        .lines()
+        .find(|l| l.starts_with("recommended: "))
+        .unwrap();
+    assert!(!rec.contains(" 0.0"), "{rec}");
+    assert!(rec.contains(" µs per transfer"), "{rec}");
+}
+
+/// The staging ring's settings are checked like the others: a zero chunk or buffer count is
+/// refused naming the flag (it printed the library's `StagingConfig { chunk_bytes: 0, .. }`).
+#[test]
+fn staging_ring_settings_are_refused_by_flag() {
+    for (flag, says) in [
+        ("--stage-chunk", "a staging chunk holds at least 1 B"),
+        (
+            "--stage-buffers",
+            "the staging ring needs at least 1 buffer",
+        ),
+    ] {
+        let (ok, _, err) = gpumem(&["bench", "transfer", "--host-only", flag, "0"]);
+        assert!(!ok);
+        assert!(err.contains(flag) && err.contains(says), "{err}");
+        assert!(!err.contains("StagingConfig"), "{err}");
+    }
+}
+
+/// Every command that reads a trace takes `-` for standard input, and its help says so.
+#[test]
+fn every_trace_command_reads_standard_input_and_says_so() {
+    use std::io::Write;
+    let sample = std::fs::read(repo().join("crates/gpumem/tests/fixtures/sample.jsonl")).unwrap();
+    for cmd in ["replay", "tune", "report", "map", "convert"] {
+        let (ok, out, _) = gpumem(&[cmd, "--help"]);
+        assert!(ok);
+        let arg = out
+            .split("Arguments:")
+            .nth(1)
+            .and_then(|a| a.split("Options:").next())
+            .unwrap_or_default();
+        assert!(arg.contains("standard input"), "{cmd}: {arg}");
+        let mut args = vec![cmd, "-"];
+        if cmd == "report" {
+            args.extend(["-o", "-", "-a", "torch"]);
+        }
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gpumem"))
+            .args(&args)
+            .current_dir(repo())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(&sample).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{cmd}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.stdout.is_empty(), "{cmd}");
+    }
+}
+
+/// `--torch-conf native` (the name `tune` prints for PyTorch's defaults) is taken, and the
+/// line about segments made before recording says which ones the emulation can take in under
+/// the setting given (seg_train's cudaMalloc segments under expandable_segments:True were said
+/// to be taken in, "as PyTorch did").
+#[test]
+fn the_setting_given_decides_which_earlier_segments_are_taken_in() {
+    let seg = "traces/warm_process/seg_train.pickle.gz";
+    let (ok, _, err) = gpumem(&[
+        "replay",
+        seg,
+        "-a",
+        "torch",
+        "--no-plan",
+        "--torch-conf",
+        "expandable_segments:True",
+    ]);
+    assert!(ok, "{err}");
+    assert!(!err.contains("the torch emulation starts from"), "{err}");
+    assert!(
+        err.contains("2 cudaMalloc segments made before recording started are not of the kind expandable_segments:True makes"),
+        "{err}"
+    );
+    let (ok, _, err) = gpumem(&["replay", seg, "-a", "torch", "--no-plan"]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("2 segments made before recording started (no event of the trace made them); the torch emulation starts from them"),
+        "{err}"
+    );
+    let gan = "traces/warm_process/gan_train_expandable.pickle.gz";
+    let (ok, _, err) = gpumem(&[
+        "replay",
+        gan,
+        "-a",
+        "torch",
+        "--no-plan",
+        "--torch-conf",
+        "native",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("PYTORCH_CUDA_ALLOC_CONF native (from --torch-conf)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("1 expandable segment made before recording started is not of the kind"),
+        "{err}"
+    );
+}

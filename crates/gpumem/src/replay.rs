@@ -350,9 +350,29 @@ struct Live {
 /// `segment_unmap` of it is an unmap, or, when no event touches it, if the snapshot's dump
 /// shows it mapped. Events are matched to the stream and pool whose dumped pages lie
 /// nearest. Offsets count from the lowest page the trace or the dump shows of the segment:
-/// PyTorch maps the lowest free place first, so no page below it served the run.
+/// PyTorch maps the lowest free place first, so no page below it served the run. In a
+/// truncated snapshot ([`Trace::truncated`]) the dump is the state after the cut: a page no
+/// map or unmap event read touches counts as mapped then only where a block event read lies
+/// in it.
 fn preexisting_expandable(trace: &Trace, device: u32) -> Vec<PreexistingSegment> {
     use std::collections::BTreeMap;
+    // For a truncated trace: the addresses of the block events read.
+    let mut touched: Vec<u64> = Vec::new();
+    if trace.truncated.is_some() {
+        touched = trace
+            .events
+            .iter()
+            .filter(|e| e.device == device && matches!(e.action, Action::Alloc | Action::Free))
+            .map(|e| e.addr)
+            .collect();
+        touched.sort_unstable();
+    }
+    let used = |page_at: u64, page: u64| {
+        let from = touched.partition_point(|&a| a < page_at);
+        touched
+            .get(from)
+            .is_some_and(|&a| a < page_at.saturating_add(page))
+    };
     // (stream, small pool) -> (page bytes, dumped mapped pages)
     let mut groups: BTreeMap<(u64, bool), (u64, Vec<u64>)> = BTreeMap::new();
     for s in trace
@@ -428,7 +448,10 @@ fn preexisting_expandable(trace: &Trace, device: u32) -> Vec<PreexistingSegment>
         for &p in &pages {
             let mapped_then = match f.and_then(|m| m.get(&p)) {
                 Some(&unmap) => unmap,
-                None => dumped.binary_search(&p).is_ok(),
+                None => {
+                    dumped.binary_search(&p).is_ok()
+                        && (trace.truncated.is_none() || used(p, *page))
+                }
             };
             if !mapped_then {
                 continue;
@@ -560,11 +583,38 @@ pub struct PreexistingSegment {
 /// that lie inside it (inside its mapped pages); every other byte was free.
 /// A replay through the `torch` emulation starts from them
 /// ([`Allocator::adopt_segment`]), as the recorded run did; empty for traces that record no
-/// segments (JSON lines, RMM logs).
+/// segments (JSON lines, RMM logs). In a truncated snapshot salvaged by a lenient read
+/// ([`Trace::truncated`]) the segments are the state at the dump, after the cut: one the dump
+/// lists is taken only where a block event read lies inside it, outside every segment the
+/// events read made or freed (so it existed before the first event).
 pub fn preexisting_segments(trace: &Trace, device: u32) -> Vec<PreexistingSegment> {
+    let events = || trace.events.iter().filter(|e| e.device == device);
+    // For a truncated trace: the addresses of block events read, and the ranges of the
+    // segments the events read made or freed.
+    let (mut touched, mut made) = (Vec::new(), Vec::new());
+    if trace.truncated.is_some() {
+        for e in events() {
+            match e.action {
+                Action::Alloc | Action::Free => touched.push(e.addr),
+                Action::SegmentAlloc | Action::SegmentFree => {
+                    made.push((e.addr, e.addr.saturating_add(e.size_bytes)))
+                }
+                _ => {}
+            }
+        }
+        touched.sort_unstable();
+    }
+    let existed_before = |address: u64, bytes: u64| {
+        let end = address.saturating_add(bytes);
+        let from = touched.partition_point(|&a| a < address);
+        touched[from..]
+            .iter()
+            .take_while(|&&a| a < end)
+            .any(|&a| !made.iter().any(|&(lo, hi)| lo <= a && a < hi))
+    };
     // The first segment event at each address: (is a free, bytes, stream).
     let mut first: FxHashMap<u64, (bool, u64, u64)> = FxHashMap::default();
-    for e in trace.events.iter().filter(|e| e.device == device) {
+    for e in events() {
         let free = match e.action {
             Action::SegmentAlloc => false,
             Action::SegmentFree => true,
@@ -599,6 +649,7 @@ pub fn preexisting_segments(trace: &Trace, device: u32) -> Vec<PreexistingSegmen
             && !s.private_pool
             && !first.contains_key(&s.address)
             && s.total_size_bytes > 0
+            && (trace.truncated.is_none() || existed_before(s.address, s.total_size_bytes))
         {
             add(
                 s.address,

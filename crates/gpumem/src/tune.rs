@@ -192,7 +192,7 @@ pub struct TuneReport {
     pub plugin_rows: Vec<PluginRow>,
     /// Wall-clock seconds the whole tuning took.
     pub seconds: f64,
-    /// Threads used.
+    /// Threads used (at most one per setting replayed).
     pub threads: usize,
 }
 
@@ -367,6 +367,8 @@ pub fn tune(
     }
     let mut rows: Vec<TuneRow> = Vec::new();
     let mut plugin_rows: Vec<PluginRow> = Vec::new();
+    // No more threads than jobs run (and are reported).
+    let threads = threads.clamp(1, jobs.len().max(1));
     for r in parallel(threads, jobs) {
         match r? {
             Out::Torch(row) => rows.push(row),

@@ -265,7 +265,7 @@ fn fmt_ns(ns: f64) -> String {
 
 fn print_bench(o: &BenchOut) {
     println!(
-        "bench alloc on {} (alloc+free pair; speedup = baseline median / this median)",
+        "bench alloc on {}: alloc+free pairs; speedup = baseline median / this median",
         o.device
     );
     println!(
@@ -275,13 +275,13 @@ fn print_bench(o: &BenchOut) {
     let f = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.1}"));
     for r in &o.rows {
         println!(
-            "{:<16} {:>8} {:>4} {:>10} {:>10} {:>12.0} {:>11} {:>11}",
+            "{:<16} {:>8} {:>4} {:>10} {:>10} {:>12} {:>11} {:>11}",
             r.row.backend,
             r.row.case.label(),
             r.row.threads,
             fmt_ns(r.row.median_ns),
             fmt_ns(r.row.p99_ns),
-            r.row.pairs_per_s,
+            gpumem::units::rate(r.row.pairs_per_s),
             f(r.speedup_vs_cumemalloc),
             f(r.speedup_vs_cumemallocasync)
         );

@@ -197,7 +197,13 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
             res
         };
         if let Err(e) = r {
-            errors.push(format!("{name}: {e:#}"));
+            // Each cause once (the pool's out-of-memory error quotes its source), named once.
+            let text = crate::error_text(&e);
+            errors.push(if text.starts_with(&format!("{name}: ")) {
+                text
+            } else {
+                format!("{name}: {text}")
+            });
         }
     }
     if a.json {
@@ -214,10 +220,26 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
             })?
         );
     } else {
-        println!(
-            "{:<9} {:>9} {:>16} | {:<8} {:>16} {:>10} {:>10} {:<6} | {:>4} {:<8} {:>16} {:>10} {:<5}",
+        // Columns as wide as their widest cell (`paged-lazy`, an offset of 12 digits).
+        let sw = rows
+            .iter()
+            .map(|r| r.pool.strategy.len())
+            .max()
+            .unwrap_or(0)
+            .max(9);
+        let ow = rows
+            .iter()
+            .map(|r| r.pool.block_offset.to_string().len())
+            .max()
+            .unwrap_or(0)
+            .max(10);
+        let header = format!(
+            "{:<sw$} {:>9} {:>16} | {:<8} {:>16} {:>10} {:>ow$} {:<6} | {:>4} {:<8} {:>16} {:>10} {:<5}",
             "strategy", "size", "address", "backing", "start", "bytes", "offset", "pages", "dev", "type", "range start", "range", "vmm"
         );
+        if !rows.is_empty() {
+            println!("{}", header.trim_end());
+        }
         for r in &rows {
             let p = &r.pool;
             let pages = if p.pages.is_empty() {
@@ -241,8 +263,8 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
                     "-".into(),
                 ),
             };
-            println!(
-                "{:<9} {:>9} {:>#16x} | {:<8} {:>#16x} {:>10} {:>10} {:<6} | {:>4} {:<8} {:>16} {:>10} {:<5}",
+            let line = format!(
+                "{:<sw$} {:>9} {:>#16x} | {:<8} {:>#16x} {:>10} {:>ow$} {:<6} | {:>4} {:<8} {:>16} {:>10} {:<5}",
                 p.strategy,
                 human(p.requested_bytes),
                 r.addr,
@@ -257,13 +279,17 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
                 rb,
                 vm
             );
+            println!("{}", line.trim_end());
         }
         for e in &errors {
             eprintln!("error: {e}");
         }
     }
     if rows.is_empty() && !errors.is_empty() {
-        bail!("no strategy could allocate ({} errors)", errors.len());
+        bail!(
+            "no strategy could allocate ({})",
+            crate::units::counted(errors.len() as u64, "error")
+        );
     }
     Ok(())
 }

@@ -72,7 +72,7 @@ pub fn vmm(a: VmmArgs) -> Result<()> {
             .and_then(|p| paged_tables(&p, g))
             {
                 Ok(t) => (t, None),
-                Err(e) => (Vec::new(), Some(format!("{e:#}"))),
+                Err(e) => (Vec::new(), Some(crate::error_text(&e))),
             };
             let mut d = Tracked::new(SimDevice::default());
             let va = vmm::demo_arena(&mut d, a.reserve, a.pages)?;
@@ -105,7 +105,7 @@ pub fn vmm(a: VmmArgs) -> Result<()> {
             .and_then(|p| paged_tables(&p, g))
             {
                 Ok(t) => (t, None),
-                Err(e) => (Vec::new(), Some(format!("{e:#}"))),
+                Err(e) => (Vec::new(), Some(crate::error_text(&e))),
             };
             let mut dev = cuda::open(o)?;
             let va = vmm::demo_arena(&mut dev, a.reserve, a.pages)?;

@@ -304,7 +304,7 @@ pub(super) fn print_min_capacity(min_caps: &[(&'static str, &[DeviceMinCapacity]
                     if !f.exact {
                         notes.push("partly bisected (assumes monotone above the scanned range)".into());
                     }
-                    println!(
+                    let line = format!(
                         "{:<10} {:>6} {:>14} {:>18} {:>8}  {}",
                         name,
                         m.device,
@@ -313,6 +313,8 @@ pub(super) fn print_min_capacity(min_caps: &[(&'static str, &[DeviceMinCapacity]
                         f.replays,
                         notes.join("; ")
                     );
+                    // No note: no spaces at the end of the line.
+                    println!("{}", line.trim_end());
                 }
                 MinCapacityOutcome::NeverCompletes(i) => println!(
                     "{:<10} {:>6} {:>14} {:>18} {:>8}  does not complete even with {}: {} ({} failed allocation{}, the first at event index {})",

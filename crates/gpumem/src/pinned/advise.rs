@@ -491,8 +491,9 @@ pub fn advise(table: &TransferTable, pattern: &Pattern) -> Advice {
             excluded = Some("not asynchronous: the host waits for the copy".to_string());
         } else if pinned && b > pattern.pinned_cap_bytes {
             excluded = Some(format!(
-                "{b} B is more than the pinned cap of {} B",
-                pattern.pinned_cap_bytes
+                "{} is more than the pinned cap of {}",
+                crate::units::bytes(b),
+                crate::units::bytes(pattern.pinned_cap_bytes)
             ));
         } else if kind == MemoryKind::Mapped && b > 1 << 20 {
             excluded =
@@ -539,17 +540,17 @@ pub fn advise(table: &TransferTable, pattern: &Pattern) -> Advice {
         (Some(best), Some(p)) if best.kind != MemoryKind::Pageable && best.total_s > p / 1.1 => (
             MemoryKind::Pageable,
             format!(
-                "{} would save under 10 % ({:.3} ms vs {:.3} ms per transfer): not worth locking memory",
+                "{} would save under 10 % ({} vs {} per transfer): not worth locking memory",
                 best.kind.name(),
-                best.total_s * 1e3,
-                p * 1e3
+                crate::units::duration(best.total_s),
+                crate::units::duration(p)
             ),
         ),
         (Some(best), _) => (
             best.kind,
             format!(
-                "{:.3} ms per transfer ({:.1} GB/s effective){}{}",
-                best.total_s * 1e3,
+                "{} per transfer ({:.1} GB/s effective){}{}",
+                crate::units::duration(best.total_s),
                 b as f64 / best.total_s / 1e9,
                 if over_write_combined {
                     "; write-combined is less than 5 % faster and slow for the CPU to read back"

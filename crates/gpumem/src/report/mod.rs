@@ -103,26 +103,54 @@ pub struct RecordedFigures {
 
 /// Reads the `<stem>-<conf>.stats.json` files that lie beside `trace_path` (as in `traces/`):
 /// PyTorch's `torch.cuda.memory_stats()` for the recorded run. Files that are missing or do
-/// not parse are skipped.
+/// not parse are skipped ([`recorded_figures_checked`] says why).
 pub fn recorded_figures(trace_path: &std::path::Path) -> Vec<RecordedFigures> {
+    recorded_figures_checked(trace_path).0
+}
+
+/// [`recorded_figures`], with a warning for each such file that is there but cannot be read,
+/// is not JSON, or has no whole `reserved_bytes.all.peak` (naming the file and what was
+/// expected).
+pub fn recorded_figures_checked(
+    trace_path: &std::path::Path,
+) -> (Vec<RecordedFigures>, Vec<String>) {
+    let mut warnings = Vec::new();
     let Some(name) = trace_path.file_name().and_then(|f| f.to_str()) else {
-        return Vec::new();
+        return (Vec::new(), warnings);
     };
     let stem = name.split('.').next().unwrap_or(name);
     let dir = trace_path.parent().unwrap_or(std::path::Path::new("."));
     let mut out = Vec::new();
     for conf in ["native", "expandable_segments_True"] {
         let p = dir.join(format!("{stem}-{conf}.stats.json"));
-        let Ok(text) = std::fs::read_to_string(&p) else {
-            continue;
+        let text = match std::fs::read_to_string(&p) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                warnings.push(format!("{}: {e}; PyTorch's figures not shown", p.display()));
+                continue;
+            }
         };
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
-            continue;
+        let v = match serde_json::from_str::<serde_json::Value>(&text) {
+            Ok(v) => v,
+            Err(e) => {
+                warnings.push(format!(
+                    "{}: not JSON ({e}), expected torch.cuda.memory_stats() as a JSON object; PyTorch's figures not shown",
+                    p.display()
+                ));
+                continue;
+            }
         };
-        if let Some(r) = v
+        let reserved = v
             .get("reserved_bytes.all.peak")
-            .and_then(serde_json::Value::as_u64)
-        {
+            .and_then(serde_json::Value::as_u64);
+        if reserved.is_none() {
+            warnings.push(format!(
+                "{}: no whole number under \"reserved_bytes.all.peak\" (expected torch.cuda.memory_stats() as a JSON object); PyTorch's figures not shown",
+                p.display()
+            ));
+        }
+        if let Some(r) = reserved {
             out.push(RecordedFigures {
                 conf: conf.replace("_True", ""),
                 reserved_peak_bytes: r,
@@ -132,7 +160,7 @@ pub fn recorded_figures(trace_path: &std::path::Path) -> Vec<RecordedFigures> {
             });
         }
     }
-    out
+    (out, warnings)
 }
 
 /// Python stacks, interned: frames as `file:line function` strings, stacks as lists of
@@ -384,15 +412,35 @@ pub fn build(
     let events = summary.events.max(1);
     let mut runs = Vec::new();
     let mut replays = Vec::new();
+    // As the replay does for the torch emulation: the segments the recorded run already
+    // held, and where it released its cache.
+    let preexisting_segments = replay::preexisting_segments(trace, device);
+    let mut empty_cache_at: Vec<u64> = replay::cache_releases(trace, device).into_iter().collect();
+    empty_cache_at.sort_unstable();
     for name in &cfg.allocators {
         progress(name);
         let mut alloc = registry::build(name, &cfg.allocator_config)?;
+        // Both for the torch emulation only, as the replay does.
+        let torch = alloc.name() == "torch";
+        let setup = record::RecordSetup {
+            preexisting_segments: if torch {
+                preexisting_segments.clone()
+            } else {
+                Vec::new()
+            },
+            empty_cache_at: if torch {
+                empty_cache_at.clone()
+            } else {
+                Vec::new()
+            },
+        };
         let run = record::record(
             &blocks,
             events,
             alloc.as_mut(),
             SimDevice::new(cfg.capacity_bytes),
             cfg.columns,
+            &setup,
         )
         .map_err(|(event, source)| ReportError::Record {
             event,

@@ -252,8 +252,26 @@ pub fn trace_blocks(trace: &Trace, device: u32, stacks: &[Option<u32>]) -> Vec<T
     out
 }
 
+/// What a recording starts from and when it empties the cache, as
+/// [`crate::replay::replay`] does, so that the map and the timelines show the allocator the
+/// comparison table measured.
+#[derive(Debug, Clone, Default)]
+pub struct RecordSetup {
+    /// Segments the recorded run held before its trace began
+    /// ([`crate::replay::preexisting_segments`]): offered to the allocator
+    /// ([`Allocator::adopt_segment`]) before the first event, with the pre-existing blocks in
+    /// them; the blocks of a segment it does not adopt are allocated as usual.
+    pub preexisting_segments: Vec<crate::replay::PreexistingSegment>,
+    /// Events (the trace's events on the device, counted from 0, ascending) before which the
+    /// allocator empties its cache: where the recorded run released its cache
+    /// ([`crate::replay::cache_releases`]); empty for an allocator that does not honour them
+    /// (only the `torch` emulation does).
+    pub empty_cache_at: Vec<u64>,
+}
+
 /// Replays the blocks `blocks` (from [`trace_blocks`], `events` events in all) through
-/// `alloc` on `dev`, recording a [`AllocatorRun`] with `columns` figure columns.
+/// `alloc` on `dev`, starting from and emptying the cache as `setup` says, recording a
+/// [`AllocatorRun`] with `columns` figure columns.
 ///
 /// # Errors
 /// An [`AllocError`] other than out-of-memory or a refused impossible request (a bug or a
@@ -264,9 +282,38 @@ pub fn record<D: Device>(
     alloc: &mut dyn Allocator,
     dev: D,
     columns: usize,
+    setup: &RecordSetup,
 ) -> Result<AllocatorRun, (u64, AllocError)> {
     let mut dev = RecordingDevice::new(dev);
     let mut placements: Vec<Option<Placement>> = vec![None; blocks.len()];
+    // The pre-existing blocks come first in `blocks`, each at event 0.
+    let mut first_at: FxHashMap<u64, usize> = FxHashMap::default();
+    for (i, b) in blocks
+        .iter()
+        .enumerate()
+        .take_while(|(_, b)| b.alloc_event == 0)
+    {
+        first_at.entry(b.trace_addr).or_insert(i);
+    }
+    let mut adopted = vec![false; blocks.len()];
+    for f in &setup.preexisting_segments {
+        let taken = match alloc.adopt_segment(&mut dev, &f.segment) {
+            Ok(Some(taken)) => taken,
+            Ok(None) => continue,
+            Err(e) if e.is_oom() => continue,
+            Err(e) => return Err((0, e)),
+        };
+        for (addr, b) in f.block_addrs.iter().zip(&taken) {
+            if let Some(&i) = first_at.get(addr) {
+                placements[i] = Some(Placement {
+                    addr: b.addr,
+                    allocated_bytes: b.allocated_bytes,
+                });
+                adopted[i] = true;
+            }
+        }
+    }
+    let mut empty_cache_at = setup.empty_cache_at.iter().copied().peekable();
     let mut cols = Columns::new(events, columns);
     // Frees in event order: (event, block index).
     let mut frees: Vec<(u64, usize)> = blocks
@@ -288,6 +335,9 @@ pub fn record<D: Device>(
     // one allocation, and a lenient read's duplicate allocation frees the old block first.
     for ev in 0..events.max(1) {
         dev.event = ev;
+        if empty_cache_at.next_if_eq(&ev).is_some() {
+            alloc.empty_cache(&mut dev).map_err(|e| (ev, e))?;
+        }
         for step in if ev == 0 { [1, 0] } else { [0, 1] } {
             if step == 0 {
                 while next_free < frees.len() && frees[next_free].0 == ev {
@@ -301,6 +351,10 @@ pub fn record<D: Device>(
             }
             while next_alloc < blocks.len() && blocks[next_alloc].alloc_event == ev {
                 let b = &blocks[next_alloc];
+                if adopted[next_alloc] {
+                    next_alloc += 1;
+                    continue;
+                }
                 match alloc.allocate(&mut dev, b.requested_bytes, b.align, b.stream) {
                     Ok(block) => {
                         placements[next_alloc] = Some(Placement {

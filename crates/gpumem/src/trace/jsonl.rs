@@ -114,10 +114,30 @@ fn keyed_json_error(text: &str, strict: &serde_json::Error) -> String {
         Err(e) => {
             let path = e.path().to_string();
             // serde's type names, in words: `-512`, "expected u64" → a whole number ≥ 0.
-            let msg = json_error(e.inner())
+            let mut msg = json_error(e.inner())
                 .replace("expected u64", "expected a whole number ≥ 0")
-                .replace("expected u32", "expected a whole number ≥ 0")
+                .replace(
+                    "expected u32",
+                    "expected a whole number from 0 to 4294967295",
+                )
                 .replace("expected i64", "expected a whole number");
+            // An integer too large for 64 bits is read as a float: say what the line wrote.
+            if let Some(rest) = msg.strip_prefix("invalid type: floating point `") {
+                let upto = text.get(..e.inner().column()).unwrap_or_default();
+                let digits = upto.len()
+                    - upto
+                        .trim_end_matches(|c: char| c.is_ascii_digit())
+                        .trim_end_matches('-')
+                        .len();
+                let literal = &upto[upto.len() - digits..];
+                if let (true, Some((_, after))) = (
+                    literal.trim_start_matches('-').len() > 15,
+                    rest.split_once('`'),
+                ) {
+                    msg =
+                        format!("invalid value: integer {literal} does not fit in 64 bits{after}");
+                }
+            }
             // serde_path_to_error says `?` where the error came before any key was known.
             if path.is_empty() || path == "." || path == "?" {
                 msg
@@ -243,6 +263,10 @@ fn parse_fields(l: Line) -> Result<Parsed, String> {
     let size_bytes = match (l.size, action) {
         (Some(s), _) => s,
         (None, Action::Alloc) => return Err("\"alloc\" needs \"size\" (bytes)".into()),
+        // A recorded out-of-memory is judged by the request that failed.
+        (None, Action::Oom) => {
+            return Err("\"oom\" needs \"size\" (the bytes of the request that failed)".into())
+        }
         (None, _) => 0,
     };
     if let Some(a) = l.align {

@@ -442,7 +442,16 @@ pub fn read_path(path: &std::path::Path, options: ReadConfig) -> Result<Trace, T
         source,
     };
     let file = std::fs::File::open(path).map_err(io)?;
-    let size = file.metadata().ok().map(|m| m.len());
+    let meta = file.metadata().ok();
+    if meta.as_ref().is_some_and(std::fs::Metadata::is_dir) {
+        return Err(TraceError::NotATrace {
+            path: name,
+            what: "a folder; expected a trace file (a PyTorch snapshot .pickle or .pickle.gz, \
+                   an RMM log .csv or gpumem .jsonl)"
+                .to_string(),
+        });
+    }
+    let size = meta.map(|m| m.len());
     let reader = std::io::BufReader::new(file);
     let sniffed = detect::sniff(&name, reader, size)?;
     read_detected(&name, sniffed, options)
@@ -488,8 +497,9 @@ fn read_detected(
         trace.truncated = Some(match trace.truncated.take() {
             Some(t) => format!("{cut}; {t}"),
             None => format!(
-                "{cut}; kept the {} events inflated before",
-                trace.events.len()
+                "{cut}; kept the {} event{} inflated before it",
+                trace.events.len(),
+                if trace.events.len() == 1 { "" } else { "s" }
             ),
         });
     }

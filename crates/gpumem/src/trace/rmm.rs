@@ -143,7 +143,16 @@ pub fn read_rmm(name: &str, data: &[u8], options: ReadConfig) -> Result<Trace, T
             }
             Err(e) => {
                 let line = e.position().map_or(line_no, csv::Position::line);
-                (line, Err(format!("CSV: {e}")))
+                let what = match e.kind() {
+                    csv::ErrorKind::UnequalLengths {
+                        expected_len, len, ..
+                    } => format!(
+                        "{len} field{}, expected {expected_len} as in the header",
+                        if *len == 1 { "" } else { "s" }
+                    ),
+                    _ => e.to_string(),
+                };
+                (line, Err(format!("CSV: {what}")))
             }
         };
         if let (line, Err(e)) = result {
@@ -232,7 +241,11 @@ mod tests {
         );
         let log = format!("{HEAD}1,10:00:01,allocate,0x10\n");
         let e = read_rmm("r.csv", log.as_bytes(), ReadConfig::default()).unwrap_err();
-        assert!(e.to_string().contains("line 2: CSV"), "{e}");
+        assert!(
+            e.to_string()
+                .ends_with("line 2: CSV: 4 fields, expected 6 as in the header"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -305,7 +305,8 @@ impl Vm<'_> {
         };
         let needs_addr = !matches!(action, Action::Oom | Action::Snapshot);
         let addr = self.field_u64(addr, "addr", needs_addr)?;
-        let size_bytes = self.field_u64(size, "size", needs_addr)?;
+        // A recorded out-of-memory is judged by the request that failed: it needs its size.
+        let size_bytes = self.field_u64(size, "size", action != Action::Snapshot)?;
         let stream = match stream {
             None | Some(Value::None) => 0,
             Some(Value::Int(i)) => i as u64, // a cudaStream_t stored as a signed int64

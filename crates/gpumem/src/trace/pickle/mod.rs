@@ -371,6 +371,10 @@ pub(crate) fn read_snapshot_from(
             if options.keep_frames {
                 trace.stacks = std::mem::take(&mut vm.stacks);
             }
+            // The segments are the state at the dump, after the cut: a block they show live
+            // that no event read touches may have been allocated after the cut, so it is not
+            // taken for one live since before recording began.
+            trace.preexisting.retain(|p| p.freed_at_event.is_some());
             trace.truncated = Some(format!(
                 "{cut}: kept the {} events read before the cut (the rest of the recording is \
                  lost{})",
@@ -378,7 +382,8 @@ pub(crate) fn read_snapshot_from(
                 if trace.segments.is_empty() {
                     ", and so are the segments"
                 } else {
-                    ""
+                    "; the segments, the state at the dump after the cut, are not taken for \
+                     the state before recording began"
                 }
             ));
             return Ok(trace);
