@@ -86,6 +86,7 @@
 //! above the bound, until a later call trims the cache. Calls made while unwinding are
 //! retried once before falling back to that.
 mod cache;
+mod live;
 mod page_bits;
 mod pages;
 mod placement;
@@ -105,9 +106,6 @@ pub const UNIT_BYTES: u64 = DEFAULT_ALIGN;
 /// Virtual address space reserved by the first reservation, as a multiple of the device
 /// capacity.
 pub const VA_CAPACITY_FACTOR: u64 = 2;
-
-/// Live blocks by address ([`crate::hash`]: the one address hasher).
-type AddrMap<V> = crate::hash::AddrMap<u64, V>;
 
 /// A live block (of `paged` and `paged-lazy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -329,7 +327,7 @@ pub struct PagedPool {
     /// in it without mapping a page, in [`UNIT_BYTES`] units.
     free: range_map::RangeMap<range_map::FitTags>,
     /// Live blocks by address.
-    live: AddrMap<LiveBlock>,
+    live: live::LiveMap,
     /// Unmapped physical handles kept for reuse.
     cache: Vec<CachedHandle>,
     /// How many handles of each size (in pages) `cache` holds, and where the first of them
@@ -387,7 +385,7 @@ impl PagedPool {
             page_bytes: 0,
             reservations: Vec::new(),
             free: range_map::RangeMap::default(),
-            live: AddrMap::default(),
+            live: live::LiveMap::default(),
             cache: Vec::new(),
             cache_sizes: Vec::new(),
             cached_pages: 0,
