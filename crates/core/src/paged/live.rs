@@ -109,9 +109,7 @@ impl LiveMap {
         let mask = self.mask();
         let mut i = self.home(addr);
         loop {
-            let Some(s) = self.slots.get_mut(i) else {
-                return None;
-            };
+            let s = self.slots.get_mut(i)?;
             if s.addr == EMPTY {
                 *s = Slot { addr, blk };
                 self.len += 1;
