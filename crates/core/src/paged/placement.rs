@@ -126,6 +126,7 @@ impl PagedPool {
     /// range whose tag (the larger of its two) reaches the request decides: its head when
     /// that reaches it, else its tail. When alignment above 256 bytes defeats that spot,
     /// the scored search decides instead.
+    #[inline(always)]
     pub(super) fn find_mapped_fit(&self, bytes: u64, align: u64) -> Option<Placement> {
         let p = self.page_bytes;
         let need = bytes + align.saturating_sub(UNIT_BYTES);
