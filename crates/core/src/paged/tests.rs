@@ -838,7 +838,7 @@ fn fit_forms_match_their_definitions() {
                     placement::fit_of(p, base, st, len),
                     "p {p} off {off} len {len}"
                 );
-                let (i0, i1) = ((off + p - 1) / p, (off + len) / p);
+                let (i0, i1) = (off.div_ceil(p), (off + len) / p);
                 let head = if i1 <= i0 { len } else { i0 * p - off };
                 assert_eq!(placement::usable_head_at(p, base, st, len), head);
             }
