@@ -23,6 +23,9 @@
 #       replay needs (found here with --min-capacity), so that growths are cut into small
 #       handles and out-of-memory releases run on the real driver; into tight.jsonl, each
 #       line with the simulated replay at the same capacity beside the real one.
+#       Group `heldout` runs only when named: scripts/heldout-check.sh (traces of workloads
+#       no policy was tuned on, recorded, replayed on cuda; the plug-in on two held-out
+#       models), packed into heldout.tar.gz (~4 min).
 #       Group `torch` runs only when named, in a call of its own (`run torch`, ~7 min):
 #       scripts/torch-compare.py with libgpumem_torch.so as PyTorch's allocator (smoke check,
 #       1,000-step soak, native vs expandable_segments vs gpumem paged-lazy on four workloads); its
@@ -268,7 +271,7 @@ run() {
   GROUPS_WANTED=("$@")
   local g
   for g in "${GROUPS_WANTED[@]}"; do
-    case "$g" in info | baselines | anchors | tests | bench | pinned | replay | lazy | tight | torch | multigpu) ;; *) echo "unknown step group: $g" >&2; exit 2 ;; esac
+    case "$g" in info | baselines | anchors | tests | bench | pinned | replay | lazy | tight | torch | heldout | multigpu) ;; *) echo "unknown step group: $g" >&2; exit 2 ;; esac
   done
   export CARRY OUTDIR
   export -f json_to replay_one tight_one multigpu_json
@@ -405,6 +408,13 @@ PY
       step "tight $(basename "$tr")" $((rlimit + 60)) tight_one "$tr" "$rlimit"
     done < <(find "$CARRY/traces" -path '*multigpu*' -prune -o -name '*.pickle.gz' -printf '%s %p\n' |
       sort -n | cut -d' ' -f2-)
+  fi
+
+  # 5d. `heldout` (only when named): scripts/heldout-check.sh (records the held-out
+  #     workloads' traces, replays them on cuda, the plug-in on held-out models) into
+  #     heldout.tar.gz.
+  if [ "${#GROUPS_WANTED[@]}" -gt 0 ] && want heldout; then
+    step "heldout" 560 "$ROOT/scripts/heldout-check.sh" "$OUTDIR"
   fi
 
   # 6. two devices: peer copies, peer bandwidth, a multi-device trace on both GPUs. Figures

@@ -2,7 +2,7 @@
 """Record real allocation traces of PyTorch workloads (GPU machine): a validation set for
 allocator policies, other than the traces shipped in traces/.
 
-usage: record-traces.py OUTDIR [WORKLOAD ...]
+usage: record-traces.py OUTDIR [WORKLOAD ... | held-out]
 
 Each workload runs in this process after torch.cuda.empty_cache() and a fresh
 torch.cuda.memory._record_memory_history(max_entries=2,000,000), and its snapshot
@@ -19,6 +19,18 @@ download). Workloads:
                    (a late peak, like a validation loop)
   resnet_infer     ResNet-50 inference under no_grad, batch doubling 8 → 512, with
                    torch.cuda.empty_cache() after each size
+Held out (named only: not recorded by default and not shipped, so that a policy tuned on the
+traces in the repository can be checked on workloads it has never seen):
+  moe_train        a 4-layer Mixtral (8 experts, top-2 routing: per-expert token counts
+                   vary every step), AdamW, bf16 autocast, 15 steps, random length 128–1024
+  gpt2_generate    GPT-2 small generate() with a growing KV cache, greedy, 128 new tokens,
+                   batch 1 / 8 / 32 and prompts of 32–256 tokens, no empty_cache
+  seg_train        torchvision FCN-ResNet50 segmentation, SGD, bf16 autocast, 12 steps,
+                   batch 4–8 of random image sizes 256–512
+  lstm_lm          a 2-layer LSTM language model (cuDNN), packed sequences of random
+                   lengths, Adam, fp32, 30 steps
+  gan_train        a DCGAN generator and discriminator trained in turn (two optimizers),
+                   bf16 autocast, 25 steps, batch 64–256
 """
 import gzip
 import json
@@ -149,15 +161,149 @@ def resnet_infer():
             bs *= 2
 
 
+def moe_train():
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    cfg = MixtralConfig(
+        vocab_size=32000,
+        hidden_size=512,
+        intermediate_size=1408,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        max_position_embeddings=1024,
+    )
+    model = MixtralForCausalLM(cfg).to(dev)
+
+    def batch():
+        seq = random.choice([128, 256, 512, 1024])
+        ids = torch.randint(0, cfg.vocab_size, (8, seq), device=dev)
+        return {"input_ids": ids, "labels": ids}
+
+    adamw_steps(model, batch, 15)
+
+
+def gpt2_generate():
+    cfg, model = gpt2_workload.model(dev)
+    model.eval()
+    with torch.no_grad():
+        for bs in [1, 8, 32]:
+            for _ in range(2):
+                prompt = random.choice([32, 64, 128, 256])
+                ids = torch.randint(0, cfg.vocab_size, (bs, prompt), device=dev)
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    model.generate(
+                        ids,
+                        attention_mask=torch.ones_like(ids),
+                        max_new_tokens=128,
+                        min_new_tokens=128,
+                        do_sample=False,
+                        pad_token_id=0,
+                    )
+
+
+def seg_train():
+    import torchvision
+
+    model = torchvision.models.segmentation.fcn_resnet50(
+        weights=None, weights_backbone=None, num_classes=21
+    ).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    for _ in range(12):
+        bs = random.choice([4, 6, 8])
+        side = random.choice([256, 320, 384, 448, 512])
+        x = torch.randn(bs, 3, side, side, device=dev)
+        y = torch.randint(0, 21, (bs, side, side), device=dev)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(x)["out"], y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def lstm_lm():
+    vocab, width = 16384, 1024
+    emb = torch.nn.Embedding(vocab, width).to(dev)
+    lstm = torch.nn.LSTM(width, width, num_layers=2, batch_first=True).to(dev)
+    head = torch.nn.Linear(width, vocab).to(dev)
+    params = [*emb.parameters(), *lstm.parameters(), *head.parameters()]
+    opt = torch.optim.Adam(params, lr=1e-3)
+    for _ in range(30):
+        bs = random.choice([16, 32, 64])
+        lengths = sorted((random.randint(16, 256) for _ in range(bs)), reverse=True)
+        ids = torch.randint(0, vocab, (bs, lengths[0]), device=dev)
+        packed = torch.nn.utils.rnn.pack_padded_sequence(
+            emb(ids), torch.tensor(lengths), batch_first=True
+        )
+        out, _ = lstm(packed)
+        logits = head(out.data)
+        target = torch.nn.utils.rnn.pack_padded_sequence(
+            ids, torch.tensor(lengths), batch_first=True
+        ).data
+        loss = torch.nn.functional.cross_entropy(logits, target)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def gan_train():
+    nn = torch.nn
+    gen = nn.Sequential(
+        nn.ConvTranspose2d(128, 512, 4, 1, 0), nn.BatchNorm2d(512), nn.ReLU(),
+        nn.ConvTranspose2d(512, 256, 4, 2, 1), nn.BatchNorm2d(256), nn.ReLU(),
+        nn.ConvTranspose2d(256, 128, 4, 2, 1), nn.BatchNorm2d(128), nn.ReLU(),
+        nn.ConvTranspose2d(128, 64, 4, 2, 1), nn.BatchNorm2d(64), nn.ReLU(),
+        nn.ConvTranspose2d(64, 3, 4, 2, 1), nn.Tanh(),
+    ).to(dev)
+    disc = nn.Sequential(
+        nn.Conv2d(3, 64, 4, 2, 1), nn.LeakyReLU(0.2),
+        nn.Conv2d(64, 128, 4, 2, 1), nn.BatchNorm2d(128), nn.LeakyReLU(0.2),
+        nn.Conv2d(128, 256, 4, 2, 1), nn.BatchNorm2d(256), nn.LeakyReLU(0.2),
+        nn.Conv2d(256, 512, 4, 2, 1), nn.BatchNorm2d(512), nn.LeakyReLU(0.2),
+        nn.Conv2d(512, 1, 4, 1, 0), nn.Flatten(),
+    ).to(dev)
+    og = torch.optim.Adam(gen.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    od = torch.optim.Adam(disc.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    bce = nn.functional.binary_cross_entropy_with_logits
+    for _ in range(25):
+        bs = random.choice([64, 128, 256])
+        real = torch.randn(bs, 3, 64, 64, device=dev)
+        z = torch.randn(bs, 128, 1, 1, device=dev)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            fake = gen(z)
+            d_loss = bce(disc(real), torch.ones(bs, 1, device=dev)) + bce(
+                disc(fake.detach()), torch.zeros(bs, 1, device=dev)
+            )
+        d_loss.backward()
+        od.step()
+        od.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            g_loss = bce(disc(fake), torch.ones(bs, 1, device=dev))
+        g_loss.backward()
+        og.step()
+        og.zero_grad(set_to_none=True)
+        od.zero_grad(set_to_none=True)
+
+
 WORKLOADS = {
     f.__name__: f
     for f in [bert_finetune, t5_train, vit_train, llama_accum, gpt2_eval, resnet_infer]
+}
+HELD_OUT = {
+    f.__name__: f for f in [moe_train, gpt2_generate, seg_train, lstm_lm, gan_train]
 }
 
 
 def main():
     out = sys.argv[1]
     names = sys.argv[2:] or list(WORKLOADS)
+    if names == ["held-out"]:
+        names = list(HELD_OUT)
+    unknown = [n for n in names if n not in WORKLOADS | HELD_OUT]
+    if unknown:
+        sys.exit(f"unknown workload {unknown}; known: {', '.join(WORKLOADS | HELD_OUT)}")
     os.makedirs(out, exist_ok=True)
     for name in names:
         seed()
@@ -165,7 +311,12 @@ def main():
         torch.cuda.reset_peak_memory_stats()
         torch.cuda.memory._record_memory_history(max_entries=2_000_000)
         t0 = time.time()
-        WORKLOADS[name]()
+        try:
+            (WORKLOADS | HELD_OUT)[name]()
+        except Exception as e:  # one broken workload must not cost the others' traces
+            torch.cuda.memory._record_memory_history(enabled=None)
+            print(f"{name}: failed: {type(e).__name__}: {e}", flush=True)
+            continue
         torch.cuda.synchronize()
         raw = os.path.join(out, name + ".pickle")
         torch.cuda.memory._dump_snapshot(raw)

@@ -688,6 +688,18 @@ pub fn run(a: ReplayArgs) -> Result<()> {
                 if n == 1 { " was" } else { "s were" }
             );
         }
+        let segs: usize = summaries
+            .iter()
+            .map(|&(d, _)| gpumem::replay::preexisting_segments(&trace, d).len())
+            .sum();
+        if segs > 0 && names.contains(&"torch") {
+            eprintln!(
+                "  {} made before recording started (no event of the trace made {}); the torch emulation starts from {}, as PyTorch did (not under expandable_segments)",
+                crate::units::counted(segs as u64, "segment"),
+                if segs == 1 { "it" } else { "them" },
+                if segs == 1 { "it" } else { "them" },
+            );
+        }
     }
     for w in &warnings {
         eprintln!("warning: {w}");

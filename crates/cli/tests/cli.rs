@@ -1380,3 +1380,46 @@ fn a_negative_size_is_refused_as_one() {
         "{err}"
     );
 }
+
+/// A trace recorded in a warm process: the CLI says which segments the emulation starts
+/// from, and its figures are PyTorch's own (traces/warm_process/seg_train.stats.json).
+#[test]
+fn warm_process_trace_starts_from_its_segments() {
+    let (ok, out, err) = gpumem(&[
+        "replay",
+        "traces/warm_process/seg_train.pickle.gz",
+        "-a",
+        "torch,tlsf",
+        "--json",
+        "--no-plan",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let torch = &v["allocators"][0];
+    assert_eq!(torch["name"], "torch");
+    assert_eq!(torch["emulation_check"]["result"], "matches", "{out}");
+    assert_eq!(torch["peak_reserved_bytes"], 5_630_853_120u64);
+    assert_eq!(torch["peak_allocated_bytes"], 5_097_814_528u64);
+    let (ok, _, err) = gpumem(&[
+        "replay",
+        "traces/warm_process/seg_train.pickle.gz",
+        "-a",
+        "torch",
+        "--no-plan",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("2 segments made before recording started (no event of the trace made them); the torch emulation starts from them"),
+        "{err}"
+    );
+    // Without torch in the list the line is not printed.
+    let (ok, _, err) = gpumem(&[
+        "replay",
+        "traces/warm_process/seg_train.pickle.gz",
+        "-a",
+        "tlsf",
+        "--no-plan",
+    ]);
+    assert!(ok, "{err}");
+    assert!(!err.contains("segments made before"), "{err}");
+}

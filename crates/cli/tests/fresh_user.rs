@@ -351,6 +351,22 @@ fn an_impossible_request_is_dropped_counted_and_said_by_every_command() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["rows"][0]["refused_count"], 1, "{out}");
     assert_eq!(v["plugin_rows"][0]["refused_count"], 1, "{out}");
+    // The smallest device still exists: the impossible request fails on every one.
+    assert_eq!(v["rows"][0]["min_capacity_bytes"], 2 << 20, "{out}");
+    let (ok, out, err) = gpumem(&["replay", tp, "-a", "torch", "--min-capacity", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        v["allocators"][0]["min_capacity"][0]["found"]["smallest_bytes"],
+        2 << 20,
+        "{out}"
+    );
+    // Left out of the trace's own figures too (and of the planned layout).
+    assert_eq!(v["trace"]["peak_requested_bytes"], 1000, "{out}");
+    assert_eq!(
+        v["trace"]["planned_layout"][0]["peak_live_bytes"], 1024,
+        "{out}"
+    );
 
     // `map` names itself, not the report, when it fails.
     let seg = dir.join("segments.jsonl");

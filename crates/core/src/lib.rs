@@ -56,6 +56,35 @@ pub struct Block {
 /// Default alignment of a block, in bytes (cudaMalloc guarantees 256).
 pub const DEFAULT_ALIGN: u64 = 256;
 
+/// A cudaMalloc segment that existed before an allocator's life began, with the blocks that
+/// were live in it then: what a PyTorch memory snapshot shows of the segments made before its
+/// trace started recording (for [`Allocator::adopt_segment`]). Every other byte of the
+/// segment was free.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForeignSegment {
+    /// Bytes of the segment.
+    pub bytes: u64,
+    /// Whether PyTorch kept it in its small pool (segments of 2 MiB for blocks of at most
+    /// 1 MiB) rather than the large one.
+    pub small_pool: bool,
+    /// The stream it belongs to (as the trace names streams).
+    pub stream: u64,
+    /// The live blocks, in address order.
+    pub blocks: Vec<ForeignBlock>,
+}
+
+/// A live block inside a [`ForeignSegment`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForeignBlock {
+    /// Bytes from the segment's base to the block.
+    pub offset: u64,
+    /// Bytes the user asked for.
+    pub requested_bytes: u64,
+    /// Bytes the block holds, when known (a snapshot lists them for the blocks still live at
+    /// its dump); `None`: the allocator's rounding of `requested_bytes`.
+    pub allocated_bytes: Option<u64>,
+}
+
 /// A device-level allocator (a pool): obtains memory from a [`Device`] and sub-allocates it.
 ///
 /// Contract every implementation keeps:
@@ -107,4 +136,24 @@ pub trait Allocator: Send {
     /// # Errors
     /// [`AllocError::Internal`] describing the first broken invariant.
     fn validate(&self) -> Result<(), AllocError>;
+
+    /// Takes in a segment made before this allocator existed, with its live blocks, as the
+    /// allocator's own: one cudaMalloc of `seg.bytes`, the blocks allocated at their offsets,
+    /// the rest of the segment free for later requests. This is how a replay starts from the
+    /// state a recorded run was in when its trace began. Returns the blocks (in the order of
+    /// `seg.blocks`), or `Ok(None)` when the allocator does not keep segments of PyTorch's
+    /// kind, or cannot hold this layout (the caller then allocates the blocks as usual);
+    /// only the `torch` emulation adopts. The default adopts nothing.
+    ///
+    /// # Errors
+    /// [`AllocError::OutOfMemory`] when the device refuses the segment (nothing changes), or
+    /// a device error.
+    fn adopt_segment(
+        &mut self,
+        dev: &mut dyn Device,
+        seg: &ForeignSegment,
+    ) -> Result<Option<Vec<Block>>, AllocError> {
+        let _ = (dev, seg);
+        Ok(None)
+    }
 }

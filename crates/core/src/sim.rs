@@ -927,8 +927,10 @@ impl std::fmt::Display for RecordedCheck {
 struct Script {
     calls: Vec<RecordedCall>,
     next: usize,
-    /// Successful cudaMalloc calls still to make before following the script.
+    /// Successful cudaMalloc calls still to place as usual once `skip_from` calls of the
+    /// script are made.
     skip_allocs: u64,
+    skip_from: usize,
     divergence: Option<RecordedCheck>,
 }
 
@@ -981,10 +983,24 @@ impl SimDevice {
     /// usual. At the first call that differs the device stops following and places the rest
     /// top-down; [`SimDevice::recorded_check`] says where.
     pub fn follow_recorded(&mut self, calls: Vec<RecordedCall>, skip_allocs: u64) {
+        self.follow_recorded_from(calls, 0, skip_allocs);
+    }
+
+    /// [`SimDevice::follow_recorded`] where the `skip_allocs` cudaMallocs placed as usual come
+    /// after the first `skip_from` calls of the script (a replay that first takes in the
+    /// segments a recorded run already held, at their recorded addresses, then allocates the
+    /// other blocks live before recording started).
+    pub fn follow_recorded_from(
+        &mut self,
+        calls: Vec<RecordedCall>,
+        skip_from: usize,
+        skip_allocs: u64,
+    ) {
         self.script = Some(Script {
             calls,
             next: 0,
             skip_allocs,
+            skip_from,
             divergence: None,
         });
     }
@@ -1023,7 +1039,7 @@ impl SimDevice {
         if s.divergence.is_some() {
             return None;
         }
-        if s.skip_allocs > 0 {
+        if s.skip_allocs > 0 && s.next >= s.skip_from {
             s.skip_allocs -= 1;
             return None;
         }

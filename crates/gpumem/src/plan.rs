@@ -190,24 +190,33 @@ pub fn plan_ordered(blocks: &[Lifetime], order_by: PlanOrder) -> Vec<u64> {
 
 /// The lifetimes of `device`'s blocks in `trace`, sizes rounded up to [`PLAN_ROUND_BYTES`].
 /// An allocation at an address that is still live ends the block there first (as a free
-/// would); a free of an unknown address is ignored (replay counts those).
+/// would); a free of an unknown address is ignored (replay counts those). A request too
+/// large to round has no block (every allocator refuses it, and replay drops it with its
+/// free).
 pub fn lifetimes(trace: &Trace, device: u32) -> Vec<Lifetime> {
-    // Saturating: a request too large to round (replay refuses it) must not wrap to 0.
+    // A request too large to round (replay refuses it) is left out, not wrapped to 0.
     let round = |b: u64| {
         b.max(1)
             .div_ceil(PLAN_ROUND_BYTES)
-            .saturating_mul(PLAN_ROUND_BYTES)
+            .checked_mul(PLAN_ROUND_BYTES)
     };
     let mut open: FxHashMap<u64, (u64, u64)> = FxHashMap::default();
     let mut out = Vec::new();
     for p in trace.preexisting.iter().filter(|p| p.device == device) {
-        open.insert(p.addr, (0, round(p.size_bytes)));
+        if let Some(bytes) = round(p.size_bytes) {
+            open.insert(p.addr, (0, bytes));
+        }
     }
     let mut t = 0u64;
     for e in trace.events.iter().filter(|e| e.device == device) {
         match e.action {
             Action::Alloc => {
-                if let Some((start, bytes)) = open.insert(e.addr, (t, round(e.size_bytes))) {
+                // An allocation at a live address ends the block there first.
+                let ended = match round(e.size_bytes) {
+                    Some(bytes) => open.insert(e.addr, (t, bytes)),
+                    None => open.remove(&e.addr),
+                };
+                if let Some((start, bytes)) = ended {
                     out.push(Lifetime {
                         bytes,
                         start,
@@ -362,6 +371,23 @@ mod tests {
         check(&blocks, &by_life);
         assert_eq!(plan(&blocks), (by_life, PlanOrder::Lifetime));
         assert_eq!(peak_live(&blocks), 70);
+    }
+
+    /// A request no allocator can serve (its rounding overflows) has no block, and its free
+    /// nothing to end: the layout is that of the rest of the trace.
+    #[test]
+    fn an_impossible_request_has_no_block() {
+        let t = Trace {
+            events: vec![
+                Event::new(Action::Alloc, 0x10, u64::MAX),
+                Event::new(Action::Alloc, 0x20, 1000),
+                Event::new(Action::Free, 0x10, 0),
+                Event::new(Action::Free, 0x20, 0),
+            ],
+            ..Trace::default()
+        };
+        assert_eq!(lifetimes(&t, 0), vec![lt(1024, 1, 3)]);
+        assert_eq!(planned_layout(&t, 0).unwrap().peak_live_bytes, 1024);
     }
 
     #[test]

@@ -26,8 +26,10 @@
 //! busy machine measure the same), [`ReplayReport::seconds`] the wall time.
 use std::time::Instant;
 
-use gpumem_core::{AllocError, Allocator, Device, DeviceError, DriverCounters, Stats};
-use rustc_hash::FxHashMap;
+use gpumem_core::{
+    AllocError, Allocator, Device, DeviceError, DriverCounters, ForeignBlock, ForeignSegment, Stats,
+};
+use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
 
 use crate::trace::{Action, Trace};
@@ -50,8 +52,9 @@ pub struct ReplayConfig {
     pub canary: bool,
     /// Sample fragmentation figures (about 1000 times per replay); off for capacity probes.
     pub sample_fragmentation: bool,
-    /// Stop at the first failed allocation (capacity probes only need to know whether the
-    /// trace completes).
+    /// Stop at the first out-of-memory (capacity probes only need to know whether the trace
+    /// completes; a refused request, an impossible size or alignment, fails at every capacity
+    /// and does not stop the replay).
     pub stop_at_first_failure: bool,
 }
 
@@ -241,6 +244,9 @@ pub struct TraceSummary {
     pub preexisting_blocks: u64,
     /// Frees of blocks that were never allocated and are not pre-existing (lenient reads).
     pub unmatched_frees: u64,
+    /// Requests too large to round up to 512 bytes: every allocator refuses them, and they
+    /// are left out of the peak and the largest request (as their frees are).
+    pub impossible_requests: u64,
     /// Microseconds from the first to the last event with a `time_us`, when the trace has
     /// timestamps.
     pub duration_us: Option<u64>,
@@ -258,6 +264,7 @@ pub fn summarize(trace: &Trace, device: u32) -> TraceSummary {
         s.preexisting_blocks += 1;
     }
     s.peak_requested_bytes = cur;
+    let mut impossible: FxHashSet<u64> = FxHashSet::default();
     let mut times: Option<(i64, i64)> = None;
     for e in trace.events.iter().filter(|e| e.device == device) {
         s.events += 1;
@@ -267,10 +274,17 @@ pub fn summarize(trace: &Trace, device: u32) -> TraceSummary {
         match e.action {
             Action::Alloc => {
                 s.allocs += 1;
-                s.largest_request_bytes = s.largest_request_bytes.max(e.size_bytes);
-                if let Some(old) = live.insert(e.addr, e.size_bytes) {
+                if let Some(old) = live.remove(&e.addr) {
                     cur = cur.saturating_sub(old);
                 }
+                if e.size_bytes > u64::MAX - (crate::plan::PLAN_ROUND_BYTES - 1) {
+                    s.impossible_requests += 1;
+                    impossible.insert(e.addr);
+                    continue;
+                }
+                impossible.remove(&e.addr);
+                s.largest_request_bytes = s.largest_request_bytes.max(e.size_bytes);
+                live.insert(e.addr, e.size_bytes);
                 cur = cur.saturating_add(e.size_bytes);
                 s.peak_requested_bytes = s.peak_requested_bytes.max(cur);
             }
@@ -278,6 +292,7 @@ pub fn summarize(trace: &Trace, device: u32) -> TraceSummary {
                 s.frees += 1;
                 match live.remove(&e.addr) {
                     Some(sz) => cur = cur.saturating_sub(sz),
+                    None if impossible.remove(&e.addr) => {}
                     None => s.unmatched_frees += 1,
                 }
             }
@@ -325,6 +340,105 @@ const FAILED_EVENTS_KEPT: usize = 10_000;
 struct Live {
     addr: u64,
     bytes: u64,
+}
+
+/// A cudaMalloc segment the recorded run held when its trace began (see
+/// [`preexisting_segments`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreexistingSegment {
+    /// Its address in the recorded run.
+    pub address: u64,
+    /// The segment and the blocks live in it when the trace began.
+    pub segment: ForeignSegment,
+    /// The recorded addresses of those blocks ([`Trace::preexisting`]), in the order of
+    /// `segment.blocks`.
+    pub block_addrs: Vec<u64>,
+}
+
+/// The cudaMalloc segments `trace` shows existed on `device` before its first event, in
+/// address order: those the snapshot lists at its dump (expandable ones left out) that no
+/// `segment_alloc` or `segment_free` event touches, and those whose first segment event is
+/// a `segment_free` (size and stream from that event; a 2 MiB one is taken for a small-pool
+/// segment, as only PyTorch's small pool makes segments of that size). Each carries the
+/// pre-existing blocks ([`Trace::preexisting`]) that lie inside it; every other byte was free.
+/// A replay through the `torch` emulation starts from them
+/// ([`Allocator::adopt_segment`]), as the recorded run did; empty for traces that record no
+/// segments (JSON lines, RMM logs).
+pub fn preexisting_segments(trace: &Trace, device: u32) -> Vec<PreexistingSegment> {
+    // The first segment event at each address: (is a free, bytes, stream).
+    let mut first: FxHashMap<u64, (bool, u64, u64)> = FxHashMap::default();
+    for e in trace.events.iter().filter(|e| e.device == device) {
+        let free = match e.action {
+            Action::SegmentAlloc => false,
+            Action::SegmentFree => true,
+            _ => continue,
+        };
+        first
+            .entry(e.addr)
+            .or_insert((free, e.size_bytes, e.stream));
+    }
+    // Allocated bytes of the blocks the dump shows live.
+    let mut dumped: FxHashMap<u64, u64> = FxHashMap::default();
+    let mut out: Vec<PreexistingSegment> = Vec::new();
+    let mut add = |address: u64, bytes: u64, small_pool: bool, stream: u64| {
+        out.push(PreexistingSegment {
+            address,
+            segment: ForeignSegment {
+                bytes,
+                small_pool,
+                stream,
+                blocks: Vec::new(),
+            },
+            block_addrs: Vec::new(),
+        });
+    };
+    for s in trace.segments.iter().filter(|s| s.device == device) {
+        for b in s.blocks.iter().filter(|b| b.state.starts_with("active")) {
+            dumped.insert(b.address, b.size_bytes);
+        }
+        if !s.is_expandable && !first.contains_key(&s.address) && s.total_size_bytes > 0 {
+            add(
+                s.address,
+                s.total_size_bytes,
+                s.segment_type == "small",
+                s.stream,
+            );
+        }
+    }
+    for (&address, &(free, bytes, stream)) in &first {
+        if free && bytes > 0 {
+            add(
+                address,
+                bytes,
+                bytes == gpumem_core::torch::SMALL_BUFFER_BYTES,
+                stream,
+            );
+        }
+    }
+    if out.is_empty() {
+        return out;
+    }
+    out.sort_unstable_by_key(|s| s.address);
+    let mut blocks: Vec<(u64, u64)> = trace
+        .preexisting
+        .iter()
+        .filter(|p| p.device == device)
+        .map(|p| (p.addr, p.size_bytes))
+        .collect();
+    blocks.sort_unstable();
+    for seg in &mut out {
+        let end = seg.address.saturating_add(seg.segment.bytes);
+        let from = blocks.partition_point(|b| b.0 < seg.address);
+        for &(addr, requested) in blocks[from..].iter().take_while(|b| b.0 < end) {
+            seg.segment.blocks.push(ForeignBlock {
+                offset: addr - seg.address,
+                requested_bytes: requested,
+                allocated_bytes: dumped.get(&addr).copied(),
+            });
+            seg.block_addrs.push(addr);
+        }
+    }
+    out
 }
 
 struct State<'a> {
@@ -479,7 +593,43 @@ pub fn replay_summarized(
     let started = Instant::now();
     let cpu_started = thread_cpu_seconds();
 
-    for p in trace.preexisting.iter().filter(|p| p.device == opts.device) {
+    // The segments the recorded run already held, for an allocator that keeps PyTorch's
+    // (the `torch` emulation); the blocks live in them are taken in with them.
+    let mut adopted: FxHashSet<u64> = FxHashSet::default();
+    for f in preexisting_segments(trace, opts.device) {
+        let blocks = match alloc.adopt_segment(dev, &f.segment) {
+            Ok(Some(blocks)) => blocks,
+            // Not adopted: its blocks are allocated below like any other.
+            Ok(None) => continue,
+            Err(e) if e.is_oom() => continue,
+            Err(source) => {
+                return Err(ReplayError::Allocator {
+                    event: 0,
+                    allocator: name.clone(),
+                    source,
+                })
+            }
+        };
+        for (&trace_addr, b) in f.block_addrs.iter().zip(&blocks) {
+            if opts.canary && b.requested_bytes >= 4 {
+                dev.fill_pattern(b.addr, b.requested_bytes & !3, canary_pattern(trace_addr))
+                    .map_err(|source| ReplayError::Canary { event: 0, source })?;
+            }
+            st.live.insert(
+                trace_addr,
+                Live {
+                    addr: b.addr,
+                    bytes: b.requested_bytes,
+                },
+            );
+            adopted.insert(trace_addr);
+        }
+    }
+    for p in trace
+        .preexisting
+        .iter()
+        .filter(|p| p.device == opts.device && !adopted.contains(&p.addr))
+    {
         st.alloc(
             alloc,
             dev,
@@ -534,7 +684,9 @@ pub fn replay_summarized(
                     align,
                     e.stream,
                 )?;
-                if !served && opts.stop_at_first_failure {
+                // Stop at an out-of-memory (the first, or the replay would have stopped), not
+                // at a refused request.
+                if !served && opts.stop_at_first_failure && report.oom_count > 0 {
                     index += 1;
                     break;
                 }

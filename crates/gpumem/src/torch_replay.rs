@@ -43,21 +43,49 @@ pub fn recorded_calls(trace: &Trace, device: u32) -> Vec<RecordedCall> {
         .collect()
 }
 
-/// cudaMallocs the emulation under `conf` makes for the blocks live before recording started
-/// (the replay allocates them first; their segments were made before the recording, so they
-/// are not in its `segment_alloc` events).
-pub fn preexisting_allocs(trace: &Trace, device: u32, conf: &TorchConfig, capacity: u64) -> u64 {
+/// How a replay through the emulation under `conf` starts on `device`: the cudaMallocs of
+/// the segments the recorded run already held that the emulation takes in
+/// ([`replay::preexisting_segments`], [`Allocator::adopt_segment`]), as recorded calls at
+/// their recorded addresses, and the number of cudaMallocs it then makes for the other blocks
+/// live before recording started (their segments were made before the recording, so they are
+/// not in its `segment_alloc` events, and the replay places them as usual).
+pub fn preexisting_allocs(
+    trace: &Trace,
+    device: u32,
+    conf: &TorchConfig,
+    capacity: u64,
+) -> (Vec<RecordedCall>, u64) {
     let mut pool = TorchCachingPool::with_conf(*conf);
     let mut dev = SimDevice::new(capacity);
-    for p in trace.preexisting.iter().filter(|p| p.device == device) {
+    let mut adopted_calls = Vec::new();
+    let mut adopted = rustc_hash::FxHashSet::default();
+    for f in replay::preexisting_segments(trace, device) {
+        // As in the replay: what is not adopted is allocated as usual.
+        if let Ok(Some(_)) = pool.adopt_segment(&mut dev, &f.segment) {
+            adopted_calls.push(RecordedCall {
+                kind: RecordedKind::Alloc,
+                addr: f.address,
+                bytes: f.segment.bytes,
+                event: 0,
+            });
+            adopted.extend(f.block_addrs);
+        }
+    }
+    let before = pool.torch_stats().num_device_alloc;
+    for p in trace
+        .preexisting
+        .iter()
+        .filter(|p| p.device == device && !adopted.contains(&p.addr))
+    {
         // An allocation that fails here fails in the replay too (and is dropped there).
         let _ = pool.allocate(&mut dev, p.size_bytes, gpumem_core::DEFAULT_ALIGN, 0);
     }
-    pool.torch_stats().num_device_alloc
+    (adopted_calls, pool.torch_stats().num_device_alloc - before)
 }
 
 /// A simulated device of `capacity_bytes` that hands out the addresses `trace` recorded on
-/// `device` (when it recorded segment events) for the emulation under `conf`.
+/// `device` (when it recorded segment events) for the emulation under `conf`: first those of
+/// the segments held before recording started, then those of its `segment_alloc` events.
 pub fn recording_device(
     trace: &Trace,
     device: u32,
@@ -67,8 +95,10 @@ pub fn recording_device(
     let mut dev = SimDevice::new(capacity_bytes);
     let calls = recorded_calls(trace, device);
     if !calls.is_empty() {
-        let skip = preexisting_allocs(trace, device, conf, capacity_bytes);
-        dev.follow_recorded(calls, skip);
+        let (mut script, skip) = preexisting_allocs(trace, device, conf, capacity_bytes);
+        let skip_from = script.len();
+        script.extend(calls);
+        dev.follow_recorded_from(script, skip_from, skip);
     }
     dev
 }

@@ -57,7 +57,9 @@ use serde::Serialize;
 
 use crate::config::AllocatorConfig;
 use crate::device::DeviceError;
-use crate::{AllocError, Allocator, Block as UserBlock, Counter, Device, Stats, StatsTracker};
+use crate::{
+    AllocError, Allocator, Block as UserBlock, Counter, Device, ForeignSegment, Stats, StatsTracker,
+};
 
 mod blocks;
 pub mod conf;
@@ -725,5 +727,123 @@ impl Allocator for TorchCachingPool {
 
     fn validate(&self) -> Result<(), AllocError> {
         validate::validate(self)
+    }
+
+    /// Adopts a cudaMalloc segment of a recorded run (see [`Allocator::adopt_segment`]):
+    /// the segment's free stretches become free blocks of its pool (merged, as PyTorch keeps
+    /// them), its live blocks allocated blocks. Under `expandable_segments` (and for
+    /// `paged-lazy`), with a layout PyTorch cannot have made (a size or offset not a multiple
+    /// of 512 bytes, blocks out of order, overlapping or past the end, a block smaller than its
+    /// request) or with a small-pool block above 1 MiB, nothing is adopted (`Ok(None)`).
+    fn adopt_segment(
+        &mut self,
+        dev: &mut dyn Device,
+        seg: &ForeignSegment,
+    ) -> Result<Option<Vec<UserBlock>>, AllocError> {
+        if self.conf.expandable_segments || self.coarse_handles {
+            return Ok(None);
+        }
+        let pool = if seg.small_pool {
+            PoolKind::Small
+        } else {
+            PoolKind::Large
+        };
+        if seg.bytes == 0 || !seg.bytes.is_multiple_of(MIN_BLOCK_BYTES) {
+            return Ok(None);
+        }
+        // (offset, bytes, requested) of the live blocks, checked.
+        let mut live = Vec::with_capacity(seg.blocks.len());
+        let mut end = 0u64;
+        for b in &seg.blocks {
+            let bytes = match b.allocated_bytes {
+                Some(a) => a,
+                None => match round_size_with(b.requested_bytes.max(1), &self.conf) {
+                    Some(r) => r,
+                    None => return Ok(None),
+                },
+            };
+            let fits = b.offset >= end
+                && b.offset.is_multiple_of(MIN_BLOCK_BYTES)
+                && bytes > 0
+                && bytes.is_multiple_of(MIN_BLOCK_BYTES)
+                && bytes >= b.requested_bytes
+                && b.offset.checked_add(bytes).is_some_and(|e| e <= seg.bytes)
+                && (!seg.small_pool || bytes <= SMALL_SIZE_BYTES);
+            if !fits {
+                return Ok(None);
+            }
+            live.push((b.offset, bytes, b.requested_bytes));
+            end = b.offset + bytes;
+        }
+        let Some(first) = self.alloc_block(dev, pool, seg.stream, seg.bytes, seg.bytes, false)?
+        else {
+            return Err(self.oom(seg.bytes));
+        };
+        let base = self.slab.get(first).addr;
+        // The pieces in address order: (offset, bytes, Some(requested) if live).
+        let mut pieces = Vec::with_capacity(2 * live.len() + 1);
+        let mut at = 0u64;
+        for &(off, bytes, requested) in &live {
+            if off > at {
+                pieces.push((at, off - at, None));
+            }
+            pieces.push((off, bytes, Some(requested)));
+            at = off + bytes;
+        }
+        if at < seg.bytes {
+            pieces.push((at, seg.bytes - at, None));
+        }
+        let split = pieces.len() > 1;
+        let mut out = Vec::with_capacity(live.len());
+        let mut prev = NIL;
+        for &(off, bytes, requested) in &pieces {
+            let i = if prev == NIL {
+                first
+            } else {
+                self.slab.insert(Block {
+                    prev,
+                    ..*self.slab.get(first)
+                })
+            };
+            if prev != NIL {
+                self.slab.get_mut(prev).next = i;
+            }
+            {
+                let b = self.slab.get_mut(i);
+                b.addr = base + off;
+                b.size = bytes;
+                b.next = NIL;
+                b.allocated = false;
+                b.requested = 0;
+            }
+            match requested {
+                Some(requested) => {
+                    let b = self.slab.get_mut(i);
+                    b.allocated = true;
+                    b.requested = requested;
+                    self.tracker.on_alloc(requested, bytes);
+                    self.torch.active.add(1);
+                    self.torch.active_bytes.add(bytes);
+                    if bytes >= self.conf.max_split_size_bytes {
+                        self.torch.oversize_allocations.add(1);
+                    }
+                    self.live.insert(base + off, i);
+                    out.push(UserBlock {
+                        addr: base + off,
+                        requested_bytes: requested,
+                        allocated_bytes: bytes,
+                    });
+                }
+                None => {
+                    self.insert_free(i);
+                    if split {
+                        self.torch.inactive_split.add(1);
+                        self.torch.inactive_split_bytes.add(bytes);
+                    }
+                }
+            }
+            prev = i;
+        }
+        Ok(Some(out))
     }
 }

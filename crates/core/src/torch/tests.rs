@@ -922,3 +922,96 @@ fn grow_ahead_maps_a_share_of_the_held_bytes_beyond_the_request() {
         t.validate().unwrap();
     }
 }
+
+/// A segment made before the emulation existed (a snapshot's pre-existing segment) is taken
+/// in whole: its free stretches serve later requests before any cudaMalloc, as in PyTorch.
+#[test]
+fn adopted_segment_serves_later_requests() {
+    use crate::{ForeignBlock, ForeignSegment};
+    let (mut t, mut d) = new();
+    let seg = ForeignSegment {
+        bytes: 20 * MIB,
+        small_pool: false,
+        stream: 0,
+        blocks: vec![ForeignBlock {
+            offset: 5 * MIB,
+            requested_bytes: 3 * MIB - 100,
+            allocated_bytes: None,
+        }],
+    };
+    let got = t.adopt_segment(&mut d, &seg).unwrap().expect("adopted");
+    t.validate().unwrap();
+    let base = t.segments()[0].0;
+    assert_eq!(
+        got,
+        vec![Block {
+            addr: base + 5 * MIB,
+            requested_bytes: 3 * MIB - 100,
+            allocated_bytes: 3 * MIB,
+        }]
+    );
+    let s = t.stats();
+    assert_eq!(s.reserved_bytes.current, 20 * MIB);
+    assert_eq!(s.allocated_bytes.current, 3 * MIB);
+    assert_eq!(s.free_bytes, 17 * MIB);
+    assert_eq!(t.torch_stats().inactive_split.current, 2);
+    assert_eq!(t.torch_stats().inactive_split_bytes.current, 17 * MIB);
+    // Best fit: 4 MiB goes to the 5 MiB stretch at the base, not the 12 MiB one after the block.
+    let a = alloc(&mut t, &mut d, 4 * MIB);
+    assert_eq!(a.addr, base);
+    assert_eq!(
+        d.counters().total(),
+        1,
+        "no cudaMalloc beyond the adopted segment"
+    );
+    // Freeing everything merges the segment back into one free block, which empty_cache frees.
+    free(&mut t, &mut d, got[0].addr);
+    free(&mut t, &mut d, a.addr);
+    assert_eq!(t.torch_stats().inactive_split.current, 0);
+    assert_eq!(t.empty_cache(&mut d).unwrap(), 20 * MIB);
+    t.validate().unwrap();
+}
+
+#[test]
+fn layouts_pytorch_cannot_make_are_not_adopted() {
+    use crate::{ForeignBlock, ForeignSegment};
+    let block = |offset, requested| ForeignBlock {
+        offset,
+        requested_bytes: requested,
+        allocated_bytes: None,
+    };
+    let seg = |small_pool, bytes, blocks| ForeignSegment {
+        bytes,
+        small_pool,
+        stream: 0,
+        blocks,
+    };
+    for bad in [
+        seg(false, 20 * MIB, vec![block(0, 2 * MIB), block(MIB, MIB)]), // overlap
+        seg(false, 20 * MIB, vec![block(19 * MIB, 2 * MIB)]),           // past the end
+        seg(false, 20 * MIB, vec![block(100, MIB)]),                    // unaligned offset
+        seg(false, 20 * MIB + 100, vec![]),                             // unaligned size
+        seg(true, 2 * MIB, vec![block(0, 2 * MIB)]),                    // small pool, > 1 MiB
+        seg(false, 0, vec![]),
+    ] {
+        let (mut t, mut d) = new();
+        assert_eq!(t.adopt_segment(&mut d, &bad).unwrap(), None, "{bad:?}");
+        assert_eq!(d.counters().total(), 0);
+        assert_eq!(t.stats().reserved_bytes.current, 0);
+        t.validate().unwrap();
+    }
+    // Expandable segments (and paged-lazy) keep no cudaMalloc segments to adopt.
+    let fine = seg(false, 20 * MIB, vec![]);
+    let mut d = SimDevice::default();
+    let mut t =
+        TorchCachingPool::with_conf(TorchConfig::parse("expandable_segments:True").unwrap());
+    assert_eq!(t.adopt_segment(&mut d, &fine).unwrap(), None);
+    let mut t = TorchCachingPool::paged_lazy(&AllocatorConfig::default());
+    assert_eq!(t.adopt_segment(&mut d, &fine).unwrap(), None);
+    // A device too small refuses it: out-of-memory, nothing changed.
+    let mut d = SimDevice::new(16 * MIB);
+    let (mut t, _) = new();
+    assert!(t.adopt_segment(&mut d, &fine).unwrap_err().is_oom());
+    assert_eq!(t.stats().reserved_bytes.current, 0);
+    t.validate().unwrap();
+}

@@ -33,9 +33,10 @@ pub struct MinCapacity {
 pub struct Incomplete {
     /// The capacity tried, in bytes.
     pub upper_bytes: u64,
-    /// Failed allocations at that capacity.
+    /// Allocations that ran out of memory at that capacity (the search stops a replay at
+    /// the first).
     pub failed_count: u64,
-    /// Index of the first failed allocation.
+    /// Index of the first allocation that ran out of memory.
     pub first_failed_event: Option<u64>,
     /// The reason in words: a single request larger than the device, more live bytes than
     /// the device, or rounding and fragmentation on top of the live bytes.
@@ -78,9 +79,15 @@ impl Default for MinCapacityConfig {
 /// can behave differently (every capacity in between gets the same answers from the device,
 /// so the same replay).
 struct Probe {
+    /// No out-of-memory (a refused request, an impossible size or alignment, fails at every
+    /// capacity and is dropped, as in any replay).
     completes: bool,
+    /// Peak requested bytes of the blocks served.
+    peak_requested: u64,
     failed_count: u64,
     first_failed_event: Option<u64>,
+    /// Bytes of the request that first ran out of memory.
+    first_failed_request: Option<u64>,
     next_different: u64,
 }
 
@@ -96,7 +103,7 @@ fn probe(
     let mut a = make();
     let mut d = make_dev(capacity);
     let r = replay_summarized(trace, summary, a.as_mut(), &mut d, opts, &mut |_| {})?;
-    let completes = r.failed_count() == 0;
+    let completes = r.oom_count == 0;
     // Requests the device granted fit in any larger capacity; those it refused are refused
     // by any capacity below the smallest refused demand. An allocator may also refuse a
     // request larger than the whole device without asking it: the next request size above
@@ -110,8 +117,10 @@ fn probe(
     }
     Ok(Probe {
         completes,
-        failed_count: r.failed_count(),
-        first_failed_event: r.failed_events.first().copied(),
+        peak_requested: r.peak_requested_bytes,
+        failed_count: r.oom_count,
+        first_failed_event: r.first_oom_event,
+        first_failed_request: r.first_oom_request_bytes,
         next_different: next,
     })
 }
@@ -123,6 +132,9 @@ fn round_up(v: u64, step: u64) -> u64 {
 /// Finds the smallest device capacities with which `trace` completes through the allocators
 /// `make` builds, on simulated devices `make_dev` builds (one per replay), between the
 /// trace's peak requested bytes and `cfg.upper_bytes`.
+///
+/// Requests every capacity refuses (a size that overflows, an alignment no device offers) are
+/// dropped with their frees, as in any replay: they do not stop a trace from completing.
 ///
 /// Method: a scan upward from the floor that skips, after each replay, every capacity that
 /// would get the same answers from the device (those below the smallest refused demand), so
@@ -161,11 +173,8 @@ pub fn min_capacity(
     let mut replays = 1u64;
     let top = probe(trace, summary, make, make_dev, upper, &opts, &request_steps)?;
     if !top.completes {
-        let reason = if summary.largest_request_bytes > upper {
-            format!(
-                "a single request of {} B is larger than the device",
-                summary.largest_request_bytes
-            )
+        let reason = if let Some(req) = top.first_failed_request.filter(|&r| r > upper) {
+            format!("a single request of {req} B is larger than the device")
         } else if summary.peak_requested_bytes > upper {
             format!(
                 "the trace holds {} B live at its peak, more than the device",
@@ -184,8 +193,10 @@ pub fn min_capacity(
             reason,
         }));
     }
-    // Exact scan from the floor (no capacity below the peak requested bytes can complete).
-    let mut c = round_up(summary.peak_requested_bytes.max(1), step).min(upper);
+    // Exact scan from the floor (no capacity below the peak requested bytes can complete;
+    // those of the blocks served at the upper bound, without the refused ones).
+    let floor = top.peak_requested.min(summary.peak_requested_bytes);
+    let mut c = round_up(floor.max(1), step).min(upper);
     let mut smallest: Option<u64> = None;
     let mut last_failing: Option<u64> = None;
     while c < upper && replays < cfg.max_replays {

@@ -440,3 +440,40 @@ fn pytorch_metrics_match_the_recorded_stats() {
         assert_eq!(r.alloc_retries, rec["num_alloc_retries"].as_u64().unwrap());
     }
 }
+
+/// A request no capacity can serve (a size that overflows) is dropped with its free, as in
+/// any replay: the search still finds the smallest device for the rest of the trace.
+#[test]
+fn min_capacity_ignores_a_request_no_device_serves() {
+    const G: u64 = 1 << 30;
+    let rest = vec![
+        Event::alloc(2, 4 * G),
+        Event::alloc(3, G),
+        Event::free(2, 0),
+        Event::alloc(4, 3 * G),
+    ];
+    let plain = Trace {
+        events: rest.clone(),
+        ..Trace::default()
+    };
+    let mut events = vec![Event::alloc(1, u64::MAX)];
+    events.extend(rest);
+    events.push(Event::free(1, 0));
+    let with_impossible = Trace {
+        events,
+        ..Trace::default()
+    };
+    for name in ["torch", "tlsf", "paged-lazy"] {
+        let MinCapacityOutcome::Found(want) = search(&plain, name, 64 * G, 1000) else {
+            panic!("{name}: the plain trace does not complete");
+        };
+        let got = search(&with_impossible, name, 64 * G, 1000);
+        assert_eq!(got, MinCapacityOutcome::Found(want), "{name}");
+        // At that capacity the replay serves everything but the impossible request.
+        assert_eq!(
+            run_at(&with_impossible, name, want.smallest_bytes),
+            1,
+            "{name}"
+        );
+    }
+}
