@@ -10,7 +10,8 @@
 //!
 //! Where each idea lives: `placement.rs` (where a block goes), `pages.rs` (mapping and
 //! unmapping runs of pages, unwinding), `cache.rs` (the handle cache and idle pages),
-//! `page_bits.rs` (the idle pages of a reservation as a two-level bitmap), `view.rs` (the
+//! `page_bits.rs` (the idle pages of a reservation as a two-level bitmap), `live.rs` (the
+//! live blocks by address: an open-addressing table, one multiply a look-up), `view.rs` (the
 //! page-table view), `validate.rs` (the invariant checker).
 //!
 //! # Strategy
