@@ -228,8 +228,11 @@ impl Parser<'_> {
                 )));
             }
             if interval == ">" {
-                // PyTorch fills from the last interval given (included) to the end.
-                for d in divs.iter_mut().skip(last_index) {
+                // PyTorch fills every interval above the last one given (that one keeps its
+                // value: PyTorch 2.11 records `[64:8,>:2]` as 8 divisions at 64 MiB and 2 from
+                // 128 MiB on), or all of them when `>` comes first.
+                let from = if first_value { 0 } else { last_index + 1 };
+                for d in divs.iter_mut().skip(from) {
                     *d = val;
                 }
             } else {
@@ -360,7 +363,8 @@ impl TorchConfig {
 
     /// The settings a snapshot recorded (its `allocator_settings`): `conf` is the
     /// `PYTORCH_CUDA_ALLOC_CONF` string when it was recorded and non-empty (it is then
-    /// parsed); otherwise the individual fields: `max_split_size` in bytes (`None` or
+    /// parsed, and the division list PyTorch recorded, when there is one, replaces the one
+    /// read from the string: it is PyTorch's own reading); otherwise the individual fields: `max_split_size` in bytes (`None` or
     /// unlimited when PyTorch wrote -1), the threshold, the expandable flag and the
     /// divisions as `(interval start in MiB, divisions)` pairs.
     ///
@@ -373,13 +377,23 @@ impl TorchConfig {
         expandable_segments: Option<bool>,
         roundup_power2_divisions: &[(String, u64)],
     ) -> Result<TorchConfig, ConfError> {
-        if !conf.trim().is_empty() {
-            return TorchConfig::parse(conf);
-        }
         let err = |message: String| ConfError {
             conf: "(recorded allocator_settings)".into(),
             message,
         };
+        if !conf.trim().is_empty() {
+            // The string, with PyTorch's own reading of its division list where it recorded
+            // one (the authority on how its fill rules read the string).
+            let mut c = TorchConfig::parse(conf)?;
+            if !roundup_power2_divisions.is_empty() {
+                c.roundup_power2_divisions = [0; ROUNDUP_INTERVALS];
+                for (interval, divs) in roundup_power2_divisions {
+                    c.roundup_power2_divisions[recorded_interval_index(interval).map_err(err)?] =
+                        *divs;
+                }
+            }
+            return Ok(c);
+        }
         let mut c = TorchConfig::default();
         if let Some(m) = max_split_size_bytes {
             c.max_split_size_bytes = m;
@@ -392,15 +406,7 @@ impl TorchConfig {
         }
         c.expandable_segments = expandable_segments.unwrap_or(false);
         for (interval, divs) in roundup_power2_divisions {
-            let mib: u64 = interval
-                .trim()
-                .parse()
-                .map_err(|_| err(format!("roundup_power2_divisions interval `{interval}`")))?;
-            if !crate::align::is_pow2(mib) {
-                return Err(err(format!("roundup_power2_divisions interval {mib}")));
-            }
-            let index = (mib.ilog2() as usize).min(ROUNDUP_INTERVALS - 1);
-            c.roundup_power2_divisions[index] = *divs;
+            c.roundup_power2_divisions[recorded_interval_index(interval).map_err(err)?] = *divs;
         }
         Ok(c)
     }
@@ -500,6 +506,19 @@ impl fmt::Display for TorchConfig {
     }
 }
 
+/// The index in [`TorchConfig::roundup_power2_divisions`] of a recorded interval key (its
+/// size in MiB, a power of two, as PyTorch's `allocator_settings` names it).
+fn recorded_interval_index(interval: &str) -> Result<usize, String> {
+    let mib: u64 = interval
+        .trim()
+        .parse()
+        .map_err(|_| format!("roundup_power2_divisions interval `{interval}`"))?;
+    if !crate::align::is_pow2(mib) {
+        return Err(format!("roundup_power2_divisions interval {mib}"));
+    }
+    Ok((mib.ilog2() as usize).min(ROUNDUP_INTERVALS - 1))
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
@@ -531,20 +550,32 @@ mod tests {
 
     #[test]
     fn division_list_follows_pytorch_fill_rules() {
-        // The first entry also fills every interval below it; `>` fills from the last
-        // interval given (that one included) to the end.
-        let c = TorchConfig::parse("roundup_power2_divisions:[256:1,512:2,>:8]").unwrap();
-        let mut want = [1u64; ROUNDUP_INTERVALS];
-        for w in want.iter_mut().skip(9) {
+        // The first entry also fills every interval below it; `>` fills every interval above
+        // the last one given. PyTorch 2.11's own `allocator_settings` for `[64:8,>:2]` (a
+        // snapshot recorded on the H200, 2026-12-01): 8 for 1..64 MiB, 2 from 128 MiB on.
+        let c = TorchConfig::parse("roundup_power2_divisions:[64:8,>:2]").unwrap();
+        let mut want = [2u64; ROUNDUP_INTERVALS];
+        for w in want.iter_mut().take(7) {
             *w = 8;
         }
         assert_eq!(c.roundup_power2_divisions, want);
+        let c = TorchConfig::parse("roundup_power2_divisions:[256:1,512:2,>:8]").unwrap();
+        let mut want = [1u64; ROUNDUP_INTERVALS];
+        want[9] = 2;
+        for w in want.iter_mut().skip(10) {
+            *w = 8;
+        }
+        assert_eq!(c.roundup_power2_divisions, want);
+        // `>` alone: every interval.
+        let c = TorchConfig::parse("roundup_power2_divisions:[>:4]").unwrap();
+        assert_eq!(c.roundup_power2_divisions, [4u64; ROUNDUP_INTERVALS]);
         let c = TorchConfig::parse("roundup_power2_divisions:[64:8,256:4,1024:4,>:1]").unwrap();
         assert_eq!(c.divisions_for(512), 8); // below 1 MiB: interval 0
         assert_eq!(c.divisions_for(64 * MIB), 8);
         assert_eq!(c.divisions_for(128 * MIB), 0); // not given, not filled
         assert_eq!(c.divisions_for(256 * MIB), 4);
-        assert_eq!(c.divisions_for(1024 * MIB), 1);
+        assert_eq!(c.divisions_for(1024 * MIB), 4); // the last interval given keeps its value
+        assert_eq!(c.divisions_for(2048 * MIB), 1);
         assert_eq!(c.divisions_for(1 << 40), 1);
     }
 

@@ -38,6 +38,10 @@
 //! - A request of 0 bytes gets a null block (address 0) without reserving anything or calling
 //!   the device, as `NativeCachingAllocator::allocate` does.
 //! - `emptyCache` is [`Allocator::empty_cache`].
+//! - Not PyTorch, for replays: [`Allocator::adopt_segment`] takes in a cudaMalloc segment made
+//!   before the emulation existed (a snapshot's segments that no event of its trace made)
+//!   with its live blocks at their offsets and every other byte free, so that a replay starts
+//!   from the state the recorded run was in (`gpumem::replay::preexisting_segments`).
 //!
 //! Statistics follow `torch.cuda.memory_stats()`: `allocated` counts block sizes,
 //! `requested` the sizes users asked for, `reserved` segment sizes and mapped pages;

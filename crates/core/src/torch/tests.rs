@@ -307,6 +307,14 @@ enum Op {
     },
     Free(usize),
     Release,
+    /// A segment made before the allocator existed ([`Allocator::adopt_segment`]): bytes,
+    /// small pool, stream, and its live blocks as (gap before, size) in 512-byte units.
+    Adopt {
+        bytes: u64,
+        small: bool,
+        stream: u64,
+        blocks: Vec<(u64, u64)>,
+    },
 }
 
 fn op() -> impl proptest::strategy::Strategy<Value = Op> {
@@ -325,6 +333,18 @@ fn op() -> impl proptest::strategy::Strategy<Value = Op> {
         1 => Just(Op::Alloc { size: 0, stream: 0, align_shift: 9 }),
         5 => any::<usize>().prop_map(Op::Free),
         1 => Just(Op::Release),
+        1 => (
+            1u64..24,
+            any::<bool>(),
+            0u64..2,
+            proptest::collection::vec((0u64..4096, 1u64..4096), 0..5),
+        )
+            .prop_map(|(pages, small, stream, blocks)| Op::Adopt {
+                bytes: if small { 2 * MIB } else { pages * 2 * MIB },
+                small,
+                stream,
+                blocks,
+            }),
     ]
 }
 
@@ -401,6 +421,49 @@ proptest::proptest! {
                 }
                 Op::Release => {
                     t.empty_cache(&mut d).unwrap();
+                }
+                Op::Adopt { bytes, small, stream, blocks } => {
+                    let mut at = 0u64;
+                    let blocks: Vec<crate::ForeignBlock> = blocks
+                        .iter()
+                        .map(|&(gap, size)| {
+                            let offset = at + gap * 512;
+                            at = offset + size * 512;
+                            crate::ForeignBlock {
+                                offset,
+                                requested_bytes: size * 512 - size % 300,
+                                allocated_bytes: None,
+                            }
+                        })
+                        .collect();
+                    let seg = crate::ForeignSegment { bytes, small_pool: small, stream, blocks };
+                    let before = t.stats();
+                    let used = d.used_bytes();
+                    match t.adopt_segment(&mut d, &seg) {
+                        Ok(Some(got)) => {
+                            proptest::prop_assert!(!t.conf().expandable_segments && !coarse);
+                            proptest::prop_assert_eq!(got.len(), seg.blocks.len());
+                            proptest::prop_assert_eq!(d.used_bytes(), used + bytes);
+                            for (b, f) in got.iter().zip(&seg.blocks) {
+                                proptest::prop_assert_eq!(b.requested_bytes, f.requested_bytes);
+                                let end = b.addr + b.requested_bytes;
+                                if let Some((_, &pe)) = live.range(..=b.addr).next_back() {
+                                    proptest::prop_assert!(pe <= b.addr, "overlap below");
+                                }
+                                if let Some((&na, _)) = live.range(b.addr..).next() {
+                                    proptest::prop_assert!(na >= end, "overlap above");
+                                }
+                                live.insert(b.addr, end);
+                            }
+                        }
+                        // Not adopted (a layout past the end, a small-pool block over 1 MiB,
+                        // expandable segments) or out of memory: nothing changed.
+                        Ok(None) | Err(AllocError::OutOfMemory { .. }) => {
+                            proptest::prop_assert_eq!(t.stats(), before);
+                            proptest::prop_assert_eq!(d.used_bytes(), used);
+                        }
+                        Err(e) => proptest::prop_assert!(false, "{}", e),
+                    }
                 }
             }
             t.validate().unwrap();
