@@ -31,6 +31,9 @@ traces in the repository can be checked on workloads it has never seen):
                    lengths, Adam, fp32, 30 steps
   gan_train        a DCGAN generator and discriminator trained in turn (two optimizers),
                    bf16 autocast, 25 steps, batch 64–256
+  stream_prefetch  ResNet-18 training whose batches are made on a side stream one step
+                   ahead (allocated on that stream, record_stream on the compute stream),
+                   SGD, 20 steps, batch 32–128
 """
 import gzip
 import json
@@ -287,12 +290,44 @@ def gan_train():
         od.zero_grad(set_to_none=True)
 
 
+def stream_prefetch():
+    import torchvision
+
+    model = torchvision.models.resnet18().to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    side = torch.cuda.Stream()
+    main = torch.cuda.current_stream()
+
+    def make():
+        bs = random.choice([32, 64, 128])
+        with torch.cuda.stream(side):
+            x = torch.randn(bs, 3, 224, 224, device=dev)
+            y = torch.randint(0, 1000, (bs,), device=dev)
+        return x, y
+
+    nxt = make()
+    for _ in range(20):
+        main.wait_stream(side)
+        x, y = nxt
+        x.record_stream(main)
+        y.record_stream(main)
+        nxt = make()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        del x, y
+    torch.cuda.synchronize()
+
+
 WORKLOADS = {
     f.__name__: f
     for f in [bert_finetune, t5_train, vit_train, llama_accum, gpt2_eval, resnet_infer]
 }
 HELD_OUT = {
-    f.__name__: f for f in [moe_train, gpt2_generate, seg_train, lstm_lm, gan_train]
+    f.__name__: f
+    for f in [moe_train, gpt2_generate, seg_train, lstm_lm, gan_train, stream_prefetch]
 }
 
 

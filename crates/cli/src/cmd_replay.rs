@@ -629,9 +629,11 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     if names.contains(&"torch")
         && torch_conf.garbage_collection_threshold > 0.0
         && a.capacity.is_none()
+        && torch_conf.allowed_memory_bytes.is_none()
+        && torch_conf.per_process_memory_fraction >= 1.0
     {
         warnings.push(
-            "garbage_collection_threshold acts only under a memory limit (PyTorch: set_per_process_memory_fraction): without --capacity the collector never runs and the figures are native's".into(),
+            "garbage_collection_threshold acts only under a memory limit (PyTorch: set_per_process_memory_fraction, or per_process_memory_fraction in the setting): without one or --capacity the collector never runs and the figures are native's".into(),
         );
     }
     let total_events: u64 = summaries.iter().map(|(_, s)| s.events).sum();
@@ -694,7 +696,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
             .sum();
         if segs > 0 && names.contains(&"torch") {
             eprintln!(
-                "  {} made before recording started (no event of the trace made {}); the torch emulation starts from {}, as PyTorch did (not under expandable_segments)",
+                "  {} made before recording started (no event of the trace made {}); the torch emulation starts from {}, as PyTorch did",
                 crate::units::counted(segs as u64, "segment"),
                 if segs == 1 { "it" } else { "them" },
                 if segs == 1 { "it" } else { "them" },

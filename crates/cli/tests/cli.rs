@@ -1048,6 +1048,16 @@ fn flags_that_change_nothing_are_warned_about() {
     ]);
     assert!(ok, "{err}");
     assert!(!err.contains("acts only under a memory limit"), "{err}");
+    // A fraction in the setting itself is a memory limit too (a trace recorded with it).
+    let (ok, _, err) = gpumem(&[
+        "replay",
+        "traces/settings/seg_train-gc.pickle.gz",
+        "-a",
+        "torch",
+        "--no-plan",
+    ]);
+    assert!(ok, "{err}");
+    assert!(!err.contains("acts only under a memory limit"), "{err}");
 }
 
 #[test]

@@ -71,6 +71,11 @@ pub struct ForeignSegment {
     pub stream: u64,
     /// The live blocks, in address order.
     pub blocks: Vec<ForeignBlock>,
+    /// For an expandable segment (`expandable_segments:True`): its mapped runs of pages as
+    /// `(offset, bytes)` from its lowest known page, in address order (`bytes` above is then
+    /// the end of the last run, and block offsets count from the same page). `None` for a
+    /// cudaMalloc segment.
+    pub mapped: Option<Vec<(u64, u64)>>,
 }
 
 /// A live block inside a [`ForeignSegment`].

@@ -14,10 +14,12 @@
 //!   index of the first of each;
 //! - only events of [`ReplayConfig::device`] are replayed (one pool per device); event
 //!   indices count that device's events from 0;
-//! - for the `torch` emulation, each run of recorded `segment_free` / `segment_unmap` events is
-//!   a `torch.cuda.empty_cache()` (or an OOM's cache release) of the recorded run: the
-//!   emulation empties its cache there too (other allocators are left alone:
-//!   `empty_cache()` does not reach a plug-in allocator).
+//! - for the `torch` emulation, a run of recorded `segment_free` / `segment_unmap` events that
+//!   left no wholly free segment behind is a `torch.cuda.empty_cache()` (or an OOM's cache
+//!   release) of the recorded run: the emulation empties its cache there too
+//!   ([`cache_releases`]). A run that left some is the allocator's own (its garbage collector,
+//!   or oversize blocks freed under a memory limit), which the emulation does by itself. Other
+//!   allocators are left alone: `empty_cache()` does not reach a plug-in allocator.
 //!
 //! Figures: `requested` bytes are those of the blocks actually served, so
 //! [`ReplayReport::reserved_over_requested`] is at least 1 even when allocations failed (and 0,
@@ -342,6 +344,196 @@ struct Live {
     bytes: u64,
 }
 
+/// The expandable segments (`expandable_segments:True`) `trace` shows had pages mapped on
+/// `device` when it began, one per stream and pool, without their blocks (see
+/// [`preexisting_segments`]). A page was mapped then if the trace's first `segment_map` /
+/// `segment_unmap` of it is an unmap, or, when no event touches it, if the snapshot's dump
+/// shows it mapped. Events are matched to the stream and pool whose dumped pages lie
+/// nearest. Offsets count from the lowest page the trace or the dump shows of the segment:
+/// PyTorch maps the lowest free place first, so no page below it served the run.
+fn preexisting_expandable(trace: &Trace, device: u32) -> Vec<PreexistingSegment> {
+    use std::collections::BTreeMap;
+    // (stream, small pool) -> (page bytes, dumped mapped pages)
+    let mut groups: BTreeMap<(u64, bool), (u64, Vec<u64>)> = BTreeMap::new();
+    for s in trace
+        .segments
+        .iter()
+        .filter(|s| s.device == device && s.is_expandable)
+    {
+        let small = s.segment_type == "small";
+        let page = if small {
+            gpumem_core::torch::SMALL_BUFFER_BYTES
+        } else {
+            gpumem_core::torch::LARGE_BUFFER_BYTES
+        };
+        let g = groups
+            .entry((s.stream, small))
+            .or_insert((page, Vec::new()));
+        let mut a = s.address;
+        while a < s.address.saturating_add(s.total_size_bytes) {
+            g.1.push(a);
+            a += page;
+        }
+    }
+    if groups.is_empty() {
+        return Vec::new();
+    }
+    for g in groups.values_mut() {
+        g.1.sort_unstable();
+        g.1.dedup();
+    }
+    let spans: Vec<((u64, bool), u64, u64)> = groups
+        .iter()
+        .filter_map(|(&k, (page, pages))| Some((k, *pages.first()?, pages.last()? + page)))
+        .collect();
+    // First map (false) or unmap (true) event of each page, per group.
+    let mut first: BTreeMap<(u64, bool), BTreeMap<u64, bool>> = BTreeMap::new();
+    for e in trace.events.iter().filter(|e| e.device == device) {
+        let unmap = match e.action {
+            Action::SegmentMap => false,
+            Action::SegmentUnmap => true,
+            _ => continue,
+        };
+        let Some(&(k, _, _)) = spans.iter().min_by_key(|(_, lo, hi)| {
+            if e.addr < *lo {
+                lo - e.addr
+            } else {
+                e.addr.saturating_sub(*hi)
+            }
+        }) else {
+            continue;
+        };
+        let page = groups[&k].0;
+        let f = first.entry(k).or_default();
+        let mut a = e.addr - e.addr % page;
+        while a < e.addr.saturating_add(e.size_bytes) {
+            f.entry(a).or_insert(unmap);
+            a += page;
+        }
+    }
+    let mut out = Vec::new();
+    for (&(stream, small), (page, dumped)) in &groups {
+        let f = first.get(&(stream, small));
+        let mut pages: Vec<u64> = dumped.clone();
+        pages.extend(f.into_iter().flat_map(|m| m.keys().copied()));
+        pages.sort_unstable();
+        pages.dedup();
+        let Some(&base) = pages.first() else {
+            continue;
+        };
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for &p in &pages {
+            let mapped_then = match f.and_then(|m| m.get(&p)) {
+                Some(&unmap) => unmap,
+                None => dumped.binary_search(&p).is_ok(),
+            };
+            if !mapped_then {
+                continue;
+            }
+            let off = p - base;
+            match runs.last_mut() {
+                Some(r) if r.0 + r.1 == off => r.1 += page,
+                _ => runs.push((off, *page)),
+            }
+        }
+        let Some(&(o, n)) = runs.last() else {
+            continue;
+        };
+        out.push(PreexistingSegment {
+            address: base,
+            segment: ForeignSegment {
+                bytes: o + n,
+                small_pool: small,
+                stream,
+                blocks: Vec::new(),
+                mapped: Some(runs),
+            },
+            block_addrs: Vec::new(),
+        });
+    }
+    out
+}
+
+/// The event indices of `device` (counted as [`replay`] counts them, from 0) where a run of
+/// recorded `segment_free` / `segment_unmap` events starts that released the recorded run's
+/// cache: `torch.cuda.empty_cache()`, or the release before an out-of-memory retry. Both
+/// free every wholly free cudaMalloc segment, so a run of `segment_free` events after which
+/// one is left (by the trace's own addresses: a segment with no live block in it) was not
+/// one: PyTorch's garbage collector (`garbage_collection_threshold`) or its release of
+/// oversize blocks (`max_split_size_mb` under a memory limit) freed some segments only, inside
+/// an allocation the replay makes too. Runs with `segment_unmap` (expandable segments) count
+/// as releases of the cache.
+pub fn cache_releases(trace: &Trace, device: u32) -> FxHashSet<u64> {
+    let events: Vec<&crate::trace::Event> =
+        trace.events.iter().filter(|e| e.device == device).collect();
+    let mut out = FxHashSet::default();
+    if !events.iter().any(|e| e.action == Action::SegmentFree) {
+        // Only unmap runs (or none): every run is a release, as before.
+        let mut in_run = false;
+        for (i, e) in events.iter().enumerate() {
+            let release = matches!(e.action, Action::SegmentFree | Action::SegmentUnmap);
+            if release && !in_run {
+                out.insert(i as u64);
+            }
+            in_run = release;
+        }
+        return out;
+    }
+    let mut live: std::collections::BTreeMap<u64, u64> = trace
+        .preexisting
+        .iter()
+        .filter(|p| p.device == device)
+        .map(|p| (p.addr, p.size_bytes))
+        .collect();
+    let mut segments: std::collections::BTreeMap<u64, u64> = preexisting_segments(trace, device)
+        .into_iter()
+        .filter(|s| s.segment.mapped.is_none())
+        .map(|s| (s.address, s.segment.bytes))
+        .collect();
+    let mut i = 0usize;
+    while i < events.len() {
+        let e = events[i];
+        match e.action {
+            Action::Alloc => {
+                live.insert(e.addr, e.size_bytes);
+            }
+            Action::Free => {
+                live.remove(&e.addr);
+            }
+            Action::SegmentAlloc => {
+                segments.insert(e.addr, e.size_bytes);
+            }
+            Action::SegmentFree | Action::SegmentUnmap => {
+                let start = i;
+                let mut unmaps = false;
+                let mut freed = FxHashSet::default();
+                while i < events.len()
+                    && matches!(events[i].action, Action::SegmentFree | Action::SegmentUnmap)
+                {
+                    unmaps |= events[i].action == Action::SegmentUnmap;
+                    if events[i].action == Action::SegmentFree {
+                        freed.insert(events[i].addr);
+                    }
+                    i += 1;
+                }
+                let wholly_free_left = segments.iter().any(|(&a, &b)| {
+                    !freed.contains(&a) && live.range(a..a.saturating_add(b)).next().is_none()
+                });
+                if unmaps || !wholly_free_left {
+                    out.insert(start as u64);
+                }
+                for a in &freed {
+                    segments.remove(a);
+                }
+                continue;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    out
+}
+
 /// A cudaMalloc segment the recorded run held when its trace began (see
 /// [`preexisting_segments`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -355,12 +547,14 @@ pub struct PreexistingSegment {
     pub block_addrs: Vec<u64>,
 }
 
-/// The cudaMalloc segments `trace` shows existed on `device` before its first event, in
-/// address order: those the snapshot lists at its dump (expandable ones left out) that no
-/// `segment_alloc` or `segment_free` event touches, and those whose first segment event is
-/// a `segment_free` (size and stream from that event; a 2 MiB one is taken for a small-pool
-/// segment, as only PyTorch's small pool makes segments of that size). Each carries the
-/// pre-existing blocks ([`Trace::preexisting`]) that lie inside it; every other byte was free.
+/// The segments `trace` shows existed on `device` before its first event, in address order.
+/// cudaMalloc segments: those the snapshot lists at its dump that no `segment_alloc` or
+/// `segment_free` event touches, and those whose first segment event is a `segment_free`
+/// (size and stream from that event; a 2 MiB one is taken for a small-pool segment, as only
+/// PyTorch's small pool makes segments of that size). Expandable segments: one per stream and
+/// pool with the pages mapped when the trace began ([`ForeignSegment::mapped`]; see
+/// `preexisting_expandable`). Each carries the pre-existing blocks ([`Trace::preexisting`])
+/// that lie inside it (inside its mapped pages); every other byte was free.
 /// A replay through the `torch` emulation starts from them
 /// ([`Allocator::adopt_segment`]), as the recorded run did; empty for traces that record no
 /// segments (JSON lines, RMM logs).
@@ -388,6 +582,7 @@ pub fn preexisting_segments(trace: &Trace, device: u32) -> Vec<PreexistingSegmen
                 small_pool,
                 stream,
                 blocks: Vec::new(),
+                mapped: None,
             },
             block_addrs: Vec::new(),
         });
@@ -415,6 +610,7 @@ pub fn preexisting_segments(trace: &Trace, device: u32) -> Vec<PreexistingSegmen
             );
         }
     }
+    out.extend(preexisting_expandable(trace, device));
     if out.is_empty() {
         return out;
     }
@@ -430,6 +626,13 @@ pub fn preexisting_segments(trace: &Trace, device: u32) -> Vec<PreexistingSegmen
         let end = seg.address.saturating_add(seg.segment.bytes);
         let from = blocks.partition_point(|b| b.0 < seg.address);
         for &(addr, requested) in blocks[from..].iter().take_while(|b| b.0 < end) {
+            if let Some(runs) = &seg.segment.mapped {
+                // Of an expandable segment, only blocks inside its mapped runs.
+                let off = addr - seg.address;
+                if !runs.iter().any(|&(o, n)| o <= off && off < o + n) {
+                    continue;
+                }
+            }
             seg.segment.blocks.push(ForeignBlock {
                 offset: addr - seg.address,
                 requested_bytes: requested,
@@ -647,11 +850,13 @@ pub fn replay_summarized(
     let mut bucket: Option<Sample> = None;
     let half = summary.events / 2;
     let mut calls_at_half = (half == 0).then(|| dev.counters().total());
-    let honour_empty_cache = name == "torch";
-    let mut in_release_run = false;
+    let releases = if name == "torch" {
+        cache_releases(trace, opts.device)
+    } else {
+        FxHashSet::default()
+    };
     for e in trace.events.iter().filter(|e| e.device == opts.device) {
-        let release_event = matches!(e.action, Action::SegmentFree | Action::SegmentUnmap);
-        if release_event && honour_empty_cache && !in_release_run {
+        if !releases.is_empty() && releases.contains(&index) {
             alloc
                 .empty_cache(dev)
                 .map_err(|source| ReplayError::Allocator {
@@ -660,7 +865,6 @@ pub fn replay_summarized(
                     source,
                 })?;
         }
-        in_release_run = release_event;
         match e.action {
             Action::Alloc => {
                 // A duplicate live address can only come from a lenient read: free the old one.
@@ -847,6 +1051,50 @@ mod tests {
     use super::*;
     use crate::trace::{Event, PreexistingBlock};
 
+    /// A run of `segment_free` events is the recorded run's `empty_cache()` only when it left
+    /// no wholly free segment: the garbage collector frees some old segments and keeps others.
+    #[test]
+    fn cache_releases_tell_empty_cache_from_the_collector() {
+        const MIB: u64 = 1 << 20;
+        let (a, b) = (0x1000_0000u64, 0x2000_0000u64);
+        let events = vec![
+            Event::new(Action::SegmentAlloc, a, 20 * MIB),
+            Event::new(Action::Alloc, a, MIB),
+            Event::new(Action::SegmentAlloc, b, 20 * MIB),
+            Event::new(Action::Alloc, b, MIB),
+            Event::new(Action::Free, a, MIB),
+            Event::new(Action::Free, b, MIB),
+            // 6: the collector frees `a` only; `b` stays cached and wholly free.
+            Event::new(Action::SegmentFree, a, 20 * MIB),
+            Event::new(Action::SegmentAlloc, a, 40 * MIB),
+            Event::new(Action::Alloc, a, 30 * MIB),
+            // 9: empty_cache(): `b` goes; `a` holds a live block.
+            Event::new(Action::SegmentFree, b, 20 * MIB),
+            Event::new(Action::Free, a, 30 * MIB),
+            // 11, 12: empty_cache() again, one run of one event.
+            Event::new(Action::SegmentFree, a, 40 * MIB),
+        ];
+        let t = Trace {
+            events,
+            ..Trace::default()
+        };
+        let mut got: Vec<u64> = cache_releases(&t, 0).into_iter().collect();
+        got.sort_unstable();
+        assert_eq!(got, vec![9, 11]);
+        // Unmap runs (expandable segments) are releases as before.
+        let t = Trace {
+            events: vec![
+                Event::new(Action::SegmentMap, a, 20 * MIB),
+                Event::new(Action::SegmentUnmap, a, 20 * MIB),
+            ],
+            ..Trace::default()
+        };
+        assert_eq!(
+            cache_releases(&t, 0).into_iter().collect::<Vec<_>>(),
+            vec![1]
+        );
+    }
+
     #[test]
     fn summary_counts_peak_and_preexisting() {
         let mut t = Trace::default();
@@ -882,8 +1130,12 @@ mod tests {
         let mut t = Trace {
             events: vec![
                 Event::alloc(1, 1000),
-                Event::alloc(2, u64::MAX),
+                Event::alloc(2, u64::MAX - 511),
                 Event::free(2, 0),
+                // Too large to round to 512 bytes: every allocator refuses it, so it counts
+                // as impossible, not in the peak (nor does its free count as unmatched).
+                Event::alloc(3, u64::MAX),
+                Event::free(3, 0),
             ],
             ..Trace::default()
         };
@@ -891,7 +1143,9 @@ mod tests {
         t.events[2].time_us = Some(1_000_000);
         let s = summarize(&t, 0);
         assert_eq!(s.peak_requested_bytes, u64::MAX);
-        assert_eq!(s.largest_request_bytes, u64::MAX);
+        assert_eq!(s.largest_request_bytes, u64::MAX - 511);
+        assert_eq!(s.impossible_requests, 1);
+        assert_eq!(s.unmatched_frees, 0);
         assert_eq!(s.duration_us, Some(1_000_005));
     }
 

@@ -62,6 +62,11 @@ pub fn preexisting_allocs(
     for f in replay::preexisting_segments(trace, device) {
         // As in the replay: what is not adopted is allocated as usual.
         if let Ok(Some(_)) = pool.adopt_segment(&mut dev, &f.segment) {
+            if f.segment.mapped.is_some() {
+                // An expandable segment's pages are map steps, not a recorded cudaMalloc.
+                adopted.extend(f.block_addrs);
+                continue;
+            }
             adopted_calls.push(RecordedCall {
                 kind: RecordedKind::Alloc,
                 addr: f.address,

@@ -37,7 +37,7 @@
 //! reserves at least 64 GiB of address space (PyTorch: 1⅛ × the device memory, more than
 //! that on an H200), and one whose first mapping failed gives its range back at once.
 use crate::device::{DeviceError, PhysHandle};
-use crate::Device;
+use crate::{AllocError, Block as UserBlock, Device, ForeignSegment};
 
 use super::blocks::{Block, NIL};
 use super::{PoolKind, TorchCachingPool};
@@ -425,6 +425,17 @@ impl TorchCachingPool {
                 return Ok(c);
             }
         }
+        self.new_expandable_segment(dev, stream, pool)
+    }
+
+    /// A new expandable segment of `stream` and `pool` (cuMemAddressReserve of its range):
+    /// the index of the unmapped block that covers all of it.
+    pub(super) fn new_expandable_segment(
+        &mut self,
+        dev: &mut dyn Device,
+        stream: u64,
+        pool: PoolKind,
+    ) -> Result<u32, DeviceError> {
         let page = pool.expandable_page_bytes();
         let total = dev.capacity_bytes();
         let mut range = total.saturating_add(total / 8);
@@ -471,6 +482,186 @@ impl TorchCachingPool {
         });
         self.unmapped[pool.index()].insert((stream, va), i);
         Ok(i)
+    }
+
+    /// [`Allocator::adopt_segment`](crate::Allocator::adopt_segment) of an expandable
+    /// segment (`runs`: its mapped pages as `(offset, bytes)`): a new segment of the stream
+    /// and pool, those pages mapped (one map step per run, as the device sees it), the live
+    /// blocks carved out of them. `Ok(None)` for a layout it cannot hold (see
+    /// [`TorchCachingPool::adopt_segment`]); out of memory (or past the memory limit) before
+    /// anything is done. A device error part-way leaves the runs mapped so far as free blocks
+    /// of the new segment (counted as reserved, like any growth).
+    pub(super) fn adopt_expandable(
+        &mut self,
+        dev: &mut dyn Device,
+        seg: &ForeignSegment,
+        runs: &[(u64, u64)],
+    ) -> Result<Option<Vec<UserBlock>>, AllocError> {
+        let pool = if seg.small_pool {
+            PoolKind::Small
+        } else {
+            PoolKind::Large
+        };
+        let page = pool.expandable_page_bytes();
+        let total = dev.capacity_bytes();
+        let range = page.saturating_mul(total.saturating_add(total / 8).div_ceil(page).max(1));
+        // Runs: ascending, whole pages, inside the range.
+        let mut end = 0u64;
+        for &(off, bytes) in runs {
+            let ok = off >= end
+                && bytes > 0
+                && off.is_multiple_of(page)
+                && bytes.is_multiple_of(page)
+                && off.checked_add(bytes).is_some_and(|e| e <= range);
+            if !ok {
+                return Ok(None);
+            }
+            end = off + bytes;
+        }
+        if runs.is_empty() || self.expandable.iter().flatten().any(|e| e.pool == pool) {
+            return Ok(None);
+        }
+        // Blocks: ascending, 512-aligned, each inside one run.
+        let mut blocks = Vec::with_capacity(seg.blocks.len());
+        let mut at = 0u64;
+        for b in &seg.blocks {
+            let bytes = match b.allocated_bytes {
+                Some(a) => a,
+                None => match super::round_size_with(b.requested_bytes.max(1), &self.conf) {
+                    Some(r) => r,
+                    None => return Ok(None),
+                },
+            };
+            let inside = b
+                .offset
+                .checked_add(bytes)
+                .is_some_and(|e| runs.iter().any(|&(o, n)| o <= b.offset && e <= o + n));
+            let ok = b.offset >= at
+                && inside
+                && b.offset.is_multiple_of(super::MIN_BLOCK_BYTES)
+                && bytes > 0
+                && bytes.is_multiple_of(super::MIN_BLOCK_BYTES)
+                && bytes >= b.requested_bytes
+                && (!seg.small_pool || bytes <= super::SMALL_SIZE_BYTES);
+            if !ok {
+                return Ok(None);
+            }
+            blocks.push((b.offset, bytes, b.requested_bytes));
+            at = b.offset + bytes;
+        }
+        let mapped: u64 = runs.iter().map(|r| r.1).sum();
+        let over_limit = self
+            .allowed(dev)
+            .is_some_and(|a| self.total_allocated.saturating_add(mapped) > a);
+        if over_limit || dev.used_bytes().saturating_add(mapped) > total {
+            return Err(self.oom(mapped));
+        }
+        let first = self.new_expandable_segment(dev, seg.stream, pool)?;
+        let va = self.slab.get(first).addr;
+        // Map each run out of the unmapped block that covers the rest of the range.
+        let mut tail = first;
+        for &(off, bytes) in runs {
+            let want = va + off;
+            let b = *self.slab.get(tail);
+            if want > b.addr {
+                let rest = self.slab.insert(Block {
+                    addr: want,
+                    size: b.addr + b.size - want,
+                    prev: tail,
+                    ..b
+                });
+                if b.next != NIL {
+                    self.slab.get_mut(b.next).prev = rest;
+                }
+                let bm = self.slab.get_mut(tail);
+                bm.next = rest;
+                bm.size = want - b.addr;
+                self.unmapped[pool.index()].insert((b.stream, want), rest);
+                tail = rest;
+            }
+            if !self.map_block(dev, tail, bytes)? {
+                return Err(self.oom(bytes));
+            }
+            tail = self.slab.get(tail).next;
+            if tail == NIL {
+                break;
+            }
+        }
+        // Carve the live blocks out of the free mapped blocks, walking the segment.
+        let mut out = Vec::with_capacity(blocks.len());
+        let mut cur = first;
+        for (off, bytes, requested) in blocks {
+            let want = va + off;
+            while cur != NIL {
+                let c = self.slab.get(cur);
+                if c.addr <= want && want < c.addr + c.size {
+                    break;
+                }
+                cur = c.next;
+            }
+            let f = if cur == NIL {
+                None
+            } else {
+                Some(*self.slab.get(cur))
+            };
+            let Some(f) = f.filter(|f| f.mapped && !f.allocated && want + bytes <= f.addr + f.size)
+            else {
+                return Err(AllocError::Internal(format!(
+                    "adopting an expandable segment: no free mapped block holds {want:#x}+{bytes}"
+                )));
+            };
+            self.remove_free(cur);
+            let mut live = cur;
+            if want > f.addr {
+                let l = self.slab.insert(Block {
+                    addr: want,
+                    size: f.addr + f.size - want,
+                    prev: cur,
+                    ..f
+                });
+                if f.next != NIL {
+                    self.slab.get_mut(f.next).prev = l;
+                }
+                let fm = self.slab.get_mut(cur);
+                fm.next = l;
+                fm.size = want - f.addr;
+                self.insert_free(cur);
+                live = l;
+            }
+            let g = *self.slab.get(live);
+            if g.size > bytes {
+                let r = self.slab.insert(Block {
+                    addr: want + bytes,
+                    size: g.size - bytes,
+                    prev: live,
+                    ..g
+                });
+                if g.next != NIL {
+                    self.slab.get_mut(g.next).prev = r;
+                }
+                let gm = self.slab.get_mut(live);
+                gm.next = r;
+                gm.size = bytes;
+                self.insert_free(r);
+            }
+            let lm = self.slab.get_mut(live);
+            lm.allocated = true;
+            lm.requested = requested;
+            self.tracker.on_alloc(requested, bytes);
+            self.torch.active.add(1);
+            self.torch.active_bytes.add(bytes);
+            if bytes >= self.conf.max_split_size_bytes {
+                self.torch.oversize_allocations.add(1);
+            }
+            self.live.insert(want, live);
+            out.push(UserBlock {
+                addr: want,
+                requested_bytes: requested,
+                allocated_bytes: bytes,
+            });
+            cur = self.slab.get(live).next;
+        }
+        Ok(Some(out))
     }
 
     /// `map_block`: maps the pages under the first `size` bytes of the unmapped block `i`,

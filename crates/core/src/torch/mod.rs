@@ -733,19 +733,27 @@ impl Allocator for TorchCachingPool {
         validate::validate(self)
     }
 
-    /// Adopts a cudaMalloc segment of a recorded run (see [`Allocator::adopt_segment`]):
-    /// the segment's free stretches become free blocks of its pool (merged, as PyTorch keeps
-    /// them), its live blocks allocated blocks. Under `expandable_segments` (and for
-    /// `paged-lazy`), with a layout PyTorch cannot have made (a size or offset not a multiple
-    /// of 512 bytes, blocks out of order, overlapping or past the end, a block smaller than its
-    /// request) or with a small-pool block above 1 MiB, nothing is adopted (`Ok(None)`).
+    /// Adopts a segment of a recorded run (see [`Allocator::adopt_segment`]): a cudaMalloc
+    /// segment when the emulation runs without expandable segments, an expandable one (its
+    /// mapped pages, [`ForeignSegment::mapped`]) under `expandable_segments`. Free stretches
+    /// become free blocks of its pool (merged, as PyTorch keeps them), its live blocks
+    /// allocated blocks. Nothing is adopted (`Ok(None)`) for `paged-lazy`, for a segment of
+    /// the other kind, for an expandable segment when one of its pool exists already, or for
+    /// a layout PyTorch cannot have made: a size or offset not a multiple of 512 bytes
+    /// (mapped runs: of the page), blocks out of order, overlapping or outside the segment
+    /// (or its mapped runs), a block smaller than its request, a small-pool block above 1 MiB.
     fn adopt_segment(
         &mut self,
         dev: &mut dyn Device,
         seg: &ForeignSegment,
     ) -> Result<Option<Vec<UserBlock>>, AllocError> {
-        if self.conf.expandable_segments || self.coarse_handles {
+        if self.coarse_handles {
             return Ok(None);
+        }
+        match (&seg.mapped, self.conf.expandable_segments) {
+            (Some(runs), true) => return self.adopt_expandable(dev, seg, runs),
+            (None, false) => {}
+            _ => return Ok(None),
         }
         let pool = if seg.small_pool {
             PoolKind::Small

@@ -436,14 +436,20 @@ proptest::proptest! {
                             }
                         })
                         .collect();
-                    let seg = crate::ForeignSegment { bytes, small_pool: small, stream, blocks };
+                    // Half of them as expandable segments (their pages all mapped).
+                    let page = if small { 2 * MIB } else { 20 * MIB };
+                    let mapped = (bytes / (2 * MIB)).is_multiple_of(2)
+                        .then(|| vec![(0, bytes.div_ceil(page) * page)]);
+                    let seg = crate::ForeignSegment { bytes, small_pool: small, stream, blocks, mapped };
                     let before = t.stats();
                     let used = d.used_bytes();
                     match t.adopt_segment(&mut d, &seg) {
                         Ok(Some(got)) => {
-                            proptest::prop_assert!(!t.conf().expandable_segments && !coarse);
+                            proptest::prop_assert!(!coarse);
+                            proptest::prop_assert_eq!(t.conf().expandable_segments, seg.mapped.is_some());
                             proptest::prop_assert_eq!(got.len(), seg.blocks.len());
-                            proptest::prop_assert_eq!(d.used_bytes(), used + bytes);
+                            let taken = seg.mapped.as_ref().map_or(bytes, |r| r[0].1);
+                            proptest::prop_assert_eq!(d.used_bytes(), used + taken);
                             for (b, f) in got.iter().zip(&seg.blocks) {
                                 proptest::prop_assert_eq!(b.requested_bytes, f.requested_bytes);
                                 let end = b.addr + b.requested_bytes;
@@ -1001,6 +1007,7 @@ fn adopted_segment_serves_later_requests() {
             requested_bytes: 3 * MIB - 100,
             allocated_bytes: None,
         }],
+        mapped: None,
     };
     let got = t.adopt_segment(&mut d, &seg).unwrap().expect("adopted");
     t.validate().unwrap();
@@ -1048,6 +1055,7 @@ fn layouts_pytorch_cannot_make_are_not_adopted() {
         small_pool,
         stream: 0,
         blocks,
+        mapped: None,
     };
     for bad in [
         seg(false, 20 * MIB, vec![block(0, 2 * MIB), block(MIB, MIB)]), // overlap
@@ -1076,5 +1084,81 @@ fn layouts_pytorch_cannot_make_are_not_adopted() {
     let (mut t, _) = new();
     assert!(t.adopt_segment(&mut d, &fine).unwrap_err().is_oom());
     assert_eq!(t.stats().reserved_bytes.current, 0);
+    t.validate().unwrap();
+}
+
+/// An expandable segment of a recorded run (`expandable_segments:True`) is taken in with the
+/// pages it had mapped: their free parts serve later requests with no map step.
+#[test]
+fn adopted_expandable_segment_serves_later_requests() {
+    use crate::{ForeignBlock, ForeignSegment};
+    let mut t =
+        TorchCachingPool::with_conf(TorchConfig::parse("expandable_segments:True").unwrap());
+    let mut d = SimDevice::default();
+    let seg = ForeignSegment {
+        bytes: 120 * MIB,
+        small_pool: false,
+        stream: 0,
+        blocks: vec![
+            ForeignBlock {
+                offset: 10 * MIB,
+                requested_bytes: 5 * MIB,
+                allocated_bytes: None,
+            },
+            ForeignBlock {
+                offset: 101 * MIB,
+                requested_bytes: 2 * MIB - 7,
+                allocated_bytes: Some(2 * MIB),
+            },
+        ],
+        mapped: Some(vec![(0, 60 * MIB), (100 * MIB, 20 * MIB)]),
+    };
+    let got = t.adopt_segment(&mut d, &seg).unwrap().expect("adopted");
+    t.validate().unwrap();
+    let runs = t.segments();
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    let base = runs[0].0;
+    assert_eq!(
+        runs.iter().map(|r| (r.0 - base, r.1)).collect::<Vec<_>>(),
+        vec![(0, 60 * MIB), (100 * MIB, 20 * MIB)]
+    );
+    assert_eq!(
+        got.iter()
+            .map(|b| (b.addr - base, b.allocated_bytes))
+            .collect::<Vec<_>>(),
+        vec![(10 * MIB, 5 * MIB), (101 * MIB, 2 * MIB)]
+    );
+    let s = t.stats();
+    assert_eq!(s.reserved_bytes.current, 80 * MIB);
+    assert_eq!(s.allocated_bytes.current, 7 * MIB);
+    assert_eq!(s.requested_bytes.current, 7 * MIB - 7);
+    assert_eq!(d.used_bytes(), 80 * MIB);
+    // 30 MiB fits in the free 45 MiB after the first block: no map step.
+    let calls = d.calls_made();
+    let a = alloc(&mut t, &mut d, 30 * MIB);
+    assert_eq!(a.addr - base, 15 * MIB);
+    assert_eq!(d.calls_made(), calls);
+    for b in got.iter().chain([&a]) {
+        t.deallocate(&mut d, b.addr).unwrap();
+        t.validate().unwrap();
+    }
+    t.empty_cache(&mut d).unwrap();
+    t.validate().unwrap();
+    assert_eq!(t.stats().reserved_bytes.current, 0);
+    // Not twice into one pool, not into the native emulation, not a run off the page.
+    let mut t =
+        TorchCachingPool::with_conf(TorchConfig::parse("expandable_segments:True").unwrap());
+    assert!(t.adopt_segment(&mut d, &seg).unwrap().is_some());
+    assert_eq!(t.adopt_segment(&mut d, &seg).unwrap(), None);
+    let (mut native, _) = new();
+    assert_eq!(native.adopt_segment(&mut d, &seg).unwrap(), None);
+    let mut t =
+        TorchCachingPool::with_conf(TorchConfig::parse("expandable_segments:True").unwrap());
+    let odd = ForeignSegment {
+        mapped: Some(vec![(MIB, 20 * MIB)]),
+        blocks: vec![],
+        ..seg.clone()
+    };
+    assert_eq!(t.adopt_segment(&mut d, &odd).unwrap(), None);
     t.validate().unwrap();
 }
