@@ -34,6 +34,9 @@ traces in the repository can be checked on workloads it has never seen):
   stream_prefetch  ResNet-18 training whose batches are made on a side stream one step
                    ahead (allocated on that stream, record_stream on the compute stream),
                    SGD, 20 steps, batch 32–128
+  graph_infer      ResNet-18 inference captured in a CUDA graph (torch.cuda.graph: a private
+                   memory pool), replayed 20 times, with eager inference at other batch sizes
+                   between
 """
 import gzip
 import json
@@ -321,13 +324,37 @@ def stream_prefetch():
     torch.cuda.synchronize()
 
 
+def graph_infer():
+    import torchvision
+
+    model = torchvision.models.resnet18().to(dev).eval()
+    static_x = torch.randn(64, 3, 224, 224, device=dev)
+    with torch.no_grad():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                model(static_x)
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            static_y = model(static_x)
+        for _ in range(20):
+            static_x.copy_(torch.randn(64, 3, 224, 224, device=dev))
+            g.replay()
+            static_y.sum().item()
+            bs = random.choice([16, 32, 128])
+            model(torch.randn(bs, 3, 224, 224, device=dev))
+    del g, static_y
+
+
 WORKLOADS = {
     f.__name__: f
     for f in [bert_finetune, t5_train, vit_train, llama_accum, gpt2_eval, resnet_infer]
 }
 HELD_OUT = {
     f.__name__: f
-    for f in [moe_train, gpt2_generate, seg_train, lstm_lm, gan_train, stream_prefetch]
+    for f in [moe_train, gpt2_generate, seg_train, lstm_lm, gan_train, stream_prefetch, graph_infer]
 }
 
 

@@ -690,6 +690,14 @@ pub fn run(a: ReplayArgs) -> Result<()> {
                 if n == 1 { " was" } else { "s were" }
             );
         }
+        let private = trace.segments.iter().filter(|s| s.private_pool).count();
+        if private > 0 && names.contains(&"torch") {
+            eprintln!(
+                "  {} of the snapshot {} to CUDA-graph private pools (torch.cuda.graph, torch.compile mode=\"reduce-overhead\"), which the torch emulation does not model: its figures may differ from PyTorch's where graphs allocate (the self-check says where)",
+                crate::units::counted(private as u64, "segment"),
+                if private == 1 { "belongs" } else { "belong" },
+            );
+        }
         let segs: usize = summaries
             .iter()
             .map(|&(d, _)| gpumem::replay::preexisting_segments(&trace, d).len())

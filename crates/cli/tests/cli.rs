@@ -1433,3 +1433,29 @@ fn warm_process_trace_starts_from_its_segments() {
     assert!(ok, "{err}");
     assert!(!err.contains("segments made before"), "{err}");
 }
+
+/// A snapshot with CUDA-graph private pools: the torch emulation says it does not model them.
+#[test]
+fn private_pools_are_named_as_not_modelled() {
+    let (ok, _, err) = gpumem(&[
+        "replay",
+        "traces/limits/graph_infer.pickle.gz",
+        "-a",
+        "torch",
+        "--no-plan",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("3 segments of the snapshot belong to CUDA-graph private pools"),
+        "{err}"
+    );
+    let (ok, _, err) = gpumem(&[
+        "replay",
+        "traces/limits/graph_infer.pickle.gz",
+        "-a",
+        "tlsf",
+        "--no-plan",
+    ]);
+    assert!(ok, "{err}");
+    assert!(!err.contains("private pools"), "{err}");
+}

@@ -300,6 +300,7 @@ mod tests {
             stream: 0,
             segment_type: "large".into(),
             is_expandable: false,
+            private_pool: false,
             blocks: Vec::new(),
         });
         assert_eq!(reserved_before(&t, 0, 3), 500);

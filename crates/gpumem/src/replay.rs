@@ -358,7 +358,7 @@ fn preexisting_expandable(trace: &Trace, device: u32) -> Vec<PreexistingSegment>
     for s in trace
         .segments
         .iter()
-        .filter(|s| s.device == device && s.is_expandable)
+        .filter(|s| s.device == device && s.is_expandable && !s.private_pool)
     {
         let small = s.segment_type == "small";
         let page = if small {
@@ -403,9 +403,12 @@ fn preexisting_expandable(trace: &Trace, device: u32) -> Vec<PreexistingSegment>
         }) else {
             continue;
         };
-        let page = groups[&k].0;
+        // Pages lie on the segment's own grid (20 MiB is not a power of two): the residue of
+        // its dumped pages.
+        let (page, ref dumped) = groups[&k];
+        let grid = dumped.first().map_or(0, |d| d % page);
         let f = first.entry(k).or_default();
-        let mut a = e.addr - e.addr % page;
+        let mut a = e.addr - (e.addr.wrapping_sub(grid) % page);
         while a < e.addr.saturating_add(e.size_bytes) {
             f.entry(a).or_insert(unmap);
             a += page;
@@ -591,7 +594,12 @@ pub fn preexisting_segments(trace: &Trace, device: u32) -> Vec<PreexistingSegmen
         for b in s.blocks.iter().filter(|b| b.state.starts_with("active")) {
             dumped.insert(b.address, b.size_bytes);
         }
-        if !s.is_expandable && !first.contains_key(&s.address) && s.total_size_bytes > 0 {
+        // (A CUDA graph's private pool is not modelled: its segments are not adopted.)
+        if !s.is_expandable
+            && !s.private_pool
+            && !first.contains_key(&s.address)
+            && s.total_size_bytes > 0
+        {
             add(
                 s.address,
                 s.total_size_bytes,
@@ -789,6 +797,19 @@ pub fn replay_summarized(
         final_stats: Stats::default(),
         timeline: Vec::new(),
     };
+    // What only the torch emulation uses, found before the clock starts: the segments the
+    // recorded run already held, and where it emptied its cache.
+    let torch = name == "torch";
+    let foreign = if torch {
+        preexisting_segments(trace, opts.device)
+    } else {
+        Vec::new()
+    };
+    let releases = if torch {
+        cache_releases(trace, opts.device)
+    } else {
+        FxHashSet::default()
+    };
     let calls_before = dev.counters();
     let driver_baseline = dev.driver_used_bytes();
     let mut driver_peak = driver_baseline;
@@ -799,7 +820,7 @@ pub fn replay_summarized(
     // The segments the recorded run already held, for an allocator that keeps PyTorch's
     // (the `torch` emulation); the blocks live in them are taken in with them.
     let mut adopted: FxHashSet<u64> = FxHashSet::default();
-    for f in preexisting_segments(trace, opts.device) {
+    for f in foreign {
         let blocks = match alloc.adopt_segment(dev, &f.segment) {
             Ok(Some(blocks)) => blocks,
             // Not adopted: its blocks are allocated below like any other.
@@ -850,11 +871,6 @@ pub fn replay_summarized(
     let mut bucket: Option<Sample> = None;
     let half = summary.events / 2;
     let mut calls_at_half = (half == 0).then(|| dev.counters().total());
-    let releases = if name == "torch" {
-        cache_releases(trace, opts.device)
-    } else {
-        FxHashSet::default()
-    };
     for e in trace.events.iter().filter(|e| e.device == opts.device) {
         if !releases.is_empty() && releases.contains(&index) {
             alloc

@@ -251,6 +251,7 @@ mod tests {
             stream: 0,
             segment_type: "large".into(),
             is_expandable: false,
+            private_pool: false,
             blocks,
         }
     }

@@ -207,6 +207,10 @@ pub struct SnapshotSegment {
     pub segment_type: String,
     /// Whether it was an expandable segment.
     pub is_expandable: bool,
+    /// Whether it belongs to a CUDA-graph private memory pool (`segment_pool_id` other than
+    /// `(0, 0)`: memory allocated while a graph was captured, `torch.cuda.graph` or
+    /// `torch.compile(mode="reduce-overhead")`).
+    pub private_pool: bool,
     /// Its blocks in address order.
     pub blocks: Vec<SnapshotBlock>,
 }

@@ -239,6 +239,14 @@ impl Vm<'_> {
                 ))
             }
         };
+        // `segment_pool_id`: (0, 0) for the default pool, else a CUDA graph's private pool.
+        let private_pool = match self.dict_get(d, "segment_pool_id") {
+            Some(v) => self.as_seq(v).is_some_and(|ids| {
+                ids.iter()
+                    .any(|&x| !matches!(x, Value::Int(0) | Value::UInt(0)))
+            }),
+            None => false,
+        };
         let mut blocks = Vec::new();
         let mut block_frames = Vec::new();
         if let Some(bv) = self.dict_get(d, "blocks") {
@@ -286,6 +294,7 @@ impl Vm<'_> {
             stream,
             segment_type: self.get_str(d, "segment_type")?,
             is_expandable,
+            private_pool,
             blocks,
         })
     }
