@@ -10,7 +10,8 @@
 //!
 //! Where each idea lives: `placement.rs` (where a block goes), `pages.rs` (mapping and
 //! unmapping runs of pages, unwinding), `cache.rs` (the handle cache and idle pages),
-//! `page_bits.rs` (the idle pages of a reservation as a two-level bitmap), `view.rs` (the
+//! `page_bits.rs` (the idle pages of a reservation as a two-level bitmap), `live.rs` (the
+//! live blocks by address: an open-addressing table, one multiply a look-up), `view.rs` (the
 //! page-table view), `validate.rs` (the invariant checker).
 //!
 //! # Strategy
@@ -86,6 +87,7 @@
 //! above the bound, until a later call trims the cache. Calls made while unwinding are
 //! retried once before falling back to that.
 mod cache;
+mod live;
 mod page_bits;
 mod pages;
 mod placement;
@@ -105,9 +107,6 @@ pub const UNIT_BYTES: u64 = DEFAULT_ALIGN;
 /// Virtual address space reserved by the first reservation, as a multiple of the device
 /// capacity.
 pub const VA_CAPACITY_FACTOR: u64 = 2;
-
-/// Live blocks by address ([`crate::hash`]: the one address hasher).
-type AddrMap<V> = crate::hash::AddrMap<u64, V>;
 
 /// A live block (of `paged` and `paged-lazy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -329,7 +328,7 @@ pub struct PagedPool {
     /// in it without mapping a page, in [`UNIT_BYTES`] units.
     free: range_map::RangeMap<range_map::FitTags>,
     /// Live blocks by address.
-    live: AddrMap<LiveBlock>,
+    live: live::LiveMap,
     /// Unmapped physical handles kept for reuse.
     cache: Vec<CachedHandle>,
     /// How many handles of each size (in pages) `cache` holds, and where the first of them
@@ -387,7 +386,7 @@ impl PagedPool {
             page_bytes: 0,
             reservations: Vec::new(),
             free: range_map::RangeMap::default(),
-            live: AddrMap::default(),
+            live: live::LiveMap::default(),
             cache: Vec::new(),
             cache_sizes: Vec::new(),
             cached_pages: 0,

@@ -161,6 +161,7 @@ impl PagedPool {
     /// The pages it maps get the block's reference already (refs 1: only the block touches
     /// a page it newly maps); it returns whether the block's first and last pages were
     /// mapped before, for [`PagedPool::commit_block`] to raise those.
+    #[inline(always)]
     pub(super) fn map_block_pages(
         &mut self,
         dev: &mut dyn Device,
@@ -408,6 +409,36 @@ impl PagedPool {
                 "block {addr:#x} crosses the end of its reservation"
             )));
         }
+        // The common case first: a block of one or two pages, each shared with another
+        // block (so no page only it touches: no driver call). Its pages lose its reference
+        // (one look-up each) and its span goes back to the free map.
+        if !(p1 <= p0 + 1 && self.free_shared_span(ri, p0, p1)) {
+            self.release_pages(dev, ri, addr, p0, p1)?;
+        }
+        // Give the range back, coalescing within the reservation.
+        // The merged range's ends are the only addresses whose pages can change besides the
+        // block's own ends (the old neighbours' far ends are the merged range's ends).
+        let res_end = self.reservations[ri].end();
+        // One entry grows in place (the range before, else the one after), or one is added.
+        let (_, _, at) = self.free.join_at(addr, bytes, base, res_end);
+        self.refit_at(base, at);
+        Ok(())
+    }
+
+    /// The pages part of [`PagedPool::free_span`] for a block on pages `p0..=p1` of
+    /// reservation `ri` (at `addr`): its references off its end pages, and one cuMemUnmap
+    /// over the pages only it touched (or some kept idle), whose handles go to the cache.
+    /// If the unmap fails nothing changes.
+    fn release_pages(
+        &mut self,
+        dev: &mut dyn Device,
+        ri: usize,
+        addr: u64,
+        p0: usize,
+        p1: usize,
+    ) -> Result<(), AllocError> {
+        let p = self.page_bytes;
+        let base = self.reservations[ri].va;
         // Pages only this block touches form one contiguous run: every page it covers
         // whole (no other block can touch one), and each end page that no neighbour shares.
         // In the same walk, extent by extent: the extents of the run's pages (each must lie
@@ -441,6 +472,8 @@ impl PagedPool {
                 // The run's first extent is often the block's first page, looked up above.
                 let pg = if page == p0 {
                     first
+                } else if page == p1 {
+                    last
                 } else {
                     let Some(pg) = mapped(page) else {
                         return Err(not_mapped(page, addr));
@@ -534,14 +567,38 @@ impl PagedPool {
             self.return_handle(h);
         }
         self.freed_scratch = freed_handles;
-        // Give the range back, coalescing within the reservation.
-        // The merged range's ends are the only addresses whose pages can change besides the
-        // block's own ends (the old neighbours' far ends are the merged range's ends).
-        let res_end = self.reservations[ri].end();
-        // One entry grows in place (the range before, else the one after), or one is added.
-        let (_, _, at) = self.free.join_at(addr, bytes, base, res_end);
-        self.refit_at(base, at);
         Ok(())
+    }
+}
+
+impl PagedPool {
+    /// When the block on pages `p0..=p1` (one or two pages) of reservation `ri` shares
+    /// each of them with another block: takes its reference off them and returns `true`
+    /// (the free is then a free-map join); else changes nothing and returns `false`.
+    #[inline(always)]
+    fn free_shared_span(&mut self, ri: usize, p0: usize, p1: usize) -> bool {
+        let Some(r) = self.reservations.get_mut(ri) else {
+            return false;
+        };
+        if p1 == p0 {
+            return match r.pages.get_mut(p0) {
+                Some(Some(pg)) if pg.refs > 1 => {
+                    pg.refs -= 1;
+                    true
+                }
+                _ => false,
+            };
+        }
+        let shared = |pg: Option<&Option<Page>>| matches!(pg, Some(Some(g)) if g.refs > 1);
+        if !(shared(r.pages.get(p0)) && shared(r.pages.get(p1))) {
+            return false;
+        }
+        for page in [p0, p1] {
+            if let Some(Some(pg)) = r.pages.get_mut(page) {
+                pg.refs -= 1;
+            }
+        }
+        true
     }
 }
 

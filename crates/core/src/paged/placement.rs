@@ -6,16 +6,16 @@ use super::*;
 /// Mapped bytes a block may use at the start of the free range `[st, st+len)` in a
 /// reservation starting at `base`, pages of `p` bytes: the whole range when it has no
 /// interior page, else the free tail of the page holding `st`.
+#[inline(always)]
 pub(super) fn usable_head_at(p: u64, base: u64, st: u64, len: u64) -> u64 {
-    // Pages are a power of two: shifts, not divisions (a division is tens of cycles).
-    let sh = p.trailing_zeros();
-    let rel = st - base;
-    let i0 = (rel + p - 1) >> sh;
-    let i1 = (rel + len) >> sh;
-    if i1 <= i0 {
+    // Pages are a power of two: masks, not divisions (a division is tens of cycles). The
+    // range's head `h` runs to the first page boundary at or after `st`; it holds a whole
+    // page exactly when `len ≥ h + p`.
+    let head = (st - base).wrapping_neg() & (p - 1);
+    if len < head + p {
         len
     } else {
-        i0 * p - rel
+        head
     }
 }
 
@@ -39,9 +39,33 @@ fn units(bytes: u64) -> u32 {
 /// of `p` bytes: the larger of its head value ([`usable_head_at`]) and its tail value
 /// ([`tail_leaf`], 0 when it has none), in [`UNIT_BYTES`] units.
 pub(super) fn fit_of(p: u64, base: u64, st: u64, len: u64) -> u32 {
-    let head = units(usable_head_at(p, base, st, len));
+    // The definition, in page indices (the invariant checker's reference for the tags,
+    // which [`fit_fast`] computes).
+    let sh = p.trailing_zeros();
+    let rel = st - base;
+    let i0 = (rel + p - 1) >> sh;
+    let i1 = (rel + len) >> sh;
+    let head = units(if i1 <= i0 { len } else { i0 * p - rel });
     let tail = tail_leaf(p, base, st, len).map_or(0, |(_, t)| units(t));
     head.max(tail)
+}
+
+/// [`fit_of`] in a few instructions (the free map's upkeep computes it on every cut and
+/// join): with `h` the range's head ([`usable_head_at`]) and `t` its tail (bytes past the
+/// last page boundary), a range without a whole page offers all of it; one with a whole page
+/// offers the larger of `h` and `t` (then the page before the tail is whole, so the tail
+/// counts). The invariant checker compares every tag with [`fit_of`].
+#[inline(always)]
+pub(super) fn fit_fast(p: u64, base: u64, st: u64, len: u64) -> u32 {
+    let mask = p - 1;
+    let rel = st - base;
+    let head = rel.wrapping_neg() & mask;
+    let fit = if len < head + p {
+        len
+    } else {
+        head.max((rel + len) & mask)
+    };
+    units(fit)
 }
 
 /// The scores `(pages newly mapped, bytes of them left free, address)` of a block of
@@ -102,7 +126,7 @@ impl PagedPool {
         };
         for &(st, len) in added {
             if let Some(i) = self.free.position(st) {
-                self.free.set_tag(i, fit_of(p, base, st, len));
+                self.free.set_tag(i, fit_fast(p, base, st, len));
             }
         }
     }
@@ -112,7 +136,8 @@ impl PagedPool {
     #[inline]
     pub(super) fn refit_at(&mut self, base: u64, i: usize) {
         if let Some((st, len)) = self.free.entry(i) {
-            self.free.set_tag(i, fit_of(self.page_bytes, base, st, len));
+            self.free
+                .set_tag(i, fit_fast(self.page_bytes, base, st, len));
         }
     }
 
@@ -126,6 +151,7 @@ impl PagedPool {
     /// range whose tag (the larger of its two) reaches the request decides: its head when
     /// that reaches it, else its tail. When alignment above 256 bytes defeats that spot,
     /// the scored search decides instead.
+    #[inline(always)]
     pub(super) fn find_mapped_fit(&self, bytes: u64, align: u64) -> Option<Placement> {
         let p = self.page_bytes;
         let need = bytes + align.saturating_sub(UNIT_BYTES);

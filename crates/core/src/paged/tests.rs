@@ -820,3 +820,28 @@ fn pages_an_unwind_cannot_unmap_are_quarantined_then_released() {
         assert_eq!(d.inner.used_bytes(), 0);
     }
 }
+
+/// The fit tag's closed form ([`placement::fit_fast`]) and the head's mask form
+/// ([`placement::usable_head_at`]) against the definitions in page indices, at every unit
+/// offset and length over three pages, for three page sizes and a reservation base.
+#[test]
+fn fit_forms_match_their_definitions() {
+    for p in [256u64, 4096, 2 << 20] {
+        let base = 64 * p;
+        let u = (p / 256).max(1);
+        let step = 256 * (u / 64).max(1);
+        for off in (0..3 * p).step_by(step as usize) {
+            for len in (256..3 * p).step_by(step as usize) {
+                let st = base + off;
+                assert_eq!(
+                    placement::fit_fast(p, base, st, len),
+                    placement::fit_of(p, base, st, len),
+                    "p {p} off {off} len {len}"
+                );
+                let (i0, i1) = (off.div_ceil(p), (off + len) / p);
+                let head = if i1 <= i0 { len } else { i0 * p - off };
+                assert_eq!(placement::usable_head_at(p, base, st, len), head);
+            }
+        }
+    }
+}

@@ -53,11 +53,8 @@ pub(crate) fn spans_tile(
 }
 
 /// A live block's requested bytes fit in its allocated ones.
-pub(crate) fn block_fits(
-    live: &crate::hash::AddrMap<u64, super::LiveBlock>,
-    s: u64,
-) -> Result<(), String> {
-    match live.get(&s) {
+pub(crate) fn block_fits(live: Option<&super::LiveBlock>, s: u64) -> Result<(), String> {
+    match live {
         Some(blk) if blk.requested > blk.bytes => Err(format!(
             "block {s:#x}: requested {} > allocated {}",
             blk.requested, blk.bytes
@@ -68,22 +65,26 @@ pub(crate) fn block_fits(
 
 /// The block counters of `stats` (allocated, requested, count) against the live blocks;
 /// shared by `paged` and `paged-lazy`.
-pub(crate) fn block_counters(
+pub(crate) fn block_counters<'a>(
     s: &crate::Stats,
-    live: &crate::hash::AddrMap<u64, super::LiveBlock>,
+    live: impl Iterator<Item = &'a super::LiveBlock>,
 ) -> Result<(), String> {
-    let alloc: u64 = live.values().map(|b| b.bytes).sum();
-    let req: u64 = live.values().map(|b| b.requested).sum();
+    let (mut alloc, mut req, mut n) = (0u64, 0u64, 0usize);
+    for b in live {
+        alloc += b.bytes;
+        req += b.requested;
+        n += 1;
+    }
     if s.allocated_bytes.current != alloc
         || s.requested_bytes.current != req
-        || s.allocation_count.current != live.len() as u64
+        || s.allocation_count.current != n as u64
     {
         return Err(format!(
             "counters say {} allocated / {} requested / {} blocks, blocks sum to {alloc} / {req} / {}",
             s.allocated_bytes.current,
             s.requested_bytes.current,
             s.allocation_count.current,
-            live.len()
+            n
         ));
     }
     Ok(())
@@ -140,7 +141,7 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
             if kind == 0 {
                 Ok(())
             } else {
-                block_fits(&a.live, s)
+                block_fits(a.live.get(&s), s)
             }
         },
     )?;
@@ -275,7 +276,7 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
     }
     // Byte counters.
     let s = &a.tracker.stats;
-    block_counters(s, &a.live)?;
+    block_counters(s, a.live.values())?;
     let held_pages = a.mapped_pages + a.cached_pages;
     let held_handles = mapped_handles + a.cache.len() as u64;
     if s.reserved_bytes.current != held_pages * p || s.segment_count.current != held_handles {

@@ -66,7 +66,7 @@ pub(super) fn run(a: &LazyPagedPool) -> Result<(), String> {
                     }
                 }
             }
-            crate::paged::validate::block_fits(&a.live, s)
+            crate::paged::validate::block_fits(a.live.get(&s), s)
         },
     )?;
     // Mapped runs: recomputed from scratch.
@@ -174,7 +174,7 @@ pub(super) fn run(a: &LazyPagedPool) -> Result<(), String> {
     }
     // Byte counters.
     let s = &a.tracker.stats;
-    crate::paged::validate::block_counters(s, &a.live)?;
+    crate::paged::validate::block_counters(s, a.live.values())?;
     let held_pages = a.mapped_pages + a.cache.pages();
     let held_handles = mapped_handles + a.cache.len() as u64;
     if s.reserved_bytes.current != held_pages * p || s.segment_count.current != held_handles {
