@@ -65,6 +65,9 @@ pub struct TraceBlock {
     pub alloc_event: u64,
     /// Event that freed it ([`NEVER`] if the trace does not free it).
     pub free_event: u64,
+    /// Event whose free of it waited for other streams before `free_event` completed it
+    /// ([`crate::trace::Action::FreeRequested`]; [`NEVER`] when it did not wait).
+    pub free_requested_event: u64,
     /// Index into the report's stack table, when the trace recorded one.
     pub stack: Option<u32>,
     /// Stream it was allocated on.
@@ -215,6 +218,7 @@ pub fn trace_blocks(trace: &Trace, device: u32, stacks: &[Option<u32>]) -> Vec<T
             requested_bytes: p.size_bytes,
             alloc_event: 0,
             free_event: NEVER,
+            free_requested_event: NEVER,
             stack: None,
             stream: 0,
             align: gpumem_core::DEFAULT_ALIGN,
@@ -235,6 +239,7 @@ pub fn trace_blocks(trace: &Trace, device: u32, stacks: &[Option<u32>]) -> Vec<T
                     requested_bytes: e.size_bytes,
                     alloc_event: index,
                     free_event: NEVER,
+                    free_requested_event: NEVER,
                     stack: stacks.get(i).copied().flatten(),
                     stream: e.stream,
                     align: e.align.unwrap_or(gpumem_core::DEFAULT_ALIGN),
@@ -243,6 +248,11 @@ pub fn trace_blocks(trace: &Trace, device: u32, stacks: &[Option<u32>]) -> Vec<T
             Action::Free => {
                 if let Some(b) = live.remove(&e.addr) {
                     out[b].free_event = index;
+                }
+            }
+            Action::FreeRequested => {
+                if let Some(&b) = live.get(&e.addr) {
+                    out[b].free_requested_event = index;
                 }
             }
             _ => {}
@@ -324,6 +334,16 @@ pub fn record<D: Device>(
         .collect();
     frees.sort_unstable();
     let mut next_free = 0usize;
+    // Frees that waited for other streams, in event order: only statistics change there
+    // ([`Allocator::free_requested`]), as in the replay.
+    let mut requests: Vec<(u64, usize)> = blocks
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| b.free_requested_event != NEVER)
+        .map(|(i, b)| (b.free_requested_event, i))
+        .collect();
+    requests.sort_unstable();
+    let mut next_request = 0usize;
     let mut next_alloc = 0usize;
     let calls0 = dev.counters().total();
     let mut oom_count = 0u64;
@@ -340,6 +360,15 @@ pub fn record<D: Device>(
         }
         for step in if ev == 0 { [1, 0] } else { [0, 1] } {
             if step == 0 {
+                while next_request < requests.len() && requests[next_request].0 == ev {
+                    let b = requests[next_request].1;
+                    next_request += 1;
+                    if let Some(p) = placements[b] {
+                        alloc
+                            .free_requested(&mut dev, p.addr)
+                            .map_err(|e| (ev, e))?;
+                    }
+                }
                 while next_free < frees.len() && frees[next_free].0 == ev {
                     let b = frees[next_free].1;
                     next_free += 1;
@@ -426,6 +455,37 @@ pub fn coalesce(mut m: Vec<Mapping>) -> Vec<Mapping> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A free that waits for another stream leaves the torch emulation's allocated bytes at
+    /// its request in the recording too, so the report's timeline peaks where PyTorch's
+    /// `allocated_bytes` did (traces/settings/stream_prefetch: 1,904,400,384 B).
+    #[test]
+    fn waiting_frees_leave_allocated_bytes_at_their_request() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../traces/settings/stream_prefetch.pickle.gz");
+        let trace = crate::trace::read_path(&path, Default::default()).expect("reads");
+        let blocks = trace_blocks(&trace, 0, &[]);
+        assert_eq!(
+            blocks
+                .iter()
+                .filter(|b| b.free_requested_event != NEVER)
+                .count(),
+            40
+        );
+        let events = trace.events.len() as u64;
+        let mut torch = gpumem_core::torch::TorchCachingPool::new(&Default::default());
+        let run = record(
+            &blocks,
+            events,
+            &mut torch,
+            gpumem_core::sim::SimDevice::default(),
+            events as usize,
+            &RecordSetup::default(),
+        )
+        .expect("records");
+        let peak = run.columns.max[1].iter().fold(0.0f64, |a, &b| a.max(b));
+        assert_eq!(peak as u64, 1_904_400_384);
+    }
 
     fn m(va: u64, bytes: u64, mapped: u64, unmapped: u64) -> Mapping {
         Mapping {
