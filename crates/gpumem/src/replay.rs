@@ -354,6 +354,10 @@ struct Live {
 /// truncated snapshot ([`Trace::truncated`]) the dump is the state after the cut: a page no
 /// map or unmap event read touches counts as mapped then only where a block event read lies
 /// in it.
+/// Most pages one segment or one map event may list (2^22 pages: 80 TiB of 20 MiB pages,
+/// more than any device), so that a broken file cannot make the listing endless.
+const MAX_PAGES_LISTED: u64 = 1 << 22;
+
 fn preexisting_expandable(trace: &Trace, device: u32) -> Vec<PreexistingSegment> {
     use std::collections::BTreeMap;
     // For a truncated trace: the addresses of the block events read.
@@ -389,10 +393,11 @@ fn preexisting_expandable(trace: &Trace, device: u32) -> Vec<PreexistingSegment>
         let g = groups
             .entry((s.stream, small))
             .or_insert((page, Vec::new()));
-        let mut a = s.address;
-        while a < s.address.saturating_add(s.total_size_bytes) {
-            g.1.push(a);
-            a += page;
+        // (A segment larger than any device would be a broken file: its pages are not listed.)
+        if s.total_size_bytes / page <= MAX_PAGES_LISTED {
+            g.1.extend(
+                (0..s.total_size_bytes.div_ceil(page)).map(|n| s.address.saturating_add(n * page)),
+            );
         }
     }
     if groups.is_empty() {
@@ -428,10 +433,19 @@ fn preexisting_expandable(trace: &Trace, device: u32) -> Vec<PreexistingSegment>
         let (page, ref dumped) = groups[&k];
         let grid = dumped.first().map_or(0, |d| d % page);
         let f = first.entry(k).or_default();
-        let mut a = e.addr - (e.addr.wrapping_sub(grid) % page);
-        while a < e.addr.saturating_add(e.size_bytes) {
+        let into_page = (i128::from(e.addr) - i128::from(grid)).rem_euclid(i128::from(page)) as u64;
+        let start = e.addr.saturating_sub(into_page);
+        let end = e.addr.saturating_add(e.size_bytes);
+        if (end - start) / page > MAX_PAGES_LISTED {
+            continue;
+        }
+        let mut a = start;
+        while a < end {
             f.entry(a).or_insert(unmap);
-            a += page;
+            a = match a.checked_add(page) {
+                Some(next) => next,
+                None => break,
+            };
         }
     }
     let mut out = Vec::new();
@@ -1130,6 +1144,39 @@ pub fn replay_summarized(
 mod tests {
     use super::*;
     use crate::trace::{Event, PreexistingBlock};
+
+    /// A broken snapshot (an expandable segment or a map step of 2^64 bytes, addresses below
+    /// the page grid) neither hangs nor overflows the listing of pre-existing pages.
+    #[test]
+    fn preexisting_pages_of_a_broken_snapshot_are_bounded() {
+        use crate::trace::SnapshotSegment;
+        let seg = |address, total_size_bytes| SnapshotSegment {
+            device: 0,
+            address,
+            total_size_bytes,
+            allocated_size_bytes: 0,
+            stream: 0,
+            segment_type: "large".into(),
+            is_expandable: true,
+            private_pool: false,
+            blocks: Vec::new(),
+        };
+        const MIB: u64 = 1 << 20;
+        let t = Trace {
+            segments: vec![seg(u64::MAX - MIB, u64::MAX), seg(30 * MIB, 40 * MIB)],
+            events: vec![
+                Event::new(Action::SegmentMap, 5, u64::MAX),
+                Event::new(Action::SegmentMap, u64::MAX - 3, 1 << 30),
+                Event::new(Action::SegmentUnmap, 30 * MIB, 20 * MIB),
+            ],
+            ..Trace::default()
+        };
+        let segs = preexisting_segments(&t, 0);
+        // Only the sane segment's pages: its first page was unmapped during the trace (so
+        // mapped before it), its second has no event and was mapped at the dump.
+        assert_eq!(segs.len(), 1, "{segs:?}");
+        assert_eq!(segs[0].segment.mapped, Some(vec![(0, 40 * MIB)]));
+    }
 
     /// A run of `segment_free` events is the recorded run's `empty_cache()` only when it left
     /// no wholly free segment: the garbage collector frees some old segments and keeps others.
