@@ -521,34 +521,12 @@ impl TorchCachingPool {
         if runs.is_empty() || self.expandable.iter().flatten().any(|e| e.pool == pool) {
             return Ok(None);
         }
-        // Blocks: ascending, 512-aligned, each inside one run.
-        let mut blocks = Vec::with_capacity(seg.blocks.len());
-        let mut at = 0u64;
-        for b in &seg.blocks {
-            let bytes = match b.allocated_bytes {
-                Some(a) => a,
-                None => match super::round_size_with(b.requested_bytes.max(1), &self.conf) {
-                    Some(r) => r,
-                    None => return Ok(None),
-                },
-            };
-            let inside = b
-                .offset
-                .checked_add(bytes)
-                .is_some_and(|e| runs.iter().any(|&(o, n)| o <= b.offset && e <= o + n));
-            let ok = b.offset >= at
-                && inside
-                && b.offset.is_multiple_of(super::MIN_BLOCK_BYTES)
-                && bytes > 0
-                && bytes.is_multiple_of(super::MIN_BLOCK_BYTES)
-                && bytes >= b.requested_bytes
-                && (!seg.small_pool || bytes <= super::SMALL_SIZE_BYTES);
-            if !ok {
-                return Ok(None);
-            }
-            blocks.push((b.offset, bytes, b.requested_bytes));
-            at = b.offset + bytes;
-        }
+        // Blocks: each inside one run.
+        let Some(blocks) = self.foreign_blocks(seg, |off, end| {
+            runs.iter().any(|&(o, n)| o <= off && end <= o + n)
+        }) else {
+            return Ok(None);
+        };
         let mapped: u64 = runs.iter().map(|r| r.1).sum();
         let over_limit = self
             .allowed(dev)
@@ -564,18 +542,7 @@ impl TorchCachingPool {
             let want = va + off;
             let b = *self.slab.get(tail);
             if want > b.addr {
-                let rest = self.slab.insert(Block {
-                    addr: want,
-                    size: b.addr + b.size - want,
-                    prev: tail,
-                    ..b
-                });
-                if b.next != NIL {
-                    self.slab.get_mut(b.next).prev = rest;
-                }
-                let bm = self.slab.get_mut(tail);
-                bm.next = rest;
-                bm.size = want - b.addr;
+                let rest = self.split_at(tail, want);
                 self.unmapped[pool.index()].insert((b.stream, want), rest);
                 tail = rest;
             }
@@ -587,81 +554,8 @@ impl TorchCachingPool {
                 break;
             }
         }
-        // Carve the live blocks out of the free mapped blocks, walking the segment.
-        let mut out = Vec::with_capacity(blocks.len());
-        let mut cur = first;
-        for (off, bytes, requested) in blocks {
-            let want = va + off;
-            while cur != NIL {
-                let c = self.slab.get(cur);
-                if c.addr <= want && want < c.addr + c.size {
-                    break;
-                }
-                cur = c.next;
-            }
-            let f = if cur == NIL {
-                None
-            } else {
-                Some(*self.slab.get(cur))
-            };
-            let Some(f) = f.filter(|f| f.mapped && !f.allocated && want + bytes <= f.addr + f.size)
-            else {
-                return Err(AllocError::Internal(format!(
-                    "adopting an expandable segment: no free mapped block holds {want:#x}+{bytes}"
-                )));
-            };
-            self.remove_free(cur);
-            let mut live = cur;
-            if want > f.addr {
-                let l = self.slab.insert(Block {
-                    addr: want,
-                    size: f.addr + f.size - want,
-                    prev: cur,
-                    ..f
-                });
-                if f.next != NIL {
-                    self.slab.get_mut(f.next).prev = l;
-                }
-                let fm = self.slab.get_mut(cur);
-                fm.next = l;
-                fm.size = want - f.addr;
-                self.insert_free(cur);
-                live = l;
-            }
-            let g = *self.slab.get(live);
-            if g.size > bytes {
-                let r = self.slab.insert(Block {
-                    addr: want + bytes,
-                    size: g.size - bytes,
-                    prev: live,
-                    ..g
-                });
-                if g.next != NIL {
-                    self.slab.get_mut(g.next).prev = r;
-                }
-                let gm = self.slab.get_mut(live);
-                gm.next = r;
-                gm.size = bytes;
-                self.insert_free(r);
-            }
-            let lm = self.slab.get_mut(live);
-            lm.allocated = true;
-            lm.requested = requested;
-            self.tracker.on_alloc(requested, bytes);
-            self.torch.active.add(1);
-            self.torch.active_bytes.add(bytes);
-            if bytes >= self.conf.max_split_size_bytes {
-                self.torch.oversize_allocations.add(1);
-            }
-            self.live.insert(want, live);
-            out.push(UserBlock {
-                addr: want,
-                requested_bytes: requested,
-                allocated_bytes: bytes,
-            });
-            cur = self.slab.get(live).next;
-        }
-        Ok(Some(out))
+        // Carve the live blocks out of the free mapped blocks.
+        Ok(Some(self.carve_adopted(first, va, &blocks)?))
     }
 
     /// `map_block`: maps the pages under the first `size` bytes of the unmapped block `i`,

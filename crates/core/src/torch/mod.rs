@@ -505,6 +505,119 @@ impl TorchCachingPool {
         size
     }
 
+    /// Splits block `i` at address `at` (inside it): the part from `at` on becomes a new
+    /// block right after `i`, with `i`'s other fields; returns its index. Neither part enters
+    /// or leaves a set.
+    fn split_at(&mut self, i: u32, at: u64) -> u32 {
+        let b = *self.slab.get(i);
+        let rest = self.slab.insert(Block {
+            addr: at,
+            size: b.addr + b.size - at,
+            prev: i,
+            ..b
+        });
+        if b.next != NIL {
+            self.slab.get_mut(b.next).prev = rest;
+        }
+        let bm = self.slab.get_mut(i);
+        bm.next = rest;
+        bm.size = at - b.addr;
+        rest
+    }
+
+    /// The live blocks of a foreign segment as `(offset, bytes, requested)`, checked: in
+    /// address order, not overlapping, 512-byte aligned, holding their request, of this
+    /// pool's sizes, and each inside the segment (`inside(offset, end)`). `None` for a layout
+    /// PyTorch cannot have made.
+    fn foreign_blocks(
+        &self,
+        seg: &ForeignSegment,
+        inside: impl Fn(u64, u64) -> bool,
+    ) -> Option<Vec<(u64, u64, u64)>> {
+        let mut out = Vec::with_capacity(seg.blocks.len());
+        let mut at = 0u64;
+        for b in &seg.blocks {
+            let bytes = match b.allocated_bytes {
+                Some(a) => a,
+                None => round_size_with(b.requested_bytes.max(1), &self.conf)?,
+            };
+            let end = b.offset.checked_add(bytes)?;
+            let ok = b.offset >= at
+                && inside(b.offset, end)
+                && b.offset.is_multiple_of(MIN_BLOCK_BYTES)
+                && bytes > 0
+                && bytes.is_multiple_of(MIN_BLOCK_BYTES)
+                && bytes >= b.requested_bytes
+                && (!seg.small_pool || bytes <= SMALL_SIZE_BYTES);
+            if !ok {
+                return None;
+            }
+            out.push((b.offset, bytes, b.requested_bytes));
+            at = end;
+        }
+        Some(out)
+    }
+
+    /// Hands out the adopted live `blocks` (`(offset from base, bytes, requested)`, checked by
+    /// [`TorchCachingPool::foreign_blocks`]) at their addresses, each cut out of the free
+    /// mapped block of the segment starting at block `first` that holds it; the parts left
+    /// over stay free.
+    fn carve_adopted(
+        &mut self,
+        first: u32,
+        base: u64,
+        blocks: &[(u64, u64, u64)],
+    ) -> Result<Vec<UserBlock>, AllocError> {
+        let mut out = Vec::with_capacity(blocks.len());
+        let mut cur = first;
+        for &(off, bytes, requested) in blocks {
+            let want = base + off;
+            while cur != NIL {
+                let c = self.slab.get(cur);
+                if c.addr <= want && want < c.addr + c.size {
+                    break;
+                }
+                cur = c.next;
+            }
+            let holds = cur != NIL && {
+                let f = self.slab.get(cur);
+                f.mapped && !f.allocated && want + bytes <= f.addr + f.size
+            };
+            if !holds {
+                return Err(AllocError::Internal(format!(
+                    "adopting a segment: no free mapped block holds {want:#x}+{bytes}"
+                )));
+            }
+            self.remove_free(cur);
+            let mut live = cur;
+            if want > self.slab.get(cur).addr {
+                live = self.split_at(cur, want);
+                self.insert_free(cur);
+            }
+            if self.slab.get(live).size > bytes {
+                let rest = self.split_at(live, want + bytes);
+                self.insert_free(rest);
+            }
+            let lm = self.slab.get_mut(live);
+            lm.allocated = true;
+            lm.requested = requested;
+            self.tracker.on_alloc(requested, bytes);
+            self.torch.active.add(1);
+            self.torch.active_bytes.add(bytes);
+            if bytes >= self.conf.max_split_size_bytes {
+                self.torch.oversize_allocations.add(1);
+            }
+            self.live.insert(want, live);
+            out.push(UserBlock {
+                addr: want,
+                requested_bytes: requested,
+                allocated_bytes: bytes,
+            });
+            cur = self.slab.get(live).next;
+        }
+        Ok(out)
+    }
+
     /// `try_merge_blocks`: merges the free or unmapped neighbour `src` into `dst` when both
     /// are free with the same mapping; returns the bytes taken in (0 if none). `dst` must be
     /// out of every set; `src` leaves its set.
@@ -796,98 +909,27 @@ impl Allocator for TorchCachingPool {
         if seg.bytes == 0 || !seg.bytes.is_multiple_of(MIN_BLOCK_BYTES) {
             return Ok(None);
         }
-        // (offset, bytes, requested) of the live blocks, checked.
-        let mut live = Vec::with_capacity(seg.blocks.len());
-        let mut end = 0u64;
-        for b in &seg.blocks {
-            let bytes = match b.allocated_bytes {
-                Some(a) => a,
-                None => match round_size_with(b.requested_bytes.max(1), &self.conf) {
-                    Some(r) => r,
-                    None => return Ok(None),
-                },
-            };
-            let fits = b.offset >= end
-                && b.offset.is_multiple_of(MIN_BLOCK_BYTES)
-                && bytes > 0
-                && bytes.is_multiple_of(MIN_BLOCK_BYTES)
-                && bytes >= b.requested_bytes
-                && b.offset.checked_add(bytes).is_some_and(|e| e <= seg.bytes)
-                && (!seg.small_pool || bytes <= SMALL_SIZE_BYTES);
-            if !fits {
-                return Ok(None);
-            }
-            live.push((b.offset, bytes, b.requested_bytes));
-            end = b.offset + bytes;
-        }
+        let Some(live) = self.foreign_blocks(seg, |_, end| end <= seg.bytes) else {
+            return Ok(None);
+        };
         let Some(first) = self.alloc_block(dev, pool, seg.stream, seg.bytes, seg.bytes, false)?
         else {
             return Err(self.oom(seg.bytes));
         };
+        self.insert_free(first);
         let base = self.slab.get(first).addr;
-        // The pieces in address order: (offset, bytes, Some(requested) if live).
-        let mut pieces = Vec::with_capacity(2 * live.len() + 1);
-        let mut at = 0u64;
-        for &(off, bytes, requested) in &live {
-            if off > at {
-                pieces.push((at, off - at, None));
-            }
-            pieces.push((off, bytes, Some(requested)));
-            at = off + bytes;
-        }
-        if at < seg.bytes {
-            pieces.push((at, seg.bytes - at, None));
-        }
-        let split = pieces.len() > 1;
-        let mut out = Vec::with_capacity(live.len());
-        let mut prev = NIL;
-        for &(off, bytes, requested) in &pieces {
-            let i = if prev == NIL {
-                first
-            } else {
-                self.slab.insert(Block {
-                    prev,
-                    ..*self.slab.get(first)
-                })
-            };
-            if prev != NIL {
-                self.slab.get_mut(prev).next = i;
-            }
-            {
-                let b = self.slab.get_mut(i);
-                b.addr = base + off;
-                b.size = bytes;
-                b.next = NIL;
-                b.allocated = false;
-                b.requested = 0;
-            }
-            match requested {
-                Some(requested) => {
-                    let b = self.slab.get_mut(i);
-                    b.allocated = true;
-                    b.requested = requested;
-                    self.tracker.on_alloc(requested, bytes);
-                    self.torch.active.add(1);
-                    self.torch.active_bytes.add(bytes);
-                    if bytes >= self.conf.max_split_size_bytes {
-                        self.torch.oversize_allocations.add(1);
-                    }
-                    self.live.insert(base + off, i);
-                    out.push(UserBlock {
-                        addr: base + off,
-                        requested_bytes: requested,
-                        allocated_bytes: bytes,
-                    });
+        let out = self.carve_adopted(first, base, &live)?;
+        // The free parts of a segment that holds other blocks are `inactive_split`.
+        let mut i = first;
+        if self.slab.get(i).next != NIL {
+            while i != NIL {
+                let b = *self.slab.get(i);
+                if !b.allocated {
+                    self.torch.inactive_split.add(1);
+                    self.torch.inactive_split_bytes.add(b.size);
                 }
-                None => {
-                    self.insert_free(i);
-                    if split {
-                        self.torch.inactive_split.add(1);
-                        self.torch.inactive_split_bytes.add(bytes);
-                    }
-                }
+                i = b.next;
             }
-            prev = i;
         }
         Ok(Some(out))
     }
