@@ -412,6 +412,70 @@ fn recorded_sequence_self_check_on_every_trace() {
     }
 }
 
+/// The names (without `.pickle.gz`) of the snapshots in `dir`, sorted.
+fn snapshot_names(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .flatten()
+        .filter_map(|e| {
+            let n = e.file_name().to_string_lossy().to_string();
+            n.strip_suffix(".pickle.gz").map(str::to_string)
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+/// `dir/name.pickle.gz` replayed through the emulation under the setting it recorded, on
+/// the recorded addresses (not for expandable segments, which record no cudaMalloc): the
+/// self-check must match, and the reserved, allocated and requested peaks must be those of
+/// `dir/name.stats.json` to the byte. Returns the trace.
+fn assert_matches_pytorch(dir: &std::path::Path, name: &str) -> Trace {
+    let trace = read_path(
+        &dir.join(format!("{name}.pickle.gz")),
+        ReadConfig::default(),
+    )
+    .expect("reads");
+    let s = trace
+        .allocator_settings
+        .as_ref()
+        .expect("recorded settings");
+    let conf = gpumem_core::torch::TorchConfig::from_recorded(
+        &s.alloc_conf,
+        s.max_split_size_bytes,
+        s.garbage_collection_threshold,
+        s.expandable_segments,
+        &s.roundup_power2_divisions,
+    )
+    .expect("conf");
+    let text = std::fs::read_to_string(dir.join(format!("{name}.stats.json"))).expect("stats");
+    let stats: serde_json::Value = serde_json::from_str(&text).expect("stats JSON");
+    let r = gpumem::torch_replay::replay_torch(
+        &trace,
+        &conf,
+        gpumem_core::sim::DEFAULT_CAPACITY,
+        !conf.expandable_segments,
+        &gpumem::replay::ReplayConfig::default(),
+        &mut |_| {},
+    )
+    .expect("replay");
+    if !conf.expandable_segments {
+        let check = r.emulation_check.expect("segment events");
+        assert!(
+            matches!(check, gpumem::core::sim::RecordedCheck::Matches { .. }),
+            "{name}: {check}"
+        );
+    }
+    for (mine, key) in [
+        (r.report.peak_reserved_bytes, "reserved_bytes.all.peak"),
+        (r.report.peak_allocated_bytes, "allocated_bytes.all.peak"),
+        (r.report.peak_requested_bytes, "requested_bytes.all.peak"),
+    ] {
+        assert_eq!(mine, stat(&stats, key), "{name}: {key}");
+    }
+    trace
+}
+
 /// Traces recorded after other work in the same process, or after a model was loaded and
 /// trained a step, start with segments PyTorch had already made
 /// (`traces/warm_process/README.md`): the emulation takes them in and matches PyTorch's own
@@ -421,18 +485,8 @@ fn recorded_sequence_self_check_on_every_trace() {
 /// start on a multiple of 20 MiB, once its pages were put on the segment's own grid).
 #[test]
 fn warm_process_traces_match_pytorch_to_the_byte() {
-    use gpumem::core::sim::RecordedCheck;
-    use gpumem_core::torch::TorchConfig;
     let dir = traces_dir().join("warm_process");
-    let mut names: Vec<String> = std::fs::read_dir(&dir)
-        .expect("traces/warm_process")
-        .flatten()
-        .filter_map(|e| {
-            let n = e.file_name().to_string_lossy().to_string();
-            n.strip_suffix(".pickle.gz").map(str::to_string)
-        })
-        .collect();
-    names.sort();
+    let names = snapshot_names(&dir);
     assert_eq!(
         names,
         [
@@ -446,12 +500,7 @@ fn warm_process_traces_match_pytorch_to_the_byte() {
         ]
     );
     for name in names {
-        let trace = read_path(
-            &dir.join(format!("{name}.pickle.gz")),
-            ReadConfig::default(),
-        )
-        .expect("reads");
-        let segs = gpumem::replay::preexisting_segments(&trace, 0);
+        let trace = assert_matches_pytorch(&dir, &name);
         let expandable = trace
             .allocator_settings
             .as_ref()
@@ -459,50 +508,12 @@ fn warm_process_traces_match_pytorch_to_the_byte() {
             == Some(true);
         // Every trace here starts with segments to adopt: cudaMalloc ones, or expandable
         // ones with their mapped pages.
+        let segs = gpumem::replay::preexisting_segments(&trace, 0);
         assert!(!segs.is_empty(), "{name}");
         assert!(
             segs.iter()
                 .all(|s| s.segment.mapped.is_some() == expandable),
             "{name}: {segs:?}"
-        );
-        let text = std::fs::read_to_string(dir.join(format!("{name}.stats.json"))).expect("stats");
-        let stats: serde_json::Value = serde_json::from_str(&text).expect("stats JSON");
-        // The trace's own setting, as `gpumem replay` runs it.
-        let conf = if expandable {
-            TorchConfig::parse("expandable_segments:True").expect("conf")
-        } else {
-            TorchConfig::default()
-        };
-        let r = gpumem::torch_replay::replay_torch(
-            &trace,
-            &conf,
-            gpumem_core::sim::DEFAULT_CAPACITY,
-            true,
-            &gpumem::replay::ReplayConfig::default(),
-            &mut |_| {},
-        )
-        .expect("replay");
-        if !expandable {
-            let check = r.emulation_check.expect("segment events");
-            assert!(
-                matches!(check, RecordedCheck::Matches { .. }),
-                "{name}: {check}"
-            );
-        }
-        assert_eq!(
-            r.report.peak_reserved_bytes,
-            stat(&stats, "reserved_bytes.all.peak"),
-            "{name}: reserved"
-        );
-        assert_eq!(
-            r.report.peak_allocated_bytes,
-            stat(&stats, "allocated_bytes.all.peak"),
-            "{name}: allocated"
-        );
-        assert_eq!(
-            r.report.peak_requested_bytes,
-            stat(&stats, "requested_bytes.all.peak"),
-            "{name}: requested"
         );
     }
 }
@@ -517,40 +528,20 @@ fn warm_process_traces_match_pytorch_to_the_byte() {
 #[test]
 fn recorded_settings_match_pytorch_to_the_byte() {
     let dir = traces_dir().join("settings");
-    let mut names: Vec<String> = std::fs::read_dir(&dir)
-        .expect("traces/settings")
-        .flatten()
-        .filter_map(|e| {
-            let n = e.file_name().to_string_lossy().to_string();
-            n.strip_suffix(".pickle.gz").map(str::to_string)
-        })
-        .collect();
-    names.sort();
+    let names = snapshot_names(&dir);
     assert_eq!(names.len(), 6, "{names:?}");
     for name in names {
-        let trace = read_path(
-            &dir.join(format!("{name}.pickle.gz")),
-            ReadConfig::default(),
-        )
-        .expect("reads");
-        let s = trace
+        let trace = assert_matches_pytorch(&dir, &name);
+        let conf = &trace
             .allocator_settings
             .as_ref()
-            .expect("recorded settings");
-        let conf = gpumem_core::torch::TorchConfig::from_recorded(
-            &s.alloc_conf,
-            s.max_split_size_bytes,
-            s.garbage_collection_threshold,
-            s.expandable_segments,
-            &s.roundup_power2_divisions,
-        )
-        .expect("conf");
+            .expect("settings")
+            .alloc_conf;
         assert!(
-            s.alloc_conf.contains(">:")
-                || s.alloc_conf.contains("garbage_collection_threshold")
+            conf.contains(">:")
+                || conf.contains("garbage_collection_threshold")
                 || name == "stream_prefetch",
-            "{name}: {}",
-            s.alloc_conf
+            "{name}: {conf}"
         );
         if name == "stream_prefetch" {
             // Frees that waited for the compute stream are read as such.
@@ -560,31 +551,6 @@ fn recorded_settings_match_pytorch_to_the_byte() {
                 .filter(|e| e.action == gpumem::trace::Action::FreeRequested)
                 .count();
             assert_eq!(delayed, 40, "{name}");
-        }
-        let text = std::fs::read_to_string(dir.join(format!("{name}.stats.json"))).expect("stats");
-        let stats: serde_json::Value = serde_json::from_str(&text).expect("stats JSON");
-        let r = gpumem::torch_replay::replay_torch(
-            &trace,
-            &conf,
-            gpumem_core::sim::DEFAULT_CAPACITY,
-            !conf.expandable_segments,
-            &gpumem::replay::ReplayConfig::default(),
-            &mut |_| {},
-        )
-        .expect("replay");
-        if !conf.expandable_segments {
-            let check = r.emulation_check.expect("segment events");
-            assert!(
-                matches!(check, gpumem::core::sim::RecordedCheck::Matches { .. }),
-                "{name}: {check}"
-            );
-        }
-        for (mine, key) in [
-            (r.report.peak_reserved_bytes, "reserved_bytes.all.peak"),
-            (r.report.peak_allocated_bytes, "allocated_bytes.all.peak"),
-            (r.report.peak_requested_bytes, "requested_bytes.all.peak"),
-        ] {
-            assert_eq!(mine, stat(&stats, key), "{name}: {key}");
         }
     }
 }
