@@ -27,17 +27,7 @@ def main():
     dev = torch.device("cuda")
     torch.manual_seed(0)
     random.seed(0)
-    cfg, model = gpt2_workload.model(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-    def step(bs, seq):
-        ids = torch.randint(0, cfg.vocab_size, (bs, seq), device=dev)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
+    _, _, _, step = gpt2_workload.trainer(torch, dev)
     step(8, 512)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
