@@ -1,8 +1,8 @@
 """GPT-2 training on the GPU, the one workload shared by torch-compare.py (its `gpt2` and
 `soak` workloads), torch-alloc-bench.py (`step`, and `compare` through torch-compare.py),
 record-traces.py (`gpt2_eval`) and record-preloaded.py (`trainer`). Models are built from
-their configs (random weights: no download); torch and transformers are imported by the caller / on first use, so importing this
-module costs nothing.
+their configs (random weights: no download); torch and transformers are imported by the
+caller / on first use, so importing this module costs nothing.
 
   SIZES      the two model shapes: `small` (GPT-2 small, 12 layers × 768) and `tiny` (2 × 256,
              a vocabulary of 8,192: torch-compare.py's soak)
