@@ -188,22 +188,26 @@ pub fn plan_ordered(blocks: &[Lifetime], order_by: PlanOrder) -> Vec<u64> {
     offsets
 }
 
+/// The bytes a request of `requested` bytes takes in a plan: rounded up to
+/// [`PLAN_ROUND_BYTES`] (at least one unit); `None` when that rounding overflows, a request
+/// every allocator refuses.
+pub fn planned_bytes(requested: u64) -> Option<u64> {
+    requested
+        .max(1)
+        .div_ceil(PLAN_ROUND_BYTES)
+        .checked_mul(PLAN_ROUND_BYTES)
+}
+
 /// The lifetimes of `device`'s blocks in `trace`, sizes rounded up to [`PLAN_ROUND_BYTES`].
 /// An allocation at an address that is still live ends the block there first (as a free
 /// would); a free of an unknown address is ignored (replay counts those). A request too
 /// large to round has no block (every allocator refuses it, and replay drops it with its
 /// free).
 pub fn lifetimes(trace: &Trace, device: u32) -> Vec<Lifetime> {
-    // A request too large to round (replay refuses it) is left out, not wrapped to 0.
-    let round = |b: u64| {
-        b.max(1)
-            .div_ceil(PLAN_ROUND_BYTES)
-            .checked_mul(PLAN_ROUND_BYTES)
-    };
     let mut open: FxHashMap<u64, (u64, u64)> = FxHashMap::default();
     let mut out = Vec::new();
     for p in trace.preexisting.iter().filter(|p| p.device == device) {
-        if let Some(bytes) = round(p.size_bytes) {
+        if let Some(bytes) = planned_bytes(p.size_bytes) {
             open.insert(p.addr, (0, bytes));
         }
     }
@@ -212,7 +216,7 @@ pub fn lifetimes(trace: &Trace, device: u32) -> Vec<Lifetime> {
         match e.action {
             Action::Alloc => {
                 // An allocation at a live address ends the block there first.
-                let ended = match round(e.size_bytes) {
+                let ended = match planned_bytes(e.size_bytes) {
                     Some(bytes) => open.insert(e.addr, (t, bytes)),
                     None => open.remove(&e.addr),
                 };

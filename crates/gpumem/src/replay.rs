@@ -279,7 +279,7 @@ pub fn summarize(trace: &Trace, device: u32) -> TraceSummary {
                 if let Some(old) = live.remove(&e.addr) {
                     cur = cur.saturating_sub(old);
                 }
-                if e.size_bytes > u64::MAX - (crate::plan::PLAN_ROUND_BYTES - 1) {
+                if crate::plan::planned_bytes(e.size_bytes).is_none() {
                     s.impossible_requests += 1;
                     impossible.insert(e.addr);
                     continue;
