@@ -574,6 +574,30 @@ pub fn cache_releases(trace: &Trace, device: u32) -> FxHashSet<u64> {
     out
 }
 
+/// Offers `segments` (from [`preexisting_segments`]) to `alloc` in order
+/// ([`Allocator::adopt_segment`]). Returns each segment taken in, as its index in `segments`
+/// with its blocks (in the order of its `block_addrs`). A segment not taken in, or refused
+/// for lack of memory, is left out: its blocks are to be allocated as usual.
+///
+/// # Errors
+/// Another error of `adopt_segment` (a device error); the segments taken in before it stay.
+pub fn adopt_preexisting(
+    alloc: &mut dyn Allocator,
+    dev: &mut dyn Device,
+    segments: &[PreexistingSegment],
+) -> Result<Vec<(usize, Vec<gpumem_core::Block>)>, AllocError> {
+    let mut out = Vec::new();
+    for (k, f) in segments.iter().enumerate() {
+        match alloc.adopt_segment(dev, &f.segment) {
+            Ok(Some(blocks)) => out.push((k, blocks)),
+            Ok(None) => {}
+            Err(e) if e.is_oom() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out)
+}
+
 /// A cudaMalloc segment the recorded run held when its trace began (see
 /// [`preexisting_segments`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -884,22 +908,16 @@ pub fn replay_summarized(
 
     // The segments the recorded run already held, for an allocator that keeps PyTorch's
     // (the `torch` emulation); the blocks live in them are taken in with them.
+    // Those not taken in have their blocks allocated below like any other.
     let mut adopted: FxHashSet<u64> = FxHashSet::default();
-    for f in foreign {
-        let blocks = match alloc.adopt_segment(dev, &f.segment) {
-            Ok(Some(blocks)) => blocks,
-            // Not adopted: its blocks are allocated below like any other.
-            Ok(None) => continue,
-            Err(e) if e.is_oom() => continue,
-            Err(source) => {
-                return Err(ReplayError::Allocator {
-                    event: 0,
-                    allocator: name.clone(),
-                    source,
-                })
-            }
-        };
-        for (&trace_addr, b) in f.block_addrs.iter().zip(&blocks) {
+    let taken =
+        adopt_preexisting(alloc, dev, &foreign).map_err(|source| ReplayError::Allocator {
+            event: 0,
+            allocator: name.clone(),
+            source,
+        })?;
+    for (k, blocks) in taken {
+        for (&trace_addr, b) in foreign[k].block_addrs.iter().zip(&blocks) {
             if opts.canary && b.requested_bytes >= 4 {
                 dev.fill_pattern(b.addr, b.requested_bytes & !3, canary_pattern(trace_addr))
                     .map_err(|source| ReplayError::Canary { event: 0, source })?;

@@ -59,22 +59,22 @@ pub fn preexisting_allocs(
     let mut dev = SimDevice::new(capacity);
     let mut adopted_calls = Vec::new();
     let mut adopted = rustc_hash::FxHashSet::default();
-    for f in replay::preexisting_segments(trace, device) {
-        // As in the replay: what is not adopted is allocated as usual.
-        if let Ok(Some(_)) = pool.adopt_segment(&mut dev, &f.segment) {
-            if f.segment.mapped.is_some() {
-                // An expandable segment's pages are map steps, not a recorded cudaMalloc.
-                adopted.extend(f.block_addrs);
-                continue;
-            }
+    // As in the replay: what is not adopted is allocated as usual. (A fresh simulated
+    // device makes no other error than out of memory, which adopts nothing.)
+    let segments = replay::preexisting_segments(trace, device);
+    let taken = replay::adopt_preexisting(&mut pool, &mut dev, &segments).unwrap_or_default();
+    for (k, _) in taken {
+        let f = &segments[k];
+        // An expandable segment's pages are map steps, not a recorded cudaMalloc.
+        if f.segment.mapped.is_none() {
             adopted_calls.push(RecordedCall {
                 kind: RecordedKind::Alloc,
                 addr: f.address,
                 bytes: f.segment.bytes,
                 event: 0,
             });
-            adopted.extend(f.block_addrs);
         }
+        adopted.extend(f.block_addrs.iter().copied());
     }
     let before = pool.torch_stats().num_device_alloc;
     for p in trace

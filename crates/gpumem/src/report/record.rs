@@ -306,14 +306,10 @@ pub fn record<D: Device>(
         first_at.entry(b.trace_addr).or_insert(i);
     }
     let mut adopted = vec![false; blocks.len()];
-    for f in &setup.preexisting_segments {
-        let taken = match alloc.adopt_segment(&mut dev, &f.segment) {
-            Ok(Some(taken)) => taken,
-            Ok(None) => continue,
-            Err(e) if e.is_oom() => continue,
-            Err(e) => return Err((0, e)),
-        };
-        for (addr, b) in f.block_addrs.iter().zip(&taken) {
+    let segments = &setup.preexisting_segments;
+    let taken = crate::replay::adopt_preexisting(alloc, &mut dev, segments).map_err(|e| (0, e))?;
+    for (k, taken) in taken {
+        for (addr, b) in segments[k].block_addrs.iter().zip(&taken) {
             if let Some(&i) = first_at.get(addr) {
                 placements[i] = Some(Placement {
                     addr: b.addr,
