@@ -564,6 +564,20 @@ fn build_trace(
     };
     let mut kept_requests: rustc_hash::FxHashSet<(u32, u32)> = rustc_hash::FxHashSet::default();
     for (d, l) in devices.iter().enumerate() {
+        // Nearly every `free_requested` is followed by its own completion: only a list with
+        // one that is not needs the walk below (a map insert per free).
+        let completes_next = |j: usize, addr: u64| {
+            l.get(j + 1)
+                .and_then(|&w| entry_at(w))
+                .is_some_and(|c| c.action == Action::Free && c.addr == addr)
+        };
+        let any_waiting = l.iter().enumerate().any(|(j, &v)| {
+            entry_at(v)
+                .is_some_and(|e| e.action == Action::FreeRequested && !completes_next(j, e.addr))
+        });
+        if !any_waiting {
+            continue;
+        }
         // Walking back: the index of the next free of each address.
         let mut next_free: AddrMap<usize> = AddrMap::default();
         for (j, &v) in l.iter().enumerate().rev() {
