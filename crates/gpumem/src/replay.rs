@@ -838,6 +838,47 @@ pub fn replay_summarized(
     opts: &ReplayConfig,
     progress: &mut dyn FnMut(u64),
 ) -> Result<ReplayReport, ReplayError> {
+    replay_prepared(trace, summary, None, alloc, dev, opts, progress)
+}
+
+/// What a replay through the `torch` emulation reads from a trace beyond its summary: the
+/// segments the recorded run already held ([`preexisting_segments`]) and the events where it
+/// released its cache ([`cache_releases`]). Each is a scan of the events; a caller that
+/// replays one trace through the emulation many times (a capacity search, `tune`) finds them
+/// once ([`TorchInputs::of`]) and passes them to [`replay_prepared`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TorchInputs {
+    /// The segments held before the first event, in address order.
+    pub segments: Vec<PreexistingSegment>,
+    /// Indices (among the device's events) where a release of the cache begins.
+    pub releases: FxHashSet<u64>,
+}
+
+impl TorchInputs {
+    /// Both, for the events of `device` in `trace`.
+    pub fn of(trace: &Trace, device: u32) -> TorchInputs {
+        TorchInputs {
+            segments: preexisting_segments(trace, device),
+            releases: cache_releases(trace, device),
+        }
+    }
+}
+
+/// [`replay_summarized`] with the emulation's inputs found beforehand: `torch` must be
+/// [`TorchInputs::of`] the same trace and `opts.device`. It is read only when `alloc` is the
+/// `torch` emulation; `None` finds them here when it is.
+///
+/// # Errors
+/// As [`replay`].
+pub fn replay_prepared(
+    trace: &Trace,
+    summary: &TraceSummary,
+    torch: Option<&TorchInputs>,
+    alloc: &mut dyn Allocator,
+    dev: &mut dyn Device,
+    opts: &ReplayConfig,
+    progress: &mut dyn FnMut(u64),
+) -> Result<ReplayReport, ReplayError> {
     let name = alloc.name().to_string();
     let total = summary.events.max(1);
     let frag_every = if opts.sample_fragmentation {
@@ -886,19 +927,19 @@ pub fn replay_summarized(
         final_stats: Stats::default(),
         timeline: Vec::new(),
     };
-    // What only the torch emulation uses, found before the clock starts: the segments the
-    // recorded run already held, and where it emptied its cache.
-    let torch = name == "torch";
-    let foreign = if torch {
-        preexisting_segments(trace, opts.device)
-    } else {
-        Vec::new()
-    };
-    let releases = if torch {
-        cache_releases(trace, opts.device)
-    } else {
-        FxHashSet::default()
-    };
+    // What only the torch emulation uses, found before the clock starts (unless the caller
+    // did): the segments the recorded run already held, and where it emptied its cache.
+    let found;
+    let (foreign, releases): (&[PreexistingSegment], Option<&FxHashSet<u64>>) =
+        match (name == "torch", torch) {
+            (false, _) => (&[], None),
+            (true, Some(t)) => (&t.segments, Some(&t.releases)),
+            (true, None) => {
+                found = TorchInputs::of(trace, opts.device);
+                (&found.segments, Some(&found.releases))
+            }
+        };
+    let releases = releases.filter(|r| !r.is_empty());
     let calls_before = dev.counters();
     let driver_baseline = dev.driver_used_bytes();
     let mut driver_peak = driver_baseline;
@@ -911,7 +952,7 @@ pub fn replay_summarized(
     // Those not taken in have their blocks allocated below like any other.
     let mut adopted: FxHashSet<u64> = FxHashSet::default();
     let taken =
-        adopt_preexisting(alloc, dev, &foreign).map_err(|source| ReplayError::Allocator {
+        adopt_preexisting(alloc, dev, foreign).map_err(|source| ReplayError::Allocator {
             event: 0,
             allocator: name.clone(),
             source,
@@ -955,7 +996,7 @@ pub fn replay_summarized(
     let half = summary.events / 2;
     let mut calls_at_half = (half == 0).then(|| dev.counters().total());
     for e in trace.events.iter().filter(|e| e.device == opts.device) {
-        if !releases.is_empty() && releases.contains(&index) {
+        if releases.is_some_and(|r| r.contains(&index)) {
             alloc
                 .empty_cache(dev)
                 .map_err(|source| ReplayError::Allocator {

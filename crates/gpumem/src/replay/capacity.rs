@@ -3,7 +3,7 @@ use gpumem_core::sim::SimDevice;
 use gpumem_core::Allocator;
 use serde::Serialize;
 
-use super::{replay_summarized, ReplayConfig, ReplayError, TraceSummary};
+use super::{replay_prepared, ReplayConfig, ReplayError, TorchInputs, TraceSummary};
 use crate::trace::{Action, Trace};
 
 /// The smallest simulated devices that run a trace, for one allocator.
@@ -91,9 +91,16 @@ struct Probe {
     next_different: u64,
 }
 
+/// What every replay of one search shares: the trace, its summary and the emulation's inputs
+/// (found at the first replay through the `torch` emulation, if any).
+struct Search<'a> {
+    trace: &'a Trace,
+    summary: &'a TraceSummary,
+    torch: std::cell::OnceCell<TorchInputs>,
+}
+
 fn probe(
-    trace: &Trace,
-    summary: &TraceSummary,
+    search: &Search,
     make: &dyn Fn() -> Box<dyn Allocator>,
     make_dev: &dyn Fn(u64) -> SimDevice,
     capacity: u64,
@@ -102,7 +109,20 @@ fn probe(
 ) -> Result<Probe, ReplayError> {
     let mut a = make();
     let mut d = make_dev(capacity);
-    let r = replay_summarized(trace, summary, a.as_mut(), &mut d, opts, &mut |_| {})?;
+    let torch = (a.name() == "torch").then(|| {
+        search
+            .torch
+            .get_or_init(|| TorchInputs::of(search.trace, opts.device))
+    });
+    let r = replay_prepared(
+        search.trace,
+        search.summary,
+        torch,
+        a.as_mut(),
+        &mut d,
+        opts,
+        &mut |_| {},
+    )?;
     let completes = r.oom_count == 0;
     // Requests the device granted fit in any larger capacity; those it refused are refused
     // by any capacity below the smallest refused demand. An allocator may also refuse a
@@ -170,8 +190,13 @@ pub fn min_capacity(
     request_steps.sort_unstable();
     request_steps.dedup();
     let upper = round_up(cfg.upper_bytes.max(1), step);
+    let search = Search {
+        trace,
+        summary,
+        torch: std::cell::OnceCell::new(),
+    };
     let mut replays = 1u64;
-    let top = probe(trace, summary, make, make_dev, upper, &opts, &request_steps)?;
+    let top = probe(&search, make, make_dev, upper, &opts, &request_steps)?;
     if !top.completes {
         let reason = if let Some(req) = top.first_failed_request.filter(|&r| r > upper) {
             format!("a single request of {req} B is larger than the device")
@@ -200,7 +225,7 @@ pub fn min_capacity(
     let mut smallest: Option<u64> = None;
     let mut last_failing: Option<u64> = None;
     while c < upper && replays < cfg.max_replays {
-        let p = probe(trace, summary, make, make_dev, c, &opts, &request_steps)?;
+        let p = probe(&search, make, make_dev, c, &opts, &request_steps)?;
         replays += 1;
         let next = round_up(p.next_different, step).max(c + step).min(upper);
         if p.completes {
@@ -221,7 +246,7 @@ pub fn min_capacity(
             if mid >= hi {
                 break;
             }
-            let p = probe(trace, summary, make, make_dev, mid, &opts, &request_steps)?;
+            let p = probe(&search, make, make_dev, mid, &opts, &request_steps)?;
             replays += 1;
             if p.completes {
                 hi = mid;
