@@ -134,7 +134,7 @@ for line in open(sys.argv[1]):
   cargo build --release -p gpumem-torch || die "cargo build -p gpumem-torch failed"
   mkdir -p "$CARRY/torch" || die "cannot create $CARRY/torch"
   strip -o "$CARRY/torch/libgpumem_torch.so" "$target/release/libgpumem_torch.so" || die "strip libgpumem_torch.so failed"
-  cp python/gpumem_torch.py scripts/torch-compare.py scripts/gpt2_workload.py "$CARRY/torch/" || die "cannot copy the plug-in's Python files"
+  cp python/gpumem_torch.py scripts/torch-compare.py scripts/gpt2_workload.py scripts/heldout_models.py "$CARRY/torch/" || die "cannot copy the plug-in's Python files"
   # The baseline programs (scripts/baselines/) are built by nvcc on the device machine.
   echo "== carry/ holds $(du -sh "$CARRY" | cut -f1):"
   find "$CARRY" -type f | sort | sed 's/^/   /'

@@ -51,6 +51,7 @@ import time
 import torch
 
 import gpt2_workload  # beside this script (scripts/gpt2_workload.py)
+import heldout_models  # beside this script (scripts/heldout_models.py)
 
 dev = torch.device("cuda")
 
@@ -170,20 +171,7 @@ def resnet_infer():
 
 
 def moe_train():
-    from transformers import MixtralConfig, MixtralForCausalLM
-
-    cfg = MixtralConfig(
-        vocab_size=32000,
-        hidden_size=512,
-        intermediate_size=1408,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=8,
-        num_local_experts=8,
-        num_experts_per_tok=2,
-        max_position_embeddings=1024,
-    )
-    model = MixtralForCausalLM(cfg).to(dev)
+    cfg, model = heldout_models.mixtral(dev)
 
     def batch():
         seq = random.choice([128, 256, 512, 1024])
@@ -213,19 +201,13 @@ def gpt2_generate():
 
 
 def seg_train():
-    import torchvision
-
-    model = torchvision.models.segmentation.fcn_resnet50(
-        weights=None, weights_backbone=None, num_classes=21
-    ).to(dev)
+    model = heldout_models.fcn(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     for _ in range(12):
         bs = random.choice([4, 6, 8])
         side = random.choice([256, 320, 384, 448, 512])
-        x = torch.randn(bs, 3, side, side, device=dev)
-        y = torch.randint(0, 21, (bs, side, side), device=dev)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = torch.nn.functional.cross_entropy(model(x)["out"], y)
+        x, y = heldout_models.fcn_batch(torch, bs, side, dev)
+        loss = heldout_models.fcn_loss(torch, model, x, y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

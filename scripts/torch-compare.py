@@ -42,6 +42,7 @@ import sys
 import time
 
 import gpt2_workload  # beside this script (scripts/gpt2_workload.py; gpu-check.sh carries it)
+import heldout_models  # beside this script (scripts/heldout_models.py), as gpt2_workload
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKLOADS = ("resnet50", "gpt2", "bert", "churn")
@@ -186,13 +187,7 @@ def build(torch, name, n_steps):
             return loss
         return step, (model, opt)
     if name == "moe":
-        from transformers import MixtralConfig, MixtralForCausalLM
-        cfg = MixtralConfig(
-            vocab_size=32000, hidden_size=512, intermediate_size=1408, num_hidden_layers=4,
-            num_attention_heads=8, num_key_value_heads=8, num_local_experts=8,
-            num_experts_per_tok=2, max_position_embeddings=1024,
-        )
-        model = MixtralForCausalLM(cfg).to(dev)
+        cfg, model = heldout_models.mixtral(dev)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
         def step(i):
@@ -206,17 +201,13 @@ def build(torch, name, n_steps):
             return loss
         return step, (model, opt)
     if name == "seg":
-        import torchvision
-        model = torchvision.models.segmentation.fcn_resnet50(
-            weights=None, weights_backbone=None, num_classes=21).to(dev)
+        model = heldout_models.fcn(dev)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
         def step(i):
             bs, side = shapes[i]
-            x = torch.randn(bs, 3, side, side, device=dev)
-            y = torch.randint(0, 21, (bs, side, side), device=dev)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = torch.nn.functional.cross_entropy(model(x)["out"], y)
+            x, y = heldout_models.fcn_batch(torch, bs, side, dev)
+            loss = heldout_models.fcn_loss(torch, model, x, y)
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
