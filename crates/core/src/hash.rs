@@ -1,11 +1,16 @@
-//! The one hasher of every map keyed by a device address or a handle id (the paged
-//! strategy's live blocks, the simulated device's handles, the trace readers' live
-//! addresses): `rustc_hash` 2's `FxHasher`, whose `finish` rotates the product so that the
+//! The one hasher of every general map keyed by a device address or a handle id (the trace
+//! readers' live addresses, the replay's summaries): `rustc_hash` 2's `FxHasher`, whose
+//! `finish` rotates the product so that the
 //! well-mixed high bits pick the bucket. Device addresses are 256-byte to 2 MiB aligned: a
 //! bare multiplicative hash leaves their low bits equal, and a hash map that takes its
 //! bucket from the low bits then chains them all. Not keyed (no defence against a hostile
 //! file beyond slowing its own reading down); SipHash would cost more than the allocator's
 //! whole hit path.
+//!
+//! The two maps that take an insert and a removal on every allocate/free pair of a replay
+//! (`paged`'s live blocks, the replay's live trace addresses) are
+//! [`AddrTable`](crate::addr_table::AddrTable)s instead: one multiply a look-up and no
+//! tombstones.
 use std::collections::HashMap;
 
 pub use rustc_hash::FxBuildHasher as AddrBuildHasher;

@@ -16,6 +16,7 @@
 #![warn(missing_docs)]
 
 pub mod adaptor;
+pub mod addr_table;
 pub mod align;
 pub mod arena;
 pub mod best_fit;

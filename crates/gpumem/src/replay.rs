@@ -28,6 +28,7 @@
 //! busy machine measure the same), [`ReplayReport::seconds`] the wall time.
 use std::time::Instant;
 
+use gpumem_core::addr_table::AddrTable;
 use gpumem_core::{
     AllocError, Allocator, Device, DeviceError, DriverCounters, ForeignBlock, ForeignSegment, Stats,
 };
@@ -339,6 +340,7 @@ fn thread_cpu_seconds() -> Option<f64> {
 /// Failed-allocation indices kept for the timeline's marks.
 const FAILED_EVENTS_KEPT: usize = 10_000;
 
+#[derive(Debug, Clone, Copy, Default)]
 struct Live {
     addr: u64,
     bytes: u64,
@@ -742,7 +744,9 @@ pub fn preexisting_segments(trace: &Trace, device: u32) -> Vec<PreexistingSegmen
 }
 
 struct State<'a> {
-    live: FxHashMap<u64, Live>,
+    /// Trace address → the block serving it (an insert and a removal every allocate/free
+    /// pair: a table without tombstones, see [`AddrTable`]).
+    live: AddrTable<Live>,
     opts: &'a ReplayConfig,
     name: String,
 }
@@ -892,7 +896,7 @@ pub fn replay_prepared(
     let want_timeline = opts.timeline_points > 0;
     let mut frag_left = frag_every;
     let mut st = State {
-        live: FxHashMap::default(),
+        live: AddrTable::default(),
         opts,
         name: name.clone(),
     };

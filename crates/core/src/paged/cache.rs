@@ -100,7 +100,10 @@ impl PagedPool {
         hi: u64,
     ) -> Result<(), DeviceError> {
         let p = self.page_bytes;
+        let sh = p.trailing_zeros();
         let want = usize::try_from(want).unwrap_or(usize::MAX);
+        // Pages (a power of two) in `bytes`, rounded up: shifts, not a 64-bit division.
+        let pages_up = |bytes: u64| ((bytes >> sh) + u64::from(bytes & (p - 1) != 0)) as usize;
         // Idle pages at or above `hi`, then below `lo`, each from the top down.
         let mut picked = std::mem::take(&mut self.picked_scratch);
         picked.clear();
@@ -108,12 +111,9 @@ impl PagedPool {
             for r in self.reservations.iter().rev() {
                 // Page indices `from..to` of `r` lie in the part searched.
                 let (from, to) = if above {
-                    (hi.saturating_sub(r.va).div_ceil(p) as usize, r.npages)
+                    (pages_up(hi.saturating_sub(r.va)), r.npages)
                 } else {
-                    (
-                        0,
-                        (lo.saturating_sub(r.va).div_ceil(p) as usize).min(r.npages),
-                    )
+                    (0, pages_up(lo.saturating_sub(r.va)).min(r.npages))
                 };
                 let mut i = to;
                 while picked.len() < want {
@@ -127,7 +127,6 @@ impl PagedPool {
                 }
             }
         }
-        let sh = p.trailing_zeros();
         let mut i = 0;
         let mut result = Ok(());
         while i < picked.len() {

@@ -109,7 +109,7 @@ pub const UNIT_BYTES: u64 = DEFAULT_ALIGN;
 pub const VA_CAPACITY_FACTOR: u64 = 2;
 
 /// A live block (of `paged` and `paged-lazy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct LiveBlock {
     /// Bytes set aside (multiple of [`UNIT_BYTES`]).
     pub(crate) bytes: u64,
