@@ -276,7 +276,7 @@ fn print_report(a: &TuneArgs, r: &TuneReport, recorded: bool, device: u32, devic
     let figures = r.rows.iter().map(|row| (row.setting.clone(), &row.figures));
     print_footnotes(figures);
     if let (Some(best), Some(own)) = (r.best(), r.trace_row()) {
-        let saving = match (
+        let saving = |best: &tune::TuneRow| match (
             best.figures.min_capacity_bytes,
             own.figures.min_capacity_bytes,
         ) {
@@ -287,6 +287,32 @@ fn print_report(a: &TuneArgs, r: &TuneReport, recorded: bool, device: u32, devic
             ),
             _ => format!("no less than the trace's own setting ({})", own.setting),
         };
+        // The rows are ranked by OOMs first: when the first has one, every setting fails at
+        // the capacity given, and a run under any of them would stop at its first OOM.
+        if best.figures.oom_count > 0 {
+            let cap = human_bytes(
+                r.capacity_bytes
+                    .unwrap_or(gpumem::core::sim::DEFAULT_CAPACITY),
+            );
+            let least = r
+                .rows
+                .iter()
+                .filter_map(|row| row.figures.min_capacity_bytes.map(|b| (b, row)))
+                .min_by_key(|(b, _)| *b);
+            match least {
+                Some((b, row)) => println!(
+                    "every setting has an OOM at {cap} (PyTorch stops at the first); the least demanding, {}, needs {}: {} (a larger --capacity, or none, to compare them)",
+                    row.setting,
+                    human_bytes(b),
+                    saving(row)
+                ),
+                None => println!("every setting has an OOM at {cap} (PyTorch stops at the first)"),
+            }
+            print_plugin_rows(r, (rw, cw));
+            eprint_timing(r);
+            return;
+        }
+        let saving = saving(best);
         if best.conf.is_empty() {
             println!("unset PYTORCH_CUDA_ALLOC_CONF  # native: PyTorch's defaults");
         } else {
@@ -301,6 +327,11 @@ fn print_report(a: &TuneArgs, r: &TuneReport, recorded: bool, device: u32, devic
         );
     }
     print_plugin_rows(r, (rw, cw));
+    eprint_timing(r);
+}
+
+/// The last line, on standard error: how many settings, in how long, on how many threads.
+fn eprint_timing(r: &TuneReport) {
     eprintln!(
         "{} PYTORCH_CUDA_ALLOC_CONF and {} GPUMEM_CONF settings in {:.1} s on {} thread{}",
         r.rows.len(),
@@ -366,12 +397,27 @@ fn print_footnotes<'a>(rows: impl Iterator<Item = (String, &'a tune::Figures)> +
     }
     for (setting, f) in rows {
         if let Some((s, b)) = f.not_monotone() {
+            let (s, b) = distinct_bytes(s, b);
             println!(
-                "*: {setting} also completes at {}, but not at every capacity between that and {} (a smaller device makes the cache release at other moments)",
-                human_bytes(s),
-                human_bytes(b)
+                "*: {setting} also completes at {s}, but not at every capacity between that and {b} (a smaller device makes the cache release at other moments)"
             );
         }
+    }
+}
+
+/// `a` and `b` as bytes with a unit, told apart: in whole MiB where the table's three digits
+/// would print them alike (3386900480 and 3382706176 are both `3.15 GiB`; the capacities
+/// the search finds are whole MiB), else in bytes.
+fn distinct_bytes(a: u64, b: u64) -> (String, String) {
+    let (ha, hb) = (human_bytes(a), human_bytes(b));
+    if ha != hb || a == b {
+        return (ha, hb);
+    }
+    const MIB: u64 = 1 << 20;
+    if a % MIB == 0 && b % MIB == 0 {
+        (format!("{} MiB", a / MIB), format!("{} MiB", b / MIB))
+    } else {
+        (format!("{a} B"), format!("{b} B"))
     }
 }
 

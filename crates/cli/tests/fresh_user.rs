@@ -1214,3 +1214,41 @@ fn the_setting_given_decides_which_earlier_segments_are_taken_in() {
         "{err}"
     );
 }
+
+/// `tune --capacity` where every setting has an OOM: no `export` of the one with the fewest
+/// OOMs (a run stops at its first), but the least demanding setting and what it needs (it
+/// said "export PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.6, needs 5.09 GiB: no
+/// less than the trace's own setting", with expandable_segments:True needing 4.77 GiB).
+#[test]
+fn tune_exports_no_setting_that_fails_at_the_capacity_given() {
+    let t = "traces/warm_process/seg_train.pickle.gz";
+    let (ok, out, err) = gpumem(&["tune", t, "--capacity", "2GiB"]);
+    assert!(ok, "{err}");
+    assert!(!out.contains("export PYTORCH_CUDA_ALLOC_CONF"), "{out}");
+    assert!(
+        out.contains("every setting has an OOM at 2.00 GiB (PyTorch stops at the first); the least demanding, expandable_segments:True, needs 4.77 GiB: 292.0 MiB less than the trace's own setting (native) needs"),
+        "{out}"
+    );
+    // The gpumem table still follows.
+    assert!(out.contains("gpumem plug-in, GPUMEM_CONF"), "{out}");
+}
+
+/// `tune`'s `*` footnote tells its two capacities apart where three digits do not (it said
+/// "also completes at 3.15 GiB, but not at every capacity between that and 3.15 GiB").
+#[test]
+fn tune_footnote_capacities_differ() {
+    let (ok, out, err) = gpumem(&["tune", "traces/validation/resnet_infer.pickle.gz"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("*: expandable_segments:True also completes at 3226 MiB, but not at every capacity between that and 3230 MiB"),
+        "{out}"
+    );
+    for line in out.lines().filter(|l| l.starts_with("*: ")) {
+        let at = line.split(" also completes at ").nth(1).unwrap();
+        let (small, rest) = at
+            .split_once(", but not at every capacity between that and ")
+            .unwrap();
+        let large = rest.split(" (").next().unwrap();
+        assert_ne!(small, large, "{line}");
+    }
+}
