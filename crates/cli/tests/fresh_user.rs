@@ -1252,3 +1252,62 @@ fn tune_footnote_capacities_differ() {
         assert_ne!(small, large, "{line}");
     }
 }
+
+/// `advise` refuses a rate or horizon that is no number of the kind asked for (it printed
+/// "NaN/s", "-3/s", "over NaN s" and "inf %" and advised on them) and a direction it does
+/// not advise on (`both` dropped the pageable row; `d2h,h2d` silently took the first).
+#[test]
+fn advise_refuses_nonsense_rates_and_directions() {
+    for (flag, value, says) in [
+        (
+            "--per-second",
+            "nan",
+            "expected transfers per second, a number ≥ 0",
+        ),
+        (
+            "--per-second",
+            "inf",
+            "expected transfers per second, a number ≥ 0",
+        ),
+        (
+            "--per-second",
+            "-3",
+            "expected transfers per second, a number ≥ 0",
+        ),
+        (
+            "--horizon",
+            "nan",
+            "expected the seconds the pattern runs, a number above 0",
+        ),
+        (
+            "--horizon",
+            "-1",
+            "expected the seconds the pattern runs, a number above 0",
+        ),
+        (
+            "--horizon",
+            "0",
+            "expected the seconds the pattern runs, a number above 0",
+        ),
+        ("--direction", "both", "expected one direction, h2d or d2h"),
+        (
+            "--direction",
+            "d2h,h2d",
+            "expected one direction, h2d or d2h",
+        ),
+    ] {
+        let (ok, out, err) = gpumem(&["advise", "--size", "64MiB", flag, value]);
+        assert!(!ok, "{flag} {value}: {out}");
+        assert!(
+            err.contains(flag) && err.contains(says),
+            "{flag} {value}: {err}"
+        );
+    }
+    // A one-off is said so, not "0/s".
+    let (ok, out, err) = gpumem(&["advise", "--size", "64MiB", "--direction", "d2h"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.starts_with("d2h 64.00 MiB per transfer, a one-off, over 60 s;"),
+        "{out}"
+    );
+}
