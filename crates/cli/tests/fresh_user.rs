@@ -1311,3 +1311,30 @@ fn advise_refuses_nonsense_rates_and_directions() {
         "{out}"
     );
 }
+
+/// `replay --json`: where the torch emulation parts from the recorded cudaMalloc calls, the
+/// call it made has the shape of the recorded one (it was serde's array for a tuple,
+/// `["alloc",0,39845888]`, beside the object `{"kind":"alloc","addr":...,"bytes":...}`).
+#[test]
+fn the_emulated_call_of_a_divergence_is_an_object_like_the_recorded_one() {
+    let (ok, out, err) = gpumem(&[
+        "replay",
+        "traces/limits/graph_infer.pickle.gz",
+        "-a",
+        "torch",
+        "--no-plan",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let check = &v["allocators"][0]["emulation_check"];
+    assert_eq!(check["result"], "diverges", "{check}");
+    assert_eq!(check["event"], 641, "{check}");
+    assert_eq!(check["recorded"]["kind"], "alloc", "{check}");
+    assert_eq!(check["recorded"]["bytes"], 2097152, "{check}");
+    assert_eq!(
+        check["emulated"],
+        serde_json::json!({"kind": "alloc", "addr": 0, "bytes": 39845888}),
+        "{check}"
+    );
+}
