@@ -259,7 +259,7 @@ struct Recorded {
     reserved_over_requested: f64,
 }
 
-/// PyTorch's own figures beside the trace (`<stem>-<conf>.stats.json`, read by
+/// PyTorch's own figures beside the trace (`<stem>-<conf>.stats.json`, `<stem>.stats.json`, read by
 /// [`gpumem::report::recorded_figures`]), with their ratio to the trace's peak requested.
 fn recorded_figures(trace: &std::path::Path, peak_requested: u64) -> Vec<Recorded> {
     gpumem::report::recorded_figures(trace)

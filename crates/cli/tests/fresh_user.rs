@@ -1338,3 +1338,28 @@ fn the_emulated_call_of_a_divergence_is_an_object_like_the_recorded_one() {
         "{check}"
     );
 }
+
+/// The `NAME.stats.json` beside the traces of `traces/validation/` (and warm_process,
+/// settings, limits) is PyTorch's figure for the traced run: `replay` shows it as it shows
+/// `NAME-native.stats.json` (it was never read, and 20 of the shipped traces had no PyTorch
+/// figure under their table).
+#[test]
+fn the_traced_runs_own_stats_are_shown() {
+    let t = "traces/validation/bert_finetune.pickle.gz";
+    let (ok, out, err) = gpumem(&["replay", t, "-a", "torch", "--no-plan"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("PyTorch's own peak reserved for this run (memory_stats beside the trace): traced run 4.05 GiB (1.090)"),
+        "{out}"
+    );
+    let (ok, out, err) = gpumem(&["replay", t, "-a", "torch", "--no-plan", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let rec = &v["pytorch_recorded"];
+    assert_eq!(rec.as_array().map(Vec::len), Some(1), "{rec}");
+    assert_eq!(rec[0]["conf"], "traced run", "{rec}");
+    // traces/validation/bert_finetune.stats.json's reserved_bytes.all.peak, which the
+    // emulation matches.
+    assert_eq!(rec[0]["reserved_bytes_peak"], 4347396096u64, "{rec}");
+    assert_eq!(v["allocators"][0]["peak_reserved_bytes"], 4347396096u64);
+}
