@@ -106,6 +106,9 @@ struct JsonTrace {
     free_events: u64,
     peak_requested_bytes: u64,
     largest_request_bytes: u64,
+    /// Requests too large to round up to 512 B (near 2^64): every allocator refuses them, and
+    /// they are left out of `peak_requested_bytes` and `largest_request_bytes`.
+    impossible_requests: u64,
     preexisting_blocks: u64,
     skipped_events: u64,
     devices: Vec<u32>,
@@ -853,6 +856,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
                 .map(|(_, s)| s.largest_request_bytes)
                 .max()
                 .unwrap_or(0),
+            impossible_requests: summaries.iter().map(|(_, s)| s.impossible_requests).sum(),
             preexisting_blocks: trace.preexisting.len() as u64,
             skipped_events: trace.skipped_count,
             devices: devices.clone(),

@@ -316,6 +316,12 @@ fn an_impossible_request_is_dropped_counted_and_said_by_every_command() {
     let (ok, out, err) = gpumem(&["replay", tp, "-a", "torch"]);
     assert!(ok, "{err}");
     assert!(out.contains("torch refused event index 0"), "{out}");
+    // The trace's line says its largest request leaves the impossible one out (it said
+    // "largest request 1000 B" of a trace that asked for 16 EiB).
+    assert!(
+        out.contains("largest request 1000 B (not counting 1 request too large for any allocator)"),
+        "{out}"
+    );
 
     let (ok, out, err) = gpumem(&["map", tp, "-a", "torch"]);
     assert!(ok, "{err}");
@@ -361,8 +367,9 @@ fn an_impossible_request_is_dropped_counted_and_said_by_every_command() {
         2 << 20,
         "{out}"
     );
-    // Left out of the trace's own figures too (and of the planned layout).
+    // Left out of the trace's own figures too (and of the planned layout), and counted.
     assert_eq!(v["trace"]["peak_requested_bytes"], 1000, "{out}");
+    assert_eq!(v["trace"]["impossible_requests"], 1, "{out}");
     assert_eq!(
         v["trace"]["planned_layout"][0]["peak_live_bytes"], 1024,
         "{out}"
