@@ -111,6 +111,10 @@ struct JsonTrace {
     impossible_requests: u64,
     preexisting_blocks: u64,
     skipped_events: u64,
+    /// Why each skipped event was skipped (--lenient; the first
+    /// [`gpumem::trace::SKIPPED_KEPT`]), as the table's `skipped:` lines say.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    skipped: Vec<String>,
     devices: Vec<u32>,
     /// First to last `time_us` of the trace, in seconds, when it has timestamps.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -859,6 +863,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
             impossible_requests: summaries.iter().map(|(_, s)| s.impossible_requests).sum(),
             preexisting_blocks: trace.preexisting.len() as u64,
             skipped_events: trace.skipped_count,
+            skipped: trace.skipped.clone(),
             devices: devices.clone(),
             duration_seconds: duration_us.map(|d| d as f64 * 1e-6),
             truncated: trace.truncated.clone(),

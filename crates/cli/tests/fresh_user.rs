@@ -600,6 +600,14 @@ fn lenient_commands_say_what_they_skipped() {
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["skipped_events"], 1);
+    // `replay --json` prints no read notes: the reasons are in the JSON (it had the count
+    // only, and said nowhere why).
+    let (ok, out, err) = gpumem(&["replay", dup, "--lenient", "--json", "-a", "torch"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["trace"]["skipped_events"], 1);
+    let why = v["trace"]["skipped"][0].as_str().unwrap_or_default();
+    assert!(why.starts_with("line 3: free of address 1"), "{out}");
 
     let bad = dir.join("bad.jsonl");
     std::fs::write(&bad, "{\"action\":\"alloc\",\"addr\":1,\"size\":-10}\n").unwrap();
