@@ -115,6 +115,10 @@ struct JsonTrace {
     /// [`gpumem::trace::SKIPPED_KEPT`]), as the table's `skipped:` lines say.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     skipped: Vec<String>,
+    /// What the table prints under its `read` line: blocks and segments made before
+    /// recording began, CUDA-graph private pools the torch emulation does not model.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    notes: Vec<String>,
     devices: Vec<u32>,
     /// First to last `time_us` of the trace, in seconds, when it has timestamps.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -693,50 +697,58 @@ pub fn run(a: ReplayArgs) -> Result<()> {
                 ),
             }
         }
-        if !trace.preexisting.is_empty() {
-            let n = trace.preexisting.len();
-            eprintln!(
-                "  {n} block{} already live when recording started (declared, freed without an alloc, or listed in the snapshot's segments); replayed as live from the start",
-                if n == 1 { " was" } else { "s were" }
-            );
-        }
-        let private = trace.segments.iter().filter(|s| s.private_pool).count();
-        if private > 0 && names.contains(&"torch") {
-            eprintln!(
-                "  {} of the snapshot {} to CUDA-graph private pools (torch.cuda.graph, torch.compile mode=\"reduce-overhead\"), which the torch emulation does not model: its figures may differ from PyTorch's where graphs allocate (the self-check says where)",
-                crate::units::counted(private as u64, "segment"),
-                if private == 1 { "belongs" } else { "belong" },
-            );
-        }
-        // The emulation takes in the segments of the kind its setting makes (cudaMalloc
-        // segments, or expandable ones under expandable_segments); the others' blocks are
-        // allocated as usual.
-        let (mut segs, mut other) = (0usize, 0usize);
-        for &(d, _) in &summaries {
-            for s in gpumem::replay::preexisting_segments(&trace, d) {
-                if s.segment.mapped.is_some() == config.torch.expandable_segments {
-                    segs += 1;
-                } else {
-                    other += 1;
-                }
+    }
+    // What the table says under its "read" line; `--json` has them as `trace.notes`.
+    let mut notes: Vec<String> = Vec::new();
+    if !trace.preexisting.is_empty() {
+        let n = trace.preexisting.len();
+        notes.push(format!(
+            "{n} block{} already live when recording started (declared, freed without an alloc, or listed in the snapshot's segments); replayed as live from the start",
+            if n == 1 { " was" } else { "s were" }
+        ));
+    }
+    let private = trace.segments.iter().filter(|s| s.private_pool).count();
+    if private > 0 && names.contains(&"torch") {
+        notes.push(format!(
+            "{} of the snapshot {} to CUDA-graph private pools (torch.cuda.graph, torch.compile mode=\"reduce-overhead\"), which the torch emulation does not model: its figures may differ from PyTorch's where graphs allocate (the self-check says where)",
+            crate::units::counted(private as u64, "segment"),
+            if private == 1 { "belongs" } else { "belong" },
+        ));
+    }
+    // The emulation takes in the segments of the kind its setting makes (cudaMalloc
+    // segments, or expandable ones under expandable_segments); the others' blocks are
+    // allocated as usual.
+    let (mut segs, mut other) = (0usize, 0usize);
+    for &(d, _) in &summaries {
+        for s in gpumem::replay::preexisting_segments(&trace, d) {
+            if s.segment.mapped.is_some() == config.torch.expandable_segments {
+                segs += 1;
+            } else {
+                other += 1;
             }
         }
-        if segs > 0 && names.contains(&"torch") {
-            eprintln!(
-                "  {} made before recording started (no event of the trace made {}); the torch emulation starts from {}, as PyTorch did",
-                crate::units::counted(segs as u64, "segment"),
-                if segs == 1 { "it" } else { "them" },
-                if segs == 1 { "it" } else { "them" },
-            );
-        }
-        if other > 0 && names.contains(&"torch") {
-            eprintln!(
-                "  {} made before recording started {} not of the kind {} makes: the torch emulation allocates {} blocks as usual",
-                crate::units::counted(other as u64, if config.torch.expandable_segments { "cudaMalloc segment" } else { "expandable segment" }),
-                if other == 1 { "is" } else { "are" },
-                if config.torch.expandable_segments { "expandable_segments:True" } else { "this setting" },
-                if other == 1 { "its" } else { "their" },
-            );
+    }
+    if segs > 0 && names.contains(&"torch") {
+        notes.push(format!(
+            "{} made before recording started (no event of the trace made {}); the torch emulation starts from {}, as PyTorch did",
+            crate::units::counted(segs as u64, "segment"),
+            if segs == 1 { "it" } else { "them" },
+            if segs == 1 { "it" } else { "them" },
+        ));
+    }
+    if other > 0 && names.contains(&"torch") {
+        notes.push(format!(
+            "{} made before recording started {} not of the kind {} makes: the torch emulation allocates {} blocks as usual",
+            crate::units::counted(other as u64, if config.torch.expandable_segments { "cudaMalloc segment" } else { "expandable segment" }),
+            if other == 1 { "is" } else { "are" },
+            if config.torch.expandable_segments { "expandable_segments:True" } else { "this setting" },
+            if other == 1 { "its" } else { "their" },
+        ));
+    }
+
+    if !a.json {
+        for n in &notes {
+            eprintln!("  {n}");
         }
     }
     for w in &warnings {
@@ -864,6 +876,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
             preexisting_blocks: trace.preexisting.len() as u64,
             skipped_events: trace.skipped_count,
             skipped: trace.skipped.clone(),
+            notes,
             devices: devices.clone(),
             duration_seconds: duration_us.map(|d| d as f64 * 1e-6),
             truncated: trace.truncated.clone(),

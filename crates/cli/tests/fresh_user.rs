@@ -1378,3 +1378,35 @@ fn the_traced_runs_own_stats_are_shown() {
     assert_eq!(rec[0]["reserved_bytes_peak"], 4347396096u64, "{rec}");
     assert_eq!(v["allocators"][0]["peak_reserved_bytes"], 4347396096u64);
 }
+
+/// `replay --json` carries the notes the table prints under its `read` line (they were
+/// printed without --json only, so a script never learnt that the torch figures of a
+/// snapshot with CUDA-graph pools may differ, or that the emulation started from earlier
+/// segments).
+#[test]
+fn replay_json_has_the_read_notes() {
+    let notes = |t: &str| {
+        let (ok, out, err) = gpumem(&["replay", t, "-a", "torch", "--no-plan", "--json"]);
+        assert!(ok, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["trace"]["notes"].clone()
+    };
+    let n = notes("traces/limits/graph_infer.pickle.gz");
+    assert_eq!(n.as_array().map(Vec::len), Some(1), "{n}");
+    assert!(
+        n[0].as_str()
+            .unwrap()
+            .starts_with("3 segments of the snapshot belong to CUDA-graph private pools"),
+        "{n}"
+    );
+    let n = notes("traces/external/finetune_no_timestamps.pickle.gz");
+    assert_eq!(
+        n,
+        serde_json::json!([
+            "622 blocks were already live when recording started (declared, freed without an alloc, or listed in the snapshot's segments); replayed as live from the start",
+            "63 segments made before recording started (no event of the trace made them); the torch emulation starts from them, as PyTorch did"
+        ])
+    );
+    // A trace with nothing to note has no key.
+    assert!(notes("traces/mixed_sizes.pickle.gz").is_null());
+}
