@@ -135,6 +135,16 @@ pub fn build(
             );
         }
     }
+    // A trace of several GPUs shows one: say which, and that event indices are its own.
+    let devices = crate::cmd_tune::alloc_devices(&trace);
+    if devices.len() > 1 {
+        eprintln!(
+            "note: device {} of {} ({}; --trace-device N shows another): event indices count its events only",
+            r.device,
+            devices.len(),
+            crate::cmd_tune::device_list(&devices)
+        );
+    }
     let (recorded, warnings) = report::recorded_figures_checked(path);
     for w in warnings {
         eprintln!("warning: {w}");

@@ -131,7 +131,7 @@ pub fn alloc_devices(trace: &Trace) -> Vec<u32> {
 }
 
 /// `device 0` or `devices 0, 1`.
-fn device_list(devices: &[u32]) -> String {
+pub(crate) fn device_list(devices: &[u32]) -> String {
     let list: Vec<String> = devices.iter().map(u32::to_string).collect();
     format!(
         "device{} {}",

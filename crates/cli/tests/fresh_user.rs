@@ -1410,3 +1410,36 @@ fn replay_json_has_the_read_notes() {
     // A trace with nothing to note has no key.
     assert!(notes("traces/mixed_sizes.pickle.gz").is_null());
 }
+
+/// `map` and `report` of a trace of several GPUs say which device they show and that its
+/// event indices are its own (`map` said "torch after event 60" of a 5002-event trace, with
+/// no word of the other device).
+#[test]
+fn map_and_report_say_which_device_of_several() {
+    let t = "traces/multigpu/two_devices.jsonl";
+    let note = "note: device 1 of 2 (devices 0, 1; --trace-device N shows another): event indices count its events only";
+    let (ok, _, err) = gpumem(&["map", t, "--trace-device", "1", "--width", "40"]);
+    assert!(ok && err.contains(note), "{err}");
+    let (ok, _, err) = gpumem(&["map", t, "--width", "40"]);
+    assert!(
+        ok && err.contains("note: device 0 of 2 (devices 0, 1;"),
+        "{err}"
+    );
+    let dir = scratch("two-devices");
+    let html = dir.join("r.html");
+    let (ok, _, err) = gpumem(&[
+        "report",
+        t,
+        "--trace-device",
+        "1",
+        "-a",
+        "torch",
+        "-o",
+        html.to_str().unwrap(),
+    ]);
+    assert!(ok && err.contains(note), "{err}");
+    // One device: no note.
+    let (ok, _, err) = gpumem(&["map", "traces/mixed_sizes.pickle.gz", "--width", "40"]);
+    assert!(ok && !err.contains("note: device"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
