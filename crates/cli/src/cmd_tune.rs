@@ -179,8 +179,17 @@ pub fn run(a: TuneArgs) -> Result<()> {
     }
     let device = pick_device(&trace, "--device", a.device)?;
     let own = recorded_conf(&trace)?;
-    let report = tune::tune(&trace, own, a.capacity, device, a.threads)
-        .with_context(|| format!("tuning {}", gpumem::trace::source_name(&a.trace)))?;
+    // Each setting is a replay and a capacity search: seconds to minutes on a long trace.
+    let bar = crate::progress::bar(0);
+    let report = tune::tune_with_progress(&trace, own, a.capacity, device, a.threads, &|k, n| {
+        if k == 0 {
+            bar.set_length(n as u64);
+            bar.set_message("settings replayed");
+        }
+        bar.set_position(k as u64);
+    })
+    .with_context(|| format!("tuning {}", gpumem::trace::source_name(&a.trace)))?;
+    bar.finish_and_clear();
     if a.json {
         let mut v = serde_json::to_value(&report)?;
         if let Some(o) = v.as_object_mut() {
