@@ -56,7 +56,8 @@ pub struct ReplayArgs {
     /// Draw requested / allocated / reserved memory over the trace, per allocator, as SVG.
     #[arg(long, value_name = "FILE.svg")]
     pub timeline: Option<PathBuf>,
-    /// Skip and count malformed events instead of stopping at the first.
+    /// Skip and count malformed events instead of stopping at the first; salvage a truncated
+    /// snapshot (the events read before the cut are kept).
     #[arg(long)]
     pub lenient: bool,
     /// Where to allocate: `sim` (simulated H200, default), `cuda`, `cuda:N`, or `all` (the

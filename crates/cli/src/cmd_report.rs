@@ -43,7 +43,8 @@ pub struct ReplayOptions {
     /// Device ordinal of the trace to show (default: the first with events).
     #[arg(long)]
     pub trace_device: Option<u32>,
-    /// Skip and count malformed events instead of stopping at the first.
+    /// Skip and count malformed events instead of stopping at the first; salvage a truncated
+    /// snapshot (the events read before the cut are kept).
     #[arg(long)]
     pub lenient: bool,
     /// PYTORCH_CUDA_ALLOC_CONF for the `torch` emulation (e.g.

@@ -30,7 +30,8 @@ pub struct TuneArgs {
     /// Threads (0 = every core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
-    /// Skip and count malformed events instead of stopping at the first.
+    /// Skip and count malformed events instead of stopping at the first; salvage a truncated
+    /// snapshot (the events read before the cut are kept).
     #[arg(long)]
     pub lenient: bool,
 }

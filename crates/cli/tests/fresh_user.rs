@@ -1443,3 +1443,21 @@ fn map_and_report_say_which_device_of_several() {
     assert!(ok && !err.contains("note: device"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The error of a truncated snapshot sends the user to `--lenient`; every command's help says
+/// that `--lenient` salvages one (only `convert`'s did).
+#[test]
+fn every_lenient_help_says_it_salvages_a_truncated_snapshot() {
+    for cmd in ["replay", "tune", "report", "map", "convert"] {
+        let (ok, out, err) = gpumem(&[cmd, "--help"]);
+        assert!(ok, "{err}");
+        let line = out
+            .lines()
+            .find(|l| l.trim_start().starts_with("--lenient"))
+            .unwrap_or_default();
+        assert!(
+            line.contains("salvage a truncated snapshot"),
+            "{cmd}: {line}"
+        );
+    }
+}
