@@ -569,6 +569,30 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         crate::output::check_svg("--timeline", path)?;
     }
     let names = registry::parse_list(&a.allocator)?;
+    // A segment larger than the (simulated) device is refused every time the pools grow.
+    let device_bytes = a
+        .capacity
+        .or(matches!(target, Target::Sim).then_some(DEFAULT_CAPACITY));
+    let segmented: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| matches!(*n, "buddy" | "tlsf" | "best-fit"))
+        .collect();
+    if let Some(cap) = device_bytes.filter(|&c| a.segment_size > c) {
+        if !segmented.is_empty() {
+            let one = segmented.len() == 1;
+            warnings.push(format!(
+                "segments of {} (--segment-size) are larger than the device ({}): {} {} for one, {} refused, {} cache and {} with the request alone at every growth (counted under retries and driver time)",
+                human_bytes(a.segment_size),
+                human_bytes(cap),
+                segmented.join(", "),
+                if one { "asks" } else { "ask" },
+                if one { "is" } else { "are" },
+                if one { "empties its" } else { "empty their" },
+                if one { "retries" } else { "retry" },
+            ));
+        }
+    }
     let read_started = Instant::now();
     if matches!(target, Target::Cuda(_) | Target::AllCuda) {
         // Before reading a trace that may take a while: a missing driver is known at once.
