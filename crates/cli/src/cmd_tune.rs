@@ -424,7 +424,7 @@ fn distinct_bytes(a: u64, b: u64) -> (String, String) {
         return (ha, hb);
     }
     const MIB: u64 = 1 << 20;
-    if a % MIB == 0 && b % MIB == 0 {
+    if a.is_multiple_of(MIB) && b.is_multiple_of(MIB) {
         (format!("{} MiB", a / MIB), format!("{} MiB", b / MIB))
     } else {
         (format!("{a} B"), format!("{b} B"))
