@@ -678,8 +678,8 @@ pub fn bench_pinned(a: BenchPinnedArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         println!(
-            "{device}: {note}; medians of {} repeats (pool_warm: ≥ 1000)",
-            a.repeats
+            "{device}: {note}; medians of {} (pool_warm: ≥ 1000)",
+            crate::units::counted(a.repeats as u64, "repeat")
         );
         println!(
             "{:<18} {:>10} {:>14} {:>14}",

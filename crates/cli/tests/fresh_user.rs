@@ -246,6 +246,11 @@ fn bench_pinned_gives_advice_that_works() {
         !err.contains("--device sim") && !stdout.contains("--device sim"),
         "{err}{stdout}"
     );
+    // One repeat is one (it said "medians of 1 repeats").
+    assert!(
+        stdout.contains("; medians of 1 repeat (pool_warm"),
+        "{stdout}"
+    );
 
     let (ok, _, err) = gpumem(&["bench", "pinned", "--device", "sim"]);
     assert!(!ok, "{err}");
