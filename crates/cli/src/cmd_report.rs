@@ -32,7 +32,8 @@ pub struct ReportArgs {
 /// How `report` and `map` read and replay the trace.
 #[derive(Args)]
 pub struct ReplayOptions {
-    /// Capacity of the simulated device (e.g. 80GiB, 141GB).
+    /// Capacity of the simulated device (e.g. 80GiB, 141GB; default: the H200's 139.8 GiB as
+    /// cuMemGetInfo reports it).
     // A negative-looking size reaches parse_size, which says why it is refused.
     #[arg(long, value_parser = crate::units::parse_positive_size, allow_hyphen_values = true)]
     pub capacity: Option<u64>,

@@ -1501,3 +1501,21 @@ fn a_segment_larger_than_the_device_is_warned_about() {
     let (ok, _, err) = gpumem(&["replay", t, "-a", "tlsf", "--no-plan"]);
     assert!(ok && !err.contains("warning"), "{err}");
 }
+
+/// `report --help` and `map --help` say which capacity they simulate without `--capacity`,
+/// as `replay --help` does (they gave none).
+#[test]
+fn report_and_map_help_give_the_default_capacity() {
+    for cmd in ["report", "map"] {
+        let (ok, out, err) = gpumem(&[cmd, "--help"]);
+        assert!(ok, "{err}");
+        let line = out
+            .lines()
+            .find(|l| l.trim_start().starts_with("--capacity"))
+            .unwrap_or_default();
+        assert!(
+            line.contains("default: the H200's 139.8 GiB"),
+            "{cmd}: {line}"
+        );
+    }
+}
