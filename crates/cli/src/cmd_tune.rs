@@ -197,6 +197,17 @@ pub fn run(a: TuneArgs) -> Result<()> {
             o.insert("device".into(), device.into());
             o.insert("trace_devices".into(), devices.clone().into());
             o.insert("skipped_events".into(), trace.skipped_count.into());
+            // The settings the table's `export` lines give (null where it exports none).
+            o.insert(
+                "recommended_pytorch_cuda_alloc_conf".into(),
+                torch_pick(&report).map(|row| row.conf.clone()).into(),
+            );
+            o.insert(
+                "recommended_gpumem_conf".into(),
+                plugin_pick(&report)
+                    .map(|(_, row)| row.gpumem_conf.clone())
+                    .into(),
+            );
         }
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -299,7 +310,7 @@ fn print_report(a: &TuneArgs, r: &TuneReport, recorded: bool, device: u32, devic
         };
         // The rows are ranked by OOMs first: when the first has one, every setting fails at
         // the capacity given, and a run under any of them would stop at its first OOM.
-        if best.figures.oom_count > 0 {
+        if torch_pick(r).is_none() {
             let cap = human_bytes(
                 r.capacity_bytes
                     .unwrap_or(gpumem::core::sim::DEFAULT_CAPACITY),
@@ -489,13 +500,7 @@ fn print_plugin_rows(r: &TuneReport, (rw, cw): (usize, usize)) {
         "2nd half: driver calls in the second half of the events (the steady state); driver time: modelled H200 driver seconds ÷ the native setting's."
     );
     print_footnotes(r.plugin_rows.iter().map(|row| (label(row), &row.figures)));
-    let pick = r
-        .plugin_rows
-        .iter()
-        .filter(|row| row.figures.oom_count == 0 && ratio(row).is_some_and(|x| x <= 2.0))
-        .filter_map(|row| row.figures.min_capacity_bytes.map(|b| (b, row)))
-        .min_by_key(|(b, _)| *b);
-    match pick {
+    match plugin_pick(r) {
         Some((b, row)) => {
             if row.gpumem_conf.is_empty() {
                 println!("unset GPUMEM_CONF  # the plug-in's defaults (paged-lazy)");
@@ -509,6 +514,34 @@ fn print_plugin_rows(r: &TuneReport, (rw, cw): (usize, usize)) {
         }
         None => println!("{}", no_pick_reason(r, &ratio, &label)),
     }
+}
+
+/// The modelled driver time of `row` ÷ the native setting's, when native's is above zero.
+fn driver_time_ratio(r: &TuneReport, row: &tune::PluginRow) -> Option<f64> {
+    r.rows
+        .iter()
+        .find(|row| row.conf.is_empty())
+        .map(|row| row.figures.modelled_driver_seconds)
+        .filter(|&n| n > 0.0)
+        .map(|n| row.figures.modelled_driver_seconds / n)
+}
+
+/// The gpumem setting `tune` recommends, with its minimum capacity: the one that needs the
+/// least memory among those with no OOM within 2 × native's modelled driver time.
+fn plugin_pick(r: &TuneReport) -> Option<(u64, &tune::PluginRow)> {
+    r.plugin_rows
+        .iter()
+        .filter(|row| {
+            row.figures.oom_count == 0 && driver_time_ratio(r, row).is_some_and(|x| x <= 2.0)
+        })
+        .filter_map(|row| row.figures.min_capacity_bytes.map(|b| (b, row)))
+        .min_by_key(|(b, _)| *b)
+}
+
+/// The `PYTORCH_CUDA_ALLOC_CONF` setting `tune` exports: the first of the ranking, unless it
+/// has an OOM (then every setting has one).
+fn torch_pick(r: &TuneReport) -> Option<&tune::TuneRow> {
+    r.best().filter(|best| best.figures.oom_count == 0)
 }
 
 /// Why no gpumem setting is recommended: none stays within 2 × native's driver time, or each

@@ -1519,3 +1519,33 @@ fn report_and_map_help_give_the_default_capacity() {
         );
     }
 }
+
+/// `tune --json` has the settings its table exports (it had the rows only: a script had to
+/// redo the ranking's OOM rule and the plug-in's 2 × native driver-time rule); null where the
+/// table exports none, "" for PyTorch's defaults and the plug-in's.
+#[test]
+fn tune_json_has_what_the_table_exports() {
+    let (ok, out, err) = gpumem(&["tune", "traces/gpt2_train.pickle.gz", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        v["recommended_pytorch_cuda_alloc_conf"],
+        "expandable_segments:True"
+    );
+    assert_eq!(v["recommended_gpumem_conf"], "placement=pages");
+    let (ok, table, err) = gpumem(&["tune", "traces/gpt2_train.pickle.gz"]);
+    assert!(ok, "{err}");
+    assert!(table.contains("\nexport PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n"));
+    assert!(table.contains("\nexport GPUMEM_CONF=placement=pages\n"));
+    let (ok, out, err) = gpumem(&[
+        "tune",
+        "traces/warm_process/seg_train.pickle.gz",
+        "--capacity",
+        "2GiB",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(v["recommended_pytorch_cuda_alloc_conf"].is_null(), "{out}");
+    assert!(v["recommended_gpumem_conf"].is_null(), "{out}");
+}
