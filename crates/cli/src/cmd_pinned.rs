@@ -18,6 +18,36 @@ fn parse_transfer_size(s: &str) -> Result<u64, String> {
     }
 }
 
+/// `advise --per-second`: a finite number of transfers per second, 0 or more.
+fn parse_per_second(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
+        _ => Err(format!(
+            "`{s}`: expected transfers per second, a number ≥ 0 (0: a one-off)"
+        )),
+    }
+}
+
+/// `advise --horizon`: a finite number of seconds above zero.
+fn parse_horizon(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
+        _ => Err(format!(
+            "`{s}`: expected the seconds the pattern runs, a number above 0"
+        )),
+    }
+}
+
+/// `advise --direction`: one direction (the advice weighs the copies of one).
+fn parse_advise_direction(s: &str) -> Result<Direction, String> {
+    match parse_dirs(s)?.as_slice() {
+        [d @ (Direction::H2d | Direction::D2h)] => Ok(*d),
+        _ => Err(format!(
+            "`{s}`: expected one direction, h2d or d2h (both at once is measured by `gpumem bench transfer --directions both`, not advised on)"
+        )),
+    }
+}
+
 /// `--stage-chunk`: a size above zero.
 fn parse_chunk(s: &str) -> Result<u64, String> {
     match crate::units::parse_positive_size(s)? {
@@ -648,8 +678,8 @@ pub fn bench_pinned(a: BenchPinnedArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         println!(
-            "{device}: {note}; medians of {} repeats (pool_warm: ≥ 1000)",
-            a.repeats
+            "{device}: {note}; medians of {} (pool_warm: ≥ 1000)",
+            crate::units::counted(a.repeats as u64, "repeat")
         );
         println!(
             "{:<18} {:>10} {:>14} {:>14}",
@@ -684,16 +714,16 @@ pub struct AdviseArgs {
     #[arg(long, value_parser = parse_transfer_size, allow_hyphen_values = true)]
     pub size: u64,
     /// Transfers per second (0: a one-off).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = parse_per_second, allow_hyphen_values = true)]
     pub per_second: f64,
     /// The copy must be asynchronous (overlap host work or kernels).
     #[arg(long = "async")]
     pub asynchronous: bool,
     /// Direction: h2d or d2h.
-    #[arg(long, default_value = "h2d", value_parser = parse_dirs)]
-    pub direction: std::vec::Vec<Direction>,
+    #[arg(long, default_value = "h2d", value_parser = parse_advise_direction)]
+    pub direction: Direction,
     /// Seconds the pattern runs (a pool's cold allocation is spread over them).
-    #[arg(long, default_value_t = 60.0)]
+    #[arg(long, default_value_t = 60.0, value_parser = parse_horizon, allow_hyphen_values = true)]
     pub horizon: f64,
     /// Cap on pinned memory, with units (default: half of RAM or of the cgroup limit).
     #[arg(long, value_parser = parse_size, allow_hyphen_values = true)]
@@ -725,7 +755,7 @@ pub fn advise(a: AdviseArgs) -> Result<()> {
             _ => TransferTable::h200(),
         },
     };
-    let direction = *a.direction.first().context("no direction")?;
+    let direction = a.direction;
     let pattern = Pattern {
         bytes: a.size,
         per_second: a.per_second,
@@ -740,10 +770,14 @@ pub fn advise(a: AdviseArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{} {} per transfer, {}/s{}, over {} s; figures: {} ({})",
+        "{} {} per transfer, {}{}, over {} s; figures: {} ({})",
         direction.name(),
         units::bytes(a.size),
-        a.per_second,
+        if a.per_second == 0.0 {
+            "a one-off".to_string()
+        } else {
+            format!("{}/s", a.per_second)
+        },
         if a.asynchronous { ", asynchronous" } else { "" },
         a.horizon,
         adv.source,

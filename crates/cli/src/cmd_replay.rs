@@ -56,7 +56,8 @@ pub struct ReplayArgs {
     /// Draw requested / allocated / reserved memory over the trace, per allocator, as SVG.
     #[arg(long, value_name = "FILE.svg")]
     pub timeline: Option<PathBuf>,
-    /// Skip and count malformed events instead of stopping at the first.
+    /// Skip and count malformed events instead of stopping at the first; salvage a truncated
+    /// snapshot (the events read before the cut are kept).
     #[arg(long)]
     pub lenient: bool,
     /// Where to allocate: `sim` (simulated H200, default), `cuda`, `cuda:N`, or `all` (the
@@ -106,8 +107,19 @@ struct JsonTrace {
     free_events: u64,
     peak_requested_bytes: u64,
     largest_request_bytes: u64,
+    /// Requests too large to round up to 512 B (near 2^64): every allocator refuses them, and
+    /// they are left out of `peak_requested_bytes` and `largest_request_bytes`.
+    impossible_requests: u64,
     preexisting_blocks: u64,
     skipped_events: u64,
+    /// Why each skipped event was skipped (--lenient; the first
+    /// [`gpumem::trace::SKIPPED_KEPT`]), as the table's `skipped:` lines say.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    skipped: Vec<String>,
+    /// What the table prints under its `read` line: blocks and segments made before
+    /// recording began, CUDA-graph private pools the torch emulation does not model.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    notes: Vec<String>,
     devices: Vec<u32>,
     /// First to last `time_us` of the trace, in seconds, when it has timestamps.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -259,7 +271,7 @@ struct Recorded {
     reserved_over_requested: f64,
 }
 
-/// PyTorch's own figures beside the trace (`<stem>-<conf>.stats.json`, read by
+/// PyTorch's own figures beside the trace (`<stem>-<conf>.stats.json`, `<stem>.stats.json`, read by
 /// [`gpumem::report::recorded_figures`]), with their ratio to the trace's peak requested.
 fn recorded_figures(trace: &std::path::Path, peak_requested: u64) -> Vec<Recorded> {
     gpumem::report::recorded_figures(trace)
@@ -557,6 +569,30 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         crate::output::check_svg("--timeline", path)?;
     }
     let names = registry::parse_list(&a.allocator)?;
+    // A segment larger than the (simulated) device is refused every time the pools grow.
+    let device_bytes = a
+        .capacity
+        .or(matches!(target, Target::Sim).then_some(DEFAULT_CAPACITY));
+    let segmented: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| matches!(*n, "buddy" | "tlsf" | "best-fit"))
+        .collect();
+    if let Some(cap) = device_bytes.filter(|&c| a.segment_size > c) {
+        if !segmented.is_empty() {
+            let one = segmented.len() == 1;
+            warnings.push(format!(
+                "segments of {} (--segment-size) are larger than the device ({}): {} {} for one, {} refused, {} cache and {} with the request alone at every growth (counted under retries and driver time)",
+                human_bytes(a.segment_size),
+                human_bytes(cap),
+                segmented.join(", "),
+                if one { "asks" } else { "ask" },
+                if one { "is" } else { "are" },
+                if one { "empties its" } else { "empty their" },
+                if one { "retries" } else { "retry" },
+            ));
+        }
+    }
     let read_started = Instant::now();
     if matches!(target, Target::Cuda(_) | Target::AllCuda) {
         // Before reading a trace that may take a while: a missing driver is known at once.
@@ -686,50 +722,58 @@ pub fn run(a: ReplayArgs) -> Result<()> {
                 ),
             }
         }
-        if !trace.preexisting.is_empty() {
-            let n = trace.preexisting.len();
-            eprintln!(
-                "  {n} block{} already live when recording started (declared, freed without an alloc, or listed in the snapshot's segments); replayed as live from the start",
-                if n == 1 { " was" } else { "s were" }
-            );
-        }
-        let private = trace.segments.iter().filter(|s| s.private_pool).count();
-        if private > 0 && names.contains(&"torch") {
-            eprintln!(
-                "  {} of the snapshot {} to CUDA-graph private pools (torch.cuda.graph, torch.compile mode=\"reduce-overhead\"), which the torch emulation does not model: its figures may differ from PyTorch's where graphs allocate (the self-check says where)",
-                crate::units::counted(private as u64, "segment"),
-                if private == 1 { "belongs" } else { "belong" },
-            );
-        }
-        // The emulation takes in the segments of the kind its setting makes (cudaMalloc
-        // segments, or expandable ones under expandable_segments); the others' blocks are
-        // allocated as usual.
-        let (mut segs, mut other) = (0usize, 0usize);
-        for &(d, _) in &summaries {
-            for s in gpumem::replay::preexisting_segments(&trace, d) {
-                if s.segment.mapped.is_some() == config.torch.expandable_segments {
-                    segs += 1;
-                } else {
-                    other += 1;
-                }
+    }
+    // What the table says under its "read" line; `--json` has them as `trace.notes`.
+    let mut notes: Vec<String> = Vec::new();
+    if !trace.preexisting.is_empty() {
+        let n = trace.preexisting.len();
+        notes.push(format!(
+            "{n} block{} already live when recording started (declared, freed without an alloc, or listed in the snapshot's segments); replayed as live from the start",
+            if n == 1 { " was" } else { "s were" }
+        ));
+    }
+    let private = trace.segments.iter().filter(|s| s.private_pool).count();
+    if private > 0 && names.contains(&"torch") {
+        notes.push(format!(
+            "{} of the snapshot {} to CUDA-graph private pools (torch.cuda.graph, torch.compile mode=\"reduce-overhead\"), which the torch emulation does not model: its figures may differ from PyTorch's where graphs allocate (the self-check says where)",
+            crate::units::counted(private as u64, "segment"),
+            if private == 1 { "belongs" } else { "belong" },
+        ));
+    }
+    // The emulation takes in the segments of the kind its setting makes (cudaMalloc
+    // segments, or expandable ones under expandable_segments); the others' blocks are
+    // allocated as usual.
+    let (mut segs, mut other) = (0usize, 0usize);
+    for &(d, _) in &summaries {
+        for s in gpumem::replay::preexisting_segments(&trace, d) {
+            if s.segment.mapped.is_some() == config.torch.expandable_segments {
+                segs += 1;
+            } else {
+                other += 1;
             }
         }
-        if segs > 0 && names.contains(&"torch") {
-            eprintln!(
-                "  {} made before recording started (no event of the trace made {}); the torch emulation starts from {}, as PyTorch did",
-                crate::units::counted(segs as u64, "segment"),
-                if segs == 1 { "it" } else { "them" },
-                if segs == 1 { "it" } else { "them" },
-            );
-        }
-        if other > 0 && names.contains(&"torch") {
-            eprintln!(
-                "  {} made before recording started {} not of the kind {} makes: the torch emulation allocates {} blocks as usual",
-                crate::units::counted(other as u64, if config.torch.expandable_segments { "cudaMalloc segment" } else { "expandable segment" }),
-                if other == 1 { "is" } else { "are" },
-                if config.torch.expandable_segments { "expandable_segments:True" } else { "this setting" },
-                if other == 1 { "its" } else { "their" },
-            );
+    }
+    if segs > 0 && names.contains(&"torch") {
+        notes.push(format!(
+            "{} made before recording started (no event of the trace made {}); the torch emulation starts from {}, as PyTorch did",
+            crate::units::counted(segs as u64, "segment"),
+            if segs == 1 { "it" } else { "them" },
+            if segs == 1 { "it" } else { "them" },
+        ));
+    }
+    if other > 0 && names.contains(&"torch") {
+        notes.push(format!(
+            "{} made before recording started {} not of the kind {} makes: the torch emulation allocates {} blocks as usual",
+            crate::units::counted(other as u64, if config.torch.expandable_segments { "cudaMalloc segment" } else { "expandable segment" }),
+            if other == 1 { "is" } else { "are" },
+            if config.torch.expandable_segments { "expandable_segments:True" } else { "this setting" },
+            if other == 1 { "its" } else { "their" },
+        ));
+    }
+
+    if !a.json {
+        for n in &notes {
+            eprintln!("  {n}");
         }
     }
     for w in &warnings {
@@ -853,8 +897,11 @@ pub fn run(a: ReplayArgs) -> Result<()> {
                 .map(|(_, s)| s.largest_request_bytes)
                 .max()
                 .unwrap_or(0),
+            impossible_requests: summaries.iter().map(|(_, s)| s.impossible_requests).sum(),
             preexisting_blocks: trace.preexisting.len() as u64,
             skipped_events: trace.skipped_count,
+            skipped: trace.skipped.clone(),
+            notes,
             devices: devices.clone(),
             duration_seconds: duration_us.map(|d| d as f64 * 1e-6),
             truncated: trace.truncated.clone(),

@@ -32,7 +32,8 @@ pub struct ReportArgs {
 /// How `report` and `map` read and replay the trace.
 #[derive(Args)]
 pub struct ReplayOptions {
-    /// Capacity of the simulated device (e.g. 80GiB, 141GB).
+    /// Capacity of the simulated device (e.g. 80GiB, 141GB; default: the H200's 139.8 GiB as
+    /// cuMemGetInfo reports it).
     // A negative-looking size reaches parse_size, which says why it is refused.
     #[arg(long, value_parser = crate::units::parse_positive_size, allow_hyphen_values = true)]
     pub capacity: Option<u64>,
@@ -43,7 +44,8 @@ pub struct ReplayOptions {
     /// Device ordinal of the trace to show (default: the first with events).
     #[arg(long)]
     pub trace_device: Option<u32>,
-    /// Skip and count malformed events instead of stopping at the first.
+    /// Skip and count malformed events instead of stopping at the first; salvage a truncated
+    /// snapshot (the events read before the cut are kept).
     #[arg(long)]
     pub lenient: bool,
     /// PYTORCH_CUDA_ALLOC_CONF for the `torch` emulation (e.g.
@@ -134,6 +136,16 @@ pub fn build(
                     .unwrap_or_default()
             );
         }
+    }
+    // A trace of several GPUs shows one: say which, and that event indices are its own.
+    let devices = crate::cmd_tune::alloc_devices(&trace);
+    if devices.len() > 1 {
+        eprintln!(
+            "note: device {} of {} ({}; --trace-device N shows another): event indices count its events only",
+            r.device,
+            devices.len(),
+            crate::cmd_tune::device_list(&devices)
+        );
     }
     let (recorded, warnings) = report::recorded_figures_checked(path);
     for w in warnings {

@@ -30,7 +30,8 @@ pub struct TuneArgs {
     /// Threads (0 = every core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
-    /// Skip and count malformed events instead of stopping at the first.
+    /// Skip and count malformed events instead of stopping at the first; salvage a truncated
+    /// snapshot (the events read before the cut are kept).
     #[arg(long)]
     pub lenient: bool,
 }
@@ -131,7 +132,7 @@ pub fn alloc_devices(trace: &Trace) -> Vec<u32> {
 }
 
 /// `device 0` or `devices 0, 1`.
-fn device_list(devices: &[u32]) -> String {
+pub(crate) fn device_list(devices: &[u32]) -> String {
     let list: Vec<String> = devices.iter().map(u32::to_string).collect();
     format!(
         "device{} {}",
@@ -179,14 +180,34 @@ pub fn run(a: TuneArgs) -> Result<()> {
     }
     let device = pick_device(&trace, "--device", a.device)?;
     let own = recorded_conf(&trace)?;
-    let report = tune::tune(&trace, own, a.capacity, device, a.threads)
-        .with_context(|| format!("tuning {}", gpumem::trace::source_name(&a.trace)))?;
+    // Each setting is a replay and a capacity search: seconds to minutes on a long trace.
+    let bar = crate::progress::bar(0);
+    let report = tune::tune_with_progress(&trace, own, a.capacity, device, a.threads, &|k, n| {
+        if k == 0 {
+            bar.set_length(n as u64);
+            bar.set_message("settings replayed");
+        }
+        bar.set_position(k as u64);
+    })
+    .with_context(|| format!("tuning {}", gpumem::trace::source_name(&a.trace)))?;
+    bar.finish_and_clear();
     if a.json {
         let mut v = serde_json::to_value(&report)?;
         if let Some(o) = v.as_object_mut() {
             o.insert("device".into(), device.into());
             o.insert("trace_devices".into(), devices.clone().into());
             o.insert("skipped_events".into(), trace.skipped_count.into());
+            // The settings the table's `export` lines give (null where it exports none).
+            o.insert(
+                "recommended_pytorch_cuda_alloc_conf".into(),
+                torch_pick(&report).map(|row| row.conf.clone()).into(),
+            );
+            o.insert(
+                "recommended_gpumem_conf".into(),
+                plugin_pick(&report)
+                    .map(|(_, row)| row.gpumem_conf.clone())
+                    .into(),
+            );
         }
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -276,7 +297,7 @@ fn print_report(a: &TuneArgs, r: &TuneReport, recorded: bool, device: u32, devic
     let figures = r.rows.iter().map(|row| (row.setting.clone(), &row.figures));
     print_footnotes(figures);
     if let (Some(best), Some(own)) = (r.best(), r.trace_row()) {
-        let saving = match (
+        let saving = |best: &tune::TuneRow| match (
             best.figures.min_capacity_bytes,
             own.figures.min_capacity_bytes,
         ) {
@@ -287,6 +308,32 @@ fn print_report(a: &TuneArgs, r: &TuneReport, recorded: bool, device: u32, devic
             ),
             _ => format!("no less than the trace's own setting ({})", own.setting),
         };
+        // The rows are ranked by OOMs first: when the first has one, every setting fails at
+        // the capacity given, and a run under any of them would stop at its first OOM.
+        if torch_pick(r).is_none() {
+            let cap = human_bytes(
+                r.capacity_bytes
+                    .unwrap_or(gpumem::core::sim::DEFAULT_CAPACITY),
+            );
+            let least = r
+                .rows
+                .iter()
+                .filter_map(|row| row.figures.min_capacity_bytes.map(|b| (b, row)))
+                .min_by_key(|(b, _)| *b);
+            match least {
+                Some((b, row)) => println!(
+                    "every setting has an OOM at {cap} (PyTorch stops at the first); the least demanding, {}, needs {}: {} (a larger --capacity, or none, to compare them)",
+                    row.setting,
+                    human_bytes(b),
+                    saving(row)
+                ),
+                None => println!("every setting has an OOM at {cap} (PyTorch stops at the first)"),
+            }
+            print_plugin_rows(r, (rw, cw));
+            eprint_timing(r);
+            return;
+        }
+        let saving = saving(best);
         if best.conf.is_empty() {
             println!("unset PYTORCH_CUDA_ALLOC_CONF  # native: PyTorch's defaults");
         } else {
@@ -301,6 +348,11 @@ fn print_report(a: &TuneArgs, r: &TuneReport, recorded: bool, device: u32, devic
         );
     }
     print_plugin_rows(r, (rw, cw));
+    eprint_timing(r);
+}
+
+/// The last line, on standard error: how many settings, in how long, on how many threads.
+fn eprint_timing(r: &TuneReport) {
     eprintln!(
         "{} PYTORCH_CUDA_ALLOC_CONF and {} GPUMEM_CONF settings in {:.1} s on {} thread{}",
         r.rows.len(),
@@ -366,12 +418,27 @@ fn print_footnotes<'a>(rows: impl Iterator<Item = (String, &'a tune::Figures)> +
     }
     for (setting, f) in rows {
         if let Some((s, b)) = f.not_monotone() {
+            let (s, b) = distinct_bytes(s, b);
             println!(
-                "*: {setting} also completes at {}, but not at every capacity between that and {} (a smaller device makes the cache release at other moments)",
-                human_bytes(s),
-                human_bytes(b)
+                "*: {setting} also completes at {s}, but not at every capacity between that and {b} (a smaller device makes the cache release at other moments)"
             );
         }
+    }
+}
+
+/// `a` and `b` as bytes with a unit, told apart: in whole MiB where the table's three digits
+/// would print them alike (3386900480 and 3382706176 are both `3.15 GiB`; the capacities
+/// the search finds are whole MiB), else in bytes.
+fn distinct_bytes(a: u64, b: u64) -> (String, String) {
+    let (ha, hb) = (human_bytes(a), human_bytes(b));
+    if ha != hb || a == b {
+        return (ha, hb);
+    }
+    const MIB: u64 = 1 << 20;
+    if a.is_multiple_of(MIB) && b.is_multiple_of(MIB) {
+        (format!("{} MiB", a / MIB), format!("{} MiB", b / MIB))
+    } else {
+        (format!("{a} B"), format!("{b} B"))
     }
 }
 
@@ -433,13 +500,7 @@ fn print_plugin_rows(r: &TuneReport, (rw, cw): (usize, usize)) {
         "2nd half: driver calls in the second half of the events (the steady state); driver time: modelled H200 driver seconds ÷ the native setting's."
     );
     print_footnotes(r.plugin_rows.iter().map(|row| (label(row), &row.figures)));
-    let pick = r
-        .plugin_rows
-        .iter()
-        .filter(|row| row.figures.oom_count == 0 && ratio(row).is_some_and(|x| x <= 2.0))
-        .filter_map(|row| row.figures.min_capacity_bytes.map(|b| (b, row)))
-        .min_by_key(|(b, _)| *b);
-    match pick {
+    match plugin_pick(r) {
         Some((b, row)) => {
             if row.gpumem_conf.is_empty() {
                 println!("unset GPUMEM_CONF  # the plug-in's defaults (paged-lazy)");
@@ -453,6 +514,34 @@ fn print_plugin_rows(r: &TuneReport, (rw, cw): (usize, usize)) {
         }
         None => println!("{}", no_pick_reason(r, &ratio, &label)),
     }
+}
+
+/// The modelled driver time of `row` ÷ the native setting's, when native's is above zero.
+fn driver_time_ratio(r: &TuneReport, row: &tune::PluginRow) -> Option<f64> {
+    r.rows
+        .iter()
+        .find(|row| row.conf.is_empty())
+        .map(|row| row.figures.modelled_driver_seconds)
+        .filter(|&n| n > 0.0)
+        .map(|n| row.figures.modelled_driver_seconds / n)
+}
+
+/// The gpumem setting `tune` recommends, with its minimum capacity: the one that needs the
+/// least memory among those with no OOM within 2 × native's modelled driver time.
+fn plugin_pick(r: &TuneReport) -> Option<(u64, &tune::PluginRow)> {
+    r.plugin_rows
+        .iter()
+        .filter(|row| {
+            row.figures.oom_count == 0 && driver_time_ratio(r, row).is_some_and(|x| x <= 2.0)
+        })
+        .filter_map(|row| row.figures.min_capacity_bytes.map(|b| (b, row)))
+        .min_by_key(|(b, _)| *b)
+}
+
+/// The `PYTORCH_CUDA_ALLOC_CONF` setting `tune` exports: the first of the ranking, unless it
+/// has an OOM (then every setting has one).
+fn torch_pick(r: &TuneReport) -> Option<&tune::TuneRow> {
+    r.best().filter(|best| best.figures.oom_count == 0)
 }
 
 /// Why no gpumem setting is recommended: none stays within 2 × native's driver time, or each

@@ -246,6 +246,11 @@ fn bench_pinned_gives_advice_that_works() {
         !err.contains("--device sim") && !stdout.contains("--device sim"),
         "{err}{stdout}"
     );
+    // One repeat is one (it said "medians of 1 repeats").
+    assert!(
+        stdout.contains("; medians of 1 repeat (pool_warm"),
+        "{stdout}"
+    );
 
     let (ok, _, err) = gpumem(&["bench", "pinned", "--device", "sim"]);
     assert!(!ok, "{err}");
@@ -316,6 +321,12 @@ fn an_impossible_request_is_dropped_counted_and_said_by_every_command() {
     let (ok, out, err) = gpumem(&["replay", tp, "-a", "torch"]);
     assert!(ok, "{err}");
     assert!(out.contains("torch refused event index 0"), "{out}");
+    // The trace's line says its largest request leaves the impossible one out (it said
+    // "largest request 1000 B" of a trace that asked for 16 EiB).
+    assert!(
+        out.contains("largest request 1000 B (not counting 1 request too large for any allocator)"),
+        "{out}"
+    );
 
     let (ok, out, err) = gpumem(&["map", tp, "-a", "torch"]);
     assert!(ok, "{err}");
@@ -361,8 +372,9 @@ fn an_impossible_request_is_dropped_counted_and_said_by_every_command() {
         2 << 20,
         "{out}"
     );
-    // Left out of the trace's own figures too (and of the planned layout).
+    // Left out of the trace's own figures too (and of the planned layout), and counted.
     assert_eq!(v["trace"]["peak_requested_bytes"], 1000, "{out}");
+    assert_eq!(v["trace"]["impossible_requests"], 1, "{out}");
     assert_eq!(
         v["trace"]["planned_layout"][0]["peak_live_bytes"], 1024,
         "{out}"
@@ -593,6 +605,14 @@ fn lenient_commands_say_what_they_skipped() {
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["skipped_events"], 1);
+    // `replay --json` prints no read notes: the reasons are in the JSON (it had the count
+    // only, and said nowhere why).
+    let (ok, out, err) = gpumem(&["replay", dup, "--lenient", "--json", "-a", "torch"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["trace"]["skipped_events"], 1);
+    let why = v["trace"]["skipped"][0].as_str().unwrap_or_default();
+    assert!(why.starts_with("line 3: free of address 1"), "{out}");
 
     let bad = dir.join("bad.jsonl");
     std::fs::write(&bad, "{\"action\":\"alloc\",\"addr\":1,\"size\":-10}\n").unwrap();
@@ -1213,4 +1233,319 @@ fn the_setting_given_decides_which_earlier_segments_are_taken_in() {
         err.contains("1 expandable segment made before recording started is not of the kind"),
         "{err}"
     );
+}
+
+/// `tune --capacity` where every setting has an OOM: no `export` of the one with the fewest
+/// OOMs (a run stops at its first), but the least demanding setting and what it needs (it
+/// said "export PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.6, needs 5.09 GiB: no
+/// less than the trace's own setting", with expandable_segments:True needing 4.77 GiB).
+#[test]
+fn tune_exports_no_setting_that_fails_at_the_capacity_given() {
+    let t = "traces/warm_process/seg_train.pickle.gz";
+    let (ok, out, err) = gpumem(&["tune", t, "--capacity", "2GiB"]);
+    assert!(ok, "{err}");
+    assert!(!out.contains("export PYTORCH_CUDA_ALLOC_CONF"), "{out}");
+    assert!(
+        out.contains("every setting has an OOM at 2.00 GiB (PyTorch stops at the first); the least demanding, expandable_segments:True, needs 4.77 GiB: 292.0 MiB less than the trace's own setting (native) needs"),
+        "{out}"
+    );
+    // The gpumem table still follows.
+    assert!(out.contains("gpumem plug-in, GPUMEM_CONF"), "{out}");
+}
+
+/// `tune`'s `*` footnote tells its two capacities apart where three digits do not (it said
+/// "also completes at 3.15 GiB, but not at every capacity between that and 3.15 GiB").
+#[test]
+fn tune_footnote_capacities_differ() {
+    let (ok, out, err) = gpumem(&["tune", "traces/validation/resnet_infer.pickle.gz"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("*: expandable_segments:True also completes at 3226 MiB, but not at every capacity between that and 3230 MiB"),
+        "{out}"
+    );
+    for line in out.lines().filter(|l| l.starts_with("*: ")) {
+        let at = line.split(" also completes at ").nth(1).unwrap();
+        let (small, rest) = at
+            .split_once(", but not at every capacity between that and ")
+            .unwrap();
+        let large = rest.split(" (").next().unwrap();
+        assert_ne!(small, large, "{line}");
+    }
+}
+
+/// `advise` refuses a rate or horizon that is no number of the kind asked for (it printed
+/// "NaN/s", "-3/s", "over NaN s" and "inf %" and advised on them) and a direction it does
+/// not advise on (`both` dropped the pageable row; `d2h,h2d` silently took the first).
+#[test]
+fn advise_refuses_nonsense_rates_and_directions() {
+    for (flag, value, says) in [
+        (
+            "--per-second",
+            "nan",
+            "expected transfers per second, a number ≥ 0",
+        ),
+        (
+            "--per-second",
+            "inf",
+            "expected transfers per second, a number ≥ 0",
+        ),
+        (
+            "--per-second",
+            "-3",
+            "expected transfers per second, a number ≥ 0",
+        ),
+        (
+            "--horizon",
+            "nan",
+            "expected the seconds the pattern runs, a number above 0",
+        ),
+        (
+            "--horizon",
+            "-1",
+            "expected the seconds the pattern runs, a number above 0",
+        ),
+        (
+            "--horizon",
+            "0",
+            "expected the seconds the pattern runs, a number above 0",
+        ),
+        ("--direction", "both", "expected one direction, h2d or d2h"),
+        (
+            "--direction",
+            "d2h,h2d",
+            "expected one direction, h2d or d2h",
+        ),
+    ] {
+        let (ok, out, err) = gpumem(&["advise", "--size", "64MiB", flag, value]);
+        assert!(!ok, "{flag} {value}: {out}");
+        assert!(
+            err.contains(flag) && err.contains(says),
+            "{flag} {value}: {err}"
+        );
+    }
+    // A one-off is said so, not "0/s".
+    let (ok, out, err) = gpumem(&["advise", "--size", "64MiB", "--direction", "d2h"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.starts_with("d2h 64.00 MiB per transfer, a one-off, over 60 s;"),
+        "{out}"
+    );
+}
+
+/// `replay --json`: where the torch emulation parts from the recorded cudaMalloc calls, the
+/// call it made has the shape of the recorded one (it was serde's array for a tuple,
+/// `["alloc",0,39845888]`, beside the object `{"kind":"alloc","addr":...,"bytes":...}`).
+#[test]
+fn the_emulated_call_of_a_divergence_is_an_object_like_the_recorded_one() {
+    let (ok, out, err) = gpumem(&[
+        "replay",
+        "traces/limits/graph_infer.pickle.gz",
+        "-a",
+        "torch",
+        "--no-plan",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let check = &v["allocators"][0]["emulation_check"];
+    assert_eq!(check["result"], "diverges", "{check}");
+    assert_eq!(check["event"], 641, "{check}");
+    assert_eq!(check["recorded"]["kind"], "alloc", "{check}");
+    assert_eq!(check["recorded"]["bytes"], 2097152, "{check}");
+    assert_eq!(
+        check["emulated"],
+        serde_json::json!({"kind": "alloc", "addr": 0, "bytes": 39845888}),
+        "{check}"
+    );
+}
+
+/// The `NAME.stats.json` beside the traces of `traces/validation/` (and warm_process,
+/// settings, limits) is PyTorch's figure for the traced run: `replay` shows it as it shows
+/// `NAME-native.stats.json` (it was never read, and 20 of the shipped traces had no PyTorch
+/// figure under their table).
+#[test]
+fn the_traced_runs_own_stats_are_shown() {
+    let t = "traces/validation/bert_finetune.pickle.gz";
+    let (ok, out, err) = gpumem(&["replay", t, "-a", "torch", "--no-plan"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("PyTorch's own peak reserved for this run (memory_stats beside the trace): traced run 4.05 GiB (1.090)"),
+        "{out}"
+    );
+    let (ok, out, err) = gpumem(&["replay", t, "-a", "torch", "--no-plan", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let rec = &v["pytorch_recorded"];
+    assert_eq!(rec.as_array().map(Vec::len), Some(1), "{rec}");
+    assert_eq!(rec[0]["conf"], "traced run", "{rec}");
+    // traces/validation/bert_finetune.stats.json's reserved_bytes.all.peak, which the
+    // emulation matches.
+    assert_eq!(rec[0]["reserved_bytes_peak"], 4347396096u64, "{rec}");
+    assert_eq!(v["allocators"][0]["peak_reserved_bytes"], 4347396096u64);
+}
+
+/// `replay --json` carries the notes the table prints under its `read` line (they were
+/// printed without --json only, so a script never learnt that the torch figures of a
+/// snapshot with CUDA-graph pools may differ, or that the emulation started from earlier
+/// segments).
+#[test]
+fn replay_json_has_the_read_notes() {
+    let notes = |t: &str| {
+        let (ok, out, err) = gpumem(&["replay", t, "-a", "torch", "--no-plan", "--json"]);
+        assert!(ok, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["trace"]["notes"].clone()
+    };
+    let n = notes("traces/limits/graph_infer.pickle.gz");
+    assert_eq!(n.as_array().map(Vec::len), Some(1), "{n}");
+    assert!(
+        n[0].as_str()
+            .unwrap()
+            .starts_with("3 segments of the snapshot belong to CUDA-graph private pools"),
+        "{n}"
+    );
+    let n = notes("traces/external/finetune_no_timestamps.pickle.gz");
+    assert_eq!(
+        n,
+        serde_json::json!([
+            "622 blocks were already live when recording started (declared, freed without an alloc, or listed in the snapshot's segments); replayed as live from the start",
+            "63 segments made before recording started (no event of the trace made them); the torch emulation starts from them, as PyTorch did"
+        ])
+    );
+    // A trace with nothing to note has no key.
+    assert!(notes("traces/mixed_sizes.pickle.gz").is_null());
+}
+
+/// `map` and `report` of a trace of several GPUs say which device they show and that its
+/// event indices are its own (`map` said "torch after event 60" of a 5002-event trace, with
+/// no word of the other device).
+#[test]
+fn map_and_report_say_which_device_of_several() {
+    let t = "traces/multigpu/two_devices.jsonl";
+    let note = "note: device 1 of 2 (devices 0, 1; --trace-device N shows another): event indices count its events only";
+    let (ok, _, err) = gpumem(&["map", t, "--trace-device", "1", "--width", "40"]);
+    assert!(ok && err.contains(note), "{err}");
+    let (ok, _, err) = gpumem(&["map", t, "--width", "40"]);
+    assert!(
+        ok && err.contains("note: device 0 of 2 (devices 0, 1;"),
+        "{err}"
+    );
+    let dir = scratch("two-devices");
+    let html = dir.join("r.html");
+    let (ok, _, err) = gpumem(&[
+        "report",
+        t,
+        "--trace-device",
+        "1",
+        "-a",
+        "torch",
+        "-o",
+        html.to_str().unwrap(),
+    ]);
+    assert!(ok && err.contains(note), "{err}");
+    // One device: no note.
+    let (ok, _, err) = gpumem(&["map", "traces/mixed_sizes.pickle.gz", "--width", "40"]);
+    assert!(ok && !err.contains("note: device"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The error of a truncated snapshot sends the user to `--lenient`; every command's help says
+/// that `--lenient` salvages one (only `convert`'s did).
+#[test]
+fn every_lenient_help_says_it_salvages_a_truncated_snapshot() {
+    for cmd in ["replay", "tune", "report", "map", "convert"] {
+        let (ok, out, err) = gpumem(&[cmd, "--help"]);
+        assert!(ok, "{err}");
+        let line = out
+            .lines()
+            .find(|l| l.trim_start().starts_with("--lenient"))
+            .unwrap_or_default();
+        assert!(
+            line.contains("salvage a truncated snapshot"),
+            "{cmd}: {line}"
+        );
+    }
+}
+
+/// A segment larger than the device (`--segment-size 1TiB` for 1GiB) is warned about: the
+/// segmented pools were refused at every growth, and the table showed 35 retries and a
+/// driver time of 9016 % of the trace without a word why.
+#[test]
+fn a_segment_larger_than_the_device_is_warned_about() {
+    let t = "traces/mixed_sizes.pickle.gz";
+    let (ok, _, err) = gpumem(&[
+        "replay",
+        t,
+        "--segment-size",
+        "1TiB",
+        "-a",
+        "buddy,tlsf,torch",
+        "--no-plan",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("warning: segments of 1.00 TiB (--segment-size) are larger than the device (139.8 GiB): buddy, tlsf ask for one, are refused"),
+        "{err}"
+    );
+    // Not for allocators that size their own segments.
+    let (ok, _, err) = gpumem(&[
+        "replay",
+        t,
+        "--segment-size",
+        "1TiB",
+        "-a",
+        "torch",
+        "--no-plan",
+    ]);
+    assert!(ok && !err.contains("--segment-size"), "{err}");
+    let (ok, _, err) = gpumem(&["replay", t, "-a", "tlsf", "--no-plan"]);
+    assert!(ok && !err.contains("warning"), "{err}");
+}
+
+/// `report --help` and `map --help` say which capacity they simulate without `--capacity`,
+/// as `replay --help` does (they gave none).
+#[test]
+fn report_and_map_help_give_the_default_capacity() {
+    for cmd in ["report", "map"] {
+        let (ok, out, err) = gpumem(&[cmd, "--help"]);
+        assert!(ok, "{err}");
+        let line = out
+            .lines()
+            .find(|l| l.trim_start().starts_with("--capacity"))
+            .unwrap_or_default();
+        assert!(
+            line.contains("default: the H200's 139.8 GiB"),
+            "{cmd}: {line}"
+        );
+    }
+}
+
+/// `tune --json` has the settings its table exports (it had the rows only: a script had to
+/// redo the ranking's OOM rule and the plug-in's 2 × native driver-time rule); null where the
+/// table exports none, "" for PyTorch's defaults and the plug-in's.
+#[test]
+fn tune_json_has_what_the_table_exports() {
+    let (ok, out, err) = gpumem(&["tune", "traces/gpt2_train.pickle.gz", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        v["recommended_pytorch_cuda_alloc_conf"],
+        "expandable_segments:True"
+    );
+    assert_eq!(v["recommended_gpumem_conf"], "placement=pages");
+    let (ok, table, err) = gpumem(&["tune", "traces/gpt2_train.pickle.gz"]);
+    assert!(ok, "{err}");
+    assert!(table.contains("\nexport PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n"));
+    assert!(table.contains("\nexport GPUMEM_CONF=placement=pages\n"));
+    let (ok, out, err) = gpumem(&[
+        "tune",
+        "traces/warm_process/seg_train.pickle.gz",
+        "--capacity",
+        "2GiB",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(v["recommended_pytorch_cuda_alloc_conf"].is_null(), "{out}");
+    assert!(v["recommended_gpumem_conf"].is_null(), "{out}");
 }

@@ -885,9 +885,29 @@ pub enum RecordedCheck {
         /// The recorded call at that point, if any remained.
         recorded: Option<RecordedCall>,
         /// The call the device was asked for instead (kind, address for frees or 0, bytes),
-        /// if any.
+        /// if any. Serialised as an object with the keys of `recorded` (`kind`, `addr`,
+        /// `bytes`), less `event`.
+        #[serde(serialize_with = "serialize_emulated")]
         emulated: Option<(RecordedKind, u64, u64)>,
     },
+}
+
+/// [`RecordedCheck::Diverges`]'s `emulated` call as `{"kind", "addr", "bytes"}`, the shape of
+/// its `recorded` call, instead of serde's array for a tuple.
+fn serialize_emulated<S: serde::Serializer>(
+    call: &Option<(RecordedKind, u64, u64)>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    #[derive(serde::Serialize)]
+    struct Call {
+        kind: RecordedKind,
+        addr: u64,
+        bytes: u64,
+    }
+    serde::Serialize::serialize(
+        &call.map(|(kind, addr, bytes)| Call { kind, addr, bytes }),
+        s,
+    )
 }
 
 impl std::fmt::Display for RecordedCheck {

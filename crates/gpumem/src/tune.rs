@@ -275,12 +275,19 @@ fn plugin_row(
 /// A unit of work for [`parallel`].
 type Job<'a, T> = Box<dyn FnOnce() -> T + Send + 'a>;
 
-/// Runs `jobs` closures on `threads` threads, results in job order.
-fn parallel<T: Send>(threads: usize, jobs: Vec<Job<'_, T>>) -> Vec<T> {
+/// Runs `jobs` closures on `threads` threads, results in job order; `done(0, n)` before the
+/// first of the n jobs starts, and `done(k, n)` after the k-th finished.
+fn parallel<T: Send>(
+    threads: usize,
+    jobs: Vec<Job<'_, T>>,
+    done: &(dyn Fn(usize, usize) + Sync),
+) -> Vec<T> {
     let n = jobs.len();
     let queue: Mutex<Vec<Option<Job<'_, T>>>> = Mutex::new(jobs.into_iter().map(Some).collect());
     let next = AtomicUsize::new(0);
+    let finished = AtomicUsize::new(0);
     let results: Mutex<Vec<Option<T>>> = Mutex::new((0..n).map(|_| None).collect());
+    done(0, n);
     std::thread::scope(|s| {
         for _ in 0..threads.clamp(1, n.max(1)) {
             s.spawn(|| loop {
@@ -294,6 +301,7 @@ fn parallel<T: Send>(threads: usize, jobs: Vec<Job<'_, T>>) -> Vec<T> {
                     if let Ok(mut out) = results.lock() {
                         out[i] = Some(r);
                     }
+                    done(finished.fetch_add(1, Ordering::Relaxed) + 1, n);
                 }
             });
         }
@@ -315,6 +323,29 @@ pub fn tune(
     capacity_bytes: Option<u64>,
     device: u32,
     threads: usize,
+) -> Result<TuneReport, ReplayError> {
+    tune_with_progress(
+        trace,
+        trace_conf,
+        capacity_bytes,
+        device,
+        threads,
+        &|_, _| {},
+    )
+}
+
+/// [`tune`], calling `done(0, n)` before its n settings are replayed and `done(k, n)` each
+/// time the k-th is finished (from the thread that replayed it), for a progress bar.
+///
+/// # Errors
+/// A [`ReplayError`] from one of the replays (an emulation bug).
+pub fn tune_with_progress(
+    trace: &Trace,
+    trace_conf: Option<TorchConfig>,
+    capacity_bytes: Option<u64>,
+    device: u32,
+    threads: usize,
+    done: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<TuneReport, ReplayError> {
     let started = Instant::now();
     let threads = if threads == 0 {
@@ -369,7 +400,7 @@ pub fn tune(
     let mut plugin_rows: Vec<PluginRow> = Vec::new();
     // No more threads than jobs run (and are reported).
     let threads = threads.clamp(1, jobs.len().max(1));
-    for r in parallel(threads, jobs) {
+    for r in parallel(threads, jobs, done) {
         match r? {
             Out::Torch(row) => rows.push(row),
             Out::Plugin(row) => plugin_rows.push(row),
@@ -425,5 +456,22 @@ mod tests {
         assert_eq!(grow.grow_ahead_bp, 156);
         let pages = crate::lazy_conf::parse(PLUGIN_SETTINGS[2]).unwrap();
         assert_eq!(pages.placement, LazyPlacement::Pages);
+    }
+
+    #[test]
+    fn progress_counts_every_setting_once() {
+        use crate::trace::{Action, Event};
+        let mut trace = Trace::default();
+        trace.events.push(Event::new(Action::Alloc, 1, 3 << 20));
+        trace.events.push(Event::new(Action::Free, 1, 0));
+        let seen = Mutex::new(Vec::new());
+        let r = tune_with_progress(&trace, None, None, 0, 2, &|k, n| {
+            seen.lock().unwrap().push((k, n));
+        })
+        .unwrap();
+        let n = r.rows.len() + r.plugin_rows.len();
+        let mut seen = seen.into_inner().unwrap();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..=n).map(|k| (k, n)).collect::<Vec<_>>());
     }
 }

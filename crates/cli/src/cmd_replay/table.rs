@@ -166,13 +166,21 @@ fn sim_differs<'a>(rows: impl Iterator<Item = (&'a str, u64, Option<u64>)>) -> O
 pub(super) fn print_table(j: &JsonOut, capacity: u64, capacity_given: bool) {
     let t = &j.trace;
     println!(
-        "trace {}: {} ({}, {}), peak requested {}, largest request {}{}",
+        "trace {}: {} ({}, {}), peak requested {}, largest request {}{}{}",
         gpumem::trace::source_name(std::path::Path::new(&t.path)),
         counted(t.events, "event"),
         counted(t.alloc_events, "alloc"),
         counted(t.free_events, "free"),
         human_bytes(t.peak_requested_bytes),
         human_bytes(t.largest_request_bytes),
+        if t.impossible_requests > 0 {
+            format!(
+                " (not counting {} too large for any allocator)",
+                counted(t.impossible_requests, "request")
+            )
+        } else {
+            String::new()
+        },
         t.duration_seconds
             .map(|d| format!(", {}", gpumem::units::duration(d)))
             .unwrap_or_default()

@@ -93,7 +93,9 @@ pub enum ReportError {
 /// PyTorch's own `memory_stats()` figures for the traced run (reference lines).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RecordedFigures {
-    /// `native` or `expandable_segments`.
+    /// `native` or `expandable_segments` (from `<stem>-native.stats.json`,
+    /// `<stem>-expandable_segments_True.stats.json`), or `traced run` (from
+    /// `<stem>.stats.json`: the recorded run itself, under the trace's own setting).
     pub conf: String,
     /// `reserved_bytes.all.peak`.
     pub reserved_peak_bytes: u64,
@@ -101,9 +103,10 @@ pub struct RecordedFigures {
     pub allocated_peak_bytes: Option<u64>,
 }
 
-/// Reads the `<stem>-<conf>.stats.json` files that lie beside `trace_path` (as in `traces/`):
-/// PyTorch's `torch.cuda.memory_stats()` for the recorded run. Files that are missing or do
-/// not parse are skipped ([`recorded_figures_checked`] says why).
+/// Reads the `<stem>-<conf>.stats.json` files (as in `traces/`) and the `<stem>.stats.json`
+/// file (as in `traces/validation/`) that lie beside `trace_path`: PyTorch's
+/// `torch.cuda.memory_stats()` for the recorded run. Files that are missing or do not parse
+/// are skipped ([`recorded_figures_checked`] says why).
 pub fn recorded_figures(trace_path: &std::path::Path) -> Vec<RecordedFigures> {
     recorded_figures_checked(trace_path).0
 }
@@ -121,8 +124,12 @@ pub fn recorded_figures_checked(
     let stem = name.split('.').next().unwrap_or(name);
     let dir = trace_path.parent().unwrap_or(std::path::Path::new("."));
     let mut out = Vec::new();
-    for conf in ["native", "expandable_segments_True"] {
-        let p = dir.join(format!("{stem}-{conf}.stats.json"));
+    for (suffix, conf) in [
+        ("-native", "native"),
+        ("-expandable_segments_True", "expandable_segments"),
+        ("", "traced run"),
+    ] {
+        let p = dir.join(format!("{stem}{suffix}.stats.json"));
         let text = match std::fs::read_to_string(&p) {
             Ok(text) => text,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
@@ -152,7 +159,7 @@ pub fn recorded_figures_checked(
         }
         if let Some(r) = reserved {
             out.push(RecordedFigures {
-                conf: conf.replace("_True", ""),
+                conf: conf.to_string(),
                 reserved_peak_bytes: r,
                 allocated_peak_bytes: v
                     .get("allocated_bytes.all.peak")
