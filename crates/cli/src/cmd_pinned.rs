@@ -491,7 +491,7 @@ pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
         println!("{device} ({bus}); GB/s = 1e9 B/s, median of CUDA-event-timed copies");
         println!("mapped: {mapped_method}");
         println!(
-            "staging: {} chunks × {}, {} threads, {:?}",
+            "staging: {} chunks × {}, {} threads, copy {}",
             units::bytes(staging.chunk_bytes as u64),
             staging.buffers,
             staging.threads,
@@ -542,7 +542,7 @@ pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
 /// One staging configuration and its two rates, as the sweep tables print it.
 fn sweep_line(s: &SweepRow, a: &str, b: &str, unit: &str) -> String {
     format!(
-        "threads {:>2} chunk {:>9} buffers {} {:?}: {a} {:.2} {b} {:.2}{unit}",
+        "threads {:>2} chunk {:>9} buffers {} copy {}: {a} {:.2} {b} {:.2}{unit}",
         s.config.threads,
         units::bytes(s.config.chunk_bytes as u64),
         s.config.buffers,

@@ -1043,7 +1043,8 @@ fn a_bad_gzip_checksum_note_is_a_whole_sentence() {
 }
 
 /// `inspect` when no strategy can allocate: each error once, no empty table, "1 error" (the
-/// pool's out-of-memory cause was printed three times behind "torch: torch:").
+/// pool's out-of-memory cause was printed three times behind "torch: torch:"), and a size
+/// larger than the device says so (only the pool's "0 B free" was given).
 #[test]
 fn inspect_errors_say_each_cause_once() {
     let (ok, out, err) = gpumem(&[
@@ -1059,7 +1060,9 @@ fn inspect_errors_say_each_cause_once() {
     assert!(out.is_empty(), "{out}");
     let first = err.lines().next().unwrap();
     assert!(
-        first.starts_with("error: torch: allocating 1 TiB: out of memory"),
+        first.starts_with(
+            "error: torch: allocating 1 TiB (more than the device's 139.8 GiB): out of memory"
+        ),
         "{err}"
     );
     assert!(!first.contains("torch: torch"), "{first}");
@@ -1548,4 +1551,27 @@ fn tune_json_has_what_the_table_exports() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert!(v["recommended_pytorch_cuda_alloc_conf"].is_null(), "{out}");
     assert!(v["recommended_gpumem_conf"].is_null(), "{out}");
+}
+
+/// `bench transfer --host-only` names the copy as `--stage-copy` spells it (`nt`, `libc`); it
+/// printed the Rust name `NonTemporal`.
+#[test]
+fn host_only_staging_names_the_copy_as_its_flag() {
+    for (flag, shown) in [("nt", "copy nt:"), ("libc", "copy libc:")] {
+        let (ok, out, err) = gpumem(&[
+            "bench",
+            "transfer",
+            "--host-only",
+            "--sizes",
+            "1MiB",
+            "--stage-copy",
+            flag,
+        ]);
+        assert!(ok, "{err}");
+        assert!(out.contains(shown), "{out}");
+        assert!(
+            !out.contains("NonTemporal") && !out.contains("Libc"),
+            "{out}"
+        );
+    }
 }

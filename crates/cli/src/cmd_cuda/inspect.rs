@@ -132,11 +132,18 @@ fn inspect_on<D: Introspect>(
     sizes: &[u64],
     rows: &mut Vec<InspectRow>,
 ) -> Result<()> {
+    let capacity = pool.with_device(|d| d.capacity_bytes())?;
     let blocks: Vec<_> = sizes
         .iter()
         .map(|&s| {
-            pool.alloc(s, 0)
-                .with_context(|| format!("{}: allocating {}", pool.name(), human(s)))
+            pool.alloc(s, 0).with_context(|| {
+                let over = if s > capacity {
+                    format!(" (more than the device's {})", human(capacity))
+                } else {
+                    String::new()
+                };
+                format!("{}: allocating {}{over}", pool.name(), human(s))
+            })
         })
         .collect::<Result<_>>()?;
     for b in &blocks {

@@ -39,6 +39,16 @@ pub enum CopyKind {
     NonTemporal,
 }
 
+impl std::fmt::Display for CopyKind {
+    /// The spelling of the CLI's `--copy` flag: `libc` or `nt`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CopyKind::Libc => "libc",
+            CopyKind::NonTemporal => "nt",
+        })
+    }
+}
+
 /// Copies `len` bytes from `src` to `dst` with `kind`.
 ///
 /// # Safety
