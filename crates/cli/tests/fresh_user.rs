@@ -1575,3 +1575,26 @@ fn host_only_staging_names_the_copy_as_its_flag() {
         );
     }
 }
+
+/// `vmm`'s demonstration arena says when it rounded `--reserve` up to whole pages or
+/// considered fewer pages than `--pages` asked (both were silent), in the table and in --json.
+#[test]
+fn vmm_says_what_it_rounded_and_capped() {
+    let (ok, out, err) = gpumem(&["vmm", "--device", "sim", "--pages", "20", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        v["notes"],
+        serde_json::json!([
+            "--pages 20: considered 16, the pages the reserve holds (--reserve 40 MiB holds 20)"
+        ])
+    );
+    let (ok, out, err) = gpumem(&["vmm", "--device", "sim", "--reserve", "1KiB"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("note: --reserve 1 KiB: reserved 2 MiB (whole pages of 2 MiB)"),
+        "{out}"
+    );
+    let (ok, out, _) = gpumem(&["vmm", "--device", "sim"]);
+    assert!(ok && !out.contains("note:"), "{out}");
+}

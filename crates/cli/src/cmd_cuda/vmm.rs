@@ -42,6 +42,9 @@ struct VmmOut {
     paged_strategy: Vec<PageTable>,
     paged_error: Option<String>,
     demo_arena: Vec<PageTable>,
+    /// What the demonstration arena did not take as given (`--reserve` rounded up to whole
+    /// pages, `--pages` capped at the pages reserved).
+    notes: Vec<String>,
 }
 
 fn paged_tables<D: Introspect>(pool: &DevicePool<D>, g: u64) -> Result<Vec<PageTable>> {
@@ -54,12 +57,37 @@ fn paged_tables<D: Introspect>(pool: &DevicePool<D>, g: u64) -> Result<Vec<PageT
     Ok(pool.with_device(|d| d.book().page_tables(g))?)
 }
 
+/// What the demonstration arena did not take as given ([`vmm::demo_arena`] reserves whole
+/// pages of `page` bytes and considers at most the pages reserved).
+fn demo_notes(reserve: u64, pages: u64, page: u64) -> Vec<String> {
+    let mut notes = Vec::new();
+    if page == 0 {
+        return notes;
+    }
+    let held = reserve.div_ceil(page).max(1);
+    if reserve != held * page {
+        notes.push(format!(
+            "--reserve {}: reserved {} (whole pages of {})",
+            human(reserve),
+            human(held * page),
+            human(page)
+        ));
+    }
+    if pages > held {
+        notes.push(format!(
+            "--pages {pages}: considered {held}, the pages the reserve holds (--reserve {} holds {pages})",
+            human(pages.saturating_mul(page))
+        ));
+    }
+    notes
+}
+
 pub fn vmm(a: VmmArgs) -> Result<()> {
     let paged_opts = PoolConfig {
         reserve_bytes: 0,
         ..PoolConfig::default()
     };
-    let out = match a.device {
+    let mut out = match a.device {
         DeviceSel::Sim => {
             let g = SimDevice::default().granularity_bytes();
             let (paged_strategy, paged_error) = match DevicePool::new(
@@ -85,6 +113,7 @@ pub fn vmm(a: VmmArgs) -> Result<()> {
                 paged_strategy,
                 paged_error,
                 demo_arena,
+                notes: Vec::new(),
             }
         }
         DeviceSel::All => bail!("`gpumem vmm` shows one device: use --device cuda:N"),
@@ -118,9 +147,11 @@ pub fn vmm(a: VmmArgs) -> Result<()> {
                 paged_strategy,
                 paged_error,
                 demo_arena,
+                notes: Vec::new(),
             }
         }
     };
+    out.notes = demo_notes(a.reserve, a.pages, out.granularity_bytes);
     if a.json {
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
@@ -137,5 +168,34 @@ pub fn vmm(a: VmmArgs) -> Result<()> {
     }
     println!("\ndemonstration arena (every other page mapped):");
     print!("{}", vmm::render(&out.demo_arena));
+    for note in &out.notes {
+        println!("note: {note}");
+    }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::demo_notes;
+
+    #[test]
+    fn the_demonstration_says_what_it_rounded_and_capped() {
+        const MIB: u64 = 1 << 20;
+        assert!(demo_notes(32 * MIB, 8, 2 * MIB).is_empty());
+        let n = demo_notes(1 << 10, 8, 2 * MIB);
+        assert_eq!(n.len(), 2, "{n:?}");
+        assert_eq!(
+            n[0],
+            "--reserve 1 KiB: reserved 2 MiB (whole pages of 2 MiB)"
+        );
+        assert_eq!(
+            n[1],
+            "--pages 8: considered 1, the pages the reserve holds (--reserve 16 MiB holds 8)"
+        );
+        let n = demo_notes(32 * MIB, 100, 2 * MIB);
+        assert_eq!(
+            n,
+            ["--pages 100: considered 16, the pages the reserve holds (--reserve 200 MiB holds 100)"]
+        );
+    }
 }
