@@ -742,7 +742,16 @@ pub fn advise(a: AdviseArgs) -> Result<()> {
         Some(p) => serde_json::from_str(
             &std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
         )
-        .with_context(|| format!("parsing {}", p.display()))?,
+        .with_context(|| {
+            format!(
+                "parsing {}: expected a table as `gpumem bench transfer` caches it for advise (an object with source, device, transfers; {})",
+                p.display(),
+                advise::cache_path().map_or_else(
+                    || "cached under $XDG_CACHE_HOME or ~/.cache as gpumem/transfer.json".to_string(),
+                    |c| format!("here {}", c.display())
+                )
+            )
+        })?,
         None => match advise::load_cached_table() {
             Some((_, t)) if !t.transfers.is_empty() => {
                 // Allocation costs missing from a measured table: the built-in ones.

@@ -1598,3 +1598,22 @@ fn vmm_says_what_it_rounded_and_capped() {
     let (ok, out, _) = gpumem(&["vmm", "--device", "sim"]);
     assert!(ok && !out.contains("note:"), "{out}");
 }
+
+/// `advise --table` with a file that is not a transfer table says what it expected and where
+/// `bench transfer` caches one (it said only "missing field `source`").
+#[test]
+fn advise_table_of_the_wrong_kind_says_what_it_expected() {
+    let dir = scratch("advise-table");
+    let bad = dir.join("bad.json");
+    std::fs::write(&bad, "{\"a\": 1}").unwrap();
+    let (ok, _, err) = gpumem(&["advise", "--table", bad.to_str().unwrap(), "--size", "1GiB"]);
+    assert!(!ok);
+    one_line_error(&err);
+    assert!(err.contains(bad.to_str().unwrap()), "{err}");
+    assert!(
+        err.contains("expected a table as `gpumem bench transfer` caches it for advise"),
+        "{err}"
+    );
+    assert!(err.contains("gpumem/transfer.json"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
