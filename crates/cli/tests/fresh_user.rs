@@ -1617,3 +1617,30 @@ fn advise_table_of_the_wrong_kind_says_what_it_expected() {
     assert!(err.contains("gpumem/transfer.json"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// An empty trace says it is empty without calling standard input a file; a file is named.
+#[test]
+fn an_empty_trace_is_said_empty_whatever_it_came_from() {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpumem"))
+        .args(["replay", "-"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    one_line_error(&err);
+    assert_eq!(
+        err.trim_end(),
+        "error: standard input: not an allocation trace: it is empty (0 bytes)"
+    );
+    let dir = scratch("empty-trace");
+    let f = dir.join("empty.json");
+    std::fs::write(&f, "").unwrap();
+    let (ok, _, err) = gpumem(&["replay", f.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        err.contains("empty.json") && err.contains("it is empty (0 bytes)"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -294,7 +294,7 @@ pub fn detect_with(bytes: &[u8], complete: bool) -> Result<Format, String> {
         }
     }
     if bytes.is_empty() {
-        return Err("the file is empty".into());
+        return Err("it is empty (0 bytes)".into());
     }
     if bytes[0] == PICKLE_PROTO {
         return match bytes.get(1) {
