@@ -859,6 +859,12 @@ pub struct TorchInputs {
 }
 
 impl TorchInputs {
+    /// Whether a replay through the allocator named `name` reads them: only the `torch`
+    /// emulation keeps PyTorch's segments and honours the recorded `empty_cache()` calls.
+    pub fn wanted_by(name: &str) -> bool {
+        name == "torch"
+    }
+
     /// Both, for the events of `device` in `trace`.
     pub fn of(trace: &Trace, device: u32) -> TorchInputs {
         TorchInputs {
@@ -935,7 +941,7 @@ pub fn replay_prepared(
     // did): the segments the recorded run already held, and where it emptied its cache.
     let found;
     let (foreign, releases): (&[PreexistingSegment], Option<&FxHashSet<u64>>) =
-        match (name == "torch", torch) {
+        match (TorchInputs::wanted_by(&name), torch) {
             (false, _) => (&[], None),
             (true, Some(t)) => (&t.segments, Some(&t.releases)),
             (true, None) => {

@@ -109,7 +109,7 @@ fn probe(
 ) -> Result<Probe, ReplayError> {
     let mut a = make();
     let mut d = make_dev(capacity);
-    let torch = (a.name() == "torch").then(|| {
+    let torch = TorchInputs::wanted_by(a.name()).then(|| {
         search
             .torch
             .get_or_init(|| TorchInputs::of(search.trace, opts.device))

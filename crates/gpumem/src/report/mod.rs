@@ -421,14 +421,17 @@ pub fn build(
     let mut replays = Vec::new();
     // As the replay does for the torch emulation: the segments the recorded run already
     // held, and where it released its cache.
-    let preexisting_segments = replay::preexisting_segments(trace, device);
-    let mut empty_cache_at: Vec<u64> = replay::cache_releases(trace, device).into_iter().collect();
+    let replay::TorchInputs {
+        segments: preexisting_segments,
+        releases,
+    } = replay::TorchInputs::of(trace, device);
+    let mut empty_cache_at: Vec<u64> = releases.into_iter().collect();
     empty_cache_at.sort_unstable();
     for name in &cfg.allocators {
         progress(name);
         let mut alloc = registry::build(name, &cfg.allocator_config)?;
         // Both for the torch emulation only, as the replay does.
-        let torch = alloc.name() == "torch";
+        let torch = replay::TorchInputs::wanted_by(alloc.name());
         let setup = record::RecordSetup {
             preexisting_segments: if torch {
                 preexisting_segments.clone()
