@@ -105,7 +105,17 @@ pub fn run(a: MapArgs) -> Result<()> {
             map.rows.len()
         );
     }
+    let mut text = map.render_text(width, a.lines, color);
+    if !recorded && a.event.is_none() {
+        // As the report's map says: the event is the allocator's peak of reserved bytes.
+        let at = format!("after event {}:", map.event);
+        text = text.replacen(
+            &at,
+            &format!("after event {} (peak reserved):", map.event),
+            1,
+        );
+    }
     let mut out = std::io::stdout().lock();
-    out.write_all(map.render_text(width, a.lines, color).as_bytes())?;
+    out.write_all(text.as_bytes())?;
     Ok(())
 }

@@ -301,7 +301,7 @@ fn map_honours_its_size_options_or_says_why_not() {
         note.contains(&format!("need at least {} lines of 8 cells", lines.len())),
         "{note}\n{out}"
     );
-    let segments: usize = out.split(' ').nth(4).unwrap().parse().unwrap();
+    let segments = map_segments(&out);
     assert_eq!(lines.len(), (2 * segments - 1).div_ceil(8), "{out}");
     assert!(!out.contains("TiB"), "{out}");
 }
@@ -1643,4 +1643,28 @@ fn an_empty_trace_is_said_empty_whatever_it_came_from() {
         "{err}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `map`'s first line says when its event is the allocator's peak of reserved bytes (the
+/// default, or `--peak`), as the report's map does, and not for an `--event` asked for.
+#[test]
+fn map_says_its_default_event_is_the_peak() {
+    let t = repo().join("traces/mixed_sizes.pickle.gz");
+    let t = t.to_str().unwrap();
+    for extra in [&[][..], &["--peak"][..]] {
+        let mut args = vec!["map", t];
+        args.extend_from_slice(extra);
+        let (ok, out, err) = gpumem(&args);
+        assert!(ok, "{err}");
+        let head = out.lines().next().unwrap();
+        assert!(head.starts_with("torch after event "), "{head}");
+        assert!(head.contains(" (peak reserved): "), "{head}");
+    }
+    let (ok, out, err) = gpumem(&["map", t, "--event", "100"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.starts_with("torch after event 100: "),
+        "{}",
+        out.lines().next().unwrap_or_default()
+    );
 }
