@@ -1668,3 +1668,24 @@ fn map_says_its_default_event_is_the_peak() {
         out.lines().next().unwrap_or_default()
     );
 }
+
+/// A `--reserve` that rounds up past 2^64 bytes is refused by name (it wrapped to 0 and the
+/// device said "0 is not a non-zero multiple of the granularity").
+#[test]
+fn vmm_refuses_a_reserve_that_rounds_past_2_64() {
+    let (ok, _, err) = gpumem(&[
+        "vmm",
+        "--device",
+        "sim",
+        "--reserve",
+        "18446744073709551615",
+    ]);
+    assert!(!ok);
+    one_line_error(&err);
+    assert!(
+        err.contains(
+            "18446744073709551615 B rounded up to whole pages of 2097152 B is more than 2^64 bytes"
+        ),
+        "{err}"
+    );
+}

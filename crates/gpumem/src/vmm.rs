@@ -60,14 +60,24 @@ pub fn render(tables: &[PageTable]) -> String {
 /// reservation's start.
 ///
 /// # Errors
-/// The first device call that failed (what was done before it is undone).
+/// The first device call that failed (what was done before it is undone), or
+/// [`DeviceError::Invalid`] for a `reserve_bytes` that rounds up past 2^64 bytes.
 pub fn demo_arena(
     dev: &mut dyn Device,
     reserve_bytes: u64,
     map_pages: u64,
 ) -> Result<u64, DeviceError> {
     let g = dev.granularity_bytes();
-    let bytes = reserve_bytes.div_ceil(g).max(1) * g;
+    let bytes = reserve_bytes
+        .div_ceil(g)
+        .max(1)
+        .checked_mul(g)
+        .ok_or_else(|| DeviceError::Invalid {
+            call: "cuMemAddressReserve",
+            detail: format!(
+                "{reserve_bytes} B rounded up to whole pages of {g} B is more than 2^64 bytes"
+            ),
+        })?;
     let va = dev.reserve_va(bytes)?;
     let pages = map_pages.min(bytes / g);
     let mut done: Vec<(u64, PhysHandle)> = Vec::new();

@@ -65,11 +65,11 @@ fn demo_notes(reserve: u64, pages: u64, page: u64) -> Vec<String> {
         return notes;
     }
     let held = reserve.div_ceil(page).max(1);
-    if reserve != held * page {
+    if held.checked_mul(page) != Some(reserve) {
         notes.push(format!(
             "--reserve {}: reserved {} (whole pages of {})",
             human(reserve),
-            human(held * page),
+            human(held.saturating_mul(page)),
             human(page)
         ));
     }

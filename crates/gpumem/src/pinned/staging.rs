@@ -40,7 +40,7 @@ pub enum CopyKind {
 }
 
 impl std::fmt::Display for CopyKind {
-    /// The spelling of the CLI's `--copy` flag: `libc` or `nt`.
+    /// The spelling of the CLI's `--stage-copy` flag: `libc` or `nt`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             CopyKind::Libc => "libc",
