@@ -337,6 +337,15 @@ fn thread_cpu_seconds() -> Option<f64> {
         .map(|t| t.as_duration().as_secs_f64())
 }
 
+/// The [`ReplayError::Allocator`] of the allocator `name` at event `event`, for `map_err`.
+fn allocator_error(event: u64, name: &str) -> impl FnOnce(AllocError) -> ReplayError + '_ {
+    move |source| ReplayError::Allocator {
+        event,
+        allocator: name.to_string(),
+        source,
+    }
+}
+
 /// Failed-allocation indices kept for the timeline's marks.
 const FAILED_EVENTS_KEPT: usize = 10_000;
 
@@ -961,12 +970,7 @@ pub fn replay_prepared(
     // (the `torch` emulation); the blocks live in them are taken in with them.
     // Those not taken in have their blocks allocated below like any other.
     let mut adopted: FxHashSet<u64> = FxHashSet::default();
-    let taken =
-        adopt_preexisting(alloc, dev, foreign).map_err(|source| ReplayError::Allocator {
-            event: 0,
-            allocator: name.clone(),
-            source,
-        })?;
+    let taken = adopt_preexisting(alloc, dev, foreign).map_err(allocator_error(0, &name))?;
     for (k, blocks) in taken {
         for (&trace_addr, b) in foreign[k].block_addrs.iter().zip(&blocks) {
             if opts.canary && b.requested_bytes >= 4 {
@@ -1009,11 +1013,7 @@ pub fn replay_prepared(
         if releases.is_some_and(|r| r.contains(&index)) {
             alloc
                 .empty_cache(dev)
-                .map_err(|source| ReplayError::Allocator {
-                    event: index,
-                    allocator: name.clone(),
-                    source,
-                })?;
+                .map_err(allocator_error(index, &name))?;
         }
         match e.action {
             Action::Alloc => {
@@ -1021,11 +1021,7 @@ pub fn replay_prepared(
                 if let Some(old) = st.live.remove(&e.addr) {
                     alloc
                         .deallocate(dev, old.addr)
-                        .map_err(|source| ReplayError::Allocator {
-                            event: index,
-                            allocator: name.clone(),
-                            source,
-                        })?;
+                        .map_err(allocator_error(index, &name))?;
                 }
                 let align = e.align.unwrap_or(opts.default_align);
                 let served = st.alloc(
@@ -1060,11 +1056,7 @@ pub fn replay_prepared(
                     }
                     alloc
                         .deallocate(dev, l.addr)
-                        .map_err(|source| ReplayError::Allocator {
-                            event: index,
-                            allocator: name.clone(),
-                            source,
-                        })?;
+                        .map_err(allocator_error(index, &name))?;
                 }
                 // A free of a block dropped by a failed allocation (or of an unknown address
                 // in a lenient read) has nothing to return.
@@ -1075,11 +1067,7 @@ pub fn replay_prepared(
                 if let Some(l) = st.live.get(&e.addr) {
                     alloc
                         .free_requested(dev, l.addr)
-                        .map_err(|source| ReplayError::Allocator {
-                            event: index,
-                            allocator: name.clone(),
-                            source,
-                        })?;
+                        .map_err(allocator_error(index, &name))?;
                 }
             }
             _ => {}
