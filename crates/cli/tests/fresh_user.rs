@@ -21,6 +21,16 @@ fn copy_trace(dir: &Path, name: &str) -> PathBuf {
     to
 }
 
+/// The line of `gpumem CMD --help` that describes `flag` (empty when there is none).
+fn help_line(cmd: &str, flag: &str) -> String {
+    let (ok, out, err) = gpumem(&[cmd, "--help"]);
+    assert!(ok, "{err}");
+    out.lines()
+        .find(|l| l.trim_start().starts_with(flag))
+        .unwrap_or_default()
+        .to_string()
+}
+
 /// One line, no panic, no backtrace.
 fn one_line_error(err: &str) {
     assert!(
@@ -1457,12 +1467,7 @@ fn map_and_report_say_which_device_of_several() {
 #[test]
 fn every_lenient_help_says_it_salvages_a_truncated_snapshot() {
     for cmd in ["replay", "tune", "report", "map", "convert"] {
-        let (ok, out, err) = gpumem(&[cmd, "--help"]);
-        assert!(ok, "{err}");
-        let line = out
-            .lines()
-            .find(|l| l.trim_start().starts_with("--lenient"))
-            .unwrap_or_default();
+        let line = help_line(cmd, "--lenient");
         assert!(
             line.contains("salvage a truncated snapshot"),
             "{cmd}: {line}"
@@ -1510,12 +1515,7 @@ fn a_segment_larger_than_the_device_is_warned_about() {
 #[test]
 fn report_and_map_help_give_the_default_capacity() {
     for cmd in ["report", "map"] {
-        let (ok, out, err) = gpumem(&[cmd, "--help"]);
-        assert!(ok, "{err}");
-        let line = out
-            .lines()
-            .find(|l| l.trim_start().starts_with("--capacity"))
-            .unwrap_or_default();
+        let line = help_line(cmd, "--capacity");
         assert!(
             line.contains("default: the H200's 139.8 GiB"),
             "{cmd}: {line}"
