@@ -163,6 +163,24 @@ pub fn h200_isolated_call_seconds(call: DriverCall, bytes: u64) -> f64 {
     interp(h200_call_points(call), bytes)
 }
 
+/// Isolated H200 cost, in seconds, of a cuMemAlloc or cuMemCreate of `bytes` when `bytes`
+/// exceed the whole device, which the driver refuses; `None` for the other calls. Measured
+/// by `scripts/refused-alloc-probe.py` (driver 580, 2026-12-01, BENCHMARKS.md "Refused
+/// requests"): a refused cuMemAlloc of the device's memory + 1 GiB takes 5.5 ms (median of
+/// 21; 1 TiB: 6.4 ms), not the ≈ 45 ms of a granted one of the device's size; a refused
+/// cuMemCreate of 1 TiB 3.2 ms; sizes of 2^48 bytes (the GPU's 256 TiB of address space)
+/// and above are refused by an argument check, 3.7 µs (cuMemAlloc) and 13 µs (cuMemCreate)
+/// at 2^63. (A cuMemCreate of the device's memory + 1 GiB was refused as an invalid value in
+/// 3 µs; the 1 TiB figure is charged from just above the device up, the dearer of the two.)
+pub fn h200_refused_call_seconds(call: DriverCall, bytes: u64) -> Option<f64> {
+    let absurd = bytes >= 1 << 48;
+    match call {
+        DriverCall::Alloc => Some(if absurd { 3.7e-6 } else { 5.5e-3 }),
+        DriverCall::Create => Some(if absurd { 13e-6 } else { 3.2e-3 }),
+        _ => None,
+    }
+}
+
 /// Modelled H200 cost of one driver call of `bytes`, in seconds, made while
 /// `live_mappings` mappings are live in the context: [`h200_isolated_call_seconds`] ×
 /// (alpha + beta × `live_mappings`) of [`mapping_cost_factors`]. Per call kind, size and
@@ -635,7 +653,8 @@ struct Meter {
     calls_made: u64,
     /// Index of the call to fail; `u64::MAX` for none (a count no run reaches).
     fault_at: u64,
-    /// The largest size a call is modelled at: the device's capacity (at least 1 byte).
+    /// The device's capacity (at least 1 byte): a cuMemAlloc or cuMemCreate above it is
+    /// charged as a refusal, any other call as one of this size.
     max_bytes: u64,
     /// log2 of the granularity (the memo slot of a size is its granules, modulo).
     granule_shift: u32,
@@ -695,14 +714,17 @@ impl Meter {
     /// The cost part of [`Meter::charge`]: the call's modelled seconds and the sums.
     #[inline(always)]
     fn record(&mut self, call: DriverCall, bytes: u64, live_mappings: u64) {
-        // A request above the whole device is refused at once, not timed as a huge call.
-        let bytes = bytes.min(self.max_bytes);
-        let k = call as usize;
-        let slot = (bytes >> self.granule_shift) as usize % COST_MEMO_SLOTS;
-        let isolated = match self.cost_memo.get(k).and_then(|m| m.get(slot)) {
-            Some(&(b, s)) if b == bytes => s,
-            _ => self.memo_miss(call, bytes, slot),
+        let isolated = if bytes > self.max_bytes {
+            self.above_device(call, bytes)
+        } else {
+            let k = call as usize;
+            let slot = (bytes >> self.granule_shift) as usize % COST_MEMO_SLOTS;
+            match self.cost_memo.get(k).and_then(|m| m.get(slot)) {
+                Some(&(b, s)) if b == bytes => s,
+                _ => self.memo_miss(call, bytes, slot),
+            }
         };
+        let k = call as usize;
         let (alpha, beta) = mapping_cost_factors(call);
         // The same value as `live_mappings as f64` by the signed conversion (one
         // instruction): a count of mappings is below 2^63 (each holds a granule of the
@@ -716,6 +738,16 @@ impl Meter {
         if let Some(s) = self.isolated_seconds_x_mappings.get_mut(k) {
             *s += isolated * live;
         }
+    }
+
+    /// The isolated cost of a call of `bytes` above the whole device: a refusal
+    /// ([`h200_refused_call_seconds`]: cuMemAlloc, cuMemCreate), else address space, priced
+    /// as a call of the device's size (flat above 1 GiB).
+    #[cold]
+    #[inline(never)]
+    fn above_device(&self, call: DriverCall, bytes: u64) -> f64 {
+        h200_refused_call_seconds(call, bytes)
+            .unwrap_or_else(|| h200_isolated_call_seconds(call, self.max_bytes))
     }
 
     /// The isolated cost of a call of `bytes` not in memo slot `slot`: modelled, and kept
@@ -1904,6 +1936,39 @@ mod tests {
         );
         assert_eq!(d.counters().get(DriverCall::Free), 1);
         assert!(d.counters().seconds > 80e-6);
+    }
+
+    /// A request above the whole device is charged what the H200's driver took to refuse
+    /// it (`h200_refused_call_seconds`), not the cost of a granted call of the device's size
+    /// (≈ 45 ms for cuMemAlloc).
+    #[test]
+    fn refusals_above_the_device_cost_what_the_driver_took() {
+        let cap = 16 * G;
+        let seconds = |f: &dyn Fn(&mut SimDevice)| {
+            let mut d = SimDevice::new(cap);
+            f(&mut d);
+            (d.counters().seconds_by_call, d.counters().calls)
+        };
+        let (s, n) = seconds(&|d| assert!(d.alloc_segment(1 << 63).is_err()));
+        assert_eq!(n[DriverCall::Alloc as usize], 1);
+        assert!((s[DriverCall::Alloc as usize] - 3.7e-6).abs() < 1e-12);
+        let (s, _) = seconds(&|d| assert!(d.alloc_segment(cap + G).is_err()));
+        assert!((s[DriverCall::Alloc as usize] - 5.5e-3).abs() < 1e-12);
+        let (s, _) = seconds(&|d| assert!(d.create_physical(1 << 40).is_err()));
+        let (alpha, _) = mapping_cost_factors(DriverCall::Create);
+        assert!((s[DriverCall::Create as usize] - alpha * 3.2e-3).abs() < 1e-12);
+        // At the device's size the call is granted and priced by the model as before.
+        let (s, _) = seconds(&|d| assert!(d.alloc_segment(cap).is_ok()));
+        assert_eq!(
+            s[DriverCall::Alloc as usize],
+            h200_isolated_call_seconds(DriverCall::Alloc, cap)
+        );
+        // Address space above the device is not a refusal: priced as the device's size.
+        let (s, _) = seconds(&|d| assert!(d.reserve_va(4 * cap).is_ok()));
+        assert_eq!(
+            s[DriverCall::Reserve as usize],
+            h200_isolated_call_seconds(DriverCall::Reserve, cap)
+        );
     }
 
     #[test]

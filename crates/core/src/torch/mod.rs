@@ -723,6 +723,13 @@ impl TorchCachingPool {
         if let Some(i) = self.get_free_block(gc, pool, stream, rounded) {
             return Ok(Some(i));
         }
+        if self.coarse_handles && rounded > dev.capacity_bytes() {
+            // `paged-lazy` refuses a block larger than the whole device without a call: it
+            // cannot be mapped, and trying makes a handle per page until the device is full,
+            // then releases them all, twice (28,638 calls for one 8 EiB request). The
+            // emulation of PyTorch (`torch`) makes the calls PyTorch makes.
+            return Ok(None);
+        }
         if gc {
             self.garbage_collect_cached_blocks(dev)?;
         }

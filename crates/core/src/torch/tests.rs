@@ -810,6 +810,37 @@ fn coarse_handles_map_a_growth_in_three_calls_and_place_as_pytorch() {
     assert_eq!(d.live_objects(), (0, 0, 0, 0));
 }
 
+/// `paged-lazy` refuses a block larger than the whole device without a driver call and keeps
+/// its cache; the emulation of PyTorch asks the device (and releases its cache first, as
+/// PyTorch does on an out-of-memory).
+#[test]
+fn paged_lazy_refuses_a_block_above_the_device_without_a_call() {
+    let cap = 1u64 << 30;
+    for size in [cap + 1, 1 << 62] {
+        let mut d = SimDevice::new(cap);
+        let mut t = TorchCachingPool::paged_lazy(&AllocatorConfig::default());
+        let b = alloc(&mut t, &mut d, 30 * MIB);
+        free(&mut t, &mut d, b.addr);
+        let (calls, reserved) = (d.calls_made(), t.stats().reserved_bytes.current);
+        let err = t.allocate(&mut d, size, 512, 0).unwrap_err();
+        assert!(err.is_oom(), "{err}");
+        assert_eq!(d.calls_made(), calls, "{size}");
+        assert_eq!(t.stats().reserved_bytes.current, reserved, "the cache stays");
+        assert_eq!(t.torch_stats().num_ooms, 1);
+        t.validate().unwrap();
+        // The cached pages still serve the next block with no call.
+        let b = alloc(&mut t, &mut d, 30 * MIB);
+        assert_eq!(d.calls_made(), calls);
+        free(&mut t, &mut d, b.addr);
+        let (mut e, mut ed) = with("expandable_segments:True", cap);
+        let b = alloc(&mut e, &mut ed, 30 * MIB);
+        free(&mut e, &mut ed, b.addr);
+        let calls = ed.calls_made();
+        assert!(e.allocate(&mut ed, size, 512, 0).is_err());
+        assert!(ed.calls_made() > calls, "the emulation asks the device");
+    }
+}
+
 /// A handle is unmapped whole or not at all: `empty_cache` gives back the handles that lie
 /// whole inside free blocks and keeps one that a live block still touches, where PyTorch
 /// (a handle per 20 MiB page) unmaps the free pages of it.
