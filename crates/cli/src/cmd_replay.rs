@@ -559,6 +559,37 @@ fn run_allocator(
     })
 }
 
+/// The warning for segments of `segment_size` larger than the device of `device_bytes`
+/// (when known) when `names` holds a segmented pool (buddy, tlsf, best-fit): each growth of
+/// such a pool is refused, its cache emptied and the request retried alone. Shared by
+/// `replay`, `report` and `map`.
+pub fn segment_size_warning(
+    names: &[&str],
+    segment_size: u64,
+    device_bytes: Option<u64>,
+) -> Option<String> {
+    let cap = device_bytes.filter(|&c| segment_size > c)?;
+    let segmented: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| matches!(*n, "buddy" | "tlsf" | "best-fit"))
+        .collect();
+    if segmented.is_empty() {
+        return None;
+    }
+    let one = segmented.len() == 1;
+    Some(format!(
+        "segments of {} (--segment-size) are larger than the device ({}): {} {} for one, {} refused, {} cache and {} with the request alone at every growth (counted under retries and driver time)",
+        human_bytes(segment_size),
+        human_bytes(cap),
+        segmented.join(", "),
+        if one { "asks" } else { "ask" },
+        if one { "is" } else { "are" },
+        if one { "empties its" } else { "empty their" },
+        if one { "retries" } else { "retry" },
+    ))
+}
+
 pub fn run(a: ReplayArgs) -> Result<()> {
     let target = parse_device(&a.device)?;
     let mut warnings = check_args(&a, &target)?;
@@ -573,26 +604,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     let device_bytes = a
         .capacity
         .or(matches!(target, Target::Sim).then_some(DEFAULT_CAPACITY));
-    let segmented: Vec<&str> = names
-        .iter()
-        .copied()
-        .filter(|n| matches!(*n, "buddy" | "tlsf" | "best-fit"))
-        .collect();
-    if let Some(cap) = device_bytes.filter(|&c| a.segment_size > c) {
-        if !segmented.is_empty() {
-            let one = segmented.len() == 1;
-            warnings.push(format!(
-                "segments of {} (--segment-size) are larger than the device ({}): {} {} for one, {} refused, {} cache and {} with the request alone at every growth (counted under retries and driver time)",
-                human_bytes(a.segment_size),
-                human_bytes(cap),
-                segmented.join(", "),
-                if one { "asks" } else { "ask" },
-                if one { "is" } else { "are" },
-                if one { "empties its" } else { "empty their" },
-                if one { "retries" } else { "retry" },
-            ));
-        }
-    }
+    warnings.extend(segment_size_warning(&names, a.segment_size, device_bytes));
     let read_started = Instant::now();
     if matches!(target, Target::Cuda(_) | Target::AllCuda) {
         // Before reading a trace that may take a while: a missing driver is known at once.

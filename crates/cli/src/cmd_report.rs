@@ -73,6 +73,14 @@ pub fn build(
         bail!("--segment-size 0: expected a segment size above zero (e.g. 256MiB)");
     }
     let names = registry::parse_list(allocators)?;
+    // Said even by the quiet `map`, as `replay` says it.
+    if let Some(w) = crate::cmd_replay::segment_size_warning(
+        &names,
+        segment_size,
+        Some(capacity.unwrap_or(DEFAULT_CAPACITY)),
+    ) {
+        eprintln!("warning: {w}");
+    }
     let started = Instant::now();
     let trace = trace::read_path(
         path,

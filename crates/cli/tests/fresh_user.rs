@@ -1508,6 +1508,25 @@ fn a_segment_larger_than_the_device_is_warned_about() {
     assert!(ok && !err.contains("--segment-size"), "{err}");
     let (ok, _, err) = gpumem(&["replay", t, "-a", "tlsf", "--no-plan"]);
     assert!(ok && !err.contains("warning"), "{err}");
+    // `report` and `map` replay the same way and say the same.
+    let dir = std::env::temp_dir().join(format!("gpumem-segwarn-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let page = dir.join("r.html");
+    for cmd in [
+        vec!["report", "-o", page.to_str().unwrap()],
+        vec!["map", "--width", "60"],
+    ] {
+        let mut args = cmd.clone();
+        args.extend([t, "--segment-size", "1TiB", "-a", "best-fit"]);
+        let (ok, _, err) = gpumem(&args);
+        let cmd = cmd[0];
+        assert!(ok, "{cmd}: {err}");
+        assert!(
+            err.contains("warning: segments of 1.00 TiB (--segment-size) are larger than the device (139.8 GiB): best-fit asks for one, is refused"),
+            "{cmd}: {err}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `report --help` and `map --help` say which capacity they simulate without `--capacity`,

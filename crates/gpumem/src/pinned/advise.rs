@@ -567,9 +567,36 @@ pub fn advise(table: &TransferTable, pattern: &Pattern) -> Advice {
                 }
             ),
         ),
+        // Asynchronous but larger than the pinned cap: pinned memory still serves it in
+        // pieces, two of them under the cap (one filled while the other is copied).
+        (None, _)
+            if pattern.asynchronous
+                && b > pattern.pinned_cap_bytes
+                && pattern.pinned_cap_bytes >= 2
+                && table.gbps(MemoryKind::Pinned, pattern.direction, b).is_some() =>
+        {
+            let piece = pattern.pinned_cap_bytes / 2;
+            (
+                MemoryKind::Pinned,
+                format!(
+                    "in pieces: no kind takes {} whole asynchronously (pinned memory is capped at {}); copy it in {} pieces of at most {} through a PinnedPool of two (fill one while the other is copied with cudaMemcpyAsync), or raise --cap",
+                    crate::units::bytes(b),
+                    crate::units::bytes(pattern.pinned_cap_bytes),
+                    b.div_ceil(piece),
+                    crate::units::bytes(piece),
+                ),
+            )
+        }
         (None, _) => (
             MemoryKind::Pageable,
-            "no kind meets the constraints; falling back to pageable".to_string(),
+            format!(
+                "no kind meets the constraints (each is ruled out above){}; falling back to pageable",
+                if pattern.asynchronous {
+                    ", and pageable memory is not asynchronous"
+                } else {
+                    ""
+                }
+            ),
         ),
     };
     let unpooled_pinned_s = match (
@@ -748,6 +775,26 @@ mod tests {
             .find(|o| o.kind == MemoryKind::Pinned)
             .unwrap();
         assert!(pinned.excluded.as_deref().unwrap().contains("pinned cap"));
+    }
+
+    /// Asynchronous and above the cap: pinned memory in pieces, two under the cap, not a
+    /// fall-back to pageable memory, which is not asynchronous (it was recommended).
+    #[test]
+    fn asynchronous_above_the_cap_goes_in_pinned_pieces() {
+        let mut p = pattern(1 << 40, 0.0, true);
+        p.pinned_cap_bytes = 10 << 30;
+        let a = advise(&TransferTable::h200(), &p);
+        assert_eq!(a.recommended, MemoryKind::Pinned);
+        assert!(
+            a.reason.contains("in 205 pieces of at most 5.00 GiB"),
+            "{}",
+            a.reason
+        );
+        // Nothing pinned is possible at all (a cap of 1 byte): pageable, and why.
+        p.pinned_cap_bytes = 1;
+        let a = advise(&TransferTable::h200(), &p);
+        assert_eq!(a.recommended, MemoryKind::Pageable);
+        assert!(a.reason.contains("not asynchronous"), "{}", a.reason);
     }
 
     #[test]
