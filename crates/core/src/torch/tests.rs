@@ -825,7 +825,11 @@ fn paged_lazy_refuses_a_block_above_the_device_without_a_call() {
         let err = t.allocate(&mut d, size, 512, 0).unwrap_err();
         assert!(err.is_oom(), "{err}");
         assert_eq!(d.calls_made(), calls, "{size}");
-        assert_eq!(t.stats().reserved_bytes.current, reserved, "the cache stays");
+        assert_eq!(
+            t.stats().reserved_bytes.current,
+            reserved,
+            "the cache stays"
+        );
         assert_eq!(t.torch_stats().num_ooms, 1);
         t.validate().unwrap();
         // The cached pages still serve the next block with no call.

@@ -217,6 +217,25 @@ fn first_segment_divergence(
         .map(|k| (k, mine.get(k).copied(), torch.get(k).copied()))
 }
 
+/// The torch emulation's replay of `trace` under `conf` on a simulated device of `capacity`
+/// bytes, following the recorded cudaMalloc addresses when `follow_addresses`.
+fn torch_replay(
+    trace: &Trace,
+    conf: &gpumem_core::torch::TorchConfig,
+    capacity: u64,
+    follow_addresses: bool,
+) -> gpumem::torch_replay::TorchReplay {
+    gpumem::torch_replay::replay_torch(
+        trace,
+        conf,
+        capacity,
+        follow_addresses,
+        &gpumem::replay::ReplayConfig::default(),
+        &mut |_| {},
+    )
+    .expect("replay")
+}
+
 fn rel_err(mine: u64, torch: u64) -> f64 {
     (mine as f64 - torch as f64).abs() / torch as f64
 }
@@ -392,15 +411,12 @@ fn recorded_sequence_self_check_on_every_trace() {
             // Expandable segments record map steps, not cudaMalloc calls: nothing to check.
             continue;
         }
-        let r = gpumem::torch_replay::replay_torch(
+        let r = torch_replay(
             &trace,
             &TorchConfig::default(),
             gpumem_core::sim::DEFAULT_CAPACITY,
             true,
-            &gpumem::replay::ReplayConfig::default(),
-            &mut |_| {},
-        )
-        .expect("replay");
+        );
         let check = r.emulation_check.expect("the trace records segment events");
         eprintln!("{name}: {check}");
         // finetune_no_timestamps starts with 63 segments made before recording began: the
@@ -450,15 +466,12 @@ fn assert_matches_pytorch(dir: &std::path::Path, name: &str) -> Trace {
     .expect("conf");
     let text = std::fs::read_to_string(dir.join(format!("{name}.stats.json"))).expect("stats");
     let stats: serde_json::Value = serde_json::from_str(&text).expect("stats JSON");
-    let r = gpumem::torch_replay::replay_torch(
+    let r = torch_replay(
         &trace,
         &conf,
         gpumem_core::sim::DEFAULT_CAPACITY,
         !conf.expandable_segments,
-        &gpumem::replay::ReplayConfig::default(),
-        &mut |_| {},
-    )
-    .expect("replay");
+    );
     if !conf.expandable_segments {
         let check = r.emulation_check.expect("segment events");
         assert!(
@@ -567,15 +580,12 @@ fn cuda_graph_private_pool_is_a_measured_limit() {
     assert_eq!(trace.segments.iter().filter(|s| s.private_pool).count(), 3);
     let text = std::fs::read_to_string(dir.join("graph_infer.stats.json")).expect("stats");
     let stats: serde_json::Value = serde_json::from_str(&text).expect("stats JSON");
-    let r = gpumem::torch_replay::replay_torch(
+    let r = torch_replay(
         &trace,
         &TorchConfig::default(),
         gpumem_core::sim::DEFAULT_CAPACITY,
         true,
-        &gpumem::replay::ReplayConfig::default(),
-        &mut |_| {},
-    )
-    .expect("replay");
+    );
     let torch = stat(&stats, "reserved_bytes.all.peak");
     let err = rel_err(r.report.peak_reserved_bytes, torch);
     assert!(err <= 0.002, "{} vs {torch}", r.report.peak_reserved_bytes);
@@ -645,15 +655,12 @@ fn each_option_on_a_hand_made_trace() {
             read_bytes("hand.jsonl", text.as_bytes(), ReadConfig::default()).expect("reads");
         let mut c = TorchConfig::parse(conf).expect("conf");
         c.limit_to_capacity = capacity.is_some();
-        let r = gpumem::torch_replay::replay_torch(
+        let r = torch_replay(
             &trace,
             &c,
             capacity.unwrap_or(gpumem_core::sim::DEFAULT_CAPACITY),
             false,
-            &gpumem::replay::ReplayConfig::default(),
-            &mut |_| {},
-        )
-        .expect("replay");
+        );
         (
             r.report.peak_reserved_bytes,
             r.report.driver_calls.total(),
