@@ -165,11 +165,11 @@ pub fn h200_isolated_call_seconds(call: DriverCall, bytes: u64) -> f64 {
 
 /// Isolated H200 cost, in seconds, of a cuMemAlloc or cuMemCreate of `bytes` when `bytes`
 /// exceed the whole device, which the driver refuses; `None` for the other calls. Measured
-/// by `scripts/refused-alloc-probe.py` (driver 580, 2026-12-01, BENCHMARKS.md "Refused
-/// requests"): a refused cuMemAlloc of the device's memory + 1 GiB takes 5.5 ms (median of
+/// by `scripts/refused-alloc-probe.py` (driver 580, 2026-12-01, BENCHMARKS.md "Requests
+/// larger than the device"): a refused cuMemAlloc of the device's memory + 1 GiB takes 5.5 ms (median of
 /// 21; 1 TiB: 6.4 ms), not the ≈ 45 ms of a granted one of the device's size; a refused
-/// cuMemCreate of 1 TiB 3.2 ms; sizes of 2^48 bytes (the GPU's 256 TiB of address space)
-/// and above are refused by an argument check, 3.7 µs (cuMemAlloc) and 13 µs (cuMemCreate)
+/// cuMemCreate of 1 TiB 3.2 ms; sizes of 2^48 bytes (256 TiB) and above, far beyond any
+/// device, are taken as refused by an argument check: 3.7 µs (cuMemAlloc) and 13 µs (cuMemCreate)
 /// at 2^63. (A cuMemCreate of the device's memory + 1 GiB was refused as an invalid value in
 /// 3 µs; the 1 TiB figure is charged from just above the device up, the dearer of the two.)
 pub fn h200_refused_call_seconds(call: DriverCall, bytes: u64) -> Option<f64> {
