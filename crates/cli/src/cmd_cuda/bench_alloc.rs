@@ -259,6 +259,26 @@ fn rate(rows: Vec<BenchRow>) -> Vec<RatedRow> {
         .collect()
 }
 
+/// A note when a measurement's threads ran less than 90 % of the wall time (a busy host, more
+/// threads than cores, or calls that sleep): pairs/s then counts the wait, the medians do not.
+fn busy_host_note(o: &BenchOut) -> Option<String> {
+    let low: Vec<(&RatedRow, f64)> = o
+        .rows
+        .iter()
+        .filter_map(|r| r.row.cpu_share.filter(|&c| c < 0.9).map(|c| (r, c)))
+        .collect();
+    let (worst, c) = low.iter().copied().min_by(|a, b| a.1.total_cmp(&b.1))?;
+    Some(format!(
+        "note: in {} of {} measurements the threads ran under 90 % of the wall time (least: {:.0} %, {} {} x{}; a busy host, more threads than cores, or calls that sleep): pairs/s counts that wait, the medians do not",
+        low.len(),
+        o.rows.len(),
+        c * 100.0,
+        worst.row.backend,
+        worst.row.case.label(),
+        worst.row.threads
+    ))
+}
+
 fn fmt_ns(ns: f64) -> String {
     gpumem::units::duration(ns * 1e-9)
 }
@@ -309,6 +329,9 @@ fn print_bench(o: &BenchOut) {
     }
     if !lines.is_empty() {
         println!("throughput scaling over 1 thread: {}", lines.join("; "));
+    }
+    if let Some(low) = busy_host_note(o) {
+        println!("{low}");
     }
     for e in &o.errors {
         eprintln!("error: {e}");

@@ -101,8 +101,15 @@ pub struct BenchRow {
     pub median_ns: f64,
     /// 99th percentile, in nanoseconds.
     pub p99_ns: f64,
-    /// Timed pairs per second over all threads (warm-up excluded).
+    /// Timed pairs per second over all threads (warm-up excluded), by the wall clock: it
+    /// counts the time the threads waited for a core, which the median (of batches or calls,
+    /// a few of them slowed) does not.
     pub pairs_per_s: f64,
+    /// CPU seconds the timed threads ran ÷ (wall seconds × threads), when the platform tells
+    /// each thread's CPU time: below 1 when the host gave the threads less than a core each
+    /// (other work, or more threads than cores), and then `pairs_per_s` is that much below
+    /// what the medians make. Calls that wait for the GPU lower it too.
+    pub cpu_share: Option<f64>,
 }
 
 /// Stop rule for one measurement.
@@ -164,8 +171,10 @@ pub fn measure<B: AllocBackend>(
     let mut free_samples = Vec::new();
     let mut pairs = 0;
     let mut span: Option<(Instant, Instant)> = None;
+    let mut cpu = Some(0.0);
     for r in results {
         let r = r?;
+        cpu = cpu.zip(r.cpu_seconds).map(|(a, b)| a + b);
         samples.extend(r.samples);
         free_samples.extend(r.free_samples);
         pairs += r.pairs;
@@ -194,6 +203,9 @@ pub fn measure<B: AllocBackend>(
         median_ns: q(0.5),
         p99_ns: q(0.99),
         pairs_per_s: pairs as f64 / wall.max(1e-9),
+        cpu_share: cpu
+            .filter(|_| wall > 0.0)
+            .map(|c| (c / (wall * n as f64)).min(1.0)),
     })
 }
 
@@ -206,6 +218,15 @@ struct ThreadRun {
     pairs: u64,
     start: Instant,
     end: Instant,
+    /// CPU seconds of the thread from `start` to `end`, when the platform tells.
+    cpu_seconds: Option<f64>,
+}
+
+/// CPU seconds of the calling thread, when the platform tells.
+fn thread_cpu_seconds() -> Option<f64> {
+    cpu_time::ThreadTime::try_now()
+        .ok()
+        .map(|t| t.as_duration().as_secs_f64())
 }
 
 fn run_thread<B: AllocBackend>(
@@ -219,6 +240,7 @@ fn run_thread<B: AllocBackend>(
     let warm = warm_up(b, case, t);
     barrier.wait();
     let (stream, sizes, mut live) = warm?;
+    let cpu_start = thread_cpu_seconds();
     let start = Instant::now();
     let mut samples = Vec::new();
     let mut free_samples = Vec::new();
@@ -264,12 +286,16 @@ fn run_thread<B: AllocBackend>(
             }
         }
     }
+    let end = Instant::now();
     Ok(ThreadRun {
         samples,
         free_samples,
         pairs,
         start,
-        end: Instant::now(),
+        end,
+        cpu_seconds: cpu_start
+            .zip(thread_cpu_seconds())
+            .map(|(a, b)| (b - a).max(0.0)),
     })
 }
 
@@ -550,5 +576,11 @@ mod tests {
         assert!(each.median_ns >= 3e6 && each.median_ns < 30e6, "{each:?}");
         let batched = measure(&Slow { each_call: false }, Case::Fixed(1), 1, budget).unwrap();
         assert_eq!(batched.pairs % BATCH as u64, 0, "{batched:?}");
+        // The thread slept through its calls: it ran a small share of the wall time, which
+        // is what makes pairs/s fall below the medians' rate on a busy host.
+        for r in [&each, &batched] {
+            let share = r.cpu_share.expect("Linux tells a thread's CPU time");
+            assert!((0.0..0.5).contains(&share), "{r:?}");
+        }
     }
 }
