@@ -5,8 +5,9 @@ usage: validate-targets.py [--gpumem BIN] [--allocator NAME] [--lazy-conf CONF]
                            [--variants N] [--json] [TRACE ...]
 
 Without TRACE: every trace in traces/, traces/external/ and traces/validation/. Each trace is
-converted to JSON lines (`gpumem convert`) and N − 1 perturbed copies are made (default
-N = 7): every distinct request size s becomes max(1, ⌊s × f⌋), f drawn once per size from
+replayed as it is (a snapshot with the segments the recorded process held before recording
+began, which the torch emulation takes in) and converted to JSON lines (`gpumem convert`),
+from which N − 1 perturbed copies are made (default N = 7): every distinct request size s becomes max(1, ⌊s × f⌋), f drawn once per size from
 [0.97, 1.03] (seeded by the variant number), so equal sizes stay equal and a repeated step
 stays repeated, but the layout an allocator finds is a different one. One policy that meets
 a target only on the exact bytes of one trace shows here as a target met once in N.
@@ -114,7 +115,10 @@ def main():
             if out.returncode != 0:
                 sys.exit(f"{t}: gpumem convert failed:\n{out.stderr.strip()}")
             for v in range(a.variants):
-                path = base
+                # The original as shipped: a snapshot's segments made before recording began
+                # (which the torch emulation takes in) and its recorded addresses are lost in
+                # the conversion.
+                path = t
                 if v > 0:
                     path = os.path.join(tmp, f"{name}_p{v}.jsonl")
                     perturb(base, path, v)
