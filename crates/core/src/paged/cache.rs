@@ -19,8 +19,9 @@ impl PagedPool {
     }
 
     /// [`PagedPool::cache_take`] when the handle's size is known to be `pages` (as listed in
-    /// `cache_sizes`).
-    #[inline]
+    /// `cache_sizes`). Inlined: the cache fill of a mapping allocation takes a handle per
+    /// run it fills.
+    #[inline(always)]
     pub(super) fn cache_take_sized(&mut self, i: usize, pages: u64) -> CachedHandle {
         let last = self.cache.len() - 1;
         let h = self.cache.swap_remove(i);
