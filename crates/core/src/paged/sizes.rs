@@ -158,7 +158,7 @@ mod tests {
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
             let pages = sizes[(x >> 33) as usize % sizes.len()];
-            if (x >> 20) % 3 == 0 {
+            if (x >> 20).is_multiple_of(3) {
                 if let Some(e) = model.get_mut(&pages) {
                     e.0 -= 1;
                     if e.0 == 0 {
