@@ -9,44 +9,28 @@ impl PagedPool {
         self.cached_pages += h.pages;
         let at = self.cache.len() as u32;
         self.cache.push(h);
-        match self.cache_sizes.binary_search_by_key(&h.pages, |e| e.pages) {
-            Ok(i) => self.cache_sizes[i].count += 1,
-            Err(i) => self.cache_sizes.insert(
-                i,
-                CacheSize {
-                    pages: h.pages,
-                    count: 1,
-                    first: at,
-                },
-            ),
-        }
+        self.cache_sizes.add(h.pages, at);
     }
 
     /// Takes the cached handle at `i` (the last handle moves to `i`).
     pub(super) fn cache_take(&mut self, i: usize) -> CachedHandle {
-        let k = self
-            .cache
-            .get(i)
-            .and_then(|h| {
-                self.cache_sizes
-                    .binary_search_by_key(&h.pages, |e| e.pages)
-                    .ok()
-            })
-            .unwrap_or(usize::MAX);
-        self.cache_take_sized(i, k)
+        let pages = self.cache.get(i).map_or(0, |h| h.pages);
+        self.cache_take_sized(i, pages)
     }
 
-    /// [`PagedPool::cache_take`] when the handle's size is known to be `cache_sizes[k]`
-    /// (`usize::MAX`: not listed).
-    pub(super) fn cache_take_sized(&mut self, i: usize, k: usize) -> CachedHandle {
+    /// [`PagedPool::cache_take`] when the handle's size is known to be `pages` (as listed in
+    /// `cache_sizes`). Inlined: the cache fill of a mapping allocation takes a handle per
+    /// run it fills.
+    #[inline(always)]
+    pub(super) fn cache_take_sized(&mut self, i: usize, pages: u64) -> CachedHandle {
         let last = self.cache.len() - 1;
         let h = self.cache.swap_remove(i);
         self.cached_pages = self.cached_pages.saturating_sub(h.pages);
         // The handle's size: one fewer, and a new first handle when it was the first.
-        if let Some(e) = self.cache_sizes.get_mut(k) {
+        if let Some(e) = self.cache_sizes.get_mut(pages) {
             e.count -= 1;
             if e.count == 0 {
-                self.cache_sizes.remove(k);
+                self.cache_sizes.remove(pages);
             } else if e.first as usize == i {
                 // The others of this size lie after `i` (the moved handle now at `i` too).
                 let next = self.cache[i..]
@@ -59,11 +43,7 @@ impl PagedPool {
         // The moved handle: at `i` now, before any other of its size that lay after `i`.
         if let Some(&moved) = self.cache.get(i).filter(|_| i != last) {
             if moved.pages != h.pages {
-                if let Ok(k) = self
-                    .cache_sizes
-                    .binary_search_by_key(&moved.pages, |e| e.pages)
-                {
-                    let e = &mut self.cache_sizes[k];
+                if let Some(e) = self.cache_sizes.get_mut(moved.pages) {
                     if e.first as usize == last || (i as u32) < e.first {
                         e.first = i as u32;
                     }
@@ -73,14 +53,13 @@ impl PagedPool {
         h
     }
 
-    /// Index of the cached handle to fill `n` pages with: one of exactly `n` pages, else the
-    /// largest one smaller than `n`.
-    /// The first handle of that size in `cache` order, and the size's index in
-    /// `cache_sizes` (for [`PagedPool::cache_take_sized`]).
-    pub(super) fn cache_pick(&self, n: u64) -> Option<(usize, usize)> {
-        let below = self.cache_sizes.partition_point(|e| e.pages <= n);
-        let k = below.checked_sub(1)?;
-        Some((self.cache_sizes.get(k)?.first as usize, k))
+    /// The cached handle to fill `n` pages with: one of exactly `n` pages, else the
+    /// largest one smaller than `n`; as the index in `cache` of the first handle of that
+    /// size, and the size (for [`PagedPool::cache_take_sized`]).
+    #[inline]
+    pub(super) fn cache_pick(&self, n: u64) -> Option<(usize, u64)> {
+        let e = self.cache_sizes.largest_at_most(n)?;
+        Some((e.first as usize, e.pages))
     }
 
     /// Takes the last handle of `cache`.
@@ -204,7 +183,7 @@ impl PagedPool {
     fn trim_cache_now(&mut self, dev: &mut dyn Device) {
         while self.held_free_pages() > self.cache_limit {
             // The last of the largest handles.
-            let Some(size) = self.cache_sizes.last().map(|e| e.pages) else {
+            let Some(size) = self.cache_sizes.largest() else {
                 break;
             };
             let Some(i) = self.cache.iter().rposition(|h| h.pages == size) else {

@@ -10,7 +10,8 @@
 //!
 //! Where each idea lives: `placement.rs` (where a block goes), `pages.rs` (mapping and
 //! unmapping runs of pages, unwinding), `cache.rs` (the handle cache and idle pages),
-//! `page_bits.rs` (the idle pages of a reservation as a two-level bitmap), `live.rs` (the
+//! `sizes.rs` (the cached handles' sizes, a slot per small size), `page_bits.rs` (the idle
+//! pages of a reservation as a two-level bitmap), `live.rs` (the
 //! live blocks by address: an open-addressing table, one multiply a look-up), `view.rs` (the
 //! page-table view), `validate.rs` (the invariant checker).
 //!
@@ -92,6 +93,7 @@ mod page_bits;
 mod pages;
 mod placement;
 pub(crate) mod range_map;
+mod sizes;
 pub(crate) mod slots;
 pub(crate) mod view;
 
@@ -332,10 +334,9 @@ pub struct PagedPool {
     /// Unmapped physical handles kept for reuse.
     cache: Vec<CachedHandle>,
     /// How many handles of each size (in pages) `cache` holds, and where the first of them
-    /// lies, so that a pick finds the handle it wants without walking the cache. In
-    /// ascending order of size, no zero count (a sorted vector: a pool holds handles of a
-    /// few sizes).
-    cache_sizes: Vec<CacheSize>,
+    /// lies, so that a pick finds the handle it wants without walking the cache (a slot per
+    /// size up to 64 pages, a sorted vector above: see [`sizes`]).
+    cache_sizes: sizes::CacheSizes,
     /// Pages of the handles in `cache`.
     cached_pages: u64,
     /// Spans (address, bytes) of whole pages left mapped without access by an unwind whose
@@ -388,7 +389,7 @@ impl PagedPool {
             free: range_map::RangeMap::default(),
             live: live::LiveMap::default(),
             cache: Vec::new(),
-            cache_sizes: Vec::new(),
+            cache_sizes: sizes::CacheSizes::default(),
             cached_pages: 0,
             quarantine: Vec::new(),
             mapped_pages: 0,

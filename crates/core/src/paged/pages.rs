@@ -115,8 +115,9 @@ impl PagedPool {
     }
 
     /// Writes the page-table entry of handle `h` mapped from page `first` (in the extent's
-    /// first and last slots; see [`Reservation::pages`]).
-    #[inline]
+    /// first and last slots; see [`Reservation::pages`]). Inlined: a mapping allocation
+    /// writes one extent per handle it maps.
+    #[inline(always)]
     pub(super) fn set_extent(
         &mut self,
         ri: usize,

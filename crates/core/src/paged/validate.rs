@@ -249,14 +249,16 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
     }
     let listed: std::collections::BTreeMap<u64, u32> =
         a.cache_sizes.iter().map(|e| (e.pages, e.count)).collect();
-    let ascending = a.cache_sizes.windows(2).all(|w| w[0].pages < w[1].pages);
-    if sizes != listed || !ascending || a.cache_sizes.iter().any(|e| e.count == 0) {
-        return Err(format!(
-            "cache size index {:?}, cache holds {sizes:?}",
-            a.cache_sizes
-        ));
+    let held: Vec<_> = a.cache_sizes.iter().collect();
+    let ascending = held.windows(2).all(|w| w[0].pages < w[1].pages);
+    if sizes != listed
+        || !ascending
+        || held.iter().any(|e| e.count == 0)
+        || !a.cache_sizes.consistent()
+    {
+        return Err(format!("cache size index {held:?}, cache holds {sizes:?}"));
     }
-    for e in &a.cache_sizes {
+    for e in held {
         let first = a.cache.iter().position(|h| h.pages == e.pages);
         if first != Some(e.first as usize) {
             return Err(format!(
