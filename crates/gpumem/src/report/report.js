@@ -311,7 +311,8 @@
   function legendAtCurrent(u) {
     if (u.cursor.idx == null && u.data[0].length > 0) u.setLegend({ idx: columnOf(current) });
   }
-  function makeChart(title, seriesList, fmt, log, tickFmt, splits, extraDraw) {
+  // yRange: a fixed [min, max] of the y axis (default: fitted to the data).
+  function makeChart(title, seriesList, fmt, log, tickFmt, splits, extraDraw, yRange) {
     tickFmt = tickFmt || fmt;
     const el = document.createElement('div');
     $('charts').appendChild(el);
@@ -320,7 +321,7 @@
     const data = [x].concat(seriesList.map((s) => s.y));
     const opts = {
       title, width: w, height: 200,
-      scales: log ? { x: { time: false }, y: { distr: 3, log: 10 } } : { x: { time: false } },
+      scales: log ? { x: { time: false }, y: { distr: 3, log: 10 } } : Object.assign({ x: { time: false } }, yRange ? { y: { range: yRange } } : {}),
       legend: { live: true },
       cursor: { sync: { key: 'gpumem' }, drag: { x: true, y: false } },
       axes: [
@@ -400,7 +401,7 @@
       .concat(A.map((a, i) => ({ label: a.name, y: interleave(a.series.allocated), color: SERIES_COLORS[i % 7] })))
       .concat(D.recorded.filter((r) => r.allocated_peak_bytes != null).map((r) => ({ label: 'PyTorch peak (' + r.conf + ')', y: flat(r.allocated_peak_bytes), color: '#8a4b00', dash: [6, 4] })));
     makeChart('Allocated bytes (live blocks after rounding)', allocated, fmtBytes, false, tickBytes, byteSplits);
-    makeChart('External fragmentation (1 − largest free / free)', A.map((a, i) => ({ label: a.name, y: interleave(a.series.fragmentation), color: SERIES_COLORS[i % 7] })), (v) => pct(v, 1), false, (v) => pct(v, 0));
+    makeChart('External fragmentation (1 − largest free / free)', A.map((a, i) => ({ label: a.name, y: interleave(a.series.fragmentation), color: SERIES_COLORS[i % 7] })), (v) => pct(v, 1), false, (v) => pct(v, 0), null, null, [0, 1]);
     // Log scale: pools differ by orders of magnitude; no call yet is left out (a gap).
     const calls = (a) => Array.from(doubled(a.series.driver_calls), (v) => (v >= 1 ? v : null));
     makeChart('Driver calls (cumulative, log scale)', A.map((a, i) => ({ label: a.name, y: calls(a), color: SERIES_COLORS[i % 7] })), (v) => v >= 1e6 ? (v / 1e6).toFixed(2) + 'M' : v >= 1e3 ? (v / 1e3).toFixed(1) + 'k' : String(Math.round(v)), true);
@@ -486,6 +487,9 @@
     if (draws !== before + 1) problems.push('moving the slider did not redraw the map');
     if (!$('map-caption').textContent.includes('after event ' + target + ' ')) problems.push('the caption does not show event ' + target);
     if (charts.length !== 4) problems.push(charts.length + ' charts drawn, expected 4');
+    // A fraction is drawn on 0-100 %, whatever the data (all zero gave an axis to 10000 %).
+    const frag = charts[2];
+    if (frag && (frag.scales.y.min !== 0 || frag.scales.y.max !== 1)) problems.push('the fragmentation axis spans ' + frag.scales.y.min + '..' + frag.scales.y.max + ', expected 0..1 (0-100 %)');
     // Hover the first live cell of the map: the tooltip must describe the block.
     const canvas = $('map-canvas'), m = canvas._map;
     const liveCell = m ? m.c.st.indexOf(1) : -1;
@@ -563,7 +567,11 @@
         redrawMap();
       }, 150);
     });
-    if (location.hash.includes('selftest')) selftest(loadMs);
+    if (location.hash.includes('selftest')) {
+      // uPlot sets its scales in a microtask after the charts are made: let it run first.
+      await new Promise((r) => setTimeout(r, 0));
+      selftest(loadMs);
+    }
   }
   main().catch((e) => {
     window.__gpumemErrors.push('report: ' + (e && e.stack || e));
