@@ -1689,3 +1689,18 @@ fn vmm_refuses_a_reserve_that_rounds_past_2_64() {
         "{err}"
     );
 }
+
+/// `inspect --sizes ''` (or `,`) allocated nothing and printed nothing, with success; it is
+/// refused, naming what was expected.
+#[test]
+fn inspect_refuses_an_empty_size_list() {
+    for sizes in ["", ","] {
+        let (ok, out, err) = gpumem(&["inspect", "--device", "sim", "--sizes", sizes]);
+        assert!(!ok, "{out}");
+        assert!(err.contains("expected at least one size"), "{err}");
+    }
+    let (ok, out, err) = gpumem(&["inspect", "--device", "sim", "--sizes", "64KiB", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(!v["rows"].as_array().unwrap().is_empty(), "{out}");
+}
