@@ -1704,3 +1704,45 @@ fn inspect_refuses_an_empty_size_list() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert!(!v["rows"].as_array().unwrap().is_empty(), "{out}");
 }
+
+/// `bench alloc` measured nothing without a word (`--max-pairs 0`: rows of `-`, success), or
+/// said only "no measurement succeeded" (`--sizes '' --mixed false`), or spent minutes
+/// starting threads (`--threads 100000`): each is refused before anything runs.
+#[test]
+fn bench_alloc_refuses_settings_that_measure_nothing() {
+    let base = ["bench", "alloc", "--device", "sim", "--time-ms", "1"];
+    let run = |extra: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        gpumem(&args)
+    };
+    let (ok, _, err) = run(&["--max-pairs", "0"]);
+    assert!(!ok);
+    assert!(err.contains("--max-pairs"), "{err}");
+    let (ok, out, err) = run(&["--sizes", "", "--mixed", "false"]);
+    assert!(!ok);
+    assert!(out.is_empty(), "{out}");
+    one_line_error(&err);
+    assert!(err.contains("nothing to measure"), "{err}");
+    let (ok, _, err) = run(&["--threads", "1,100000"]);
+    assert!(!ok);
+    assert!(err.contains("`100000`: at most 1024 threads"), "{err}");
+    // The smallest run that measures: one size, one thread, one strategy.
+    let (ok, out, err) = run(&[
+        "--sizes",
+        "1MiB",
+        "--mixed",
+        "false",
+        "--threads",
+        "1",
+        "--strategies",
+        "tlsf",
+        "--max-pairs",
+        "1",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    // One object per device measured.
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["rows"].as_array().unwrap().len(), 1, "{out}");
+}
