@@ -1746,3 +1746,75 @@ fn bench_alloc_refuses_settings_that_measure_nothing() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v[0]["rows"].as_array().unwrap().len(), 1, "{out}");
 }
+
+/// `bench pinned --repeats 0` measured once and printed "medians of 0 repeats"; `bench
+/// transfer --host-only` took `--plot` and `--overlap` and did neither (no SVG written, no
+/// word). Both are refused by name.
+#[test]
+fn bench_pinned_and_transfer_refuse_what_they_would_not_do() {
+    let (ok, out, err) = gpumem(&[
+        "bench",
+        "pinned",
+        "--repeats",
+        "0",
+        "--sizes",
+        "4KiB",
+        "--no-cache",
+    ]);
+    assert!(!ok, "{out}");
+    assert!(err.contains("--repeats"), "{err}");
+    let (ok, out, err) = gpumem(&[
+        "bench",
+        "transfer",
+        "--host-only",
+        "--repeats",
+        "0",
+        "--sizes",
+        "4KiB",
+        "--no-cache",
+    ]);
+    assert!(!ok, "{out}");
+    assert!(err.contains("--repeats"), "{err}");
+    let dir = scratch("host-only-plot");
+    let svg = dir.join("bw.svg");
+    for extra in [&["--plot", svg.to_str().unwrap()][..], &["--overlap"][..]] {
+        let mut args = vec![
+            "bench",
+            "transfer",
+            "--host-only",
+            "--sizes",
+            "4KiB",
+            "--no-cache",
+        ];
+        args.extend_from_slice(extra);
+        let (ok, out, err) = gpumem(&args);
+        assert!(!ok, "{extra:?}: {out}");
+        assert!(
+            err.contains(extra[0]) && err.contains("--host-only"),
+            "{err}"
+        );
+    }
+    assert!(!svg.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+    // Each alone still runs.
+    let (ok, _, err) = gpumem(&[
+        "bench",
+        "pinned",
+        "--repeats",
+        "1",
+        "--sizes",
+        "4KiB",
+        "--no-cache",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = gpumem(&[
+        "bench",
+        "transfer",
+        "--host-only",
+        "--sizes",
+        "4KiB",
+        "--no-cache",
+    ]);
+    assert!(ok, "{err}");
+}
