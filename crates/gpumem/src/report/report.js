@@ -327,7 +327,7 @@
       axes: [
         { label: 'event', size: 40, values: (u, v) => v.map((x) => x >= 1e6 ? (x / 1e6) + 'M' : x >= 1e3 ? (x / 1e3) + 'k' : x) },
         log
-          ? { size: 70, values: (u, v) => v.map((x) => (Math.abs(Math.log10(x) - Math.round(Math.log10(x))) < 1e-9 ? fmt(x) : '')) }
+          ? { size: 70, values: (u, v) => v.map((x) => (Math.abs(Math.log10(x) - Math.round(Math.log10(x))) < 1e-9 ? tickFmt(x) : '')) }
           : Object.assign({ size: 70, values: (u, v) => v.map(tickFmt) }, splits ? { splits } : {}),
       ],
       // The events of the column under the pointer (a column spans one or more events).
@@ -404,7 +404,9 @@
     makeChart('External fragmentation (1 − largest free / free)', A.map((a, i) => ({ label: a.name, y: interleave(a.series.fragmentation), color: SERIES_COLORS[i % 7] })), (v) => pct(v, 1), false, (v) => pct(v, 0), null, null, [0, 1]);
     // Log scale: pools differ by orders of magnitude; no call yet is left out (a gap).
     const calls = (a) => Array.from(doubled(a.series.driver_calls), (v) => (v >= 1 ? v : null));
-    makeChart('Driver calls (cumulative, log scale)', A.map((a, i) => ({ label: a.name, y: calls(a), color: SERIES_COLORS[i % 7] })), (v) => v >= 1e6 ? (v / 1e6).toFixed(2) + 'M' : v >= 1e3 ? (v / 1e3).toFixed(1) + 'k' : String(Math.round(v)), true);
+    // Ticks are powers of ten: 1, 10, 100, 1k, 10k, 1M (not 1.0k, 100.0k as the legend's values).
+    const powerTick = (v) => v >= 1e6 ? Math.round(v / 1e6) + 'M' : v >= 1e3 ? Math.round(v / 1e3) + 'k' : String(Math.round(v));
+    makeChart('Driver calls (cumulative, log scale)', A.map((a, i) => ({ label: a.name, y: calls(a), color: SERIES_COLORS[i % 7] })), (v) => v >= 1e6 ? (v / 1e6).toFixed(2) + 'M' : v >= 1e3 ? (v / 1e3).toFixed(1) + 'k' : String(Math.round(v)), true, powerTick);
   }
 
   // ---------------------------------------------------------------- the map section
@@ -487,6 +489,9 @@
     if (draws !== before + 1) problems.push('moving the slider did not redraw the map');
     if (!$('map-caption').textContent.includes('after event ' + target + ' ')) problems.push('the caption does not show event ' + target);
     if (charts.length !== 4) problems.push(charts.length + ' charts drawn, expected 4');
+    // The driver calls' ticks are written as round powers of ten (it wrote 1.0k and 100.0k).
+    const callTicks = charts[3] && charts[3].axes[1]._values ? charts[3].axes[1]._values.filter((x) => x !== '') : [];
+    if (callTicks.some((x) => !/^1(0*)(k|M)?$/.test(x))) problems.push('driver-call ticks: ' + callTicks.join(', '));
     // A fraction is drawn on 0-100 %, whatever the data (all zero gave an axis to 10000 %).
     const frag = charts[2];
     if (frag && (frag.scales.y.min !== 0 || frag.scales.y.max !== 1)) problems.push('the fragmentation axis spans ' + frag.scales.y.min + '..' + frag.scales.y.max + ', expected 0..1 (0-100 %)');
