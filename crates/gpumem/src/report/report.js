@@ -311,6 +311,9 @@
   function legendAtCurrent(u) {
     if (u.cursor.idx == null && u.data[0].length > 0) u.setLegend({ idx: columnOf(current) });
   }
+  // Steps between the event axis's ticks: whole events (a trace of a few events got 0.2, 0.4).
+  const EVENT_STEPS = [];
+  for (let m = 1; m <= 1e9; m *= 10) EVENT_STEPS.push(m, 2 * m, 5 * m);
   // yRange: a fixed [min, max] of the y axis (default: fitted to the data).
   function makeChart(title, seriesList, fmt, log, tickFmt, splits, extraDraw, yRange) {
     tickFmt = tickFmt || fmt;
@@ -325,7 +328,7 @@
       legend: { live: true },
       cursor: { sync: { key: 'gpumem' }, drag: { x: true, y: false } },
       axes: [
-        { label: 'event', size: 40, values: (u, v) => v.map((x) => x >= 1e6 ? (x / 1e6) + 'M' : x >= 1e3 ? (x / 1e3) + 'k' : x) },
+        { label: 'event', size: 40, incrs: EVENT_STEPS, values: (u, v) => v.map((x) => x >= 1e6 ? (x / 1e6) + 'M' : x >= 1e3 ? (x / 1e3) + 'k' : x) },
         log
           ? { size: 70, values: (u, v) => v.map((x) => (Math.abs(Math.log10(x) - Math.round(Math.log10(x))) < 1e-9 ? tickFmt(x) : '')) }
           : Object.assign({ size: 70, values: (u, v) => v.map(tickFmt) }, splits ? { splits } : {}),
@@ -340,7 +343,7 @@
         },
       }].concat(seriesList.map((s, i) => ({
         label: s.label, stroke: s.color || SERIES_COLORS[i % SERIES_COLORS.length], width: s.width || 1.25, points: { show: false },
-        dash: s.dash, value: (u, v) => v == null ? '' : fmt(v),
+        dash: s.dash, value: (u, v) => v == null ? (s.nullText || '') : fmt(v),
       }))),
       hooks: {
         setCursor: [legendAtCurrent],
@@ -406,7 +409,7 @@
     const calls = (a) => Array.from(doubled(a.series.driver_calls), (v) => (v >= 1 ? v : null));
     // Ticks are powers of ten: 1, 10, 100, 1k, 10k, 1M (not 1.0k, 100.0k as the legend's values).
     const powerTick = (v) => v >= 1e6 ? Math.round(v / 1e6) + 'M' : v >= 1e3 ? Math.round(v / 1e3) + 'k' : String(Math.round(v));
-    makeChart('Driver calls (cumulative, log scale)', A.map((a, i) => ({ label: a.name, y: calls(a), color: SERIES_COLORS[i % 7] })), (v) => v >= 1e6 ? (v / 1e6).toFixed(2) + 'M' : v >= 1e3 ? (v / 1e3).toFixed(1) + 'k' : String(Math.round(v)), true, powerTick);
+    makeChart('Driver calls (cumulative, log scale)', A.map((a, i) => ({ label: a.name, y: calls(a), color: SERIES_COLORS[i % 7], nullText: '0' })), (v) => v >= 1e6 ? (v / 1e6).toFixed(2) + 'M' : v >= 1e3 ? (v / 1e3).toFixed(1) + 'k' : String(Math.round(v)), true, powerTick);
   }
 
   // ---------------------------------------------------------------- the map section
@@ -492,6 +495,17 @@
     // The driver calls' ticks are written as round powers of ten (it wrote 1.0k and 100.0k).
     const callTicks = charts[3] && charts[3].axes[1]._values ? charts[3].axes[1]._values.filter((x) => x !== '') : [];
     if (callTicks.some((x) => !/^1(0*)(k|M)?$/.test(x))) problems.push('driver-call ticks: ' + callTicks.join(', '));
+    // Events are whole: the event axis ticks at whole events only.
+    for (const u of charts) {
+      const bad = (u.axes[0]._splits || []).filter((x) => !Number.isInteger(x));
+      const title = u.root.querySelector('.u-title');
+      if (bad.length) problems.push((title ? title.textContent : 'a chart') + ': event ticks at ' + bad.join(', '));
+    }
+    // Every legend entry of the driver calls has a value: none yet (a gap on the log scale) is 0, not blank.
+    if (charts[3]) {
+      const blank = charts[3].series.slice(1).filter((sr) => typeof sr.value === 'function' && sr.value(charts[3], null, 1, 0) === '').map((sr) => sr.label);
+      if (blank.length) problems.push('driver-call legend without a value for no call: ' + blank.join(', '));
+    }
     // A fraction is drawn on 0-100 %, whatever the data (all zero gave an axis to 10000 %).
     const frag = charts[2];
     if (frag && (frag.scales.y.min !== 0 || frag.scales.y.max !== 1)) problems.push('the fragmentation axis spans ' + frag.scales.y.min + '..' + frag.scales.y.max + ', expected 0..1 (0-100 %)');
