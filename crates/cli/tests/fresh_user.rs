@@ -1818,3 +1818,52 @@ fn bench_pinned_and_transfer_refuse_what_they_would_not_do() {
     ]);
     assert!(ok, "{err}");
 }
+
+/// An output that is a symbolic link, or a FIFO (as `/dev/stdout` or `/dev/null` are not
+/// regular files either), was replaced by a regular file: the temporary file was renamed over
+/// the link or the FIFO itself (`report -o /dev/full` replaced the device). The link now stays
+/// and its file gets the output; a FIFO is written in place.
+#[cfg(target_os = "linux")]
+#[test]
+fn outputs_write_through_links_and_into_fifos() {
+    use std::io::Read;
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let dir = scratch("special-outputs");
+    let trace = dir.join("tiny.jsonl");
+    // As convert writes it (a free with its size), so that the output is the input.
+    let lines =
+        "{\"action\":\"alloc\",\"addr\":1,\"size\":512}\n{\"action\":\"free\",\"addr\":1,\"size\":512}\n";
+    std::fs::write(&trace, lines).unwrap();
+    let trace = trace.to_str().unwrap();
+    // A link to a file.
+    let real = dir.join("real.jsonl");
+    std::fs::write(&real, "old\n").unwrap();
+    let link = dir.join("link.jsonl");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let (ok, _, err) = gpumem(&["convert", trace, "-o", link.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(link.is_symlink(), "the link was replaced by a file");
+    assert_eq!(std::fs::read_to_string(&real).unwrap(), lines);
+    // A FIFO, opened for reading first (without waiting for a writer) so that the command's
+    // open for writing does not block; the output fits in the pipe's buffer.
+    let fifo = dir.join("pipe");
+    let st = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(st.success());
+    const O_NONBLOCK: i32 = 0o4000;
+    let mut reader = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(O_NONBLOCK)
+        .open(&fifo)
+        .unwrap();
+    let (ok, _, err) = gpumem(&["convert", trace, "-o", fifo.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let is_fifo = std::fs::symlink_metadata(&fifo)
+        .unwrap()
+        .file_type()
+        .is_fifo();
+    let mut got = String::new();
+    let _ = reader.read_to_string(&mut got);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(is_fifo, "the FIFO was replaced by a file");
+    assert_eq!(got, lines);
+}
