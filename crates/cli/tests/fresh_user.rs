@@ -1867,3 +1867,33 @@ fn outputs_write_through_links_and_into_fifos() {
     assert!(is_fifo, "the FIFO was replaced by a file");
     assert_eq!(got, lines);
 }
+
+/// Standard output that cannot be written (`> /dev/full`: no space left) made `println!`
+/// panic with a backtrace; it is now one line of error and exit status 1.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_full_standard_output_is_an_error_not_a_panic() {
+    let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
+        eprintln!("skipped: no /dev/full");
+        return;
+    };
+    let out = Command::new(env!("CARGO_BIN_EXE_gpumem"))
+        .args([
+            "replay",
+            "traces/mixed_sizes.pickle.gz",
+            "-a",
+            "tlsf",
+            "--json",
+        ])
+        .current_dir(repo())
+        .stdout(full)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    one_line_error(&err);
+    assert!(
+        err.contains("error: writing to standard output: No space left on device"),
+        "{err}"
+    );
+}
