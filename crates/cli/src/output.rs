@@ -60,6 +60,13 @@ pub fn check(flag: &str, out: &Path, inputs: &[&Path]) -> Result<()> {
     }
     let target = resolved(out);
     let dir = folder(&target);
+    if dir.exists() && !dir.is_dir() {
+        bail!(
+            "{flag} {}: {} is a file, not a folder",
+            out.display(),
+            dir.display()
+        );
+    }
     if !dir.is_dir() {
         bail!(
             "{flag} {}: the folder {} does not exist",

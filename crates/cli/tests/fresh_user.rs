@@ -1897,3 +1897,28 @@ fn a_full_standard_output_is_an_error_not_a_panic() {
         "{err}"
     );
 }
+
+/// An output under a file (`-o notes.txt/r.html`) said "the folder notes.txt does not exist",
+/// which it does, as a file; it now says so.
+#[test]
+fn an_output_under_a_file_names_the_file() {
+    let dir = scratch("under-a-file");
+    let file = dir.join("notes.txt");
+    std::fs::write(&file, "x").unwrap();
+    let out = file.join("r.html");
+    let (ok, _, err) = gpumem(&[
+        "report",
+        "traces/mixed_sizes.pickle.gz",
+        "-a",
+        "tlsf",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!ok);
+    one_line_error(&err);
+    assert!(
+        err.contains(&format!("{} is a file, not a folder", file.display())),
+        "{err}"
+    );
+}
