@@ -435,9 +435,11 @@
     if (current === A.peak_reserved_event) tags.push('peak reserved of ' + A.name);
     if (current === D.peak_requested_event) tags.push('peak requested');
     $('map-caption').textContent = A.name + ' after event ' + current + ' of ' + D.events + (tags.length ? ' (' + tags.join(', ') + ')' : '') + ': ' +
-      segs + ' segments, ' + vas + ' VA ranges; ' + fmtBytes(t[0]) + ' live in ' + blocks + ' blocks. Hover for details.';
+      counted(segs, 'segment') + ', ' + counted(vas, 'VA range') + '; ' + fmtBytes(t[0]) + ' live in ' + counted(blocks, 'block') + '. Hover for details.';
     draws++;
   }
+  // `n` and `noun`, plural unless n is 1 (as the terminal map: 1 VA range, 2 segments).
+  function counted(n, noun) { return n + ' ' + noun + (n === 1 ? '' : 's'); }
   function setupMap() {
     const sel = $('map-allocator');
     D.allocators.forEach((a, i) => {
@@ -468,7 +470,7 @@
     const map = { rows: m.rows.map((r) => ({ kind: r.kind === 'segment' ? 'segment' : 'VA range', regionBase: r.region_base, base: r.base, bytes: r.bytes, shown: r.shown, spans: r.spans.map((s) => [s[0], s[1], s[2], -1, s[3]]) })) };
     drawMap(canvas, map, 40);
     const { t, blocks } = totals(map);
-    $(captionId).textContent = what + ': ' + map.rows.length + ' segments, ' + fmtBytes(t[0]) + ' live in ' + blocks + ' blocks, ' + fmtBytes(t[1]) + ' split remainder, ' + fmtBytes(t[2]) + ' free (cached)';
+    $(captionId).textContent = what + ': ' + counted(map.rows.length, 'segment') + ', ' + fmtBytes(t[0]) + ' live in ' + counted(blocks, 'block') + ', ' + fmtBytes(t[1]) + ' split remainder, ' + fmtBytes(t[2]) + ' free (cached)';
     canvas.addEventListener('mousemove', (ev) => hover(ev, canvas, false));
     canvas.addEventListener('mouseleave', () => { tip.hidden = true; });
   }
@@ -492,6 +494,16 @@
     if (draws !== before + 1) problems.push('moving the slider did not redraw the map');
     if (!$('map-caption').textContent.includes('after event ' + target + ' ')) problems.push('the caption does not show event ' + target);
     if (charts.length !== 4) problems.push(charts.length + ' charts drawn, expected 4');
+    // Each allocator's caption counts in words that agree with the number (1 VA range).
+    const sel = $('map-allocator'), was = sel.value;
+    D.allocators.forEach((A, i) => {
+      sel.value = String(i);
+      sel.dispatchEvent(new Event('change'));
+      const caption = $('map-caption').textContent;
+      if (/\b1 (segments|VA ranges|blocks)\b/.test(caption)) problems.push(A.name + ': ' + caption);
+    });
+    sel.value = was;
+    sel.dispatchEvent(new Event('change'));
     // The driver calls' ticks are written as round powers of ten (it wrote 1.0k and 100.0k).
     const callTicks = charts[3] && charts[3].axes[1]._values ? charts[3].axes[1]._values.filter((x) => x !== '') : [];
     if (callTicks.some((x) => !/^1(0*)(k|M)?$/.test(x))) problems.push('driver-call ticks: ' + callTicks.join(', '));
