@@ -228,7 +228,8 @@ fn host_only(a: &BenchTransferArgs) -> Result<()> {
             }
         }
         rows.push(SweepRow {
-            config: c,
+            // As measured: the ring starts at most one thread per CPU.
+            config: ring.config(),
             h2d_gbps: max as f64 / transfer::median(&mut fill) / 1e9,
             d2h_gbps: max as f64 / transfer::median(&mut drain) / 1e9,
         });
@@ -312,7 +313,7 @@ pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
             let d = bench.measure(MemoryKind::Staged, Direction::D2h, max, 3)?;
             let gb = |s: Option<f64>| s.map_or(0.0, |s| max as f64 / s / 1e9);
             sweep.push(SweepRow {
-                config: c,
+                config: bench.staging_config().unwrap_or(c),
                 h2d_gbps: gb(h),
                 d2h_gbps: gb(d),
             });
@@ -469,6 +470,8 @@ pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
         eprintln!("warning: {w}");
     }
 
+    // As measured: the ring starts at most one thread per CPU.
+    let staging = bench.staging_config().unwrap_or(staging);
     if a.json {
         let out = json!({
             "device": device,

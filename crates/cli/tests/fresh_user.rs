@@ -1922,3 +1922,28 @@ fn an_output_under_a_file_names_the_file() {
         "{err}"
     );
 }
+
+/// `bench transfer --host-only --stage-threads 100000` printed "threads 100000" for a ring
+/// that started one thread per CPU; it prints the threads it measured with.
+#[test]
+fn host_only_staging_says_the_threads_it_measured_with() {
+    let (ok, out, err) = gpumem(&[
+        "bench",
+        "transfer",
+        "--host-only",
+        "--stage-threads",
+        "100000",
+        "--sizes",
+        "4KiB",
+        "--no-cache",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let cpus = std::thread::available_parallelism().unwrap().get() as u64;
+    assert_eq!(
+        v["staging_sweep"][0]["config"]["threads"].as_u64(),
+        Some(cpus),
+        "{out}"
+    );
+}
