@@ -1,5 +1,6 @@
 //! `gpumem bench transfer`, `gpumem bench pinned`, `gpumem advise`: pinned host memory.
 use anyhow::{bail, Context, Result};
+use clap::builder::TypedValueParser as _;
 use clap::Args;
 use gpumem::pinned::advise::{self, Direction, MemoryKind, Pattern, TransferPoint, TransferTable};
 use gpumem::pinned::transfer::{self, MappedMethod, TransferBench};
@@ -123,8 +124,8 @@ pub struct BenchTransferArgs {
     /// Directions: h2d, d2h, both (two streams at once).
     #[arg(long, default_value = "h2d,d2h,both", value_parser = parse_dirs)]
     pub directions: std::vec::Vec<Direction>,
-    /// Timed repeats per point (median); sizes ≥ 256 MiB use at most 5.
-    #[arg(long, default_value_t = 11)]
+    /// Timed repeats per point (median, at least 1); sizes ≥ 256 MiB use at most 5.
+    #[arg(long, default_value_t = 11, value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
     pub repeats: usize,
     /// CUDA device: an ordinal (`0`), `cuda:N`, or `all` (every device: host<->device
     /// bandwidth of each, then peer copies between each pair; see `gpumem bench transfer
@@ -150,10 +151,10 @@ pub struct BenchTransferArgs {
     pub staging_sweep: bool,
     /// Also measure how much of an H2D copy hides behind device-to-device copies on another
     /// stream, pageable vs pinned.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "host_only")]
     pub overlap: bool,
     /// Draw bandwidth against size (log x axis) into this SVG file.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "host_only")]
     pub plot: Option<PathBuf>,
     /// Do not write the table that `gpumem advise` reads.
     #[arg(long)]
@@ -227,7 +228,8 @@ fn host_only(a: &BenchTransferArgs) -> Result<()> {
             }
         }
         rows.push(SweepRow {
-            config: c,
+            // As measured: the ring starts at most one thread per CPU.
+            config: ring.config(),
             h2d_gbps: max as f64 / transfer::median(&mut fill) / 1e9,
             d2h_gbps: max as f64 / transfer::median(&mut drain) / 1e9,
         });
@@ -311,7 +313,7 @@ pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
             let d = bench.measure(MemoryKind::Staged, Direction::D2h, max, 3)?;
             let gb = |s: Option<f64>| s.map_or(0.0, |s| max as f64 / s / 1e9);
             sweep.push(SweepRow {
-                config: c,
+                config: bench.staging_config().unwrap_or(c),
                 h2d_gbps: gb(h),
                 d2h_gbps: gb(d),
             });
@@ -468,6 +470,8 @@ pub fn bench_transfer(a: BenchTransferArgs) -> Result<()> {
         eprintln!("warning: {w}");
     }
 
+    // As measured: the ring starts at most one thread per CPU.
+    let staging = bench.staging_config().unwrap_or(staging);
     if a.json {
         let out = json!({
             "device": device,
@@ -570,8 +574,8 @@ pub struct BenchPinnedArgs {
     /// Sizes per allocation, comma-separated, with units.
     #[arg(long, default_value = "1MiB,16MiB,256MiB,1GiB", value_parser = units::parse_size_set, allow_hyphen_values = true)]
     pub sizes: std::vec::Vec<u64>,
-    /// Repeats per point (median); the pool's warm figure uses at least 1000.
-    #[arg(long, default_value_t = 5)]
+    /// Repeats per point (median, at least 1); the pool's warm figure uses at least 1000.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
     pub repeats: usize,
     /// CUDA device ordinal (`0`, or `cuda:N`). Without a CUDA driver the mlock fallback is
     /// measured instead, on the host alone.

@@ -145,6 +145,24 @@ pub fn build(
             );
         }
     }
+    // Allocations that ran out of memory are dropped with their frees too: without a word the
+    // map of such a run shows less (or nothing) live, with no sign of why.
+    for rep in &r.replays {
+        if rep.oom_count > 0 {
+            eprintln!(
+                "note: {}: {} failed (out of memory on a device of {}{}) and {} dropped with {} free{}, as replay drops them",
+                rep.name,
+                crate::units::counted(rep.oom_count, "allocation"),
+                human_bytes(cfg.capacity_bytes),
+                rep.first_oom_event
+                    .map(|e| format!("; the first at event {e}"))
+                    .unwrap_or_default(),
+                if rep.oom_count == 1 { "was" } else { "were" },
+                if rep.oom_count == 1 { "its" } else { "their" },
+                if rep.oom_count == 1 { "" } else { "s" },
+            );
+        }
+    }
     // A trace of several GPUs shows one: say which, and that event indices are its own.
     let devices = crate::cmd_tune::alloc_devices(&trace);
     if devices.len() > 1 {

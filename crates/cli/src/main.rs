@@ -66,7 +66,9 @@ enum BenchCommand {
 
 /// A reader that closes the pipe early (`gpumem replay T | head -1`) makes `println!` panic
 /// with "failed printing to stdout: Broken pipe": end quietly instead, as Unix tools do on
-/// SIGPIPE, and leave every other panic to the default hook.
+/// SIGPIPE. Any other failure to print (a full disk, `> /dev/full`) is an error of one line
+/// and exit status 1, not a panic with a backtrace; every other panic goes to the default
+/// hook.
 fn quiet_on_closed_stdout() {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
@@ -76,8 +78,12 @@ fn quiet_on_closed_stdout() {
             .map(String::as_str)
             .or_else(|| info.payload().downcast_ref::<&str>().copied())
             .unwrap_or("");
-        if msg.contains("failed printing to stdout") && msg.contains("Broken pipe") {
-            std::process::exit(0);
+        if let Some(why) = msg.strip_prefix("failed printing to stdout: ") {
+            if why.contains("Broken pipe") {
+                std::process::exit(0);
+            }
+            eprintln!("error: writing to standard output: {why}");
+            std::process::exit(1);
         }
         default(info);
     }));

@@ -1,7 +1,9 @@
 //! Files the commands write (`report -o`, `convert -o`, `replay --timeline`, `bench transfer
 //! --plot`): checked before any work is done, never the input, and written last through a
 //! temporary file beside the target that is then renamed, so a failed or interrupted run
-//! leaves an existing file as it was.
+//! leaves an existing file as it was. A symbolic link is followed (the file it names is
+//! replaced, the link stays); a device, pipe or socket (`/dev/stdout`, `/dev/null`, a FIFO)
+//! is written in place, since a file renamed over it would replace it.
 use std::io::Write;
 use std::path::Path;
 
@@ -37,6 +39,7 @@ fn folder(out: &Path) -> &Path {
 /// # Errors
 /// One line naming the flag and the file, and what to do instead.
 pub fn check(flag: &str, out: &Path, inputs: &[&Path]) -> Result<()> {
+    let special = is_special(out);
     for input in inputs {
         if input.as_os_str() != "-" && same_file(input, out) {
             bail!(
@@ -51,7 +54,19 @@ pub fn check(flag: &str, out: &Path, inputs: &[&Path]) -> Result<()> {
             out.display()
         );
     }
-    let dir = folder(out);
+    if special {
+        // Written in place: no temporary file beside it.
+        return Ok(());
+    }
+    let target = resolved(out);
+    let dir = folder(&target);
+    if dir.exists() && !dir.is_dir() {
+        bail!(
+            "{flag} {}: {} is a file, not a folder",
+            out.display(),
+            dir.display()
+        );
+    }
     if !dir.is_dir() {
         bail!(
             "{flag} {}: the folder {} does not exist",
@@ -72,13 +87,43 @@ pub fn check(flag: &str, out: &Path, inputs: &[&Path]) -> Result<()> {
     Ok(())
 }
 
+/// Whether `out` exists (links followed) and is neither a file nor a folder: a device, a
+/// pipe or a socket, which is written in place.
+fn is_special(out: &Path) -> bool {
+    std::fs::metadata(out).is_ok_and(|m| !m.is_file() && !m.is_dir())
+}
+
+/// The file a symbolic link `out` names (so that the link stays and its file is replaced);
+/// `out` itself when it is no link, or a link that cannot be resolved (a dangling one is
+/// then replaced, as before).
+fn resolved(out: &Path) -> std::path::PathBuf {
+    if out.is_symlink() {
+        if let Ok(p) = std::fs::canonicalize(out) {
+            return p;
+        }
+    }
+    out.to_path_buf()
+}
+
 /// Writes `out` through a temporary file in its folder, renamed over `out` once `fill` has
 /// written everything: on failure `out` is left as it was. A new file gets the usual mode
-/// (0666 less the umask), an existing one keeps its own.
+/// (0666 less the umask), an existing one keeps its own. A symbolic link is followed; a
+/// device, pipe or socket is written in place (a failure there may leave part written).
 ///
 /// # Errors
 /// Creating, writing or renaming the file, each naming `out`.
 pub fn write(out: &Path, fill: impl FnOnce(&mut std::fs::File) -> Result<()>) -> Result<()> {
+    if is_special(out) {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(out)
+            .with_context(|| format!("opening {}", out.display()))?;
+        return fill(&mut f)
+            .and_then(|()| Ok(f.flush()?))
+            .with_context(|| format!("writing {}", out.display()));
+    }
+    let target = resolved(out);
+    let out = target.as_path();
     let dir = folder(out);
     let mut builder = tempfile::Builder::new();
     builder.prefix(".gpumem-");

@@ -16,3 +16,18 @@ pub fn counted(n: impl Into<u64>, noun: &str) -> String {
 pub fn parse_positive_size(s: &str) -> Result<u64, String> {
     parse_size(s).map_err(|e| e.replace("expected a size ≥ 0", "expected a size > 0"))
 }
+
+/// A comma-separated list of sizes with at least one ([`gpumem::units::parse_size_list`]),
+/// for a flag whose empty list would leave the command nothing to do.
+///
+/// # Errors
+/// As [`gpumem::units::parse_size_list`], and a list with no size (`""`, `","`).
+pub fn parse_size_list_nonempty(s: &str) -> Result<Vec<u64>, String> {
+    let v = gpumem::units::parse_size_list(s)?;
+    if v.is_empty() {
+        return Err(format!(
+            "`{s}`: expected at least one size, separated by commas (e.g. 256,64KiB,3MiB)"
+        ));
+    }
+    Ok(v)
+}

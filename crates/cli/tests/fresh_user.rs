@@ -1708,3 +1708,261 @@ fn vmm_refuses_a_reserve_that_rounds_past_2_64() {
         "{err}"
     );
 }
+
+/// `inspect --sizes ''` (or `,`) allocated nothing and printed nothing, with success; it is
+/// refused, naming what was expected.
+#[test]
+fn inspect_refuses_an_empty_size_list() {
+    for sizes in ["", ","] {
+        let (ok, out, err) = gpumem(&["inspect", "--device", "sim", "--sizes", sizes]);
+        assert!(!ok, "{out}");
+        assert!(err.contains("expected at least one size"), "{err}");
+    }
+    let (ok, out, err) = gpumem(&["inspect", "--device", "sim", "--sizes", "64KiB", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(!v["rows"].as_array().unwrap().is_empty(), "{out}");
+}
+
+/// `bench alloc` measured nothing without a word (`--max-pairs 0`: rows of `-`, success), or
+/// said only "no measurement succeeded" (`--sizes '' --mixed false`), or spent minutes
+/// starting threads (`--threads 100000`): each is refused before anything runs.
+#[test]
+fn bench_alloc_refuses_settings_that_measure_nothing() {
+    let base = ["bench", "alloc", "--device", "sim", "--time-ms", "1"];
+    let run = |extra: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        gpumem(&args)
+    };
+    let (ok, _, err) = run(&["--max-pairs", "0"]);
+    assert!(!ok);
+    assert!(err.contains("--max-pairs"), "{err}");
+    let (ok, out, err) = run(&["--sizes", "", "--mixed", "false"]);
+    assert!(!ok);
+    assert!(out.is_empty(), "{out}");
+    one_line_error(&err);
+    assert!(err.contains("nothing to measure"), "{err}");
+    let (ok, _, err) = run(&["--threads", "1,100000"]);
+    assert!(!ok);
+    assert!(err.contains("`100000`: at most 1024 threads"), "{err}");
+    // The smallest run that measures: one size, one thread, one strategy.
+    let (ok, out, err) = run(&[
+        "--sizes",
+        "1MiB",
+        "--mixed",
+        "false",
+        "--threads",
+        "1",
+        "--strategies",
+        "tlsf",
+        "--max-pairs",
+        "1",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    // One object per device measured.
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["rows"].as_array().unwrap().len(), 1, "{out}");
+}
+
+/// `bench pinned --repeats 0` measured once and printed "medians of 0 repeats"; `bench
+/// transfer --host-only` took `--plot` and `--overlap` and did neither (no SVG written, no
+/// word). Both are refused by name.
+#[test]
+fn bench_pinned_and_transfer_refuse_what_they_would_not_do() {
+    let (ok, out, err) = gpumem(&[
+        "bench",
+        "pinned",
+        "--repeats",
+        "0",
+        "--sizes",
+        "4KiB",
+        "--no-cache",
+    ]);
+    assert!(!ok, "{out}");
+    assert!(err.contains("--repeats"), "{err}");
+    let (ok, out, err) = gpumem(&[
+        "bench",
+        "transfer",
+        "--host-only",
+        "--repeats",
+        "0",
+        "--sizes",
+        "4KiB",
+        "--no-cache",
+    ]);
+    assert!(!ok, "{out}");
+    assert!(err.contains("--repeats"), "{err}");
+    let dir = scratch("host-only-plot");
+    let svg = dir.join("bw.svg");
+    for extra in [&["--plot", svg.to_str().unwrap()][..], &["--overlap"][..]] {
+        let mut args = vec![
+            "bench",
+            "transfer",
+            "--host-only",
+            "--sizes",
+            "4KiB",
+            "--no-cache",
+        ];
+        args.extend_from_slice(extra);
+        let (ok, out, err) = gpumem(&args);
+        assert!(!ok, "{extra:?}: {out}");
+        assert!(
+            err.contains(extra[0]) && err.contains("--host-only"),
+            "{err}"
+        );
+    }
+    assert!(!svg.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+    // Each alone still runs.
+    let (ok, _, err) = gpumem(&[
+        "bench",
+        "pinned",
+        "--repeats",
+        "1",
+        "--sizes",
+        "4KiB",
+        "--no-cache",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = gpumem(&[
+        "bench",
+        "transfer",
+        "--host-only",
+        "--sizes",
+        "4KiB",
+        "--no-cache",
+    ]);
+    assert!(ok, "{err}");
+}
+
+/// An output that is a symbolic link, or a FIFO (as `/dev/stdout` or `/dev/null` are not
+/// regular files either), was replaced by a regular file: the temporary file was renamed over
+/// the link or the FIFO itself (`report -o /dev/full` replaced the device). The link now stays
+/// and its file gets the output; a FIFO is written in place.
+#[cfg(target_os = "linux")]
+#[test]
+fn outputs_write_through_links_and_into_fifos() {
+    use std::io::Read;
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let dir = scratch("special-outputs");
+    let trace = dir.join("tiny.jsonl");
+    // As convert writes it (a free with its size), so that the output is the input.
+    let lines =
+        "{\"action\":\"alloc\",\"addr\":1,\"size\":512}\n{\"action\":\"free\",\"addr\":1,\"size\":512}\n";
+    std::fs::write(&trace, lines).unwrap();
+    let trace = trace.to_str().unwrap();
+    // A link to a file.
+    let real = dir.join("real.jsonl");
+    std::fs::write(&real, "old\n").unwrap();
+    let link = dir.join("link.jsonl");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let (ok, _, err) = gpumem(&["convert", trace, "-o", link.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(link.is_symlink(), "the link was replaced by a file");
+    assert_eq!(std::fs::read_to_string(&real).unwrap(), lines);
+    // A FIFO, opened for reading first (without waiting for a writer) so that the command's
+    // open for writing does not block; the output fits in the pipe's buffer.
+    let fifo = dir.join("pipe");
+    let st = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(st.success());
+    const O_NONBLOCK: i32 = 0o4000;
+    let mut reader = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(O_NONBLOCK)
+        .open(&fifo)
+        .unwrap();
+    let (ok, _, err) = gpumem(&["convert", trace, "-o", fifo.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let is_fifo = std::fs::symlink_metadata(&fifo)
+        .unwrap()
+        .file_type()
+        .is_fifo();
+    let mut got = String::new();
+    let _ = reader.read_to_string(&mut got);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(is_fifo, "the FIFO was replaced by a file");
+    assert_eq!(got, lines);
+}
+
+/// Standard output that cannot be written (`> /dev/full`: no space left) made `println!`
+/// panic with a backtrace; it is now one line of error and exit status 1.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_full_standard_output_is_an_error_not_a_panic() {
+    let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
+        eprintln!("skipped: no /dev/full");
+        return;
+    };
+    let out = Command::new(env!("CARGO_BIN_EXE_gpumem"))
+        .args([
+            "replay",
+            "traces/mixed_sizes.pickle.gz",
+            "-a",
+            "tlsf",
+            "--json",
+        ])
+        .current_dir(repo())
+        .stdout(full)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    one_line_error(&err);
+    assert!(
+        err.contains("error: writing to standard output: No space left on device"),
+        "{err}"
+    );
+}
+
+/// An output under a file (`-o notes.txt/r.html`) said "the folder notes.txt does not exist",
+/// which it does, as a file; it now says so.
+#[test]
+fn an_output_under_a_file_names_the_file() {
+    let dir = scratch("under-a-file");
+    let file = dir.join("notes.txt");
+    std::fs::write(&file, "x").unwrap();
+    let out = file.join("r.html");
+    let (ok, _, err) = gpumem(&[
+        "report",
+        "traces/mixed_sizes.pickle.gz",
+        "-a",
+        "tlsf",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!ok);
+    one_line_error(&err);
+    assert!(
+        err.contains(&format!("{} is a file, not a folder", file.display())),
+        "{err}"
+    );
+}
+
+/// `bench transfer --host-only --stage-threads 100000` printed "threads 100000" for a ring
+/// that started one thread per CPU; it prints the threads it measured with.
+#[test]
+fn host_only_staging_says_the_threads_it_measured_with() {
+    let (ok, out, err) = gpumem(&[
+        "bench",
+        "transfer",
+        "--host-only",
+        "--stage-threads",
+        "100000",
+        "--sizes",
+        "4KiB",
+        "--no-cache",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let cpus = std::thread::available_parallelism().unwrap().get() as u64;
+    assert_eq!(
+        v["staging_sweep"][0]["config"]["threads"].as_u64(),
+        Some(cpus),
+        "{out}"
+    );
+}

@@ -122,3 +122,36 @@ fn map_names_what_it_takes() {
     assert!(!ok);
     assert!(err.contains("dump time"), "{err}");
 }
+
+/// Under a `--capacity` too small for the trace, allocations fail and are dropped with their
+/// frees: the map then shows less live memory (here none), and says why on stderr, with the
+/// count and the first failed event (it said nothing).
+#[test]
+fn map_says_how_many_allocations_ran_out_of_memory() {
+    let dir = std::env::temp_dir().join(format!("gpumem-map-cli-oom-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("small.jsonl");
+    std::fs::write(&trace, TRACE).unwrap();
+    let run = |capacity: &str| {
+        Command::new(env!("CARGO_BIN_EXE_gpumem"))
+            .args(["map", "--allocator", "torch", "--capacity", capacity])
+            .arg(&trace)
+            .output()
+            .unwrap()
+    };
+    // 1 MiB: not even the 2 MiB segment of the small pool fits; all 7 allocations fail.
+    let small = run("1MiB");
+    let roomy = run("1GiB");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(small.status.success());
+    let out = String::from_utf8_lossy(&small.stdout);
+    assert!(out.contains("0 B live in 0 blocks"), "{out}");
+    let err = String::from_utf8_lossy(&small.stderr);
+    assert!(
+        err.contains("note: torch: 7 allocations failed (out of memory on a device of 1.00 MiB; the first at event 0) and were dropped with their frees"),
+        "{err}"
+    );
+    assert!(roomy.status.success());
+    let err = String::from_utf8_lossy(&roomy.stderr);
+    assert!(!err.contains("out of memory"), "{err}");
+}

@@ -1,7 +1,9 @@
 //! Smoke test of `gpumem report` in a real browser: headless Chromium loads the page of
-//! `traces/gpt2_train.pickle.gz` with `#selftest`, which rebuilds every allocator's memory map
-//! at its peak and compares it with gpumem's, moves the slider, and writes PASS or FAIL (with
-//! any console error) into the page; `--dump-dom` prints the page after its scripts ran.
+//! `traces/gpt2_train.pickle.gz` (and of a run where no allocation is served, and of a trace
+//! of two events) with `#selftest`, which rebuilds every allocator's memory map at its peak
+//! and compares it with gpumem's, moves the slider, checks the charts' axes, and writes PASS
+//! or FAIL (with any console error) into the page; `--dump-dom` prints the page after its
+//! scripts ran.
 //!
 //! Needs Debian's `chromium` (`.ci/run` installs it). Without it the test is skipped, unless
 //! `CI` is set, where it fails.
@@ -26,6 +28,43 @@ fn chromium() -> Option<PathBuf> {
 
 #[test]
 fn the_report_of_gpt2_loads_in_chromium_without_errors() {
+    self_test_in_chromium("gpt2", "traces/gpt2_train.pickle.gz", &[]);
+}
+
+/// A run where every allocation fails (1 MiB of device): every series is flat at 0, and the
+/// page must still draw its axes on sensible ranges (the fragmentation axis went to 10000 %).
+#[test]
+fn the_report_of_a_run_with_no_allocation_served_passes_its_self_test() {
+    self_test_in_chromium(
+        "no-allocation-served",
+        "traces/mixed_sizes.pickle.gz",
+        &["--capacity", "1MiB"],
+    );
+}
+
+/// A trace of two events: the event axes tick at whole events (they showed 0.2, 0.4, ...),
+/// and the driver-call legend says 0 for an allocator that made no call (it was blank).
+#[test]
+fn the_report_of_a_two_event_trace_passes_its_self_test() {
+    let dir = std::env::temp_dir().join(format!(
+        "gpumem-report-chromium-tiny-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("two_events.jsonl");
+    std::fs::write(
+        &trace,
+        "{\"action\":\"alloc\",\"addr\":1,\"size\":0}\n{\"action\":\"free\",\"addr\":1}\n",
+    )
+    .unwrap();
+    self_test_in_chromium("two-events", trace.to_str().unwrap(), &[]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Writes the report of `trace` (relative to the repository root, or absolute) with `args`, loads it in
+/// headless Chromium with `#selftest` and asserts PASS and no console error; `name` names
+/// its temporary folder.
+fn self_test_in_chromium(name: &str, trace: &str, args: &[&str]) {
     let Some(browser) = chromium() else {
         assert!(
             std::env::var_os("CI").is_none(),
@@ -35,13 +74,18 @@ fn the_report_of_gpt2_loads_in_chromium_without_errors() {
         return;
     };
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let trace = root.join("traces/gpt2_train.pickle.gz");
-    let dir = std::env::temp_dir().join(format!("gpumem-report-chromium-{}", std::process::id()));
+    let trace = root.join(trace);
+    // One folder per test: they run in parallel.
+    let dir = std::env::temp_dir().join(format!(
+        "gpumem-report-chromium-{}-{name}",
+        std::process::id()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
-    let html = dir.join("gpt2.html");
+    let html = dir.join("report.html");
     let st = Command::new(env!("CARGO_BIN_EXE_gpumem"))
         .arg("report")
         .arg(&trace)
+        .args(args)
         .arg("-o")
         .arg(&html)
         .status()

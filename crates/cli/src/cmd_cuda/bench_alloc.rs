@@ -17,10 +17,17 @@ use serde::Serialize;
 
 use super::ordinals;
 
+/// The most threads one measurement starts (each also gets a CUDA stream of its own): a
+/// mistyped count (100000) otherwise spends minutes starting threads before measuring.
+const MAX_THREADS: usize = 1024;
+
 fn parse_threads(s: &str) -> Result<Vec<usize>, String> {
     s.split(',')
         .map(|x| match x.trim().parse::<usize>() {
             Ok(0) => Err(format!("`{x}`: a thread count is at least 1")),
+            Ok(n) if n > MAX_THREADS => Err(format!(
+                "`{x}`: at most {MAX_THREADS} threads a measurement"
+            )),
             Ok(n) => Ok(n),
             Err(e) => Err(format!("`{x}`: {e}")),
         })
@@ -42,14 +49,14 @@ pub struct BenchAllocArgs {
     /// Also run the mixed batch (1000 live allocations of 1 KiB..4 MiB).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub mixed: bool,
-    /// Thread counts (comma-separated).
+    /// Thread counts (comma-separated, 1 to 1024 each).
     #[arg(long, default_value = "1,4,16", value_parser = parse_threads)]
     pub threads: std::vec::Vec<usize>,
     /// Time per measurement, in milliseconds (at least 1).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
     pub time_ms: u64,
-    /// Most pairs per thread per measurement.
-    #[arg(long, default_value_t = 5_000_000)]
+    /// Most pairs per thread per measurement (at least 1).
+    #[arg(long, default_value_t = 5_000_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_pairs: u64,
     /// Skip the cuMemAlloc and cuMemAllocAsync baselines.
     #[arg(long)]
@@ -125,6 +132,9 @@ fn run_cases<B: AllocBackend>(
 }
 
 pub fn bench_alloc(a: BenchAllocArgs) -> Result<()> {
+    if cases(&a).is_empty() {
+        bail!("--sizes gives no size and --mixed is false: nothing to measure (give --sizes 1MiB, or leave --mixed on)");
+    }
     let names = registry::parse_list(&a.strategies)?;
     let budget = Budget {
         time: Duration::from_millis(a.time_ms),

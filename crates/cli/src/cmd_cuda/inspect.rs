@@ -24,7 +24,7 @@ pub struct InspectArgs {
     #[arg(long, default_value = "all")]
     pub strategies: String,
     /// Block sizes to allocate (comma-separated: 256,64KiB,3MiB,64MiB).
-    #[arg(long, default_value = "256,64KiB,3MiB,64MiB", value_parser = gpumem::units::parse_size_list, allow_hyphen_values = true)]
+    #[arg(long, default_value = "256,64KiB,3MiB,64MiB", value_parser = crate::units::parse_size_list_nonempty, allow_hyphen_values = true)]
     pub sizes: std::vec::Vec<u64>,
     /// Print JSON instead of a table.
     #[arg(long)]

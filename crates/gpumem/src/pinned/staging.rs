@@ -395,10 +395,16 @@ impl StagingRing {
             )?);
             events.push(Event::new(host, false)?);
         }
+        let pool = CopyPool::new(config.threads)?;
+        // The threads started, which the CPUs available bound: what the ring measures with.
+        let config = StagingConfig {
+            threads: pool.threads(),
+            ..config
+        };
         Ok(Self {
             bufs,
             events,
-            pool: CopyPool::new(config.threads)?,
+            pool,
             config,
         })
     }
@@ -412,15 +418,21 @@ impl StagingRing {
         let bufs = (0..config.buffers)
             .map(|_| PinnedBuffer::new_locked(config.chunk_bytes))
             .collect::<Result<Vec<_>>>()?;
+        let pool = CopyPool::new(config.threads)?;
+        let config = StagingConfig {
+            threads: pool.threads(),
+            ..config
+        };
         Ok(Self {
             bufs,
             events: Vec::new(),
-            pool: CopyPool::new(config.threads)?,
+            pool,
             config,
         })
     }
 
-    /// The configuration.
+    /// The configuration, with `threads` as started: at most the CPUs available, whatever
+    /// was asked.
     pub fn config(&self) -> StagingConfig {
         self.config
     }
@@ -670,5 +682,30 @@ mod tests {
         }
         let mut small = [0u8; 3];
         assert!(pool.copy(&mut small, &[1, 2], CopyKind::Libc).is_err());
+    }
+
+    /// The ring's configuration says the threads it started (at most one per CPU), not the
+    /// number asked for (`bench transfer --stage-threads 100000` printed "threads 100000").
+    #[test]
+    fn the_ring_reports_the_threads_it_started() {
+        let cpus = std::thread::available_parallelism().unwrap().get();
+        let asked = StagingConfig {
+            chunk_bytes: 4096,
+            buffers: 2,
+            threads: cpus + 100,
+            copy: CopyKind::Libc,
+        };
+        let Ok(ring) = StagingRing::new_locked(asked) else {
+            eprintln!("skipped: 8 KiB cannot be locked here (RLIMIT_MEMLOCK)");
+            return;
+        };
+        assert_eq!(ring.config().threads, cpus);
+        assert_eq!(
+            StagingConfig {
+                threads: asked.threads,
+                ..ring.config()
+            },
+            asked
+        );
     }
 }

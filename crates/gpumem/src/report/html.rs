@@ -195,11 +195,16 @@ fn comparison_table(r: &Report, o: &mut String) {
             .collect();
         let _ = writeln!(
             o,
-            "<tr data-allocator=\"{n}\"><td>{n}</td><td data-bytes=\"{pr}\">{prh}</td><td>{ratio:.3}</td><td data-bytes=\"{pa}\">{pah}</td><td>{efp}</td><td>{pef}</td><td>{ifp}</td><td>{oom}</td><td title=\"{calls}\">{total}</td><td>{steady}</td><td>{secs:.3} s</td></tr>",
+            "<tr data-allocator=\"{n}\"><td>{n}</td><td data-bytes=\"{pr}\">{prh}</td><td>{ratio}</td><td data-bytes=\"{pa}\">{pah}</td><td>{efp}</td><td>{pef}</td><td>{ifp}</td><td>{oom}</td><td title=\"{calls}\">{total}</td><td>{steady}</td><td>{secs}</td></tr>",
             n = esc(&x.name),
             pr = x.peak_reserved_bytes,
             prh = human(x.peak_reserved_bytes),
-            ratio = x.reserved_over_requested,
+            // As `replay`'s table: no byte served, no ratio.
+            ratio = if x.peak_requested_bytes > 0 {
+                format!("{:.3}", x.reserved_over_requested)
+            } else {
+                "-".to_string()
+            },
             pa = x.peak_allocated_bytes,
             pah = human(x.peak_allocated_bytes),
             efp = pct(x.external_fragmentation_at_peak),
@@ -209,18 +214,19 @@ fn comparison_table(r: &Report, o: &mut String) {
             calls = esc(&calls.join(", ")),
             total = x.driver_calls.total(),
             steady = x.steady_state_driver_calls,
-            secs = x.modelled_driver_seconds,
+            // With the unit `replay`'s table uses (1.487 ms, not 0.001 s).
+            secs = crate::units::duration(x.modelled_driver_seconds),
         );
     }
     for rec in &r.recorded {
         let ratio = if peak_req == 0 {
-            0.0
+            "-".to_string()
         } else {
-            rec.reserved_peak_bytes as f64 / peak_req as f64
+            format!("{:.3}", rec.reserved_peak_bytes as f64 / peak_req as f64)
         };
         let _ = writeln!(
             o,
-            "<tr class=\"recorded\"><td>PyTorch, recorded ({})</td><td data-bytes=\"{}\">{}</td><td>{ratio:.3}</td><td>{}</td><td colspan=\"7\">torch.cuda.memory_stats() of the traced run</td></tr>",
+            "<tr class=\"recorded\"><td>PyTorch, recorded ({})</td><td data-bytes=\"{}\">{}</td><td>{ratio}</td><td>{}</td><td colspan=\"7\">torch.cuda.memory_stats() of the traced run</td></tr>",
             esc(&rec.conf),
             rec.reserved_peak_bytes,
             human(rec.reserved_peak_bytes),

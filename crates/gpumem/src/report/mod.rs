@@ -236,23 +236,40 @@ pub fn trace_stacks(trace: &Trace) -> (StackTable, Vec<Option<u32>>) {
     (table, per_event)
 }
 
-/// Whether a frame is in PyTorch or another installed package rather than the user's code.
+/// Whether a frame (`file:line function`) is in PyTorch, another installed package or native
+/// code rather than the user's Python code. A snapshot recorded with C++ stacks
+/// (`_record_memory_history(stacks="all")`) puts the allocator's own frames innermost
+/// (`??:0 torch::unwind::unwind()`, `CUDACachingAllocator.cpp:0 ...malloc(...)`): a frame
+/// whose file is not a `.py` file is native.
 fn is_library_frame(frame: &str) -> bool {
     frame.starts_with("torch/")
         || frame.contains("/torch/")
         || frame.contains("site-packages/")
         || frame.contains("dist-packages/")
         || frame.starts_with('<')
+        || !frame_file(frame).ends_with(".py")
 }
 
-/// The allocation site of a stack (innermost first): its innermost frame in the user's code,
-/// or its innermost frame when every frame is in a library.
+/// The allocation site of a stack (innermost first): its innermost frame in the user's code;
+/// when every frame is in a library, its innermost Python frame, else its innermost frame.
 pub fn site_frame<'a>(frames: &[&'a str]) -> Option<&'a str> {
     frames
         .iter()
         .copied()
         .find(|f| !is_library_frame(f))
+        .or_else(|| {
+            frames
+                .iter()
+                .copied()
+                .find(|f| frame_file(f).ends_with(".py"))
+        })
         .or_else(|| frames.first().copied())
+}
+
+/// The file of a frame `file:line function`.
+fn frame_file(frame: &str) -> &str {
+    let location = frame.split_once(' ').map_or(frame, |(l, _)| l);
+    location.rsplit_once(':').map_or(location, |(f, _)| f)
 }
 
 /// Live blocks of one allocation site at the moment of peak requested memory.

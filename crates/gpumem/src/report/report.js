@@ -311,7 +311,11 @@
   function legendAtCurrent(u) {
     if (u.cursor.idx == null && u.data[0].length > 0) u.setLegend({ idx: columnOf(current) });
   }
-  function makeChart(title, seriesList, fmt, log, tickFmt, splits, extraDraw) {
+  // Steps between the event axis's ticks: whole events (a trace of a few events got 0.2, 0.4).
+  const EVENT_STEPS = [];
+  for (let m = 1; m <= 1e9; m *= 10) EVENT_STEPS.push(m, 2 * m, 5 * m);
+  // yRange: a fixed [min, max] of the y axis (default: fitted to the data).
+  function makeChart(title, seriesList, fmt, log, tickFmt, splits, extraDraw, yRange) {
     tickFmt = tickFmt || fmt;
     const el = document.createElement('div');
     $('charts').appendChild(el);
@@ -320,13 +324,13 @@
     const data = [x].concat(seriesList.map((s) => s.y));
     const opts = {
       title, width: w, height: 200,
-      scales: log ? { x: { time: false }, y: { distr: 3, log: 10 } } : { x: { time: false } },
+      scales: log ? { x: { time: false }, y: { distr: 3, log: 10 } } : Object.assign({ x: { time: false } }, yRange ? { y: { range: yRange } } : {}),
       legend: { live: true },
       cursor: { sync: { key: 'gpumem' }, drag: { x: true, y: false } },
       axes: [
-        { label: 'event', size: 40, values: (u, v) => v.map((x) => x >= 1e6 ? (x / 1e6) + 'M' : x >= 1e3 ? (x / 1e3) + 'k' : x) },
+        { label: 'event', size: 40, incrs: EVENT_STEPS, values: (u, v) => v.map((x) => x >= 1e6 ? (x / 1e6) + 'M' : x >= 1e3 ? (x / 1e3) + 'k' : x) },
         log
-          ? { size: 70, values: (u, v) => v.map((x) => (Math.abs(Math.log10(x) - Math.round(Math.log10(x))) < 1e-9 ? fmt(x) : '')) }
+          ? { size: 70, values: (u, v) => v.map((x) => (Math.abs(Math.log10(x) - Math.round(Math.log10(x))) < 1e-9 ? tickFmt(x) : '')) }
           : Object.assign({ size: 70, values: (u, v) => v.map(tickFmt) }, splits ? { splits } : {}),
       ],
       // The events of the column under the pointer (a column spans one or more events).
@@ -339,7 +343,7 @@
         },
       }].concat(seriesList.map((s, i) => ({
         label: s.label, stroke: s.color || SERIES_COLORS[i % SERIES_COLORS.length], width: s.width || 1.25, points: { show: false },
-        dash: s.dash, value: (u, v) => v == null ? '' : fmt(v),
+        dash: s.dash, value: (u, v) => v == null ? (s.nullText || '') : fmt(v),
       }))),
       hooks: {
         setCursor: [legendAtCurrent],
@@ -400,10 +404,12 @@
       .concat(A.map((a, i) => ({ label: a.name, y: interleave(a.series.allocated), color: SERIES_COLORS[i % 7] })))
       .concat(D.recorded.filter((r) => r.allocated_peak_bytes != null).map((r) => ({ label: 'PyTorch peak (' + r.conf + ')', y: flat(r.allocated_peak_bytes), color: '#8a4b00', dash: [6, 4] })));
     makeChart('Allocated bytes (live blocks after rounding)', allocated, fmtBytes, false, tickBytes, byteSplits);
-    makeChart('External fragmentation (1 − largest free / free)', A.map((a, i) => ({ label: a.name, y: interleave(a.series.fragmentation), color: SERIES_COLORS[i % 7] })), (v) => pct(v, 1), false, (v) => pct(v, 0));
+    makeChart('External fragmentation (1 − largest free / free)', A.map((a, i) => ({ label: a.name, y: interleave(a.series.fragmentation), color: SERIES_COLORS[i % 7] })), (v) => pct(v, 1), false, (v) => pct(v, 0), null, null, [0, 1]);
     // Log scale: pools differ by orders of magnitude; no call yet is left out (a gap).
     const calls = (a) => Array.from(doubled(a.series.driver_calls), (v) => (v >= 1 ? v : null));
-    makeChart('Driver calls (cumulative, log scale)', A.map((a, i) => ({ label: a.name, y: calls(a), color: SERIES_COLORS[i % 7] })), (v) => v >= 1e6 ? (v / 1e6).toFixed(2) + 'M' : v >= 1e3 ? (v / 1e3).toFixed(1) + 'k' : String(Math.round(v)), true);
+    // Ticks are powers of ten: 1, 10, 100, 1k, 10k, 1M (not 1.0k, 100.0k as the legend's values).
+    const powerTick = (v) => v >= 1e6 ? Math.round(v / 1e6) + 'M' : v >= 1e3 ? Math.round(v / 1e3) + 'k' : String(Math.round(v));
+    makeChart('Driver calls (cumulative, log scale)', A.map((a, i) => ({ label: a.name, y: calls(a), color: SERIES_COLORS[i % 7], nullText: '0' })), (v) => v >= 1e6 ? (v / 1e6).toFixed(2) + 'M' : v >= 1e3 ? (v / 1e3).toFixed(1) + 'k' : String(Math.round(v)), true, powerTick);
   }
 
   // ---------------------------------------------------------------- the map section
@@ -429,9 +435,11 @@
     if (current === A.peak_reserved_event) tags.push('peak reserved of ' + A.name);
     if (current === D.peak_requested_event) tags.push('peak requested');
     $('map-caption').textContent = A.name + ' after event ' + current + ' of ' + D.events + (tags.length ? ' (' + tags.join(', ') + ')' : '') + ': ' +
-      segs + ' segments, ' + vas + ' VA ranges; ' + fmtBytes(t[0]) + ' live in ' + blocks + ' blocks. Hover for details.';
+      counted(segs, 'segment') + ', ' + counted(vas, 'VA range') + '; ' + fmtBytes(t[0]) + ' live in ' + counted(blocks, 'block') + '. Hover for details.';
     draws++;
   }
+  // `n` and `noun`, plural unless n is 1 (as the terminal map: 1 VA range, 2 segments).
+  function counted(n, noun) { return n + ' ' + noun + (n === 1 ? '' : 's'); }
   function setupMap() {
     const sel = $('map-allocator');
     D.allocators.forEach((a, i) => {
@@ -462,7 +470,7 @@
     const map = { rows: m.rows.map((r) => ({ kind: r.kind === 'segment' ? 'segment' : 'VA range', regionBase: r.region_base, base: r.base, bytes: r.bytes, shown: r.shown, spans: r.spans.map((s) => [s[0], s[1], s[2], -1, s[3]]) })) };
     drawMap(canvas, map, 40);
     const { t, blocks } = totals(map);
-    $(captionId).textContent = what + ': ' + map.rows.length + ' segments, ' + fmtBytes(t[0]) + ' live in ' + blocks + ' blocks, ' + fmtBytes(t[1]) + ' split remainder, ' + fmtBytes(t[2]) + ' free (cached)';
+    $(captionId).textContent = what + ': ' + counted(map.rows.length, 'segment') + ', ' + fmtBytes(t[0]) + ' live in ' + counted(blocks, 'block') + ', ' + fmtBytes(t[1]) + ' split remainder, ' + fmtBytes(t[2]) + ' free (cached)';
     canvas.addEventListener('mousemove', (ev) => hover(ev, canvas, false));
     canvas.addEventListener('mouseleave', () => { tip.hidden = true; });
   }
@@ -486,6 +494,33 @@
     if (draws !== before + 1) problems.push('moving the slider did not redraw the map');
     if (!$('map-caption').textContent.includes('after event ' + target + ' ')) problems.push('the caption does not show event ' + target);
     if (charts.length !== 4) problems.push(charts.length + ' charts drawn, expected 4');
+    // Each allocator's caption counts in words that agree with the number (1 VA range).
+    const sel = $('map-allocator'), was = sel.value;
+    D.allocators.forEach((A, i) => {
+      sel.value = String(i);
+      sel.dispatchEvent(new Event('change'));
+      const caption = $('map-caption').textContent;
+      if (/\b1 (segments|VA ranges|blocks)\b/.test(caption)) problems.push(A.name + ': ' + caption);
+    });
+    sel.value = was;
+    sel.dispatchEvent(new Event('change'));
+    // The driver calls' ticks are written as round powers of ten (it wrote 1.0k and 100.0k).
+    const callTicks = charts[3] && charts[3].axes[1]._values ? charts[3].axes[1]._values.filter((x) => x !== '') : [];
+    if (callTicks.some((x) => !/^1(0*)(k|M)?$/.test(x))) problems.push('driver-call ticks: ' + callTicks.join(', '));
+    // Events are whole: the event axis ticks at whole events only.
+    for (const u of charts) {
+      const bad = (u.axes[0]._splits || []).filter((x) => !Number.isInteger(x));
+      const title = u.root.querySelector('.u-title');
+      if (bad.length) problems.push((title ? title.textContent : 'a chart') + ': event ticks at ' + bad.join(', '));
+    }
+    // Every legend entry of the driver calls has a value: none yet (a gap on the log scale) is 0, not blank.
+    if (charts[3]) {
+      const blank = charts[3].series.slice(1).filter((sr) => typeof sr.value === 'function' && sr.value(charts[3], null, 1, 0) === '').map((sr) => sr.label);
+      if (blank.length) problems.push('driver-call legend without a value for no call: ' + blank.join(', '));
+    }
+    // A fraction is drawn on 0-100 %, whatever the data (all zero gave an axis to 10000 %).
+    const frag = charts[2];
+    if (frag && (frag.scales.y.min !== 0 || frag.scales.y.max !== 1)) problems.push('the fragmentation axis spans ' + frag.scales.y.min + '..' + frag.scales.y.max + ', expected 0..1 (0-100 %)');
     // Hover the first live cell of the map: the tooltip must describe the block.
     const canvas = $('map-canvas'), m = canvas._map;
     const liveCell = m ? m.c.st.indexOf(1) : -1;
@@ -563,7 +598,11 @@
         redrawMap();
       }, 150);
     });
-    if (location.hash.includes('selftest')) selftest(loadMs);
+    if (location.hash.includes('selftest')) {
+      // uPlot sets its scales in a microtask after the charts are made: let it run first.
+      await new Promise((r) => setTimeout(r, 0));
+      selftest(loadMs);
+    }
   }
   main().catch((e) => {
     window.__gpumemErrors.push('report: ' + (e && e.stack || e));

@@ -145,3 +145,41 @@ fn a_block_live_before_recording_and_freed_by_event_0_is_placed_then_freed() {
     assert_eq!(m.live_blocks(), 1);
     assert_eq!(m.totals()[0], 1024);
 }
+
+/// A stack recorded with C++ frames (`stacks="all"`) starts with the allocator's own native
+/// frames; the site is the user's Python frame below them (it was `??:0
+/// torch::unwind::unwind()` for every block, so one "site" held everything).
+#[test]
+fn the_site_of_a_stack_with_native_frames_is_the_users_python_frame() {
+    let frames = [
+        "??:0 torch::unwind::unwind()",
+        "memory_snapshot.cpp:0 torch::cuda::(anonymous namespace)::gather_with_cpp()",
+        ":0 c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::malloc(void**, signed char, unsigned long, CUstream_st*)",
+        "python_variable_methods.cpp:0 torch::autograd::THPVariable_to(_object*, _object*, _object*)",
+        "/venv/lib/python3.12/site-packages/torch/nn/modules/module.py:1370 convert",
+        "??:0 _PyEval_EvalFrameDefault",
+        "/work/scripts/record-traces.py:272 gan_train",
+        "/work/scripts/record-traces.py:328 main",
+    ];
+    assert_eq!(
+        site_frame(&frames),
+        Some("/work/scripts/record-traces.py:272 gan_train")
+    );
+    // Python frames only: as before.
+    assert_eq!(
+        site_frame(&["torch/nn/functional.py:2380 linear", "model.py:40 forward"]),
+        Some("model.py:40 forward")
+    );
+    // No user frame: the innermost Python frame, else the innermost.
+    assert_eq!(
+        site_frame(&[
+            "??:0 torch::unwind::unwind()",
+            "torch/nn/functional.py:2380 linear"
+        ]),
+        Some("torch/nn/functional.py:2380 linear")
+    );
+    assert_eq!(
+        site_frame(&["??:0 torch::unwind::unwind()", "??:0 _start"]),
+        Some("??:0 torch::unwind::unwind()")
+    );
+}

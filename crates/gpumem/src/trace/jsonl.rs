@@ -91,12 +91,18 @@ impl From<StrictLine> for Line {
 }
 
 /// serde_json's message without its "at line 1 column C" (each line is parsed alone, so that
-/// line number would contradict the file's), with the column kept.
+/// line number would contradict the file's), with the column kept; a line that is not JSON at
+/// all says so first (serde's "expected ident" alone does not).
 fn json_error(e: &serde_json::Error) -> String {
     let text = e.to_string();
     let msg = match text.rfind(" at line ") {
         Some(i) => &text[..i],
         None => &text,
+    };
+    let msg = if e.is_syntax() || e.is_eof() {
+        format!("not valid JSON: {msg}")
+    } else {
+        msg.to_string()
     };
     if e.column() > 0 {
         format!("{msg} (column {})", e.column())
@@ -599,6 +605,30 @@ mod tests {
         assert!(e.contains("line 3: invalid value: integer `-64`"), "{e}");
         assert!(!e.contains("line 1"), "two different lines named: {e}");
         assert!(e.contains("(column "), "{e}");
+    }
+
+    /// A line that is not JSON says so, with the column (it said only "expected ident").
+    #[test]
+    fn a_line_that_is_not_json_says_so() {
+        let e = read("{\"action\":\"alloc\",\"addr\":1,\"size\":1}\nnot json\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("line 2: not valid JSON: expected ident (column 2)"),
+            "{e}"
+        );
+        let e = read("{\"action\":\"alloc\",\"addr\":1,\"si\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("line 1: not valid JSON: EOF while parsing"),
+            "{e}"
+        );
+        // A well-formed line with a wrong value is JSON: no such prefix.
+        let e = read("{\"action\":\"alloc\",\"addr\":1,\"size\":\"big\"}\n")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("not valid JSON"), "{e}");
     }
 
     #[test]

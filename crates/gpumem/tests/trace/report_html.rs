@@ -109,6 +109,51 @@ fn the_page_parses_and_holds_the_replay_figures() {
     assert!(html.contains("Leon Sorokin"));
 }
 
+/// The comparison table writes its figures as `replay`'s table does: the driver time with a
+/// unit that keeps its digits (`1.487 ms`, not `0.001 s`), and `-` for the ratio of a run
+/// that served no byte (every allocation out of memory under a tiny capacity), not `0.000`.
+#[test]
+fn the_comparison_table_writes_driver_time_and_ratio_as_replay_does() {
+    let t = trace();
+    let cell = |capacity_bytes: u64, column: usize| -> Vec<String> {
+        let cfg = ReportConfig {
+            allocators: vec!["torch".into(), "paged".into()],
+            capacity_bytes,
+            ..ReportConfig::default()
+        };
+        let r = report::build(&t, "small.jsonl", &cfg, &mut |_| {}).unwrap();
+        let doc = Html::parse_document(&report::html::render(&r));
+        doc.select(&sel("#comparison tbody tr[data-allocator]"))
+            .map(|row| row.select(&sel("td")).nth(column).unwrap().text().collect())
+            .collect()
+    };
+    // Driver time: the last column, as gpumem::units::duration writes the replay's seconds.
+    let r = report::build(
+        &t,
+        "small.jsonl",
+        &ReportConfig {
+            allocators: vec!["torch".into(), "paged".into()],
+            ..ReportConfig::default()
+        },
+        &mut |_| {},
+    )
+    .unwrap();
+    let want: Vec<String> = r
+        .replays
+        .iter()
+        .map(|x| gpumem::units::duration(x.modelled_driver_seconds))
+        .collect();
+    assert!(
+        want.iter()
+            .all(|w| w.ends_with(" µs") || w.ends_with(" ms")),
+        "{want:?}"
+    );
+    assert_eq!(cell(gpumem::core::sim::DEFAULT_CAPACITY, 10), want);
+    // 1 KiB of device: nothing is served, so there is no ratio (replay prints `-`).
+    assert_eq!(cell(1024, 2), vec!["-", "-"]);
+    assert_eq!(cell(1024, 7), vec!["7", "7"], "every allocation is an OOM");
+}
+
 #[test]
 fn the_page_references_nothing_outside_itself() {
     let (_, html) = page();
