@@ -559,6 +559,47 @@ fn run_allocator(
     })
 }
 
+/// Warnings for a `--lazy-conf` that parsed (`lazy`) but has keys with no effect under its
+/// placement, or whose allocator is not among `names`. Shared by `replay`, `report` and `map`.
+pub fn lazy_conf_warnings(
+    text: &str,
+    lazy: &gpumem::core::config::LazyConfig,
+    names: &[&str],
+) -> Vec<String> {
+    let mut warnings = Vec::new();
+    // The keys given, split as lazy_conf read them (it accepted every item).
+    let keys: Vec<&str> = gpumem::conf_items::items(text, &gpumem::lazy_conf::KEYS)
+        .filter_map(Result::ok)
+        .map(|(k, _)| k)
+        .collect();
+    if lazy.placement == LazyPlacement::Pages && keys.contains(&"grow_ahead") {
+        warnings.push(
+            "--lazy-conf: grow_ahead tunes placement=segments (the default) only; with placement=pages it has no effect (map_ahead is its counterpart there)".to_string(),
+        );
+    }
+    if lazy.placement == LazyPlacement::Segments {
+        let ignored: Vec<&str> = keys
+            .iter()
+            .copied()
+            .filter(|k| matches!(*k, "headroom" | "max_handle" | "map_ahead"))
+            .collect();
+        if !ignored.is_empty() {
+            warnings.push(format!(
+                "--lazy-conf: {} tune{} placement=pages only; with placement=segments (the default) {} no effect",
+                ignored.join(", "),
+                if ignored.len() == 1 { "s" } else { "" },
+                if ignored.len() == 1 { "it has" } else { "they have" },
+            ));
+        }
+    }
+    if !names.contains(&"paged-lazy") {
+        warnings.push(
+            "--lazy-conf configures paged-lazy only, which is not among the allocators replayed (add -a paged-lazy)".into(),
+        );
+    }
+    warnings
+}
+
 /// The warning for segments of `segment_size` larger than the device of `device_bytes`
 /// (when known) when `names` holds a segmented pool (buddy, tlsf, best-fit): each growth of
 /// such a pool is refused, its cache emptied and the request retried alone. Shared by
@@ -641,36 +682,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     // A `NAME-CONF.stats.json` beside the trace that cannot be used is said, not skipped.
     warnings.extend(gpumem::report::recorded_figures_checked(&a.trace).1);
     if let Some(text) = &a.lazy_conf {
-        // The keys given, split as lazy_conf read them (it accepted every item above).
-        let keys: Vec<&str> = gpumem::conf_items::items(text, &gpumem::lazy_conf::KEYS)
-            .filter_map(Result::ok)
-            .map(|(k, _)| k)
-            .collect();
-        if config.lazy.placement == LazyPlacement::Pages && keys.contains(&"grow_ahead") {
-            warnings.push(
-                "--lazy-conf: grow_ahead tunes placement=segments (the default) only; with placement=pages it has no effect (map_ahead is its counterpart there)".to_string(),
-            );
-        }
-        if config.lazy.placement == LazyPlacement::Segments {
-            let ignored: Vec<&str> = keys
-                .iter()
-                .copied()
-                .filter(|k| matches!(*k, "headroom" | "max_handle" | "map_ahead"))
-                .collect();
-            if !ignored.is_empty() {
-                warnings.push(format!(
-                    "--lazy-conf: {} tune{} placement=pages only; with placement=segments (the default) {} no effect",
-                    ignored.join(", "),
-                    if ignored.len() == 1 { "s" } else { "" },
-                    if ignored.len() == 1 { "it has" } else { "they have" },
-                ));
-            }
-        }
-    }
-    if a.lazy_conf.is_some() && !names.contains(&"paged-lazy") {
-        warnings.push(
-            "--lazy-conf configures paged-lazy only, which is not among the allocators replayed (add -a paged-lazy)".into(),
-        );
+        warnings.extend(lazy_conf_warnings(text, &config.lazy, &names));
     }
     if a.torch_conf.is_some() && !names.contains(&"torch") {
         warnings.push(
@@ -869,15 +881,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
             ja.emulation_check = combined_check(&r.checks);
         }
         if r.name == "paged-lazy" {
-            let l = config.lazy;
-            ja.lazy_conf = Some(format!(
-                "placement={},headroom={},max_handle={},map_ahead={},grow_ahead={}",
-                l.placement.name(),
-                f64::from(l.headroom_bp) / 10_000.0,
-                l.handle_bytes,
-                l.ahead_bytes,
-                f64::from(l.grow_ahead_bp) / 10_000.0,
-            ));
+            ja.lazy_conf = Some(gpumem::lazy_conf::text(&config.lazy));
         }
         ja.simulated_peak_reserved_bytes = r.simulated_peak_reserved_bytes;
         ja.min_capacity = r.min_capacity.clone();

@@ -53,6 +53,10 @@ pub struct ReplayOptions {
     /// default: the trace's own allocator_settings when the snapshot has them, else native.
     #[arg(long)]
     pub torch_conf: Option<String>,
+    /// `paged-lazy`'s settings, as `replay --lazy-conf` reads them (e.g. `grow_ahead=0.0156`,
+    /// `placement=pages,headroom=0.02`; what `gpumem tune` recommends as GPUMEM_CONF).
+    #[arg(long, value_name = "CONF")]
+    pub lazy_conf: Option<String>,
 }
 
 /// Reads a trace and builds the report both `report` and `map` use; `what` opens the context
@@ -73,6 +77,12 @@ pub fn build(
         bail!("--segment-size 0: expected a segment size above zero (e.g. 256MiB)");
     }
     let names = registry::parse_list(allocators)?;
+    // Before a long read: a --lazy-conf that does not parse fails at once.
+    let lazy = o
+        .lazy_conf
+        .as_deref()
+        .map(crate::cmd_replay::lazy_conf)
+        .transpose()?;
     // Said even by the quiet `map`, as `replay` says it.
     if let Some(w) = crate::cmd_replay::segment_size_warning(
         &names,
@@ -106,10 +116,21 @@ pub fn build(
     if !quiet && names.contains(&"torch") {
         eprintln!("torch emulation: PYTORCH_CUDA_ALLOC_CONF {torch_conf} ({conf_source})");
     }
+    let mut allocator_config =
+        crate::cmd_tune::allocator_config(segment_size, capacity, torch_conf);
+    if let (Some(text), Some(lazy)) = (&o.lazy_conf, lazy) {
+        allocator_config.lazy = lazy;
+        for w in crate::cmd_replay::lazy_conf_warnings(text, &allocator_config.lazy, &names) {
+            eprintln!("warning: {w}");
+        }
+        if !quiet && names.contains(&"paged-lazy") {
+            eprintln!("paged-lazy: --lazy-conf {text}");
+        }
+    }
     let cfg = ReportConfig {
         allocators: names.iter().map(|s| s.to_string()).collect(),
         capacity_bytes: capacity.unwrap_or(DEFAULT_CAPACITY),
-        allocator_config: crate::cmd_tune::allocator_config(segment_size, capacity, torch_conf),
+        allocator_config,
         device: o.trace_device,
         ..ReportConfig::default()
     };

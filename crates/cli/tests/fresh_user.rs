@@ -1966,3 +1966,63 @@ fn host_only_staging_says_the_threads_it_measured_with() {
         "{out}"
     );
 }
+
+/// `report` and `map` take `--lazy-conf` as `replay` does (they could not show the settings
+/// `tune` recommends), and the page names the settings each configurable allocator ran with.
+#[test]
+fn report_and_map_take_lazy_conf() {
+    let t = "traces/mixed_sizes.pickle.gz";
+    let map = |conf: &[&str]| {
+        let mut args = vec![
+            "map",
+            t,
+            "-a",
+            "paged-lazy",
+            "--width",
+            "60",
+            "--lines",
+            "3",
+        ];
+        args.extend(conf);
+        let (ok, out, err) = gpumem(&args);
+        assert!(ok, "{err}");
+        out.lines().next().unwrap_or_default().to_string()
+    };
+    // The page placement keeps one address range; the default placement two segments' worth.
+    assert!(map(&[]).contains("2 VA ranges"), "{}", map(&[]));
+    let pages = map(&["--lazy-conf", "placement=pages"]);
+    assert!(pages.contains("1 VA range;"), "{pages}");
+    // A bad setting fails before the trace is read, with replay's words.
+    let (ok, _, err) = gpumem(&["map", t, "--lazy-conf", "bogus=1"]);
+    assert!(
+        !ok && err.contains("--lazy-conf: unknown key `bogus`"),
+        "{err}"
+    );
+    // Not for an allocator shown: said, as replay says it.
+    let (ok, _, err) = gpumem(&["map", t, "-a", "torch", "--lazy-conf", "grow_ahead=0.01"]);
+    assert!(
+        ok && err.contains("--lazy-conf configures paged-lazy only"),
+        "{err}"
+    );
+    let dir = std::env::temp_dir().join(format!("gpumem-lazyconf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let page = dir.join("r.html");
+    let (ok, _, err) = gpumem(&[
+        "report",
+        t,
+        "-a",
+        "torch,paged-lazy",
+        "--lazy-conf",
+        "grow_ahead=0.0156",
+        "-o",
+        page.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        html.contains("paged-lazy: <code>placement=segments,headroom=0,max_handle=1073741824,map_ahead=1073741824,grow_ahead=0.0156</code>"),
+        "settings row missing"
+    );
+    assert!(html.contains("torch: <code>PYTORCH_CUDA_ALLOC_CONF native</code>"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -4,6 +4,19 @@
 use crate::conf_items::{items, ItemError};
 use gpumem_core::config::{LazyConfig, LazyPlacement};
 
+/// `c` as the items [`apply`] reads, every key given (`placement=segments,headroom=0,...`):
+/// what `replay --json` and the report say a `paged-lazy` run used.
+pub fn text(c: &LazyConfig) -> String {
+    format!(
+        "placement={},headroom={},max_handle={},map_ahead={},grow_ahead={}",
+        c.placement.name(),
+        f64::from(c.headroom_bp) / 10_000.0,
+        c.handle_bytes,
+        c.ahead_bytes,
+        f64::from(c.grow_ahead_bp) / 10_000.0,
+    )
+}
+
 /// The keys [`apply`] knows.
 pub const KEYS: [&str; 5] = [
     "placement",

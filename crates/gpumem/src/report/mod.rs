@@ -313,6 +313,10 @@ pub struct Report {
     pub snapshot_map: Option<MemoryMap>,
     /// Python stacks, when the trace recorded them.
     pub stacks: StackTable,
+    /// The settings of the configurable allocators replayed, `(allocator, settings)`: the
+    /// torch emulation's PYTORCH_CUDA_ALLOC_CONF, `paged-lazy`'s items
+    /// ([`crate::lazy_conf::text`]).
+    pub settings: Vec<(String, String)>,
 }
 
 impl Report {
@@ -505,6 +509,21 @@ pub fn build(
         recorded: Vec::new(),
         snapshot_map,
         stacks,
+        settings: cfg
+            .allocators
+            .iter()
+            .filter_map(|name| match name.as_str() {
+                "torch" => Some((
+                    name.clone(),
+                    format!("PYTORCH_CUDA_ALLOC_CONF {}", cfg.allocator_config.torch),
+                )),
+                "paged-lazy" => Some((
+                    name.clone(),
+                    crate::lazy_conf::text(&cfg.allocator_config.lazy),
+                )),
+                _ => None,
+            })
+            .collect(),
     })
 }
 
