@@ -64,10 +64,42 @@ pub fn run(a: MapArgs) -> Result<()> {
     if recorded && a.event.is_some() {
         bail!("--event with --allocator recorded: the recorded segments are the state at dump time only; drop --event, or pick an allocator to see the map at that event");
     }
+    // The recorded segments are the snapshot's: no replay setting changes them. Say which
+    // flags were given for nothing, and replay (for the trace's figures) with the defaults.
+    let mut replay = a.replay.clone();
+    if recorded {
+        let o = &a.replay;
+        let ignored: Vec<&str> = [
+            (o.capacity.is_some(), "--capacity"),
+            (
+                o.segment_size != gpumem::core::config::AllocatorConfig::default().segment_bytes,
+                "--segment-size",
+            ),
+            (o.torch_conf.is_some(), "--torch-conf"),
+            (o.lazy_conf.is_some(), "--lazy-conf"),
+        ]
+        .into_iter()
+        .filter_map(|(given, flag)| given.then_some(flag))
+        .collect();
+        if !ignored.is_empty() {
+            eprintln!(
+                "warning: {} {} no effect with --allocator recorded (the segments the snapshot recorded at dump time)",
+                ignored.join(", "),
+                if ignored.len() == 1 { "has" } else { "have" }
+            );
+        }
+        replay = crate::cmd_report::ReplayOptions {
+            capacity: None,
+            segment_size: gpumem::core::config::AllocatorConfig::default().segment_bytes,
+            torch_conf: None,
+            lazy_conf: None,
+            ..replay
+        };
+    }
     let r = crate::cmd_report::build(
         &a.trace,
         if recorded { "torch" } else { &a.allocator },
-        &a.replay,
+        &replay,
         false,
         true,
         "building the map of",

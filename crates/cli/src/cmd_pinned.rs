@@ -744,11 +744,11 @@ pub struct AdviseArgs {
 pub fn advise(a: AdviseArgs) -> Result<()> {
     let table = match &a.table {
         Some(p) => serde_json::from_str(
-            &std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
+            &std::fs::read_to_string(p).with_context(|| format!("--table {}: reading it", p.display()))?,
         )
         .with_context(|| {
             format!(
-                "parsing {}: expected a table as `gpumem bench transfer` caches it for advise (an object with source, device, transfers; {})",
+                "--table {}: expected a table as `gpumem bench transfer` caches it for advise (an object with source, device, transfers; {})",
                 p.display(),
                 advise::cache_path().map_or_else(
                     || "cached under $XDG_CACHE_HOME or ~/.cache as gpumem/transfer.json".to_string(),

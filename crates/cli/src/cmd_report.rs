@@ -30,7 +30,7 @@ pub struct ReportArgs {
 }
 
 /// How `report` and `map` read and replay the trace.
-#[derive(Args)]
+#[derive(Args, Clone)]
 pub struct ReplayOptions {
     /// Capacity of the simulated device (e.g. 80GiB, 141GB; default: the H200's 139.8 GiB as
     /// cuMemGetInfo reports it).

@@ -1634,6 +1634,17 @@ fn advise_table_of_the_wrong_kind_says_what_it_expected() {
         "{err}"
     );
     assert!(err.contains("gpumem/transfer.json"), "{err}");
+    // A folder or a missing file: the flag is named too (it said only "reading DIR: Is a
+    // directory").
+    for p in [dir.clone(), dir.join("missing.json")] {
+        let (ok, _, err) = gpumem(&["advise", "--table", p.to_str().unwrap(), "--size", "1GiB"]);
+        assert!(!ok);
+        one_line_error(&err);
+        assert!(
+            err.contains(&format!("--table {}: reading it", p.display())),
+            "{err}"
+        );
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

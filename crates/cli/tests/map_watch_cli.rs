@@ -155,3 +155,49 @@ fn map_says_how_many_allocations_ran_out_of_memory() {
     let err = String::from_utf8_lossy(&roomy.stderr);
     assert!(!err.contains("out of memory"), "{err}");
 }
+
+/// `map --allocator recorded` shows the snapshot's own segments: replay settings given with it
+/// change nothing, and the map says so instead of ignoring them in silence.
+#[test]
+fn map_of_the_recorded_segments_names_the_flags_it_ignores() {
+    let t = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../traces/mixed_sizes.pickle.gz"
+    );
+    let gpumem = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_gpumem"))
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stdout).to_string(),
+            String::from_utf8_lossy(&o.stderr).to_string(),
+        )
+    };
+    let (ok, plain, err) = gpumem(&["map", t, "-a", "recorded", "--width", "60"]);
+    assert!(ok && !err.contains("warning"), "{err}");
+    let (ok, out, err) = gpumem(&[
+        "map",
+        t,
+        "-a",
+        "recorded",
+        "--width",
+        "60",
+        "--capacity",
+        "1MiB",
+        "--lazy-conf",
+        "grow_ahead=0.01",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("warning: --capacity, --lazy-conf have no effect with --allocator recorded"),
+        "{err}"
+    );
+    // Nothing about the capacity's failures or paged-lazy: the map is the same.
+    assert!(
+        !err.contains("out of memory") && !err.contains("configures paged-lazy"),
+        "{err}"
+    );
+    assert_eq!(out, plain);
+}
