@@ -216,6 +216,17 @@ pub fn run(a: ReportArgs) -> Result<()> {
     let to_stdout = a.output.as_os_str() == "-";
     if !to_stdout {
         crate::output::check("-o", &a.output, &[&a.trace])?;
+        // The page is HTML whatever the name says: a `.svg` or `.png` would open as nothing.
+        let ext = a
+            .output
+            .extension()
+            .map(|e| e.to_string_lossy().to_ascii_lowercase());
+        if ext.is_some_and(|e| !matches!(e.as_str(), "html" | "htm")) {
+            eprintln!(
+                "warning: -o {}: the report is an HTML page, written under that name as asked; name it .html to open it in a browser (`replay --timeline` draws an SVG)",
+                a.output.display()
+            );
+        }
     }
     let r = build(
         &a.trace,

@@ -2037,3 +2037,24 @@ fn report_and_map_take_lazy_conf() {
     assert!(html.contains("torch: <code>PYTORCH_CUDA_ALLOC_CONF native</code>"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `report -o x.svg` writes the HTML page under that name, as asked, and says it is HTML (the
+/// file opened as a broken picture, without a word).
+#[test]
+fn a_report_named_like_a_picture_is_said_to_be_html() {
+    let dir = scratch("report-ext");
+    let t = "traces/mixed_sizes.pickle.gz";
+    for (name, warned) in [("r.svg", true), ("r.HTML", false), ("r.html", false)] {
+        let out = dir.join(name);
+        let (ok, _, err) = gpumem(&["report", t, "-a", "tlsf", "-o", out.to_str().unwrap()]);
+        assert!(ok, "{err}");
+        assert_eq!(
+            err.contains("the report is an HTML page"),
+            warned,
+            "{name}: {err}"
+        );
+        let page = std::fs::read_to_string(&out).unwrap();
+        assert!(page.starts_with("<!DOCTYPE html>") || page.starts_with("<!doctype html>"));
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
