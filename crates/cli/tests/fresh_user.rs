@@ -1509,8 +1509,7 @@ fn a_segment_larger_than_the_device_is_warned_about() {
     let (ok, _, err) = gpumem(&["replay", t, "-a", "tlsf", "--no-plan"]);
     assert!(ok && !err.contains("warning"), "{err}");
     // `report` and `map` replay the same way and say the same.
-    let dir = std::env::temp_dir().join(format!("gpumem-segwarn-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("segwarn");
     let page = dir.join("r.html");
     for cmd in [
         vec!["report", "-o", page.to_str().unwrap()],
@@ -2015,8 +2014,7 @@ fn report_and_map_take_lazy_conf() {
         ok && err.contains("--lazy-conf configures paged-lazy only"),
         "{err}"
     );
-    let dir = std::env::temp_dir().join(format!("gpumem-lazyconf-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("lazyconf");
     let page = dir.join("r.html");
     let (ok, _, err) = gpumem(&[
         "report",

@@ -1,4 +1,7 @@
 //! `gpumem map` and `gpumem watch` as a user runs them.
+mod common;
+
+use common::gpumem;
 use std::path::Path;
 use std::process::Command;
 
@@ -160,21 +163,7 @@ fn map_says_how_many_allocations_ran_out_of_memory() {
 /// change nothing, and the map says so instead of ignoring them in silence.
 #[test]
 fn map_of_the_recorded_segments_names_the_flags_it_ignores() {
-    let t = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../traces/mixed_sizes.pickle.gz"
-    );
-    let gpumem = |args: &[&str]| {
-        let o = Command::new(env!("CARGO_BIN_EXE_gpumem"))
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            o.status.success(),
-            String::from_utf8_lossy(&o.stdout).to_string(),
-            String::from_utf8_lossy(&o.stderr).to_string(),
-        )
-    };
+    let t = "traces/mixed_sizes.pickle.gz";
     let (ok, plain, err) = gpumem(&["map", t, "-a", "recorded", "--width", "60"]);
     assert!(ok && !err.contains("warning"), "{err}");
     let (ok, out, err) = gpumem(&[

@@ -330,8 +330,9 @@ fn canary_pattern(trace_addr: u64) -> u32 {
     (z ^ (z >> 31)) as u32 | 1
 }
 
-/// CPU seconds of the calling thread, when the platform tells.
-fn thread_cpu_seconds() -> Option<f64> {
+/// CPU seconds of the calling thread, when the platform tells (also `bench alloc`'s
+/// `cpu_share`).
+pub(crate) fn thread_cpu_seconds() -> Option<f64> {
     cpu_time::ThreadTime::try_now()
         .ok()
         .map(|t| t.as_duration().as_secs_f64())

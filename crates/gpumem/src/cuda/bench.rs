@@ -222,13 +222,6 @@ struct ThreadRun {
     cpu_seconds: Option<f64>,
 }
 
-/// CPU seconds of the calling thread, when the platform tells.
-fn thread_cpu_seconds() -> Option<f64> {
-    cpu_time::ThreadTime::try_now()
-        .ok()
-        .map(|t| t.as_duration().as_secs_f64())
-}
-
 fn run_thread<B: AllocBackend>(
     b: &B,
     case: Case,
@@ -240,7 +233,7 @@ fn run_thread<B: AllocBackend>(
     let warm = warm_up(b, case, t);
     barrier.wait();
     let (stream, sizes, mut live) = warm?;
-    let cpu_start = thread_cpu_seconds();
+    let cpu_start = crate::replay::thread_cpu_seconds();
     let start = Instant::now();
     let mut samples = Vec::new();
     let mut free_samples = Vec::new();
@@ -294,7 +287,7 @@ fn run_thread<B: AllocBackend>(
         start,
         end,
         cpu_seconds: cpu_start
-            .zip(thread_cpu_seconds())
+            .zip(crate::replay::thread_cpu_seconds())
             .map(|(a, b)| (b - a).max(0.0)),
     })
 }
