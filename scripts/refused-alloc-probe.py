@@ -23,23 +23,7 @@ import statistics
 import sys
 import time
 
-ALLOCATION_TYPE_PINNED = 1
-LOCATION_TYPE_DEVICE = 1
-
-
-class Location(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
-
-
-class AllocFlags(ctypes.Structure):
-    _fields_ = [("compressionType", ctypes.c_ubyte), ("gpuDirectRDMACapable", ctypes.c_ubyte),
-                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]
-
-
-class AllocationProp(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int),
-                ("location", Location), ("win32HandleMetaData", ctypes.c_void_p),
-                ("allocFlags", AllocFlags)]
+from cuda_ctypes import Driver, pinned_prop
 
 
 def main():
@@ -49,33 +33,15 @@ def main():
     a = ap.parse_args()
     if a.repeats < 1:
         ap.error("--repeats must be at least 1")
-    try:
-        cu = ctypes.CDLL("libcuda.so.1")
-    except OSError as e:
-        print(f"no CUDA driver (libcuda.so.1): {e}", file=sys.stderr)
+    d = Driver.open(a.device)
+    if d is None:
         return 2
+    cu, must = d.cu, d.must
     u64 = ctypes.c_uint64
     size_t = ctypes.c_size_t
-
-    def must(name, *args):
-        r = int(getattr(cu, name)(*args))
-        if r != 0:
-            raise SystemExit(f"{name} failed with CUresult {r}")
-
-    if int(cu.cuInit(0)) != 0:
-        print("cuInit failed: no usable CUDA device", file=sys.stderr)
-        return 2
-    dev = ctypes.c_int()
-    must("cuDeviceGet", ctypes.byref(dev), a.device)
-    ctx = ctypes.c_void_p()
-    must("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), dev)
-    must("cuCtxSetCurrent", ctx)
     total = size_t()
-    must("cuDeviceTotalMem_v2", ctypes.byref(total), dev)
-    prop = AllocationProp()
-    prop.type = ALLOCATION_TYPE_PINNED
-    prop.location.type = LOCATION_TYPE_DEVICE
-    prop.location.id = a.device
+    must("cuDeviceTotalMem_v2", ctypes.byref(total), d.dev)
+    prop = pinned_prop(a.device)
 
     def alloc(n):
         p = u64()

@@ -28,25 +28,10 @@ import ctypes
 import json
 import sys
 
+from cuda_ctypes import Driver, Location, LOCATION_TYPE_DEVICE, pinned_prop
+
 GRANULARITY_MINIMUM = 0
-ALLOCATION_TYPE_PINNED = 1
-LOCATION_TYPE_DEVICE = 1
 ACCESS_READWRITE = 3
-
-
-class Location(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
-
-
-class AllocFlags(ctypes.Structure):
-    _fields_ = [("compressionType", ctypes.c_ubyte), ("gpuDirectRDMACapable", ctypes.c_ubyte),
-                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]
-
-
-class AllocationProp(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int),
-                ("location", Location), ("win32HandleMetaData", ctypes.c_void_p),
-                ("allocFlags", AllocFlags)]
 
 
 class AccessDesc(ctypes.Structure):
@@ -57,35 +42,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", type=int, default=0, help="CUDA device ordinal (default 0)")
     a = ap.parse_args()
-    try:
-        cu = ctypes.CDLL("libcuda.so.1")
-    except OSError as e:
-        print(f"no CUDA driver (libcuda.so.1): {e}", file=sys.stderr)
+    d = Driver.open(a.device)
+    if d is None:
         return 2
+    call, must = d.call, d.must
     u64 = ctypes.c_uint64
-
-    def call(name, *args):
-        r = getattr(cu, name)(*args)
-        return int(r)
-
-    def must(name, *args):
-        r = call(name, *args)
-        if r != 0:
-            raise SystemExit(f"{name} failed with CUresult {r}")
-
-    if call("cuInit", 0) != 0:
-        print("cuInit failed: no usable CUDA device", file=sys.stderr)
-        return 2
-    dev = ctypes.c_int()
-    must("cuDeviceGet", ctypes.byref(dev), a.device)
-    ctx = ctypes.c_void_p()
-    must("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), dev)
-    must("cuCtxSetCurrent", ctx)
-
-    prop = AllocationProp()
-    prop.type = ALLOCATION_TYPE_PINNED
-    prop.location.type = LOCATION_TYPE_DEVICE
-    prop.location.id = a.device
+    prop = pinned_prop(a.device)
     gran = ctypes.c_size_t()
     must("cuMemGetAllocationGranularity", ctypes.byref(gran), ctypes.byref(prop),
          GRANULARITY_MINIMUM)
