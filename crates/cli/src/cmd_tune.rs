@@ -395,7 +395,7 @@ fn figure_cells(f: &tune::Figures, capacity: Option<u64>) -> [String; 5] {
         } else {
             "-".into()
         },
-        f.driver_calls.to_string(),
+        f.driver_calls_total.to_string(),
     ]
 }
 

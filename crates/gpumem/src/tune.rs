@@ -109,7 +109,7 @@ pub struct Figures {
     pub first_refusal: Option<String>,
     /// Driver calls of the replay (cudaMalloc/cudaFree, or the VMM calls of expandable
     /// segments and gpumem's strategies).
-    pub driver_calls: u64,
+    pub driver_calls_total: u64,
     /// Modelled H200 seconds of those calls.
     pub modelled_driver_seconds: f64,
 }
@@ -125,7 +125,7 @@ impl Figures {
             oom_count: rep.oom_count,
             refused_count: rep.refused_count,
             first_refusal: rep.first_refusal.clone(),
-            driver_calls: rep.driver_calls.total(),
+            driver_calls_total: rep.driver_calls.total(),
             modelled_driver_seconds: rep.modelled_driver_seconds,
         }
     }
@@ -422,7 +422,7 @@ pub fn tune_with_progress(
                 b.min_capacity_bytes.unwrap_or(u64::MAX),
                 b.peak_reserved_bytes,
             ))
-            .then(a.driver_calls.cmp(&b.driver_calls))
+            .then(a.driver_calls_total.cmp(&b.driver_calls_total))
     });
     Ok(TuneReport {
         trace_setting: own.to_string(),

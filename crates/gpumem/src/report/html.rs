@@ -186,7 +186,16 @@ fn pct(x: f64) -> String {
 
 fn comparison_table(r: &Report, o: &mut String) {
     let peak_req = r.summary.peak_requested_bytes;
-    o.push_str("<table id=\"comparison\"><thead><tr><th>allocator</th><th>peak reserved</th><th>reserved / requested</th><th>peak allocated</th><th>ext. frag. at peak</th><th>peak ext. frag.</th><th>int. frag. at peak</th><th>OOMs</th><th>driver calls</th><th title=\"driver calls made during the second half of the events (the steady state)\">of which in the 2nd half</th><th>modelled driver time</th></tr></thead><tbody>\n");
+    // Refusals (an impossible size or alignment) get a column only when there are some, as in
+    // `replay`'s table.
+    let refused = r.replays.iter().any(|x| x.refused_count > 0);
+    let _ = writeln!(o, "<div class=\"wide\"><table id=\"comparison\"><thead><tr><th>allocator</th><th>peak reserved</th><th>reserved / requested</th><th>peak allocated</th><th>ext. frag. at peak</th><th>peak ext. frag.</th><th>int. frag. at peak</th><th title=\"peak free bytes inside segments or pages that hold live blocks (PyTorch's inactive_split_bytes)\">inactive split (peak)</th><th title=\"cache released and the allocation retried after the device refused memory (PyTorch's num_alloc_retries)\">retries</th><th>OOMs</th>{refused_head}<th>driver calls</th><th title=\"driver calls made during the second half of the events (the steady state)\">in the 2nd half</th><th>modelled driver time</th></tr></thead><tbody>",
+        refused_head = if refused {
+            "<th title=\"allocations refused as impossible (an unsupported alignment, a size that overflows) and dropped with their frees\">refused</th>"
+        } else {
+            ""
+        },
+    );
     for x in &r.replays {
         let calls: Vec<String> = gpumem_core::DriverCall::ALL
             .iter()
@@ -195,7 +204,7 @@ fn comparison_table(r: &Report, o: &mut String) {
             .collect();
         let _ = writeln!(
             o,
-            "<tr data-allocator=\"{n}\"><td>{n}</td><td data-bytes=\"{pr}\">{prh}</td><td>{ratio}</td><td data-bytes=\"{pa}\">{pah}</td><td>{efp}</td><td>{pef}</td><td>{ifp}</td><td>{oom}</td><td title=\"{calls}\">{total}</td><td>{steady}</td><td>{secs}</td></tr>",
+            "<tr data-allocator=\"{n}\"><td>{n}</td><td data-bytes=\"{pr}\">{prh}</td><td>{ratio}</td><td data-bytes=\"{pa}\">{pah}</td><td>{efp}</td><td>{pef}</td><td>{ifp}</td><td data-bytes=\"{isp}\">{isph}</td><td>{retries}</td><td>{oom}</td>{refused_cell}<td title=\"{calls}\">{total}</td><td>{steady}</td><td>{secs}</td></tr>",
             n = esc(&x.name),
             pr = x.peak_reserved_bytes,
             prh = human(x.peak_reserved_bytes),
@@ -210,7 +219,15 @@ fn comparison_table(r: &Report, o: &mut String) {
             efp = pct(x.external_fragmentation_at_peak),
             pef = pct(x.peak_external_fragmentation),
             ifp = pct(x.internal_fragmentation_at_peak),
+            isp = x.peak_inactive_split_bytes,
+            isph = human(x.peak_inactive_split_bytes),
+            retries = x.alloc_retries,
             oom = x.oom_count,
+            refused_cell = if refused {
+                format!("<td>{}</td>", x.refused_count)
+            } else {
+                String::new()
+            },
             calls = esc(&calls.join(", ")),
             total = x.driver_calls.total(),
             steady = x.steady_state_driver_calls,
@@ -226,14 +243,15 @@ fn comparison_table(r: &Report, o: &mut String) {
         };
         let _ = writeln!(
             o,
-            "<tr class=\"recorded\"><td>PyTorch, recorded ({})</td><td data-bytes=\"{}\">{}</td><td>{ratio}</td><td>{}</td><td colspan=\"7\">torch.cuda.memory_stats() of the traced run</td></tr>",
-            esc(&rec.conf),
+            "<tr class=\"recorded\"><td>PyTorch, recorded</td><td data-bytes=\"{}\">{}</td><td>{ratio}</td><td>{}</td><td colspan=\"{span}\">torch.cuda.memory_stats() of the traced run, PYTORCH_CUDA_ALLOC_CONF {}</td></tr>",
             rec.reserved_peak_bytes,
             human(rec.reserved_peak_bytes),
             rec.allocated_peak_bytes.map(human).unwrap_or_default(),
+            esc(&rec.conf),
+            span = if refused { 10 } else { 9 },
         );
     }
-    o.push_str("</tbody></table>\n");
+    o.push_str("</tbody></table></div>\n");
 }
 
 fn stack_html(r: &Report, stack: Option<u32>, frames: usize) -> String {

@@ -183,3 +183,65 @@ fn the_site_of_a_stack_with_native_frames_is_the_users_python_frame() {
         Some("??:0 torch::unwind::unwind()")
     );
 }
+
+/// The cells of `<table id="comparison">` in `html`: the header's, then each row's.
+fn comparison_cells(html: &str) -> (Vec<String>, Vec<Vec<String>>) {
+    let start = html
+        .find("<table id=\"comparison\">")
+        .expect("comparison table");
+    let table = &html[start..start + html[start..].find("</table>").unwrap()];
+    let cells = |row: &str, tag: &str| -> Vec<String> {
+        row.split(&format!("<{tag}"))
+            .skip(1)
+            .map(|c| c[..c.find(&format!("</{tag}>")).unwrap()].to_string())
+            .collect()
+    };
+    let (head, body) = table.split_once("</thead>").unwrap();
+    let head = head.split_once("<thead>").unwrap().1;
+    let rows = body.split("<tr").skip(1).map(|r| cells(r, "td")).collect();
+    (cells(head, "th"), rows)
+}
+
+/// The page's comparison has `replay`'s inactive-split and retries columns, and a refused
+/// column when an allocation was refused as impossible (it had none of the three).
+#[test]
+fn comparison_has_inactive_split_retries_and_refused() {
+    let r = small_report(&["torch", "tlsf"]);
+    let (head, rows) = comparison_cells(&html::render(&r));
+    let col = |name: &str| {
+        head.iter()
+            .position(|h| h.ends_with(&format!(">{name}")))
+            .unwrap()
+    };
+    let (split, retries) = (col("inactive split (peak)"), col("retries"));
+    assert!(!head.iter().any(|h| h.ends_with(">refused")), "{head:?}");
+    assert_eq!(rows.len(), 2);
+    for (row, x) in rows.iter().zip(&r.replays) {
+        assert_eq!(row.len(), head.len(), "{row:?}");
+        let bytes = format!(" data-bytes=\"{}\">", x.peak_inactive_split_bytes);
+        assert!(row[split].starts_with(&bytes), "{}: {}", x.name, row[split]);
+        assert_eq!(row[retries], ">0");
+    }
+    // torch: the 3 MiB blocks split one 20 MiB segment; with the first freed and the 1 KiB
+    // block in a 2 MiB segment of the small pool, 3 MiB + the 14 MiB remainder + 2 MiB - 1 KiB
+    // are free inside segments that hold live blocks.
+    assert_eq!(r.replays[0].peak_inactive_split_bytes, (19 << 20) - 1024);
+
+    let t = read_bytes(
+        "refused.jsonl",
+        b"{\"action\":\"alloc\",\"addr\":1,\"size\":18446744073709551615}\n\
+          {\"action\":\"alloc\",\"addr\":2,\"size\":1000}\n\
+          {\"action\":\"free\",\"addr\":2}\n",
+        ReadConfig::default(),
+    )
+    .unwrap();
+    let cfg = ReportConfig {
+        allocators: vec!["tlsf".into()],
+        ..ReportConfig::default()
+    };
+    let r = build(&t, "refused.jsonl", &cfg, &mut |_| {}).unwrap();
+    let (head, rows) = comparison_cells(&html::render(&r));
+    let refused = head.iter().position(|h| h.ends_with(">refused")).unwrap();
+    assert_eq!(rows[0].len(), head.len());
+    assert_eq!(rows[0][refused], ">1");
+}

@@ -447,7 +447,7 @@ pub fn write_jsonl<W: Write>(trace: &Trace, writer: W) -> std::io::Result<()> {
             action_name(e.action),
             e.addr
         )?;
-        if e.size_bytes != 0 || e.action == Action::Alloc {
+        if e.size_bytes != 0 || matches!(e.action, Action::Alloc | Action::Oom) {
             write!(w, ",\"size\":{}", e.size_bytes)?;
         }
         if e.stream != 0 {

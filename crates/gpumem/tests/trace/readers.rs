@@ -305,6 +305,21 @@ fn round_trip(t: &Trace) -> Trace {
     read_bytes("round-trip.jsonl", &out, strict()).unwrap()
 }
 
+/// An out-of-memory of 0 bytes (a snapshot can record one) keeps its size when written:
+/// the writer left `size` out of every zero-sized event, and the reader needs it on `oom`.
+#[test]
+fn a_zero_byte_oom_round_trips() {
+    let t = read_bytes(
+        "oom0.jsonl",
+        b"{\"action\":\"alloc\",\"addr\":1,\"size\":512}\n{\"action\":\"oom\",\"addr\":0,\"size\":0}\n",
+        strict(),
+    )
+    .unwrap();
+    assert_eq!(t.events[1].action, Action::Oom);
+    let back = round_trip(&t);
+    assert_eq!(back.events, t.events);
+}
+
 #[test]
 fn jsonl_round_trip() {
     for name in [
