@@ -1,0 +1,82 @@
+//! What the twelfth fresh-user pass of the `gpumem` binary found: each test runs the binary
+//! as a user would and checks the exit status, the message and what was left on disk.
+mod common;
+
+use common::repo;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A fresh, empty folder of this test's own.
+fn scratch(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("gpumem-qa12-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Runs `gpumem ARGS` with `dir` as its working folder: success, stdout, stderr.
+fn gpumem_in(dir: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpumem"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The names in `dir`, hidden ones included.
+fn entries(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// One line, no panic.
+fn one_line_error(err: &str) {
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+}
+
+/// `-o new/` (a folder's name that does not exist) and `convert -o ''` replayed the whole
+/// trace, then failed with "writing new/: failed to persist temporary file: Not a directory"
+/// and left a hidden `.gpumem-XXXXXX` file in the working folder. They are refused before
+/// any work, naming the flag, and nothing is left behind.
+#[test]
+fn an_output_named_like_a_folder_is_refused_and_leaves_nothing() {
+    let dir = scratch("folder-name");
+    let trace = repo().join("traces/multigpu/two_devices.jsonl");
+    let trace = trace.to_str().unwrap();
+    for (args, flag) in [
+        (vec!["convert", trace, "-o", "new/"], "-o new/"),
+        (vec!["convert", trace, "-o", ""], "-o ''"),
+        (vec!["report", trace, "-a", "tlsf", "-o", "new/"], "-o new/"),
+        (
+            vec!["replay", trace, "-a", "tlsf", "--timeline", "new.svg/"],
+            "--timeline new.svg/",
+        ),
+        (vec!["convert", trace, "-o", "new/.."], "-o new/.."),
+    ] {
+        let (ok, _, err) = gpumem_in(&dir, &args);
+        assert!(!ok, "{args:?}");
+        let last = err.trim_end().lines().last().unwrap_or_default();
+        assert!(last.starts_with(&format!("error: {flag}: ")), "{args:?}: {err}");
+        assert!(last.contains("expected a file name"), "{args:?}: {err}");
+        assert!(!err.contains("persist"), "{args:?}: {err}");
+        if args[0] != "replay" {
+            one_line_error(&err);
+        }
+        assert_eq!(entries(&dir), Vec::<String>::new(), "{args:?}");
+    }
+    // A name in a folder that exists is written as before.
+    let (ok, _, err) = gpumem_in(&dir, &["convert", trace, "-o", "ok.jsonl"]);
+    assert!(ok, "{err}");
+    assert_eq!(entries(&dir), ["ok.jsonl"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
