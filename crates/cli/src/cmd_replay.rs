@@ -93,9 +93,27 @@ pub struct ReplayArgs {
     pub no_plan: bool,
 }
 
-/// Parses `--lazy-conf` onto the defaults.
+/// Parses `--lazy-conf` onto the defaults. `tune` can export `GPUMEM_CONF=strategy=paged`,
+/// which is not a `paged-lazy` setting: the error then names the flag that replays it.
+///
+/// # Errors
+/// The first bad item, as [`gpumem::lazy_conf::parse`] words it, after `--lazy-conf: `.
 pub fn lazy_conf(text: &str) -> Result<gpumem::core::config::LazyConfig> {
-    gpumem::lazy_conf::parse(text).map_err(|e| anyhow::anyhow!("--lazy-conf: {e}"))
+    gpumem::lazy_conf::parse(text).map_err(|e| {
+        let hint = match &e {
+            gpumem::conf_items::ItemError::UnknownKey { key, .. } if key == "strategy" => {
+                let value = gpumem::conf_items::items(text, &gpumem::lazy_conf::KEYS)
+                    .filter_map(Result::ok)
+                    .find(|(k, _)| *k == "strategy")
+                    .map_or("", |(_, v)| v);
+                format!(
+                    "; `strategy` is GPUMEM_CONF's choice of allocator, which is --allocator here (GPUMEM_CONF=strategy={value}: --allocator {value}); --lazy-conf holds paged-lazy's own settings"
+                )
+            }
+            _ => String::new(),
+        };
+        anyhow::anyhow!("--lazy-conf: {e}{hint}")
+    })
 }
 
 #[derive(Serialize)]

@@ -2,7 +2,7 @@
 //! as a user would and checks the exit status, the message and what was left on disk.
 mod common;
 
-use common::repo;
+use common::{gpumem, repo};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -79,4 +79,40 @@ fn an_output_named_like_a_folder_is_refused_and_leaves_nothing() {
     assert!(ok, "{err}");
     assert_eq!(entries(&dir), ["ok.jsonl"]);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `tune` can export `GPUMEM_CONF=strategy=paged` (the least memory within 2 × native's
+/// driver time on a short trace), and `report --help` offers `--lazy-conf` for what `tune`
+/// recommends as `GPUMEM_CONF`; `--lazy-conf strategy=paged` said only "unknown key". It now
+/// names the flag that replays that setting, for replay, report and map alike.
+#[test]
+fn lazy_conf_strategy_names_the_allocator_flag() {
+    for cmd in ["replay", "report", "map"] {
+        let mut args = vec![
+            cmd,
+            "traces/multigpu/two_devices.jsonl",
+            "--lazy-conf",
+            "strategy=paged",
+        ];
+        if cmd == "report" {
+            args.extend(["-o", "-"]);
+        }
+        let (ok, out, err) = gpumem(&args);
+        assert!(!ok, "{cmd}: {out}");
+        one_line_error(&err);
+        assert!(err.contains("unknown key `strategy`"), "{cmd}: {err}");
+        assert!(
+            err.contains("(GPUMEM_CONF=strategy=paged: --allocator paged)"),
+            "{cmd}: {err}"
+        );
+    }
+    // Another unknown key gets no such hint.
+    let (ok, _, err) = gpumem(&[
+        "replay",
+        "traces/multigpu/two_devices.jsonl",
+        "--lazy-conf",
+        "colour=red",
+    ]);
+    assert!(!ok);
+    assert!(!err.contains("--allocator"), "{err}");
 }
