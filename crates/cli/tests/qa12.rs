@@ -116,3 +116,30 @@ fn lazy_conf_strategy_names_the_allocator_flag() {
     assert!(!ok);
     assert!(!err.contains("--allocator"), "{err}");
 }
+
+/// `bench transfer --host-only --kinds pinned` (or `--directions d2h`) measured the staging
+/// ring's fill and drain as always and printed them, not a word about pinned memory: the
+/// flags are refused with `--host-only`, as `--plot` and `--overlap` are.
+#[test]
+fn host_only_refuses_kinds_and_directions() {
+    for extra in [["--kinds", "pinned"], ["--directions", "d2h"]] {
+        let mut args = vec![
+            "bench",
+            "transfer",
+            "--host-only",
+            "--sizes",
+            "4KiB",
+            "--no-cache",
+        ];
+        args.extend_from_slice(&extra);
+        let (ok, out, err) = gpumem(&args);
+        assert!(!ok, "{extra:?}: {out}");
+        assert!(
+            err.contains(extra[0]) && err.contains("--host-only"),
+            "{extra:?}: {err}"
+        );
+    }
+    let (ok, out, _) = gpumem(&["bench", "transfer", "--help"]);
+    assert!(ok);
+    assert!(out.contains("at the largest of --sizes"), "{out}");
+}
