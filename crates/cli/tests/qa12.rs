@@ -143,3 +143,36 @@ fn host_only_refuses_kinds_and_directions() {
     assert!(ok);
     assert!(out.contains("at the largest of --sizes"), "{out}");
 }
+
+/// The README's table of the JSON lines format lists every action the reader accepts;
+/// `free_requested`, which `convert` writes for a block freed on one stream and still in use
+/// on another, was missing.
+#[test]
+fn the_readme_lists_every_json_lines_action() {
+    let dir = scratch("actions");
+    let bad = dir.join("bad.jsonl");
+    std::fs::write(&bad, "{\"action\":\"nonsense\",\"addr\":1}\n").unwrap();
+    let (ok, _, err) = gpumem(&["replay", bad.to_str().unwrap()]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!ok);
+    let listed = err
+        .split("expected ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{err}"))
+        .trim_end()
+        .replace(" or ", ", ");
+    let actions: Vec<&str> = listed.split(", ").collect();
+    assert!(actions.len() >= 10, "{actions:?}");
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let row = readme
+        .lines()
+        .find(|l| l.starts_with("| `action` |"))
+        .expect("the README's JSON lines table has an `action` row");
+    for a in actions {
+        assert!(row.contains(&format!("`{a}`")), "{a} is not in: {row}");
+    }
+    // The convert that writes it.
+    let (ok, out, err) = gpumem(&["convert", "traces/settings/stream_prefetch.pickle.gz"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("\"action\":\"free_requested\""));
+}
