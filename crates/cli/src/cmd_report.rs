@@ -61,6 +61,11 @@ pub struct ReplayOptions {
 
 /// Reads a trace and builds the report both `report` and `map` use; `what` opens the context
 /// of a failure (`building the report of`, `building the map of`).
+///
+/// # Errors
+/// A bad option, a trace that does not read, one with no allocation to show (said as
+/// `replay` and `tune` say it, with `map --allocator recorded` for a snapshot of segments
+/// alone), or a replay that fails.
 pub fn build(
     path: &std::path::Path,
     allocators: &str,
@@ -69,6 +74,40 @@ pub fn build(
     quiet: bool,
     what: &str,
 ) -> Result<report::Report> {
+    let (names, lazy) = check_options(allocators, o)?;
+    let trace = read(path, o, keep_frames, quiet)?;
+    if let Some(why) = nothing_to_show(&trace) {
+        bail!("{}: nothing to show: {why}", trace::source_name(path));
+    }
+    build_read(&trace, path, &names, lazy, o, quiet, what)
+}
+
+/// Whether `trace` has no allocation to replay, and why (as `replay` and `tune` say it); a
+/// snapshot of segments alone is drawn by `map --allocator recorded`.
+pub fn nothing_to_show(trace: &trace::Trace) -> Option<String> {
+    let any = trace
+        .events
+        .iter()
+        .any(|e| matches!(e.action, trace::Action::Alloc | trace::Action::Free));
+    if any || !trace.preexisting.is_empty() {
+        return None;
+    }
+    let why = crate::cmd_analyze::why_no_allocation(trace);
+    Some(if trace.skipped_count == 0 && !trace.segments.is_empty() {
+        format!("{why}; `gpumem map --allocator recorded` draws them")
+    } else {
+        why
+    })
+}
+
+/// The options checked before a long read: the allocators named and `--lazy-conf` parsed.
+///
+/// # Errors
+/// A zero capacity or segment size, an unknown allocator, a `--lazy-conf` that does not parse.
+pub fn check_options(
+    allocators: &str,
+    o: &ReplayOptions,
+) -> Result<(Vec<&'static str>, Option<gpumem::core::config::LazyConfig>)> {
     let (capacity, segment_size) = (o.capacity, o.segment_size);
     if capacity == Some(0) {
         bail!("--capacity 0: expected a device capacity above zero (e.g. 80GiB)");
@@ -91,6 +130,19 @@ pub fn build(
     ) {
         eprintln!("warning: {w}");
     }
+    Ok((names, lazy))
+}
+
+/// Reads the trace (`read ...` unless `quiet`) and says what `--lenient` skipped or salvaged.
+///
+/// # Errors
+/// The trace does not read.
+pub fn read(
+    path: &std::path::Path,
+    o: &ReplayOptions,
+    keep_frames: bool,
+    quiet: bool,
+) -> Result<trace::Trace> {
     let started = Instant::now();
     let trace = trace::read_path(
         path,
@@ -109,6 +161,23 @@ pub fn build(
     }
     // What --lenient skipped or salvaged is said even by the quiet `map`.
     crate::cmd_replay::print_read_notes(&trace);
+    Ok(trace)
+}
+
+/// [`build`] of a trace [`read`] and options checked ([`check_options`]).
+///
+/// # Errors
+/// As [`build`], but for reading.
+pub fn build_read(
+    trace: &trace::Trace,
+    path: &std::path::Path,
+    names: &[&'static str],
+    lazy: Option<gpumem::core::config::LazyConfig>,
+    o: &ReplayOptions,
+    quiet: bool,
+    what: &str,
+) -> Result<report::Report> {
+    let (capacity, segment_size) = (o.capacity, o.segment_size);
     if o.trace_device.is_some() {
         crate::cmd_tune::pick_device(&trace, "--trace-device", o.trace_device)?;
     }

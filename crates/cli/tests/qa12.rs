@@ -66,7 +66,10 @@ fn an_output_named_like_a_folder_is_refused_and_leaves_nothing() {
         let (ok, _, err) = gpumem_in(&dir, &args);
         assert!(!ok, "{args:?}");
         let last = err.trim_end().lines().last().unwrap_or_default();
-        assert!(last.starts_with(&format!("error: {flag}: ")), "{args:?}: {err}");
+        assert!(
+            last.starts_with(&format!("error: {flag}: ")),
+            "{args:?}: {err}"
+        );
         assert!(last.contains("expected a file name"), "{args:?}: {err}");
         assert!(!err.contains("persist"), "{args:?}: {err}");
         if args[0] != "replay" {
@@ -175,4 +178,62 @@ fn the_readme_lists_every_json_lines_action() {
     let (ok, out, err) = gpumem(&["convert", "traces/settings/stream_prefetch.pickle.gz"]);
     assert!(ok, "{err}");
     assert!(out.contains("\"action\":\"free_requested\""));
+}
+
+/// A snapshot dumped without `_record_memory_history` (the commonest first try) and one of
+/// segments alone: `replay`, `tune` and `convert` say what the snapshot holds and how to
+/// record one, but `report` and `map` said "the trace has no allocation on device 0: nothing
+/// to show", and `map --allocator recorded`, made for a snapshot's own segments, failed the
+/// same way on the snapshot of segments alone. They now say what the others say, and the
+/// recorded map of the segments is drawn.
+#[test]
+fn report_and_map_say_why_a_snapshot_has_nothing_to_show() {
+    let none = "crates/gpumem/tests/fixtures/no_recording.pickle";
+    let segments = "crates/gpumem/tests/fixtures/segments_only.pickle";
+    let dir = scratch("nothing-to-show");
+    let page = dir.join("r.html");
+    for (trace, expected) in [
+        (none, "_record_memory_history"),
+        (
+            segments,
+            "segments but no trace entries (`gpumem replay` shows the state of its segments); `gpumem map --allocator recorded` draws them",
+        ),
+    ] {
+        for args in [
+            vec!["report", trace, "-o", page.to_str().unwrap()],
+            vec!["map", trace],
+        ] {
+            let (ok, out, err) = gpumem(&args);
+            assert!(!ok, "{args:?}: {out}");
+            one_line_error(&err);
+            assert!(err.contains(": nothing to show: "), "{args:?}: {err}");
+            assert!(err.contains(expected), "{args:?}: {err}");
+            assert!(!err.contains("no allocation on device"), "{args:?}: {err}");
+        }
+    }
+    assert!(!page.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+    // The recorded map of the segments alone, as `replay` counts them.
+    let (ok, out, err) = gpumem(&["map", segments, "-a", "recorded", "--width", "40"]);
+    assert!(ok, "{err}");
+    let (ok, state, err2) = gpumem(&["replay", segments]);
+    assert!(ok, "{err2}");
+    let n = state
+        .split("state of the ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .unwrap_or_else(|| panic!("{state}"));
+    let head = out.lines().next().unwrap_or_default();
+    assert!(
+        head.starts_with("pytorch (recorded) at dump time: ")
+            && head.contains(&format!(": {n} segment")),
+        "{head}\n{state}"
+    );
+    let (ok, _, err) = gpumem(&["map", segments, "-a", "recorded", "--trace-device", "3"]);
+    assert!(!ok);
+    one_line_error(&err);
+    assert!(
+        err.contains("--trace-device 3: the snapshot recorded no segment on device 3"),
+        "{err}"
+    );
 }
