@@ -11,7 +11,7 @@ use serde_json::json;
 use std::path::PathBuf;
 
 fn parse_transfer_size(s: &str) -> Result<u64, String> {
-    match parse_size(s)? {
+    match crate::units::parse_positive_size(s)? {
         0 => Err(format!(
             "`{s}`: a transfer of 0 B needs no memory; give its size, e.g. 4KiB"
         )),

@@ -298,3 +298,31 @@ fn readme_examples_print_what_the_readme_shows() {
     }
     assert_eq!(checked.len(), 3, "{checked:?}");
 }
+
+/// `advise --size -1` and `bench pinned/transfer --sizes -1` said "expected a size ≥ 0",
+/// and a 0 was then refused too ("a transfer of 0 B needs no memory", "give sizes > 0"):
+/// a negative size is now said to need `> 0`, as `--capacity -5` says it.
+#[test]
+fn a_negative_size_where_zero_is_refused_asks_for_more_than_zero() {
+    for args in [
+        &["advise", "--size", "-1"][..],
+        &["bench", "pinned", "--sizes", "-1", "--no-cache"][..],
+        &[
+            "bench",
+            "transfer",
+            "--host-only",
+            "--sizes",
+            "-1",
+            "--no-cache",
+        ][..],
+    ] {
+        let (ok, out, err) = gpumem(args);
+        assert!(!ok, "{args:?}: {out}");
+        assert!(err.contains("`-1`: expected a size > 0"), "{args:?}: {err}");
+        assert!(!err.contains("≥ 0"), "{args:?}: {err}");
+    }
+    // Where 0 is a size that works (a capacity cap of no pinned memory), ≥ 0 stays.
+    let (ok, _, err) = gpumem(&["advise", "--size", "1MiB", "--cap", "-1"]);
+    assert!(!ok);
+    assert!(err.contains("expected a size ≥ 0"), "{err}");
+}
