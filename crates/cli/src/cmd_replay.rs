@@ -369,21 +369,31 @@ fn progress_bar(total: u64, enabled: bool) -> ProgressBar {
 /// pools reserve address space of a few times the capacity in it.
 const MAX_CAPACITY: u64 = 16 << 40;
 
-/// Checks the flags that need no trace; returns warnings to print.
-fn check_args(a: &ReplayArgs, target: &Target) -> Result<Vec<String>> {
-    let mut warnings = Vec::new();
-    if a.min_capacity && !matches!(target, Target::Sim) {
-        bail!("--min-capacity runs many replays and is only offered on the simulated device");
-    }
-    match a.capacity {
+/// Refuses a `--capacity` of 0 or above [`MAX_CAPACITY`] (one check for `replay`, `tune`,
+/// `report` and `map`: above it every pool runs out of the simulated address space, and each
+/// allocation would be an OOM).
+///
+/// # Errors
+/// One line naming the flag, the capacity and the bound.
+pub fn check_capacity(capacity: Option<u64>) -> Result<()> {
+    match capacity {
         Some(0) => bail!("--capacity 0: expected a device capacity above zero (e.g. 80GiB)"),
         Some(c) if c > MAX_CAPACITY => bail!(
             "--capacity {}: above {} (the simulated device has 64 TiB of address space, and pools reserve several times their capacity in it; no GPU has more than a few hundred GiB)",
             human_bytes(c),
             human_bytes(MAX_CAPACITY)
         ),
-        _ => {}
+        _ => Ok(()),
     }
+}
+
+/// Checks the flags that need no trace; returns warnings to print.
+fn check_args(a: &ReplayArgs, target: &Target) -> Result<Vec<String>> {
+    let mut warnings = Vec::new();
+    if a.min_capacity && !matches!(target, Target::Sim) {
+        bail!("--min-capacity runs many replays and is only offered on the simulated device");
+    }
+    check_capacity(a.capacity)?;
     if a.segment_size == 0 {
         bail!("--segment-size 0: expected a segment size above zero (e.g. 256MiB)");
     }

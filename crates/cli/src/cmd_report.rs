@@ -109,9 +109,7 @@ pub fn check_options(
     o: &ReplayOptions,
 ) -> Result<(Vec<&'static str>, Option<gpumem::core::config::LazyConfig>)> {
     let (capacity, segment_size) = (o.capacity, o.segment_size);
-    if capacity == Some(0) {
-        bail!("--capacity 0: expected a device capacity above zero (e.g. 80GiB)");
-    }
+    crate::cmd_replay::check_capacity(capacity)?;
     if segment_size == 0 {
         bail!("--segment-size 0: expected a segment size above zero (e.g. 256MiB)");
     }

@@ -384,3 +384,47 @@ fn a_gzip_snapshot_padded_with_zeros_replays() {
         "{err}"
     );
 }
+
+/// `replay --capacity 17TiB` is refused (the simulated device's address space), but `tune`,
+/// `report` and `map` took it: at 16000TiB `report` said "3324 allocations failed (out of
+/// memory on a device of 15.62 PiB)" for paged, and `tune` that every gpumem setting "has an
+/// OOM at 15.62 PiB". The four commands now refuse it alike, before reading the trace.
+#[test]
+fn every_command_refuses_a_capacity_past_the_simulated_address_space() {
+    let dir = scratch("capacity");
+    let page = dir.join("r.html");
+    let t = "traces/mixed_sizes.pickle.gz";
+    let mut said = Vec::new();
+    for args in [
+        vec!["replay", t],
+        vec!["tune", t],
+        vec!["report", t, "-o", page.to_str().unwrap()],
+        vec!["map", t],
+    ] {
+        let mut args = args;
+        args.extend(["--capacity", "17TiB"]);
+        let (ok, out, err) = gpumem(&args);
+        assert!(!ok, "{args:?}: {out}");
+        one_line_error(&err);
+        assert!(
+            err.starts_with("error: --capacity 17.00 TiB: above 16.00 TiB"),
+            "{args:?}: {err}"
+        );
+        said.push(err);
+    }
+    assert!(!page.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(said.windows(2).all(|w| w[0] == w[1]), "{said:?}");
+    // 16 TiB itself is taken.
+    let (ok, _, err) = gpumem(&[
+        "map",
+        t,
+        "--capacity",
+        "16TiB",
+        "--width",
+        "40",
+        "--lines",
+        "2",
+    ]);
+    assert!(ok, "{err}");
+}
