@@ -177,9 +177,9 @@ pub fn build_read(
 ) -> Result<report::Report> {
     let (capacity, segment_size) = (o.capacity, o.segment_size);
     if o.trace_device.is_some() {
-        crate::cmd_tune::pick_device(&trace, "--trace-device", o.trace_device)?;
+        crate::cmd_tune::pick_device(trace, "--trace-device", o.trace_device)?;
     }
-    let (torch_conf, conf_source) = crate::cmd_tune::torch_conf(o.torch_conf.as_deref(), &trace)?;
+    let (torch_conf, conf_source) = crate::cmd_tune::torch_conf(o.torch_conf.as_deref(), trace)?;
     if !quiet && names.contains(&"torch") {
         eprintln!("torch emulation: PYTORCH_CUDA_ALLOC_CONF {torch_conf} ({conf_source})");
     }
@@ -187,7 +187,7 @@ pub fn build_read(
         crate::cmd_tune::allocator_config(segment_size, capacity, torch_conf);
     if let (Some(text), Some(lazy)) = (&o.lazy_conf, lazy) {
         allocator_config.lazy = lazy;
-        for w in crate::cmd_replay::lazy_conf_warnings(text, &allocator_config.lazy, &names) {
+        for w in crate::cmd_replay::lazy_conf_warnings(text, &allocator_config.lazy, names) {
             eprintln!("warning: {w}");
         }
         if !quiet && names.contains(&"paged-lazy") {
@@ -203,7 +203,7 @@ pub fn build_read(
     };
     let started = Instant::now();
     let mut r = report::build(
-        &trace,
+        trace,
         &gpumem::trace::source_name(path),
         &cfg,
         &mut |name| {
@@ -252,7 +252,7 @@ pub fn build_read(
         }
     }
     // A trace of several GPUs shows one: say which, and that event indices are its own.
-    let devices = crate::cmd_tune::alloc_devices(&trace);
+    let devices = crate::cmd_tune::alloc_devices(trace);
     if devices.len() > 1 {
         eprintln!(
             "note: device {} of {} ({}; --trace-device N shows another): event indices count its events only",
