@@ -428,3 +428,37 @@ fn every_command_refuses_a_capacity_past_the_simulated_address_space() {
     ]);
     assert!(ok, "{err}");
 }
+
+/// A JSON lines or RMM error about an earlier event named it by its 0-based event index
+/// beside the current line's 1-based number: "line 2: alloc ... already live (allocated with
+/// 5 bytes at event 0, not freed since)". The earlier event is named by its line too.
+#[test]
+fn an_error_about_an_earlier_line_names_that_line() {
+    let dir = scratch("earlier-line");
+    let cases = [
+        (
+            "dup.jsonl",
+            "{\"action\":\"alloc\",\"addr\":1,\"size\":5}\n\n{\"action\":\"alloc\",\"addr\":1,\"size\":5}\n",
+            "line 3: alloc of 5 bytes at address 1 (0x1) (device 0), which is already live (allocated with 5 bytes on line 1, not freed since)",
+        ),
+        (
+            "double.jsonl",
+            "{\"action\":\"alloc\",\"addr\":1,\"size\":5}\n{\"action\":\"free\",\"addr\":1}\n{\"action\":\"free\",\"addr\":1}\n",
+            "line 3: free of address 1 (0x1) (device 0) that is not live: freed on line 2 and not allocated since (a double free)",
+        ),
+        (
+            "double.csv",
+            "Thread,Time,Action,Pointer,Size,Stream\n1,10:00:00.000,allocate,0x10,16,0x0\n1,10:00:00.001,free,0x10,16,0x0\n1,10:00:00.002,free,0x10,16,0x0\n",
+            "line 4: free of address 0x10 (device 0) that is not live: freed on line 3 and not allocated since (a double free)",
+        ),
+    ];
+    for (name, text, said) in cases {
+        let f = dir.join(name);
+        std::fs::write(&f, text).unwrap();
+        let (ok, _, err) = gpumem(&["replay", f.to_str().unwrap(), "-a", "torch"]);
+        assert!(!ok, "{name}");
+        one_line_error(&err);
+        assert!(err.trim_end().ends_with(said), "{name}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

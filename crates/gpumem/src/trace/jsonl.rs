@@ -349,7 +349,7 @@ pub fn read_jsonl(name: &str, data: &[u8], options: ReadConfig) -> Result<Trace,
             match p {
                 Parsed::Event(ev, device_free) => {
                     let at = trace.events.len() as u64;
-                    live.admit(&mut trace, ev, |_, _| 0)?;
+                    live.admit_line(&mut trace, ev, line_no, |_, _| 0)?;
                     if ev.action == Action::Oom {
                         trace.ooms.push(RecordedOom {
                             event: at,

@@ -142,7 +142,8 @@ pub fn read_rmm(name: &str, data: &[u8], options: ReadConfig) -> Result<Trace, T
                 };
                 (
                     line,
-                    record_event(&rec, &cols).and_then(|ev| live.admit(&mut trace, ev, |_, _| 0)),
+                    record_event(&rec, &cols)
+                        .and_then(|ev| live.admit_line(&mut trace, ev, line, |_, _| 0)),
                 )
             }
             Err(e) => {
