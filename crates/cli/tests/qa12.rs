@@ -462,3 +462,45 @@ fn an_error_about_an_earlier_line_names_that_line() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `report --lenient` of a cut snapshot, or of JSON lines with bad lines, wrote a page that
+/// looked like that of a whole trace: the cut and the skipped lines went to stderr only, and
+/// the page is what gets shared. The page's summary now says them, as `replay` does.
+#[test]
+fn a_lenient_report_says_on_the_page_what_was_left_out() {
+    let dir = scratch("lenient-page");
+    let gz = std::fs::read(repo().join("traces/mixed_sizes.pickle.gz")).unwrap();
+    let cut = dir.join("cut.pickle.gz");
+    std::fs::write(&cut, &gz[..20000]).unwrap();
+    let bad = dir.join("bad.jsonl");
+    std::fs::write(
+        &bad,
+        "{\"action\":\"alloc\",\"addr\":1,\"size\":100}\n{\"action\":\"alloc\"\n{\"action\":\"free\",\"addr\":1}\n",
+    )
+    .unwrap();
+    let page = dir.join("r.html");
+    let run = |trace: &Path| {
+        let (ok, _, err) = gpumem(&[
+            "report",
+            trace.to_str().unwrap(),
+            "--lenient",
+            "-a",
+            "torch",
+            "-o",
+            page.to_str().unwrap(),
+        ]);
+        assert!(ok, "{err}");
+        std::fs::read_to_string(&page).unwrap()
+    };
+    let html = run(&cut);
+    assert!(html.contains("<dt>read (--lenient)</dt><dd id=\"read-notes\">truncated: gzip data truncated or corrupt after "), "no cut on the page");
+    let html = run(&bad);
+    assert!(
+        html.contains("<dd id=\"read-notes\">skipped: line 2: not valid JSON"),
+        "no skipped line on the page"
+    );
+    // A trace read whole has no such row.
+    let html = run(&repo().join("traces/multigpu/two_devices.jsonl"));
+    assert!(!html.contains("<dd id=\"read-notes\">"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
