@@ -96,30 +96,46 @@ pub fn run(a: MapArgs) -> Result<()> {
             ..replay
         };
     }
-    let r = crate::cmd_report::build(
-        &a.trace,
-        if recorded { "torch" } else { &a.allocator },
-        &replay,
-        false,
-        true,
-        "building the map of",
-    )?;
-    if r.runs.len() != 1 {
-        bail!(
-            "--allocator {}: expected one allocator (buddy, tlsf, best-fit, torch, paged, paged-lazy or recorded)",
-            a.allocator
-        );
-    }
-    let map = if recorded {
-        match &r.snapshot_map {
-            Some(m) => m.clone(),
-            None => bail!(
-                "{}: the trace recorded no segments (only PyTorch snapshots do)",
-                gpumem::trace::source_name(&a.trace)
-            ),
-        }
+    let (names, lazy) =
+        crate::cmd_report::check_options(if recorded { "torch" } else { &a.allocator }, &replay)?;
+    let trace = crate::cmd_report::read(&a.trace, &replay, false, true)?;
+    let nothing = crate::cmd_report::nothing_to_show(&trace);
+    let map = if recorded && nothing.is_some() && !trace.segments.is_empty() {
+        // A snapshot of segments alone: nothing to replay, and the segments to draw.
+        snapshot_only_map(&trace, replay.trace_device)?
     } else {
-        r.map(0, a.event)?
+        if let Some(why) = nothing {
+            bail!(
+                "{}: nothing to show: {why}",
+                gpumem::trace::source_name(&a.trace)
+            );
+        }
+        let r = crate::cmd_report::build_read(
+            &trace,
+            &a.trace,
+            &names,
+            lazy,
+            &replay,
+            true,
+            "building the map of",
+        )?;
+        if r.runs.len() != 1 {
+            bail!(
+                "--allocator {}: expected one allocator (buddy, tlsf, best-fit, torch, paged, paged-lazy or recorded)",
+                a.allocator
+            );
+        }
+        if recorded {
+            match &r.snapshot_map {
+                Some(m) => m.clone(),
+                None => bail!(
+                    "{}: the trace recorded no segments (only PyTorch snapshots do)",
+                    gpumem::trace::source_name(&a.trace)
+                ),
+            }
+        } else {
+            r.map(0, a.event)?
+        }
     };
     let width = a
         .width
@@ -150,4 +166,36 @@ pub fn run(a: MapArgs) -> Result<()> {
     let mut out = std::io::stdout().lock();
     out.write_all(text.as_bytes())?;
     Ok(())
+}
+
+/// The map of the segments a snapshot without trace entries recorded, on `device` (default:
+/// the lowest with a segment).
+///
+/// # Errors
+/// No segment on the device asked for.
+fn snapshot_only_map(
+    trace: &gpumem::trace::Trace,
+    device: Option<u32>,
+) -> Result<gpumem::report::map::MemoryMap> {
+    let mut devices: Vec<u32> = trace.segments.iter().map(|s| s.device).collect();
+    devices.sort_unstable();
+    devices.dedup();
+    let d = device.unwrap_or(devices[0]);
+    if !devices.contains(&d) {
+        bail!(
+            "--trace-device {d}: the snapshot recorded no segment on device {d} (it has {})",
+            crate::cmd_tune::device_list(&devices)
+        );
+    }
+    if devices.len() > 1 {
+        eprintln!(
+            "note: device {d} of {} ({}; --trace-device N shows another)",
+            devices.len(),
+            crate::cmd_tune::device_list(&devices)
+        );
+    }
+    Ok(gpumem::report::map::MemoryMap::from_snapshot(
+        &trace.segments,
+        d,
+    ))
 }

@@ -11,7 +11,7 @@ use serde_json::json;
 use std::path::PathBuf;
 
 fn parse_transfer_size(s: &str) -> Result<u64, String> {
-    match parse_size(s)? {
+    match crate::units::parse_positive_size(s)? {
         0 => Err(format!(
             "`{s}`: a transfer of 0 B needs no memory; give its size, e.g. 4KiB"
         )),
@@ -119,10 +119,10 @@ pub struct BenchTransferArgs {
     #[arg(long, default_value = "4KiB,16KiB,64KiB,256KiB,1MiB,4MiB,8MiB,16MiB,64MiB,256MiB,1GiB", value_parser = units::parse_size_set, allow_hyphen_values = true)]
     pub sizes: std::vec::Vec<u64>,
     /// Host memory kinds: pageable, pinned, write_combined, mapped, staged.
-    #[arg(long, default_value = "pageable,pinned,write_combined,mapped,staged", value_parser = parse_kinds)]
+    #[arg(long, default_value = "pageable,pinned,write_combined,mapped,staged", value_parser = parse_kinds, conflicts_with = "host_only")]
     pub kinds: std::vec::Vec<MemoryKind>,
     /// Directions: h2d, d2h, both (two streams at once).
-    #[arg(long, default_value = "h2d,d2h,both", value_parser = parse_dirs)]
+    #[arg(long, default_value = "h2d,d2h,both", value_parser = parse_dirs, conflicts_with = "host_only")]
     pub directions: std::vec::Vec<Direction>,
     /// Timed repeats per point (median, at least 1); sizes ≥ 256 MiB use at most 5.
     #[arg(long, default_value_t = 11, value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
@@ -160,7 +160,8 @@ pub struct BenchTransferArgs {
     #[arg(long)]
     pub no_cache: bool,
     /// Measure only the host side of staged copies (no GPU needed): fill and drain rates of
-    /// the staging ring, with `--staging-sweep` over its settings.
+    /// the staging ring at the largest of --sizes (median of at most 5 repeats), with
+    /// `--staging-sweep` over its settings. It measures neither --kinds nor --directions.
     #[arg(long)]
     pub host_only: bool,
     /// Print JSON instead of a table.

@@ -93,9 +93,27 @@ pub struct ReplayArgs {
     pub no_plan: bool,
 }
 
-/// Parses `--lazy-conf` onto the defaults.
+/// Parses `--lazy-conf` onto the defaults. `tune` can export `GPUMEM_CONF=strategy=paged`,
+/// which is not a `paged-lazy` setting: the error then names the flag that replays it.
+///
+/// # Errors
+/// The first bad item, as [`gpumem::lazy_conf::parse`] words it, after `--lazy-conf: `.
 pub fn lazy_conf(text: &str) -> Result<gpumem::core::config::LazyConfig> {
-    gpumem::lazy_conf::parse(text).map_err(|e| anyhow::anyhow!("--lazy-conf: {e}"))
+    gpumem::lazy_conf::parse(text).map_err(|e| {
+        let hint = match &e {
+            gpumem::conf_items::ItemError::UnknownKey { key, .. } if key == "strategy" => {
+                let value = gpumem::conf_items::items(text, &gpumem::lazy_conf::KEYS)
+                    .filter_map(Result::ok)
+                    .find(|(k, _)| *k == "strategy")
+                    .map_or("", |(_, v)| v);
+                format!(
+                    "; `strategy` is GPUMEM_CONF's choice of allocator, which is --allocator here (GPUMEM_CONF=strategy={value}: --allocator {value}); --lazy-conf holds paged-lazy's own settings"
+                )
+            }
+            _ => String::new(),
+        };
+        anyhow::anyhow!("--lazy-conf: {e}{hint}")
+    })
 }
 
 #[derive(Serialize)]
@@ -351,21 +369,31 @@ fn progress_bar(total: u64, enabled: bool) -> ProgressBar {
 /// pools reserve address space of a few times the capacity in it.
 const MAX_CAPACITY: u64 = 16 << 40;
 
-/// Checks the flags that need no trace; returns warnings to print.
-fn check_args(a: &ReplayArgs, target: &Target) -> Result<Vec<String>> {
-    let mut warnings = Vec::new();
-    if a.min_capacity && !matches!(target, Target::Sim) {
-        bail!("--min-capacity runs many replays and is only offered on the simulated device");
-    }
-    match a.capacity {
+/// Refuses a `--capacity` of 0 or above [`MAX_CAPACITY`] (one check for `replay`, `tune`,
+/// `report` and `map`: above it every pool runs out of the simulated address space, and each
+/// allocation would be an OOM).
+///
+/// # Errors
+/// One line naming the flag, the capacity and the bound.
+pub fn check_capacity(capacity: Option<u64>) -> Result<()> {
+    match capacity {
         Some(0) => bail!("--capacity 0: expected a device capacity above zero (e.g. 80GiB)"),
         Some(c) if c > MAX_CAPACITY => bail!(
             "--capacity {}: above {} (the simulated device has 64 TiB of address space, and pools reserve several times their capacity in it; no GPU has more than a few hundred GiB)",
             human_bytes(c),
             human_bytes(MAX_CAPACITY)
         ),
-        _ => {}
+        _ => Ok(()),
     }
+}
+
+/// Checks the flags that need no trace; returns warnings to print.
+fn check_args(a: &ReplayArgs, target: &Target) -> Result<Vec<String>> {
+    let mut warnings = Vec::new();
+    if a.min_capacity && !matches!(target, Target::Sim) {
+        bail!("--min-capacity runs many replays and is only offered on the simulated device");
+    }
+    check_capacity(a.capacity)?;
     if a.segment_size == 0 {
         bail!("--segment-size 0: expected a segment size above zero (e.g. 256MiB)");
     }

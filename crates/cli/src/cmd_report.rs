@@ -61,6 +61,11 @@ pub struct ReplayOptions {
 
 /// Reads a trace and builds the report both `report` and `map` use; `what` opens the context
 /// of a failure (`building the report of`, `building the map of`).
+///
+/// # Errors
+/// A bad option, a trace that does not read, one with no allocation to show (said as
+/// `replay` and `tune` say it, with `map --allocator recorded` for a snapshot of segments
+/// alone), or a replay that fails.
 pub fn build(
     path: &std::path::Path,
     allocators: &str,
@@ -69,10 +74,42 @@ pub fn build(
     quiet: bool,
     what: &str,
 ) -> Result<report::Report> {
-    let (capacity, segment_size) = (o.capacity, o.segment_size);
-    if capacity == Some(0) {
-        bail!("--capacity 0: expected a device capacity above zero (e.g. 80GiB)");
+    let (names, lazy) = check_options(allocators, o)?;
+    let trace = read(path, o, keep_frames, quiet)?;
+    if let Some(why) = nothing_to_show(&trace) {
+        bail!("{}: nothing to show: {why}", trace::source_name(path));
     }
+    build_read(&trace, path, &names, lazy, o, quiet, what)
+}
+
+/// Whether `trace` has no allocation to replay, and why (as `replay` and `tune` say it); a
+/// snapshot of segments alone is drawn by `map --allocator recorded`.
+pub fn nothing_to_show(trace: &trace::Trace) -> Option<String> {
+    let any = trace
+        .events
+        .iter()
+        .any(|e| matches!(e.action, trace::Action::Alloc | trace::Action::Free));
+    if any || !trace.preexisting.is_empty() {
+        return None;
+    }
+    let why = crate::cmd_analyze::why_no_allocation(trace);
+    Some(if trace.skipped_count == 0 && !trace.segments.is_empty() {
+        format!("{why}; `gpumem map --allocator recorded` draws them")
+    } else {
+        why
+    })
+}
+
+/// The options checked before a long read: the allocators named and `--lazy-conf` parsed.
+///
+/// # Errors
+/// A zero capacity or segment size, an unknown allocator, a `--lazy-conf` that does not parse.
+pub fn check_options(
+    allocators: &str,
+    o: &ReplayOptions,
+) -> Result<(Vec<&'static str>, Option<gpumem::core::config::LazyConfig>)> {
+    let (capacity, segment_size) = (o.capacity, o.segment_size);
+    crate::cmd_replay::check_capacity(capacity)?;
     if segment_size == 0 {
         bail!("--segment-size 0: expected a segment size above zero (e.g. 256MiB)");
     }
@@ -91,6 +128,19 @@ pub fn build(
     ) {
         eprintln!("warning: {w}");
     }
+    Ok((names, lazy))
+}
+
+/// Reads the trace (`read ...` unless `quiet`) and says what `--lenient` skipped or salvaged.
+///
+/// # Errors
+/// The trace does not read.
+pub fn read(
+    path: &std::path::Path,
+    o: &ReplayOptions,
+    keep_frames: bool,
+    quiet: bool,
+) -> Result<trace::Trace> {
     let started = Instant::now();
     let trace = trace::read_path(
         path,
@@ -109,10 +159,27 @@ pub fn build(
     }
     // What --lenient skipped or salvaged is said even by the quiet `map`.
     crate::cmd_replay::print_read_notes(&trace);
+    Ok(trace)
+}
+
+/// [`build`] of a trace [`read`] and options checked ([`check_options`]).
+///
+/// # Errors
+/// As [`build`], but for reading.
+pub fn build_read(
+    trace: &trace::Trace,
+    path: &std::path::Path,
+    names: &[&'static str],
+    lazy: Option<gpumem::core::config::LazyConfig>,
+    o: &ReplayOptions,
+    quiet: bool,
+    what: &str,
+) -> Result<report::Report> {
+    let (capacity, segment_size) = (o.capacity, o.segment_size);
     if o.trace_device.is_some() {
-        crate::cmd_tune::pick_device(&trace, "--trace-device", o.trace_device)?;
+        crate::cmd_tune::pick_device(trace, "--trace-device", o.trace_device)?;
     }
-    let (torch_conf, conf_source) = crate::cmd_tune::torch_conf(o.torch_conf.as_deref(), &trace)?;
+    let (torch_conf, conf_source) = crate::cmd_tune::torch_conf(o.torch_conf.as_deref(), trace)?;
     if !quiet && names.contains(&"torch") {
         eprintln!("torch emulation: PYTORCH_CUDA_ALLOC_CONF {torch_conf} ({conf_source})");
     }
@@ -120,7 +187,7 @@ pub fn build(
         crate::cmd_tune::allocator_config(segment_size, capacity, torch_conf);
     if let (Some(text), Some(lazy)) = (&o.lazy_conf, lazy) {
         allocator_config.lazy = lazy;
-        for w in crate::cmd_replay::lazy_conf_warnings(text, &allocator_config.lazy, &names) {
+        for w in crate::cmd_replay::lazy_conf_warnings(text, &allocator_config.lazy, names) {
             eprintln!("warning: {w}");
         }
         if !quiet && names.contains(&"paged-lazy") {
@@ -136,7 +203,7 @@ pub fn build(
     };
     let started = Instant::now();
     let mut r = report::build(
-        &trace,
+        trace,
         &gpumem::trace::source_name(path),
         &cfg,
         &mut |name| {
@@ -185,7 +252,7 @@ pub fn build(
         }
     }
     // A trace of several GPUs shows one: say which, and that event indices are its own.
-    let devices = crate::cmd_tune::alloc_devices(&trace);
+    let devices = crate::cmd_tune::alloc_devices(trace);
     if devices.len() > 1 {
         eprintln!(
             "note: device {} of {} ({}; --trace-device N shows another): event indices count its events only",

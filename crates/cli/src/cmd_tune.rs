@@ -159,9 +159,7 @@ pub fn pick_device(trace: &Trace, flag: &str, asked: Option<u32>) -> Result<u32>
 }
 
 pub fn run(a: TuneArgs) -> Result<()> {
-    if a.capacity == Some(0) {
-        anyhow::bail!("--capacity 0: expected a device capacity above zero (e.g. 80GiB)");
-    }
+    crate::cmd_replay::check_capacity(a.capacity)?;
     let trace = trace::read_path(
         &a.trace,
         ReadConfig {

@@ -39,6 +39,9 @@ fn folder(out: &Path) -> &Path {
 /// # Errors
 /// One line naming the flag and the file, and what to do instead.
 pub fn check(flag: &str, out: &Path, inputs: &[&Path]) -> Result<()> {
+    if out.as_os_str().is_empty() {
+        bail!("{flag} '': expected a file name");
+    }
     let special = is_special(out);
     for input in inputs {
         if input.as_os_str() != "-" && same_file(input, out) {
@@ -51,6 +54,13 @@ pub fn check(flag: &str, out: &Path, inputs: &[&Path]) -> Result<()> {
     if out.is_dir() {
         bail!(
             "{flag} {}: that is a folder; expected a file name",
+            out.display()
+        );
+    }
+    // `x/` (or `x/..`) names a folder, which a file cannot be renamed onto.
+    if names_a_folder(out) {
+        bail!(
+            "{flag} {}: a folder's name (it ends with /); expected a file name",
             out.display()
         );
     }
@@ -85,6 +95,12 @@ pub fn check(flag: &str, out: &Path, inputs: &[&Path]) -> Result<()> {
             )
         })?;
     Ok(())
+}
+
+/// Whether `out` as written can only name a folder: it ends with a separator (`x/`) or
+/// with no file name at all (`x/..`, `/`).
+fn names_a_folder(out: &Path) -> bool {
+    out.file_name().is_none() || out.as_os_str().to_string_lossy().ends_with('/')
 }
 
 /// Whether `out` exists (links followed) and is neither a file nor a folder: a device, a
@@ -147,8 +163,12 @@ pub fn write(out: &Path, fill: impl FnOnce(&mut std::fs::File) -> Result<()>) ->
     if out.exists() {
         let _ = tmp.as_file().set_permissions(mode);
     }
-    tmp.persist(out)
-        .with_context(|| format!("writing {}", out.display()))?;
+    // A failed rename hands the temporary file back inside its error: delete it here, as
+    // the process may exit before that error is dropped.
+    tmp.persist(out).map_err(|e| {
+        let _ = e.file.close();
+        anyhow::Error::new(e.error).context(format!("writing {}", out.display()))
+    })?;
     Ok(())
 }
 

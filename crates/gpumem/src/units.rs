@@ -78,9 +78,11 @@ pub fn parse_size_list(s: &str) -> Result<Vec<u64>, String> {
 /// (for sweeps over sizes).
 ///
 /// # Errors
-/// The first item [`parse_size`] refuses, an empty list, or a size of 0.
+/// The first item [`parse_size`] refuses (a negative one said to need `> 0`, as 0 is refused
+/// too), an empty list, or a size of 0.
 pub fn parse_size_set(s: &str) -> Result<Vec<u64>, String> {
-    let mut v = parse_size_list(s)?;
+    let mut v =
+        parse_size_list(s).map_err(|e| e.replace("expected a size ≥ 0", "expected a size > 0"))?;
     if v.is_empty() || v.contains(&0) {
         return Err(format!("`{s}`: give sizes > 0, separated by commas"));
     }

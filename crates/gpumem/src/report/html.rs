@@ -390,7 +390,7 @@ pub fn render(r: &Report) -> String {
     let s = &r.summary;
     let _ = write!(
         summary,
-        "<dl class=\"summary\"><dt>trace</dt><dd>{}</dd><dt>format</dt><dd>{}</dd><dt>device</dt><dd>{}</dd><dt>events</dt><dd id=\"n-events\">{}</dd><dt>allocations / frees</dt><dd>{} / {}</dd><dt>peak requested</dt><dd id=\"peak-requested\" data-bytes=\"{}\">{} (after event {})</dd><dt>largest request</dt><dd>{}</dd><dt>simulated device</dt><dd>{}</dd><dt>stacks</dt><dd>{}</dd>{}</dl>",
+        "<dl class=\"summary\"><dt>trace</dt><dd>{}</dd><dt>format</dt><dd>{}</dd><dt>device</dt><dd>{}</dd><dt>events</dt><dd id=\"n-events\">{}</dd><dt>allocations / frees</dt><dd>{} / {}</dd><dt>peak requested</dt><dd id=\"peak-requested\" data-bytes=\"{}\">{} (after event {})</dd><dt>largest request</dt><dd>{}</dd><dt>simulated device</dt><dd>{}</dd><dt>stacks</dt><dd>{}</dd>{}{}</dl>",
         // A long path wraps after a slash rather than inside a name.
         esc(&r.trace_name).replace('/', "/<wbr>"),
         r.format.map_or("gpumem JSON lines".into(), |f| format!("{f:?}")),
@@ -416,6 +416,19 @@ pub fn render(r: &Report) -> String {
                 r.settings
                     .iter()
                     .map(|(a, s)| format!("{}: <code>{}</code>", esc(a), esc(s)))
+                    .collect::<Vec<_>>()
+                    .join("<br>")
+            )
+        },
+        // A salvaged or partly skipped trace says so on the page, not only on stderr.
+        if r.read_notes.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "<dt>read (--lenient)</dt><dd id=\"read-notes\">{}</dd>",
+                r.read_notes
+                    .iter()
+                    .map(|n| esc(n))
                     .collect::<Vec<_>>()
                     .join("<br>")
             )

@@ -317,6 +317,10 @@ pub struct Report {
     /// torch emulation's PYTORCH_CUDA_ALLOC_CONF, `paged-lazy`'s items
     /// ([`crate::lazy_conf::text`]).
     pub settings: Vec<(String, String)>,
+    /// What a lenient read left out, as `replay` says it under its `read` line: the cut of a
+    /// salvaged snapshot, the malformed events skipped (the first five, then how many more).
+    /// Empty for a trace read whole.
+    pub read_notes: Vec<String>,
 }
 
 impl Report {
@@ -524,7 +528,23 @@ pub fn build(
                 _ => None,
             })
             .collect(),
+        read_notes: read_notes(trace),
     })
+}
+
+/// [`Report::read_notes`] of `trace`.
+fn read_notes(trace: &Trace) -> Vec<String> {
+    let mut notes = Vec::new();
+    if let Some(t) = &trace.truncated {
+        notes.push(format!("truncated: {t}"));
+    }
+    for s in trace.skipped.iter().take(5) {
+        notes.push(format!("skipped: {s}"));
+    }
+    if trace.skipped_count > 5 {
+        notes.push(format!("... and {} more skipped", trace.skipped_count - 5));
+    }
+    notes
 }
 
 #[cfg(test)]

@@ -192,7 +192,7 @@ pub(crate) fn sniff(
         inner: std::io::Cursor::new(head).chain(reader),
         bytes: 0,
     };
-    let mut gz = flate2::read::MultiGzDecoder::new(counted);
+    let mut gz = Members::new(std::io::BufReader::with_capacity(1 << 16, counted));
     let mut data: Vec<u8> = Vec::with_capacity(SNIFF_BYTES);
     let mut chunk = vec![0u8; 1 << 16];
     let mut sniffed = false;
@@ -201,7 +201,13 @@ pub(crate) fn sniff(
         let n = match gz.read(&mut chunk) {
             Ok(n) => n,
             Err(e) => {
-                let what = gzip_damage(data.len(), &e);
+                let what = match e.get_ref().and_then(|x| x.downcast_ref::<TrailingData>()) {
+                    Some(t) => format!(
+                        "the gzip data ends after {} inflated bytes, then {t}",
+                        data.len()
+                    ),
+                    None => gzip_damage(data.len(), &e),
+                };
                 if data.len() >= SNIFF_BYTES.min(64) {
                     gzip_cut = Some(what);
                     break;
@@ -216,13 +222,22 @@ pub(crate) fn sniff(
         data.extend_from_slice(&chunk[..n]);
         if !sniffed && (n == 0 || data.len() >= SNIFF_BYTES) {
             sniffed = true;
+            if is_gzip(&data) {
+                return Err(not_a_trace(
+                    "after gunzip, gzip data again: the file was compressed twice; decompress it \
+                     once (gunzip -c FILE > ONCE.gz) and pass the result"
+                        .to_string(),
+                ));
+            }
             detect_with(&data, n == 0)
                 .map_err(|what| not_a_trace(format!("after gunzip, {what}")))?;
         }
         if n == 0 {
             break;
         }
-        let compressed = compressed_hint.unwrap_or(0).max(gz.get_ref().bytes);
+        let compressed = compressed_hint
+            .unwrap_or(0)
+            .max(gz.get_ref().map_or(0, |r| r.get_ref().bytes));
         let limit = inflate_limit(compressed);
         if data.len() as u64 > limit {
             return Err(bomb(name, limit, compressed));
@@ -246,6 +261,106 @@ pub(crate) fn sniff(
         gunzipped: true,
         gzip_cut,
     })
+}
+
+/// The inflated bytes of each gzip member of `inner` in turn, as `gzip -d` reads a file: zero
+/// bytes after the last member are padding (a file written in whole blocks) and end the data;
+/// other bytes there are an error holding [`TrailingData`], and bytes that start with the
+/// gzip magic are the next member (a damaged one is an error as any other).
+struct Members<R: std::io::BufRead> {
+    state: MemberState<R>,
+}
+
+enum MemberState<R> {
+    /// Inflating a member.
+    Member(flate2::bufread::GzDecoder<R>),
+    /// After the last member (and any padding).
+    Done(R),
+    /// Between the two, only while [`Members::read`] swaps them (or after it failed there).
+    Between,
+}
+
+/// What follows the last gzip member when it is neither padding nor gzip.
+#[derive(Debug)]
+struct TrailingData {
+    /// Its first bytes.
+    first: Vec<u8>,
+}
+
+impl std::fmt::Display for TrailingData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hex: Vec<String> = self.first.iter().map(|b| format!("{b:02x}")).collect();
+        write!(
+            f,
+            "data that is not gzip follows (first bytes {}; gzip -d ignores it as trailing garbage)",
+            hex.join(" ")
+        )
+    }
+}
+
+impl std::error::Error for TrailingData {}
+
+impl<R: std::io::BufRead> Members<R> {
+    fn new(inner: R) -> Self {
+        Members {
+            state: MemberState::Member(flate2::bufread::GzDecoder::new(inner)),
+        }
+    }
+
+    /// The compressed input (`None` only after a failed read between two members).
+    fn get_ref(&self) -> Option<&R> {
+        match &self.state {
+            MemberState::Member(d) => Some(d.get_ref()),
+            MemberState::Done(r) => Some(r),
+            MemberState::Between => None,
+        }
+    }
+}
+
+impl<R: std::io::BufRead> Read for Members<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            let MemberState::Member(d) = &mut self.state else {
+                return Ok(0);
+            };
+            let n = d.read(buf)?;
+            if n > 0 || buf.is_empty() {
+                return Ok(n);
+            }
+            // The member ended: padding, another member, or trailing data.
+            let MemberState::Member(d) = std::mem::replace(&mut self.state, MemberState::Between)
+            else {
+                return Ok(0);
+            };
+            let mut r = d.into_inner();
+            loop {
+                let avail = r.fill_buf()?;
+                if avail.is_empty() {
+                    self.state = MemberState::Done(r);
+                    return Ok(0);
+                }
+                if avail[0] == GZIP_MAGIC[0] {
+                    self.state = MemberState::Member(flate2::bufread::GzDecoder::new(r));
+                    break;
+                }
+                match avail.iter().position(|&b| b != 0) {
+                    Some(0) => {
+                        let first = avail[..avail.len().min(8)].to_vec();
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::InvalidData,
+                            TrailingData { first },
+                        ));
+                    }
+                    // Zeros, then something: skip the zeros and look again.
+                    Some(at) => r.consume(at),
+                    None => {
+                        let n = avail.len();
+                        r.consume(n);
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// A reader that counts the bytes read through it.
@@ -510,5 +625,61 @@ mod tests {
         assert!(err.contains("inflates past 1000 bytes"), "{err}");
         assert!(err.contains("decompression bomb"), "{err}");
         assert!(err.contains("gunzip -k"), "{err}");
+    }
+
+    fn gzip(data: &[u8]) -> Vec<u8> {
+        use std::io::Write;
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        e.write_all(data).unwrap();
+        e.finish().unwrap()
+    }
+
+    /// A gzip file padded with zeros (written in whole blocks), which `gzip -d` reads without
+    /// a word, was refused as "gzip data truncated or corrupt ...: invalid gzip header"; other
+    /// bytes after the data were called truncation too, though every byte had been inflated;
+    /// a file compressed twice was "binary data that is neither gzip nor a pickle (first
+    /// bytes 1f 8b ...)".
+    #[test]
+    fn what_follows_the_last_gzip_member_is_judged_as_gzip_does() {
+        let text = b"{\"action\":\"alloc\",\"addr\":1,\"size\":8}\n".repeat(4000);
+        let gz = gzip(&text);
+        // Padding: read as if it were not there.
+        let mut padded = gz.clone();
+        padded.extend(std::iter::repeat_n(0u8, 3000));
+        let s = read_sniffed("p.gz", &padded[..], None, false).unwrap();
+        assert_eq!((s.data, s.gzip_cut), (text.clone(), None));
+        // Two members, with padding between them, as gzip -d reads them.
+        let mut two = gz.clone();
+        two.extend([0u8; 10]);
+        two.extend(gzip(b"{\"action\":\"free\",\"addr\":1}\n"));
+        let s = read_sniffed("two.gz", &two[..], None, false).unwrap();
+        assert!(s.data.starts_with(&text) && s.data.len() > text.len());
+        // Other bytes after the data: refused, saying that all of it was inflated; a
+        // lenient read keeps it all.
+        let mut trailing = gz.clone();
+        trailing.extend(b"\0\0garbage\n");
+        let e = read_sniffed("t.gz", &trailing[..], None, false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!(
+                "the gzip data ends after {} inflated bytes, then data that is not gzip follows (first bytes 67 61 72",
+                text.len()
+            )),
+            "{e}"
+        );
+        assert!(!e.contains("truncated"), "{e}");
+        let s = read_sniffed("t.gz", &trailing[..], None, true).unwrap();
+        assert_eq!(s.data, text);
+        // Compressed twice.
+        let e = read_sniffed("d.gz", &gzip(&gz)[..], None, false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("compressed twice"), "{e}");
+        // A member cut short is still damage.
+        let e = read_sniffed("c.gz", &gz[..gz.len() - 20], None, false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("gzip data truncated or corrupt after"), "{e}");
     }
 }

@@ -13,7 +13,7 @@
 //!
 //! | key | type | meaning |
 //! |---|---|---|
-//! | `action` | string, required | `alloc`, `free`, or `preexisting`; informational: `segment_alloc`, `segment_free`, `segment_map`, `segment_unmap`, `oom`, `snapshot` |
+//! | `action` | string, required | `alloc`, `free`, `free_requested` (the block was freed but waits for other streams, PyTorch's `record_stream`: it leaves the allocated bytes here and the requested bytes at its later `free`), or `preexisting`; informational: `segment_alloc`, `segment_free`, `segment_map`, `segment_unmap`, `oom`, `snapshot` |
 //! | `addr` | unsigned integer, required (except `oom`, `snapshot`) | device address, or any id unique among the live blocks |
 //! | `size` | unsigned integer, bytes | required for `alloc` (the requested bytes) and `preexisting`; optional for `free` (the block's size is known from its alloc) |
 //! | `stream` | unsigned integer | CUDA stream handle; default 0 (the default stream) |
@@ -349,7 +349,7 @@ pub fn read_jsonl(name: &str, data: &[u8], options: ReadConfig) -> Result<Trace,
             match p {
                 Parsed::Event(ev, device_free) => {
                     let at = trace.events.len() as u64;
-                    live.admit(&mut trace, ev, |_, _| 0)?;
+                    live.admit_line(&mut trace, ev, line_no, |_, _| 0)?;
                     if ev.action == Action::Oom {
                         trace.ooms.push(RecordedOom {
                             event: at,

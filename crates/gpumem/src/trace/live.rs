@@ -52,6 +52,9 @@ pub(crate) struct Liveness {
     unknown: UnknownFree,
     /// How messages write addresses.
     pub(crate) style: AddrStyle,
+    /// The line of the file each admitted event came from ([`Liveness::admit_line`]), so that
+    /// a message about an earlier event names its line as the reader names the current one.
+    lines: Vec<u64>,
 }
 
 impl Liveness {
@@ -60,7 +63,38 @@ impl Liveness {
             slots: AddrMap::default(),
             unknown,
             style,
+            lines: Vec::new(),
         }
+    }
+
+    /// Where event `at` is, in words: `on line N` for a text file read by lines, else
+    /// `at event N`.
+    fn place(&self, at: u64) -> String {
+        match usize::try_from(at).ok().and_then(|i| self.lines.get(i)) {
+            Some(line) => format!("on line {line}"),
+            None => format!("at event {at}"),
+        }
+    }
+
+    /// [`Liveness::admit`] of an event read from line `line` (1-based) of a text file: later
+    /// messages about it name that line.
+    ///
+    /// # Errors
+    /// As [`Liveness::admit`].
+    pub(crate) fn admit_line(
+        &mut self,
+        trace: &mut Trace,
+        event: Event,
+        line: u64,
+        size_hint: impl Fn(u32, u64) -> u64,
+    ) -> Result<(), String> {
+        // Lines are kept only while they follow the events one for one.
+        let aligned = self.lines.len() == trace.events.len();
+        self.admit(trace, event, size_hint)?;
+        if aligned {
+            self.lines.push(line);
+        }
+        Ok(())
     }
 
     /// Checks `event` against the live set and, when it is sound, appends it to `trace`
@@ -100,10 +134,11 @@ impl Liveness {
                 Some(&Slot::Live { size, at }) => {
                     return Err(format!(
                         "alloc of {} bytes at address {} (device {}), which is already live \
-                         (allocated with {size} bytes at event {at}, not freed since)",
+                         (allocated with {size} bytes {}, not freed since)",
                         event.size_bytes,
                         self.style.show(event.addr),
-                        event.device
+                        event.device,
+                        self.place(at)
                     ))
                 }
                 Some(&Slot::Declared { size, .. }) => {
@@ -143,10 +178,11 @@ impl Liveness {
                 }
                 Some(Slot::Freed { at }) => {
                     return Err(format!(
-                        "free of address {} (device {}) that is not live: freed at event {at} \
-                         and not allocated since (a double free)",
+                        "free of address {} (device {}) that is not live: freed {} and not \
+                         allocated since (a double free)",
                         self.style.show(event.addr),
-                        event.device
+                        event.device,
+                        self.place(at)
                     ))
                 }
                 None => match self.unknown {
@@ -242,6 +278,27 @@ mod tests {
         assert_eq!(t.events.len(), 2);
         // Allocated again after its free: fine.
         l.admit(&mut t, Event::alloc(16, 4), |_, _| 0).unwrap();
+    }
+
+    #[test]
+    fn messages_name_the_line_of_an_earlier_event_read_by_lines() {
+        let mut t = Trace::default();
+        let mut l = Liveness::new(UnknownFree::Error, AddrStyle::Decimal);
+        l.admit_line(&mut t, Event::alloc(16, 8), 3, |_, _| 0)
+            .unwrap();
+        let e = l
+            .admit_line(&mut t, Event::alloc(16, 8), 7, |_, _| 0)
+            .unwrap_err();
+        assert!(
+            e.contains("(allocated with 8 bytes on line 3, not freed since)"),
+            "{e}"
+        );
+        l.admit_line(&mut t, Event::free(16, 0), 9, |_, _| 0)
+            .unwrap();
+        let e = l
+            .admit_line(&mut t, Event::free(16, 0), 12, |_, _| 0)
+            .unwrap_err();
+        assert!(e.contains("freed on line 9 and not allocated since"), "{e}");
     }
 
     #[test]

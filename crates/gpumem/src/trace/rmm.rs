@@ -11,6 +11,7 @@
 //! from the adaptor's creation, so a free of an address that is not live is an error.
 use super::live::{AddrStyle, Liveness, UnknownFree};
 use super::{Action, Event, Format, ReadConfig, Trace, TraceError};
+use std::num::IntErrorKind;
 
 /// Column positions found in the header.
 struct Columns {
@@ -36,7 +37,10 @@ fn parse_handle(s: &str, name: &str) -> Result<u64, String> {
         Some(h) => u64::from_str_radix(h, 16),
         None => s.parse::<u64>(),
     };
-    r.map_err(|_| format!("{name} {s:?} is not a hexadecimal (0x...) or decimal number"))
+    r.map_err(|e| match e.kind() {
+        IntErrorKind::PosOverflow => format!("{name} {s:?} does not fit in 64 bits"),
+        _ => format!("{name} {s:?} is not a hexadecimal (0x...) or decimal number"),
+    })
 }
 
 /// Parses `whole[.fraction]` seconds into microseconds (the fraction is cut to 6 digits).
@@ -138,7 +142,8 @@ pub fn read_rmm(name: &str, data: &[u8], options: ReadConfig) -> Result<Trace, T
                 };
                 (
                     line,
-                    record_event(&rec, &cols).and_then(|ev| live.admit(&mut trace, ev, |_, _| 0)),
+                    record_event(&rec, &cols)
+                        .and_then(|ev| live.admit_line(&mut trace, ev, line, |_, _| 0)),
                 )
             }
             Err(e) => {
@@ -183,9 +188,10 @@ fn record_event(rec: &csv::ByteRecord, cols: &Columns) -> Result<Event, String> 
     };
     let addr = parse_handle(field(rec, cols.pointer, "Pointer")?, "Pointer")?;
     let size_s = field(rec, cols.size, "Size")?;
-    let size_bytes = size_s
-        .parse::<u64>()
-        .map_err(|_| format!("Size {size_s:?} is not a non-negative integer (bytes)"))?;
+    let size_bytes = size_s.parse::<u64>().map_err(|e| match e.kind() {
+        IntErrorKind::PosOverflow => format!("Size {size_s:?} (bytes) does not fit in 64 bits"),
+        _ => format!("Size {size_s:?} is not a non-negative integer (bytes)"),
+    })?;
     let stream = match cols.stream {
         Some(i) => parse_handle(field(rec, i, "Stream")?, "Stream")?,
         None => 0,
@@ -246,6 +252,38 @@ mod tests {
                 .ends_with("line 2: CSV: 4 fields, expected 6 as in the header"),
             "{e}"
         );
+    }
+
+    /// A number too large for 64 bits was called "not a non-negative integer" (Size) or "not
+    /// a hexadecimal or decimal number" (Pointer); it is now said to be too large.
+    #[test]
+    fn a_number_past_64_bits_is_said_too_large() {
+        for (row, said) in [
+            (
+                "1,10:00:01,allocate,0x10,99999999999999999999,0",
+                "line 2: Size \"99999999999999999999\" (bytes) does not fit in 64 bits",
+            ),
+            (
+                "1,10:00:01,allocate,0x10000000000000000,16,0",
+                "line 2: Pointer \"0x10000000000000000\" does not fit in 64 bits",
+            ),
+            (
+                "1,10:00:01,allocate,99999999999999999999,16,0",
+                "line 2: Pointer \"99999999999999999999\" does not fit in 64 bits",
+            ),
+            (
+                "1,10:00:01,allocate,0x10,-1,0",
+                "line 2: Size \"-1\" is not a non-negative integer (bytes)",
+            ),
+            (
+                "1,10:00:01,allocate,zz,16,0",
+                "line 2: Pointer \"zz\" is not a hexadecimal (0x...) or decimal number",
+            ),
+        ] {
+            let log = format!("{HEAD}{row}\n");
+            let e = read_rmm("r.csv", log.as_bytes(), ReadConfig::default()).unwrap_err();
+            assert!(e.to_string().ends_with(said), "{e}");
+        }
     }
 
     #[test]
