@@ -803,12 +803,12 @@ pub fn advise(a: AdviseArgs) -> Result<()> {
     );
     for o in &adv.options {
         println!(
-            "{:<15} {:>12} {:>14} {:>12} {:>8.1}  {}",
+            "{:<15} {:>12} {:>14} {:>12} {:>8}  {}",
             o.kind.name(),
             units::duration(o.transfer_s),
             units::duration(o.alloc_per_transfer_s),
             units::duration(o.total_s),
-            o.busy_fraction * 100.0,
+            advise::busy_percent(o.busy_fraction),
             o.excluded.as_deref().unwrap_or(o.how)
         );
     }

@@ -757,22 +757,8 @@ pub fn run(a: ReplayArgs) -> Result<()> {
             } else {
                 "defaults"
             };
-            match l.placement {
-                LazyPlacement::Segments if l.grow_ahead_bp > 0 => eprintln!(
-                    "paged-lazy: placement=segments,grow_ahead={} (PyTorch's expandable segments, one handle per growth until the device fills, each growth {}% of the bytes held beyond the request) ({source})",
-                    f64::from(l.grow_ahead_bp) / 10_000.0,
-                    f64::from(l.grow_ahead_bp) / 100.0,
-                ),
-                LazyPlacement::Segments => eprintln!(
-                    "paged-lazy: placement=segments (PyTorch's expandable segments, one handle per growth until the device fills) ({source})"
-                ),
-                LazyPlacement::Pages => eprintln!(
-                    "paged-lazy: placement=pages,headroom={},max_handle={},map_ahead={} ({source})",
-                    f64::from(l.headroom_bp) / 10_000.0,
-                    human_bytes(l.handle_bytes),
-                    human_bytes(l.ahead_bytes),
-                ),
-            }
+            let (items, what) = gpumem::lazy_conf::describe(&l);
+            eprintln!("paged-lazy: {items} ({what}) ({source})");
         }
     }
     // What the table says under its "read" line; `--json` has them as `trace.notes`.

@@ -59,6 +59,12 @@ fn simulated_device_commands_run() {
     assert_eq!(code, 0, "{err}");
     let j: serde_json::Value = serde_json::from_str(&out).expect("json");
     assert_eq!(j["simulated"]["granularity_bytes"], 2 << 20);
+    // No release threshold is null, not u64::MAX (16 EiB to a script).
+    assert!(
+        j["pool_defaults"]["release_threshold_bytes"].is_null(),
+        "{out}"
+    );
+    assert_eq!(j["pool_defaults"]["reserve_bytes"], 256 << 20);
     let (code, out, err) = gpumem(&[
         "bench",
         "alloc",
@@ -181,6 +187,11 @@ fn benchmark_edges_are_refused_clearly() {
         assert_eq!(code, 1, "{refs:?}: {err}");
         assert!(
             err.contains("of host memory, but only") && err.contains("choose smaller sizes"),
+            "{refs:?}: {err}"
+        );
+        // Human units on both sides (it said `needs 1099511627776 B`).
+        assert!(
+            err.contains(" GiB of host memory, but only ") && err.contains(" GiB are available"),
             "{refs:?}: {err}"
         );
     }

@@ -2033,10 +2033,27 @@ fn report_and_map_take_lazy_conf() {
     assert!(ok, "{err}");
     let html = std::fs::read_to_string(&page).unwrap();
     assert!(
-        html.contains("paged-lazy: <code>placement=segments,headroom=0,max_handle=1073741824,map_ahead=1073741824,grow_ahead=0.0156</code>"),
+        html.contains("paged-lazy: <code>placement=segments,grow_ahead=0.0156</code> (PyTorch's expandable segments"),
         "settings row missing"
     );
     assert!(html.contains("torch: <code>PYTORCH_CUDA_ALLOC_CONF native</code>"));
+    // The items that take effect, sizes in binary units (it listed every key, in bytes).
+    let (ok, _, err) = gpumem(&[
+        "report",
+        t,
+        "-a",
+        "paged-lazy",
+        "--lazy-conf",
+        "placement=pages,max_handle=64MiB",
+        "-o",
+        page.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        html.contains("paged-lazy: <code>placement=pages,headroom=0,max_handle=64MiB,map_ahead=1GiB</code> (gpumem's page placement"),
+        "settings row missing"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -2059,4 +2076,30 @@ fn a_report_named_like_a_picture_is_said_to_be_html() {
         assert!(page.starts_with("<!DOCTYPE html>") || page.starts_with("<!doctype html>"));
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// An unsustainable rate keeps `advise`'s table in its columns (busy % printed 121394184.6)
+/// and the recommendation says how many transfers a second can be sustained.
+#[test]
+fn advise_at_an_impossible_rate_keeps_its_columns() {
+    let (ok, out, err) = gpumem(&["advise", "--size", "64MiB", "--per-second", "1e9"]);
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    let head = lines.iter().position(|l| l.starts_with("kind ")).unwrap();
+    let note_at = lines[head].find("  note").unwrap();
+    for row in &lines[head + 1..head + 6] {
+        // Every row's note starts where the header's does.
+        assert_eq!(&row[note_at..note_at + 2], "  ", "{row}");
+        assert_ne!(&row[note_at + 2..note_at + 3], " ", "{row}");
+        assert!(row[..note_at].trim_end().ends_with("e8"), "{row}");
+    }
+    let rec = lines
+        .iter()
+        .find(|l| l.starts_with("recommended:"))
+        .unwrap();
+    // pinned, 1.216 ms per transfer: 822 a second.
+    assert!(
+        rec.contains("that is 1.2e8 % of each second: the pattern cannot be sustained (at most 822 a second)"),
+        "{rec}"
+    );
 }

@@ -17,6 +17,40 @@ pub fn text(c: &LazyConfig) -> String {
     )
 }
 
+/// `c` for people: the items that take effect under its placement, sizes in binary units
+/// (in the form [`apply`] reads: `placement=pages,headroom=0.02,max_handle=1GiB,map_ahead=1GiB`;
+/// a size that is not a whole number of its unit is rounded to three digits),
+/// and what the placement does. `grow_ahead` is named only when set; `headroom`, `max_handle`
+/// and `map_ahead` only under `placement=pages`, the one placement that reads them.
+pub fn describe(c: &LazyConfig) -> (String, String) {
+    match c.placement {
+        LazyPlacement::Segments if c.grow_ahead_bp > 0 => (
+            format!(
+                "placement=segments,grow_ahead={}",
+                f64::from(c.grow_ahead_bp) / 10_000.0
+            ),
+            format!(
+                "PyTorch's expandable segments, one handle per growth until the device fills, each growth {}% of the bytes held beyond the request",
+                f64::from(c.grow_ahead_bp) / 100.0
+            ),
+        ),
+        LazyPlacement::Segments => (
+            "placement=segments".to_string(),
+            "PyTorch's expandable segments, one handle per growth until the device fills"
+                .to_string(),
+        ),
+        LazyPlacement::Pages => (
+            format!(
+                "placement=pages,headroom={},max_handle={},map_ahead={}",
+                f64::from(c.headroom_bp) / 10_000.0,
+                crate::units::bytes_compact(c.handle_bytes).replace(' ', ""),
+                crate::units::bytes_compact(c.ahead_bytes).replace(' ', ""),
+            ),
+            "gpumem's page placement: freed pages stay mapped and are reused in place".to_string(),
+        ),
+    }
+}
+
 /// The keys [`apply`] knows.
 pub const KEYS: [&str; 5] = [
     "placement",
@@ -102,6 +136,32 @@ pub fn parse(text: &str) -> Result<LazyConfig, ItemError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn describe_names_the_items_that_take_effect() {
+        let mut c = LazyConfig::default();
+        assert_eq!(describe(&c).0, "placement=segments");
+        c.grow_ahead_bp = 156;
+        let (items, what) = describe(&c);
+        assert_eq!(items, "placement=segments,grow_ahead=0.0156");
+        assert!(what.ends_with("each growth 1.56% of the bytes held beyond the request"));
+        c.placement = LazyPlacement::Pages;
+        c.handle_bytes = 64 << 20;
+        c.headroom_bp = 200;
+        let (items, _) = describe(&c);
+        assert_eq!(
+            items,
+            "placement=pages,headroom=0.02,max_handle=64MiB,map_ahead=1GiB"
+        );
+        // What it prints reads back as the same settings.
+        let mut back = LazyConfig::default();
+        for item in items.split(',') {
+            let (k, v) = item.split_once('=').unwrap();
+            assert!(apply(&mut back, k, v).unwrap());
+        }
+        back.grow_ahead_bp = c.grow_ahead_bp;
+        assert_eq!(back, c);
+    }
 
     #[test]
     fn keys_values_and_refusals() {

@@ -559,8 +559,9 @@ pub fn advise(table: &TransferTable, pattern: &Pattern) -> Advice {
                 },
                 if best.busy_fraction > 1.0 {
                     format!(
-                        "; at {rate}/s that is {:.0} % of each second: the pattern cannot be sustained",
-                        best.busy_fraction * 100.0
+                        "; at {rate}/s that is {} % of each second: the pattern cannot be sustained (at most {:.0} a second)",
+                        busy_percent(best.busy_fraction),
+                        (1.0 / best.total_s).floor()
                     )
                 } else {
                     String::new()
@@ -615,9 +616,28 @@ pub fn advise(table: &TransferTable, pattern: &Pattern) -> Advice {
     }
 }
 
+/// A busy fraction as a percentage for tables and messages: one decimal (`87.5`), or in
+/// scientific notation from 10,000 % on (`1.2e8`), so that an impossible rate keeps a table's
+/// column width.
+pub fn busy_percent(fraction: f64) -> String {
+    let pct = fraction * 100.0;
+    if pct < 10_000.0 {
+        format!("{pct:.1}")
+    } else {
+        format!("{pct:.1e}")
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
+    #[test]
+    fn busy_percent_keeps_a_column_width() {
+        assert_eq!(busy_percent(0.875), "87.5");
+        assert_eq!(busy_percent(99.9), "9990.0");
+        assert_eq!(busy_percent(1_213_941.846), "1.2e8");
+    }
+
     use super::*;
 
     fn pattern(bytes: u64, per_second: f64, asynchronous: bool) -> Pattern {

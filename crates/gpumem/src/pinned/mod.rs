@@ -174,8 +174,11 @@ pub enum PinnedError {
     },
     /// The pool's cap on pinned bytes would be passed, even after releasing its cache.
     #[error(
-        "pinned memory cap reached: requested {requested_bytes} B (size class {class_bytes} B), \
-         {pinned_bytes} B already pinned, cap {cap_bytes} B"
+        "pinned memory cap reached: requested {} (size class {}), {} already pinned, cap {}",
+        crate::units::bytes(*.requested_bytes),
+        crate::units::bytes(*.class_bytes),
+        crate::units::bytes(*.pinned_bytes),
+        crate::units::bytes(*.cap_bytes)
     )]
     CapExceeded {
         /// Bytes asked for.
@@ -189,8 +192,10 @@ pub enum PinnedError {
     },
     /// A measurement needs more host memory than the machine has available.
     #[error(
-        "{what} needs {needed_bytes} B of host memory, but only {available_bytes} B are \
-         available (MemAvailable, cgroup limit): choose smaller sizes"
+        "{what} needs {} of host memory, but only {} are available (MemAvailable, cgroup \
+         limit): choose smaller sizes",
+        crate::units::bytes(*.needed_bytes),
+        crate::units::bytes(*.available_bytes)
     )]
     HostMemory {
         /// What needs it, e.g. `bench pinned at 100 GiB`.

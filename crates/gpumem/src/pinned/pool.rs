@@ -687,7 +687,7 @@ mod tests {
             }
             other => panic!("{other}"),
         }
-        assert!(e.to_string().contains("cap 65536 B"), "{e}");
+        assert!(e.to_string().contains("cap 64.00 KiB"), "{e}");
         p.validate().unwrap();
         drop(b);
         // Everything fits again; the whole cap can be taken at once.

@@ -107,6 +107,16 @@ fn class_of_index(idx: usize) -> u64 {
     PoolClasses::min_bytes(bin.min(PoolClasses::BIN_COUNT - 1))
 }
 
+/// `u64::MAX` (no threshold) as JSON `null`, any other value as its number: a script reading
+/// `release_threshold_bytes` should not mistake "none" for 16 EiB.
+fn max_as_null<S: serde::Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
+    if *v == u64::MAX {
+        s.serialize_none()
+    } else {
+        s.serialize_u64(*v)
+    }
+}
+
 /// Settings of a [`DevicePool`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct PoolConfig {
@@ -114,7 +124,8 @@ pub struct PoolConfig {
     /// classic pre-reserved 256 MiB pool); 0 for none.
     pub reserve_bytes: u64,
     /// Reserved bytes above which freed memory is given back to the device at the next slow
-    /// path (cudaMemPool's release threshold); `u64::MAX` keeps everything.
+    /// path (cudaMemPool's release threshold); `u64::MAX` keeps everything (`null` in JSON).
+    #[serde(serialize_with = "max_as_null")]
     pub release_threshold_bytes: u64,
     /// Largest block kept in the per-thread caches, in bytes; larger ones go straight to
     /// the allocator (after their stream's event).

@@ -415,7 +415,13 @@ pub fn render(r: &Report) -> String {
                 "<dt>settings</dt><dd id=\"settings\">{}</dd>",
                 r.settings
                     .iter()
-                    .map(|(a, s)| format!("{}: <code>{}</code>", esc(a), esc(s)))
+                    .map(|(a, s, what)| {
+                        if what.is_empty() {
+                            format!("{}: <code>{}</code>", esc(a), esc(s))
+                        } else {
+                            format!("{}: <code>{}</code> ({})", esc(a), esc(s), esc(what))
+                        }
+                    })
                     .collect::<Vec<_>>()
                     .join("<br>")
             )

@@ -313,10 +313,11 @@ pub struct Report {
     pub snapshot_map: Option<MemoryMap>,
     /// Python stacks, when the trace recorded them.
     pub stacks: StackTable,
-    /// The settings of the configurable allocators replayed, `(allocator, settings)`: the
-    /// torch emulation's PYTORCH_CUDA_ALLOC_CONF, `paged-lazy`'s items
-    /// ([`crate::lazy_conf::text`]).
-    pub settings: Vec<(String, String)>,
+    /// The settings of the configurable allocators replayed, `(allocator, settings, what
+    /// they do)`: the torch emulation's PYTORCH_CUDA_ALLOC_CONF (and no explanation),
+    /// `paged-lazy`'s items that take effect and its placement in words
+    /// ([`crate::lazy_conf::describe`]).
+    pub settings: Vec<(String, String, String)>,
     /// What a lenient read left out, as `replay` says it under its `read` line: the cut of a
     /// salvaged snapshot, the malformed events skipped (the first five, then how many more).
     /// Empty for a trace read whole.
@@ -520,11 +521,12 @@ pub fn build(
                 "torch" => Some((
                     name.clone(),
                     format!("PYTORCH_CUDA_ALLOC_CONF {}", cfg.allocator_config.torch),
+                    String::new(),
                 )),
-                "paged-lazy" => Some((
-                    name.clone(),
-                    crate::lazy_conf::text(&cfg.allocator_config.lazy),
-                )),
+                "paged-lazy" => {
+                    let (items, what) = crate::lazy_conf::describe(&cfg.allocator_config.lazy);
+                    Some((name.clone(), items, what))
+                }
                 _ => None,
             })
             .collect(),

@@ -145,6 +145,13 @@ fn pool(h: &CudaContext) {
     assert_eq!(live(0), 1);
     let e = pool.alloc(3 << 20).unwrap_err();
     assert!(matches!(e, PinnedError::CapExceeded { .. }), "{e}");
+    // In human units (it said `requested 3145728 B`).
+    assert!(
+        e.to_string()
+            .starts_with("pinned memory cap reached: requested 3.00 MiB"),
+        "{e}"
+    );
+    assert!(e.to_string().ends_with("cap 8.00 MiB"), "{e}");
     drop(big);
     pool.validate().unwrap();
     drop(pool);
