@@ -2099,7 +2099,7 @@ fn advise_at_an_impossible_rate_keeps_its_columns() {
         .unwrap();
     // pinned, 1.216 ms per transfer: 822 a second.
     assert!(
-        rec.contains("that is 1.2e8 % of each second: the pattern cannot be sustained (at most 822 a second)"),
+        rec.contains("that is 1.2e8 % of each second: the pattern cannot be sustained (at most 822 transfers a second)"),
         "{rec}"
     );
 }

@@ -19,7 +19,8 @@ pub fn text(c: &LazyConfig) -> String {
 
 /// `c` for people: the items that take effect under its placement, sizes in binary units
 /// (in the form [`apply`] reads: `placement=pages,headroom=0.02,max_handle=1GiB,map_ahead=1GiB`;
-/// a size that is not a whole number of its unit is rounded to three digits),
+/// a size that is not a whole number of its unit is rounded as [`crate::units::bytes_compact`]
+/// rounds it, e.g. `2.9MiB`),
 /// and what the placement does. `grow_ahead` is named only when set; `headroom`, `max_handle`
 /// and `map_ahead` only under `placement=pages`, the one placement that reads them.
 pub fn describe(c: &LazyConfig) -> (String, String) {

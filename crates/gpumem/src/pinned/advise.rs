@@ -559,7 +559,7 @@ pub fn advise(table: &TransferTable, pattern: &Pattern) -> Advice {
                 },
                 if best.busy_fraction > 1.0 {
                     format!(
-                        "; at {rate}/s that is {} % of each second: the pattern cannot be sustained (at most {:.0} a second)",
+                        "; at {rate}/s that is {} % of each second: the pattern cannot be sustained (at most {:.0} transfers a second)",
                         busy_percent(best.busy_fraction),
                         (1.0 / best.total_s).floor()
                     )
@@ -631,14 +631,14 @@ pub fn busy_percent(fraction: f64) -> String {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
+    use super::*;
+
     #[test]
     fn busy_percent_keeps_a_column_width() {
         assert_eq!(busy_percent(0.875), "87.5");
         assert_eq!(busy_percent(99.9), "9990.0");
         assert_eq!(busy_percent(1_213_941.846), "1.2e8");
     }
-
-    use super::*;
 
     fn pattern(bytes: u64, per_second: f64, asynchronous: bool) -> Pattern {
         Pattern {
