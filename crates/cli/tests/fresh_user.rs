@@ -2,17 +2,9 @@
 //! checks the exit status and the message.
 mod common;
 
-use common::{gpumem, repo};
+use common::{gpumem, one_line_error, repo, scratch};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-/// A fresh folder of this test's own.
-fn scratch(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("gpumem-fresh-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 /// A copy of a trace of the repository in `dir`.
 fn copy_trace(dir: &Path, name: &str) -> PathBuf {
@@ -29,15 +21,6 @@ fn help_line(cmd: &str, flag: &str) -> String {
         .find(|l| l.trim_start().starts_with(flag))
         .unwrap_or_default()
         .to_string()
-}
-
-/// One line, no panic, no backtrace.
-fn one_line_error(err: &str) {
-    assert!(
-        !err.contains("panicked") && !err.contains("backtrace"),
-        "{err}"
-    );
-    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
 }
 
 #[test]

@@ -2,31 +2,8 @@
 //! as a user would and checks the exit status, the message and what was left on disk.
 mod common;
 
-use common::{gpumem, repo};
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
-/// A fresh, empty folder of this test's own.
-fn scratch(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("gpumem-qa12-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// Runs `gpumem ARGS` with `dir` as its working folder: success, stdout, stderr.
-fn gpumem_in(dir: &Path, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpumem"))
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+use common::{gpumem, gpumem_in, one_line_error, repo, scratch};
+use std::path::Path;
 
 /// The names in `dir`, hidden ones included.
 fn entries(dir: &Path) -> Vec<String> {
@@ -36,12 +13,6 @@ fn entries(dir: &Path) -> Vec<String> {
         .collect();
     v.sort();
     v
-}
-
-/// One line, no panic.
-fn one_line_error(err: &str) {
-    assert!(!err.contains("panicked"), "{err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
 }
 
 /// `-o new/` (a folder's name that does not exist) and `convert -o ''` replayed the whole
