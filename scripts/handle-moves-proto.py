@@ -11,6 +11,9 @@ kept (BENCHMARKS.md, "Issue 11, thirteenth session"):
   aware  a block placed in a longer free run goes where the most bytes of whole handles
          stay idle (either end of the run, or a handle boundary inside it), so that a later
          growth finds handles to move; only for blocks of at least AWARE bytes.
+  align  a block of at least ALIGN bytes that makes a growth (and no move) starts a handle of
+         its own instead of sharing the last page of the one before, so that no neighbour
+         touches its handle once it is freed.
 
 Two pools as PyTorch's: requests of at most 1 MiB in one with 2 MiB pages (never moved),
 the rest in one with 20 MiB pages. Requests rounded up to 512 B; the smallest fitting free
@@ -23,8 +26,8 @@ and mixed_sizes (rules of PyTorch's the model leaves out: streams, the small poo
 rounding), nor on inference_with_empty_cache (no empty_cache here).
 
 usage: handle-moves-proto.py TRACE.jsonl ...   (JSON lines from `gpumem convert`)
-Prints, per trace: peak ratio, second-half driver calls and handles moved, for the baseline,
-moves, moves with aware placement (>= 256 MiB, >= 1 GiB) and aware placement alone.
+Prints a markdown table, per trace: peak ratio, second-half driver calls and handles moved,
+for the baseline and each combination in CONFIGS.
 """
 import bisect
 import json
@@ -54,8 +57,8 @@ def load(path):
 
 
 class Pool:
-    def __init__(s, page, moves, aware):
-        s.page, s.moves, s.aware = page, moves, aware
+    def __init__(s, page, moves, aware, align=0):
+        s.page, s.moves, s.aware, s.align = page, moves, aware, align
         s.base = 1 << 40
         s.starts, s.lens = [], {}  # free runs on mapped handles, by address
         s.hstarts, s.handles = [], {}  # mapped handles
@@ -132,6 +135,13 @@ class Pool:
             a = s.place_in_run(best[0], best[1], n)
             s.take(a, n)
             return a
+        limit = max(s.peak, peak_live)
+        if s.align and n >= s.align and not (s.moves and s.mapped + rup(n, s.page) > limit):
+            end = s.hstarts[-1] + s.handles[s.hstarts[-1]] if s.hstarts else s.base
+            s.map_handle(end, rup(n, s.page))
+            s.calls += 3
+            s.take(end, n)
+            return end
         # Grow: into the unmapped gap (or the end) that needs the fewest new bytes.
         gaps, prev = [], s.base
         for h in s.hstarts:
@@ -151,7 +161,6 @@ class Pool:
             if bestg is None or new < bestg[0]:
                 bestg = (new, a, g0, g1)
         new, a, g0, g1 = bestg
-        limit = max(s.peak, peak_live)
         if s.moves and s.mapped + new > limit:
             cand = [
                 h
@@ -183,8 +192,8 @@ class Pool:
         return a
 
 
-def run(ev, moves, aware):
-    pools = (Pool(2 * MIB, False, 0), Pool(20 * MIB, moves, aware))
+def run(ev, moves, aware, align):
+    pools = (Pool(2 * MIB, False, 0), Pool(20 * MIB, moves, aware, align))
     where, live, peak_live, peak, half_calls = {}, 0, 0, 0, 0
     for i, (k, addr, size) in enumerate(ev):
         if i == len(ev) // 2:
@@ -205,11 +214,13 @@ def run(ev, moves, aware):
 
 
 CONFIGS = [
-    ("baseline", False, 0),
-    ("moves", True, 0),
-    ("moves+aware>=256MiB", True, 256 * MIB),
-    ("moves+aware>=1GiB", True, 1024 * MIB),
-    ("aware>=256MiB", False, 256 * MIB),
+    ("baseline", False, 0, 0),
+    ("moves", True, 0, 0),
+    ("moves+aware>=256MiB", True, 256 * MIB, 0),
+    ("moves+aware>=1GiB", True, 1024 * MIB, 0),
+    ("aware>=256MiB", False, 256 * MIB, 0),
+    ("align>=256MiB", False, 0, 256 * MIB),
+    ("moves+aware+align>=64MiB", True, 64 * MIB, 64 * MIB),
 ]
 
 if __name__ == "__main__":
@@ -220,8 +231,8 @@ if __name__ == "__main__":
     for path in sys.argv[1:]:
         ev = load(path)
         cells = []
-        for _, moves, aware in CONFIGS:
-            ratio, calls2, nmoves = run(ev, moves, aware)
+        for _, moves, aware, align in CONFIGS:
+            ratio, calls2, nmoves = run(ev, moves, aware, align)
             cells.append(f"{ratio:.4f}, {calls2} calls, {nmoves} moved")
         name = path.rsplit("/", 1)[-1].split(".")[0]
         print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
