@@ -92,3 +92,77 @@ fn watch_shows_the_pools_without_a_driver() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A negative number given to a flag that counts or numbers something was taken for an
+/// unknown flag: "unexpected argument '-1' found; tip: to pass '-1' as a value, use '-- -1'",
+/// advice that does not work. Each now says what it expected; `--repeats 0` said "0 is not in
+/// 1..18446744073709551615".
+#[test]
+fn negative_counts_say_what_was_expected() {
+    let t = "traces/mixed_sizes.pickle.gz";
+    for (args, flag, what) in [
+        (
+            &["map", t, "--event", "-1"][..],
+            "--event <EVENT>",
+            "an event index, counted from 0 (a whole number)",
+        ),
+        (
+            &["map", t, "--width", "-3"],
+            "--width <WIDTH>",
+            "at least 8 cells a line (a whole number)",
+        ),
+        (
+            &["map", t, "--lines", "-1"],
+            "--lines <LINES>",
+            "at least one line (a whole number)",
+        ),
+        (
+            &["map", t, "--trace-device", "-1"],
+            "--trace-device <TRACE_DEVICE>",
+            "a device ordinal (a whole number)",
+        ),
+        (
+            &["tune", t, "--threads", "-1"],
+            "--threads <THREADS>",
+            "a thread count, 0 for every core (a whole number)",
+        ),
+        (
+            &["tune", t, "--device", "-1"],
+            "--device <DEVICE>",
+            "a device ordinal (a whole number)",
+        ),
+        (
+            &["vmm", "--device", "sim", "--pages", "-1"],
+            "--pages <PAGES>",
+            "a page count (a whole number)",
+        ),
+        (
+            &["bench", "alloc", "--device", "sim", "--max-pairs", "-5"],
+            "--max-pairs <MAX_PAIRS>",
+            "the most pairs a thread (a whole number ≥ 1)",
+        ),
+        (
+            &["bench", "transfer", "--host-only", "--repeats", "0"],
+            "--repeats <REPEATS>",
+            "a repeat count (a whole number ≥ 1)",
+        ),
+        (
+            &["bench", "pinned", "--repeats", "-2"],
+            "--repeats <REPEATS>",
+            "a repeat count (a whole number ≥ 1)",
+        ),
+        (
+            &["bench", "transfer", "--host-only", "--stage-buffers", "-1"],
+            "--stage-buffers <STAGE_BUFFERS>",
+            "a buffer count (a whole number)",
+        ),
+    ] {
+        let (ok, out, err) = gpumem(args);
+        assert!(!ok && out.is_empty(), "{args:?}: {out}");
+        let value = args[args.len() - 1];
+        let want =
+            format!("error: invalid value '{value}' for '{flag}': `{value}`: expected {what}");
+        assert_eq!(err.lines().next(), Some(want.as_str()), "{args:?}");
+        assert!(!err.contains("tip:") && !err.contains("panicked"), "{err}");
+    }
+}

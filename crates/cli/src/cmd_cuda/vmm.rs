@@ -26,7 +26,8 @@ pub struct VmmArgs {
     #[arg(long, default_value = "32MiB", value_parser = parse_size, allow_hyphen_values = true)]
     pub reserve: u64,
     /// Pages considered for mapping (every other one is mapped, leaving holes).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, allow_hyphen_values = true,
+          value_parser = |s: &str| crate::units::whole_number::<u64>(s, 0, "a page count"))]
     pub pages: u64,
     /// Print JSON instead of a table.
     #[arg(long)]
