@@ -33,8 +33,10 @@ pub struct WatchArgs {
     #[arg(long, requires = "once")]
     pub json: bool,
     /// A folder of gpumem pool statistics (`*.json`, one per process, as the PyTorch plug-in's
-    /// `gpumem_stats_json` writes them); default `$GPUMEM_STATS_DIR` when set.
-    #[arg(long, env = "GPUMEM_STATS_DIR")]
+    /// `gpumem_stats_json` writes them); default `$GPUMEM_STATS_DIR` when set and not empty.
+    // Read by `pool_dir`, not by clap's `env`: an empty variable made clap say "a value is
+    // required for '--pool-stats'" to a user who gave no --pool-stats.
+    #[arg(long, value_name = "DIR")]
     pub pool_stats: Option<PathBuf>,
 }
 
@@ -138,16 +140,27 @@ fn selected(spec: &str, count: u32) -> Result<Vec<u32>> {
     Ok(vec![n])
 }
 
-/// `--pool-stats DIR` names a folder (a file or a missing folder is a typo more often than
-/// a folder still to be made).
-fn check_pool_dir(dir: &std::path::Path) -> Result<()> {
-    match std::fs::metadata(dir) {
-        Ok(m) if m.is_dir() => Ok(()),
+/// The variable that gives the pool statistics folder when `--pool-stats` does not.
+const STATS_DIR_VAR: &str = "GPUMEM_STATS_DIR";
+
+/// The folder of pool statistics (`--pool-stats`, else a non-empty `$GPUMEM_STATS_DIR`),
+/// checked to be a folder (a file or a missing folder is a typo more often than a folder still
+/// to be made; the error names where it came from).
+fn pool_dir(flag: Option<&PathBuf>) -> Result<Option<PathBuf>> {
+    let (dir, from) = match flag {
+        Some(d) => (d.clone(), "--pool-stats "),
+        None => match std::env::var_os(STATS_DIR_VAR).filter(|v| !v.is_empty()) {
+            Some(v) => (PathBuf::from(v), "GPUMEM_STATS_DIR="),
+            None => return Ok(None),
+        },
+    };
+    match std::fs::metadata(&dir) {
+        Ok(m) if m.is_dir() => Ok(Some(dir)),
         Ok(_) => bail!(
-            "--pool-stats {}: a file; expected the folder of gpumem pool statistics (*.json)",
+            "{from}{}: a file; expected the folder of gpumem pool statistics (*.json)",
             dir.display()
         ),
-        Err(e) => bail!("--pool-stats {}: {}", dir.display(), e),
+        Err(e) => bail!("{from}{}: {}", dir.display(), e),
     }
 }
 
@@ -310,11 +323,9 @@ fn text(s: &Sample) -> String {
 }
 
 pub fn run(a: WatchArgs) -> Result<()> {
-    if let Some(dir) = &a.pool_stats {
-        check_pool_dir(dir)?;
-    }
+    let pool_stats = pool_dir(a.pool_stats.as_ref())?;
     // Without NVML, the pools of --pool-stats can still be shown: say once what is missing.
-    let (nvml, nvml_error) = match (open_nvml(), &a.pool_stats) {
+    let (nvml, nvml_error) = match (open_nvml(), &pool_stats) {
         (Ok(n), _) => (Some(n), None),
         (Err(e), Some(_)) => (None, Some(e.to_string())),
         (Err(e), None) => bail!("{e}: there is no GPU to watch"),
@@ -328,12 +339,12 @@ pub fn run(a: WatchArgs) -> Result<()> {
             nvml.as_ref(),
             nvml_error.as_deref(),
             &which,
-            a.pool_stats.as_ref(),
+            pool_stats.as_ref(),
         )?;
         for n in &notes {
             eprintln!("note: {n}");
         }
-        if let (Some(e), Some(dir)) = (&nvml_error, &a.pool_stats) {
+        if let (Some(e), Some(dir)) = (&nvml_error, &pool_stats) {
             if s.pools.is_empty() {
                 bail!(
                     "{e}, and {} holds no gpumem pool statistics (*.json, as the PyTorch plug-in's gpumem_stats_json writes them): nothing to watch",
@@ -355,18 +366,30 @@ pub fn run(a: WatchArgs) -> Result<()> {
     if !std::io::stdout().is_terminal() {
         bail!("the live view needs a terminal: use --once (and --json) in scripts");
     }
-    live(nvml.as_ref(), nvml_error.as_deref(), &which, &a)
+    live(
+        nvml.as_ref(),
+        nvml_error.as_deref(),
+        &which,
+        pool_stats.as_ref(),
+        a.interval,
+    )
 }
 
-fn live(nvml: Option<&Nvml>, nvml_error: Option<&str>, which: &[u32], a: &WatchArgs) -> Result<()> {
+fn live(
+    nvml: Option<&Nvml>,
+    nvml_error: Option<&str>,
+    which: &[u32],
+    pool_dir: Option<&PathBuf>,
+    interval: Duration,
+) -> Result<()> {
     use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind};
     let mut terminal = ratatui::init();
     let result = (|| -> Result<()> {
-        let mut s = sample(nvml, nvml_error, which, a.pool_stats.as_ref())?.0;
+        let mut s = sample(nvml, nvml_error, which, pool_dir)?.0;
         let mut last = Instant::now();
         loop {
-            terminal.draw(|f| draw(f, &s, a.interval))?;
-            let wait = a.interval.saturating_sub(last.elapsed());
+            terminal.draw(|f| draw(f, &s, interval))?;
+            let wait = interval.saturating_sub(last.elapsed());
             if event::poll(wait)? {
                 if let Event::Key(k) = event::read()? {
                     if k.kind == KeyEventKind::Press
@@ -376,8 +399,8 @@ fn live(nvml: Option<&Nvml>, nvml_error: Option<&str>, which: &[u32], a: &WatchA
                     }
                 }
             }
-            if last.elapsed() >= a.interval {
-                s = sample(nvml, nvml_error, which, a.pool_stats.as_ref())?.0;
+            if last.elapsed() >= interval {
+                s = sample(nvml, nvml_error, which, pool_dir)?.0;
                 last = Instant::now();
             }
         }

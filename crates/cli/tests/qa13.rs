@@ -166,3 +166,48 @@ fn negative_counts_say_what_was_expected() {
         assert!(!err.contains("tip:") && !err.contains("panicked"), "{err}");
     }
 }
+
+/// `$GPUMEM_STATS_DIR` set but empty made clap say "a value is required for '--pool-stats'"
+/// to a user who gave no --pool-stats: it now counts as unset. A folder it names that is not
+/// there is refused naming the variable, not the flag.
+#[test]
+fn an_empty_stats_dir_variable_counts_as_unset() {
+    let run = |value: &str, args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpumem"))
+            .args(args)
+            .env("GPUMEM_STATS_DIR", value)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok_unset, err_unset) = {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpumem"))
+            .args(["watch", "--once"])
+            .env_remove("GPUMEM_STATS_DIR")
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, err) = run("", &["watch", "--once"]);
+    assert_eq!((ok, err.as_str()), (ok_unset, err_unset.as_str()));
+    assert!(!err.contains("a value is required"), "{err}");
+    let dir = scratch("stats-var");
+    let missing = dir.join("missing");
+    let (ok, err) = run(missing.to_str().unwrap(), &["watch", "--once"]);
+    assert!(!ok);
+    one_line_error(&err);
+    assert!(
+        err.starts_with(&format!(
+            "error: GPUMEM_STATS_DIR={}: No such file",
+            missing.display()
+        )),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
