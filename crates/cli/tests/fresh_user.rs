@@ -1613,13 +1613,21 @@ fn vmm_says_what_it_rounded_and_capped() {
     assert_eq!(
         v["notes"],
         serde_json::json!([
-            "--pages 20: considered 16, the pages the reserve holds (--reserve 40 MiB holds 20)"
+            "--pages 20: considered 16, the pages the reserve holds (--reserve 40 MiB would hold 20)"
         ])
     );
     let (ok, out, err) = gpumem(&["vmm", "--device", "sim", "--reserve", "1KiB"]);
     assert!(ok, "{err}");
     assert!(
         out.contains("note: --reserve 1 KiB: reserved 2 MiB (whole pages of 2 MiB)"),
+        "{out}"
+    );
+    // The reserve given was 0 (2 MiB, one page): the note read "--reserve 16 MiB holds 8",
+    // as if the user had given 16 MiB.
+    let (ok, out, err) = gpumem(&["vmm", "--device", "sim", "--reserve", "0"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("note: --pages 8: considered 1, the pages the reserve holds (--reserve 16 MiB would hold 8)"),
         "{out}"
     );
     let (ok, out, _) = gpumem(&["vmm", "--device", "sim"]);

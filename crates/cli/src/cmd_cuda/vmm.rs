@@ -76,7 +76,7 @@ fn demo_notes(reserve: u64, pages: u64, page: u64) -> Vec<String> {
     }
     if pages > held {
         notes.push(format!(
-            "--pages {pages}: considered {held}, the pages the reserve holds (--reserve {} holds {pages})",
+            "--pages {pages}: considered {held}, the pages the reserve holds (--reserve {} would hold {pages})",
             human(pages.saturating_mul(page))
         ));
     }
