@@ -38,13 +38,16 @@ fn parse_horizon(s: &str) -> Result<f64, String> {
     }
 }
 
-/// `advise --direction`: one direction (the advice weighs the copies of one).
+/// `advise --direction`: one direction (the advice weighs the copies of one). A word that is
+/// no direction gets the same message as `both`: `bench transfer`'s "expected h2d, d2h or
+/// both" offered a value that is refused here.
 fn parse_advise_direction(s: &str) -> Result<Direction, String> {
-    match parse_dirs(s)?.as_slice() {
-        [d @ (Direction::H2d | Direction::D2h)] => Ok(*d),
-        _ => Err(format!(
+    match parse_dirs(s).as_deref() {
+        Ok([d @ (Direction::H2d | Direction::D2h)]) => Ok(*d),
+        Ok(_) => Err(format!(
             "`{s}`: expected one direction, h2d or d2h (both at once is measured by `gpumem bench transfer --directions both`, not advised on)"
         )),
+        Err(_) => Err(format!("`{s}`: expected one direction, h2d or d2h")),
     }
 }
 

@@ -211,3 +211,20 @@ fn an_empty_stats_dir_variable_counts_as_unset() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `advise --direction x` said "expected h2d, d2h or both", and `both` is then refused.
+#[test]
+fn advise_direction_offers_only_what_it_takes() {
+    let (ok, _, err) = gpumem(&["advise", "--size", "64MiB", "--direction", "x"]);
+    assert!(!ok);
+    assert_eq!(
+        err.lines().next(),
+        Some("error: invalid value 'x' for '--direction <DIRECTION>': `x`: expected one direction, h2d or d2h")
+    );
+    let (ok, _, err) = gpumem(&["advise", "--size", "64MiB", "--direction", "both"]);
+    assert!(!ok);
+    assert!(err.contains("`both`: expected one direction, h2d or d2h (both at once is measured by `gpumem bench transfer --directions both`, not advised on)"), "{err}");
+    let (ok, out, err) = gpumem(&["advise", "--size", "64MiB", "--direction", "d2h"]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("d2h 64.00 MiB per transfer"), "{out}");
+}
