@@ -191,12 +191,12 @@ mod tests {
         );
         assert_eq!(
             n[1],
-            "--pages 8: considered 1, the pages the reserve holds (--reserve 16 MiB holds 8)"
+            "--pages 8: considered 1, the pages the reserve holds (--reserve 16 MiB would hold 8)"
         );
         let n = demo_notes(32 * MIB, 100, 2 * MIB);
         assert_eq!(
             n,
-            ["--pages 100: considered 16, the pages the reserve holds (--reserve 200 MiB holds 100)"]
+            ["--pages 100: considered 16, the pages the reserve holds (--reserve 200 MiB would hold 100)"]
         );
     }
 }
