@@ -13,7 +13,8 @@ pub struct MapArgs {
     pub trace: PathBuf,
     /// The event after which to show the map (0-based; default: the allocator's peak of
     /// reserved bytes).
-    #[arg(long, conflicts_with = "peak")]
+    #[arg(long, conflicts_with = "peak", allow_hyphen_values = true,
+          value_parser = |s: &str| crate::units::whole_number::<u64>(s, 0, "an event index, counted from 0"))]
     pub event: Option<u64>,
     /// Show the map at the allocator's peak of reserved bytes (the default).
     #[arg(long)]
@@ -25,10 +26,12 @@ pub struct MapArgs {
     #[command(flatten)]
     pub replay: crate::cmd_report::ReplayOptions,
     /// Cells per line (default: the terminal's width, or 100 when not a terminal).
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true,
+          value_parser = |s: &str| crate::units::whole_number::<usize>(s, 0, "at least 8 cells a line"))]
     pub width: Option<usize>,
     /// Lines of the map, at most (the cell size grows until the map fits).
-    #[arg(long, default_value_t = 40)]
+    #[arg(long, default_value_t = 40, allow_hyphen_values = true,
+          value_parser = |s: &str| crate::units::whole_number::<usize>(s, 0, "at least one line"))]
     pub lines: usize,
 }
 

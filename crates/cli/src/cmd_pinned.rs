@@ -1,6 +1,5 @@
 //! `gpumem bench transfer`, `gpumem bench pinned`, `gpumem advise`: pinned host memory.
 use anyhow::{bail, Context, Result};
-use clap::builder::TypedValueParser as _;
 use clap::Args;
 use gpumem::pinned::advise::{self, Direction, MemoryKind, Pattern, TransferPoint, TransferTable};
 use gpumem::pinned::transfer::{self, MappedMethod, TransferBench};
@@ -39,13 +38,16 @@ fn parse_horizon(s: &str) -> Result<f64, String> {
     }
 }
 
-/// `advise --direction`: one direction (the advice weighs the copies of one).
+/// `advise --direction`: one direction (the advice weighs the copies of one). A word that is
+/// no direction gets the same message as `both`: `bench transfer`'s "expected h2d, d2h or
+/// both" offered a value that is refused here.
 fn parse_advise_direction(s: &str) -> Result<Direction, String> {
-    match parse_dirs(s)?.as_slice() {
-        [d @ (Direction::H2d | Direction::D2h)] => Ok(*d),
-        _ => Err(format!(
+    match parse_dirs(s).as_deref() {
+        Ok([d @ (Direction::H2d | Direction::D2h)]) => Ok(*d),
+        Ok(_) => Err(format!(
             "`{s}`: expected one direction, h2d or d2h (both at once is measured by `gpumem bench transfer --directions both`, not advised on)"
         )),
+        Err(_) => Err(format!("`{s}`: expected one direction, h2d or d2h")),
     }
 }
 
@@ -61,18 +63,16 @@ fn parse_chunk(s: &str) -> Result<u64, String> {
 
 /// `--stage-buffers`: at least one.
 fn parse_buffer_count(s: &str) -> Result<usize, String> {
-    match s.trim().parse::<usize>() {
-        Ok(0) => Err(format!("`{s}`: the staging ring needs at least 1 buffer")),
-        Ok(n) => Ok(n),
-        Err(e) => Err(format!("`{s}`: {e}")),
+    match crate::units::whole_number::<usize>(s, 0, "a buffer count")? {
+        0 => Err(format!("`{s}`: the staging ring needs at least 1 buffer")),
+        n => Ok(n),
     }
 }
 
 fn parse_thread_count(s: &str) -> Result<usize, String> {
-    match s.trim().parse::<usize>() {
-        Ok(0) => Err(format!("`{s}`: a thread count is at least 1")),
-        Ok(n) => Ok(n),
-        Err(e) => Err(format!("`{s}`: {e}")),
+    match crate::units::whole_number::<usize>(s, 0, "a thread count")? {
+        0 => Err(format!("`{s}`: a thread count is at least 1")),
+        n => Ok(n),
     }
 }
 
@@ -125,7 +125,8 @@ pub struct BenchTransferArgs {
     #[arg(long, default_value = "h2d,d2h,both", value_parser = parse_dirs, conflicts_with = "host_only")]
     pub directions: std::vec::Vec<Direction>,
     /// Timed repeats per point (median, at least 1); sizes ≥ 256 MiB use at most 5.
-    #[arg(long, default_value_t = 11, value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
+    #[arg(long, default_value_t = 11, allow_hyphen_values = true,
+          value_parser = |s: &str| crate::units::whole_number::<usize>(s, 1, "a repeat count"))]
     pub repeats: usize,
     /// CUDA device: an ordinal (`0`), `cuda:N`, or `all` (every device: host<->device
     /// bandwidth of each, then peer copies between each pair; see `gpumem bench transfer
@@ -136,11 +137,11 @@ pub struct BenchTransferArgs {
     #[arg(long, default_value = "16MiB", value_parser = parse_chunk, allow_hyphen_values = true)]
     pub stage_chunk: u64,
     /// Staging ring: pinned buffers.
-    #[arg(long, default_value = "4", value_parser = parse_buffer_count)]
+    #[arg(long, default_value = "4", value_parser = parse_buffer_count, allow_hyphen_values = true)]
     pub stage_buffers: usize,
     /// Staging ring: host threads copying each chunk (the caller included); default two
     /// below the CPU count, at most 12.
-    #[arg(long, value_parser = parse_thread_count)]
+    #[arg(long, value_parser = parse_thread_count, allow_hyphen_values = true)]
     pub stage_threads: Option<usize>,
     /// Staging ring: `nt` (non-temporal stores) or `libc` (memcpy).
     #[arg(long, default_value = "nt", value_parser = parse_copy)]
@@ -576,7 +577,8 @@ pub struct BenchPinnedArgs {
     #[arg(long, default_value = "1MiB,16MiB,256MiB,1GiB", value_parser = units::parse_size_set, allow_hyphen_values = true)]
     pub sizes: std::vec::Vec<u64>,
     /// Repeats per point (median, at least 1); the pool's warm figure uses at least 1000.
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
+    #[arg(long, default_value_t = 5, allow_hyphen_values = true,
+          value_parser = |s: &str| crate::units::whole_number::<usize>(s, 1, "a repeat count"))]
     pub repeats: usize,
     /// CUDA device ordinal (`0`, or `cuda:N`). Without a CUDA driver the mlock fallback is
     /// measured instead, on the host alone.

@@ -42,7 +42,8 @@ pub struct ReplayOptions {
     #[arg(long, value_parser = crate::units::parse_positive_size, allow_hyphen_values = true, default_value = "256MiB")]
     pub segment_size: u64,
     /// Device ordinal of the trace to show (default: the first with events).
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true,
+          value_parser = |s: &str| crate::units::whole_number::<u32>(s, 0, "a device ordinal"))]
     pub trace_device: Option<u32>,
     /// Skip and count malformed events instead of stopping at the first; salvage a truncated
     /// snapshot (the events read before the cut are kept).

@@ -25,10 +25,12 @@ pub struct TuneArgs {
     #[arg(long)]
     pub json: bool,
     /// Device ordinal whose events are tuned (default: the first with allocations).
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true,
+          value_parser = |s: &str| crate::units::whole_number::<u32>(s, 0, "a device ordinal"))]
     pub device: Option<u32>,
     /// Threads (0 = every core).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_hyphen_values = true,
+          value_parser = |s: &str| crate::units::whole_number::<usize>(s, 0, "a thread count, 0 for every core"))]
     pub threads: usize,
     /// Skip and count malformed events instead of stopping at the first; salvage a truncated
     /// snapshot (the events read before the cut are kept).

@@ -3,7 +3,8 @@
 //! export, live in the terminal or as one sample (`--once`, `--json`).
 //!
 //! NVML (`libnvidia-ml.so.1`) is loaded at run time by nvml-wrapper: a machine without the
-//! NVIDIA driver builds and runs gpumem, and `watch` says why there is nothing to watch.
+//! NVIDIA driver builds and runs gpumem, and `watch` says why there is nothing to watch; given
+//! `--pool-stats`, it says so once and shows the pools, which need no driver to be read.
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -32,8 +33,10 @@ pub struct WatchArgs {
     #[arg(long, requires = "once")]
     pub json: bool,
     /// A folder of gpumem pool statistics (`*.json`, one per process, as the PyTorch plug-in's
-    /// `gpumem_stats_json` writes them); default `$GPUMEM_STATS_DIR` when set.
-    #[arg(long, env = "GPUMEM_STATS_DIR")]
+    /// `gpumem_stats_json` writes them); default `$GPUMEM_STATS_DIR` when set and not empty.
+    // Read by `pool_dir`, not by clap's `env`: an empty variable made clap say "a value is
+    // required for '--pool-stats'" to a user who gave no --pool-stats.
+    #[arg(long, value_name = "DIR")]
     pub pool_stats: Option<PathBuf>,
 }
 
@@ -94,20 +97,23 @@ struct PoolSample {
 
 #[derive(Debug, Clone, Serialize)]
 struct Sample {
+    /// Why there are no devices: NVML could not be opened (`None` when it was).
+    nvml_error: Option<String>,
     driver_version: Option<String>,
     devices: Vec<DeviceSample>,
     pools: Vec<PoolSample>,
 }
 
+/// NVML, or what is missing (`run` says what that leaves).
 fn open_nvml() -> Result<Nvml> {
     use nvml_wrapper::error::NvmlError;
     Nvml::init().map_err(|e| match e {
         // The library is not there: no driver is installed.
-        NvmlError::LibloadingError(_) | NvmlError::LibraryNotFound => anyhow::anyhow!(
-            "no NVIDIA driver (libnvidia-ml.so.1, NVML) found: there is no GPU to watch"
-        ),
+        NvmlError::LibloadingError(_) | NvmlError::LibraryNotFound => {
+            anyhow::anyhow!("no NVIDIA driver (libnvidia-ml.so.1, NVML) found")
+        }
         NvmlError::DriverNotLoaded => anyhow::anyhow!(
-            "NVML: the NVIDIA driver is installed but not loaded (nvidia-smi says why): there is no GPU to watch"
+            "NVML: the NVIDIA driver is installed but not loaded (nvidia-smi says why)"
         ),
         other => anyhow::anyhow!("cannot initialise NVML (libnvidia-ml.so.1): {other}"),
     })
@@ -134,12 +140,42 @@ fn selected(spec: &str, count: u32) -> Result<Vec<u32>> {
     Ok(vec![n])
 }
 
-fn pools(dir: Option<&PathBuf>) -> Vec<PoolSample> {
-    let Some(dir) = dir else {
-        return Vec::new();
+/// The variable that gives the pool statistics folder when `--pool-stats` does not.
+const STATS_DIR_VAR: &str = "GPUMEM_STATS_DIR";
+
+/// The folder of pool statistics (`--pool-stats`, else a non-empty `$GPUMEM_STATS_DIR`),
+/// checked to be a folder (a file or a missing folder is a typo more often than a folder still
+/// to be made; the error names where it came from).
+fn pool_dir(flag: Option<&PathBuf>) -> Result<Option<PathBuf>> {
+    let (dir, from) = match flag {
+        Some(d) => (d.clone(), "--pool-stats "),
+        None => match std::env::var_os(STATS_DIR_VAR).filter(|v| !v.is_empty()) {
+            Some(v) => (PathBuf::from(v), "GPUMEM_STATS_DIR="),
+            None => return Ok(None),
+        },
     };
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return Vec::new();
+    match std::fs::metadata(&dir) {
+        Ok(m) if m.is_dir() => Ok(Some(dir)),
+        Ok(_) => bail!(
+            "{from}{}: a file; expected the folder of gpumem pool statistics (*.json)",
+            dir.display()
+        ),
+        Err(e) => bail!("{from}{}: {}", dir.display(), e),
+    }
+}
+
+/// The pools of the stats files in `dir`, and a note for each `*.json` file read but skipped.
+fn pools(dir: Option<&PathBuf>) -> (Vec<PoolSample>, Vec<String>) {
+    let mut notes = Vec::new();
+    let Some(dir) = dir else {
+        return (Vec::new(), notes);
+    };
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) => {
+            notes.push(format!("{}: {}", dir.display(), e));
+            return (Vec::new(), notes);
+        }
     };
     let mut files: Vec<PathBuf> = rd
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -148,11 +184,24 @@ fn pools(dir: Option<&PathBuf>) -> Vec<PoolSample> {
     files.sort();
     let mut out = Vec::new();
     for p in files {
-        let Ok(text) = std::fs::read_to_string(&p) else {
-            continue;
+        let text = match std::fs::read_to_string(&p) {
+            Ok(t) => t,
+            Err(e) => {
+                notes.push(format!("{}: {}, skipped", p.display(), e));
+                continue;
+            }
         };
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
-            continue;
+        let v = match serde_json::from_str::<serde_json::Value>(&text) {
+            Ok(v) => v,
+            Err(e) => {
+                notes.push(format!(
+                    "{}: not JSON (line {}, column {}), skipped",
+                    p.display(),
+                    e.line(),
+                    e.column()
+                ));
+                continue;
+            }
         };
         let objs: Vec<&serde_json::Value> = match &v {
             serde_json::Value::Array(a) => a.iter().collect(),
@@ -174,12 +223,20 @@ fn pools(dir: Option<&PathBuf>) -> Vec<PoolSample> {
             });
         }
     }
-    out
+    (out, notes)
 }
 
-fn sample(nvml: &Nvml, which: &[u32], pool_dir: Option<&PathBuf>) -> Result<Sample> {
+/// One sample: the devices `which` (none without NVML, `nvml_error` then says why) and the
+/// pools of `pool_dir`, with the notes of the stats files skipped.
+fn sample(
+    nvml: Option<&Nvml>,
+    nvml_error: Option<&str>,
+    which: &[u32],
+    pool_dir: Option<&PathBuf>,
+) -> Result<(Sample, Vec<String>)> {
     let mut devices = Vec::new();
     for &i in which {
+        let Some(nvml) = nvml else { break };
         let d = nvml
             .device_by_index(i)
             .with_context(|| format!("NVML: device {i}"))?;
@@ -212,11 +269,16 @@ fn sample(nvml: &Nvml, which: &[u32], pool_dir: Option<&PathBuf>) -> Result<Samp
             processes,
         });
     }
-    Ok(Sample {
-        driver_version: nvml.sys_driver_version().ok(),
-        devices,
-        pools: pools(pool_dir),
-    })
+    let (pools, notes) = pools(pool_dir);
+    Ok((
+        Sample {
+            nvml_error: nvml_error.map(String::from),
+            driver_version: nvml.and_then(|n| n.sys_driver_version().ok()),
+            devices,
+            pools,
+        },
+        notes,
+    ))
 }
 
 fn text(s: &Sample) -> String {
@@ -261,11 +323,39 @@ fn text(s: &Sample) -> String {
 }
 
 pub fn run(a: WatchArgs) -> Result<()> {
-    let nvml = open_nvml()?;
-    let count = nvml.device_count().context("NVML: device count")?;
-    let which = selected(&a.device, count)?;
+    let pool_stats = pool_dir(a.pool_stats.as_ref())?;
+    // Without NVML, the pools of --pool-stats can still be shown: say once what is missing.
+    let (nvml, nvml_error) = match (open_nvml(), &pool_stats) {
+        (Ok(n), _) => (Some(n), None),
+        (Err(e), Some(_)) => (None, Some(e.to_string())),
+        (Err(e), None) => bail!("{e}: there is no GPU to watch"),
+    };
+    let which = match &nvml {
+        Some(n) => selected(&a.device, n.device_count().context("NVML: device count")?)?,
+        None => Vec::new(),
+    };
     if a.once {
-        let s = sample(&nvml, &which, a.pool_stats.as_ref())?;
+        let (s, notes) = sample(
+            nvml.as_ref(),
+            nvml_error.as_deref(),
+            &which,
+            pool_stats.as_ref(),
+        )?;
+        for n in &notes {
+            eprintln!("note: {n}");
+        }
+        if let (Some(e), Some(dir)) = (&nvml_error, &pool_stats) {
+            if s.pools.is_empty() {
+                bail!(
+                    "{e}, and {} holds no gpumem pool statistics (*.json, as the PyTorch plug-in's gpumem_stats_json writes them): nothing to watch",
+                    dir.display()
+                );
+            }
+            eprintln!(
+                "note: {e}: no GPU figures, only the gpumem pools of {}",
+                dir.display()
+            );
+        }
         if a.json {
             println!("{}", serde_json::to_string_pretty(&s)?);
         } else {
@@ -276,18 +366,30 @@ pub fn run(a: WatchArgs) -> Result<()> {
     if !std::io::stdout().is_terminal() {
         bail!("the live view needs a terminal: use --once (and --json) in scripts");
     }
-    live(&nvml, &which, &a)
+    live(
+        nvml.as_ref(),
+        nvml_error.as_deref(),
+        &which,
+        pool_stats.as_ref(),
+        a.interval,
+    )
 }
 
-fn live(nvml: &Nvml, which: &[u32], a: &WatchArgs) -> Result<()> {
+fn live(
+    nvml: Option<&Nvml>,
+    nvml_error: Option<&str>,
+    which: &[u32],
+    pool_dir: Option<&PathBuf>,
+    interval: Duration,
+) -> Result<()> {
     use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind};
     let mut terminal = ratatui::init();
     let result = (|| -> Result<()> {
-        let mut s = sample(nvml, which, a.pool_stats.as_ref())?;
+        let mut s = sample(nvml, nvml_error, which, pool_dir)?.0;
         let mut last = Instant::now();
         loop {
-            terminal.draw(|f| draw(f, &s, a.interval))?;
-            let wait = a.interval.saturating_sub(last.elapsed());
+            terminal.draw(|f| draw(f, &s, interval))?;
+            let wait = interval.saturating_sub(last.elapsed());
             if event::poll(wait)? {
                 if let Event::Key(k) = event::read()? {
                     if k.kind == KeyEventKind::Press
@@ -297,8 +399,8 @@ fn live(nvml: &Nvml, which: &[u32], a: &WatchArgs) -> Result<()> {
                     }
                 }
             }
-            if last.elapsed() >= a.interval {
-                s = sample(nvml, which, a.pool_stats.as_ref())?;
+            if last.elapsed() >= interval {
+                s = sample(nvml, nvml_error, which, pool_dir)?.0;
                 last = Instant::now();
             }
         }
@@ -323,10 +425,13 @@ fn draw(f: &mut ratatui::Frame, s: &Sample, interval: Duration) {
     }
     constraints.push(Constraint::Min(0));
     let areas = Layout::vertical(constraints).split(f.area());
+    let source = match &s.nvml_error {
+        Some(e) => format!("{e}: gpumem pools only"),
+        None => format!("driver {}", s.driver_version.as_deref().unwrap_or("?")),
+    };
     f.render_widget(
         Paragraph::new(Line::from(format!(
-            "gpumem watch: driver {}, every {:.1} s; q quits",
-            s.driver_version.as_deref().unwrap_or("?"),
+            "gpumem watch: {source}, every {:.1} s; q quits",
             interval.as_secs_f64()
         )))
         .bold(),
@@ -455,8 +560,15 @@ mod tests {
         )
         .unwrap();
         std::fs::write(dir.join("junk.json"), "not json").unwrap();
-        let p = pools(Some(&dir));
+        let (p, notes) = pools(Some(&dir));
         std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            notes,
+            [format!(
+                "{}: not JSON (line 1, column 2), skipped",
+                dir.join("junk.json").display()
+            )]
+        );
         assert_eq!(p.len(), 1);
         assert_eq!(p[0].source, "1234");
         assert_eq!(p[0].reserved_bytes, Some(4096));

@@ -647,7 +647,8 @@ fn lenient_commands_say_what_they_skipped() {
 }
 
 /// `inspect`'s table keeps its columns under `paged-lazy` (one letter wider than the column
-/// was) and under a 12-digit offset, and ends no line with spaces.
+/// was) and ends no line with spaces; its offsets are in binary units as the sizes beside
+/// them (they were raw bytes, `300152782848`), exact in --json.
 #[test]
 fn inspect_keeps_its_columns() {
     let (ok, out, err) = gpumem(&["inspect", "--device", "sim"]);
@@ -659,16 +660,37 @@ fn inspect_keeps_its_columns() {
         assert_eq!(bars(l), bars(lines[0]), "{out}");
         assert_eq!(l.trim_end(), *l, "{out}");
     }
-    // The offset column: every offset ends where its header does.
+    // The offset column: every offset ends where its header does, with a unit.
     let end = lines[0].find("offset").unwrap() + "offset".len();
-    for l in &lines[1..] {
-        let cell = &l[..end];
+    let offsets: Vec<&str> = lines[1..]
+        .iter()
+        .map(|l| l[..end].rsplit("  ").next().unwrap().trim())
+        .collect();
+    for (l, o) in lines[1..].iter().zip(&offsets) {
         assert!(
-            cell.ends_with(|c: char| c.is_ascii_digit()),
-            "{l}\n{}",
+            o.ends_with(" B") || o.ends_with("iB"),
+            "{o:?} in\n{l}\n{}",
             lines[0]
         );
     }
+    // buddy: 256 B at 0, 64 KiB at 64 KiB, 3 MiB at 4 MiB, 64 MiB at 64 MiB; tlsf's second
+    // block after the first's 256 B.
+    assert_eq!(
+        offsets[..5],
+        ["0 B", "64 KiB", "4 MiB", "64 MiB", "0 B"],
+        "{out}"
+    );
+    assert_eq!(offsets[5], "256 B", "{out}");
+    let (ok, json, err) = gpumem(&["inspect", "--device", "sim", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let exact: Vec<u64> = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["pool"]["block_offset"].as_u64().unwrap())
+        .collect();
+    assert_eq!(exact[..6], [0, 65536, 4194304, 67108864, 0, 256]);
 }
 
 /// `watch` without the NVIDIA driver: one clear line, not the loader's wording.
@@ -1591,13 +1613,21 @@ fn vmm_says_what_it_rounded_and_capped() {
     assert_eq!(
         v["notes"],
         serde_json::json!([
-            "--pages 20: considered 16, the pages the reserve holds (--reserve 40 MiB holds 20)"
+            "--pages 20: considered 16, the pages the reserve holds (--reserve 40 MiB would hold 20)"
         ])
     );
     let (ok, out, err) = gpumem(&["vmm", "--device", "sim", "--reserve", "1KiB"]);
     assert!(ok, "{err}");
     assert!(
         out.contains("note: --reserve 1 KiB: reserved 2 MiB (whole pages of 2 MiB)"),
+        "{out}"
+    );
+    // The reserve given was 0 (2 MiB, one page): the note read "--reserve 16 MiB holds 8",
+    // as if the user had given 16 MiB.
+    let (ok, out, err) = gpumem(&["vmm", "--device", "sim", "--reserve", "0"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("note: --pages 8: considered 1, the pages the reserve holds (--reserve 16 MiB would hold 8)"),
         "{out}"
     );
     let (ok, out, _) = gpumem(&["vmm", "--device", "sim"]);

@@ -53,10 +53,12 @@ pub struct BenchAllocArgs {
     #[arg(long, default_value = "1,4,16", value_parser = parse_threads)]
     pub threads: std::vec::Vec<usize>,
     /// Time per measurement, in milliseconds (at least 1).
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 100, allow_hyphen_values = true,
+          value_parser = |s: &str| crate::units::whole_number::<u64>(s, 1, "milliseconds a measurement"))]
     pub time_ms: u64,
     /// Most pairs per thread per measurement (at least 1).
-    #[arg(long, default_value_t = 5_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 5_000_000, allow_hyphen_values = true,
+          value_parser = |s: &str| crate::units::whole_number::<u64>(s, 1, "the most pairs a thread"))]
     pub max_pairs: u64,
     /// Skip the cuMemAlloc and cuMemAllocAsync baselines.
     #[arg(long)]

@@ -227,21 +227,16 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
             })?
         );
     } else {
-        // Columns as wide as their widest cell (`paged-lazy`, an offset of 12 digits).
+        // The strategy column as wide as its widest cell (`paged-lazy`); the offset in binary
+        // units as the sizes beside it (`1023.9 KiB` at most: ten letters; exact in --json).
         let sw = rows
             .iter()
             .map(|r| r.pool.strategy.len())
             .max()
             .unwrap_or(0)
             .max(9);
-        let ow = rows
-            .iter()
-            .map(|r| r.pool.block_offset.to_string().len())
-            .max()
-            .unwrap_or(0)
-            .max(10);
         let header = format!(
-            "{:<sw$} {:>9} {:>16} | {:<8} {:>16} {:>10} {:>ow$} {:<6} | {:>4} {:<8} {:>16} {:>10} {:<5}",
+            "{:<sw$} {:>9} {:>16} | {:<8} {:>16} {:>10} {:>10} {:<6} | {:>4} {:<8} {:>16} {:>10} {:<5}",
             "strategy", "size", "address", "backing", "start", "bytes", "offset", "pages", "dev", "type", "range start", "range", "vmm"
         );
         if !rows.is_empty() {
@@ -271,14 +266,14 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
                 ),
             };
             let line = format!(
-                "{:<sw$} {:>9} {:>#16x} | {:<8} {:>#16x} {:>10} {:>ow$} {:<6} | {:>4} {:<8} {:>16} {:>10} {:<5}",
+                "{:<sw$} {:>9} {:>#16x} | {:<8} {:>#16x} {:>10} {:>10} {:<6} | {:>4} {:<8} {:>16} {:>10} {:<5}",
                 p.strategy,
                 human(p.requested_bytes),
                 r.addr,
                 p.backing,
                 p.backing_start,
                 human(p.backing_bytes),
-                p.block_offset,
+                human(p.block_offset),
                 pages,
                 dev,
                 ty,

@@ -26,7 +26,8 @@ pub struct VmmArgs {
     #[arg(long, default_value = "32MiB", value_parser = parse_size, allow_hyphen_values = true)]
     pub reserve: u64,
     /// Pages considered for mapping (every other one is mapped, leaving holes).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, allow_hyphen_values = true,
+          value_parser = |s: &str| crate::units::whole_number::<u64>(s, 0, "a page count"))]
     pub pages: u64,
     /// Print JSON instead of a table.
     #[arg(long)]
@@ -75,7 +76,7 @@ fn demo_notes(reserve: u64, pages: u64, page: u64) -> Vec<String> {
     }
     if pages > held {
         notes.push(format!(
-            "--pages {pages}: considered {held}, the pages the reserve holds (--reserve {} holds {pages})",
+            "--pages {pages}: considered {held}, the pages the reserve holds (--reserve {} would hold {pages})",
             human(pages.saturating_mul(page))
         ));
     }
@@ -190,12 +191,12 @@ mod tests {
         );
         assert_eq!(
             n[1],
-            "--pages 8: considered 1, the pages the reserve holds (--reserve 16 MiB holds 8)"
+            "--pages 8: considered 1, the pages the reserve holds (--reserve 16 MiB would hold 8)"
         );
         let n = demo_notes(32 * MIB, 100, 2 * MIB);
         assert_eq!(
             n,
-            ["--pages 100: considered 16, the pages the reserve holds (--reserve 200 MiB holds 100)"]
+            ["--pages 100: considered 16, the pages the reserve holds (--reserve 200 MiB would hold 100)"]
         );
     }
 }

@@ -559,9 +559,9 @@ pub fn advise(table: &TransferTable, pattern: &Pattern) -> Advice {
                 },
                 if best.busy_fraction > 1.0 {
                     format!(
-                        "; at {rate}/s that is {} % of each second: the pattern cannot be sustained (at most {:.0} transfers a second)",
+                        "; at {rate}/s that is {} % of each second: the pattern cannot be sustained ({})",
                         busy_percent(best.busy_fraction),
-                        (1.0 / best.total_s).floor()
+                        sustainable(best.total_s)
                     )
                 } else {
                     String::new()
@@ -616,6 +616,24 @@ pub fn advise(table: &TransferTable, pattern: &Pattern) -> Advice {
     }
 }
 
+/// The most transfers of `total_s` seconds each that a second holds: `at most 822 transfers
+/// a second`, or for a transfer longer than a second `at most one transfer every 512.89 s`
+/// (not "at most 0 transfers a second").
+fn sustainable(total_s: f64) -> String {
+    let per_second = (1.0 / total_s).floor();
+    if per_second >= 1.0 {
+        format!(
+            "at most {per_second:.0} transfer{} a second",
+            if per_second == 1.0 { "" } else { "s" }
+        )
+    } else {
+        format!(
+            "at most one transfer every {}",
+            crate::units::duration(total_s)
+        )
+    }
+}
+
 /// A busy fraction as a percentage for tables and messages: one decimal (`87.5`), or in
 /// scientific notation from 10,000 % on (`1.2e8`), so that an impossible rate keeps a table's
 /// column width.
@@ -638,6 +656,34 @@ mod tests {
         assert_eq!(busy_percent(0.875), "87.5");
         assert_eq!(busy_percent(99.9), "9990.0");
         assert_eq!(busy_percent(1_213_941.846), "1.2e8");
+    }
+
+    /// A transfer longer than a second at one a second was "at most 0 transfers a second".
+    #[test]
+    fn a_rate_below_one_a_second_says_how_often() {
+        let t = TransferTable::h200();
+        let slow = advise(&t, &pattern(16 << 40, 1.0, false));
+        let best = slow
+            .options
+            .iter()
+            .find(|o| o.kind == slow.recommended)
+            .unwrap();
+        assert!(best.total_s > 1.0, "{}", best.total_s);
+        assert!(
+            slow.reason.ends_with(&format!(
+                "the pattern cannot be sustained (at most one transfer every {})",
+                crate::units::duration(best.total_s)
+            )),
+            "{}",
+            slow.reason
+        );
+        assert!(!slow.reason.contains("at most 0"), "{}", slow.reason);
+        let fast = advise(&t, &pattern(64 << 20, 1e6, false));
+        assert!(
+            fast.reason.contains("(at most 822 transfers a second)"),
+            "{}",
+            fast.reason
+        );
     }
 
     fn pattern(bytes: u64, per_second: f64, asynchronous: bool) -> Pattern {

@@ -156,8 +156,17 @@ impl Default for PoolConfig {
 /// Errors of the pool.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum PoolError {
-    /// Out of memory even after flushing caches, releasing cached memory and retrying.
-    #[error("out of memory on {pool}: requested {requested_bytes} B; pool holds {reserved_bytes} B reserved, {allocated_bytes} B allocated, {cached_bytes} B cached, largest free block {largest_free_bytes} B ({source})")]
+    /// Out of memory even after flushing caches, releasing cached memory and retrying. The
+    /// message gives the sizes in binary units, the request also in exact bytes (it is what
+    /// the PyTorch plug-in prints on stderr: `requested 20.00 GiB (21474836480 B)`).
+    #[error(
+        "out of memory on {pool}: requested {} ({requested_bytes} B); pool holds {} reserved, {} allocated, {} cached, largest free block {} ({source})",
+        crate::units::bytes(*.requested_bytes),
+        crate::units::bytes(*.reserved_bytes),
+        crate::units::bytes(*.allocated_bytes),
+        crate::units::bytes(*.cached_bytes),
+        crate::units::bytes(*.largest_free_bytes)
+    )]
     OutOfMemory {
         /// Pool (strategy) name.
         pool: &'static str,
@@ -223,6 +232,31 @@ pub struct PoolStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The out-of-memory message read "requested 21474836480 B; pool holds 135291469824 B
+    /// reserved, ...": the sizes are in binary units, the request also exact.
+    #[test]
+    fn out_of_memory_reads_in_units() {
+        let e = PoolError::OutOfMemory {
+            pool: "paged-lazy",
+            requested_bytes: 20 << 30,
+            reserved_bytes: 126 << 30,
+            allocated_bytes: 122 << 30,
+            cached_bytes: 0,
+            largest_free_bytes: 2 << 20,
+            source: AllocError::OutOfMemory {
+                requested_bytes: 20 << 30,
+                free_bytes: 4 << 30,
+                largest_free_bytes: 2 << 20,
+            },
+        };
+        assert_eq!(
+            e.to_string(),
+            "out of memory on paged-lazy: requested 20.00 GiB (21474836480 B); pool holds 126.0 GiB \
+             reserved, 122.0 GiB allocated, 0 B cached, largest free block 2.00 MiB (out of memory: \
+             requested 21474836480 B; 4294967296 B free in total, largest free block 2097152 B)"
+        );
+    }
 
     #[test]
     fn size_classes_round_trip() {

@@ -384,6 +384,21 @@ fn fill(template: &str, values: &[(&str, &str)]) -> String {
     out
 }
 
+/// The summary's device: its ordinal, and for a trace of several devices which they are
+/// (the page shows one; its figures and event indices are that device's alone).
+fn device_text(r: &Report) -> String {
+    if r.trace_devices.len() < 2 {
+        return r.device.to_string();
+    }
+    let all: Vec<String> = r.trace_devices.iter().map(u32::to_string).collect();
+    format!(
+        "{} of {} ({}; <code>--trace-device N</code> shows another)",
+        r.device,
+        r.trace_devices.len(),
+        all.join(", ")
+    )
+}
+
 /// The page for `r`, one self-contained HTML document.
 pub fn render(r: &Report) -> String {
     let mut summary = String::new();
@@ -394,7 +409,7 @@ pub fn render(r: &Report) -> String {
         // A long path wraps after a slash rather than inside a name.
         esc(&r.trace_name).replace('/', "/<wbr>"),
         r.format.map_or("gpumem JSON lines".into(), |f| format!("{f:?}")),
-        r.device,
+        device_text(r),
         s.events,
         s.allocs,
         s.frees,

@@ -295,6 +295,9 @@ pub struct Report {
     pub format: Option<Format>,
     /// Device ordinal shown.
     pub device: u32,
+    /// Every device ordinal of the trace, in order: the page names the others when there
+    /// are several (the page shows one; `--trace-device N` another).
+    pub trace_devices: Vec<u32>,
     /// Figures of the trace alone.
     pub summary: TraceSummary,
     /// Capacity of the simulated device, in bytes.
@@ -505,6 +508,7 @@ pub fn build(
         trace_name: trace_name.to_string(),
         format: trace.format,
         device,
+        trace_devices: devices,
         summary,
         capacity_bytes: cfg.capacity_bytes,
         peak_requested_event: peak_requested_event(&blocks, events),

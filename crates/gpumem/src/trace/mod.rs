@@ -462,6 +462,13 @@ fn read_detected(
     sniffed: detect::Sniffed,
     options: ReadConfig,
 ) -> Result<Trace, TraceError> {
+    // A line format cut by the gzip damage ends in part of a line: that part belongs to the
+    // cut (one note), not to the events (a second note "line N: not valid JSON", or for CSV a
+    // number cut short that still parses).
+    let (data, cut_line) = match (&sniffed.gzip_cut, sniffed.format) {
+        (Some(_), Format::JsonLines | Format::RmmCsv) => whole_lines(&sniffed.data),
+        _ => (&sniffed.data[..], None),
+    };
     if let (Some(cut), false) = (&sniffed.gzip_cut, options.lenient) {
         // A strict read stops at the damage; it suggests a lenient one when that would keep
         // something.
@@ -469,7 +476,7 @@ fn read_detected(
             lenient: true,
             keep_frames: false,
         };
-        let hint = match read_format(name, &sniffed.data, sniffed.format, lenient, true) {
+        let hint = match read_format(name, data, sniffed.format, lenient, true) {
             Ok(t) if !t.events.is_empty() => format!(
                 "; a lenient read (--lenient) keeps the {} event{} inflated before it",
                 t.events.len(),
@@ -486,24 +493,34 @@ fn read_detected(
             message: format!("{cut}{hint}"),
         });
     }
-    let mut trace = read_format(
-        name,
-        &sniffed.data,
-        sniffed.format,
-        options,
-        sniffed.gunzipped,
-    )?;
+    let mut trace = read_format(name, data, sniffed.format, options, sniffed.gunzipped)?;
     if let Some(cut) = sniffed.gzip_cut {
+        let left_out = cut_line.map_or(String::new(), |n| {
+            format!(" (line {n}, cut short, left out)")
+        });
         trace.truncated = Some(match trace.truncated.take() {
             Some(t) => format!("{cut}; {t}"),
             None => format!(
-                "{cut}; kept the {} event{} inflated before it",
+                "{cut}; kept the {} event{} inflated before it{left_out}",
                 trace.events.len(),
                 if trace.events.len() == 1 { "" } else { "s" }
             ),
         });
     }
     Ok(trace)
+}
+
+/// `data` up to and including its last line break, and the (1-based) number of the line
+/// after it when that line holds more than white space: the part of a line format that a
+/// cut left whole.
+fn whole_lines(data: &[u8]) -> (&[u8], Option<u64>) {
+    let end = data.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    let tail = &data[end..];
+    if tail.iter().all(u8::is_ascii_whitespace) {
+        return (data, None);
+    }
+    let line = data[..end].iter().filter(|&&b| b == b'\n').count() as u64 + 1;
+    (&data[..end], Some(line))
 }
 
 fn read_format(

@@ -874,3 +874,81 @@ fn a_tar_archive_is_named_as_one() {
          first (tar -xf FILE)"
     );
 }
+
+/// The gzip bytes of `text[..cut]` as a stream that a reader finds cut there: the deflate
+/// data is sync-flushed after `cut` bytes and the rest (and the trailer) never written.
+fn gzip_cut_at(text: &[u8], cut: usize) -> Vec<u8> {
+    use std::io::Write;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&text[..cut]).unwrap();
+    gz.flush().unwrap();
+    gz.get_ref().clone()
+}
+
+/// A gzip'd line format cut inside a line: the part of the line is the cut's, said once in
+/// the truncation note, not again as a bad event ("line N: not valid JSON: EOF while
+/// parsing"), and for CSV not read as an event whose number was cut short.
+#[test]
+fn a_line_cut_by_the_gzip_damage_is_noted_once() {
+    let text = std::fs::read(fixture("sample.jsonl")).unwrap();
+    // Inside line 4 (`{"action":"free","addr":1}`).
+    let cut = text
+        .iter()
+        .enumerate()
+        .filter(|(_, &b)| b == b'\n')
+        .nth(2)
+        .unwrap()
+        .0
+        + 10;
+    let t = read_bytes("cut.jsonl.gz", &gzip_cut_at(&text, cut), lenient()).unwrap();
+    assert_eq!(t.events.len(), 2);
+    assert_eq!(t.preexisting.len(), 1);
+    assert_eq!(
+        (t.skipped_count, t.skipped.len()),
+        (0, 0),
+        "{:?}",
+        t.skipped
+    );
+    let note = t.truncated.unwrap();
+    assert!(
+        note.starts_with("gzip data truncated or corrupt after "),
+        "{note}"
+    );
+    assert!(
+        note.ends_with("; kept the 2 events inflated before it (line 4, cut short, left out)"),
+        "{note}"
+    );
+    // A strict read still stops at the damage and offers what a lenient one keeps.
+    let e = read_bytes("cut.jsonl.gz", &gzip_cut_at(&text, cut), strict())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.ends_with("a lenient read (--lenient) keeps the 2 events inflated before it"),
+        "{e}"
+    );
+    // Cut just after a line break: nothing was cut short, and the note says nothing of it.
+    let t = read_bytes("cut.jsonl.gz", &gzip_cut_at(&text, cut - 9), lenient()).unwrap();
+    assert_eq!((t.events.len(), t.skipped_count), (2, 0));
+    assert!(t
+        .truncated
+        .unwrap()
+        .ends_with("kept the 2 events inflated before it"));
+
+    // An RMM log cut inside the size of line 3 (`...,256,0x5e1a40`): not a 25-byte block.
+    let csv = std::fs::read(fixture("sample_rmm.csv")).unwrap();
+    let line3 = String::from_utf8_lossy(&csv)
+        .lines()
+        .take(2)
+        .map(|l| l.len() + 1)
+        .sum::<usize>();
+    let cut = line3 + "140245,09:12:33.000200,allocate,0x7f5a2c100000,25".len();
+    let t = read_bytes("cut.csv.gz", &gzip_cut_at(&csv, cut), lenient()).unwrap();
+    assert_eq!(t.format, Some(Format::RmmCsv));
+    assert_eq!(t.events.len(), 1);
+    assert_eq!(t.events[0].size_bytes, 1_048_576);
+    assert_eq!(t.skipped_count, 0);
+    assert!(t
+        .truncated
+        .unwrap()
+        .ends_with("kept the 1 event inflated before it (line 3, cut short, left out)"));
+}

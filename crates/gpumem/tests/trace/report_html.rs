@@ -247,3 +247,37 @@ fn stacks_of_a_snapshot_with_frames_show_where_the_memory_comes_from() {
     let v: serde_json::Value = serde_json::from_str(&data).unwrap();
     assert_eq!(v["stacks"]["stacks"].as_array().unwrap().len(), 3);
 }
+
+/// The page of a trace of several devices shows one, and said only its ordinal ("device 0"):
+/// the note that the figures are that device's alone went to stderr, not onto the page that
+/// is passed around. The summary now names the others and how to show them.
+#[test]
+fn a_page_of_several_devices_names_them() {
+    let device_of = |html: &str| -> String {
+        let doc = Html::parse_document(html);
+        let dts: Vec<_> = doc.select(&sel("dl.summary dt")).collect();
+        let dds: Vec<_> = doc.select(&sel("dl.summary dd")).collect();
+        let i = dts
+            .iter()
+            .position(|dt| dt.text().collect::<String>() == "device")
+            .unwrap();
+        dds[i].text().collect()
+    };
+    let (_, html) = page();
+    assert_eq!(device_of(&html), "0");
+    let two = format!(
+        "{TRACE}{}",
+        TRACE.replace("\"addr\":", "\"device\":2,\"addr\":")
+    );
+    let t = read_bytes("two.jsonl", two.as_bytes(), ReadConfig::default()).unwrap();
+    let cfg = ReportConfig {
+        device: Some(2),
+        ..ReportConfig::default()
+    };
+    let r = report::build(&t, "two.jsonl", &cfg, &mut |_| {}).unwrap();
+    assert_eq!(r.summary.allocs, 7);
+    assert_eq!(
+        device_of(&report::html::render(&r)),
+        "2 of 2 (0, 2; --trace-device N shows another)"
+    );
+}
