@@ -200,6 +200,8 @@ pub fn build_read(
         capacity_bytes: capacity.unwrap_or(DEFAULT_CAPACITY),
         allocator_config,
         device: o.trace_device,
+        // As `gpumem replay` decides it (cmd_replay.rs, `follow_recorded`).
+        follow_recorded: conf_source != crate::cmd_tune::ConfSource::Flag && capacity.is_none(),
         ..ReportConfig::default()
     };
     let started = Instant::now();

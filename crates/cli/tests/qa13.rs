@@ -228,3 +228,58 @@ fn advise_direction_offers_only_what_it_takes() {
     assert!(ok, "{err}");
     assert!(out.starts_with("d2h 64.00 MiB per transfer"), "{out}");
 }
+
+/// The report's comparison row of the torch emulation holds `replay --json`'s figures (the page
+/// says it does): the report replayed the emulation on a plain simulated device, where
+/// `replay` follows the recorded run's segment addresses, so where PyTorch broke a tie
+/// between equal free blocks by address the two disagreed (lstm_lm-split_gc: 5.98 GiB
+/// reserved on the page, 6.13 GiB, PyTorch's own figure, in `replay`; gpt2_train: the
+/// inactive split and the allocated peak).
+#[test]
+fn the_report_shows_the_torch_figures_of_replay() {
+    let dir = scratch("report-torch");
+    for trace in [
+        "traces/settings/lstm_lm-split_gc.pickle.gz",
+        "traces/gpt2_train.pickle.gz",
+    ] {
+        let path = common::repo().join(trace);
+        let path = path.to_str().unwrap();
+        let (ok, out, err) = gpumem(&["replay", path, "-a", "torch", "--json", "--no-plan"]);
+        assert!(ok, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let a = &v["allocators"][0];
+        let html = dir.join("r.html");
+        let (ok, _, err) = gpumem(&["report", path, "-a", "torch", "-o", html.to_str().unwrap()]);
+        assert!(ok, "{err}");
+        let page = std::fs::read_to_string(&html).unwrap();
+        let row = page
+            .lines()
+            .find(|l| l.starts_with("<tr data-allocator=\"torch\">"))
+            .unwrap_or_else(|| panic!("{trace}: no torch row"));
+        // The byte cells in order: peak reserved, peak allocated, inactive split.
+        let bytes: Vec<u64> = row
+            .split("data-bytes=\"")
+            .skip(1)
+            .map(|s| s[..s.find('"').unwrap()].parse().unwrap())
+            .collect();
+        let want: Vec<u64> = [
+            "peak_reserved_bytes",
+            "peak_allocated_bytes",
+            "inactive_split_bytes_peak",
+        ]
+        .iter()
+        .map(|k| a[*k].as_u64().unwrap())
+        .collect();
+        assert_eq!(bytes, want, "{trace}: {row}");
+        if trace.contains("split_gc") {
+            // PyTorch's own peak, from the stats file beside the trace.
+            assert_eq!(want[0], 6_582_960_128, "{trace}");
+            assert!(
+                page.contains(
+                    "memory_stats() of the traced run, under its own PYTORCH_CUDA_ALLOC_CONF"
+                ),
+                "{trace}"
+            );
+        }
+    }
+}

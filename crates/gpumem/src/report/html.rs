@@ -241,13 +241,20 @@ fn comparison_table(r: &Report, o: &mut String) {
         } else {
             format!("{:.3}", rec.reserved_peak_bytes as f64 / peak_req as f64)
         };
+        // `traced run` (a `<stem>.stats.json`) is the run under its own setting, which the
+        // settings row above names.
+        let conf = if rec.conf == "traced run" {
+            "under its own PYTORCH_CUDA_ALLOC_CONF".to_string()
+        } else {
+            format!("PYTORCH_CUDA_ALLOC_CONF {}", rec.conf)
+        };
         let _ = writeln!(
             o,
-            "<tr class=\"recorded\"><td>PyTorch, recorded</td><td data-bytes=\"{}\">{}</td><td>{ratio}</td><td>{}</td><td colspan=\"{span}\">torch.cuda.memory_stats() of the traced run, PYTORCH_CUDA_ALLOC_CONF {}</td></tr>",
+            "<tr class=\"recorded\"><td>PyTorch, recorded</td><td data-bytes=\"{}\">{}</td><td>{ratio}</td><td>{}</td><td colspan=\"{span}\">torch.cuda.memory_stats() of the traced run, {}</td></tr>",
             rec.reserved_peak_bytes,
             human(rec.reserved_peak_bytes),
             rec.allocated_peak_bytes.map(human).unwrap_or_default(),
-            esc(&rec.conf),
+            esc(&conf),
             span = if refused { 10 } else { 9 },
         );
     }

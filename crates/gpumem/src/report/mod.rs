@@ -43,6 +43,12 @@ pub struct ReportConfig {
     pub device: Option<u32>,
     /// Columns of the downsampled timelines (the page is about this many pixels wide).
     pub columns: usize,
+    /// The torch emulation runs the recorded run's own setting with no capacity given: its
+    /// device hands out the addresses the trace recorded
+    /// ([`crate::torch_replay::recording_device`]), as `gpumem replay`'s does, so that its
+    /// ties between equal free blocks fall as PyTorch's did and the page's figures are
+    /// `replay`'s.
+    pub follow_recorded: bool,
 }
 
 impl Default for ReportConfig {
@@ -53,6 +59,7 @@ impl Default for ReportConfig {
             allocator_config: AllocatorConfig::default(),
             device: None,
             columns: 2000,
+            follow_recorded: false,
         }
     }
 }
@@ -473,11 +480,24 @@ pub fn build(
                 Vec::new()
             },
         };
+        let recorded_addresses = torch && cfg.follow_recorded;
+        let new_device = || {
+            if recorded_addresses {
+                crate::torch_replay::recording_device(
+                    trace,
+                    device,
+                    &cfg.allocator_config.torch,
+                    cfg.capacity_bytes,
+                )
+            } else {
+                SimDevice::new(cfg.capacity_bytes)
+            }
+        };
         let run = record::record(
             &blocks,
             events,
             alloc.as_mut(),
-            SimDevice::new(cfg.capacity_bytes),
+            new_device(),
             cfg.columns,
             &setup,
         )
@@ -488,7 +508,7 @@ pub fn build(
         })?;
         runs.push(run);
         let mut alloc = registry::build(name, &cfg.allocator_config)?;
-        let mut dev = SimDevice::new(cfg.capacity_bytes);
+        let mut dev = new_device();
         let opts = ReplayConfig {
             device,
             ..ReplayConfig::default()
