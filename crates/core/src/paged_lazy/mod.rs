@@ -6,7 +6,7 @@
 //! unmapping them at once. The strategy's default placement is PyTorch's expandable segments
 //! with one physical handle per growth ([`crate::torch::TorchCachingPool::paged_lazy`]):
 //! measured on eleven real traces and seven perturbations of each (BENCHMARKS.md, issue 11),
-//! that one meets the driver-call and driver-time targets far more often (133 of 154 against
+//! that one meets the driver-call and driver-time targets far more often (147 of 154 against
 //! 46 for this one), and this one keeps the peak within 1.02 × requested on more of them (28
 //! of 77 against 21). Use this one where memory is tighter than calls.
 //!

@@ -42,6 +42,11 @@ use crate::{AllocError, Block as UserBlock, Device, ForeignSegment};
 use super::blocks::{Block, NIL};
 use super::{PoolKind, TorchCachingPool};
 
+/// With coarse handles (`paged-lazy`), the most a growth of the small pool's expandable
+/// segment maps beyond what it needs ([`TorchCachingPool::small_ahead_bytes`]): 4 MiB, two
+/// of its pages.
+pub const SMALL_GROW_AHEAD_BYTES: u64 = 4 << 20;
+
 /// One expandable segment.
 #[derive(Debug, Clone)]
 pub(crate) struct ExpandableSegment {
@@ -654,11 +659,12 @@ impl TorchCachingPool {
     }
 
     /// [`TorchCachingPool::map_block`] of the unmapped block `i` for a growth that needs
-    /// `need` bytes: first with [`TorchCachingPool::grow_ahead_bytes`] more, then, when the
+    /// `need` bytes: first with [`TorchCachingPool::grow_ahead_bytes`] more (and, in the
+    /// small pool, [`TorchCachingPool::small_ahead_bytes`] if that is more), then, when the
     /// device has no room for that (or there is no ahead), only `need` (at most the block).
     fn map_growth(&mut self, dev: &mut dyn Device, i: u32, need: u64) -> Result<bool, DeviceError> {
         let room = self.slab.get(i).size;
-        let ahead = self.grow_ahead_bytes();
+        let ahead = self.grow_ahead_bytes().max(self.small_ahead_bytes(i));
         if ahead > 0 && self.map_block(dev, i, room.min(need.saturating_add(ahead)))? {
             return Ok(true);
         }
@@ -676,6 +682,32 @@ impl TorchCachingPool {
             return 0;
         }
         (u128::from(self.total_allocated) * u128::from(self.grow_ahead_bp) / 10_000) as u64
+    }
+
+    /// With coarse handles, bytes a growth of the *small* pool's segment (blocks of at most
+    /// 1 MiB, 2 MiB pages) maps beyond what it needs, the unmapped block `i` being where it
+    /// grows: as many as the segment holds, at most [`SMALL_GROW_AHEAD_BYTES`], so one or two
+    /// pages beyond the request's (0 in the large pool, and without coarse handles: PyTorch
+    /// maps the pages the request needs).
+    ///
+    /// PyTorch's small pool grows one 2 MiB page at a time, and where small blocks creep up
+    /// over a run (new shapes, fragmentation among them) every growth is three driver calls
+    /// for 2 MiB, in the steady state too. Mapping two pages more (6 MiB a growth once the
+    /// segment holds 4 MiB, for requests of at most 1 MiB) cut the second-half calls of gpt2_train
+    /// from 69 to 33 and of mixed_sizes from 45 to 21, and met the call target on 70 of 77
+    /// copies of the shipped traces instead of 56, with the same 21 copies within 1.02 ×
+    /// peak requested (2 MiB: 65 of 77; 8 MiB: 70, with the held-out gan_train's peak 1.067
+    /// → 1.077 × requested; BENCHMARKS.md, issue 11, thirteenth session). It holds at most 4
+    /// MiB more than PyTorch's growth at the peak.
+    fn small_ahead_bytes(&self, i: u32) -> u64 {
+        let b = self.slab.get(i);
+        if !self.coarse_handles || b.pool != PoolKind::Small {
+            return 0;
+        }
+        self.expandable
+            .get(b.segment as usize)
+            .and_then(Option::as_ref)
+            .map_or(0, |es| es.mapped_bytes().min(SMALL_GROW_AHEAD_BYTES))
     }
 
     /// `unmap_block`: unmaps the whole pages inside the free block `i` of an expandable

@@ -77,6 +77,7 @@ mod validate;
 
 use blocks::{Block, FreeSet, Slab, UnmappedSet, NIL};
 pub use conf::{ConfError, TorchConfig};
+pub use expandable::SMALL_GROW_AHEAD_BYTES;
 use expandable::{ExpandableSegment, RangeToFree, Unreleased};
 pub use sizes::{
     allocation_size, round_size, round_size_with, roundup_power2_next_division, should_split,
@@ -222,7 +223,12 @@ impl TorchCachingPool {
     /// issue 11, eighth session), with the same driver calls on an H200.
     /// Reports itself as `paged-lazy`.
     ///
-    /// Measured (BENCHMARKS.md, issue 11): 1.007–1.016 × peak requested and at most 18 driver
+    /// One more difference: a growth of the small pool's segment maps as many bytes as it
+    /// holds beyond the pages the request needs, at most [`SMALL_GROW_AHEAD_BYTES`] (4 MiB,
+    /// two pages), where PyTorch grows it one 2 MiB page at a time (three calls each, all
+    /// through a run whose small blocks creep up).
+    ///
+    /// Measured (BENCHMARKS.md, issue 11): 1.007–1.016 × peak requested and at most 9 driver
     /// calls in the second half on the BERT, fine-tune and ResNet training traces; real driver
     /// time on an H200 0.30–0.94 × PyTorch's native allocator's on every trace tried.
     ///
@@ -232,8 +238,9 @@ impl TorchCachingPool {
     /// at the end of the segment for the next requests, so a run whose peak creeps up step
     /// after step makes fewer growths (three calls each) and holds up to that share more at
     /// its peak. Measured on 77 copies of the eleven shipped traces (BENCHMARKS.md, issue
-    /// 11): 0 meets the call target on 56 and the peak target on 21; 0.0156 (156 bp) the
-    /// call target on all 77 and the peak target on 4; the driver-time target on all 77 either way.
+    /// 11, thirteenth session): 0 meets the call target on 70 and the peak target on 21;
+    /// 0.0156 (156 bp) the call target on all 77 and the peak target on 4; the driver-time
+    /// target on all 77 either way.
     pub fn paged_lazy(config: &AllocatorConfig) -> Self {
         TorchCachingPool {
             conf: TorchConfig {

@@ -770,7 +770,8 @@ fn expandable_segments_fault_at_every_call_changes_nothing() {
 }
 
 /// `paged-lazy` ([`TorchCachingPool::paged_lazy`]): the placement and figures of
-/// `expandable_segments:True`, but one handle per growth.
+/// `expandable_segments:True` (here, where the small pool grows once), but one handle per
+/// growth.
 #[test]
 fn coarse_handles_map_a_growth_in_three_calls_and_place_as_pytorch() {
     use crate::device::DriverCall;
@@ -1039,6 +1040,60 @@ fn grow_ahead_maps_a_share_of_the_held_bytes_beyond_the_request() {
             assert_eq!(reserved(&t), after_b, "nothing lost on the refusal");
         }
         t.validate().unwrap();
+    }
+}
+
+/// `paged-lazy`'s small pool maps, at each growth, as many pages beyond the request's as the
+/// segment holds, at most [`SMALL_GROW_AHEAD_BYTES`] (4 MiB, two pages): for 1 MiB blocks
+/// 2, 6, 12, 18, 24 MiB mapped after its growths (three driver calls each) where PyTorch's
+/// expandable segment makes a growth per 2 MiB page. The large pool and the emulation of
+/// PyTorch map the pages the request needs. Where the device has no room for the pages
+/// ahead, the growth maps the request's.
+#[test]
+fn the_small_pool_grows_by_what_it_holds_up_to_4_mib() {
+    use crate::device::DriverCall;
+    use crate::torch::SMALL_GROW_AHEAD_BYTES;
+    assert_eq!(SMALL_GROW_AHEAD_BYTES, 4 * MIB);
+    let reserved = |t: &TorchCachingPool| t.stats().reserved_bytes.current;
+    let growths = |d: &SimDevice| d.counters().get(DriverCall::SetAccess);
+    // Run 1 MiB blocks (the small pool's largest), none freed, through a device of
+    // `capacity`: the mapped MiB after each growth, and how many blocks were placed.
+    let run = |capacity: u64, blocks: usize| {
+        let mut t = TorchCachingPool::paged_lazy(&AllocatorConfig::default());
+        let mut d = SimDevice::new(capacity);
+        let mut after_growth = Vec::new();
+        let mut placed = 0;
+        for _ in 0..blocks {
+            let before = growths(&d);
+            if t.allocate(&mut d, MIB, 512, 0).is_err() {
+                break;
+            }
+            placed += 1;
+            if growths(&d) > before {
+                after_growth.push(reserved(&t) / MIB);
+            }
+            t.validate().unwrap();
+        }
+        (after_growth, placed)
+    };
+    // 2 MiB for the first block; then the request's page and one more (the segment holds
+    // one page), then two more each time.
+    assert_eq!(run(1 << 30, 24), (vec![2, 6, 12, 18, 24], 24));
+    // PyTorch's expandable segment: one growth per 2 MiB page.
+    let (mut e, mut ed) = with("expandable_segments:True", 1 << 30);
+    for _ in 0..24 {
+        alloc(&mut e, &mut ed, MIB);
+    }
+    assert_eq!((reserved(&e), growths(&ed)), (24 * MIB, 12));
+    // A 5 MiB device: the second growth has no room for its page ahead and maps the
+    // request's (4 MiB held); the third has room for neither.
+    assert_eq!(run(5 * MIB, 24), (vec![2, 4], 4));
+    // The large pool maps what the request needs (20 MiB pages).
+    let mut t = TorchCachingPool::paged_lazy(&AllocatorConfig::default());
+    let mut d = SimDevice::new(1 << 30);
+    for k in 1..=3 {
+        alloc(&mut t, &mut d, 20 * MIB);
+        assert_eq!((reserved(&t), growths(&d)), (k * 20 * MIB, k));
     }
 }
 
