@@ -512,18 +512,20 @@ fn print_plugin_rows(r: &TuneReport, (rw, cw): (usize, usize)) {
                 human_bytes(b)
             );
         }
-        None => println!("{}", no_pick_reason(r, &ratio, &label)),
+        None => println!("{}", no_pick_reason(r, &label)),
     }
 }
 
-/// The modelled driver time of `row` ÷ the native setting's, when native's is above zero.
-fn driver_time_ratio(r: &TuneReport, row: &tune::PluginRow) -> Option<f64> {
+/// Whether the modelled driver time of `row` is at most 2 × the native setting's (issue 11's
+/// bound). A trace on which native makes no driver time (nothing but 0-byte requests) keeps
+/// only the settings that make none either; without a native row, none.
+fn within_twice_native(r: &TuneReport, row: &tune::PluginRow) -> bool {
     r.rows
         .iter()
         .find(|row| row.conf.is_empty())
-        .map(|row| row.figures.modelled_driver_seconds)
-        .filter(|&n| n > 0.0)
-        .map(|n| row.figures.modelled_driver_seconds / n)
+        .is_some_and(|native| {
+            row.figures.modelled_driver_seconds <= 2.0 * native.figures.modelled_driver_seconds
+        })
 }
 
 /// The gpumem setting `tune` recommends, with its minimum capacity: the one that needs the
@@ -531,9 +533,7 @@ fn driver_time_ratio(r: &TuneReport, row: &tune::PluginRow) -> Option<f64> {
 fn plugin_pick(r: &TuneReport) -> Option<(u64, &tune::PluginRow)> {
     r.plugin_rows
         .iter()
-        .filter(|row| {
-            row.figures.oom_count == 0 && driver_time_ratio(r, row).is_some_and(|x| x <= 2.0)
-        })
+        .filter(|row| row.figures.oom_count == 0 && within_twice_native(r, row))
         .filter_map(|row| row.figures.min_capacity_bytes.map(|b| (b, row)))
         .min_by_key(|(b, _)| *b)
 }
@@ -546,15 +546,11 @@ fn torch_pick(r: &TuneReport) -> Option<&tune::TuneRow> {
 
 /// Why no gpumem setting is recommended: none stays within 2 × native's driver time, or each
 /// one that does has an OOM at the capacity given, or both.
-fn no_pick_reason(
-    r: &TuneReport,
-    ratio: &dyn Fn(&tune::PluginRow) -> Option<f64>,
-    label: &dyn Fn(&tune::PluginRow) -> String,
-) -> String {
+fn no_pick_reason(r: &TuneReport, label: &dyn Fn(&tune::PluginRow) -> String) -> String {
     let fast: Vec<&tune::PluginRow> = r
         .plugin_rows
         .iter()
-        .filter(|row| ratio(row).is_some_and(|x| x <= 2.0))
+        .filter(|row| within_twice_native(r, row))
         .collect();
     let cap = r.capacity_bytes.map(human_bytes).unwrap_or_default();
     let all_oom = |rows: &[&tune::PluginRow]| {

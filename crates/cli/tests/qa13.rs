@@ -283,3 +283,26 @@ fn the_report_shows_the_torch_figures_of_replay() {
         }
     }
 }
+
+/// `tune` on a trace whose requests are all of 0 bytes: native makes no driver time, and a
+/// setting that makes none either is within 2 × of it (it said that none was, as the ratio
+/// 0 ÷ 0 is undefined), so the plug-in's defaults are recommended.
+#[test]
+fn tune_recommends_a_setting_when_native_makes_no_driver_time() {
+    let dir = scratch("tune-zero");
+    let trace = dir.join("zero.jsonl");
+    std::fs::write(
+        &trace,
+        "{\"action\":\"alloc\",\"addr\":1,\"size\":0}\n{\"action\":\"free\",\"addr\":1}\n",
+    )
+    .unwrap();
+    let (ok, out, err) = gpumem(&["tune", trace.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains(
+            "unset GPUMEM_CONF  # the plug-in's defaults (paged-lazy)\n  needs 2.00 MiB: the least memory of gpumem's settings within 2 × native's driver time"
+        ),
+        "{out}"
+    );
+    assert!(!out.contains("none of gpumem's settings"), "{out}");
+}
