@@ -693,12 +693,12 @@ impl TorchCachingPool {
     /// PyTorch's small pool grows one 2 MiB page at a time, and where small blocks creep up
     /// over a run (new shapes, fragmentation among them) every growth is three driver calls
     /// for 2 MiB, in the steady state too. Mapping two pages more (6 MiB a growth once the
-    /// segment holds 4 MiB, for requests of at most 1 MiB) cut the second-half calls of gpt2_train
-    /// from 69 to 33 and of mixed_sizes from 45 to 21, and met the call target on 70 of 77
-    /// copies of the shipped traces instead of 56, with the same 21 copies within 1.02 ×
-    /// peak requested (2 MiB: 65 of 77; 8 MiB: 70, with the held-out gan_train's peak 1.067
-    /// → 1.077 × requested; BENCHMARKS.md, issue 11, thirteenth session). It holds at most 4
-    /// MiB more than PyTorch's growth at the peak.
+    /// segment holds 4 MiB, for requests of at most 1 MiB) cut the second-half calls of
+    /// gpt2_train from 69 to 33 and of mixed_sizes from 45 to 21, and met the call target on
+    /// 70 of 77 copies of the shipped traces instead of 56, with the same 21 copies within
+    /// 1.02 × peak requested (a 2 MiB cap: 65 of 77; 8 MiB: 70, with the held-out gan_train's
+    /// peak 1.067 → 1.077 × requested; BENCHMARKS.md, issue 11, thirteenth session). It
+    /// holds at most 4 MiB more than PyTorch's growth at the peak.
     fn small_ahead_bytes(&self, i: u32) -> u64 {
         let b = self.slab.get(i);
         if !self.coarse_handles || b.pool != PoolKind::Small {
