@@ -828,7 +828,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         timeline: a.timeline.is_some(),
         canary: a.canary,
         min_capacity: a.min_capacity,
-        follow_recorded: conf_source != crate::cmd_tune::ConfSource::Flag && a.capacity.is_none(),
+        follow_recorded: crate::cmd_tune::follows_recorded(conf_source, a.capacity),
     };
     let pb = progress_bar(total_events * names.len() as u64, show_progress);
     pb.set_message(if names.len() == 1 {
@@ -1016,14 +1016,8 @@ const SEMANTICS: &str = "A failed allocation (out of memory after the pool relea
 /// Prints to standard error what the reader noticed: a salvaged truncation, skipped events
 /// (the first five, then how many more) and warnings.
 pub fn print_read_notes(trace: &trace::Trace) {
-    if let Some(t) = &trace.truncated {
-        eprintln!("  truncated: {t}");
-    }
-    for s in trace.skipped.iter().take(5) {
-        eprintln!("  skipped: {s}");
-    }
-    if trace.skipped_count > 5 {
-        eprintln!("  ... and {} more skipped", trace.skipped_count - 5);
+    for n in trace.lenient_notes() {
+        eprintln!("  {n}");
     }
     for w in &trace.warnings {
         eprintln!("  warning: {w}");

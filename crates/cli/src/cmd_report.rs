@@ -200,8 +200,7 @@ pub fn build_read(
         capacity_bytes: capacity.unwrap_or(DEFAULT_CAPACITY),
         allocator_config,
         device: o.trace_device,
-        // As `gpumem replay` decides it (cmd_replay.rs, `follow_recorded`).
-        follow_recorded: conf_source != crate::cmd_tune::ConfSource::Flag && capacity.is_none(),
+        follow_recorded: crate::cmd_tune::follows_recorded(conf_source, capacity),
         ..ReportConfig::default()
     };
     let started = Instant::now();

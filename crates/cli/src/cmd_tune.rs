@@ -63,6 +63,14 @@ impl std::fmt::Display for ConfSource {
     }
 }
 
+/// Whether the torch emulation replays on a device that hands out the recorded run's
+/// segment addresses (`replay`, `report` and `map` decide it alike): only under the trace's
+/// own setting (not `--torch-conf`) and with no `--capacity`, where the emulation makes the
+/// recorded run's cudaMalloc calls.
+pub fn follows_recorded(source: ConfSource, capacity: Option<u64>) -> bool {
+    source != ConfSource::Flag && capacity.is_none()
+}
+
 /// The setting the trace recorded (a snapshot's `allocator_settings`), if it recorded one.
 pub fn recorded_conf(trace: &Trace) -> Result<Option<TorchConfig>> {
     let Some(s) = &trace.allocator_settings else {

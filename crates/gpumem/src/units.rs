@@ -13,12 +13,27 @@ const BINARY_UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
 /// A message naming the text and what was expected: a negative size, no number, an unknown
 /// unit, or a value past `u64`.
 pub fn parse_size(s: &str) -> Result<u64, String> {
+    parse_size_from(s, "≥ 0")
+}
+
+/// [`parse_size`] for a size that must be above zero (a capacity, a segment size, the sizes
+/// of a sweep): a negative size is refused as needing `> 0`. A 0 is still read; the caller
+/// refuses it, naming its flag.
+///
+/// # Errors
+/// As [`parse_size`].
+pub fn parse_positive_size(s: &str) -> Result<u64, String> {
+    parse_size_from(s, "> 0")
+}
+
+/// [`parse_size`], a negative size refused as needing `bound` (`≥ 0`, `> 0`).
+fn parse_size_from(s: &str, bound: &str) -> Result<u64, String> {
     let t = s.trim();
     if t.strip_prefix('-')
         .is_some_and(|n| n.starts_with(|c: char| c.is_ascii_digit() || c == '.'))
     {
         return Err(format!(
-            "`{s}`: expected a size ≥ 0, such as 8GiB, 256MiB, 1.5GB or 4096"
+            "`{s}`: expected a size {bound}, such as 8GiB, 256MiB, 1.5GB or 4096"
         ));
     }
     let split = t
@@ -78,11 +93,14 @@ pub fn parse_size_list(s: &str) -> Result<Vec<u64>, String> {
 /// (for sweeps over sizes).
 ///
 /// # Errors
-/// The first item [`parse_size`] refuses (a negative one said to need `> 0`, as 0 is refused
-/// too), an empty list, or a size of 0.
+/// The first item [`parse_positive_size`] refuses, an empty list, or a size of 0.
 pub fn parse_size_set(s: &str) -> Result<Vec<u64>, String> {
-    let mut v =
-        parse_size_list(s).map_err(|e| e.replace("expected a size ≥ 0", "expected a size > 0"))?;
+    let mut v: Vec<u64> = s
+        .split(',')
+        .map(str::trim)
+        .filter(|x| !x.is_empty())
+        .map(parse_positive_size)
+        .collect::<Result<_, _>>()?;
     if v.is_empty() || v.contains(&0) {
         return Err(format!("`{s}`: give sizes > 0, separated by commas"));
     }

@@ -328,9 +328,8 @@ pub struct Report {
     /// `paged-lazy`'s items that take effect and its placement in words
     /// ([`crate::lazy_conf::describe`]).
     pub settings: Vec<(String, String, String)>,
-    /// What a lenient read left out, as `replay` says it under its `read` line: the cut of a
-    /// salvaged snapshot, the malformed events skipped (the first five, then how many more).
-    /// Empty for a trace read whole.
+    /// What a lenient read left out, as `replay` says it under its `read` line
+    /// ([`Trace::lenient_notes`]). Empty for a trace read whole.
     pub read_notes: Vec<String>,
 }
 
@@ -554,23 +553,8 @@ pub fn build(
                 _ => None,
             })
             .collect(),
-        read_notes: read_notes(trace),
+        read_notes: trace.lenient_notes(),
     })
-}
-
-/// [`Report::read_notes`] of `trace`.
-fn read_notes(trace: &Trace) -> Vec<String> {
-    let mut notes = Vec::new();
-    if let Some(t) = &trace.truncated {
-        notes.push(format!("truncated: {t}"));
-    }
-    for s in trace.skipped.iter().take(5) {
-        notes.push(format!("skipped: {s}"));
-    }
-    if trace.skipped_count > 5 {
-        notes.push(format!("... and {} more skipped", trace.skipped_count - 5));
-    }
-    notes
 }
 
 #[cfg(test)]

@@ -271,6 +271,24 @@ impl Trace {
         self.event_stacks.get(index).copied()
     }
 
+    /// What a lenient read left out, in the words `replay` prints under its `read` line and
+    /// `report` shows on its page: the cut of a salvaged file (`truncated: ...`), the
+    /// malformed events skipped (`skipped: ...`, the first five, then how many more). Empty
+    /// for a trace read whole.
+    pub fn lenient_notes(&self) -> Vec<String> {
+        let mut notes = Vec::new();
+        if let Some(t) = &self.truncated {
+            notes.push(format!("truncated: {t}"));
+        }
+        for s in self.skipped.iter().take(5) {
+            notes.push(format!("skipped: {s}"));
+        }
+        if self.skipped_count > 5 {
+            notes.push(format!("... and {} more skipped", self.skipped_count - 5));
+        }
+        notes
+    }
+
     /// Records a warning (see [`Trace::warnings`]).
     pub fn warn(&mut self, warning: String) {
         if self.warnings.len() < SKIPPED_KEPT {
