@@ -34,6 +34,7 @@ pub mod size_class;
 pub mod stats;
 pub mod tlsf;
 pub mod torch;
+pub mod units;
 
 pub use adaptor::{Capped, Tracked, VmmBook};
 pub use arena::Arena;
