@@ -138,6 +138,14 @@ pub trait Allocator: Send {
     /// `requested/allocated/reserved` counters; `largest_free_bytes` may cost O(free blocks).
     fn stats(&self) -> Stats;
 
+    /// Reserved bytes, current and peak: [`Stats::reserved_bytes`] without the rest of
+    /// [`Allocator::stats`]. O(1) in every allocator of this crate (the replay reads it after
+    /// every event, to take the full statistics only at the event that raises the peak). The
+    /// default takes it from `stats()`.
+    fn reserved_bytes(&self) -> Counter {
+        self.stats().reserved_bytes
+    }
+
     /// Walks every internal structure and checks the invariants.
     ///
     /// # Errors
