@@ -410,7 +410,7 @@ fn figure_cells(f: &tune::Figures, capacity: Option<u64>) -> [String; 5] {
 /// The `†` and `*` footnotes of the marks [`figure_cells`] made for `rows` (setting, figures).
 fn print_footnotes<'a>(rows: impl Iterator<Item = (String, &'a tune::Figures)> + Clone) {
     if rows.clone().any(|(_, f)| f.oom_count > 0) {
-        println!("†: some allocations failed at the capacity given and were dropped; res/req is then ÷ the peak of the requests served.");
+        println!("†: some allocations failed at the capacity given and were dropped; res/req is then ÷ the peak of the requests served, and calls are the failed run's.");
     } else if let Some((setting, f)) = rows.clone().find(|(_, f)| f.refused_count > 0) {
         // Impossible requests are dropped with their frees, as `gpumem replay` drops them.
         println!(
@@ -453,15 +453,14 @@ fn distinct_bytes(a: u64, b: u64) -> (String, String) {
 /// gpumem's settings for the plug-in: a table, then the one that needs the least memory
 /// within 2 × native's modelled driver time (issue 11's bound on driver time).
 /// `(rw, cw)`: the widths of the res/req and calls columns, shared with the first table.
+///
+/// A replay with an OOM at the capacity given dropped allocations and their frees: its driver
+/// time is a failed run's, not comparable with a completing one's. Such a row's driver time
+/// shows `OOM`, and when native's replay fails, the others' are in milliseconds, not ÷ native's.
 fn print_plugin_rows(r: &TuneReport, (rw, cw): (usize, usize)) {
     if r.plugin_rows.is_empty() {
         return;
     }
-    let native = r
-        .rows
-        .iter()
-        .find(|row| row.conf.is_empty())
-        .map(|row| row.figures.modelled_driver_seconds);
     let label = |row: &tune::PluginRow| {
         if row.gpumem_conf.is_empty() {
             "(defaults: paged-lazy)".to_string()
@@ -488,25 +487,16 @@ fn print_plugin_rows(r: &TuneReport, (rw, cw): (usize, usize)) {
         "2nd half",
         "driver time",
     );
-    let ratio = |row: &tune::PluginRow| {
-        native
-            .filter(|&n| n > 0.0)
-            .map(|n| row.figures.modelled_driver_seconds / n)
-    };
     for row in &r.plugin_rows {
         let [peak, res_req, cap, ooms, calls] = figure_cells(&row.figures, r.capacity_bytes);
         println!(
             "{:<w$} {peak:>13} {res_req:>rw$} {cap:>13} {ooms:>5} {calls:>cw$} {:>8} {:>13}",
             label(row),
             row.steady_state_driver_calls,
-            ratio(row)
-                .map(|x| format!("{x:.2} × nat."))
-                .unwrap_or_else(|| format!("{:.1} ms", row.figures.modelled_driver_seconds * 1e3)),
+            driver_time_cell(r, row),
         );
     }
-    println!(
-        "2nd half: driver calls in the second half of the events (the steady state); driver time: modelled H200 driver seconds ÷ the native setting's."
-    );
+    println!("{}", plugin_legend(r));
     print_footnotes(r.plugin_rows.iter().map(|row| (label(row), &row.figures)));
     match plugin_pick(r) {
         Some((b, row)) => {
@@ -524,16 +514,67 @@ fn print_plugin_rows(r: &TuneReport, (rw, cw): (usize, usize)) {
     }
 }
 
-/// Whether the modelled driver time of `row` is at most 2 × the native setting's (issue 11's
-/// bound). A trace on which native makes no driver time (nothing but 0-byte requests) keeps
-/// only the settings that make none either; without a native row, none.
+/// The capacity the replays ran at, as the table prints it (the default device's without
+/// `--capacity`).
+fn capacity_text(r: &TuneReport) -> String {
+    human_bytes(
+        r.capacity_bytes
+            .unwrap_or(gpumem::core::sim::DEFAULT_CAPACITY),
+    )
+}
+
+/// The native setting's row (PyTorch's defaults; the grid always has one).
+fn native_row(r: &TuneReport) -> Option<&tune::TuneRow> {
+    r.rows.iter().find(|row| row.conf.is_empty())
+}
+
+/// Native's modelled driver seconds, where they are a reference: its replay ran without an
+/// OOM at the capacity given (a failed run's time compares with nothing).
+fn native_seconds(r: &TuneReport) -> Option<f64> {
+    native_row(r)
+        .filter(|n| n.figures.oom_count == 0)
+        .map(|n| n.figures.modelled_driver_seconds)
+}
+
+/// The driver-time cell of `row`: `OOM` where its replay failed at the capacity given, else
+/// its modelled driver time ÷ native's (in milliseconds where native's is 0 or failed).
+fn driver_time_cell(r: &TuneReport, row: &tune::PluginRow) -> String {
+    if row.figures.oom_count > 0 {
+        return "OOM".to_string();
+    }
+    match native_seconds(r).filter(|&n| n > 0.0) {
+        Some(n) => format!("{:.2} × nat.", row.figures.modelled_driver_seconds / n),
+        None => format!("{:.1} ms", row.figures.modelled_driver_seconds * 1e3),
+    }
+}
+
+/// The legend under gpumem's table: what `2nd half` and `driver time` are, and why a time is
+/// missing or not ÷ native's when a replay failed at the capacity given.
+fn plugin_legend(r: &TuneReport) -> String {
+    let cap = capacity_text(r);
+    let time = if native_row(r).is_some_and(|n| n.figures.oom_count > 0) {
+        format!("modelled H200 driver milliseconds (native has an OOM at {cap}: a failed run's time is no reference to divide by)")
+    } else {
+        "modelled H200 driver seconds ÷ the native setting's".to_string()
+    };
+    let mut s = format!(
+        "2nd half: driver calls in the second half of the events (the steady state); driver time: {time}."
+    );
+    if r.plugin_rows.iter().any(|row| row.figures.oom_count > 0) {
+        s.push_str(&format!(
+            " OOM: the replay failed at {cap}; a failed run's time is not comparable."
+        ));
+    }
+    s
+}
+
+/// Whether `row` runs at the capacity given within 2 × native's modelled driver time (issue
+/// 11's bound). Both replays must complete there: a failed run's time compares with nothing.
+/// A trace on which native makes no driver time (nothing but 0-byte requests) keeps only the
+/// settings that make none either; without a native row, or when native's replay fails, none.
 fn within_twice_native(r: &TuneReport, row: &tune::PluginRow) -> bool {
-    r.rows
-        .iter()
-        .find(|row| row.conf.is_empty())
-        .is_some_and(|native| {
-            row.figures.modelled_driver_seconds <= 2.0 * native.figures.modelled_driver_seconds
-        })
+    row.figures.oom_count == 0
+        && native_seconds(r).is_some_and(|n| row.figures.modelled_driver_seconds <= 2.0 * n)
 }
 
 /// The gpumem setting `tune` recommends, with its minimum capacity: the one that needs the
@@ -541,7 +582,7 @@ fn within_twice_native(r: &TuneReport, row: &tune::PluginRow) -> bool {
 fn plugin_pick(r: &TuneReport) -> Option<(u64, &tune::PluginRow)> {
     r.plugin_rows
         .iter()
-        .filter(|row| row.figures.oom_count == 0 && within_twice_native(r, row))
+        .filter(|row| within_twice_native(r, row))
         .filter_map(|row| row.figures.min_capacity_bytes.map(|b| (b, row)))
         .min_by_key(|(b, _)| *b)
 }
@@ -552,38 +593,48 @@ fn torch_pick(r: &TuneReport) -> Option<&tune::TuneRow> {
     r.best().filter(|best| best.figures.oom_count == 0)
 }
 
-/// Why no gpumem setting is recommended: none stays within 2 × native's driver time, or each
-/// one that does has an OOM at the capacity given, or both.
+/// Why no gpumem setting is recommended: each has an OOM at the capacity given, or native's
+/// has (no reference time), or none of those that run stays within 2 × native's driver time.
 fn no_pick_reason(r: &TuneReport, label: &dyn Fn(&tune::PluginRow) -> String) -> String {
-    let fast: Vec<&tune::PluginRow> = r
+    let cap = capacity_text(r);
+    let runs: Vec<String> = r
         .plugin_rows
         .iter()
-        .filter(|row| within_twice_native(r, row))
+        .filter(|row| row.figures.oom_count == 0)
+        .map(label)
         .collect();
-    let cap = r.capacity_bytes.map(human_bytes).unwrap_or_default();
-    let all_oom = |rows: &[&tune::PluginRow]| {
-        r.capacity_bytes.is_some() && rows.iter().all(|row| row.figures.oom_count > 0)
-    };
-    if fast.is_empty() {
-        let every: Vec<&tune::PluginRow> = r.plugin_rows.iter().collect();
-        if all_oom(&every) {
-            return format!("none of gpumem's settings stays within 2 × native's driver time on this trace, and every one has an OOM at {cap}");
-        }
-        return "none of gpumem's settings stays within 2 × native's driver time on this trace"
-            .to_string();
-    }
-    if all_oom(&fast) {
-        let least = fast
+    if runs.is_empty() {
+        let least = r
+            .plugin_rows
             .iter()
             .filter_map(|row| row.figures.min_capacity_bytes.map(|b| (b, row)))
             .min_by_key(|(b, _)| *b);
         return match least {
             Some((b, row)) => format!(
-                "every gpumem setting within 2 × native's driver time has an OOM at {cap}; the least demanding, {}, needs {} (a larger --capacity, or none, to compare them)",
+                "every gpumem setting has an OOM at {cap}; the least demanding, {}, needs {} (a larger --capacity, or none, to compare them)",
                 label(row),
                 human_bytes(b)
             ),
-            None => format!("every gpumem setting within 2 × native's driver time has an OOM at {cap}"),
+            None => format!("every gpumem setting has an OOM at {cap}"),
+        };
+    }
+    match native_row(r) {
+        None => return "no native row to bound gpumem's settings' driver time by".to_string(),
+        Some(n) if n.figures.oom_count > 0 => {
+            return format!(
+                "native has an OOM at {cap}, so it has no driver time there to bound gpumem's settings by: none is recommended, though {} run{} at {cap} (a larger --capacity, or none, to compare them)",
+                runs.join(", "),
+                if runs.len() == 1 { "s" } else { "" }
+            );
+        }
+        Some(_) => {}
+    }
+    if !r.plugin_rows.iter().any(|row| within_twice_native(r, row)) {
+        return if runs.len() == r.plugin_rows.len() {
+            "none of gpumem's settings stays within 2 × native's driver time on this trace"
+                .to_string()
+        } else {
+            format!("none of gpumem's settings that run at {cap} stays within 2 × native's driver time; the others have an OOM there")
         };
     }
     "no gpumem setting within 2 × native's driver time has a minimum capacity on this trace"
@@ -596,5 +647,111 @@ fn shell_value(conf: &str) -> String {
         format!("'{conf}'")
     } else {
         conf.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn figures(oom_count: u64, seconds: f64, min_capacity_bytes: u64) -> tune::Figures {
+        tune::Figures {
+            peak_reserved_bytes: 8 * GIB,
+            reserved_over_requested: 1.0,
+            min_capacity_bytes: Some(min_capacity_bytes),
+            smallest_completing_bytes: Some(min_capacity_bytes),
+            oom_count,
+            refused_count: 0,
+            first_refusal: None,
+            driver_calls_total: 100,
+            modelled_driver_seconds: seconds,
+        }
+    }
+
+    /// A report at 8 GiB: native's replay with `native_ooms` OOMs and 1 s of driver time;
+    /// gpumem's settings `(conf, OOMs, seconds, min capacity)`.
+    fn report(native_ooms: u64, plugins: &[(&str, u64, f64, u64)]) -> TuneReport {
+        TuneReport {
+            trace_setting: "native".into(),
+            peak_requested_bytes: 7 * GIB,
+            capacity_bytes: Some(8 * GIB),
+            rows: vec![tune::TuneRow {
+                setting: "native".into(),
+                conf: String::new(),
+                is_trace_setting: true,
+                figures: figures(native_ooms, 1.0, 9 * GIB),
+            }],
+            paged_min_capacity_bytes: None,
+            plugin_rows: plugins
+                .iter()
+                .map(|&(conf, ooms, seconds, min)| tune::PluginRow {
+                    gpumem_conf: conf.into(),
+                    strategy: "paged-lazy".into(),
+                    figures: figures(ooms, seconds, min),
+                    steady_state_driver_calls: 0,
+                })
+                .collect(),
+            seconds: 0.0,
+            threads: 1,
+        }
+    }
+
+    fn label(row: &tune::PluginRow) -> String {
+        row.gpumem_conf.clone()
+    }
+
+    /// Native fails at the capacity: its time bounds nothing, so the setting that runs there
+    /// (1.5 × a failed run's time) is not recommended and its time is shown in ms; the one
+    /// that fails shows `OOM`, not `0.10 × nat.`.
+    #[test]
+    fn a_failed_native_run_bounds_no_driver_time() {
+        let r = report(1, &[("ok", 0, 1.5, 10 * GIB), ("fails", 1, 0.1, 5 * GIB)]);
+        assert!(plugin_pick(&r).is_none());
+        assert_eq!(driver_time_cell(&r, &r.plugin_rows[0]), "1500.0 ms");
+        assert_eq!(driver_time_cell(&r, &r.plugin_rows[1]), "OOM");
+        assert_eq!(
+            no_pick_reason(&r, &label),
+            "native has an OOM at 8.00 GiB, so it has no driver time there to bound gpumem's settings by: none is recommended, though ok runs at 8.00 GiB (a larger --capacity, or none, to compare them)"
+        );
+        assert_eq!(
+            plugin_legend(&r),
+            "2nd half: driver calls in the second half of the events (the steady state); driver time: modelled H200 driver milliseconds (native has an OOM at 8.00 GiB: a failed run's time is no reference to divide by). OOM: the replay failed at 8.00 GiB; a failed run's time is not comparable."
+        );
+    }
+
+    /// Native runs; the setting that fails is not "within 2 × native's driver time" by its
+    /// failed run's 0.1 s, and the one that runs takes 3 × native's: none is recommended, and
+    /// the reason says so (it said every setting within 2 × native's had an OOM).
+    #[test]
+    fn a_failed_plugin_run_is_not_within_twice_native() {
+        let r = report(0, &[("slow", 0, 3.0, 10 * GIB), ("fails", 1, 0.1, 5 * GIB)]);
+        assert!(!within_twice_native(&r, &r.plugin_rows[1]));
+        assert!(plugin_pick(&r).is_none());
+        assert_eq!(driver_time_cell(&r, &r.plugin_rows[0]), "3.00 × nat.");
+        assert_eq!(driver_time_cell(&r, &r.plugin_rows[1]), "OOM");
+        assert_eq!(
+            no_pick_reason(&r, &label),
+            "none of gpumem's settings that run at 8.00 GiB stays within 2 × native's driver time; the others have an OOM there"
+        );
+        // A completing setting within the bound is picked over a smaller one that fails.
+        let r = report(0, &[("ok", 0, 1.9, 10 * GIB), ("fails", 1, 0.1, 5 * GIB)]);
+        let (b, row) = plugin_pick(&r).unwrap();
+        assert_eq!((b, row.gpumem_conf.as_str()), (10 * GIB, "ok"));
+        assert_eq!(
+            plugin_legend(&r),
+            "2nd half: driver calls in the second half of the events (the steady state); driver time: modelled H200 driver seconds ÷ the native setting's. OOM: the replay failed at 8.00 GiB; a failed run's time is not comparable."
+        );
+    }
+
+    /// Every gpumem setting fails: the least demanding is named.
+    #[test]
+    fn every_plugin_run_failing_names_the_least_demanding() {
+        let r = report(1, &[("a", 2, 1.0, 10 * GIB), ("b", 1, 0.1, 9 * GIB)]);
+        assert_eq!(
+            no_pick_reason(&r, &label),
+            "every gpumem setting has an OOM at 8.00 GiB; the least demanding, b, needs 9.00 GiB (a larger --capacity, or none, to compare them)"
+        );
     }
 }

@@ -4,7 +4,9 @@
 //!
 //! NVML (`libnvidia-ml.so.1`) is loaded at run time by nvml-wrapper: a machine without the
 //! NVIDIA driver builds and runs gpumem, and `watch` says why there is nothing to watch; given
-//! `--pool-stats`, it says so once and shows the pools, which need no driver to be read.
+//! `--pool-stats`, it says so once and shows the pools, which need no driver to be read. With
+//! no driver and no pool statistics either, the live view stops as `--once` does (an error:
+//! nothing to watch) before it takes the terminal.
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -334,28 +336,32 @@ pub fn run(a: WatchArgs) -> Result<()> {
         Some(n) => selected(&a.device, n.device_count().context("NVML: device count")?)?,
         None => Vec::new(),
     };
-    if a.once {
-        let (s, notes) = sample(
-            nvml.as_ref(),
-            nvml_error.as_deref(),
-            &which,
-            pool_stats.as_ref(),
-        )?;
-        for n in &notes {
-            eprintln!("note: {n}");
+    // The live view stops where `--once` does: without NVML and without a pool, before it
+    // takes the terminal (it showed an empty screen until `q`).
+    let (s, notes) = sample(
+        nvml.as_ref(),
+        nvml_error.as_deref(),
+        &which,
+        pool_stats.as_ref(),
+    )?;
+    for n in &notes {
+        eprintln!("note: {n}");
+    }
+    if let (Some(e), Some(dir)) = (&nvml_error, &pool_stats) {
+        if s.pools.is_empty() {
+            bail!(
+                "{e}, and {} holds no gpumem pool statistics (*.json, as the PyTorch plug-in's gpumem_stats_json writes them): nothing to watch",
+                dir.display()
+            );
         }
-        if let (Some(e), Some(dir)) = (&nvml_error, &pool_stats) {
-            if s.pools.is_empty() {
-                bail!(
-                    "{e}, and {} holds no gpumem pool statistics (*.json, as the PyTorch plug-in's gpumem_stats_json writes them): nothing to watch",
-                    dir.display()
-                );
-            }
+        if a.once {
             eprintln!(
                 "note: {e}: no GPU figures, only the gpumem pools of {}",
                 dir.display()
             );
         }
+    }
+    if a.once {
         if a.json {
             println!("{}", serde_json::to_string_pretty(&s)?);
         } else {
@@ -367,6 +373,7 @@ pub fn run(a: WatchArgs) -> Result<()> {
         bail!("the live view needs a terminal: use --once (and --json) in scripts");
     }
     live(
+        s,
         nvml.as_ref(),
         nvml_error.as_deref(),
         &which,
@@ -375,7 +382,9 @@ pub fn run(a: WatchArgs) -> Result<()> {
     )
 }
 
+/// The live view from the first sample `first`, a sample every `interval` until `q` or Esc.
 fn live(
+    first: Sample,
     nvml: Option<&Nvml>,
     nvml_error: Option<&str>,
     which: &[u32],
@@ -385,7 +394,7 @@ fn live(
     use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind};
     let mut terminal = ratatui::init();
     let result = (|| -> Result<()> {
-        let mut s = sample(nvml, nvml_error, which, pool_dir)?.0;
+        let mut s = first;
         let mut last = Instant::now();
         loop {
             terminal.draw(|f| draw(f, &s, interval))?;

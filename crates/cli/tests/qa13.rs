@@ -93,6 +93,83 @@ fn watch_shows_the_pools_without_a_driver() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// The live view (no `--once`) without a driver and with an empty pool-stats folder, from
+/// `--pool-stats` or `$GPUMEM_STATS_DIR`: it took the terminal and showed an empty screen until
+/// `q` (without a terminal it said "the live view needs a terminal"), where `--once` says there
+/// is nothing to watch. It now stops alike: the same one-line error, the same failing status.
+#[test]
+fn the_live_watch_stops_where_once_does() {
+    let dir = scratch("watch-live-empty");
+    let d = dir.to_str().unwrap();
+    let run = |args: &[&str], var: Option<&str>| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_gpumem"));
+        c.args(args).env_remove("GPUMEM_STATS_DIR");
+        if let Some(v) = var {
+            c.env("GPUMEM_STATS_DIR", v);
+        }
+        let out = c.output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let once = run(&["watch", "--once", "--pool-stats", d], None);
+    if !once.2.contains("no NVIDIA driver") {
+        // A machine with a driver has something to watch.
+        std::fs::remove_dir_all(&dir).unwrap();
+        return;
+    }
+    let expected = format!("error: no NVIDIA driver (libnvidia-ml.so.1, NVML) found, and {d} holds no gpumem pool statistics (*.json, as the PyTorch plug-in's gpumem_stats_json writes them): nothing to watch");
+    assert_eq!(once.2.trim_end(), expected);
+    assert!(!once.0 && once.1.is_empty());
+    for (args, var) in [
+        (vec!["watch", "--pool-stats", d], None),
+        (vec!["watch"], Some(d)),
+        (vec!["watch", "--interval", "100ms"], Some(d)),
+    ] {
+        let (ok, out, err) = run(&args, var);
+        assert!(!ok && out.is_empty(), "{args:?}: {out}");
+        one_line_error(&err);
+        assert_eq!(err.trim_end(), expected, "{args:?}");
+    }
+    // In a terminal (util-linux `script` gives it one, where it is installed): it stops, where
+    // it ran until killed.
+    let script = std::process::Command::new("script")
+        .args(["-qec"])
+        .arg(format!(
+            "{} watch --pool-stats {d}",
+            env!("CARGO_BIN_EXE_gpumem")
+        ))
+        .arg("/dev/null")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    if let Ok(mut child) = script {
+        let started = std::time::Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if started.elapsed() > std::time::Duration::from_secs(20) {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                break None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        let out = child.wait_with_output().unwrap();
+        let shown = String::from_utf8_lossy(&out.stdout);
+        let status = status.expect("the live view in a terminal did not stop in 20 s");
+        assert!(!status.success(), "{shown}");
+        assert!(shown.contains("nothing to watch"), "{shown}");
+        // The terminal was never taken (no alternate screen).
+        assert!(!shown.contains("\x1b[?1049h"), "{shown}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A negative number given to a flag that counts or numbers something was taken for an
 /// unknown flag: "unexpected argument '-1' found; tip: to pass '-1' as a value, use '-- -1'",
 /// advice that does not work. Each now says what it expected; `--repeats 0` said "0 is not in

@@ -128,7 +128,12 @@ impl DriverCounters {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DeviceError {
     /// Not enough physical memory (CUDA_ERROR_OUT_OF_MEMORY).
-    #[error("device out of memory: requested {requested_bytes} B, {free_bytes} B free of {capacity_bytes} B")]
+    #[error(
+        "device out of memory: requested {}, {} free of {}",
+        crate::units::bytes_exact(*.requested_bytes),
+        crate::units::bytes_exact(*.free_bytes),
+        crate::units::bytes_exact(*.capacity_bytes)
+    )]
     OutOfMemory {
         /// Bytes asked for.
         requested_bytes: u64,

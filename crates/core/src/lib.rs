@@ -34,6 +34,7 @@ pub mod size_class;
 pub mod stats;
 pub mod tlsf;
 pub mod torch;
+pub mod units;
 
 pub use adaptor::{Capped, Tracked, VmmBook};
 pub use arena::Arena;
@@ -136,6 +137,14 @@ pub trait Allocator: Send {
     /// Current and peak figures. Must be cheap (O(1) or O(log n)) for the
     /// `requested/allocated/reserved` counters; `largest_free_bytes` may cost O(free blocks).
     fn stats(&self) -> Stats;
+
+    /// Reserved bytes, current and peak: [`Stats::reserved_bytes`] without the rest of
+    /// [`Allocator::stats`]. O(1) in every allocator of this crate (the replay reads it after
+    /// every event, to take the full statistics only at the event that raises the peak). The
+    /// default takes it from `stats()`.
+    fn reserved_bytes(&self) -> Counter {
+        self.stats().reserved_bytes
+    }
 
     /// Walks every internal structure and checks the invariants.
     ///

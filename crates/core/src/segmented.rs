@@ -411,6 +411,10 @@ impl Allocator for SegmentedPool {
         s
     }
 
+    fn reserved_bytes(&self) -> crate::Counter {
+        self.tracker.stats.reserved_bytes
+    }
+
     fn validate(&self) -> Result<(), AllocError> {
         let err = |m: String| AllocError::Internal(format!("{} pool: {m}", self.kind.name()));
         let st = &self.tracker.stats;

@@ -53,7 +53,8 @@ pub struct ReplayConfig {
     /// Fill every block with a pattern at allocation and check it at free (needs a device
     /// with memory contents; overlapping blocks show as canary errors).
     pub canary: bool,
-    /// Sample fragmentation figures (about 1000 times per replay); off for capacity probes.
+    /// Sample fragmentation figures (about 1000 times per replay) and take the external
+    /// fragmentation at the event that sets the reserved peak; off for capacity probes.
     pub sample_fragmentation: bool,
     /// Stop at the first out-of-memory (capacity probes only need to know whether the trace
     /// completes; a refused request, an impossible size or alignment, fails at every capacity
@@ -124,9 +125,12 @@ pub struct ReplayReport {
     /// only, or none served): no ratio. Equals peak reserved ÷ the trace's peak requested
     /// when every allocation was served.
     pub reserved_over_requested: f64,
-    /// Highest external fragmentation `1 − largest_free / free` over the samples.
+    /// Highest external fragmentation `1 − largest_free / free` over the samples (about 1000
+    /// per replay) and the moment of peak reserved ([`Self::external_fragmentation_at_peak`]).
     pub peak_external_fragmentation: f64,
-    /// External fragmentation at the moment of peak reserved memory.
+    /// External fragmentation right after the event during which reserved bytes reached their
+    /// final peak (exact: the reserved peak is read after every event; 0 without
+    /// [`ReplayConfig::sample_fragmentation`]).
     pub external_fragmentation_at_peak: f64,
     /// Internal fragmentation `(allocated − requested) / allocated` at peak allocated.
     pub internal_fragmentation_at_peak: f64,
@@ -1025,7 +1029,18 @@ pub fn replay_prepared(
     }
 
     let mut index: u64 = 0;
+    // The reserved peak so far; what the pre-existing blocks took counts as the state before
+    // the first event.
     let mut peak_reserved_seen = 0u64;
+    if opts.sample_fragmentation {
+        let peak = alloc.reserved_bytes().peak;
+        if peak > 0 {
+            peak_reserved_seen = peak;
+            let f = alloc.stats().external_fragmentation();
+            report.external_fragmentation_at_peak = f;
+            report.peak_external_fragmentation = f;
+        }
+    }
     let mut bucket: Option<Sample> = None;
     let half = summary.events / 2;
     let mut calls_at_half = (half == 0).then(|| dev.counters().total());
@@ -1054,6 +1069,20 @@ pub fn replay_prepared(
                     align,
                     e.stream,
                 )?;
+                // Only an allocation takes memory from the device: the reserved peak after
+                // each (O(1)), the full statistics only where it rose, so that frag@pk is the
+                // external fragmentation right after the event that set the final peak.
+                if opts.sample_fragmentation {
+                    let peak = alloc.reserved_bytes().peak;
+                    if peak > peak_reserved_seen {
+                        peak_reserved_seen = peak;
+                        let f = alloc.stats().external_fragmentation();
+                        report.external_fragmentation_at_peak = f;
+                        // A value seen: the sampled highest is at least that.
+                        report.peak_external_fragmentation =
+                            report.peak_external_fragmentation.max(f);
+                    }
+                }
                 // Stop at an out-of-memory (the first, or the replay would have stopped), not
                 // at a refused request.
                 if !served && opts.stop_at_first_failure && report.oom_count > 0 {
@@ -1134,10 +1163,6 @@ pub fn replay_prepared(
         }
         if sample_frag || index.is_multiple_of(4096) {
             let s = alloc.stats();
-            if s.reserved_bytes.peak > peak_reserved_seen {
-                peak_reserved_seen = s.reserved_bytes.peak;
-                report.external_fragmentation_at_peak = s.external_fragmentation();
-            }
             if sample_frag {
                 report.peak_external_fragmentation = report
                     .peak_external_fragmentation
@@ -1357,5 +1382,73 @@ mod tests {
     fn canary_patterns_differ_between_neighbours() {
         assert_ne!(canary_pattern(0x1000), canary_pattern(0x1200));
         assert_ne!(canary_pattern(0), 0);
+    }
+
+    /// frag@pk is the external fragmentation right after the event during which reserved
+    /// bytes reached their final peak, not at the next sample (every 16 events on a short
+    /// trace). Under the torch emulation: six 3 MiB blocks in one 20 MiB segment, three of them
+    /// freed (holes of 3 MiB, 2 MiB left at the end), then a 25 MiB block takes a second
+    /// segment (the peak: 46 MiB), so 11 MiB are free with 3 MiB the largest run: 1 − 3/11.
+    /// The two neighbours freed next merge the holes, and the 3 MiB blocks allocated and freed
+    /// after that reserve nothing more: the sample after event 16 saw 1 − 15/17.
+    #[test]
+    fn fragmentation_at_peak_is_taken_at_the_peak_event() {
+        use gpumem_core::config::AllocatorConfig;
+        use gpumem_core::registry;
+        use gpumem_core::sim::SimDevice;
+        const MIB: u64 = 1 << 20;
+        let mut trace = Trace::default();
+        for a in 1..=6 {
+            trace.events.push(Event::new(Action::Alloc, a, 3 * MIB));
+        }
+        for a in [1, 3, 5] {
+            trace.events.push(Event::new(Action::Free, a, 0));
+        }
+        trace.events.push(Event::new(Action::Alloc, 100, 25 * MIB));
+        for a in [2, 4] {
+            trace.events.push(Event::new(Action::Free, a, 0));
+        }
+        for a in 200..215 {
+            trace.events.push(Event::new(Action::Alloc, a, 3 * MIB));
+            trace.events.push(Event::new(Action::Free, a, 0));
+        }
+        let run = |trace: &Trace, name: &str| {
+            let mut alloc = registry::build(name, &AllocatorConfig::default()).unwrap();
+            let mut dev = SimDevice::new(gpumem_core::sim::DEFAULT_CAPACITY);
+            replay(
+                trace,
+                alloc.as_mut(),
+                &mut dev,
+                &ReplayConfig::default(),
+                &mut |_| {},
+            )
+            .unwrap()
+        };
+        let torch = run(&trace, "torch");
+        assert_eq!(torch.peak_reserved_bytes, 46 * MIB);
+        assert_eq!(torch.external_fragmentation_at_peak, 1.0 - 3.0 / 11.0);
+        // Every strategy: the figure is the one after the first event whose prefix of the
+        // trace reaches the whole trace's reserved peak.
+        for name in ["buddy", "tlsf", "best-fit", "torch", "paged", "paged-lazy"] {
+            let whole = run(&trace, name);
+            let at_peak = (1..=trace.events.len())
+                .map(|n| Trace {
+                    events: trace.events[..n].to_vec(),
+                    ..Trace::default()
+                })
+                .map(|prefix| run(&prefix, name))
+                .find(|r| r.peak_reserved_bytes == whole.peak_reserved_bytes)
+                .unwrap();
+            assert_eq!(
+                whole.external_fragmentation_at_peak,
+                at_peak.final_stats.external_fragmentation(),
+                "{name}"
+            );
+            // The highest seen is at least the figure at the peak.
+            assert!(
+                whole.peak_external_fragmentation >= whole.external_fragmentation_at_peak,
+                "{name}"
+            );
+        }
     }
 }

@@ -88,15 +88,27 @@ pub fn preexisting_allocs(
     (adopted_calls, pool.torch_stats().num_device_alloc - before)
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Devices [`recording_device`] built on this thread (a test counts them).
+    pub(crate) static RECORDING_DEVICES_BUILT: std::cell::Cell<u64> =
+        const { std::cell::Cell::new(0) };
+}
+
 /// A simulated device of `capacity_bytes` that hands out the addresses `trace` recorded on
 /// `device` (when it recorded segment events) for the emulation under `conf`: first those of
 /// the segments held before recording started, then those of its `segment_alloc` events.
+///
+/// Building it replays the blocks live before recording started through the emulation
+/// ([`preexisting_allocs`]) and scans the trace: a caller that replays twice clones one.
 pub fn recording_device(
     trace: &Trace,
     device: u32,
     conf: &TorchConfig,
     capacity_bytes: u64,
 ) -> SimDevice {
+    #[cfg(test)]
+    RECORDING_DEVICES_BUILT.with(|n| n.set(n.get() + 1));
     let mut dev = SimDevice::new(capacity_bytes);
     let calls = recorded_calls(trace, device);
     if !calls.is_empty() {

@@ -108,9 +108,10 @@ pub struct Figures {
     /// The first refusal (`event index N: ...`), when there was one.
     pub first_refusal: Option<String>,
     /// Driver calls of the replay (cudaMalloc/cudaFree, or the VMM calls of expandable
-    /// segments and gpumem's strategies).
+    /// segments and gpumem's strategies). Where `oom_count` > 0, those of a failed run (its
+    /// failed allocations and their frees dropped): not comparable with a completing run's.
     pub driver_calls_total: u64,
-    /// Modelled H200 seconds of those calls.
+    /// Modelled H200 seconds of those calls (a failed run's where `oom_count` > 0).
     pub modelled_driver_seconds: f64,
 }
 
@@ -150,6 +151,31 @@ fn search_upper(capacity_bytes: Option<u64>, rep: &ReplayReport) -> u64 {
     }
 }
 
+/// Sorts `rows` best first, as [`TuneReport::rows`] documents: fewest OOMs at the capacity
+/// given, then smallest capacity, then lowest peak reserved, then, among those with no OOM,
+/// fewest driver calls. A replay with an OOM dropped allocations and their frees: its driver
+/// calls are a failed run's and rank nothing (the sort is stable: such rows keep their order).
+pub fn rank(rows: &mut [TuneRow]) {
+    rows.sort_by(|a, b| {
+        let (a, b) = (&a.figures, &b.figures);
+        (
+            a.oom_count,
+            a.min_capacity_bytes.unwrap_or(u64::MAX),
+            a.peak_reserved_bytes,
+        )
+            .cmp(&(
+                b.oom_count,
+                b.min_capacity_bytes.unwrap_or(u64::MAX),
+                b.peak_reserved_bytes,
+            ))
+            .then(if a.oom_count == 0 {
+                a.driver_calls_total.cmp(&b.driver_calls_total)
+            } else {
+                std::cmp::Ordering::Equal
+            })
+    });
+}
+
 /// gpumem's settings that [`tune`] replays beside PyTorch's, as `GPUMEM_CONF` values: the
 /// plug-in's default (`paged-lazy`, PyTorch's expandable-segments placement with one handle per
 /// growth), `grow_ahead=0.0156` (fewer driver calls for a slightly higher peak),
@@ -182,8 +208,8 @@ pub struct TuneReport {
     pub peak_requested_bytes: u64,
     /// The capacity given, if any.
     pub capacity_bytes: Option<u64>,
-    /// Every setting, best first: no OOM at the capacity given, then smallest capacity,
-    /// then lowest peak reserved, then fewest driver calls.
+    /// Every setting, best first: fewest OOMs at the capacity given, then smallest capacity,
+    /// then lowest peak reserved, then, among those with no OOM, fewest driver calls.
     pub rows: Vec<TuneRow>,
     /// Smallest capacity for gpumem's own `paged` allocator (the `strategy=paged` row of
     /// `plugin_rows`).
@@ -410,20 +436,7 @@ pub fn tune_with_progress(
         .iter()
         .find(|r| r.strategy == "paged")
         .and_then(|r| r.figures.min_capacity_bytes);
-    rows.sort_by(|a, b| {
-        let (a, b) = (&a.figures, &b.figures);
-        (
-            a.oom_count,
-            a.min_capacity_bytes.unwrap_or(u64::MAX),
-            a.peak_reserved_bytes,
-        )
-            .cmp(&(
-                b.oom_count,
-                b.min_capacity_bytes.unwrap_or(u64::MAX),
-                b.peak_reserved_bytes,
-            ))
-            .then(a.driver_calls_total.cmp(&b.driver_calls_total))
-    });
+    rank(&mut rows);
     Ok(TuneReport {
         trace_setting: own.to_string(),
         peak_requested_bytes: summary.peak_requested_bytes,
@@ -456,6 +469,36 @@ mod tests {
         assert_eq!(grow.grow_ahead_bp, 156);
         let pages = crate::lazy_conf::parse(PLUGIN_SETTINGS[2]).unwrap();
         assert_eq!(pages.placement, LazyPlacement::Pages);
+    }
+
+    #[test]
+    fn failed_replays_are_not_ranked_by_their_driver_calls() {
+        let row = |setting: &str, oom_count: u64, calls: u64| TuneRow {
+            setting: setting.into(),
+            conf: setting.into(),
+            is_trace_setting: false,
+            figures: Figures {
+                peak_reserved_bytes: 8 << 30,
+                reserved_over_requested: 1.0,
+                min_capacity_bytes: Some(9 << 30),
+                smallest_completing_bytes: Some(9 << 30),
+                oom_count,
+                refused_count: 0,
+                first_refusal: None,
+                driver_calls_total: calls,
+                modelled_driver_seconds: calls as f64 * 1e-3,
+            },
+        };
+        let mut rows = vec![
+            row("fail-many", 1, 900),
+            row("fail-few", 1, 10),
+            row("run-many", 0, 500),
+            row("run-few", 0, 50),
+        ];
+        rank(&mut rows);
+        let order: Vec<&str> = rows.iter().map(|r| r.setting.as_str()).collect();
+        // The completing rows by their calls; the failed ones in their grid order.
+        assert_eq!(order, ["run-few", "run-many", "fail-many", "fail-few"]);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! Sizes on the command line take B, KB/MB/GB/TB (powers of 1000), KiB/MiB/GiB/TiB (powers
 //! of 1024), or K/M/G/T (binary, like PyTorch and nvidia-smi). Sizes printed are binary.
 
-const BINARY_UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+use gpumem_core::units::BINARY_UNITS;
 
 /// Parses a size with an optional unit (see the module docs): `8GiB`, `256MiB`, `1.5GB`,
 /// `4096`, `2g`; `_` may group digits.
@@ -110,22 +110,16 @@ pub fn parse_size_set(s: &str) -> Result<Vec<u64>, String> {
 }
 
 /// Bytes with a binary unit and three significant digits, for tables: `512 B`, `1.50 KiB`,
-/// `256.0 MiB`.
+/// `256.0 MiB` (the algorithms' error messages print sizes with the same function,
+/// [`gpumem_core::units::bytes`]).
 pub fn bytes(b: u64) -> String {
-    if b < 1024 {
-        return format!("{b} B");
-    }
-    let mut v = b as f64 / 1024.0;
-    let mut i = 1;
-    while v >= 1024.0 && i < BINARY_UNITS.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    if v >= 100.0 {
-        format!("{v:.1} {}", BINARY_UNITS[i])
-    } else {
-        format!("{v:.2} {}", BINARY_UNITS[i])
-    }
+    gpumem_core::units::bytes(b)
+}
+
+/// [`bytes`], then the exact count of bytes, grouped by three: `3.07 GiB (3,298,534,883 B)`
+/// (`512 B` below 1 KiB), for messages that must not round (an out-of-memory request).
+pub fn bytes_exact(b: u64) -> String {
+    gpumem_core::units::bytes_exact(b)
 }
 
 /// Bytes with a binary unit, whole numbers without decimals, for sizes that are usually

@@ -403,7 +403,7 @@ pub(super) fn print_notes(j: &JsonOut, capacity: u64) {
     if !j.trace.planned_layout.is_empty() {
         println!("planned layout: every block at one address for its life, placed with the whole trace known in advance (greedy: the smaller of largest-first, as TensorFlow Lite's planner, and longest-lived-first; requests rounded to 512 B), ÷ peak requested in brackets; what foresight alone buys a placement that never moves memory. A heuristic, not a floor: paged, which remaps pages, often goes below it.");
     }
-    println!("ext.frag: highest external fragmentation 1 - largest free block / free bytes; frag@pk: the same at peak reserved.");
+    println!("ext.frag: highest external fragmentation 1 - largest free block / free bytes (about 1000 samples and the peak); frag@pk: the same right after the event that set peak reserved.");
     println!("inact.split: peak free bytes inside segments or pages that hold live blocks (PyTorch's inactive_split_bytes); retries: cache released and retried after the device refused (num_alloc_retries).");
     println!("driver time: modelled from H200 call costs per kind and size on the simulated device, measured on a real one{}.",
         if j.trace.duration_seconds.is_some() { "; of trace: that time as a share of the trace's own duration" } else { "" });

@@ -745,6 +745,10 @@ impl Allocator for PagedPool {
         s
     }
 
+    fn reserved_bytes(&self) -> crate::Counter {
+        self.tracker.stats.reserved_bytes
+    }
+
     fn validate(&self) -> Result<(), AllocError> {
         validate::run(self).map_err(AllocError::Internal)
     }

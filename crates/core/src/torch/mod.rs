@@ -889,6 +889,10 @@ impl Allocator for TorchCachingPool {
         s
     }
 
+    fn reserved_bytes(&self) -> crate::Counter {
+        self.tracker.stats.reserved_bytes
+    }
+
     fn validate(&self) -> Result<(), AllocError> {
         validate::validate(self)
     }

@@ -158,10 +158,10 @@ impl Default for PoolConfig {
 pub enum PoolError {
     /// Out of memory even after flushing caches, releasing cached memory and retrying. The
     /// message gives the sizes in binary units, the request also in exact bytes (it is what
-    /// the PyTorch plug-in prints on stderr: `requested 20.00 GiB (21474836480 B)`).
+    /// the PyTorch plug-in prints on stderr: `requested 20.00 GiB (21,474,836,480 B)`).
     #[error(
-        "out of memory on {pool}: requested {} ({requested_bytes} B); pool holds {} reserved, {} allocated, {} cached, largest free block {} ({source})",
-        crate::units::bytes(*.requested_bytes),
+        "out of memory on {pool}: requested {}; pool holds {} reserved, {} allocated, {} cached, largest free block {} ({source})",
+        crate::units::bytes_exact(*.requested_bytes),
         crate::units::bytes(*.reserved_bytes),
         crate::units::bytes(*.allocated_bytes),
         crate::units::bytes(*.cached_bytes),
@@ -252,9 +252,10 @@ mod tests {
         };
         assert_eq!(
             e.to_string(),
-            "out of memory on paged-lazy: requested 20.00 GiB (21474836480 B); pool holds 126.0 GiB \
+            "out of memory on paged-lazy: requested 20.00 GiB (21,474,836,480 B); pool holds 126.0 GiB \
              reserved, 122.0 GiB allocated, 0 B cached, largest free block 2.00 MiB (out of memory: \
-             requested 21474836480 B; 4294967296 B free in total, largest free block 2097152 B)"
+             requested 20.00 GiB (21,474,836,480 B); 4.00 GiB (4,294,967,296 B) free in total, \
+             largest free block 2.00 MiB (2,097,152 B))"
         );
     }
 

@@ -462,6 +462,10 @@ pub fn build(
     } = replay::TorchInputs::of(trace, device);
     let mut empty_cache_at: Vec<u64> = releases.into_iter().collect();
     empty_cache_at.sort_unstable();
+    // The torch emulation's device that hands out the recorded addresses, built once (it
+    // replays the pre-existing blocks through the emulation) and cloned, untouched, for the
+    // recording replay and the comparison replay.
+    let mut recording_device: Option<SimDevice> = None;
     for name in &cfg.allocators {
         progress(name);
         let mut alloc = registry::build(name, &cfg.allocator_config)?;
@@ -479,24 +483,25 @@ pub fn build(
                 Vec::new()
             },
         };
-        let recorded_addresses = torch && cfg.follow_recorded;
-        let new_device = || {
-            if recorded_addresses {
-                crate::torch_replay::recording_device(
-                    trace,
-                    device,
-                    &cfg.allocator_config.torch,
-                    cfg.capacity_bytes,
-                )
-            } else {
-                SimDevice::new(cfg.capacity_bytes)
-            }
+        let fresh = if torch && cfg.follow_recorded {
+            recording_device
+                .get_or_insert_with(|| {
+                    crate::torch_replay::recording_device(
+                        trace,
+                        device,
+                        &cfg.allocator_config.torch,
+                        cfg.capacity_bytes,
+                    )
+                })
+                .clone()
+        } else {
+            SimDevice::new(cfg.capacity_bytes)
         };
         let run = record::record(
             &blocks,
             events,
             alloc.as_mut(),
-            new_device(),
+            fresh.clone(),
             cfg.columns,
             &setup,
         )
@@ -507,7 +512,7 @@ pub fn build(
         })?;
         runs.push(run);
         let mut alloc = registry::build(name, &cfg.allocator_config)?;
-        let mut dev = new_device();
+        let mut dev = fresh;
         let opts = ReplayConfig {
             device,
             ..ReplayConfig::default()

@@ -247,3 +247,61 @@ fn comparison_has_inactive_split_retries_and_refused() {
     assert_eq!(rows[0].len(), head.len());
     assert_eq!(rows[0][refused].0, "1");
 }
+
+/// The torch emulation's device that hands out the recorded addresses is built once per report
+/// (it was built twice: for the recording and for the comparison replay), and both replays
+/// start from it untouched: the comparison row holds `replay`'s figures on that device and the
+/// timeline's peak reserved is the same.
+#[test]
+fn the_recording_device_is_built_once() {
+    use crate::torch_replay::{replay_torch, RECORDING_DEVICES_BUILT};
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../traces/settings/lstm_lm-split_gc.pickle.gz");
+    let trace = crate::trace::read_path(&path, Default::default()).expect("reads");
+    let s = trace
+        .allocator_settings
+        .as_ref()
+        .expect("recorded settings");
+    let conf = gpumem_core::torch::TorchConfig::from_recorded(
+        &s.alloc_conf,
+        s.max_split_size_bytes,
+        s.garbage_collection_threshold,
+        s.expandable_segments,
+        &s.roundup_power2_divisions,
+    )
+    .unwrap();
+    let cfg = ReportConfig {
+        allocators: vec!["torch".into(), "tlsf".into()],
+        allocator_config: AllocatorConfig {
+            torch: conf,
+            ..AllocatorConfig::default()
+        },
+        follow_recorded: true,
+        ..ReportConfig::default()
+    };
+    RECORDING_DEVICES_BUILT.with(|n| n.set(0));
+    let report = build(&trace, "lstm_lm-split_gc", &cfg, &mut |_| {}).unwrap();
+    assert_eq!(RECORDING_DEVICES_BUILT.with(|n| n.get()), 1);
+    let opts = ReplayConfig {
+        device: report.device,
+        ..ReplayConfig::default()
+    };
+    let alone = replay_torch(&trace, &conf, cfg.capacity_bytes, true, &opts, &mut |_| {}).unwrap();
+    let torch = &report.replays[0];
+    // PyTorch's own peak reserved on this trace, which the recorded addresses reproduce.
+    assert_eq!(alone.report.peak_reserved_bytes, 6_582_960_128);
+    assert_eq!(torch.peak_reserved_bytes, alone.report.peak_reserved_bytes);
+    assert_eq!(
+        torch.peak_allocated_bytes,
+        alone.report.peak_allocated_bytes
+    );
+    assert_eq!(
+        torch.peak_inactive_split_bytes,
+        alone.report.peak_inactive_split_bytes
+    );
+    // The timeline's reserved series (index 2) peaks there too.
+    let timeline_peak = report.runs[0].columns.max[2]
+        .iter()
+        .fold(0.0f64, |a, &b| a.max(b));
+    assert_eq!(timeline_peak as u64, alone.report.peak_reserved_bytes);
+}
