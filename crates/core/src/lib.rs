@@ -140,7 +140,7 @@ pub trait Allocator: Send {
 
     /// Reserved bytes, current and peak: [`Stats::reserved_bytes`] without the rest of
     /// [`Allocator::stats`]. O(1) in every allocator of this crate (the replay reads it after
-    /// every event, to take the full statistics only at the event that raises the peak). The
+    /// every allocation, to take the full statistics only at the one that raises the peak). The
     /// default takes it from `stats()`.
     fn reserved_bytes(&self) -> Counter {
         self.stats().reserved_bytes

@@ -129,8 +129,8 @@ pub struct ReplayReport {
     /// per replay) and the moment of peak reserved ([`Self::external_fragmentation_at_peak`]).
     pub peak_external_fragmentation: f64,
     /// External fragmentation right after the event during which reserved bytes reached their
-    /// final peak (exact: the reserved peak is read after every event; 0 without
-    /// [`ReplayConfig::sample_fragmentation`]).
+    /// final peak (exact: the reserved peak is read after every allocation, the only events
+    /// that take memory; 0 without [`ReplayConfig::sample_fragmentation`]).
     pub external_fragmentation_at_peak: f64,
     /// Internal fragmentation `(allocated − requested) / allocated` at peak allocated.
     pub internal_fragmentation_at_peak: f64,
