@@ -95,7 +95,7 @@ mod tests {
         };
         assert_eq!(
             overflow.to_string(),
-            "size 16384.0 PiB (18,446,744,073,709,551,605 B) with alignment 256 overflows"
+            "size 16.00 EiB (18,446,744,073,709,551,605 B) with alignment 256 overflows"
         );
         let device = AllocError::Device(DeviceError::OutOfMemory {
             requested_bytes: 20 << 20,

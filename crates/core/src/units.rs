@@ -5,10 +5,10 @@
 //! `gpumem::units::bytes`).
 
 /// The binary units, from bytes up: each is 1024 of the one before.
-pub const BINARY_UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+pub const BINARY_UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
 
 /// `b` bytes with a binary unit and three significant digits: `512 B`, `1.50 KiB`,
-/// `256.0 MiB`; past 1024 PiB, still in PiB (`16384.0 PiB` for `u64::MAX`).
+/// `256.0 MiB`, up to `16.00 EiB` (`u64::MAX`).
 pub fn bytes(b: u64) -> String {
     if b < 1024 {
         return format!("{b} B");
@@ -60,7 +60,8 @@ mod tests {
         assert_eq!(bytes(1536), "1.50 KiB");
         assert_eq!(bytes(256 << 20), "256.0 MiB");
         assert_eq!(bytes(3_298_534_883), "3.07 GiB");
-        assert_eq!(bytes(u64::MAX), "16384.0 PiB");
+        assert_eq!(bytes(u64::MAX), "16.00 EiB");
+        assert_eq!(bytes(1 << 60), "1.00 EiB");
     }
 
     #[test]
@@ -72,7 +73,7 @@ mod tests {
         assert_eq!(bytes_exact(2 << 20), "2.00 MiB (2,097,152 B)");
         assert_eq!(
             bytes_exact(u64::MAX),
-            "16384.0 PiB (18,446,744,073,709,551,615 B)"
+            "16.00 EiB (18,446,744,073,709,551,615 B)"
         );
         assert_eq!(grouped(0), "0");
         assert_eq!(grouped(999), "999");
