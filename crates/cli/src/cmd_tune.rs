@@ -76,14 +76,7 @@ pub fn recorded_conf(trace: &Trace) -> Result<Option<TorchConfig>> {
     let Some(s) = &trace.allocator_settings else {
         return Ok(None);
     };
-    let conf = TorchConfig::from_recorded(
-        &s.alloc_conf,
-        s.max_split_size_bytes,
-        s.garbage_collection_threshold,
-        s.expandable_segments,
-        &s.roundup_power2_divisions,
-    )
-    .context("the trace's allocator_settings")?;
+    let conf = s.torch_config().context("the trace's allocator_settings")?;
     Ok(Some(conf))
 }
 

@@ -262,14 +262,7 @@ fn the_recording_device_is_built_once() {
         .allocator_settings
         .as_ref()
         .expect("recorded settings");
-    let conf = gpumem_core::torch::TorchConfig::from_recorded(
-        &s.alloc_conf,
-        s.max_split_size_bytes,
-        s.garbage_collection_threshold,
-        s.expandable_segments,
-        &s.roundup_power2_divisions,
-    )
-    .unwrap();
+    let conf = s.torch_config().unwrap();
     let cfg = ReportConfig {
         allocators: vec!["torch".into(), "tlsf".into()],
         allocator_config: AllocatorConfig {

@@ -152,6 +152,27 @@ pub struct AllocatorSettings {
     pub all: Vec<(String, String)>,
 }
 
+impl AllocatorSettings {
+    /// The torch emulation's setting for these recorded settings
+    /// ([`TorchConfig::from_recorded`](gpumem_core::torch::TorchConfig::from_recorded): the
+    /// `PYTORCH_CUDA_ALLOC_CONF` string when one was recorded, else the individual fields).
+    ///
+    /// # Errors
+    /// [`ConfError`](gpumem_core::torch::ConfError) when the string does not parse or a field
+    /// is out of PyTorch's range.
+    pub fn torch_config(
+        &self,
+    ) -> Result<gpumem_core::torch::TorchConfig, gpumem_core::torch::ConfError> {
+        gpumem_core::torch::TorchConfig::from_recorded(
+            &self.alloc_conf,
+            self.max_split_size_bytes,
+            self.garbage_collection_threshold,
+            self.expandable_segments,
+            &self.roundup_power2_divisions,
+        )
+    }
+}
+
 /// A block that was already live when recording started: freed in the trace, never allocated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct PreexistingBlock {

@@ -456,14 +456,7 @@ fn assert_matches_pytorch(dir: &std::path::Path, name: &str) -> Trace {
         .allocator_settings
         .as_ref()
         .expect("recorded settings");
-    let conf = gpumem_core::torch::TorchConfig::from_recorded(
-        &s.alloc_conf,
-        s.max_split_size_bytes,
-        s.garbage_collection_threshold,
-        s.expandable_segments,
-        &s.roundup_power2_divisions,
-    )
-    .expect("conf");
+    let conf = s.torch_config().expect("conf");
     let text = std::fs::read_to_string(dir.join(format!("{name}.stats.json"))).expect("stats");
     let stats: serde_json::Value = serde_json::from_str(&text).expect("stats JSON");
     let r = torch_replay(
