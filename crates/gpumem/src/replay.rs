@@ -907,6 +907,20 @@ impl TorchInputs {
     }
 }
 
+/// Where `alloc`'s reserved peak has risen above `seen` (read in O(1)): records it, and the
+/// external fragmentation now as `frag@pk` ([`ReplayReport::external_fragmentation_at_peak`]),
+/// which also counts towards the highest seen. The full statistics are taken only then.
+#[inline(always)]
+fn note_reserved_peak(alloc: &dyn Allocator, seen: &mut u64, report: &mut ReplayReport) {
+    let peak = alloc.reserved_bytes().peak;
+    if peak > *seen {
+        *seen = peak;
+        let f = alloc.stats().external_fragmentation();
+        report.external_fragmentation_at_peak = f;
+        report.peak_external_fragmentation = report.peak_external_fragmentation.max(f);
+    }
+}
+
 /// [`replay_summarized`] with the emulation's inputs found beforehand: `torch` must be
 /// [`TorchInputs::of`] the same trace and `opts.device`. It is read only when `alloc` is the
 /// `torch` emulation; `None` finds them here when it is.
@@ -1033,13 +1047,7 @@ pub fn replay_prepared(
     // the first event.
     let mut peak_reserved_seen = 0u64;
     if opts.sample_fragmentation {
-        let peak = alloc.reserved_bytes().peak;
-        if peak > 0 {
-            peak_reserved_seen = peak;
-            let f = alloc.stats().external_fragmentation();
-            report.external_fragmentation_at_peak = f;
-            report.peak_external_fragmentation = f;
-        }
+        note_reserved_peak(alloc, &mut peak_reserved_seen, &mut report);
     }
     let mut bucket: Option<Sample> = None;
     let half = summary.events / 2;
@@ -1073,15 +1081,7 @@ pub fn replay_prepared(
                 // each (O(1)), the full statistics only where it rose, so that frag@pk is the
                 // external fragmentation right after the event that set the final peak.
                 if opts.sample_fragmentation {
-                    let peak = alloc.reserved_bytes().peak;
-                    if peak > peak_reserved_seen {
-                        peak_reserved_seen = peak;
-                        let f = alloc.stats().external_fragmentation();
-                        report.external_fragmentation_at_peak = f;
-                        // A value seen: the sampled highest is at least that.
-                        report.peak_external_fragmentation =
-                            report.peak_external_fragmentation.max(f);
-                    }
+                    note_reserved_peak(alloc, &mut peak_reserved_seen, &mut report);
                 }
                 // Stop at an out-of-memory (the first, or the replay would have stopped), not
                 // at a refused request.
