@@ -41,8 +41,8 @@ def default_traces(root):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    ap.add_argument("--gpumem", default=os.path.join(root, "target/release/gpumem"),
-                    help="the gpumem binary (default target/release/gpumem)")
+    ap.add_argument("--gpumem", default=os.path.join(root, "target/release-lto/gpumem"),
+                    help="the gpumem binary (default target/release-lto/gpumem)")
     ap.add_argument("--runs", type=int, default=5, help="runs per strategy and trace (default 5)")
     ap.add_argument("--cpu", type=int, default=0, help="CPU to pin to with taskset (default 0)")
     ap.add_argument("--json", metavar="FILE", help="write every run here (JSON lines)")
@@ -54,7 +54,7 @@ def main():
         ap.error("--runs must be at least 1")
     if not os.access(a.gpumem, os.X_OK):
         ap.error(f"{a.gpumem}: not an executable gpumem binary (build it with "
-                 "`cargo build --release -p gpumem-cli`)")
+                 "`cargo build --profile release-lto -p gpumem-cli`)")
     strategies = [s for s in a.allocator.split(",") if s]
     traces = a.traces or default_traces(root)
     if not traces:
