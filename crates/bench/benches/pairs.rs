@@ -1,4 +1,4 @@
-//! Allocate + free pairs: per arena (buddy, TLSF, best fit) and per registry allocator on a
+//! Allocate + free pairs: per arena (buddy, TLSF, best fit) and per strategy on a
 //! simulated device, at fixed sizes, on a mixed-size batch, and (arenas) with many same-size
 //! holes.
 //!
@@ -18,8 +18,8 @@ use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use gpumem_core::best_fit::BestFit;
 use gpumem_core::buddy::Buddy;
 use gpumem_core::config::AllocatorConfig;
-use gpumem_core::registry;
 use gpumem_core::sim::SimDevice;
+use gpumem_core::strategy::Strategy;
 use gpumem_core::tlsf::Tlsf;
 use gpumem_core::{Allocator, Arena, DEFAULT_ALIGN};
 
@@ -161,9 +161,12 @@ fn arena_crowded<M: Measurement + 'static>(c: &mut Criterion<M>) {
 /// note, so `torch` and `paged` join once they exist.
 fn warm_pools() -> Vec<(SimDevice, Box<dyn Allocator>)> {
     let mut out = Vec::new();
-    for name in registry::NAMES {
+    for name in Strategy::ALL.map(Strategy::name) {
         let mut dev = SimDevice::default();
-        let mut pool = registry::build(name, &AllocatorConfig::default()).unwrap();
+        let mut pool = name
+            .parse::<Strategy>()
+            .unwrap()
+            .build(&AllocatorConfig::default());
         // Warm: one block of each size, so the segments (or pages) the benchmark needs exist.
         let mut ok = true;
         let mut live = Vec::new();

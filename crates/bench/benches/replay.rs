@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use gpumem::core::config::AllocatorConfig;
-use gpumem::core::registry::{self, NAMES};
 use gpumem::core::sim::SimDevice;
+use gpumem::core::strategy::Strategy;
 use gpumem::replay::{self, ReplayConfig};
 use gpumem::trace::{read_path, ReadConfig};
 
@@ -21,11 +21,11 @@ fn bench_replay(c: &mut Criterion) {
         let mut g = c.benchmark_group(format!("replay/{trace_name}"));
         g.throughput(Throughput::Elements(events));
         g.sample_size(10);
-        for name in NAMES {
-            g.bench_with_input(BenchmarkId::from_parameter(name), &name, |b, name| {
+        for strategy in Strategy::ALL {
+            let name = strategy.name();
+            g.bench_with_input(BenchmarkId::from_parameter(name), &name, |b, _| {
                 b.iter(|| {
-                    let mut a = registry::build(name, &AllocatorConfig::default())
-                        .expect("known allocator");
+                    let mut a = strategy.build(&AllocatorConfig::default());
                     let mut d = SimDevice::default();
                     replay::replay(
                         &trace,

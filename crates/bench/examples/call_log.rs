@@ -8,8 +8,8 @@
 use std::hash::Hasher;
 
 use gpumem::core::config::AllocatorConfig;
-use gpumem::core::registry;
 use gpumem::core::sim::SimDevice;
+use gpumem::core::strategy::Strategy;
 use gpumem::core::{forward_device, Allocator, Device, DeviceError, PhysHandle};
 use gpumem::replay::{self, ReplayConfig};
 use gpumem::trace::{read_path, ReadConfig};
@@ -157,7 +157,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         calls: 0,
     };
     let mut a = Watched {
-        inner: registry::build(&name, &AllocatorConfig::default())?,
+        inner: name.parse::<Strategy>()?.build(&AllocatorConfig::default()),
         digest: Digest(0xcbf2_9ce4_8422_2325),
     };
     let opts = ReplayConfig::default();

@@ -7,8 +7,8 @@
 use std::time::Instant;
 
 use gpumem::core::config::AllocatorConfig;
-use gpumem::core::registry;
 use gpumem::core::sim::SimDevice;
+use gpumem::core::strategy::Strategy;
 use gpumem::replay::{self, ReplayConfig};
 use gpumem::trace::{read_path, ReadConfig};
 
@@ -23,7 +23,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let opts = ReplayConfig::default();
     let mut rates = Vec::with_capacity(runs);
     for _ in 0..runs {
-        let mut a = registry::build(&name, &AllocatorConfig::default())?;
+        let mut a = name.parse::<Strategy>()?.build(&AllocatorConfig::default());
         let mut d = SimDevice::default();
         let t = Instant::now();
         let r =

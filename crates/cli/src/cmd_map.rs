@@ -57,7 +57,8 @@ pub fn run(a: MapArgs) -> Result<()> {
         bail!("--width {w}: expected at least {MIN_WIDTH} cells a line");
     }
     let recorded = a.allocator == "recorded";
-    let one = |name: &str| gpumem::core::registry::parse_list(name).is_ok_and(|l| l.len() == 1);
+    let one =
+        |name: &str| gpumem::core::strategy::Strategy::parse_list(name).is_ok_and(|l| l.len() == 1);
     if !recorded && (a.allocator.contains(',') || a.allocator == "all" || !one(&a.allocator)) {
         bail!(
             "--allocator {}: expected one allocator (buddy, tlsf, best-fit, torch, paged, paged-lazy) or `recorded`",

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use gpumem::core::config::{AllocatorConfig, LazyPlacement};
-use gpumem::core::registry;
 use gpumem::core::sim::{RecordedCheck, SimDevice, DEFAULT_CAPACITY, DEFAULT_GRANULARITY};
+use gpumem::core::strategy::Strategy;
 use gpumem::core::{Allocator, Device, DriverCall};
 use gpumem::recorded_oom::{self, OomVerdict};
 use gpumem::replay::{
@@ -450,7 +450,7 @@ fn capacity_warnings(capacity: Option<u64>, summaries: &[(u32, TraceSummary)]) -
 
 /// Everything one allocator's replays produced.
 struct AllocatorRun {
-    name: &'static str,
+    strategy: Strategy,
     per_dev: Vec<ReplayReport>,
     min_capacity: Vec<DeviceMinCapacity>,
     simulated_peak_reserved_bytes: Option<u64>,
@@ -478,14 +478,14 @@ struct Shared<'a> {
 /// searches its smallest capacities. `progress` receives event counts as they are done.
 fn run_allocator(
     sh: &Shared<'_>,
-    name: &'static str,
+    strategy: Strategy,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<AllocatorRun> {
     let mut per_dev = Vec::new();
     let mut checks = Vec::new();
     for &(d, ref s) in sh.summaries {
-        let mut alloc = registry::build(name, &sh.config)?;
-        let mut recording = (name == "torch"
+        let mut alloc = strategy.build(&sh.config);
+        let mut recording = (strategy == Strategy::Torch
             && sh.follow_recorded
             && matches!(sh.target, Target::Sim))
         .then(|| {
@@ -514,7 +514,7 @@ fn run_allocator(
         let r = replay::replay_summarized(sh.trace, s, alloc.as_mut(), dev, &opts, &mut cb)
             .with_context(|| {
                 format!(
-                    "replaying {} with {name} on device {d}",
+                    "replaying {} with {strategy} on device {d}",
                     trace::source_name(sh.trace_path)
                 )
             })?;
@@ -536,10 +536,7 @@ fn run_allocator(
                 DEFAULT_CAPACITY.max(sh.capacity)
             };
             let cfg = sh.config;
-            let make = || -> Box<dyn Allocator> {
-                // The name was built once above, so it builds again.
-                registry::build(name, &cfg).expect("allocator names were validated")
-            };
+            let make = || -> Box<dyn Allocator> { strategy.build(&cfg) };
             let make_dev = |c: u64| SimDevice::new(c);
             let opts = ReplayConfig {
                 device: d,
@@ -551,7 +548,7 @@ fn run_allocator(
                 ..MinCapacityConfig::default()
             };
             let outcome = replay::min_capacity(sh.trace, s, &make, &make_dev, &search, &opts)
-                .with_context(|| format!("smallest capacity of {name} on device {d}"))?;
+                .with_context(|| format!("smallest capacity of {strategy} on device {d}"))?;
             min_capacity.push(DeviceMinCapacity { device: d, outcome });
         }
     }
@@ -560,7 +557,7 @@ fn run_allocator(
     } else {
         let mut total = 0u64;
         for &(d, ref s) in sh.summaries {
-            let mut alloc = registry::build(name, &sh.config)?;
+            let mut alloc = strategy.build(&sh.config);
             let mut sim = SimDevice::new(sh.capacity);
             let opts = ReplayConfig {
                 device: d,
@@ -579,7 +576,7 @@ fn run_allocator(
         Some(total)
     };
     Ok(AllocatorRun {
-        name,
+        strategy,
         per_dev,
         min_capacity,
         simulated_peak_reserved_bytes,
@@ -592,7 +589,7 @@ fn run_allocator(
 pub fn lazy_conf_warnings(
     text: &str,
     lazy: &gpumem::core::config::LazyConfig,
-    names: &[&str],
+    names: &[Strategy],
 ) -> Vec<String> {
     let mut warnings = Vec::new();
     // The keys given, split as lazy_conf read them (it accepted every item).
@@ -620,7 +617,7 @@ pub fn lazy_conf_warnings(
             ));
         }
     }
-    if !names.contains(&"paged-lazy") {
+    if !names.contains(&Strategy::PagedLazy) {
         warnings.push(
             "--lazy-conf configures paged-lazy only, which is not among the allocators replayed (add -a paged-lazy)".into(),
         );
@@ -633,15 +630,15 @@ pub fn lazy_conf_warnings(
 /// such a pool is refused, its cache emptied and the request retried alone. Shared by
 /// `replay`, `report` and `map`.
 pub fn segment_size_warning(
-    names: &[&str],
+    names: &[Strategy],
     segment_size: u64,
     device_bytes: Option<u64>,
 ) -> Option<String> {
     let cap = device_bytes.filter(|&c| segment_size > c)?;
     let segmented: Vec<&str> = names
         .iter()
-        .copied()
-        .filter(|n| matches!(*n, "buddy" | "tlsf" | "best-fit"))
+        .filter(|s| s.is_segmented())
+        .map(|s| s.name())
         .collect();
     if segmented.is_empty() {
         return None;
@@ -668,7 +665,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         crate::output::check("--timeline", path, &[&a.trace])?;
         crate::output::check_svg("--timeline", path)?;
     }
-    let names = registry::parse_list(&a.allocator)?;
+    let names = Strategy::parse_list(&a.allocator)?;
     // A segment larger than the (simulated) device is refused every time the pools grow.
     let device_bytes = a
         .capacity
@@ -712,12 +709,12 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     if let Some(text) = &a.lazy_conf {
         warnings.extend(lazy_conf_warnings(text, &config.lazy, &names));
     }
-    if a.torch_conf.is_some() && !names.contains(&"torch") {
+    if a.torch_conf.is_some() && !names.contains(&Strategy::Torch) {
         warnings.push(
             "--torch-conf configures the torch emulation only, which is not among the allocators replayed (add -a torch)".into(),
         );
     }
-    if names.contains(&"torch")
+    if names.contains(&Strategy::Torch)
         && torch_conf.garbage_collection_threshold > 0.0
         && a.capacity.is_none()
         && torch_conf.allowed_memory_bytes.is_none()
@@ -747,10 +744,10 @@ pub fn run(a: ReplayArgs) -> Result<()> {
             }
         );
         print_read_notes(&trace);
-        if names.contains(&"torch") {
+        if names.contains(&Strategy::Torch) {
             eprintln!("torch emulation: PYTORCH_CUDA_ALLOC_CONF {torch_conf} ({conf_source})");
         }
-        if names.contains(&"paged-lazy") {
+        if names.contains(&Strategy::PagedLazy) {
             let l = config.lazy;
             let source = if a.lazy_conf.as_deref().is_some_and(|t| !t.trim().is_empty()) {
                 "--lazy-conf"
@@ -771,7 +768,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         ));
     }
     let private = trace.segments.iter().filter(|s| s.private_pool).count();
-    if private > 0 && names.contains(&"torch") {
+    if private > 0 && names.contains(&Strategy::Torch) {
         notes.push(format!(
             "{} of the snapshot {} to CUDA-graph private pools (torch.cuda.graph, torch.compile mode=\"reduce-overhead\"), which the torch emulation does not model: its figures may differ from PyTorch's where graphs allocate (the self-check says where)",
             crate::units::counted(private as u64, "segment"),
@@ -791,7 +788,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
             }
         }
     }
-    if segs > 0 && names.contains(&"torch") {
+    if segs > 0 && names.contains(&Strategy::Torch) {
         notes.push(format!(
             "{} made before recording started (no event of the trace made {}); the torch emulation starts from {}, as PyTorch did",
             crate::units::counted(segs as u64, "segment"),
@@ -799,7 +796,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
             if segs == 1 { "it" } else { "them" },
         ));
     }
-    if other > 0 && names.contains(&"torch") {
+    if other > 0 && names.contains(&Strategy::Torch) {
         notes.push(format!(
             "{} made before recording started {} not of the kind {} makes: the torch emulation allocates {} blocks as usual",
             crate::units::counted(other as u64, if config.torch.expandable_segments { "cudaMalloc segment" } else { "expandable segment" }),
@@ -889,13 +886,14 @@ pub fn run(a: ReplayArgs) -> Result<()> {
 
     let mut out = Vec::new();
     for r in &runs {
-        let mut ja = json_allocator(r.name, &r.per_dev, &summaries);
-        if r.name == "torch" {
-            ja.torch_conf = Some(config.torch.to_string());
-            ja.emulation_check = combined_check(&r.checks);
-        }
-        if r.name == "paged-lazy" {
-            ja.lazy_conf = Some(gpumem::lazy_conf::text(&config.lazy));
+        let mut ja = json_allocator(r.strategy, &r.per_dev, &summaries);
+        match r.strategy {
+            Strategy::Torch => {
+                ja.torch_conf = Some(config.torch.to_string());
+                ja.emulation_check = combined_check(&r.checks);
+            }
+            Strategy::PagedLazy => ja.lazy_conf = Some(gpumem::lazy_conf::text(&config.lazy)),
+            Strategy::Buddy | Strategy::Tlsf | Strategy::BestFit | Strategy::Paged => {}
         }
         ja.simulated_peak_reserved_bytes = r.simulated_peak_reserved_bytes;
         ja.min_capacity = r.min_capacity.clone();
@@ -909,7 +907,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     }
     let min_caps: Vec<(&'static str, &[DeviceMinCapacity])> = runs
         .iter()
-        .map(|r| (r.name, r.min_capacity.as_slice()))
+        .map(|r| (r.strategy.name(), r.min_capacity.as_slice()))
         .collect();
 
     let peak_requested: u64 = summaries.iter().map(|(_, s)| s.peak_requested_bytes).sum();
@@ -1025,7 +1023,7 @@ pub fn print_read_notes(trace: &trace::Trace) {
 }
 
 fn json_allocator(
-    name: &str,
+    strategy: Strategy,
     per_dev: &[ReplayReport],
     summaries: &[(u32, TraceSummary)],
 ) -> JsonAllocator {
@@ -1051,7 +1049,7 @@ fn json_allocator(
     let modelled: f64 = per_dev.iter().map(|r| r.modelled_driver_seconds).sum();
     let duration_us = summaries.iter().filter_map(|(_, s)| s.duration_us).max();
     JsonAllocator {
-        name: name.to_string(),
+        name: strategy.to_string(),
         peak_reserved_bytes: peak_reserved,
         peak_allocated_bytes: sum(&|r| r.peak_allocated_bytes),
         reserved_over_requested: if peak_served == 0 {
@@ -1128,15 +1126,13 @@ fn json_allocator(
 /// Verdicts on the trace's recorded OOMs, on the simulated device (see `recorded_oom`).
 fn oom_verdicts(
     trace: &trace::Trace,
-    names: &[&str],
+    names: &[Strategy],
     config: AllocatorConfig,
 ) -> Result<Vec<OomVerdict>> {
     if trace.count(trace::Action::Oom) == 0 {
         return Ok(Vec::new());
     }
-    let make = |n: &str| -> Box<dyn Allocator> {
-        registry::build(n, &config).expect("allocator names were validated")
-    };
+    let make = |s: Strategy| -> Box<dyn Allocator> { s.build(&config) };
     let make_dev = |c: u64| SimDevice::new(c);
     Ok(recorded_oom::verdicts(trace, names, &make, &make_dev)?)
 }

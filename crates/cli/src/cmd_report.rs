@@ -5,8 +5,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use gpumem::core::registry;
 use gpumem::core::sim::DEFAULT_CAPACITY;
+use gpumem::core::strategy::Strategy;
 use gpumem::report::{self, ReportConfig};
 use gpumem::trace::{self, ReadConfig};
 
@@ -108,13 +108,13 @@ pub fn nothing_to_show(trace: &trace::Trace) -> Option<String> {
 pub fn check_options(
     allocators: &str,
     o: &ReplayOptions,
-) -> Result<(Vec<&'static str>, Option<gpumem::core::config::LazyConfig>)> {
+) -> Result<(Vec<Strategy>, Option<gpumem::core::config::LazyConfig>)> {
     let (capacity, segment_size) = (o.capacity, o.segment_size);
     crate::cmd_replay::check_capacity(capacity)?;
     if segment_size == 0 {
         bail!("--segment-size 0: expected a segment size above zero (e.g. 256MiB)");
     }
-    let names = registry::parse_list(allocators)?;
+    let names = Strategy::parse_list(allocators)?;
     // Before a long read: a --lazy-conf that does not parse fails at once.
     let lazy = o
         .lazy_conf
@@ -170,7 +170,7 @@ pub fn read(
 pub fn build_read(
     trace: &trace::Trace,
     path: &std::path::Path,
-    names: &[&'static str],
+    names: &[Strategy],
     lazy: Option<gpumem::core::config::LazyConfig>,
     o: &ReplayOptions,
     quiet: bool,
@@ -181,7 +181,7 @@ pub fn build_read(
         crate::cmd_tune::pick_device(trace, "--trace-device", o.trace_device)?;
     }
     let (torch_conf, conf_source) = crate::cmd_tune::torch_conf(o.torch_conf.as_deref(), trace)?;
-    if !quiet && names.contains(&"torch") {
+    if !quiet && names.contains(&Strategy::Torch) {
         eprintln!("torch emulation: PYTORCH_CUDA_ALLOC_CONF {torch_conf} ({conf_source})");
     }
     let mut allocator_config =
@@ -191,12 +191,12 @@ pub fn build_read(
         for w in crate::cmd_replay::lazy_conf_warnings(text, &allocator_config.lazy, names) {
             eprintln!("warning: {w}");
         }
-        if !quiet && names.contains(&"paged-lazy") {
+        if !quiet && names.contains(&Strategy::PagedLazy) {
             eprintln!("paged-lazy: --lazy-conf {text}");
         }
     }
     let cfg = ReportConfig {
-        allocators: names.iter().map(|s| s.to_string()).collect(),
+        allocators: names.to_vec(),
         capacity_bytes: capacity.unwrap_or(DEFAULT_CAPACITY),
         allocator_config,
         device: o.trace_device,

@@ -681,7 +681,7 @@ mod tests {
                 .iter()
                 .map(|&(conf, ooms, seconds, min)| tune::PluginRow {
                     gpumem_conf: conf.into(),
-                    strategy: "paged-lazy".into(),
+                    strategy: gpumem::core::strategy::Strategy::PagedLazy,
                     figures: figures(ooms, seconds, min),
                     steady_state_driver_calls: 0,
                 })

@@ -1,5 +1,5 @@
-//! Settings shared by the allocators, kept apart from [`crate::registry`] so that the
-//! allocators and the registry that builds them by name do not import each other.
+//! Settings shared by the allocators, kept apart from [`crate::strategy`] so that the
+//! allocators and the strategy type that builds them do not import each other.
 
 /// Settings shared by the allocators.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,7 +10,7 @@
 //!   ([`buddy::Buddy`], [`tlsf::Tlsf`], [`best_fit::BestFit`]).
 //! - [`Allocator`]: a device-level pool that obtains segments or physical pages from a
 //!   [`Device`] and hands out blocks ([`segmented::SegmentedPool`] over any arena,
-//!   [`torch::TorchCachingPool`], [`paged::PagedPool`]). Build one by name with [`registry::build`].
+//!   [`torch::TorchCachingPool`], [`paged::PagedPool`]). Build one by name with [`strategy::Strategy`].
 #![forbid(unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 #![warn(missing_docs)]
@@ -27,11 +27,11 @@ pub mod error;
 pub mod hash;
 pub mod paged;
 pub mod paged_lazy;
-pub mod registry;
 pub mod segmented;
 pub mod sim;
 pub mod size_class;
 pub mod stats;
+pub mod strategy;
 pub mod tlsf;
 pub mod torch;
 pub mod units;

@@ -1,5 +1,5 @@
 //! Property and scenario tests run over every arena (buddy, TLSF, best fit) and every
-//! registry allocator, on the simulated device.
+//! strategy, on the simulated device.
 //!
 //! `for_every_arena!` runs each arena test over every arena; `for_every_pool!` runs
 //! [`check_allocator`] (random operation sequences) and the fault-injection test for every
@@ -11,8 +11,8 @@ use gpumem_core::arena::ArenaReport;
 use gpumem_core::best_fit::BestFit;
 use gpumem_core::buddy::Buddy;
 use gpumem_core::config::AllocatorConfig;
-use gpumem_core::registry;
 use gpumem_core::sim::SimDevice;
+use gpumem_core::strategy::Strategy as AllocStrategy;
 use gpumem_core::tlsf::Tlsf;
 use gpumem_core::{AllocError, Allocator, Arena, Block, Device, DeviceError};
 use proptest::prelude::*;
@@ -388,7 +388,7 @@ fn pool_op() -> impl Strategy<Value = PoolOp> {
 }
 
 /// Device and settings of the pool tests: a 64 MiB device, 8 MiB segments. Besides the
-/// registry's names, `paged-lazy:pages` is `paged-lazy` with `placement=pages`,
+/// strategies, `paged-lazy:pages` is `paged-lazy` with `placement=pages`,
 /// `paged-lazy:grow` the default placement with `grow_ahead=0.25`, and
 /// `torch:expandable` the torch emulation under `expandable_segments:True` (page by page,
 /// as PyTorch maps and unmaps; like PyTorch it keeps the range of a segment whose first
@@ -416,7 +416,7 @@ fn pool_setup(name: &str) -> (SimDevice, Box<dyn Allocator>) {
         }
         n => n,
     };
-    let pool = registry::build(name, &config).unwrap();
+    let pool = name.parse::<AllocStrategy>().unwrap().build(&config);
     (SimDevice::new(64 * MIB), pool)
 }
 
@@ -576,7 +576,7 @@ fn reuse_kept_ranges(
     }
 }
 
-/// The generic allocator harness: runs `ops` against the registry allocator `name` on a
+/// The generic allocator harness: runs `ops` against the strategy `name` on a
 /// 64 MiB simulated device, checking every invariant after every operation, and ends by
 /// giving everything back.
 fn check_allocator(name: &str, ops: &[PoolOp]) {
@@ -791,8 +791,8 @@ fn torch_gives_null_blocks_to_empty_requests() {
 }
 
 #[test]
-fn every_registry_name_is_tested_or_pending() {
-    for name in registry::NAMES {
+fn every_strategy_is_tested_or_pending() {
+    for name in AllocStrategy::ALL.map(AllocStrategy::name) {
         assert!(
             TESTED.contains(&name) ^ PENDING.contains(&name),
             "{name} must be in exactly one of for_every_pool! and PENDING"
@@ -808,7 +808,7 @@ fn pool_reports_free_and_largest_free_on_oom() {
         ..AllocatorConfig::default()
     };
     let mut dev = SimDevice::new(8 * GIB);
-    let mut pool = registry::build("best-fit", &config).unwrap();
+    let mut pool = AllocStrategy::BestFit.build(&config);
     let mut live = BTreeMap::new();
     let get = |pool: &mut dyn Allocator,
                dev: &mut SimDevice,

@@ -7,8 +7,8 @@
 //! Usage: `cargo run --release --example cost_basis -- TRACE ALLOCATOR [LAZY_CONF]`
 //! (`LAZY_CONF` as `gpumem replay --lazy-conf`, e.g. `placement=pages`).
 use gpumem::core::config::AllocatorConfig;
-use gpumem::core::registry;
 use gpumem::core::sim::SimDevice;
+use gpumem::core::strategy::Strategy;
 use gpumem::core::DriverCall;
 use gpumem::replay::{self, ReplayConfig};
 use gpumem::trace::{read_path, ReadConfig};
@@ -24,7 +24,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..AllocatorConfig::default()
     };
     let trace = read_path(std::path::Path::new(&path), ReadConfig::default())?;
-    let mut alloc = registry::build(&name, &config)?;
+    let mut alloc = name.parse::<Strategy>()?.build(&config);
     let mut dev = SimDevice::default();
     replay::replay(
         &trace,

@@ -4,13 +4,13 @@
 use gpumem::cuda::pool::{DevicePool, PoolConfig};
 use gpumem::cuda::ManualEvents;
 use gpumem_core::config::AllocatorConfig;
-use gpumem_core::registry;
 use gpumem_core::sim::SimDevice;
+use gpumem_core::strategy::Strategy;
 use gpumem_core::Device;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let pool = DevicePool::new(
-        registry::build("tlsf", &AllocatorConfig::default())?,
+        Strategy::Tlsf.build(&AllocatorConfig::default()),
         SimDevice::new(8 << 30),
         Box::new(ManualEvents::immediate()),
         PoolConfig::default(), // pre-reserves 256 MiB

@@ -16,6 +16,7 @@
 //! most the capacity the process had; the difference is the margin (bytes to spare, or bytes
 //! short). An allocator that runs out of memory earlier in the run counts as failing.
 use gpumem_core::sim::SimDevice;
+use gpumem_core::strategy::Strategy;
 use gpumem_core::Allocator;
 use serde::Serialize;
 
@@ -31,8 +32,9 @@ pub const UPPER_FACTOR: u64 = 4;
 /// What one allocator would have done with a recorded OOM.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct AllocatorVerdict {
-    /// Allocator name.
-    pub name: String,
+    /// The allocator (`name` in JSON).
+    #[serde(rename = "name")]
+    pub strategy: Strategy,
     /// Whether the run up to the OOM and the failing request fit in the capacity the process
     /// had. `None` when the snapshot did not record `device_free` (no capacity to compare).
     pub fits: Option<bool>,
@@ -74,11 +76,11 @@ impl OomVerdict {
         self.allocators
             .iter()
             .map(|a| {
-                let torch = a.name == "torch";
+                let torch = a.strategy == Strategy::Torch;
                 match (a.fits, a.margin_bytes, a.min_capacity_bytes) {
                     (Some(true), Some(m), _) => format!(
                         "{}: fits, {} to spare{}",
-                        a.name,
+                        a.strategy,
                         fmt_bytes(m.unsigned_abs()),
                         if torch {
                             " (unlike the recorded run)"
@@ -88,21 +90,21 @@ impl OomVerdict {
                     ),
                     (Some(false), Some(m), _) => format!(
                         "{}: fails, {} short{}",
-                        a.name,
+                        a.strategy,
                         fmt_bytes(m.unsigned_abs()),
                         if torch { " (as recorded)" } else { "" }
                     ),
                     (Some(false), None, None) => format!(
                         "{}: fails, more than {} short",
-                        a.name,
+                        a.strategy,
                         fmt_bytes(
                             self.capacity_bytes
                                 .unwrap_or(0)
                                 .saturating_mul(UPPER_FACTOR - 1)
                         )
                     ),
-                    (_, _, Some(c)) => format!("{}: needs {}", a.name, fmt_bytes(c)),
-                    _ => format!("{}: no verdict", a.name),
+                    (_, _, Some(c)) => format!("{}: needs {}", a.strategy, fmt_bytes(c)),
+                    _ => format!("{}: no verdict", a.strategy),
                 }
             })
             .collect()
@@ -179,17 +181,17 @@ fn run_up_to(trace: &Trace, device: u32, index: usize, oom: &Event) -> Trace {
     }
 }
 
-/// Verdicts on every OOM that `trace` recorded, for each allocator in `names`.
+/// Verdicts on every OOM that `trace` recorded, for each of `strategies`.
 ///
-/// `make_alloc(name)` builds a fresh allocator, `make_dev(capacity_bytes)` a fresh (simulated)
+/// `make_alloc(strategy)` builds a fresh allocator, `make_dev(capacity_bytes)` a fresh (simulated)
 /// device. Each verdict costs about 20 replays of the events before the OOM per allocator.
 ///
 /// # Errors
 /// A [`ReplayError`] from one of the replays.
 pub fn verdicts(
     trace: &Trace,
-    names: &[&str],
-    make_alloc: &dyn Fn(&str) -> Box<dyn Allocator>,
+    strategies: &[Strategy],
+    make_alloc: &dyn Fn(Strategy) -> Box<dyn Allocator>,
     make_dev: &dyn Fn(u64) -> SimDevice,
 ) -> Result<Vec<OomVerdict>, ReplayError> {
     let mut out = Vec::new();
@@ -227,9 +229,9 @@ pub fn verdicts(
             device: e.device,
             ..ReplayConfig::default()
         };
-        let mut allocators = Vec::with_capacity(names.len());
-        for &name in names {
-            let make = || make_alloc(name);
+        let mut allocators = Vec::with_capacity(strategies.len());
+        for &strategy in strategies {
+            let make = || make_alloc(strategy);
             let cfg = MinCapacityConfig {
                 upper_bytes: upper,
                 resolution_bytes: RESOLUTION_BYTES,
@@ -251,7 +253,7 @@ pub fn verdicts(
                 (None, _) => (None, None),
             };
             allocators.push(AllocatorVerdict {
-                name: name.to_string(),
+                strategy,
                 fits,
                 min_capacity_bytes: min,
                 margin_bytes: margin,
@@ -320,13 +322,13 @@ mod tests {
             capacity_bytes: Some(55),
             allocators: vec![
                 AllocatorVerdict {
-                    name: "paged".into(),
+                    strategy: Strategy::Paged,
                     fits: Some(true),
                     min_capacity_bytes: Some(40),
                     margin_bytes: Some(15),
                 },
                 AllocatorVerdict {
-                    name: "torch".into(),
+                    strategy: Strategy::Torch,
                     fits: Some(false),
                     min_capacity_bytes: Some(70),
                     margin_bytes: Some(-15),

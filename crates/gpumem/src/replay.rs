@@ -29,6 +29,7 @@
 use std::time::Instant;
 
 use gpumem_core::addr_table::AddrTable;
+use gpumem_core::strategy::Strategy;
 use gpumem_core::{
     AllocError, Allocator, Device, DeviceError, DriverCounters, ForeignBlock, ForeignSegment, Stats,
 };
@@ -892,10 +893,10 @@ pub struct TorchInputs {
 }
 
 impl TorchInputs {
-    /// Whether a replay through the allocator named `name` reads them: only the `torch`
-    /// emulation keeps PyTorch's segments and honours the recorded `empty_cache()` calls.
-    pub fn wanted_by(name: &str) -> bool {
-        name == "torch"
+    /// Whether a replay through `strategy` reads them: only the `torch` emulation keeps
+    /// PyTorch's segments and honours the recorded `empty_cache()` calls.
+    pub fn wanted_by(strategy: Strategy) -> bool {
+        strategy == Strategy::Torch
     }
 
     /// Both, for the events of `device` in `trace`.
@@ -987,15 +988,17 @@ pub fn replay_prepared(
     // What only the torch emulation uses, found before the clock starts (unless the caller
     // did): the segments the recorded run already held, and where it emptied its cache.
     let found;
-    let (foreign, releases): (&[PreexistingSegment], Option<&FxHashSet<u64>>) =
-        match (TorchInputs::wanted_by(&name), torch) {
-            (false, _) => (&[], None),
-            (true, Some(t)) => (&t.segments, Some(&t.releases)),
-            (true, None) => {
-                found = TorchInputs::of(trace, opts.device);
-                (&found.segments, Some(&found.releases))
-            }
-        };
+    let (foreign, releases): (&[PreexistingSegment], Option<&FxHashSet<u64>>) = match (
+        Strategy::of(&*alloc).is_some_and(TorchInputs::wanted_by),
+        torch,
+    ) {
+        (false, _) => (&[], None),
+        (true, Some(t)) => (&t.segments, Some(&t.releases)),
+        (true, None) => {
+            found = TorchInputs::of(trace, opts.device);
+            (&found.segments, Some(&found.releases))
+        }
+    };
     let releases = releases.filter(|r| !r.is_empty());
     let calls_before = dev.counters();
     let driver_baseline = dev.driver_used_bytes();
@@ -1394,7 +1397,6 @@ mod tests {
     #[test]
     fn fragmentation_at_peak_is_taken_at_the_peak_event() {
         use gpumem_core::config::AllocatorConfig;
-        use gpumem_core::registry;
         use gpumem_core::sim::SimDevice;
         const MIB: u64 = 1 << 20;
         let mut trace = Trace::default();
@@ -1412,8 +1414,8 @@ mod tests {
             trace.events.push(Event::new(Action::Alloc, a, 3 * MIB));
             trace.events.push(Event::new(Action::Free, a, 0));
         }
-        let run = |trace: &Trace, name: &str| {
-            let mut alloc = registry::build(name, &AllocatorConfig::default()).unwrap();
+        let run = |trace: &Trace, strategy: Strategy| {
+            let mut alloc = strategy.build(&AllocatorConfig::default());
             let mut dev = SimDevice::new(gpumem_core::sim::DEFAULT_CAPACITY);
             replay(
                 trace,
@@ -1424,12 +1426,12 @@ mod tests {
             )
             .unwrap()
         };
-        let torch = run(&trace, "torch");
+        let torch = run(&trace, Strategy::Torch);
         assert_eq!(torch.peak_reserved_bytes, 46 * MIB);
         assert_eq!(torch.external_fragmentation_at_peak, 1.0 - 3.0 / 11.0);
         // Every strategy: the figure is the one after the first event whose prefix of the
         // trace reaches the whole trace's reserved peak.
-        for name in ["buddy", "tlsf", "best-fit", "torch", "paged", "paged-lazy"] {
+        for name in Strategy::ALL {
             let whole = run(&trace, name);
             let at_peak = (1..=trace.events.len())
                 .map(|n| Trace {

@@ -19,8 +19,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use gpumem_core::config::{AllocatorConfig, LazyPlacement};
+use gpumem_core::config::AllocatorConfig;
 use gpumem_core::sim::{SimDevice, DEFAULT_CAPACITY};
+use gpumem_core::strategy::Strategy;
 use gpumem_core::torch::TorchConfig;
 use gpumem_core::Allocator;
 use serde::Serialize;
@@ -191,7 +192,7 @@ pub struct PluginRow {
     /// The `GPUMEM_CONF` value (empty for the plug-in's defaults).
     pub gpumem_conf: String,
     /// The strategy: `paged-lazy` or `paged`.
-    pub strategy: String,
+    pub strategy: Strategy,
     /// The replay's figures.
     #[serde(flatten)]
     pub figures: Figures,
@@ -241,29 +242,19 @@ enum Out {
 }
 
 /// The allocator of `GPUMEM_CONF` value `conf` (one of [`PLUGIN_SETTINGS`]): its strategy
-/// name and a maker.
-fn plugin_allocator(conf: &str) -> (&'static str, impl Fn() -> Box<dyn Allocator>) {
-    let paged = conf == "strategy=paged";
+/// and a maker.
+fn plugin_allocator(conf: &str) -> (Strategy, impl Fn() -> Box<dyn Allocator>) {
+    let strategy = if conf == "strategy=paged" {
+        Strategy::Paged
+    } else {
+        Strategy::PagedLazy
+    };
     let mut config = AllocatorConfig::default();
-    if !paged {
+    if strategy == Strategy::PagedLazy {
         // The settings are constants that `lazy_conf::parse` accepts (a test says so).
         config.lazy = crate::lazy_conf::parse(conf).unwrap_or_default();
     }
-    let make = move || -> Box<dyn Allocator> {
-        if paged {
-            Box::new(gpumem_core::paged::PagedPool::new(&config))
-        } else {
-            match config.lazy.placement {
-                LazyPlacement::Segments => {
-                    Box::new(gpumem_core::torch::TorchCachingPool::paged_lazy(&config))
-                }
-                LazyPlacement::Pages => {
-                    Box::new(gpumem_core::paged_lazy::LazyPagedPool::new(&config))
-                }
-            }
-        }
-    };
-    (if paged { "paged" } else { "paged-lazy" }, make)
+    (strategy, move || strategy.build(&config))
 }
 
 /// Replays `trace` under gpumem's setting `conf` at `capacity_bytes` (else the default
@@ -292,7 +283,7 @@ fn plugin_row(
     };
     Ok(PluginRow {
         gpumem_conf: conf.to_string(),
-        strategy: strategy.to_string(),
+        strategy,
         figures: Figures::new(&rep, min),
         steady_state_driver_calls: rep.steady_state_driver_calls,
     })
@@ -434,7 +425,7 @@ pub fn tune_with_progress(
     }
     let paged = plugin_rows
         .iter()
-        .find(|r| r.strategy == "paged")
+        .find(|r| r.strategy == Strategy::Paged)
         .and_then(|r| r.figures.min_capacity_bytes);
     rank(&mut rows);
     Ok(TuneReport {
@@ -458,9 +449,9 @@ mod tests {
         for conf in PLUGIN_SETTINGS {
             let (strategy, _) = plugin_allocator(conf);
             if conf == "strategy=paged" {
-                assert_eq!(strategy, "paged");
+                assert_eq!(strategy, Strategy::Paged);
             } else {
-                assert_eq!(strategy, "paged-lazy");
+                assert_eq!(strategy, Strategy::PagedLazy);
                 // plugin_allocator falls back to the defaults on a bad value: none is.
                 assert!(crate::lazy_conf::parse(conf).is_ok(), "{conf}");
             }
@@ -468,7 +459,7 @@ mod tests {
         let grow = crate::lazy_conf::parse(PLUGIN_SETTINGS[1]).unwrap();
         assert_eq!(grow.grow_ahead_bp, 156);
         let pages = crate::lazy_conf::parse(PLUGIN_SETTINGS[2]).unwrap();
-        assert_eq!(pages.placement, LazyPlacement::Pages);
+        assert_eq!(pages.placement, gpumem_core::config::LazyPlacement::Pages);
     }
 
     #[test]

@@ -34,7 +34,7 @@
 use gpumem::conf_items::{items, ItemError};
 use gpumem::cuda::pool::PoolConfig;
 use gpumem_core::config::AllocatorConfig;
-use gpumem_core::registry;
+use gpumem_core::strategy::Strategy;
 
 /// Keys `GPUMEM_CONF` accepts, in the order of the table above.
 pub const KEYS: [&str; 15] = [
@@ -76,8 +76,8 @@ pub enum Mode {
 /// The plug-in's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Conf {
-    /// Allocator strategy, a name of [`registry::NAMES`].
-    pub strategy: &'static str,
+    /// Allocator strategy.
+    pub strategy: Strategy,
     /// How blocks go back to the strategy.
     pub mode: Mode,
     /// Where memory comes from.
@@ -93,7 +93,7 @@ pub struct Conf {
 impl Default for Conf {
     fn default() -> Self {
         Conf {
-            strategy: "paged-lazy",
+            strategy: Strategy::PagedLazy,
             mode: Mode::Direct,
             backend: Backend::Cuda,
             sim_capacity_bytes: 80 << 30,
@@ -153,9 +153,9 @@ fn apply(c: &mut Conf, key: &str, value: &str) -> Result<(), ItemError> {
     let size = || parse_size(value).map_err(bad);
     match key {
         "strategy" => {
-            let names = registry::parse_list(value).map_err(|e| bad(e.to_string()))?;
+            let names = Strategy::parse_list(value).map_err(|e| bad(e.to_string()))?;
             match names.as_slice() {
-                [one] => c.strategy = one,
+                [one] => c.strategy = *one,
                 _ => return Err(bad("expected one strategy".into())),
             }
         }
@@ -215,7 +215,7 @@ mod tests {
             "strategy=paged-lazy,headroom=0.02,max_handle=64MiB,map_ahead=0,grow_ahead=0.01",
         )
         .unwrap();
-        assert_eq!(c.strategy, "paged-lazy");
+        assert_eq!(c.strategy, Strategy::PagedLazy);
         assert_eq!(c.allocator.lazy.grow_ahead_bp, 100);
         assert_eq!(c.allocator.lazy.headroom_bp, 200);
         assert_eq!(c.allocator.lazy.handle_bytes, 64 << 20);
@@ -228,7 +228,7 @@ mod tests {
     #[test]
     fn the_issue_example_parses() {
         let c = parse_strict("strategy=paged,reserve=256MiB,release_threshold=4GiB").unwrap();
-        assert_eq!(c.strategy, "paged");
+        assert_eq!(c.strategy, Strategy::Paged);
         assert_eq!(c.pool.reserve_bytes, 256 << 20);
         assert_eq!(c.pool.release_threshold_bytes, 4 << 30);
         assert_eq!(c.backend, Backend::Cuda);
@@ -241,7 +241,7 @@ mod tests {
              shard_cache=1.5GiB, segment=2MB, page_cache_pages=7, backend=sim, sim_capacity=1G",
         )
         .unwrap();
-        assert_eq!(c.strategy, "best-fit");
+        assert_eq!(c.strategy, Strategy::BestFit);
         assert_eq!(c.mode, Mode::Pool);
         assert_eq!(c.pool.reserve_bytes, 0);
         assert_eq!(c.pool.release_threshold_bytes, u64::MAX);

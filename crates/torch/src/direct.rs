@@ -512,7 +512,7 @@ mod tests {
         let ev: Arc<dyn StreamEvents> = events;
         let dev = Deferred::new(SimDevice::new(1 << 30), Arc::clone(&ev));
         let (dev, _) = Metered::new(dev);
-        let alloc = gpumem_core::registry::build("paged", &Default::default()).unwrap();
+        let alloc = gpumem_core::strategy::Strategy::Paged.build(&Default::default());
         DirectPool::new(alloc, dev, ev, 256, 0).unwrap()
     }
 

@@ -898,8 +898,7 @@ fn make_state<D: Device + 'static>(
     conf: &Conf,
     opts: gpumem::cuda::pool::PoolConfig,
 ) -> Result<DeviceState, String> {
-    let alloc =
-        gpumem_core::registry::build(conf.strategy, &conf.allocator).map_err(|e| e.to_string())?;
+    let alloc = conf.strategy.build(&conf.allocator);
     let fail = |e: PoolError| format!("{} pool: {e}", conf.strategy);
     let (pool, reserved): (Box<dyn Pool>, _) = match conf.mode {
         Mode::Direct => {

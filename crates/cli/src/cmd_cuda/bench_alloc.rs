@@ -11,8 +11,8 @@ use gpumem::cuda::bench::{
 use gpumem::cuda::{self, CudaEvents, DeviceSel, ManualEvents};
 use gpumem::pool::{DevicePool, PoolConfig};
 use gpumem_core::config::AllocatorConfig;
-use gpumem_core::registry;
 use gpumem_core::sim::SimDevice;
+use gpumem_core::strategy::Strategy;
 use serde::Serialize;
 
 use super::ordinals;
@@ -137,7 +137,7 @@ pub fn bench_alloc(a: BenchAllocArgs) -> Result<()> {
     if cases(&a).is_empty() {
         bail!("--sizes gives no size and --mixed is false: nothing to measure (give --sizes 1MiB, or leave --mixed on)");
     }
-    let names = registry::parse_list(&a.strategies)?;
+    let names = Strategy::parse_list(&a.strategies)?;
     let budget = Budget {
         time: Duration::from_millis(a.time_ms),
         max_pairs: a.max_pairs,
@@ -166,7 +166,7 @@ pub fn bench_alloc(a: BenchAllocArgs) -> Result<()> {
             None => {
                 for name in &names {
                     let pool = DevicePool::new(
-                        registry::build(name, &AllocatorConfig::default())?,
+                        name.build(&AllocatorConfig::default()),
                         SimDevice::default(),
                         Box::new(ManualEvents::immediate()),
                         PoolConfig::default(),
@@ -196,7 +196,7 @@ pub fn bench_alloc(a: BenchAllocArgs) -> Result<()> {
                         ..PoolConfig::default()
                     };
                     match DevicePool::new(
-                        registry::build(name, &AllocatorConfig::default())?,
+                        name.build(&AllocatorConfig::default()),
                         dev,
                         Box::new(events),
                         opts,

@@ -7,8 +7,8 @@ use gpumem::pool::{DevicePool, PoolConfig};
 use gpumem::units::bytes_compact as human;
 use gpumem::vmm::{Tracked, VmmBook};
 use gpumem_core::config::AllocatorConfig;
-use gpumem_core::registry;
 use gpumem_core::sim::SimDevice;
+use gpumem_core::strategy::Strategy;
 use gpumem_core::Device;
 use serde::Serialize;
 
@@ -169,12 +169,12 @@ fn inspect_on<D: Introspect>(
 }
 
 pub fn inspect(a: InspectArgs) -> Result<()> {
-    let names = registry::parse_list(&a.strategies)?;
+    let names = Strategy::parse_list(&a.strategies)?;
     let mut rows = Vec::new();
     let mut errors = Vec::new();
     let opts = PoolConfig::default();
     for name in &names {
-        let alloc = registry::build(name, &AllocatorConfig::default())?;
+        let alloc = name.build(&AllocatorConfig::default());
         let r = if a.device == DeviceSel::Sim {
             DevicePool::new(
                 alloc,
@@ -193,7 +193,7 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
                     pitch_align_bytes: dev.pitch_align_bytes(),
                     ..opts
                 };
-                res = DevicePool::new(alloc_again(name)?, dev, Box::new(events), o2)
+                res = DevicePool::new(alloc_again(*name), dev, Box::new(events), o2)
                     .map_err(anyhow::Error::from)
                     .and_then(|p| inspect_on(&p, &a.sizes, &mut rows));
                 if res.is_err() {
@@ -296,6 +296,6 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn alloc_again(name: &str) -> Result<Box<dyn gpumem_core::Allocator>> {
-    Ok(registry::build(name, &AllocatorConfig::default())?)
+pub(super) fn alloc_again(name: Strategy) -> Box<dyn gpumem_core::Allocator> {
+    name.build(&AllocatorConfig::default())
 }

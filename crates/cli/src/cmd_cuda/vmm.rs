@@ -7,8 +7,8 @@ use gpumem::pool::{DevicePool, PoolConfig};
 use gpumem::units::bytes_compact as human;
 use gpumem::vmm::{self, PageTable, Tracked};
 use gpumem_core::config::AllocatorConfig;
-use gpumem_core::registry;
 use gpumem_core::sim::SimDevice;
+use gpumem_core::strategy::Strategy;
 use gpumem_core::Device;
 use serde::Serialize;
 
@@ -92,7 +92,7 @@ pub fn vmm(a: VmmArgs) -> Result<()> {
         DeviceSel::Sim => {
             let g = SimDevice::default().granularity_bytes();
             let (paged_strategy, paged_error) = match DevicePool::new(
-                registry::build("paged", &AllocatorConfig::default())?,
+                Strategy::Paged.build(&AllocatorConfig::default()),
                 Tracked::new(SimDevice::default()),
                 Box::new(ManualEvents::immediate()),
                 paged_opts,
@@ -126,7 +126,7 @@ pub fn vmm(a: VmmArgs) -> Result<()> {
             }
             let events = CudaEvents::new(&dev)?;
             let (paged_strategy, paged_error) = match DevicePool::new(
-                registry::build("paged", &AllocatorConfig::default())?,
+                Strategy::Paged.build(&AllocatorConfig::default()),
                 dev,
                 Box::new(events),
                 paged_opts,

@@ -140,7 +140,7 @@ pub(super) fn timeline_chart(
         panels.push((
             format!(
                 "{}: peak reserved {peaks}{}",
-                run.name,
+                run.strategy,
                 if failed > 0 {
                     format!(
                         ", {} (black ticks on the x axis)",

@@ -11,7 +11,8 @@
 use std::time::Instant;
 
 use gpumem_core::config::AllocatorConfig;
-use gpumem_core::{registry, DeviceError};
+use gpumem_core::strategy::Strategy;
+use gpumem_core::DeviceError;
 
 use super::p2p::{
     enable_peer_access, link_bandwidth, p2p_attributes, peer_copy, verify_peer_copy, LinkEstimate,
@@ -25,9 +26,9 @@ pub const BATCH_BYTES: u64 = 1 << 30;
 /// Most copies in one timed batch (small sizes).
 pub const MAX_BATCH_COPIES: u64 = 200;
 /// The pool strategy over cuMemAlloc segments used for peer copies.
-pub const SEGMENT_STRATEGY: &str = "best-fit";
+pub const SEGMENT_STRATEGY: Strategy = Strategy::BestFit;
 /// The pool strategy over VMM pages (peer access per block with cuMemSetAccess).
-pub const VMM_STRATEGY: &str = "paged";
+pub const VMM_STRATEGY: Strategy = Strategy::Paged;
 
 /// Errors of the two-device checks and benchmarks.
 #[derive(Debug, thiserror::Error)]
@@ -41,9 +42,6 @@ pub enum PeerError {
     /// A driver call failed.
     #[error(transparent)]
     Device(#[from] DeviceError),
-    /// An allocator strategy name is unknown.
-    #[error(transparent)]
-    Strategy(#[from] registry::UnknownAllocator),
     /// The two ordinals name the same device.
     #[error("peer copies need two different devices (got {0} twice)")]
     SameDevice(usize),
@@ -58,7 +56,7 @@ struct Side {
 }
 
 impl Side {
-    fn open(ordinal: usize, strategy: &str) -> Result<Self, PeerError> {
+    fn open(ordinal: usize, strategy: Strategy) -> Result<Self, PeerError> {
         let dev = super::open(ordinal)?;
         let ctx = dev.context().clone();
         let events = CudaEvents::new(&dev)?;
@@ -67,7 +65,7 @@ impl Side {
             ..PoolConfig::default()
         };
         let pool = DevicePool::new(
-            registry::build(strategy, &AllocatorConfig::default())?,
+            strategy.build(&AllocatorConfig::default()),
             dev,
             Box::new(events),
             cfg,

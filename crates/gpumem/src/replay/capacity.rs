@@ -1,5 +1,6 @@
 //! The smallest simulated device that runs a trace, per allocator ([`min_capacity`]).
 use gpumem_core::sim::SimDevice;
+use gpumem_core::strategy::Strategy;
 use gpumem_core::Allocator;
 use serde::Serialize;
 
@@ -109,11 +110,13 @@ fn probe(
 ) -> Result<Probe, ReplayError> {
     let mut a = make();
     let mut d = make_dev(capacity);
-    let torch = TorchInputs::wanted_by(a.name()).then(|| {
-        search
-            .torch
-            .get_or_init(|| TorchInputs::of(search.trace, opts.device))
-    });
+    let torch = Strategy::of(a.as_ref())
+        .is_some_and(TorchInputs::wanted_by)
+        .then(|| {
+            search
+                .torch
+                .get_or_init(|| TorchInputs::of(search.trace, opts.device))
+        });
     let r = replay_prepared(
         search.trace,
         search.summary,

@@ -9,6 +9,7 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 
 use base64::Engine as _;
+use gpumem_core::strategy::Strategy;
 use serde_json::{json, Value};
 
 use super::map::{MemoryMap, STATES};
@@ -149,7 +150,7 @@ fn data(r: &Report) -> Value {
     let torch_end = r
         .runs
         .iter()
-        .position(|x| x.name == "torch")
+        .position(|x| x.strategy == Some(Strategy::Torch))
         .map(|i| MemoryMap::at(&r.runs[i], &r.blocks, last_event));
     json!({
         "trace": r.trace_name,
@@ -335,7 +336,7 @@ fn snapshot_table(r: &Report, o: &mut String) {
     let emu = r
         .runs
         .iter()
-        .position(|x| x.name == "torch")
+        .position(|x| x.strategy == Some(Strategy::Torch))
         .map(|i| MemoryMap::at(&r.runs[i], &r.blocks, last));
     o.push_str("<table id=\"segments\"><thead><tr><th></th><th>segments</th><th>reserved</th><th>live</th><th>split remainder</th><th>free (cached)</th><th>live blocks</th></tr></thead><tbody>\n");
     let mut row = |name: &str, m: &MemoryMap| {
@@ -508,7 +509,7 @@ mod tests {
         .unwrap();
         let limit = |capacity_bytes: u64| {
             let cfg = ReportConfig {
-                allocators: vec!["tlsf".into()],
+                allocators: vec![super::Strategy::Tlsf],
                 capacity_bytes,
                 ..ReportConfig::default()
             };

@@ -16,7 +16,8 @@
 //! with the browser's `DecompressionStream`. It references no external resource.
 use gpumem_core::config::AllocatorConfig;
 use gpumem_core::sim::SimDevice;
-use gpumem_core::{registry, AllocError};
+use gpumem_core::strategy::Strategy;
+use gpumem_core::AllocError;
 use serde::Serialize;
 
 use crate::replay::{self, ReplayConfig, ReplayError, ReplayReport, TraceSummary};
@@ -33,8 +34,8 @@ use record::{AllocatorRun, TraceBlock, NEVER};
 /// How to build a report.
 #[derive(Debug, Clone)]
 pub struct ReportConfig {
-    /// Allocators to compare (names from [`registry::NAMES`]).
-    pub allocators: Vec<String>,
+    /// Allocators to compare, in the order shown.
+    pub allocators: Vec<Strategy>,
     /// Capacity of the simulated device, in bytes.
     pub capacity_bytes: u64,
     /// Settings of the allocators.
@@ -54,7 +55,7 @@ pub struct ReportConfig {
 impl Default for ReportConfig {
     fn default() -> Self {
         ReportConfig {
-            allocators: registry::NAMES.iter().map(|s| s.to_string()).collect(),
+            allocators: Strategy::ALL.to_vec(),
             capacity_bytes: gpumem_core::sim::DEFAULT_CAPACITY,
             allocator_config: AllocatorConfig::default(),
             device: None,
@@ -67,9 +68,6 @@ impl Default for ReportConfig {
 /// A report that could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
-    /// An allocator name is not known.
-    #[error(transparent)]
-    UnknownAllocator(#[from] registry::UnknownAllocator),
     /// The comparison replay failed.
     #[error(transparent)]
     Replay(#[from] ReplayError),
@@ -429,7 +427,7 @@ fn peak_requested_event(blocks: &[TraceBlock], events: u64) -> u64 {
 /// which allocator is being replayed.
 ///
 /// # Errors
-/// [`ReportError`]: an unknown allocator, an empty trace, an allocator failing for a reason
+/// [`ReportError`]: an empty trace, an allocator failing for a reason
 /// other than out-of-memory.
 pub fn build(
     trace: &Trace,
@@ -466,11 +464,11 @@ pub fn build(
     // replays the pre-existing blocks through the emulation) and cloned, untouched, for the
     // recording replay and the comparison replay.
     let mut recording_device: Option<SimDevice> = None;
-    for name in &cfg.allocators {
-        progress(name);
-        let mut alloc = registry::build(name, &cfg.allocator_config)?;
+    for &strategy in &cfg.allocators {
+        progress(strategy.name());
+        let mut alloc = strategy.build(&cfg.allocator_config);
         // Both for the torch emulation only, as the replay does.
-        let torch = replay::TorchInputs::wanted_by(alloc.name());
+        let torch = replay::TorchInputs::wanted_by(strategy);
         let setup = record::RecordSetup {
             preexisting_segments: if torch {
                 preexisting_segments.clone()
@@ -507,11 +505,11 @@ pub fn build(
         )
         .map_err(|(event, source)| ReportError::Record {
             event,
-            allocator: name.clone(),
+            allocator: strategy.to_string(),
             source,
         })?;
         runs.push(run);
-        let mut alloc = registry::build(name, &cfg.allocator_config)?;
+        let mut alloc = strategy.build(&cfg.allocator_config);
         let mut dev = fresh;
         let opts = ReplayConfig {
             device,
@@ -545,17 +543,17 @@ pub fn build(
         settings: cfg
             .allocators
             .iter()
-            .filter_map(|name| match name.as_str() {
-                "torch" => Some((
-                    name.clone(),
+            .filter_map(|&strategy| match strategy {
+                Strategy::Torch => Some((
+                    strategy.to_string(),
                     format!("PYTORCH_CUDA_ALLOC_CONF {}", cfg.allocator_config.torch),
                     String::new(),
                 )),
-                "paged-lazy" => {
+                Strategy::PagedLazy => {
                     let (items, what) = crate::lazy_conf::describe(&cfg.allocator_config.lazy);
-                    Some((name.clone(), items, what))
+                    Some((strategy.to_string(), items, what))
                 }
-                _ => None,
+                Strategy::Buddy | Strategy::Tlsf | Strategy::BestFit | Strategy::Paged => None,
             })
             .collect(),
         read_notes: trace.lenient_notes(),

@@ -6,6 +6,7 @@
 //!
 //! The replay semantics are those of [`crate::replay::replay`]: pre-existing blocks first, an
 //! allocation refused with out-of-memory is dropped together with its later free.
+use gpumem_core::strategy::Strategy;
 use gpumem_core::{AllocError, Allocator, Device, DeviceError, PhysHandle};
 use rustc_hash::FxHashMap;
 use std::collections::BTreeMap;
@@ -90,6 +91,8 @@ pub struct Placement {
 pub struct AllocatorRun {
     /// Allocator name.
     pub name: String,
+    /// The strategy the allocator was built as ([`Strategy::of`]).
+    pub strategy: Option<Strategy>,
     /// Segments and VA ranges in the order the device handed them out.
     pub regions: Vec<Region>,
     /// Mappings in the order they were made.
@@ -417,6 +420,7 @@ pub fn record<D: Device>(
     let mappings = coalesce(mappings);
     Ok(AllocatorRun {
         name: alloc.name().to_string(),
+        strategy: Strategy::of(&*alloc),
         regions,
         mappings,
         placements,

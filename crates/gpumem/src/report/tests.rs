@@ -13,7 +13,7 @@ pub(crate) const SMALL: &str = r#"{"action":"alloc","addr":1,"size":3145728}
 fn small_report(allocators: &[&str]) -> Report {
     let t = read_bytes("small.jsonl", SMALL.as_bytes(), ReadConfig::default()).unwrap();
     let cfg = ReportConfig {
-        allocators: allocators.iter().map(|s| s.to_string()).collect(),
+        allocators: allocators.iter().map(|s| s.parse().unwrap()).collect(),
         ..ReportConfig::default()
     };
     build(&t, "small.jsonl", &cfg, &mut |_| {}).unwrap()
@@ -133,7 +133,7 @@ fn a_block_live_before_recording_and_freed_by_event_0_is_placed_then_freed() {
         crate::trace::Event::alloc(1, 1024),
     ];
     let cfg = ReportConfig {
-        allocators: vec!["tlsf".into()],
+        allocators: vec![Strategy::Tlsf],
         ..ReportConfig::default()
     };
     let r = build(&t, "x", &cfg, &mut |_| {}).unwrap();
@@ -238,7 +238,7 @@ fn comparison_has_inactive_split_retries_and_refused() {
     )
     .unwrap();
     let cfg = ReportConfig {
-        allocators: vec!["tlsf".into()],
+        allocators: vec![Strategy::Tlsf],
         ..ReportConfig::default()
     };
     let r = build(&t, "refused.jsonl", &cfg, &mut |_| {}).unwrap();
@@ -264,7 +264,7 @@ fn the_recording_device_is_built_once() {
         .expect("recorded settings");
     let conf = s.torch_config().unwrap();
     let cfg = ReportConfig {
-        allocators: vec!["torch".into(), "tlsf".into()],
+        allocators: vec![Strategy::Torch, Strategy::Tlsf],
         allocator_config: AllocatorConfig {
             torch: conf,
             ..AllocatorConfig::default()

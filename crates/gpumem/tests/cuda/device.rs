@@ -5,7 +5,7 @@ use gpumem::cuda::pitch::pitch_bytes;
 use gpumem::cuda::pool::{DevicePool, PoolConfig};
 use gpumem::cuda::{self, Advice, CudaError, CudaEvents, MemoryType, Stream};
 use gpumem_core::config::AllocatorConfig;
-use gpumem_core::registry;
+use gpumem_core::strategy::Strategy;
 use gpumem_core::{Device, DeviceError, DriverCall};
 
 use crate::common::SegmentPerBlock;
@@ -206,12 +206,14 @@ fn pool_stream_ordered_reuse_with_real_events() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn every_strategy_serves_blocks_with_intact_canaries() {
-    for name in registry::NAMES {
+    for name in Strategy::ALL.map(Strategy::name) {
         let d = dev0();
         let s = Stream::new(d.context()).expect("stream");
         let events = CudaEvents::new(&d).expect("events");
         let pool = DevicePool::new(
-            registry::build(name, &AllocatorConfig::default()).expect("build"),
+            name.parse::<Strategy>()
+                .expect("build")
+                .build(&AllocatorConfig::default()),
             d,
             Box::new(events),
             PoolConfig::default(),
@@ -351,7 +353,7 @@ fn peer_access_per_block_needs_vmm_pages() {
         ..PoolConfig::default()
     };
     let paged = DevicePool::new(
-        registry::build("paged", &AllocatorConfig::default()).expect("paged"),
+        Strategy::Paged.build(&AllocatorConfig::default()),
         d,
         Box::new(events),
         o,

@@ -10,7 +10,7 @@ use gpumem::cuda::pitch::pitch_bytes;
 use gpumem::cuda::pool::{DevicePool, PoolConfig};
 use gpumem::cuda::{self, Advice, Capped, CudaError, CudaEvents, MemoryType, Stream};
 use gpumem_core::config::AllocatorConfig;
-use gpumem_core::registry;
+use gpumem_core::strategy::Strategy;
 use gpumem_core::{Device, DeviceError, DriverCall};
 
 use crate::common::SegmentPerBlock;
@@ -154,11 +154,13 @@ fn pool_on_the_driver() {
 }
 
 fn every_strategy_keeps_canaries() {
-    for name in registry::NAMES {
+    for name in Strategy::ALL.map(Strategy::name) {
         let d = cuda::open(0).unwrap();
         let events = CudaEvents::new(&d).unwrap();
         let pool = DevicePool::new(
-            registry::build(name, &AllocatorConfig::default()).unwrap(),
+            name.parse::<Strategy>()
+                .unwrap()
+                .build(&AllocatorConfig::default()),
             d,
             Box::new(events),
             PoolConfig::default(),

@@ -10,8 +10,8 @@
 use std::path::PathBuf;
 
 use gpumem::core::config::AllocatorConfig;
-use gpumem::core::registry;
 use gpumem::core::sim::SimDevice;
+use gpumem::core::strategy::Strategy;
 use gpumem::replay::{self, ReplayConfig};
 use gpumem::trace::{read_path, ReadConfig};
 
@@ -22,7 +22,10 @@ fn soak() -> gpumem::trace::Trace {
 }
 
 fn run(name: &str, t: &gpumem::trace::Trace) -> replay::ReplayReport {
-    let mut a = registry::build(name, &AllocatorConfig::default()).unwrap();
+    let mut a = name
+        .parse::<Strategy>()
+        .unwrap()
+        .build(&AllocatorConfig::default());
     let mut d = SimDevice::default();
     replay::replay(t, a.as_mut(), &mut d, &ReplayConfig::default(), &mut |_| {}).unwrap()
 }

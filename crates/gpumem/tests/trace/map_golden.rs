@@ -19,7 +19,7 @@ const TRACE: &str = r#"{"action":"alloc","addr":1,"size":8388608}
 fn check(allocator: &str, event: Option<u64>, golden: &str) {
     let t = read_bytes("small.jsonl", TRACE.as_bytes(), ReadConfig::default()).unwrap();
     let cfg = ReportConfig {
-        allocators: vec![allocator.to_string()],
+        allocators: vec![allocator.parse().unwrap()],
         allocator_config: gpumem::core::AllocatorConfig {
             segment_bytes: 32 << 20,
             ..Default::default()

@@ -1,9 +1,6 @@
 //! The replay engine over every allocator on the simulated device.
 use gpumem::core::sim::SimDevice;
-use gpumem::core::{
-    config::AllocatorConfig,
-    registry::{self, NAMES},
-};
+use gpumem::core::{config::AllocatorConfig, strategy::Strategy};
 use gpumem::core::{Allocator, Device};
 use gpumem::replay::{self, MinCapacityConfig, MinCapacityOutcome, ReplayConfig};
 use gpumem::trace::{Event, PreexistingBlock, Trace};
@@ -43,8 +40,11 @@ fn workload() -> Trace {
 fn every_allocator_replays_without_oom_and_reserves_at_least_the_peak() {
     let t = workload();
     let s = replay::summarize(&t, 0);
-    for name in NAMES {
-        let mut a = registry::build(name, &AllocatorConfig::default()).unwrap();
+    for name in Strategy::ALL.map(Strategy::name) {
+        let mut a = name
+            .parse::<Strategy>()
+            .unwrap()
+            .build(&AllocatorConfig::default());
         let mut d = SimDevice::new(64 << 30);
         let r = replay::replay(
             &t,
@@ -80,8 +80,11 @@ fn every_allocator_replays_without_oom_and_reserves_at_least_the_peak() {
 fn capacity_limit_counts_ooms_and_goes_on() {
     let t = workload();
     let s = replay::summarize(&t, 0);
-    for name in NAMES {
-        let mut a = registry::build(name, &AllocatorConfig::default()).unwrap();
+    for name in Strategy::ALL.map(Strategy::name) {
+        let mut a = name
+            .parse::<Strategy>()
+            .unwrap()
+            .build(&AllocatorConfig::default());
         // Half the peak cannot hold the workload.
         let mut d = SimDevice::new(s.peak_requested_bytes / 2);
         let r = replay::replay(
@@ -117,7 +120,10 @@ fn capacity_limit_counts_ooms_and_goes_on() {
 }
 
 fn run_at(t: &Trace, name: &str, cap: u64) -> u64 {
-    let mut a = registry::build(name, &AllocatorConfig::default()).unwrap();
+    let mut a = name
+        .parse::<Strategy>()
+        .unwrap()
+        .build(&AllocatorConfig::default());
     let mut d = SimDevice::new(cap);
     replay::replay(t, a.as_mut(), &mut d, &ReplayConfig::default(), &mut |_| {})
         .unwrap()
@@ -125,8 +131,11 @@ fn run_at(t: &Trace, name: &str, cap: u64) -> u64 {
 }
 
 fn search(t: &Trace, name: &str, upper: u64, max_replays: u64) -> MinCapacityOutcome {
-    let make =
-        || -> Box<dyn Allocator> { registry::build(name, &AllocatorConfig::default()).unwrap() };
+    let make = || -> Box<dyn Allocator> {
+        name.parse::<Strategy>()
+            .unwrap()
+            .build(&AllocatorConfig::default())
+    };
     let make_dev = |c: u64| SimDevice::new(c);
     let cfg = MinCapacityConfig {
         upper_bytes: upper,
@@ -247,7 +256,7 @@ proptest! {
         let step = 2 * MIB;
         let start = floor.div_ceil(step) * step;
         let upper = start + 256 * MIB;
-        for name in NAMES {
+        for name in Strategy::ALL.map(Strategy::name) {
             let mut smallest = None;
             let mut last_failing = None;
             let mut c = start;
@@ -293,7 +302,7 @@ fn preexisting_blocks_are_live_from_the_start() {
         Event::free(1, 100 * MIB),
         Event::free(2, 0),
     ];
-    let mut a = registry::build("tlsf", &AllocatorConfig::default()).unwrap();
+    let mut a = Strategy::Tlsf.build(&AllocatorConfig::default());
     let mut d = SimDevice::new(1 << 40);
     let r = replay::replay(
         &t,
@@ -310,7 +319,7 @@ fn preexisting_blocks_are_live_from_the_start() {
 #[test]
 fn timeline_samples_requested_allocated_reserved() {
     let t = workload();
-    let mut a = registry::build("best-fit", &AllocatorConfig::default()).unwrap();
+    let mut a = Strategy::BestFit.build(&AllocatorConfig::default());
     let mut d = SimDevice::new(64 << 30);
     let opts = ReplayConfig {
         timeline_points: 100,
@@ -368,8 +377,11 @@ fn impossible_requests_are_counted_and_the_replay_goes_on() {
         Event::free(6, 0),
         Event::free(1, 0),
     ];
-    for name in NAMES {
-        let mut a = registry::build(name, &AllocatorConfig::default()).unwrap();
+    for name in Strategy::ALL.map(Strategy::name) {
+        let mut a = name
+            .parse::<Strategy>()
+            .unwrap()
+            .build(&AllocatorConfig::default());
         let mut d = SimDevice::default();
         let r = replay::replay(
             &t,
@@ -409,7 +421,7 @@ fn pytorch_metrics_match_the_recorded_stats() {
         .unwrap();
         let text = std::fs::read_to_string(dir.join(format!("{name}-native.stats.json"))).unwrap();
         let rec: serde_json::Value = serde_json::from_str(&text).unwrap();
-        let mut a = registry::build("torch", &AllocatorConfig::default()).unwrap();
+        let mut a = Strategy::Torch.build(&AllocatorConfig::default());
         let mut d = SimDevice::default();
         let r = replay::replay(
             &trace,

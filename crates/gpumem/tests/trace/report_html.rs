@@ -1,7 +1,7 @@
 //! `gpumem report`'s page for a small trace: it parses, holds the expected figures, and
 //! references no external resource.
-use gpumem::core::registry;
 use gpumem::core::sim::SimDevice;
+use gpumem::core::strategy::Strategy;
 use gpumem::replay::{self, ReplayConfig};
 use gpumem::report::{self, ReportConfig};
 use gpumem::trace::{read_bytes, ReadConfig, Trace};
@@ -44,11 +44,11 @@ fn the_page_parses_and_holds_the_replay_figures() {
     assert!(doc.errors.is_empty(), "HTML parse errors: {:?}", doc.errors);
     // One row per allocator, with the peak reserved bytes an independent replay measures.
     let rows: Vec<_> = doc.select(&sel("#comparison tbody tr")).collect();
-    assert_eq!(rows.len(), registry::NAMES.len());
+    assert_eq!(rows.len(), Strategy::ALL.len());
     let t = trace();
-    for (row, name) in rows.iter().zip(registry::NAMES) {
-        assert_eq!(row.value().attr("data-allocator"), Some(name));
-        let mut a = registry::build(name, &Default::default()).unwrap();
+    for (row, strategy) in rows.iter().zip(Strategy::ALL) {
+        assert_eq!(row.value().attr("data-allocator"), Some(strategy.name()));
+        let mut a = strategy.build(&Default::default());
         let mut dev = SimDevice::default();
         let want = replay::replay(
             &t,
@@ -62,7 +62,7 @@ fn the_page_parses_and_holds_the_replay_figures() {
         assert_eq!(
             cell.value().attr("data-bytes").unwrap(),
             want.peak_reserved_bytes.to_string(),
-            "{name}"
+            "{strategy}"
         );
         // OOMs: after int. frag., inactive split and retries.
         let oom: String = row.select(&sel("td")).nth(9).unwrap().text().collect();
@@ -102,7 +102,7 @@ fn the_page_parses_and_holds_the_replay_figures() {
     assert_eq!(v["events"], 12);
     assert_eq!(
         v["allocators"].as_array().unwrap().len(),
-        registry::NAMES.len()
+        Strategy::ALL.len()
     );
     assert_eq!(v["peak_requested_event"], 6);
     assert!(!v["packed"].as_str().unwrap().is_empty());
@@ -118,7 +118,7 @@ fn the_comparison_table_writes_driver_time_and_ratio_as_replay_does() {
     let t = trace();
     let cell = |capacity_bytes: u64, column: usize| -> Vec<String> {
         let cfg = ReportConfig {
-            allocators: vec!["torch".into(), "paged".into()],
+            allocators: vec![Strategy::Torch, Strategy::Paged],
             capacity_bytes,
             ..ReportConfig::default()
         };
@@ -133,7 +133,7 @@ fn the_comparison_table_writes_driver_time_and_ratio_as_replay_does() {
         &t,
         "small.jsonl",
         &ReportConfig {
-            allocators: vec!["torch".into(), "paged".into()],
+            allocators: vec![Strategy::Torch, Strategy::Paged],
             ..ReportConfig::default()
         },
         &mut |_| {},
