@@ -6,49 +6,24 @@ use gpumem::trace::Trace;
 
 use gpumem::units::bytes as human_bytes;
 
-/// How to record a snapshot worth replaying, in one line.
-pub const HOW_TO_RECORD: &str = "to record one, call \
-    torch.cuda.memory._record_memory_history(max_entries=1000000) before the model is loaded, \
-    run the steps, then torch.cuda.memory._dump_snapshot(\"snapshot.pickle\")";
-
-/// Why a trace read without error holds no allocation to replay: every alloc/free skipped
-/// under `--lenient`, a snapshot that recorded nothing (with how to record one), a snapshot
-/// of segments without a trace, or a file without alloc/free events.
-pub fn why_no_allocation(trace: &Trace) -> String {
-    if trace.skipped_count > 0 {
-        format!(
-            "no alloc/free event is left after --lenient skipped {} (the first listed above)",
-            crate::units::counted(trace.skipped_count, "malformed event")
-        )
-    } else if !trace.segments.is_empty() {
-        "the snapshot holds segments but no trace entries (`gpumem replay` shows the state of its segments)".to_string()
-    } else if trace.format == Some(gpumem::trace::Format::TorchSnapshot) {
-        format!(
-            "the snapshot holds no segments and no trace entries: memory history was not being \
-             recorded when it was dumped; {HOW_TO_RECORD}"
-        )
-    } else {
-        "the file is a valid trace but holds no alloc/free events".to_string()
-    }
-}
-
 /// Prints the state analysis of `trace.segments` (table, or JSON with `json`). A PyTorch
 /// snapshot with no segments and no trace (recording was never enabled) is an error that says
 /// so, and how to record one (with `json`, the JSON explanation is printed first).
 pub fn print_state(path: &std::path::Path, trace: &Trace, json: bool) -> Result<()> {
     if trace.skipped_count > 0 && trace.segments.is_empty() {
         // Not an empty recording: what was there was malformed.
-        crate::cmd_replay::print_read_notes(trace);
+        crate::output::print_read_notes(trace);
         bail!(
             "{}: nothing to replay: {}",
             gpumem::trace::source_name(path),
-            why_no_allocation(trace)
+            gpumem::session::why_no_allocation(trace)
         );
     }
     if trace.segments.is_empty() && trace.format == Some(gpumem::trace::Format::TorchSnapshot) {
         let explanation = format!(
             "the snapshot holds no segments and no trace entries: memory history was not being \
-             recorded when it was dumped; {HOW_TO_RECORD}"
+             recorded when it was dumped; {}",
+            gpumem::session::HOW_TO_RECORD
         );
         if json {
             println!(

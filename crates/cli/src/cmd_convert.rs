@@ -32,7 +32,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
             ..ReadConfig::default()
         },
     )?;
-    crate::cmd_replay::print_read_notes(&trace);
+    crate::output::print_read_notes(&trace);
     let has_blocks = trace
         .events
         .iter()
@@ -43,7 +43,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
             bail!(
                 "{}: nothing to convert: {}",
                 trace::source_name(&a.trace),
-                crate::cmd_analyze::why_no_allocation(&trace)
+                gpumem::session::why_no_allocation(&trace)
             );
         }
         // A snapshot of the allocator's state without a trace: its allocated blocks are what
@@ -67,7 +67,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     };
     // What JSON lines cannot carry, and a replay of the snapshot uses.
     let mut lost = Vec::new();
-    if let Some(conf) = crate::cmd_tune::recorded_conf(&trace)?
+    if let Some(conf) = gpumem::session::recorded_conf(&trace)?
         .map(|c| c.to_string())
         .filter(|c| c != "native")
     {

@@ -100,7 +100,7 @@ pub fn run(a: MapArgs) -> Result<()> {
             ..replay
         };
     }
-    let (names, lazy) =
+    let names =
         crate::cmd_report::check_options(if recorded { "torch" } else { &a.allocator }, &replay)?;
     let trace = crate::cmd_report::read(&a.trace, &replay, false, true)?;
     let nothing = crate::cmd_report::nothing_to_show(&trace);
@@ -118,7 +118,6 @@ pub fn run(a: MapArgs) -> Result<()> {
             &trace,
             &a.trace,
             &names,
-            lazy,
             &replay,
             true,
             "building the map of",
@@ -188,14 +187,14 @@ fn snapshot_only_map(
     if !devices.contains(&d) {
         bail!(
             "--trace-device {d}: the snapshot recorded no segment on device {d} (it has {})",
-            crate::cmd_tune::device_list(&devices)
+            gpumem::session::device_list(&devices)
         );
     }
     if devices.len() > 1 {
         eprintln!(
             "note: device {d} of {} ({}; --trace-device N shows another)",
             devices.len(),
-            crate::cmd_tune::device_list(&devices)
+            gpumem::session::device_list(&devices)
         );
     }
     Ok(gpumem::report::map::MemoryMap::from_snapshot(

@@ -5,13 +5,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use gpumem::core::config::{AllocatorConfig, LazyPlacement};
-use gpumem::core::sim::{RecordedCheck, SimDevice, DEFAULT_CAPACITY, DEFAULT_GRANULARITY};
+use gpumem::core::sim::{RecordedCheck, SimDevice, DEFAULT_CAPACITY};
 use gpumem::core::strategy::Strategy;
-use gpumem::core::{Allocator, Device, DriverCall};
-use gpumem::recorded_oom::{self, OomVerdict};
-use gpumem::replay::{
-    self, MinCapacityConfig, MinCapacityOutcome, ReplayConfig, ReplayReport, TraceSummary,
+use gpumem::core::{Device, DriverCall};
+use gpumem::recorded_oom::OomVerdict;
+use gpumem::replay::{self, MinCapacityOutcome, ReplayReport, TraceSummary};
+use gpumem::session::{
+    self, CompareSettings, DeviceMinCapacity, PlannedLayout, RecordedRatio, ReplaySettings,
 };
 use gpumem::trace::{self, ReadConfig};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -93,29 +93,6 @@ pub struct ReplayArgs {
     pub no_plan: bool,
 }
 
-/// Parses `--lazy-conf` onto the defaults. `tune` can export `GPUMEM_CONF=strategy=paged`,
-/// which is not a `paged-lazy` setting: the error then names the flag that replays it.
-///
-/// # Errors
-/// The first bad item, as [`gpumem::lazy_conf::parse`] words it, after `--lazy-conf: `.
-pub fn lazy_conf(text: &str) -> Result<gpumem::core::config::LazyConfig> {
-    gpumem::lazy_conf::parse(text).map_err(|e| {
-        let hint = match &e {
-            gpumem::conf_items::ItemError::UnknownKey { key, .. } if key == "strategy" => {
-                let value = gpumem::conf_items::items(text, &gpumem::lazy_conf::KEYS)
-                    .filter_map(Result::ok)
-                    .find(|(k, _)| *k == "strategy")
-                    .map_or("", |(_, v)| v);
-                format!(
-                    "; `strategy` is GPUMEM_CONF's choice of allocator, which is --allocator here (GPUMEM_CONF=strategy={value}: --allocator {value}); --lazy-conf holds paged-lazy's own settings"
-                )
-            }
-            _ => String::new(),
-        };
-        anyhow::anyhow!("--lazy-conf: {e}{hint}")
-    })
-}
-
 #[derive(Serialize)]
 struct JsonTrace {
     path: String,
@@ -150,54 +127,10 @@ struct JsonTrace {
     warnings: Vec<String>,
     /// Per device, the planned layout ([`gpumem::plan`]): the memory a placement that knows
     /// the whole trace and never moves a block needs.
-    planned_layout: Vec<JsonPlanned>,
+    planned_layout: Vec<PlannedLayout>,
     /// Why no layout was planned, when none was.
     #[serde(skip_serializing_if = "Option::is_none")]
     planned_layout_skipped: Option<String>,
-}
-
-/// One device's planned layout ([`gpumem::plan::planned_layout`]).
-#[derive(Serialize)]
-struct JsonPlanned {
-    device: u32,
-    blocks: u64,
-    /// Highest sum of live blocks' sizes rounded to 512 B.
-    peak_live_bytes: u64,
-    /// The layout's extent: the memory it needs.
-    layout_bytes: u64,
-    /// `layout_bytes` ÷ the device's peak requested bytes (as res/req).
-    over_requested: f64,
-    /// Which order of placement gave it: `size` (largest first) or `lifetime`.
-    order: gpumem::plan::PlanOrder,
-}
-
-/// `trace.planned_layout_skipped` under `--no-plan`.
-const NO_PLAN: &str = "not asked for: --no-plan";
-
-/// The planned layout of every device of the trace, or why it was skipped.
-fn planned_layouts(
-    trace: &trace::Trace,
-    summaries: &[(u32, TraceSummary)],
-) -> (Vec<JsonPlanned>, Option<String>) {
-    let mut out = Vec::new();
-    for &(device, ref s) in summaries {
-        match gpumem::plan::planned_layout(trace, device) {
-            Ok(p) => out.push(JsonPlanned {
-                device,
-                blocks: p.blocks,
-                peak_live_bytes: p.peak_live_bytes,
-                layout_bytes: p.layout_bytes,
-                over_requested: if s.peak_requested_bytes == 0 {
-                    0.0
-                } else {
-                    p.layout_bytes as f64 / s.peak_requested_bytes as f64
-                },
-                order: p.order,
-            }),
-            Err(e) => return (Vec::new(), Some(format!("device {device}: {e}"))),
-        }
-    }
-    (out, None)
 }
 
 #[derive(Serialize)]
@@ -273,46 +206,13 @@ struct JsonAllocator {
     per_device: Vec<serde_json::Value>,
 }
 
-#[derive(Clone, Serialize)]
-struct DeviceMinCapacity {
-    device: u32,
-    #[serde(flatten)]
-    outcome: MinCapacityOutcome,
-}
-
-/// PyTorch's own `memory_stats()` for the traced run, when a `<name>-<conf>.stats.json` lies
-/// beside the trace (as in `traces/`).
-#[derive(Serialize)]
-struct Recorded {
-    conf: String,
-    reserved_bytes_peak: u64,
-    reserved_over_requested: f64,
-}
-
-/// PyTorch's own figures beside the trace (`<stem>-<conf>.stats.json`, `<stem>.stats.json`, read by
-/// [`gpumem::report::recorded_figures`]), with their ratio to the trace's peak requested.
-fn recorded_figures(trace: &std::path::Path, peak_requested: u64) -> Vec<Recorded> {
-    gpumem::report::recorded_figures(trace)
-        .into_iter()
-        .map(|r| Recorded {
-            conf: r.conf,
-            reserved_bytes_peak: r.reserved_peak_bytes,
-            reserved_over_requested: if peak_requested == 0 {
-                0.0
-            } else {
-                r.reserved_peak_bytes as f64 / peak_requested as f64
-            },
-        })
-        .collect()
-}
-
 #[derive(Serialize)]
 struct JsonOut {
     trace: JsonTrace,
     /// How to read the figures: what failed allocations do, how events/s is measured.
     semantics: &'static str,
     /// PyTorch's recorded figures for the same run (empty when none lie beside the trace).
-    pytorch_recorded: Vec<Recorded>,
+    pytorch_recorded: Vec<RecordedRatio>,
     device: String,
     capacity_bytes: u64,
     /// The snapshot's recorded OOMs and whether each allocator would have avoided them.
@@ -365,295 +265,19 @@ fn progress_bar(total: u64, enabled: bool) -> ProgressBar {
     pb
 }
 
-/// The largest `--capacity` accepted: the simulated device has 64 TiB of address space, and
-/// pools reserve address space of a few times the capacity in it.
-const MAX_CAPACITY: u64 = 16 << 40;
-
-/// Refuses a `--capacity` of 0 or above [`MAX_CAPACITY`] (one check for `replay`, `tune`,
-/// `report` and `map`: above it every pool runs out of the simulated address space, and each
-/// allocation would be an OOM).
-///
-/// # Errors
-/// One line naming the flag, the capacity and the bound.
-pub fn check_capacity(capacity: Option<u64>) -> Result<()> {
-    match capacity {
-        Some(0) => bail!("--capacity 0: expected a device capacity above zero (e.g. 80GiB)"),
-        Some(c) if c > MAX_CAPACITY => bail!(
-            "--capacity {}: above {} (the simulated device has 64 TiB of address space, and pools reserve several times their capacity in it; no GPU has more than a few hundred GiB)",
-            human_bytes(c),
-            human_bytes(MAX_CAPACITY)
-        ),
-        _ => Ok(()),
-    }
-}
-
 /// Checks the flags that need no trace; returns warnings to print.
 fn check_args(a: &ReplayArgs, target: &Target) -> Result<Vec<String>> {
     let mut warnings = Vec::new();
     if a.min_capacity && !matches!(target, Target::Sim) {
         bail!("--min-capacity runs many replays and is only offered on the simulated device");
     }
-    check_capacity(a.capacity)?;
-    if a.segment_size == 0 {
-        bail!("--segment-size 0: expected a segment size above zero (e.g. 256MiB)");
-    }
-    if !a.segment_size.is_multiple_of(DEFAULT_GRANULARITY) {
-        warnings.push(format!(
-            "--segment-size {}: segments are rounded up to a multiple of the device granularity ({}), so {} is used",
-            human_bytes(a.segment_size),
-            human_bytes(DEFAULT_GRANULARITY),
-            human_bytes(a.segment_size.div_ceil(DEFAULT_GRANULARITY) * DEFAULT_GRANULARITY)
-        ));
-    }
+    session::check_capacity(a.capacity)?;
+    session::check_segment_size(a.segment_size)?;
+    warnings.extend(session::segment_granularity_warning(a.segment_size));
     if a.canary && matches!(target, Target::Sim) {
         bail!("--canary needs a device with memory contents: use --device cuda (the simulated device keeps none)");
     }
     Ok(warnings)
-}
-
-/// Warnings that need the trace: a capacity that cannot hold the trace's requests.
-fn capacity_warnings(capacity: Option<u64>, summaries: &[(u32, TraceSummary)]) -> Vec<String> {
-    let Some(c) = capacity else {
-        return Vec::new();
-    };
-    let largest = summaries
-        .iter()
-        .map(|(_, s)| s.largest_request_bytes)
-        .max()
-        .unwrap_or(0);
-    let peak = summaries
-        .iter()
-        .map(|(_, s)| s.peak_requested_bytes)
-        .max()
-        .unwrap_or(0);
-    let unit_hint = if c < 1 << 20 {
-        " (a number without a unit is bytes: write 24GiB for 24 GiB)"
-    } else {
-        ""
-    };
-    if c < largest {
-        vec![format!(
-            "--capacity {} is smaller than the trace's largest request ({}): those allocations cannot succeed{unit_hint}",
-            human_bytes(c),
-            human_bytes(largest)
-        )]
-    } else if c < peak {
-        vec![format!(
-            "--capacity {} is below the trace's peak requested bytes ({}): allocations will fail{unit_hint}",
-            human_bytes(c),
-            human_bytes(peak)
-        )]
-    } else {
-        Vec::new()
-    }
-}
-
-/// Everything one allocator's replays produced.
-struct AllocatorRun {
-    strategy: Strategy,
-    per_dev: Vec<ReplayReport>,
-    min_capacity: Vec<DeviceMinCapacity>,
-    simulated_peak_reserved_bytes: Option<u64>,
-    /// `torch` on recorded addresses: the self-check per device.
-    checks: Vec<RecordedCheck>,
-}
-
-/// What every allocator's replays share.
-struct Shared<'a> {
-    trace: &'a trace::Trace,
-    trace_path: &'a std::path::Path,
-    summaries: &'a [(u32, TraceSummary)],
-    target: &'a Target,
-    capacity: u64,
-    config: AllocatorConfig,
-    timeline: bool,
-    canary: bool,
-    min_capacity: bool,
-    /// The torch emulation runs the recorded run's setting on an unlimited simulated device:
-    /// it gets the recorded segment addresses and checks itself against them.
-    follow_recorded: bool,
-}
-
-/// Replays the trace through one allocator on every device of the trace, then (when asked)
-/// searches its smallest capacities. `progress` receives event counts as they are done.
-fn run_allocator(
-    sh: &Shared<'_>,
-    strategy: Strategy,
-    progress: &(dyn Fn(u64) + Sync),
-) -> Result<AllocatorRun> {
-    let mut per_dev = Vec::new();
-    let mut checks = Vec::new();
-    for &(d, ref s) in sh.summaries {
-        let mut alloc = strategy.build(&sh.config);
-        let mut recording = (strategy == Strategy::Torch
-            && sh.follow_recorded
-            && matches!(sh.target, Target::Sim))
-        .then(|| {
-            gpumem::torch_replay::recording_device(sh.trace, d, &sh.config.torch, sh.capacity)
-        });
-        let mut opened = match recording {
-            Some(_) => None,
-            None => Some(open_device(sh.target, sh.capacity, d)?),
-        };
-        let dev: &mut dyn Device = match (recording.as_mut(), opened.as_mut()) {
-            (Some(r), _) => r,
-            (None, Some(o)) => o.as_mut(),
-            (None, None) => bail!("no device opened"),
-        };
-        let opts = ReplayConfig {
-            device: d,
-            timeline_points: if sh.timeline { 2000 } else { 0 },
-            canary: sh.canary,
-            ..ReplayConfig::default()
-        };
-        let mut done = 0u64;
-        let mut cb = |n: u64| {
-            progress(n.saturating_sub(done));
-            done = n;
-        };
-        let r = replay::replay_summarized(sh.trace, s, alloc.as_mut(), dev, &opts, &mut cb)
-            .with_context(|| {
-                format!(
-                    "replaying {} with {strategy} on device {d}",
-                    trace::source_name(sh.trace_path)
-                )
-            })?;
-        checks.extend(recording.as_ref().and_then(SimDevice::recorded_check));
-        per_dev.push(r);
-    }
-    let mut min_capacity = Vec::new();
-    if sh.min_capacity {
-        for (i, &(d, ref s)) in sh.summaries.iter().enumerate() {
-            // The upper bound must complete: twice what an unconstrained run reserved, or the
-            // default device when the run under --capacity failed.
-            let upper = if per_dev[i].failed_count() == 0 {
-                per_dev[i]
-                    .peak_reserved_bytes
-                    .max(1)
-                    .saturating_mul(2)
-                    .max(1 << 30)
-            } else {
-                DEFAULT_CAPACITY.max(sh.capacity)
-            };
-            let cfg = sh.config;
-            let make = || -> Box<dyn Allocator> { strategy.build(&cfg) };
-            let make_dev = |c: u64| SimDevice::new(c);
-            let opts = ReplayConfig {
-                device: d,
-                ..ReplayConfig::default()
-            };
-            let search = MinCapacityConfig {
-                upper_bytes: upper,
-                resolution_bytes: DEFAULT_GRANULARITY,
-                ..MinCapacityConfig::default()
-            };
-            let outcome = replay::min_capacity(sh.trace, s, &make, &make_dev, &search, &opts)
-                .with_context(|| format!("smallest capacity of {strategy} on device {d}"))?;
-            min_capacity.push(DeviceMinCapacity { device: d, outcome });
-        }
-    }
-    let simulated_peak_reserved_bytes = if matches!(sh.target, Target::Sim) {
-        None
-    } else {
-        let mut total = 0u64;
-        for &(d, ref s) in sh.summaries {
-            let mut alloc = strategy.build(&sh.config);
-            let mut sim = SimDevice::new(sh.capacity);
-            let opts = ReplayConfig {
-                device: d,
-                ..ReplayConfig::default()
-            };
-            total += replay::replay_summarized(
-                sh.trace,
-                s,
-                alloc.as_mut(),
-                &mut sim,
-                &opts,
-                &mut |_| {},
-            )?
-            .peak_reserved_bytes;
-        }
-        Some(total)
-    };
-    Ok(AllocatorRun {
-        strategy,
-        per_dev,
-        min_capacity,
-        simulated_peak_reserved_bytes,
-        checks,
-    })
-}
-
-/// Warnings for a `--lazy-conf` that parsed (`lazy`) but has keys with no effect under its
-/// placement, or whose allocator is not among `names`. Shared by `replay`, `report` and `map`.
-pub fn lazy_conf_warnings(
-    text: &str,
-    lazy: &gpumem::core::config::LazyConfig,
-    names: &[Strategy],
-) -> Vec<String> {
-    let mut warnings = Vec::new();
-    // The keys given, split as lazy_conf read them (it accepted every item).
-    let keys: Vec<&str> = gpumem::conf_items::items(text, &gpumem::lazy_conf::KEYS)
-        .filter_map(Result::ok)
-        .map(|(k, _)| k)
-        .collect();
-    if lazy.placement == LazyPlacement::Pages && keys.contains(&"grow_ahead") {
-        warnings.push(
-            "--lazy-conf: grow_ahead tunes placement=segments (the default) only; with placement=pages it has no effect (map_ahead is its counterpart there)".to_string(),
-        );
-    }
-    if lazy.placement == LazyPlacement::Segments {
-        let ignored: Vec<&str> = keys
-            .iter()
-            .copied()
-            .filter(|k| matches!(*k, "headroom" | "max_handle" | "map_ahead"))
-            .collect();
-        if !ignored.is_empty() {
-            warnings.push(format!(
-                "--lazy-conf: {} tune{} placement=pages only; with placement=segments (the default) {} no effect",
-                ignored.join(", "),
-                if ignored.len() == 1 { "s" } else { "" },
-                if ignored.len() == 1 { "it has" } else { "they have" },
-            ));
-        }
-    }
-    if !names.contains(&Strategy::PagedLazy) {
-        warnings.push(
-            "--lazy-conf configures paged-lazy only, which is not among the allocators replayed (add -a paged-lazy)".into(),
-        );
-    }
-    warnings
-}
-
-/// The warning for segments of `segment_size` larger than the device of `device_bytes`
-/// (when known) when `names` holds a segmented pool (buddy, tlsf, best-fit): each growth of
-/// such a pool is refused, its cache emptied and the request retried alone. Shared by
-/// `replay`, `report` and `map`.
-pub fn segment_size_warning(
-    names: &[Strategy],
-    segment_size: u64,
-    device_bytes: Option<u64>,
-) -> Option<String> {
-    let cap = device_bytes.filter(|&c| segment_size > c)?;
-    let segmented: Vec<&str> = names
-        .iter()
-        .filter(|s| s.is_segmented())
-        .map(|s| s.name())
-        .collect();
-    if segmented.is_empty() {
-        return None;
-    }
-    let one = segmented.len() == 1;
-    Some(format!(
-        "segments of {} (--segment-size) are larger than the device ({}): {} {} for one, {} refused, {} cache and {} with the request alone at every growth (counted under retries and driver time)",
-        human_bytes(segment_size),
-        human_bytes(cap),
-        segmented.join(", "),
-        if one { "asks" } else { "ask" },
-        if one { "is" } else { "are" },
-        if one { "empties its" } else { "empty their" },
-        if one { "retries" } else { "retry" },
-    ))
 }
 
 pub fn run(a: ReplayArgs) -> Result<()> {
@@ -670,7 +294,11 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     let device_bytes = a
         .capacity
         .or(matches!(target, Target::Sim).then_some(DEFAULT_CAPACITY));
-    warnings.extend(segment_size_warning(&names, a.segment_size, device_bytes));
+    warnings.extend(session::segment_size_warning(
+        &names,
+        a.segment_size,
+        device_bytes,
+    ));
     let read_started = Instant::now();
     if matches!(target, Target::Cuda(_) | Target::AllCuda) {
         // Before reading a trace that may take a while: a missing driver is known at once.
@@ -692,38 +320,29 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     if !has_blocks && trace.preexisting.is_empty() {
         return crate::cmd_analyze::print_state(&a.trace, &trace, a.json);
     }
-    let capacity = a.capacity.unwrap_or(DEFAULT_CAPACITY);
-    let (torch_conf, conf_source) = crate::cmd_tune::torch_conf(a.torch_conf.as_deref(), &trace)?;
-    let mut config = crate::cmd_tune::allocator_config(a.segment_size, a.capacity, torch_conf);
-    if let Some(text) = &a.lazy_conf {
-        config.lazy = lazy_conf(text)?;
-    }
+    let settings = ReplaySettings {
+        capacity: a.capacity,
+        segment_bytes: a.segment_size,
+        torch_conf: a.torch_conf.clone(),
+        lazy_conf: a.lazy_conf.clone(),
+    };
+    let setup = settings.setup(&trace)?;
+    let (capacity, config) = (setup.capacity_bytes, setup.config);
     // Computed once: every replay and every capacity probe reuses them.
     let summaries: Vec<(u32, TraceSummary)> = devices
         .iter()
         .map(|&d| (d, replay::summarize(&trace, d)))
         .collect();
-    warnings.extend(capacity_warnings(a.capacity, &summaries));
+    warnings.extend(session::capacity_warnings(a.capacity, &summaries));
     // A `NAME-CONF.stats.json` beside the trace that cannot be used is said, not skipped.
     warnings.extend(gpumem::report::recorded_figures_checked(&a.trace).1);
-    if let Some(text) = &a.lazy_conf {
-        warnings.extend(lazy_conf_warnings(text, &config.lazy, &names));
-    }
-    if a.torch_conf.is_some() && !names.contains(&Strategy::Torch) {
-        warnings.push(
-            "--torch-conf configures the torch emulation only, which is not among the allocators replayed (add -a torch)".into(),
-        );
-    }
-    if names.contains(&Strategy::Torch)
-        && torch_conf.garbage_collection_threshold > 0.0
-        && a.capacity.is_none()
-        && torch_conf.allowed_memory_bytes.is_none()
-        && torch_conf.per_process_memory_fraction >= 1.0
-    {
-        warnings.push(
-            "garbage_collection_threshold acts only under a memory limit (PyTorch: set_per_process_memory_fraction, or per_process_memory_fraction in the setting): without one or --capacity the collector never runs and the figures are native's".into(),
-        );
-    }
+    warnings.extend(settings.lazy_warnings(&setup, &names));
+    warnings.extend(session::torch_conf_warnings(
+        a.torch_conf.is_some(),
+        &config.torch,
+        a.capacity,
+        &names,
+    ));
     let total_events: u64 = summaries.iter().map(|(_, s)| s.events).sum();
     let show_progress = !a.json && std::io::stderr().is_terminal();
     if !a.json {
@@ -743,9 +362,12 @@ pub fn run(a: ReplayArgs) -> Result<()> {
                 String::new()
             }
         );
-        print_read_notes(&trace);
+        crate::output::print_read_notes(&trace);
         if names.contains(&Strategy::Torch) {
-            eprintln!("torch emulation: PYTORCH_CUDA_ALLOC_CONF {torch_conf} ({conf_source})");
+            eprintln!(
+                "torch emulation: PYTORCH_CUDA_ALLOC_CONF {} ({})",
+                config.torch, setup.conf_source
+            );
         }
         if names.contains(&Strategy::PagedLazy) {
             let l = config.lazy;
@@ -759,53 +381,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         }
     }
     // What the table says under its "read" line; `--json` has them as `trace.notes`.
-    let mut notes: Vec<String> = Vec::new();
-    if !trace.preexisting.is_empty() {
-        let n = trace.preexisting.len();
-        notes.push(format!(
-            "{n} block{} already live when recording started (declared, freed without an alloc, or listed in the snapshot's segments); replayed as live from the start",
-            if n == 1 { " was" } else { "s were" }
-        ));
-    }
-    let private = trace.segments.iter().filter(|s| s.private_pool).count();
-    if private > 0 && names.contains(&Strategy::Torch) {
-        notes.push(format!(
-            "{} of the snapshot {} to CUDA-graph private pools (torch.cuda.graph, torch.compile mode=\"reduce-overhead\"), which the torch emulation does not model: its figures may differ from PyTorch's where graphs allocate (the self-check says where)",
-            crate::units::counted(private as u64, "segment"),
-            if private == 1 { "belongs" } else { "belong" },
-        ));
-    }
-    // The emulation takes in the segments of the kind its setting makes (cudaMalloc
-    // segments, or expandable ones under expandable_segments); the others' blocks are
-    // allocated as usual.
-    let (mut segs, mut other) = (0usize, 0usize);
-    for &(d, _) in &summaries {
-        for s in gpumem::replay::preexisting_segments(&trace, d) {
-            if s.segment.mapped.is_some() == config.torch.expandable_segments {
-                segs += 1;
-            } else {
-                other += 1;
-            }
-        }
-    }
-    if segs > 0 && names.contains(&Strategy::Torch) {
-        notes.push(format!(
-            "{} made before recording started (no event of the trace made {}); the torch emulation starts from {}, as PyTorch did",
-            crate::units::counted(segs as u64, "segment"),
-            if segs == 1 { "it" } else { "them" },
-            if segs == 1 { "it" } else { "them" },
-        ));
-    }
-    if other > 0 && names.contains(&Strategy::Torch) {
-        notes.push(format!(
-            "{} made before recording started {} not of the kind {} makes: the torch emulation allocates {} blocks as usual",
-            crate::units::counted(other as u64, if config.torch.expandable_segments { "cudaMalloc segment" } else { "expandable segment" }),
-            if other == 1 { "is" } else { "are" },
-            if config.torch.expandable_segments { "expandable_segments:True" } else { "this setting" },
-            if other == 1 { "its" } else { "their" },
-        ));
-    }
-
+    let notes = session::read_notes(&trace, &summaries, &names, &config.torch);
     if !a.json {
         for n in &notes {
             eprintln!("  {n}");
@@ -815,17 +391,17 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         eprintln!("warning: {w}");
     }
 
-    let shared = Shared {
+    let compare = CompareSettings {
         trace: &trace,
-        trace_path: &a.trace,
+        trace_name: &trace::source_name(&a.trace),
         summaries: &summaries,
-        target: &target,
-        capacity,
+        simulated: matches!(target, Target::Sim),
+        capacity_bytes: capacity,
         config,
         timeline: a.timeline.is_some(),
         canary: a.canary,
         min_capacity: a.min_capacity,
-        follow_recorded: crate::cmd_tune::follows_recorded(conf_source, a.capacity),
+        follow_recorded: setup.follow_recorded,
     };
     let pb = progress_bar(total_events * names.len() as u64, show_progress);
     pb.set_message(if names.len() == 1 {
@@ -840,49 +416,10 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         }
         pb.inc(n);
     };
-    // On the simulated device the allocators replay side by side, one thread each (the
-    // capacity probes of one allocator run in order in its thread). On a real GPU they run
-    // one after the other: concurrent pools would share the driver and cuMemGetInfo.
-    // The planned layout is worked out beside the replays, in a thread of its own (none
-    // with --no-plan).
-    let (runs, (planned_layout, planned_layout_skipped)) = std::thread::scope(|outer| {
-        let planner = (!a.no_plan).then(|| outer.spawn(|| planned_layouts(&trace, &summaries)));
-        let runs: Vec<Result<AllocatorRun>> = if matches!(target, Target::Sim) && names.len() > 1 {
-            std::thread::scope(|sc| {
-                let handles: Vec<_> = names
-                    .iter()
-                    .map(|&n| {
-                        let (sh, pr) = (&shared, &progress);
-                        sc.spawn(move || {
-                            warm_thread_heap();
-                            run_allocator(sh, n, pr)
-                        })
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| {
-                        h.join()
-                            .unwrap_or_else(|_| Err(anyhow::anyhow!("a replay thread panicked")))
-                    })
-                    .collect()
-            })
-        } else {
-            names
-                .iter()
-                .map(|&n| run_allocator(&shared, n, &progress))
-                .collect()
-        };
-        let planned = match planner {
-            Some(p) => p
-                .join()
-                .unwrap_or_else(|_| (Vec::new(), Some("the planner panicked".into()))),
-            None => (Vec::new(), Some(NO_PLAN.into())),
-        };
-        (runs, planned)
-    });
+    let open = |d: u32| open_device(&target, capacity, d);
+    let compared = session::compare(&compare, &names, &open, &progress, !a.no_plan);
     pb.finish_and_clear();
-    let runs: Vec<AllocatorRun> = runs.into_iter().collect::<Result<_>>()?;
+    let (runs, (planned_layout, planned_layout_skipped)) = compared?;
 
     let mut out = Vec::new();
     for r in &runs {
@@ -938,10 +475,10 @@ pub fn run(a: ReplayArgs) -> Result<()> {
             planned_layout_skipped,
         },
         semantics: SEMANTICS,
-        pytorch_recorded: recorded_figures(&a.trace, peak_requested),
+        pytorch_recorded: session::recorded_figures(&a.trace, peak_requested),
         device: a.device.clone(),
         capacity_bytes: capacity,
-        recorded_ooms: oom_verdicts(&trace, &names, config)?,
+        recorded_ooms: session::oom_verdicts(&trace, &names, config)?,
         allocators: out,
     };
     if let Some(path) = &a.timeline {
@@ -996,32 +533,9 @@ fn combined_check(checks: &[RecordedCheck]) -> Option<RecordedCheck> {
     Some(RecordedCheck::Matches { calls })
 }
 
-/// Touches 512 KiB of the calling thread's heap and frees it again, before a replay thread
-/// starts its clock. Each thread gets a malloc arena of its own (glibc), fresh, whose pages
-/// the replay's maps and vectors would otherwise first-touch inside the timed loop: 30–100
-/// minor faults of ≈ 1.8 µs each on the CPU machine, 15–30 % of a short trace's replay time,
-/// which a replay on the main thread (whose heap reading the trace warmed) does not pay.
-/// Blocks of 8 KiB stay below the size malloc serves from mmap, so they go back to the
-/// arena for the replay to reuse. No figure depends on it, only `events_per_second`.
-fn warm_thread_heap() {
-    let blocks: Vec<Vec<u8>> = (0..64).map(|_| vec![0xA5u8; 8 << 10]).collect();
-    std::hint::black_box(&blocks);
-}
-
 /// What failed allocations do, and how speeds are measured (printed under the table and kept
 /// in `--json`).
 const SEMANTICS: &str = "A failed allocation (out of memory after the pool released its cache and retried, or a request the allocator refuses as impossible) is dropped with its later free and the replay goes on; PyTorch would raise OutOfMemoryError and stop there. Requested bytes count served blocks only. events/s = events replayed / CPU seconds of the replaying thread.";
-/// Prints to standard error what the reader noticed: a salvaged truncation, skipped events
-/// (the first five, then how many more) and warnings.
-pub fn print_read_notes(trace: &trace::Trace) {
-    for n in trace.lenient_notes() {
-        eprintln!("  {n}");
-    }
-    for w in &trace.warnings {
-        eprintln!("  warning: {w}");
-    }
-}
-
 fn json_allocator(
     strategy: Strategy,
     per_dev: &[ReplayReport],
@@ -1121,20 +635,6 @@ fn json_allocator(
             Vec::new()
         },
     }
-}
-
-/// Verdicts on the trace's recorded OOMs, on the simulated device (see `recorded_oom`).
-fn oom_verdicts(
-    trace: &trace::Trace,
-    names: &[Strategy],
-    config: AllocatorConfig,
-) -> Result<Vec<OomVerdict>> {
-    if trace.count(trace::Action::Oom) == 0 {
-        return Ok(Vec::new());
-    }
-    let make = |s: Strategy| -> Box<dyn Allocator> { s.build(&config) };
-    let make_dev = |c: u64| SimDevice::new(c);
-    Ok(recorded_oom::verdicts(trace, names, &make, &make_dev)?)
 }
 
 fn print_oom_verdicts(j: &JsonOut) {

@@ -8,6 +8,7 @@ use clap::Args;
 use gpumem::core::sim::DEFAULT_CAPACITY;
 use gpumem::core::strategy::Strategy;
 use gpumem::report::{self, ReportConfig};
+use gpumem::session::{self, ReplaySettings};
 use gpumem::trace::{self, ReadConfig};
 
 use crate::units::human_bytes;
@@ -60,6 +61,18 @@ pub struct ReplayOptions {
     pub lazy_conf: Option<String>,
 }
 
+impl ReplayOptions {
+    /// The replay settings these flags give.
+    pub fn settings(&self) -> ReplaySettings {
+        ReplaySettings {
+            capacity: self.capacity,
+            segment_bytes: self.segment_size,
+            torch_conf: self.torch_conf.clone(),
+            lazy_conf: self.lazy_conf.clone(),
+        }
+    }
+}
+
 /// Reads a trace and builds the report both `report` and `map` use; `what` opens the context
 /// of a failure (`building the report of`, `building the map of`).
 ///
@@ -75,12 +88,12 @@ pub fn build(
     quiet: bool,
     what: &str,
 ) -> Result<report::Report> {
-    let (names, lazy) = check_options(allocators, o)?;
+    let names = check_options(allocators, o)?;
     let trace = read(path, o, keep_frames, quiet)?;
     if let Some(why) = nothing_to_show(&trace) {
         bail!("{}: nothing to show: {why}", trace::source_name(path));
     }
-    build_read(&trace, path, &names, lazy, o, quiet, what)
+    build_read(&trace, path, &names, o, quiet, what)
 }
 
 /// Whether `trace` has no allocation to replay, and why (as `replay` and `tune` say it); a
@@ -93,7 +106,7 @@ pub fn nothing_to_show(trace: &trace::Trace) -> Option<String> {
     if any || !trace.preexisting.is_empty() {
         return None;
     }
-    let why = crate::cmd_analyze::why_no_allocation(trace);
+    let why = session::why_no_allocation(trace);
     Some(if trace.skipped_count == 0 && !trace.segments.is_empty() {
         format!("{why}; `gpumem map --allocator recorded` draws them")
     } else {
@@ -101,35 +114,28 @@ pub fn nothing_to_show(trace: &trace::Trace) -> Option<String> {
     })
 }
 
-/// The options checked before a long read: the allocators named and `--lazy-conf` parsed.
+/// The options checked before a long read: the allocators named, and `--lazy-conf` parses.
 ///
 /// # Errors
 /// A zero capacity or segment size, an unknown allocator, a `--lazy-conf` that does not parse.
-pub fn check_options(
-    allocators: &str,
-    o: &ReplayOptions,
-) -> Result<(Vec<Strategy>, Option<gpumem::core::config::LazyConfig>)> {
-    let (capacity, segment_size) = (o.capacity, o.segment_size);
-    crate::cmd_replay::check_capacity(capacity)?;
-    if segment_size == 0 {
-        bail!("--segment-size 0: expected a segment size above zero (e.g. 256MiB)");
-    }
+pub fn check_options(allocators: &str, o: &ReplayOptions) -> Result<Vec<Strategy>> {
+    let settings = o.settings();
+    session::check_capacity(settings.capacity)?;
+    session::check_segment_size(settings.segment_bytes)?;
     let names = Strategy::parse_list(allocators)?;
     // Before a long read: a --lazy-conf that does not parse fails at once.
-    let lazy = o
-        .lazy_conf
-        .as_deref()
-        .map(crate::cmd_replay::lazy_conf)
-        .transpose()?;
+    if let Some(text) = &settings.lazy_conf {
+        session::lazy_conf(text)?;
+    }
     // Said even by the quiet `map`, as `replay` says it.
-    if let Some(w) = crate::cmd_replay::segment_size_warning(
+    if let Some(w) = session::segment_size_warning(
         &names,
-        segment_size,
-        Some(capacity.unwrap_or(DEFAULT_CAPACITY)),
+        settings.segment_bytes,
+        Some(settings.capacity.unwrap_or(DEFAULT_CAPACITY)),
     ) {
         eprintln!("warning: {w}");
     }
-    Ok((names, lazy))
+    Ok(names)
 }
 
 /// Reads the trace (`read ...` unless `quiet`) and says what `--lenient` skipped or salvaged.
@@ -159,7 +165,7 @@ pub fn read(
         );
     }
     // What --lenient skipped or salvaged is said even by the quiet `map`.
-    crate::cmd_replay::print_read_notes(&trace);
+    crate::output::print_read_notes(&trace);
     Ok(trace)
 }
 
@@ -171,24 +177,23 @@ pub fn build_read(
     trace: &trace::Trace,
     path: &std::path::Path,
     names: &[Strategy],
-    lazy: Option<gpumem::core::config::LazyConfig>,
     o: &ReplayOptions,
     quiet: bool,
     what: &str,
 ) -> Result<report::Report> {
-    let (capacity, segment_size) = (o.capacity, o.segment_size);
+    let settings = o.settings();
     if o.trace_device.is_some() {
-        crate::cmd_tune::pick_device(trace, "--trace-device", o.trace_device)?;
+        session::pick_device(trace, "--trace-device", o.trace_device)?;
     }
-    let (torch_conf, conf_source) = crate::cmd_tune::torch_conf(o.torch_conf.as_deref(), trace)?;
+    let setup = settings.setup(trace)?;
     if !quiet && names.contains(&Strategy::Torch) {
-        eprintln!("torch emulation: PYTORCH_CUDA_ALLOC_CONF {torch_conf} ({conf_source})");
+        eprintln!(
+            "torch emulation: PYTORCH_CUDA_ALLOC_CONF {} ({})",
+            setup.config.torch, setup.conf_source
+        );
     }
-    let mut allocator_config =
-        crate::cmd_tune::allocator_config(segment_size, capacity, torch_conf);
-    if let (Some(text), Some(lazy)) = (&o.lazy_conf, lazy) {
-        allocator_config.lazy = lazy;
-        for w in crate::cmd_replay::lazy_conf_warnings(text, &allocator_config.lazy, names) {
+    if let Some(text) = &o.lazy_conf {
+        for w in settings.lazy_warnings(&setup, names) {
             eprintln!("warning: {w}");
         }
         if !quiet && names.contains(&Strategy::PagedLazy) {
@@ -197,10 +202,10 @@ pub fn build_read(
     }
     let cfg = ReportConfig {
         allocators: names.to_vec(),
-        capacity_bytes: capacity.unwrap_or(DEFAULT_CAPACITY),
-        allocator_config,
+        capacity_bytes: setup.capacity_bytes,
+        allocator_config: setup.config,
         device: o.trace_device,
-        follow_recorded: crate::cmd_tune::follows_recorded(conf_source, capacity),
+        follow_recorded: setup.follow_recorded,
         ..ReportConfig::default()
     };
     let started = Instant::now();
@@ -254,13 +259,13 @@ pub fn build_read(
         }
     }
     // A trace of several GPUs shows one: say which, and that event indices are its own.
-    let devices = crate::cmd_tune::alloc_devices(trace);
+    let devices = session::alloc_devices(trace);
     if devices.len() > 1 {
         eprintln!(
             "note: device {} of {} ({}; --trace-device N shows another): event indices count its events only",
             r.device,
             devices.len(),
-            crate::cmd_tune::device_list(&devices)
+            session::device_list(&devices)
         );
     }
     let (recorded, warnings) = report::recorded_figures_checked(path);

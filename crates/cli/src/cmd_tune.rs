@@ -3,8 +3,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use gpumem::core::torch::TorchConfig;
-use gpumem::trace::{self, ReadConfig, Trace};
+use gpumem::session;
+use gpumem::trace::{self, ReadConfig};
 use gpumem::tune::{self, TuneReport};
 
 use gpumem::units::bytes as human_bytes;
@@ -24,10 +24,14 @@ pub struct TuneArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Device ordinal whose events are tuned (default: the first with allocations).
+    /// Device ordinal of the trace to tune (default: the first with allocations).
     #[arg(long, allow_hyphen_values = true,
           value_parser = |s: &str| crate::units::whole_number::<u32>(s, 0, "a device ordinal"))]
-    pub device: Option<u32>,
+    pub trace_device: Option<u32>,
+    /// Refused: the trace's device is --trace-device, as in `report` and `map` (`--device`
+    /// is where `replay` allocates).
+    #[arg(long, hide = true, allow_hyphen_values = true)]
+    pub device: Option<String>,
     /// Threads (0 = every core).
     #[arg(long, default_value_t = 0, allow_hyphen_values = true,
           value_parser = |s: &str| crate::units::whole_number::<usize>(s, 0, "a thread count, 0 for every core"))]
@@ -38,131 +42,13 @@ pub struct TuneArgs {
     pub lenient: bool,
 }
 
-/// Where the torch emulation's setting came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ConfSource {
-    /// `--torch-conf`.
-    Flag,
-    /// The trace's `allocator_settings`.
-    Trace,
-    /// Neither: native.
-    Default,
-    /// Neither, in a truncated snapshot: its `allocator_settings` (written after the trace)
-    /// may have been cut off.
-    Cut,
-}
-
-impl std::fmt::Display for ConfSource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            ConfSource::Flag => "from --torch-conf",
-            ConfSource::Trace => "the trace's own allocator_settings",
-            ConfSource::Default => "native: the trace records no allocator_settings",
-            ConfSource::Cut => "native: the snapshot is cut before its allocator_settings; give --torch-conf with the setting it ran under",
-        })
-    }
-}
-
-/// Whether the torch emulation replays on a device that hands out the recorded run's
-/// segment addresses (`replay`, `report` and `map` decide it alike): only under the trace's
-/// own setting (not `--torch-conf`) and with no `--capacity`, where the emulation makes the
-/// recorded run's cudaMalloc calls.
-pub fn follows_recorded(source: ConfSource, capacity: Option<u64>) -> bool {
-    source != ConfSource::Flag && capacity.is_none()
-}
-
-/// The setting the trace recorded (a snapshot's `allocator_settings`), if it recorded one.
-pub fn recorded_conf(trace: &Trace) -> Result<Option<TorchConfig>> {
-    let Some(s) = &trace.allocator_settings else {
-        return Ok(None);
-    };
-    let conf = s.torch_config().context("the trace's allocator_settings")?;
-    Ok(Some(conf))
-}
-
-/// The torch emulation's setting: `--torch-conf` when given, else the trace's own.
-pub fn torch_conf(flag: Option<&str>, trace: &Trace) -> Result<(TorchConfig, ConfSource)> {
-    if let Some(s) = flag {
-        // `native` (unset), the name `tune` and the replay give PyTorch's defaults.
-        let conf = if s.trim() == "native" {
-            TorchConfig::default()
-        } else {
-            TorchConfig::parse(s).context("--torch-conf")?
-        };
-        return Ok((conf, ConfSource::Flag));
-    }
-    Ok(match recorded_conf(trace)? {
-        Some(c) => (c, ConfSource::Trace),
-        None if trace.truncated.is_some()
-            && trace.format == Some(gpumem::trace::Format::TorchSnapshot) =>
-        {
-            (TorchConfig::default(), ConfSource::Cut)
-        }
-        None => (TorchConfig::default(), ConfSource::Default),
-    })
-}
-
-/// The allocators' settings of `replay`, `report` and `map`: the segment size, and the torch
-/// emulation's `PYTORCH_CUDA_ALLOC_CONF`, whose memory limit is the capacity when one is given
-/// (as `set_per_process_memory_fraction` sets it).
-pub fn allocator_config(
-    segment_bytes: u64,
-    capacity: Option<u64>,
-    torch: TorchConfig,
-) -> gpumem::core::config::AllocatorConfig {
-    gpumem::core::config::AllocatorConfig {
-        segment_bytes,
-        torch: TorchConfig {
-            limit_to_capacity: capacity.is_some(),
-            ..torch
-        },
-        ..Default::default()
-    }
-}
-
-/// The devices on which the trace allocates (alloc events or pre-existing blocks), in order.
-pub fn alloc_devices(trace: &Trace) -> Vec<u32> {
-    let mut d: Vec<u32> = trace
-        .events
-        .iter()
-        .filter(|e| e.action == trace::Action::Alloc)
-        .map(|e| e.device)
-        .chain(trace.preexisting.iter().map(|p| p.device))
-        .collect();
-    d.sort_unstable();
-    d.dedup();
-    d
-}
-
-/// `device 0` or `devices 0, 1`.
-pub(crate) fn device_list(devices: &[u32]) -> String {
-    let list: Vec<String> = devices.iter().map(u32::to_string).collect();
-    format!(
-        "device{} {}",
-        if devices.len() == 1 { "" } else { "s" },
-        list.join(", ")
-    )
-}
-
-/// The device to look at: the one asked for (`flag`), which must have allocations, else the
-/// first that has some (0 for a trace without any).
-///
-/// # Errors
-/// The device asked for has no allocation in the trace: the message lists those that have.
-pub fn pick_device(trace: &Trace, flag: &str, asked: Option<u32>) -> Result<u32> {
-    let devices = alloc_devices(trace);
-    match asked {
-        Some(d) if !devices.is_empty() && !devices.contains(&d) => anyhow::bail!(
-            "{flag} {d}: the trace has no allocation on device {d} (it has {})",
-            device_list(&devices)
-        ),
-        Some(d) => Ok(d),
-        None => Ok(devices.first().copied().unwrap_or(0)),
-    }
-}
-
 pub fn run(a: TuneArgs) -> Result<()> {
-    crate::cmd_replay::check_capacity(a.capacity)?;
+    if let Some(d) = &a.device {
+        anyhow::bail!(
+            "--device {d}: tune names the trace's device with --trace-device {d}, as report and map do (--device is where replay allocates: sim or cuda)"
+        );
+    }
+    session::check_capacity(a.capacity)?;
     let trace = trace::read_path(
         &a.trace,
         ReadConfig {
@@ -170,17 +56,17 @@ pub fn run(a: TuneArgs) -> Result<()> {
             ..ReadConfig::default()
         },
     )?;
-    crate::cmd_replay::print_read_notes(&trace);
-    let devices = alloc_devices(&trace);
+    crate::output::print_read_notes(&trace);
+    let devices = session::alloc_devices(&trace);
     if devices.is_empty() {
         anyhow::bail!(
             "{}: nothing to tune: {}",
             gpumem::trace::source_name(&a.trace),
-            crate::cmd_analyze::why_no_allocation(&trace)
+            session::why_no_allocation(&trace)
         );
     }
-    let device = pick_device(&trace, "--device", a.device)?;
-    let own = recorded_conf(&trace)?;
+    let device = session::pick_device(&trace, "--trace-device", a.trace_device)?;
+    let own = session::recorded_conf(&trace)?;
     // Each setting is a replay and a capacity search: seconds to minutes on a long trace.
     let bar = crate::progress::bar(0);
     let report = tune::tune_with_progress(&trace, own, a.capacity, device, a.threads, &|k, n| {
@@ -220,9 +106,9 @@ pub fn run(a: TuneArgs) -> Result<()> {
 fn print_report(a: &TuneArgs, r: &TuneReport, recorded: bool, device: u32, devices: &[u32]) {
     let which = if devices.len() > 1 {
         format!(
-            ", device {device} of {} ({}; --device N tunes another)",
+            ", device {device} of {} ({}; --trace-device N tunes another)",
             devices.len(),
-            device_list(devices)
+            session::device_list(devices)
         )
     } else {
         String::new()
@@ -444,7 +330,7 @@ fn distinct_bytes(a: u64, b: u64) -> (String, String) {
 }
 
 /// gpumem's settings for the plug-in: a table, then the one that needs the least memory
-/// within 2 × native's modelled driver time (issue 11's bound on driver time).
+/// within 2 × native's modelled driver time (the bound on driver time).
 /// `(rw, cw)`: the widths of the res/req and calls columns, shared with the first table.
 ///
 /// A replay with an OOM at the capacity given dropped allocations and their frees: its driver
@@ -561,8 +447,8 @@ fn plugin_legend(r: &TuneReport) -> String {
     s
 }
 
-/// Whether `row` runs at the capacity given within 2 × native's modelled driver time (issue
-/// 11's bound). Both replays must complete there: a failed run's time compares with nothing.
+/// Whether `row` runs at the capacity given within 2 × native's modelled driver time (the bound on
+/// driver time). Both replays must complete there: a failed run's time compares with nothing.
 /// A trace on which native makes no driver time (nothing but 0-byte requests) keeps only the
 /// settings that make none either; without a native row, or when native's replay fails, none.
 fn within_twice_native(r: &TuneReport, row: &tune::PluginRow) -> bool {

@@ -198,3 +198,14 @@ pub fn check_svg(flag: &str, path: &Path) -> Result<()> {
         ),
     }
 }
+
+/// Prints to standard error what the reader noticed: a salvaged truncation, skipped events
+/// (the first five, then how many more) and warnings.
+pub fn print_read_notes(trace: &gpumem::trace::Trace) {
+    for n in trace.lenient_notes() {
+        eprintln!("  {n}");
+    }
+    for w in &trace.warnings {
+        eprintln!("  warning: {w}");
+    }
+}

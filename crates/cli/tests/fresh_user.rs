@@ -170,13 +170,24 @@ fn tune_says_why_no_gpumem_setting_is_picked() {
 
 #[test]
 fn tune_names_the_device_and_refuses_one_without_allocations() {
-    let (ok, out, err) = gpumem(&["tune", "traces/mixed_sizes.pickle.gz", "--device", "3"]);
+    let (ok, out, err) = gpumem(&[
+        "tune",
+        "traces/mixed_sizes.pickle.gz",
+        "--trace-device",
+        "3",
+    ]);
     assert!(!ok, "{out}");
     assert!(
-        err.contains("--device 3: the trace has no allocation on device 3 (it has device 0)"),
+        err.contains("--trace-device 3: the trace has no allocation on device 3 (it has device 0)"),
         "{err}"
     );
     one_line_error(&err);
+    // `--device` is replay's backend: tune refuses it and names the flag it means.
+    let (ok, _, err) = gpumem(&["tune", "traces/mixed_sizes.pickle.gz", "--device", "0"]);
+    assert!(
+        !ok && err.contains("--device 0: tune names the trace's device with --trace-device 0"),
+        "{err}"
+    );
     let (ok, _, err) = gpumem(&[
         "report",
         "traces/mixed_sizes.pickle.gz",
@@ -198,13 +209,13 @@ fn tune_names_the_device_and_refuses_one_without_allocations() {
     assert!(ok, "{err}");
     let header = out.lines().next().unwrap();
     assert!(
-        header.contains("device 0 of 2 (devices 0, 1; --device N tunes another)"),
+        header.contains("device 0 of 2 (devices 0, 1; --trace-device N tunes another)"),
         "{header}"
     );
     let (ok, out, err) = gpumem(&[
         "tune",
         "traces/multigpu/two_devices.jsonl",
-        "--device",
+        "--trace-device",
         "1",
         "--json",
     ]);

@@ -204,8 +204,8 @@ fn negative_counts_say_what_was_expected() {
             "a thread count, 0 for every core (a whole number)",
         ),
         (
-            &["tune", t, "--device", "-1"],
-            "--device <DEVICE>",
+            &["tune", t, "--trace-device", "-1"],
+            "--trace-device <TRACE_DEVICE>",
             "a device ordinal (a whole number)",
         ),
         (

@@ -22,6 +22,7 @@ pub mod pool;
 pub mod recorded_oom;
 pub mod replay;
 pub mod report;
+pub mod session;
 pub mod torch_replay;
 pub mod trace;
 pub mod tune;

@@ -1,6 +1,8 @@
 //! The replay's table: one row per allocator, the columns in [`columns`], the smallest
 //! capacities and the notes under them.
-use super::{DeviceMinCapacity, JsonAllocator, JsonOut};
+use gpumem::session::DeviceMinCapacity;
+
+use super::{JsonAllocator, JsonOut};
 use crate::units::{counted, human_bytes};
 use gpumem::replay::MinCapacityOutcome;
 

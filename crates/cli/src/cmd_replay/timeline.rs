@@ -1,8 +1,8 @@
 //! The replay's `--timeline` chart: requested / allocated / reserved per allocator.
-use super::AllocatorRun;
 use crate::units::{counted, human_bytes};
 use gpumem::plot::{Chart, Series, PALETTE};
 use gpumem::replay::{self, ReplayReport};
+use gpumem::session::StrategyRun;
 use gpumem::trace::Trace;
 
 /// A bucket's low and high as two points at the same x: the line goes down to the low and
@@ -35,7 +35,7 @@ pub(super) fn timeline_chart(
     path: &std::path::Path,
     trace: &Trace,
     devices: &[u32],
-    runs: &[AllocatorRun],
+    runs: &[StrategyRun],
     capacity: Option<f64>,
 ) -> Chart {
     let gib = (1u64 << 30) as f64;
