@@ -74,7 +74,7 @@ pub fn run(a: MapArgs) -> Result<()> {
     if recorded {
         let o = &a.replay;
         let ignored: Vec<&str> = [
-            (o.capacity.is_some(), "--capacity"),
+            (o.input.capacity.is_some(), "--capacity"),
             (
                 o.segment_size != gpumem::core::config::AllocatorConfig::default().segment_bytes,
                 "--segment-size",
@@ -93,7 +93,10 @@ pub fn run(a: MapArgs) -> Result<()> {
             );
         }
         replay = crate::cmd_report::ReplayOptions {
-            capacity: None,
+            input: crate::trace_args::TraceArgs {
+                capacity: None,
+                ..replay.input
+            },
             segment_size: gpumem::core::config::AllocatorConfig::default().segment_bytes,
             torch_conf: None,
             lazy_conf: None,

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use gpumem::core::config::AllocatorConfig;
 use gpumem::core::sim::{RecordedCheck, SimDevice, DEFAULT_CAPACITY};
 use gpumem::core::strategy::Strategy;
 use gpumem::core::{Device, DriverCall};
@@ -12,6 +13,7 @@ use gpumem::recorded_oom::OomVerdict;
 use gpumem::replay::{self, MinCapacityOutcome, ReplayReport, TraceSummary};
 use gpumem::session::{
     self, CompareSettings, DeviceMinCapacity, PlannedLayout, RecordedRatio, ReplaySettings,
+    StrategyRun, TraceSetup,
 };
 use gpumem::trace::{self, ReadConfig};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -34,13 +36,8 @@ pub struct ReplayArgs {
     /// paged-lazy, or `all`.
     #[arg(long, short, default_value = "all")]
     pub allocator: String,
-    /// Device capacity (e.g. 80GiB, 141GB; K/M/G/T alone are binary like KiB/MiB/GiB/TiB,
-    /// KB/MB/GB/TB decimal, a bare number is bytes; default: the H200's 139.8 GiB as
-    /// cuMemGetInfo reports it); allocations that still do not fit after the pool released
-    /// its cache count as OOMs and are dropped (with their frees), and the replay goes on.
-    // A negative-looking size reaches parse_size, which says why it is refused.
-    #[arg(long, value_parser = crate::units::parse_positive_size, allow_hyphen_values = true)]
-    pub capacity: Option<u64>,
+    #[command(flatten)]
+    pub input: crate::trace_args::TraceArgs,
     /// Also find, per allocator, the smallest simulated capacity that completes the trace
     /// with no failed allocation, and the smallest from which every larger one does.
     #[arg(long)]
@@ -56,10 +53,6 @@ pub struct ReplayArgs {
     /// Draw requested / allocated / reserved memory over the trace, per allocator, as SVG.
     #[arg(long, value_name = "FILE.svg")]
     pub timeline: Option<PathBuf>,
-    /// Skip and count malformed events instead of stopping at the first; salvage a truncated
-    /// snapshot (the events read before the cut are kept).
-    #[arg(long)]
-    pub lenient: bool,
     /// Where to allocate: `sim` (simulated H200, default), `cuda`, `cuda:N`, or `all` (the
     /// trace's device N on cuda:N, each on its own pool).
     #[arg(long, default_value = "sim")]
@@ -271,7 +264,7 @@ fn check_args(a: &ReplayArgs, target: &Target) -> Result<Vec<String>> {
     if a.min_capacity && !matches!(target, Target::Sim) {
         bail!("--min-capacity runs many replays and is only offered on the simulated device");
     }
-    session::check_capacity(a.capacity)?;
+    session::check_capacity(a.input.capacity)?;
     session::check_segment_size(a.segment_size)?;
     warnings.extend(session::segment_granularity_warning(a.segment_size));
     if a.canary && matches!(target, Target::Sim) {
@@ -292,6 +285,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     let names = Strategy::parse_list(&a.allocator)?;
     // A segment larger than the (simulated) device is refused every time the pools grow.
     let device_bytes = a
+        .input
         .capacity
         .or(matches!(target, Target::Sim).then_some(DEFAULT_CAPACITY));
     warnings.extend(session::segment_size_warning(
@@ -307,7 +301,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     let trace = trace::read_path(
         &a.trace,
         ReadConfig {
-            lenient: a.lenient,
+            lenient: a.input.lenient,
             ..ReadConfig::default()
         },
     )?;
@@ -321,7 +315,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         return crate::cmd_analyze::print_state(&a.trace, &trace, a.json);
     }
     let settings = ReplaySettings {
-        capacity: a.capacity,
+        capacity: a.input.capacity,
         segment_bytes: a.segment_size,
         torch_conf: a.torch_conf.clone(),
         lazy_conf: a.lazy_conf.clone(),
@@ -333,52 +327,18 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         .iter()
         .map(|&d| (d, replay::summarize(&trace, d)))
         .collect();
-    warnings.extend(session::capacity_warnings(a.capacity, &summaries));
+    warnings.extend(session::capacity_warnings(a.input.capacity, &summaries));
     // A `NAME-CONF.stats.json` beside the trace that cannot be used is said, not skipped.
     warnings.extend(gpumem::report::recorded_figures_checked(&a.trace).1);
     warnings.extend(settings.lazy_warnings(&setup, &names));
     warnings.extend(session::torch_conf_warnings(
         a.torch_conf.is_some(),
         &config.torch,
-        a.capacity,
+        a.input.capacity,
         &names,
     ));
-    let total_events: u64 = summaries.iter().map(|(_, s)| s.events).sum();
-    let show_progress = !a.json && std::io::stderr().is_terminal();
     if !a.json {
-        eprintln!(
-            "read {} ({:?}, {}, {:.2} s){}",
-            trace::source_name(&a.trace),
-            trace.format.unwrap_or(trace::Format::JsonLines),
-            counted(trace.events.len() as u64, "event"),
-            read_seconds,
-            if trace.skipped_count > 0 {
-                format!(
-                    ", {} bad event{} skipped",
-                    trace.skipped_count,
-                    if trace.skipped_count == 1 { "" } else { "s" }
-                )
-            } else {
-                String::new()
-            }
-        );
-        crate::output::print_read_notes(&trace);
-        if names.contains(&Strategy::Torch) {
-            eprintln!(
-                "torch emulation: PYTORCH_CUDA_ALLOC_CONF {} ({})",
-                config.torch, setup.conf_source
-            );
-        }
-        if names.contains(&Strategy::PagedLazy) {
-            let l = config.lazy;
-            let source = if a.lazy_conf.as_deref().is_some_and(|t| !t.trim().is_empty()) {
-                "--lazy-conf"
-            } else {
-                "defaults"
-            };
-            let (items, what) = gpumem::lazy_conf::describe(&l);
-            eprintln!("paged-lazy: {items} ({what}) ({source})");
-        }
+        print_header(&a, &trace, read_seconds, &names, &setup);
     }
     // What the table says under its "read" line; `--json` has them as `trace.notes`.
     let notes = session::read_notes(&trace, &summaries, &names, &config.torch);
@@ -391,57 +351,10 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         eprintln!("warning: {w}");
     }
 
-    let compare = CompareSettings {
-        trace: &trace,
-        trace_name: &trace::source_name(&a.trace),
-        summaries: &summaries,
-        simulated: matches!(target, Target::Sim),
-        capacity_bytes: capacity,
-        config,
-        timeline: a.timeline.is_some(),
-        canary: a.canary,
-        min_capacity: a.min_capacity,
-        follow_recorded: setup.follow_recorded,
-    };
-    let pb = progress_bar(total_events * names.len() as u64, show_progress);
-    pb.set_message(if names.len() == 1 {
-        names[0].to_string()
-    } else {
-        format!("{} allocators", names.len())
-    });
-    let started = Instant::now();
-    let progress = |n: u64| {
-        if show_progress && started.elapsed() > Duration::from_secs(1) && pb.is_hidden() {
-            pb.set_draw_target(ProgressDrawTarget::stderr());
-        }
-        pb.inc(n);
-    };
-    let open = |d: u32| open_device(&target, capacity, d);
-    let compared = session::compare(&compare, &names, &open, &progress, !a.no_plan);
-    pb.finish_and_clear();
-    let (runs, (planned_layout, planned_layout_skipped)) = compared?;
+    let (runs, (planned_layout, planned_layout_skipped)) =
+        replay_all(&a, &target, &trace, &summaries, &names, &setup)?;
 
-    let mut out = Vec::new();
-    for r in &runs {
-        let mut ja = json_allocator(r.strategy, &r.per_dev, &summaries);
-        match r.strategy {
-            Strategy::Torch => {
-                ja.torch_conf = Some(config.torch.to_string());
-                ja.emulation_check = combined_check(&r.checks);
-            }
-            Strategy::PagedLazy => ja.lazy_conf = Some(gpumem::lazy_conf::text(&config.lazy)),
-            Strategy::Buddy | Strategy::Tlsf | Strategy::BestFit | Strategy::Paged => {}
-        }
-        ja.simulated_peak_reserved_bytes = r.simulated_peak_reserved_bytes;
-        ja.min_capacity = r.min_capacity.clone();
-        if let [only] = r.min_capacity.as_slice() {
-            if let MinCapacityOutcome::Found(m) = &only.outcome {
-                ja.min_capacity_bytes = Some(m.smallest_bytes);
-                ja.min_capacity_all_larger_bytes = Some(m.all_larger_bytes);
-            }
-        }
-        out.push(ja);
-    }
+    let out = json_allocators(&runs, &summaries, &config);
     let min_caps: Vec<(&'static str, &[DeviceMinCapacity])> = runs
         .iter()
         .map(|r| (r.strategy.name(), r.min_capacity.as_slice()))
@@ -453,7 +366,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         trace: JsonTrace {
             path: a.trace.display().to_string(),
             format: trace.format,
-            events: total_events,
+            events: summaries.iter().map(|(_, s)| s.events).sum(),
             alloc_events: summaries.iter().map(|(_, s)| s.allocs).sum(),
             free_events: summaries.iter().map(|(_, s)| s.frees).sum(),
             peak_requested_bytes: peak_requested,
@@ -482,27 +395,156 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         allocators: out,
     };
     if let Some(path) = &a.timeline {
-        let cap = a.capacity.map(|c| c as f64);
+        let cap = a.input.capacity.map(|c| c as f64);
         let svg = timeline_chart(&a.trace, &trace, &devices, &runs, cap).to_svg();
         crate::output::write_text(path, &svg)?;
         if !a.json {
             eprintln!("timeline written to {}", path.display());
         }
     }
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&json)?);
+    print_results(&a, &json, &min_caps, capacity)
+}
+
+/// The lines on standard error before the replays: what was read, what the reader
+/// noticed, and the settings of the configurable strategies replayed.
+fn print_header(
+    a: &ReplayArgs,
+    trace: &trace::Trace,
+    read_seconds: f64,
+    names: &[Strategy],
+    setup: &TraceSetup,
+) {
+    eprintln!(
+        "read {} ({:?}, {}, {:.2} s){}",
+        trace::source_name(&a.trace),
+        trace.format.unwrap_or(trace::Format::JsonLines),
+        counted(trace.events.len() as u64, "event"),
+        read_seconds,
+        if trace.skipped_count > 0 {
+            format!(
+                ", {} bad event{} skipped",
+                trace.skipped_count,
+                if trace.skipped_count == 1 { "" } else { "s" }
+            )
+        } else {
+            String::new()
+        }
+    );
+    crate::output::print_read_notes(&trace);
+    if names.contains(&Strategy::Torch) {
+        eprintln!(
+            "torch emulation: PYTORCH_CUDA_ALLOC_CONF {} ({})",
+            setup.config.torch, setup.conf_source
+        );
+    }
+    if names.contains(&Strategy::PagedLazy) {
+        let l = setup.config.lazy;
+        let source = if a.lazy_conf.as_deref().is_some_and(|t| !t.trim().is_empty()) {
+            "--lazy-conf"
+        } else {
+            "defaults"
+        };
+        let (items, what) = gpumem::lazy_conf::describe(&l);
+        eprintln!("paged-lazy: {items} ({what}) ({source})");
+    }
+}
+
+/// Replays the trace through every strategy asked for ([`session::compare`]), with a
+/// progress bar on a terminal; returns the runs and the planned layout.
+#[allow(clippy::type_complexity)]
+fn replay_all(
+    a: &ReplayArgs,
+    target: &Target,
+    trace: &trace::Trace,
+    summaries: &[(u32, TraceSummary)],
+    names: &[Strategy],
+    setup: &TraceSetup,
+) -> Result<(Vec<StrategyRun>, (Vec<PlannedLayout>, Option<String>))> {
+    let total_events: u64 = summaries.iter().map(|(_, s)| s.events).sum();
+    let show_progress = !a.json && std::io::stderr().is_terminal();
+    let compare = CompareSettings {
+        trace,
+        trace_name: &trace::source_name(&a.trace),
+        summaries,
+        simulated: matches!(target, Target::Sim),
+        capacity_bytes: setup.capacity_bytes,
+        config: setup.config,
+        timeline: a.timeline.is_some(),
+        canary: a.canary,
+        min_capacity: a.min_capacity,
+        follow_recorded: setup.follow_recorded,
+    };
+    let pb = progress_bar(total_events * names.len() as u64, show_progress);
+    pb.set_message(if names.len() == 1 {
+        names[0].to_string()
     } else {
-        print_oom_verdicts(&json);
-        print_table(&json, capacity, a.capacity.is_some());
+        format!("{} allocators", names.len())
+    });
+    let started = Instant::now();
+    let progress = |n: u64| {
+        if show_progress && started.elapsed() > Duration::from_secs(1) && pb.is_hidden() {
+            pb.set_draw_target(ProgressDrawTarget::stderr());
+        }
+        pb.inc(n);
+    };
+    let open = |d: u32| open_device(target, setup.capacity_bytes, d);
+    let compared = session::compare(&compare, names, &open, &progress, !a.no_plan);
+    pb.finish_and_clear();
+    compared
+}
+
+/// The `allocators` of `--json`: each run's figures, with its settings where it has some.
+fn json_allocators(
+    runs: &[StrategyRun],
+    summaries: &[(u32, TraceSummary)],
+    config: &AllocatorConfig,
+) -> Vec<JsonAllocator> {
+    let mut out = Vec::new();
+    for r in runs {
+        let mut ja = json_allocator(r.strategy, &r.per_dev, summaries);
+        match r.strategy {
+            Strategy::Torch => {
+                ja.torch_conf = Some(config.torch.to_string());
+                ja.emulation_check = combined_check(&r.checks);
+            }
+            Strategy::PagedLazy => ja.lazy_conf = Some(gpumem::lazy_conf::text(&config.lazy)),
+            Strategy::Buddy | Strategy::Tlsf | Strategy::BestFit | Strategy::Paged => {}
+        }
+        ja.simulated_peak_reserved_bytes = r.simulated_peak_reserved_bytes;
+        ja.min_capacity = r.min_capacity.clone();
+        if let [only] = r.min_capacity.as_slice() {
+            if let MinCapacityOutcome::Found(m) = &only.outcome {
+                ja.min_capacity_bytes = Some(m.smallest_bytes);
+                ja.min_capacity_all_larger_bytes = Some(m.all_larger_bytes);
+            }
+        }
+        out.push(ja);
+    }
+    out
+}
+
+/// Prints the results (the JSON, or the table and what goes with it) and fails when
+/// `--min-capacity` found no capacity for any strategy.
+fn print_results(
+    a: &ReplayArgs,
+    json: &JsonOut,
+    min_caps: &[(&'static str, &[DeviceMinCapacity])],
+    capacity: u64,
+) -> Result<()> {
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(json)?);
+    } else {
+        print_oom_verdicts(json);
+        print_table(json, capacity, a.input.capacity.is_some());
         for al in &json.allocators {
             if let Some(c) = &al.emulation_check {
                 println!("{} emulation {c}", al.name);
             }
         }
         if a.min_capacity {
-            print_min_capacity(&min_caps);
+            print_min_capacity(min_caps);
         }
-        print_notes(&json, capacity);
+        print_notes(json, capacity);
     }
     // A search that found nothing for any allocator is a failure; one that found something
     // for some allocators reports the others' reasons above and succeeds.

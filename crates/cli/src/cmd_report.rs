@@ -33,11 +33,8 @@ pub struct ReportArgs {
 /// How `report` and `map` read and replay the trace.
 #[derive(Args, Clone)]
 pub struct ReplayOptions {
-    /// Capacity of the simulated device (e.g. 80GiB, 141GB; default: the H200's 139.8 GiB as
-    /// cuMemGetInfo reports it).
-    // A negative-looking size reaches parse_size, which says why it is refused.
-    #[arg(long, value_parser = crate::units::parse_positive_size, allow_hyphen_values = true)]
-    pub capacity: Option<u64>,
+    #[command(flatten)]
+    pub input: crate::trace_args::TraceArgs,
     /// Segment size for the buddy, tlsf and best-fit pools.
     // A negative-looking size reaches parse_size, which says why it is refused.
     #[arg(long, value_parser = crate::units::parse_positive_size, allow_hyphen_values = true, default_value = "256MiB")]
@@ -46,10 +43,6 @@ pub struct ReplayOptions {
     #[arg(long, allow_hyphen_values = true,
           value_parser = |s: &str| crate::units::whole_number::<u32>(s, 0, "a device ordinal"))]
     pub trace_device: Option<u32>,
-    /// Skip and count malformed events instead of stopping at the first; salvage a truncated
-    /// snapshot (the events read before the cut are kept).
-    #[arg(long)]
-    pub lenient: bool,
     /// PYTORCH_CUDA_ALLOC_CONF for the `torch` emulation (e.g.
     /// `expandable_segments:True,max_split_size_mb:128`, or `native` for PyTorch's defaults);
     /// default: the trace's own allocator_settings when the snapshot has them, else native.
@@ -65,7 +58,7 @@ impl ReplayOptions {
     /// The replay settings these flags give.
     pub fn settings(&self) -> ReplaySettings {
         ReplaySettings {
-            capacity: self.capacity,
+            capacity: self.input.capacity,
             segment_bytes: self.segment_size,
             torch_conf: self.torch_conf.clone(),
             lazy_conf: self.lazy_conf.clone(),
@@ -152,7 +145,7 @@ pub fn read(
     let trace = trace::read_path(
         path,
         ReadConfig {
-            lenient: o.lenient,
+            lenient: o.input.lenient,
             keep_frames,
         },
     )?;

@@ -15,12 +15,8 @@ pub struct TuneArgs {
     /// The trace: a PyTorch memory snapshot (.pickle or .pickle.gz), an RMM log CSV, or
     /// gpumem JSON lines; `-` reads standard input.
     pub trace: PathBuf,
-    /// The device capacity to fit in (e.g. 80GiB): the table counts the OOMs at that size,
-    /// and the garbage_collection_threshold settings are tried too, with the capacity as
-    /// their memory limit (as `torch.cuda.set_per_process_memory_fraction` would set it).
-    // A negative-looking size reaches parse_size, which says why it is refused.
-    #[arg(long, value_parser = crate::units::parse_positive_size, allow_hyphen_values = true)]
-    pub capacity: Option<u64>,
+    #[command(flatten)]
+    pub input: crate::trace_args::TraceArgs,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -36,10 +32,6 @@ pub struct TuneArgs {
     #[arg(long, default_value_t = 0, allow_hyphen_values = true,
           value_parser = |s: &str| crate::units::whole_number::<usize>(s, 0, "a thread count, 0 for every core"))]
     pub threads: usize,
-    /// Skip and count malformed events instead of stopping at the first; salvage a truncated
-    /// snapshot (the events read before the cut are kept).
-    #[arg(long)]
-    pub lenient: bool,
 }
 
 pub fn run(a: TuneArgs) -> Result<()> {
@@ -48,11 +40,11 @@ pub fn run(a: TuneArgs) -> Result<()> {
             "--device {d}: tune names the trace's device with --trace-device {d}, as report and map do (--device is where replay allocates: sim or cuda)"
         );
     }
-    session::check_capacity(a.capacity)?;
+    session::check_capacity(a.input.capacity)?;
     let trace = trace::read_path(
         &a.trace,
         ReadConfig {
-            lenient: a.lenient,
+            lenient: a.input.lenient,
             ..ReadConfig::default()
         },
     )?;
@@ -69,14 +61,15 @@ pub fn run(a: TuneArgs) -> Result<()> {
     let own = session::recorded_conf(&trace)?;
     // Each setting is a replay and a capacity search: seconds to minutes on a long trace.
     let bar = crate::progress::bar(0);
-    let report = tune::tune_with_progress(&trace, own, a.capacity, device, a.threads, &|k, n| {
-        if k == 0 {
-            bar.set_length(n as u64);
-            bar.set_message("settings replayed");
-        }
-        bar.set_position(k as u64);
-    })
-    .with_context(|| format!("tuning {}", gpumem::trace::source_name(&a.trace)))?;
+    let report =
+        tune::tune_with_progress(&trace, own, a.input.capacity, device, a.threads, &|k, n| {
+            if k == 0 {
+                bar.set_length(n as u64);
+                bar.set_message("settings replayed");
+            }
+            bar.set_position(k as u64);
+        })
+        .with_context(|| format!("tuning {}", gpumem::trace::source_name(&a.trace)))?;
     bar.finish_and_clear();
     if a.json {
         let mut v = serde_json::to_value(&report)?;

@@ -13,6 +13,7 @@ mod cmd_tune;
 mod cmd_watch;
 mod output;
 mod progress;
+mod trace_args;
 mod units;
 
 /// GPU memory toolkit: replay allocation traces through allocators, inspect and benchmark

@@ -234,6 +234,13 @@ pub(super) fn print_table(j: &JsonOut, capacity: u64, capacity_given: bool) {
     for a in &j.allocators {
         line(cols.iter().map(|c| (c.cell)(a)).collect());
     }
+    print_real_against_simulated(j);
+    print_references(j);
+}
+
+/// On a real device: each pool's reserved peak, the driver's used-memory delta and the same
+/// replay's simulated peak, with why they may differ.
+fn print_real_against_simulated(j: &JsonOut) {
     if j.allocators
         .iter()
         .any(|a| a.simulated_peak_reserved_bytes.is_some())
@@ -271,6 +278,11 @@ pub(super) fn print_table(j: &JsonOut, capacity: u64, capacity_given: bool) {
             println!("{line}");
         }
     }
+}
+
+/// The reference lines under the table: PyTorch's own figures for the run, and the planned
+/// layout.
+fn print_references(j: &JsonOut) {
     if !j.pytorch_recorded.is_empty() {
         let parts: Vec<String> = j
             .pytorch_recorded

@@ -26,6 +26,66 @@ fn trace_positions(trace: &Trace, device: u32) -> Vec<u64> {
         .collect()
 }
 
+/// The lines of one device's replay (`di`: its index in `devices`) from its `requested`,
+/// `allocated` and `reserved` points: with `several` devices, reserved and requested in the
+/// device's colour; else the three in their own colours.
+fn device_series(
+    several: bool,
+    devices: &[u32],
+    di: usize,
+    req: Vec<(f64, f64)>,
+    all: Vec<(f64, f64)>,
+    res: Vec<(f64, f64)>,
+) -> Vec<Series> {
+    let mut out = Vec::new();
+    if several {
+        // Grey is the capacity line's.
+        let color = PALETTE[[0, 1, 2, 4, 5, 6, 8, 9][di % 8]];
+        let dev = devices.get(di).copied().unwrap_or(0);
+        out.push(Series {
+            label: format!("reserved, device {dev}"),
+            color: color.into(),
+            dashed: false,
+            width: 1.6,
+            points: res,
+        });
+        out.push(Series {
+            label: format!("requested, device {dev}"),
+            color: color.into(),
+            dashed: true,
+            width: 1.2,
+            points: req,
+        });
+    } else {
+        out.extend([
+            Series {
+                label: "reserved".into(),
+                color: PALETTE[3].into(),
+                dashed: false,
+                width: 1.6,
+                points: res,
+            },
+            // Wide and under: it shows as a band around `requested` where the two
+            // coincide (every strategy but rounding differences).
+            Series {
+                label: "allocated".into(),
+                color: PALETTE[0].into(),
+                dashed: false,
+                width: 4.0,
+                points: all,
+            },
+            Series {
+                label: "requested".into(),
+                color: PALETTE[2].into(),
+                dashed: true,
+                width: 1.2,
+                points: req,
+            },
+        ]);
+    }
+    out
+}
+
 /// The chart of `runs` (one panel per allocator; `devices[i]` is the device of each run's
 /// `per_dev[i]`). One device: reserved, allocated (wide, under) and requested (dashed, on
 /// top). Several: reserved and requested per device, each in its own colour, on the
@@ -68,51 +128,7 @@ pub(super) fn timeline_chart(
                 let (lo, hi) = gb(s.reserved_bytes);
                 envelope(&mut res, x, lo, hi);
             }
-            if several {
-                // Grey is the capacity line's.
-                let color = PALETTE[[0, 1, 2, 4, 5, 6, 8, 9][di % 8]];
-                let dev = devices.get(di).copied().unwrap_or(0);
-                series.push(Series {
-                    label: format!("reserved, device {dev}"),
-                    color: color.into(),
-                    dashed: false,
-                    width: 1.6,
-                    points: res,
-                });
-                series.push(Series {
-                    label: format!("requested, device {dev}"),
-                    color: color.into(),
-                    dashed: true,
-                    width: 1.2,
-                    points: req,
-                });
-            } else {
-                series.extend([
-                    Series {
-                        label: "reserved".into(),
-                        color: PALETTE[3].into(),
-                        dashed: false,
-                        width: 1.6,
-                        points: res,
-                    },
-                    // Wide and under: it shows as a band around `requested` where the two
-                    // coincide (every strategy but rounding differences).
-                    Series {
-                        label: "allocated".into(),
-                        color: PALETTE[0].into(),
-                        dashed: false,
-                        width: 4.0,
-                        points: all,
-                    },
-                    Series {
-                        label: "requested".into(),
-                        color: PALETTE[2].into(),
-                        dashed: true,
-                        width: 1.2,
-                        points: req,
-                    },
-                ]);
-            }
+            series.extend(device_series(several, devices, di, req, all, res));
         }
         let failed: u64 = run.per_dev.iter().map(ReplayReport::failed_count).sum();
         marks.push(

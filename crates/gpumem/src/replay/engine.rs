@@ -173,9 +173,131 @@ fn note_reserved_peak(alloc: &dyn Allocator, seen: &mut u64, report: &mut Replay
     }
 }
 
+/// The report before the first event: every figure 0 or empty.
+fn empty_report(name: String) -> ReplayReport {
+    ReplayReport {
+        name,
+        peak_reserved_bytes: 0,
+        peak_allocated_bytes: 0,
+        peak_requested_bytes: 0,
+        reserved_over_requested: 0.0,
+        peak_external_fragmentation: 0.0,
+        external_fragmentation_at_peak: 0.0,
+        internal_fragmentation_at_peak: 0.0,
+        peak_inactive_split_bytes: 0,
+        alloc_retries: 0,
+        oom_count: 0,
+        first_oom_event: None,
+        first_oom_request_bytes: None,
+        refused_count: 0,
+        first_refusal: None,
+        failed_events: Vec::new(),
+        driver_calls: DriverCounters::default(),
+        modelled_driver_seconds: 0.0,
+        steady_state_driver_calls: 0,
+        driver_share_of_trace: None,
+        device_peak_used_bytes: 0,
+        driver_peak_delta_bytes: None,
+        events_per_second: 0.0,
+        events_replayed: 0,
+        seconds: 0.0,
+        cpu_seconds: 0.0,
+        canary_errors: 0,
+        final_stats: Stats::default(),
+        timeline: Vec::new(),
+    }
+}
+
+/// Starts the replay from what the recorded run held before its trace: the segments in
+/// `foreign` that `alloc` takes in (the `torch` emulation), with their blocks, then every
+/// other block live before recording, allocated like any other.
+fn take_in_preexisting(
+    st: &mut State<'_>,
+    alloc: &mut dyn Allocator,
+    dev: &mut dyn Device,
+    report: &mut ReplayReport,
+    trace: &Trace,
+    foreign: &[PreexistingSegment],
+) -> Result<(), ReplayError> {
+    // The segments the recorded run already held, for an allocator that keeps PyTorch's
+    // (the `torch` emulation); the blocks live in them are taken in with them.
+    // Those not taken in have their blocks allocated below like any other.
+    let mut adopted: FxHashSet<u64> = FxHashSet::default();
+    let taken = adopt_preexisting(alloc, dev, foreign).map_err(allocator_error(0, &st.name))?;
+    for (k, blocks) in taken {
+        for (&trace_addr, b) in foreign[k].block_addrs.iter().zip(&blocks) {
+            if st.opts.canary && b.requested_bytes >= 4 {
+                dev.fill_pattern(b.addr, b.requested_bytes & !3, canary_pattern(trace_addr))
+                    .map_err(|source| ReplayError::Canary { event: 0, source })?;
+            }
+            st.live.insert(
+                trace_addr,
+                Live {
+                    addr: b.addr,
+                    bytes: b.requested_bytes,
+                },
+            );
+            adopted.insert(trace_addr);
+        }
+    }
+    for p in trace
+        .preexisting
+        .iter()
+        .filter(|p| p.device == st.opts.device && !adopted.contains(&p.addr))
+    {
+        st.alloc(
+            alloc,
+            dev,
+            report,
+            0,
+            p.addr,
+            p.size_bytes,
+            st.opts.default_align,
+            0,
+        )?;
+    }
+    Ok(())
+}
+
+/// The peaks and fragmentation read from the allocator's statistics `s` after the last
+/// event (`sample_fragmentation`: also the highest external fragmentation and inactive split).
+fn record_peaks(report: &mut ReplayReport, s: &Stats, sample_fragmentation: bool) {
+    report.peak_reserved_bytes = s.reserved_bytes.peak;
+    report.peak_allocated_bytes = s.allocated_bytes.peak;
+    report.peak_requested_bytes = s.requested_bytes.peak;
+    report.reserved_over_requested = if s.requested_bytes.peak == 0 {
+        0.0
+    } else {
+        s.reserved_bytes.peak as f64 / s.requested_bytes.peak as f64
+    };
+    report.internal_fragmentation_at_peak = if s.allocated_bytes.peak == 0 {
+        0.0
+    } else {
+        // Requested at the allocated peak is not tracked separately; use the peaks' ratio.
+        s.allocated_bytes
+            .peak
+            .saturating_sub(s.requested_bytes.peak) as f64
+            / s.allocated_bytes.peak as f64
+    };
+    if sample_fragmentation {
+        report.peak_external_fragmentation = report
+            .peak_external_fragmentation
+            .max(s.external_fragmentation());
+        report.peak_inactive_split_bytes = report
+            .peak_inactive_split_bytes
+            .max(s.inactive_split_bytes.peak);
+    }
+}
+
 /// [`replay_summarized`] with the emulation's inputs found beforehand: `torch` must be
 /// [`TorchInputs::of`] the same trace and `opts.device`. It is read only when `alloc` is the
 /// `torch` emulation; `None` finds them here when it is.
+///
+/// It is long on purpose: the event loop is the replay's hot path, kept in one function so
+/// that its per-event state (the live table, the counters, the reserved-peak and sampling
+/// countdowns) stays in locals across the match on the event's action. What runs once
+/// before and after it is in [`empty_report`], [`take_in_preexisting`] and
+/// [`record_peaks`].
 ///
 /// # Errors
 /// As [`replay`].
@@ -205,37 +327,7 @@ pub fn replay_prepared(
         opts,
         name: name.clone(),
     };
-    let mut report = ReplayReport {
-        name: name.clone(),
-        peak_reserved_bytes: 0,
-        peak_allocated_bytes: 0,
-        peak_requested_bytes: 0,
-        reserved_over_requested: 0.0,
-        peak_external_fragmentation: 0.0,
-        external_fragmentation_at_peak: 0.0,
-        internal_fragmentation_at_peak: 0.0,
-        peak_inactive_split_bytes: 0,
-        alloc_retries: 0,
-        oom_count: 0,
-        first_oom_event: None,
-        first_oom_request_bytes: None,
-        refused_count: 0,
-        first_refusal: None,
-        failed_events: Vec::new(),
-        driver_calls: DriverCounters::default(),
-        modelled_driver_seconds: 0.0,
-        steady_state_driver_calls: 0,
-        driver_share_of_trace: None,
-        device_peak_used_bytes: 0,
-        driver_peak_delta_bytes: None,
-        events_per_second: 0.0,
-        events_replayed: 0,
-        seconds: 0.0,
-        cpu_seconds: 0.0,
-        canary_errors: 0,
-        final_stats: Stats::default(),
-        timeline: Vec::new(),
-    };
+    let mut report = empty_report(name.clone());
     // What only the torch emulation uses, found before the clock starts (unless the caller
     // did): the segments the recorded run already held, and where it emptied its cache.
     let found;
@@ -258,43 +350,7 @@ pub fn replay_prepared(
     let started = Instant::now();
     let cpu_started = thread_cpu_seconds();
 
-    // The segments the recorded run already held, for an allocator that keeps PyTorch's
-    // (the `torch` emulation); the blocks live in them are taken in with them.
-    // Those not taken in have their blocks allocated below like any other.
-    let mut adopted: FxHashSet<u64> = FxHashSet::default();
-    let taken = adopt_preexisting(alloc, dev, foreign).map_err(allocator_error(0, &name))?;
-    for (k, blocks) in taken {
-        for (&trace_addr, b) in foreign[k].block_addrs.iter().zip(&blocks) {
-            if opts.canary && b.requested_bytes >= 4 {
-                dev.fill_pattern(b.addr, b.requested_bytes & !3, canary_pattern(trace_addr))
-                    .map_err(|source| ReplayError::Canary { event: 0, source })?;
-            }
-            st.live.insert(
-                trace_addr,
-                Live {
-                    addr: b.addr,
-                    bytes: b.requested_bytes,
-                },
-            );
-            adopted.insert(trace_addr);
-        }
-    }
-    for p in trace
-        .preexisting
-        .iter()
-        .filter(|p| p.device == opts.device && !adopted.contains(&p.addr))
-    {
-        st.alloc(
-            alloc,
-            dev,
-            &mut report,
-            0,
-            p.addr,
-            p.size_bytes,
-            opts.default_align,
-            0,
-        )?;
-    }
+    take_in_preexisting(&mut st, alloc, dev, &mut report, trace, foreign)?;
 
     let mut index: u64 = 0;
     // The reserved peak so far; what the pre-existing blocks took counts as the state before
@@ -440,31 +496,7 @@ pub fn replay_prepared(
     let s = alloc.stats();
     let after = dev.counters();
     let calls = after.since(&calls_before);
-    report.peak_reserved_bytes = s.reserved_bytes.peak;
-    report.peak_allocated_bytes = s.allocated_bytes.peak;
-    report.peak_requested_bytes = s.requested_bytes.peak;
-    report.reserved_over_requested = if s.requested_bytes.peak == 0 {
-        0.0
-    } else {
-        s.reserved_bytes.peak as f64 / s.requested_bytes.peak as f64
-    };
-    report.internal_fragmentation_at_peak = if s.allocated_bytes.peak == 0 {
-        0.0
-    } else {
-        // Requested at the allocated peak is not tracked separately; use the peaks' ratio.
-        s.allocated_bytes
-            .peak
-            .saturating_sub(s.requested_bytes.peak) as f64
-            / s.allocated_bytes.peak as f64
-    };
-    if opts.sample_fragmentation {
-        report.peak_external_fragmentation = report
-            .peak_external_fragmentation
-            .max(s.external_fragmentation());
-        report.peak_inactive_split_bytes = report
-            .peak_inactive_split_bytes
-            .max(s.inactive_split_bytes.peak);
-    }
+    record_peaks(&mut report, &s, opts.sample_fragmentation);
     report.alloc_retries = s.alloc_retries;
     report.driver_calls = calls;
     report.modelled_driver_seconds = calls.seconds;
