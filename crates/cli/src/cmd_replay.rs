@@ -12,8 +12,8 @@ use gpumem::core::{Device, DriverCall};
 use gpumem::recorded_oom::OomVerdict;
 use gpumem::replay::{self, MinCapacityOutcome, ReplayReport, TraceSummary};
 use gpumem::session::{
-    self, CompareSettings, DeviceMinCapacity, PlannedLayout, RecordedRatio, ReplaySettings,
-    StrategyRun, TraceSetup,
+    self, CompareSettings, Comparison, DeviceMinCapacity, PlannedLayout, RecordedRatio,
+    ReplaySettings, StrategyRun, TraceSetup,
 };
 use gpumem::trace::{self, ReadConfig};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -351,8 +351,11 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         eprintln!("warning: {w}");
     }
 
-    let (runs, (planned_layout, planned_layout_skipped)) =
-        replay_all(&a, &target, &trace, &summaries, &names, &setup)?;
+    let Comparison {
+        runs,
+        planned: planned_layout,
+        planned_skipped: planned_layout_skipped,
+    } = replay_all(&a, &target, &trace, &summaries, &names, &setup)?;
 
     let out = json_allocators(&runs, &summaries, &config);
     let min_caps: Vec<(&'static str, &[DeviceMinCapacity])> = runs
@@ -430,7 +433,7 @@ fn print_header(
             String::new()
         }
     );
-    crate::output::print_read_notes(&trace);
+    crate::output::print_read_notes(trace);
     if names.contains(&Strategy::Torch) {
         eprintln!(
             "torch emulation: PYTORCH_CUDA_ALLOC_CONF {} ({})",
@@ -451,7 +454,6 @@ fn print_header(
 
 /// Replays the trace through every strategy asked for ([`session::compare`]), with a
 /// progress bar on a terminal; returns the runs and the planned layout.
-#[allow(clippy::type_complexity)]
 fn replay_all(
     a: &ReplayArgs,
     target: &Target,
@@ -459,7 +461,7 @@ fn replay_all(
     summaries: &[(u32, TraceSummary)],
     names: &[Strategy],
     setup: &TraceSetup,
-) -> Result<(Vec<StrategyRun>, (Vec<PlannedLayout>, Option<String>))> {
+) -> Result<Comparison> {
     let total_events: u64 = summaries.iter().map(|(_, s)| s.events).sum();
     let show_progress = !a.json && std::io::stderr().is_terminal();
     let compare = CompareSettings {

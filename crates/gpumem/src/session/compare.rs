@@ -197,6 +197,17 @@ fn min_capacities(
     Ok(out)
 }
 
+/// What [`compare`] gives.
+#[derive(Debug, Clone)]
+pub struct Comparison {
+    /// One run per strategy, in the order asked.
+    pub runs: Vec<StrategyRun>,
+    /// Per device, the planned layout (empty when skipped).
+    pub planned: Vec<PlannedLayout>,
+    /// Why no layout was planned, when none was.
+    pub planned_skipped: Option<String>,
+}
+
 /// [`run_strategy`] for each of `strategies`, in their order, with the planned layout of
 /// every device worked out beside them in a thread of its own (unless `plan` is false: then
 /// the layouts are empty and the reason is [`NO_PLAN`]).
@@ -213,7 +224,7 @@ pub fn compare<E: From<SessionError> + Send>(
     open: &(dyn Fn(u32) -> Result<Box<dyn Device>, E> + Sync),
     progress: &(dyn Fn(u64) + Sync),
     plan: bool,
-) -> Result<(Vec<StrategyRun>, (Vec<PlannedLayout>, Option<String>)), E> {
+) -> Result<Comparison, E> {
     let (runs, planned) = std::thread::scope(|outer| {
         let planner = plan.then(|| outer.spawn(|| planned_layouts(s.trace, s.summaries)));
         let runs: Vec<Result<StrategyRun, E>> = if s.simulated && strategies.len() > 1 {
@@ -249,7 +260,12 @@ pub fn compare<E: From<SessionError> + Send>(
         };
         (runs, planned)
     });
-    Ok((runs.into_iter().collect::<Result<_, E>>()?, planned))
+    let (planned, planned_skipped) = planned;
+    Ok(Comparison {
+        runs: runs.into_iter().collect::<Result<_, E>>()?,
+        planned,
+        planned_skipped,
+    })
 }
 
 /// Touches 512 KiB of the calling thread's heap and frees it again, before a replay thread

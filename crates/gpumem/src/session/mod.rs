@@ -24,7 +24,7 @@ mod warnings;
 
 pub use compare::{
     compare, oom_verdicts, planned_layouts, recorded_figures, run_strategy, CompareSettings,
-    DeviceMinCapacity, PlannedLayout, RecordedRatio, StrategyRun, NO_PLAN,
+    Comparison, DeviceMinCapacity, PlannedLayout, RecordedRatio, StrategyRun, NO_PLAN,
 };
 pub use conf::{
     allocator_config, follows_recorded, lazy_conf, recorded_conf, torch_conf, ConfSource,
