@@ -110,3 +110,85 @@ pub enum SessionError {
     #[error("a replay thread panicked")]
     Panicked,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::{Action, Event, Trace};
+
+    #[test]
+    fn capacity_and_segment_size_bounds() {
+        assert!(check_capacity(None).is_ok());
+        assert!(check_capacity(Some(MAX_CAPACITY)).is_ok());
+        assert!(matches!(
+            check_capacity(Some(0)),
+            Err(SessionError::ZeroCapacity)
+        ));
+        assert!(matches!(
+            check_capacity(Some(MAX_CAPACITY + 1)),
+            Err(SessionError::CapacityTooLarge(_))
+        ));
+        assert!(matches!(
+            check_segment_size(0),
+            Err(SessionError::ZeroSegmentSize)
+        ));
+        assert!(segment_granularity_warning(2 << 20).is_none());
+        assert!(segment_granularity_warning(3 << 20).is_some());
+    }
+
+    #[test]
+    fn the_device_asked_for_must_allocate() {
+        let trace = Trace {
+            events: vec![
+                Event {
+                    device: 1,
+                    ..Event::new(Action::Alloc, 1, 512)
+                },
+                Event::new(Action::Free, 2, 0),
+            ],
+            ..Trace::default()
+        };
+        assert_eq!(alloc_devices(&trace), [1]);
+        assert_eq!(pick_device(&trace, "--trace-device", None).unwrap(), 1);
+        assert_eq!(
+            pick_device(&trace, "--trace-device", Some(0))
+                .unwrap_err()
+                .to_string(),
+            "--trace-device 0: the trace has no allocation on device 0 (it has device 1)"
+        );
+        assert_eq!(device_list(&[0, 1]), "devices 0, 1");
+    }
+
+    #[test]
+    fn the_recorded_addresses_are_followed_only_under_the_trace_own_setting() {
+        assert!(follows_recorded(ConfSource::Trace, None));
+        assert!(follows_recorded(ConfSource::Default, None));
+        assert!(!follows_recorded(ConfSource::Flag, None));
+        assert!(!follows_recorded(ConfSource::Trace, Some(1 << 30)));
+        let settings = ReplaySettings {
+            capacity: Some(8 << 30),
+            segment_bytes: 64 << 20,
+            torch_conf: Some("native".into()),
+            lazy_conf: Some("placement=pages".into()),
+        };
+        let setup = settings.setup(&Trace::default()).unwrap();
+        assert_eq!(setup.conf_source, ConfSource::Flag);
+        assert!(setup.config.torch.limit_to_capacity);
+        assert_eq!(setup.config.segment_bytes, 64 << 20);
+        assert_eq!(
+            setup.config.lazy.placement,
+            gpumem_core::config::LazyPlacement::Pages
+        );
+        assert_eq!(setup.capacity_bytes, 8 << 30);
+        assert!(!setup.follow_recorded);
+    }
+
+    #[test]
+    fn a_gpumem_conf_strategy_in_lazy_conf_names_the_flag() {
+        let e = lazy_conf("strategy=paged").unwrap_err().to_string();
+        assert!(e.starts_with("--lazy-conf: unknown key `strategy`"), "{e}");
+        assert!(e.contains("--allocator paged"), "{e}");
+        let w = lazy_conf_warnings("headroom=0.1", &Default::default(), &[Strategy::Tlsf]);
+        assert_eq!(w.len(), 2, "{w:?}");
+    }
+}
