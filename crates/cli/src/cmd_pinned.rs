@@ -232,8 +232,8 @@ fn host_only(a: &BenchTransferArgs) -> Result<()> {
         rows.push(SweepRow {
             // As measured: the ring starts at most one thread per CPU.
             config: ring.config(),
-            h2d_gbps: max as f64 / transfer::median(&mut fill) / 1e9,
-            d2h_gbps: max as f64 / transfer::median(&mut drain) / 1e9,
+            h2d_gbps: max as f64 / gpumem::measure::median(&mut fill) / 1e9,
+            d2h_gbps: max as f64 / gpumem::measure::median(&mut drain) / 1e9,
         });
         pb.inc(1);
     }

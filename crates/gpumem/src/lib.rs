@@ -15,6 +15,7 @@
 pub mod conf_items;
 pub mod cuda;
 pub mod lazy_conf;
+pub mod measure;
 pub mod pinned;
 pub mod plan;
 pub mod plot;

@@ -18,6 +18,7 @@ use super::p2p::{
     P2pAttributes, PeerCheck, PeerMethod, GUARD_BYTES,
 };
 use super::{CopyKernel, CudaContext, CudaDevice, CudaError, CudaEvents, DeviceBuffer, Stream};
+use crate::measure::median;
 use crate::pool::{DevicePool, PoolConfig, PoolError};
 
 /// Bytes each stream moves per timed batch (at least one copy).
@@ -345,10 +346,6 @@ fn time_batch(
         j.stream.synchronize()?;
     }
     Ok(t0.elapsed().as_secs_f64())
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    crate::pinned::transfer::median(v)
 }
 
 /// Peer bandwidth between devices `a` and `b`: for each size, direction (`a->b`, `b->a`,
