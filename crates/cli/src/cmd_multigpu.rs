@@ -2,9 +2,10 @@
 //! copies between each pair (the library side is `gpumem::cuda::peer_bench`).
 use anyhow::{bail, Context, Result};
 use gpumem::cuda::peer_bench::{self, PeerBenchConfig, PeerReport};
+use gpumem::cuda::CudaContext;
 use gpumem::pinned::advise::{Direction, MemoryKind};
 use gpumem::pinned::transfer::TransferBench;
-use gpumem::pinned::{CudaContext, StagingConfig};
+use gpumem::pinned::StagingConfig;
 use gpumem::units;
 use serde::Serialize;
 use serde_json::json;

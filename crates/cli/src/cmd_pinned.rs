@@ -1,9 +1,10 @@
 //! `gpumem bench transfer`, `gpumem bench pinned`, `gpumem advise`: pinned host memory.
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use gpumem::cuda::CudaContext;
 use gpumem::pinned::advise::{self, Direction, MemoryKind, Pattern, TransferPoint, TransferTable};
 use gpumem::pinned::transfer::{self, MappedMethod, TransferBench};
-use gpumem::pinned::{sysinfo, CopyKind, CudaContext, StagingConfig};
+use gpumem::pinned::{sysinfo, CopyKind, StagingConfig};
 use gpumem::units::{self, parse_size};
 use serde::Serialize;
 use serde_json::json;

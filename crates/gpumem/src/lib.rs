@@ -30,4 +30,3 @@ pub mod units;
 pub mod vmm;
 
 pub use gpumem_core as core;
-pub use gpumem_core::sim::SimDevice;

@@ -5,7 +5,7 @@ use gpumem_core::{Device, DeviceError, PhysHandle};
 
 use crate::units::bytes_compact;
 
-pub use gpumem_core::adaptor::{MappingRecord, PageRow, PageState, PageTable, Tracked, VmmBook};
+use gpumem_core::adaptor::{PageState, PageTable, VmmBook};
 
 /// Renders page tables as text, one line per row (mapped runs and holes), for `gpumem vmm`.
 pub fn render(tables: &[PageTable]) -> String {
@@ -133,6 +133,7 @@ pub fn teardown(dev: &mut dyn Device, book: &VmmBook, va: u64) -> Result<(), Dev
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use gpumem_core::adaptor::Tracked;
     use gpumem_core::sim::SimDevice;
 
     const G: u64 = 2 << 20;

@@ -32,7 +32,7 @@
 #![forbid(unsafe_code)]
 
 use gpumem::conf_items::{items, ItemError};
-use gpumem::cuda::pool::PoolConfig;
+use gpumem::pool::PoolConfig;
 use gpumem_core::config::AllocatorConfig;
 use gpumem_core::registry;
 

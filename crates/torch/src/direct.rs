@@ -2,7 +2,7 @@
 //! own allocator is: a block freed on the device's main stream goes straight back to the
 //! strategy and is reusable at once, by a request of any size, on that stream.
 //!
-//! Why not [`DevicePool`](gpumem::cuda::pool::DevicePool) (`mode=pool`): it hands a freed
+//! Why not [`DevicePool`](gpumem::pool::DevicePool) (`mode=pool`): it hands a freed
 //! block back to the strategy only after an event recorded at the free has completed (blocks
 //! of up to `max_cached_block` bytes are reused sooner, but only by requests of their own size
 //! class on their own stream). In PyTorch training the CPU runs a whole step ahead of the GPU,
@@ -31,8 +31,8 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use gpumem::cuda::pool::{PoolError, PoolStats, RawBlock};
-use gpumem::cuda::StreamEvents;
+use gpumem::pool::StreamEvents;
+use gpumem::pool::{PoolError, PoolStats, RawBlock};
 use gpumem_core::{forward_device, Allocator, Device, DeviceError, DriverCounters, PhysHandle};
 
 use crate::metered::Metered;
@@ -505,7 +505,7 @@ impl<D: Device> DirectPool<D> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpumem::cuda::ManualEvents;
+    use gpumem::pool::ManualEvents;
     use gpumem_core::sim::SimDevice;
 
     fn pool(events: Arc<ManualEvents>) -> DirectPool<SimDevice> {

@@ -23,7 +23,7 @@
 //! straight back to the strategy and is reusable there at once by a request of any size
 //! (unmapping of its pages waits for the GPU); a block freed on another stream, only after
 //! that stream's work at the time of the free has completed. `mode=pool` uses gpumem's
-//! [`gpumem::cuda::pool::DevicePool`] instead (size-class caches per stream; everything else
+//! [`gpumem::pool::DevicePool`] instead (size-class caches per stream; everything else
 //! reaches the strategy behind an event), which costs memory and time under PyTorch's
 //! run-ahead CPU (BENCHMARKS.md, issue 13).
 //!

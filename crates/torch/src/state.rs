@@ -15,8 +15,9 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
-use gpumem::cuda::pool::{DevicePool, PoolError, PoolStats, RawBlock};
-use gpumem::cuda::{CudaEvents, ManualEvents, StreamEvents};
+use gpumem::cuda::CudaEvents;
+use gpumem::pool::{DevicePool, PoolError, PoolStats, RawBlock};
+use gpumem::pool::{ManualEvents, StreamEvents};
 use gpumem_core::sim::SimDevice;
 use gpumem_core::{Device, DriverCall, DriverCounters};
 use rustc_hash::FxHashMap;
@@ -865,7 +866,7 @@ fn open_device(ordinal: usize, conf: &Conf) -> Result<DeviceState, String> {
                 .map_err(|e| format!("cuda:{ordinal}: peer access: {e}"))?;
             let events: Arc<dyn StreamEvents> =
                 Arc::new(CudaEvents::new(&dev).map_err(|e| e.to_string())?);
-            let opts = gpumem::cuda::pool::PoolConfig {
+            let opts = gpumem::pool::PoolConfig {
                 pitch_align_bytes: dev.pitch_align_bytes(),
                 ..conf.pool
             };
@@ -896,7 +897,7 @@ fn make_state<D: Device + 'static>(
     dev: D,
     events: Arc<dyn StreamEvents>,
     conf: &Conf,
-    opts: gpumem::cuda::pool::PoolConfig,
+    opts: gpumem::pool::PoolConfig,
 ) -> Result<DeviceState, String> {
     let alloc =
         gpumem_core::registry::build(conf.strategy, &conf.allocator).map_err(|e| e.to_string())?;

@@ -8,7 +8,8 @@ use gpumem::cuda::bench::{
     self, AllocBackend, AsyncCuda, BenchRow, BenchStreams, Budget, Case, ContextBinder,
     PoolBackend, RawCuda,
 };
-use gpumem::cuda::{self, CudaEvents, DeviceSel, ManualEvents};
+use gpumem::cuda::{self, CudaEvents, DeviceSel};
+use gpumem::pool::ManualEvents;
 use gpumem::pool::{DevicePool, PoolConfig};
 use gpumem_core::config::AllocatorConfig;
 use gpumem_core::registry;

@@ -116,7 +116,7 @@ pub fn info(a: InfoArgs) -> Result<()> {
         println!("  managed memory  {}", yes(d.managed_supported));
         println!(
             "  pitch alignment {} B (texture alignment {} B, texture pitch alignment {} B)",
-            gpumem::cuda::pitch::pitch_align_for(
+            gpumem::pool::pitch::pitch_align_for(
                 d.texture_alignment_bytes,
                 d.texture_pitch_alignment_bytes
             ),

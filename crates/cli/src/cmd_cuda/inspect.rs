@@ -2,10 +2,11 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use gpumem::cuda::{self, CudaDevice, CudaEvents, DeviceSel, ManualEvents, PointerInfo};
+use gpumem::core::adaptor::{Tracked, VmmBook};
+use gpumem::cuda::{self, CudaDevice, CudaEvents, DeviceSel, PointerInfo};
+use gpumem::pool::ManualEvents;
 use gpumem::pool::{DevicePool, PoolConfig};
 use gpumem::units::bytes_compact as human;
-use gpumem::vmm::{Tracked, VmmBook};
 use gpumem_core::config::AllocatorConfig;
 use gpumem_core::registry;
 use gpumem_core::sim::SimDevice;

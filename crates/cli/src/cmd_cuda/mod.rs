@@ -36,5 +36,5 @@ pub(crate) fn ordinals(sel: DeviceSel) -> Result<Vec<usize>> {
 /// bytes (or the device's own memory if smaller), so OOM points match the trace's device.
 pub fn open_replay_device(ordinal: usize, capacity: u64) -> Result<Box<dyn gpumem::core::Device>> {
     let dev = cuda::open(ordinal)?;
-    Ok(Box::new(gpumem::cuda::Capped::new(dev, capacity)))
+    Ok(Box::new(gpumem::core::adaptor::Capped::new(dev, capacity)))
 }

@@ -23,8 +23,8 @@ use gpumem_core::Device;
 use serde::Serialize;
 
 use super::driver::{self, CUcontext, CUstream};
-use super::pool::{DevicePool, RawBlock};
 use super::CudaDevice;
+use crate::pool::{DevicePool, RawBlock};
 
 /// Pairs per timed batch.
 pub const BATCH: usize = 16;
