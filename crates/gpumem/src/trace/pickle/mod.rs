@@ -31,6 +31,7 @@
 //! ([`Trace::truncated`] says where).
 
 mod entry;
+mod known;
 mod vm;
 
 use super::live::{AddrMap, AddrStyle, Liveness, UnknownFree};

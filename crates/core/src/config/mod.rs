@@ -1,5 +1,11 @@
 //! Settings shared by the allocators, kept apart from [`crate::registry`] so that the
-//! allocators and the registry that builds them by name do not import each other.
+//! allocators and the registry that builds them by name do not import each other. The
+//! `torch` emulation's settings ([`TorchConfig`], a parsed `PYTORCH_CUDA_ALLOC_CONF`) live
+//! here too, so that the arrow goes from the allocators to their settings only.
+
+mod torch_conf;
+
+pub use torch_conf::{ConfError, TorchConfig, MIN_SPLIT_SETTING_MIB, ROUNDUP_INTERVALS};
 
 /// Settings shared by the allocators.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -12,7 +18,7 @@ pub struct AllocatorConfig {
     /// Free physical pages the `paged` strategy keeps cached before releasing them.
     pub page_cache_pages: u64,
     /// The `PYTORCH_CUDA_ALLOC_CONF` the `torch` emulation follows (native by default).
-    pub torch: crate::torch::TorchConfig,
+    pub torch: TorchConfig,
     /// The trade between reserved memory and driver calls of the `paged-lazy` strategy.
     pub lazy: LazyConfig,
 }
@@ -90,7 +96,7 @@ impl Default for AllocatorConfig {
             segment_bytes: 256 << 20,
             min_block_bytes: 256,
             page_cache_pages: 1024,
-            torch: crate::torch::TorchConfig::default(),
+            torch: TorchConfig::default(),
             lazy: LazyConfig::default(),
         }
     }
