@@ -228,6 +228,21 @@ pub fn open(ordinal: usize) -> Result<CudaDevice, CudaError> {
     guarded(|| CudaDevice::open_checked(ordinal).map_err(CudaError::from))
 }
 
+/// Opens device `ordinal` limited to `capacity_bytes` (or the device's own memory if
+/// smaller), so that a replay runs out of memory where the traced device did.
+///
+/// # Errors
+/// As [`open`].
+pub fn open_capped(
+    ordinal: usize,
+    capacity_bytes: u64,
+) -> Result<gpumem_core::adaptor::Capped<CudaDevice>, CudaError> {
+    Ok(gpumem_core::adaptor::Capped::new(
+        open(ordinal)?,
+        capacity_bytes,
+    ))
+}
+
 /// Information on every visible device (name, memory, granularity, VMM support), without
 /// keeping them open.
 ///

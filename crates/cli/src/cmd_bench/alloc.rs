@@ -16,8 +16,6 @@ use gpumem_core::registry;
 use gpumem_core::sim::SimDevice;
 use serde::Serialize;
 
-use super::ordinals;
-
 /// The most threads one measurement starts (each also gets a CUDA stream of its own): a
 /// mistyped count (100000) otherwise spends minutes starting threads before measuring.
 const MAX_THREADS: usize = 1024;
@@ -155,7 +153,7 @@ pub fn bench_alloc(a: BenchAllocArgs) -> Result<()> {
             );
             vec![None]
         }
-        sel => ordinals(sel)?.into_iter().map(Some).collect(),
+        sel => sel.ordinals()?.into_iter().map(Some).collect(),
     };
     for target in targets {
         let mut rows = Vec::new();

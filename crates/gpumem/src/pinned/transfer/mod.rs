@@ -12,6 +12,12 @@ use crate::cuda::{driver, CopyKernel, CudaContext, DeviceBuffer, Event, Stream};
 use crate::measure::median;
 use std::time::Instant;
 
+mod sweep;
+
+pub use sweep::{
+    host_side, sweep, StagingRate, SweepConfig, SweepProgress, SweepReport, TransferRow,
+};
+
 /// How mapped (zero-copy) memory is read by the device.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub enum MappedMethod {
