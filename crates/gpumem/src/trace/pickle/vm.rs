@@ -580,6 +580,10 @@ impl<'a> Vm<'a> {
     }
 
     /// Runs the pickle to its `STOP`; returns the root value.
+    ///
+    /// One `match` over the opcode table, one short arm per opcode in the order of
+    /// `pickletools.py`, so that the table reads as one piece against its source; the arms
+    /// that do more call a method of their own.
     pub(super) fn run(&mut self) -> VmResult<Value> {
         loop {
             let offset = self.pos;
