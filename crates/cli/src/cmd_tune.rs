@@ -3,7 +3,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use gpumem::core::torch::TorchConfig;
+use gpumem::core::config::TorchConfig;
 use gpumem::trace::{self, ReadConfig, Trace};
 use gpumem::tune::{self, TuneReport};
 

@@ -35,6 +35,7 @@ use gpumem_core::{
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
 
+use crate::measure::thread_cpu_seconds;
 use crate::trace::{Action, Trace};
 
 mod capacity;
@@ -332,14 +333,6 @@ fn canary_pattern(trace_addr: u64) -> u32 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     (z ^ (z >> 31)) as u32 | 1
-}
-
-/// CPU seconds of the calling thread, when the platform tells (also `bench alloc`'s
-/// `cpu_share`).
-pub(crate) fn thread_cpu_seconds() -> Option<f64> {
-    cpu_time::ThreadTime::try_now()
-        .ok()
-        .map(|t| t.as_duration().as_secs_f64())
 }
 
 /// The [`ReplayError::Allocator`] of the allocator `name` at event `event`, for `map_err`.

@@ -2,39 +2,14 @@
 //! copies between each pair (the library side is `gpumem::cuda::peer_bench`).
 use anyhow::{bail, Context, Result};
 use gpumem::cuda::peer_bench::{self, PeerBenchConfig, PeerReport};
+use gpumem::cuda::CudaContext;
 use gpumem::pinned::advise::{Direction, MemoryKind};
 use gpumem::pinned::transfer::TransferBench;
-use gpumem::pinned::{CudaContext, StagingConfig};
 use gpumem::units;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::cmd_pinned::BenchTransferArgs;
-
-/// Which device(s) `bench transfer` measures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TransferDevice {
-    /// One CUDA device.
-    One(usize),
-    /// Every visible device, then each pair.
-    All,
-}
-
-/// Parses `0`, `cuda`, `cuda:N` or `all`.
-pub fn parse_transfer_device(s: &str) -> Result<TransferDevice, String> {
-    let t = s.trim();
-    if t == "all" {
-        return Ok(TransferDevice::All);
-    }
-    if t == "cuda" {
-        return Ok(TransferDevice::One(0));
-    }
-    t.strip_prefix("cuda:")
-        .unwrap_or(t)
-        .parse::<usize>()
-        .map(TransferDevice::One)
-        .map_err(|_| format!("`{s}`: expected a device ordinal (0), cuda:N or all"))
-}
+use super::BenchTransferArgs;
 
 /// Bytes of each byte-for-byte peer-copy check.
 const CHECK_BYTES: u64 = 64 << 20;
@@ -78,14 +53,7 @@ fn host_device(a: &BenchTransferArgs, ordinal: usize) -> Result<DeviceRows> {
             units::bytes(max as u64)
         ),
     )?;
-    let staging = StagingConfig {
-        chunk_bytes: a.stage_chunk as usize,
-        buffers: a.stage_buffers,
-        threads: a
-            .stage_threads
-            .unwrap_or_else(gpumem::pinned::transfer::default_copy_threads),
-        copy: a.stage_copy,
-    };
+    let staging = super::staging_config(a);
     let mut bench = TransferBench::new(&host, max, &kinds, staging)
         .with_context(|| format!("allocating the benchmark's buffers on cuda:{ordinal}"))?;
     let points = kinds.len() * a.directions.len() * a.sizes.len();
@@ -255,18 +223,4 @@ pub fn bench_transfer_all(a: &BenchTransferArgs) -> Result<()> {
         bail!("{failed} peer copy check(s) found wrong bytes");
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn device_argument_parses() {
-        assert_eq!(parse_transfer_device("0"), Ok(TransferDevice::One(0)));
-        assert_eq!(parse_transfer_device("cuda:1"), Ok(TransferDevice::One(1)));
-        assert_eq!(parse_transfer_device("cuda"), Ok(TransferDevice::One(0)));
-        assert_eq!(parse_transfer_device("all"), Ok(TransferDevice::All));
-        assert!(parse_transfer_device("gpu1").is_err());
-    }
 }

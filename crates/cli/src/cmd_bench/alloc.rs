@@ -8,14 +8,13 @@ use gpumem::cuda::bench::{
     self, AllocBackend, AsyncCuda, BenchRow, BenchStreams, Budget, Case, ContextBinder,
     PoolBackend, RawCuda,
 };
-use gpumem::cuda::{self, CudaEvents, DeviceSel, ManualEvents};
+use gpumem::cuda::{self, CudaEvents, DeviceSel};
+use gpumem::pool::ManualEvents;
 use gpumem::pool::{DevicePool, PoolConfig};
 use gpumem_core::config::AllocatorConfig;
 use gpumem_core::registry;
 use gpumem_core::sim::SimDevice;
 use serde::Serialize;
-
-use super::ordinals;
 
 /// The most threads one measurement starts (each also gets a CUDA stream of its own): a
 /// mistyped count (100000) otherwise spends minutes starting threads before measuring.
@@ -154,7 +153,7 @@ pub fn bench_alloc(a: BenchAllocArgs) -> Result<()> {
             );
             vec![None]
         }
-        sel => ordinals(sel)?.into_iter().map(Some).collect(),
+        sel => sel.ordinals()?.into_iter().map(Some).collect(),
     };
     for target in targets {
         let mut rows = Vec::new();

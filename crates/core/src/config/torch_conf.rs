@@ -275,13 +275,13 @@ impl TorchConfig {
     /// `backend:cudaMallocAsync`, which is a different allocator.
     ///
     /// ```
-    /// use gpumem_core::torch::TorchConfig;
+    /// use gpumem_core::config::TorchConfig;
     /// let c = TorchConfig::parse("expandable_segments:True,max_split_size_mb:128")?;
     /// assert!(c.expandable_segments);
     /// assert_eq!(c.max_split_size_bytes, 128 << 20);
     /// assert!(TorchConfig::parse("max_split_size_mb:8").is_err());
     /// assert!(TorchConfig::parse("expandable:True").is_err());
-    /// # Ok::<(), gpumem_core::torch::ConfError>(())
+    /// # Ok::<(), gpumem_core::config::ConfError>(())
     /// ```
     pub fn parse(conf: &str) -> Result<TorchConfig, ConfError> {
         let mut c = TorchConfig::default();

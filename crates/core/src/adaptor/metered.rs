@@ -1,13 +1,12 @@
-//! [`Metered`]: a [`Device`] adaptor that publishes the physical bytes the pool holds
-//! (PyTorch's `reserved_bytes`) in atomics, so the plug-in's statistics read them without
-//! taking the pool's lock, and a peak that can be reset like
+//! [`Metered`]: a [`Device`] adaptor that publishes the physical bytes the device holds
+//! (PyTorch's `reserved_bytes`) in atomics, so readers (the plug-in's statistics) see them
+//! without taking the lock of the pool that owns the device, and a peak that can be reset like
 //! `torch.cuda.reset_peak_memory_stats()`.
-#![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use gpumem_core::{forward_device, Device, DeviceError, PhysHandle};
+use crate::{forward_device, Device, DeviceError, PhysHandle};
 
 /// Reserved bytes, current and peak, shared between a [`Metered`] device and its readers.
 #[derive(Debug, Default)]
@@ -43,7 +42,7 @@ impl Reserved {
 /// memory held, stores the inner device's [`Device::used_bytes`] in a shared [`Reserved`].
 #[derive(Debug)]
 pub struct Metered<D> {
-    inner: D,
+    pub(super) inner: D,
     reserved: Arc<Reserved>,
 }
 
@@ -99,7 +98,7 @@ forward_device! {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpumem_core::sim::SimDevice;
+    use crate::sim::SimDevice;
 
     #[test]
     fn reserved_follows_segments_and_pages() {

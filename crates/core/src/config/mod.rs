@@ -1,5 +1,11 @@
 //! Settings shared by the allocators, kept apart from [`crate::registry`] so that the
-//! allocators and the registry that builds them by name do not import each other.
+//! allocators and the registry that builds them by name do not import each other. The
+//! `torch` emulation's settings ([`TorchConfig`], a parsed `PYTORCH_CUDA_ALLOC_CONF`) live
+//! here too, so that the arrow goes from the allocators to their settings only.
+
+mod torch_conf;
+
+pub use torch_conf::{ConfError, TorchConfig, MIN_SPLIT_SETTING_MIB, ROUNDUP_INTERVALS};
 
 /// Settings shared by the allocators.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -12,7 +18,7 @@ pub struct AllocatorConfig {
     /// Free physical pages the `paged` strategy keeps cached before releasing them.
     pub page_cache_pages: u64,
     /// The `PYTORCH_CUDA_ALLOC_CONF` the `torch` emulation follows (native by default).
-    pub torch: crate::torch::TorchConfig,
+    pub torch: TorchConfig,
     /// The trade between reserved memory and driver calls of the `paged-lazy` strategy.
     pub lazy: LazyConfig,
 }
@@ -57,8 +63,8 @@ pub struct LazyConfig {
     /// of reserved bytes; 100 = 1 %.
     pub headroom_bp: u32,
     /// Largest physical handle in bytes (a run of new pages is cut into handles of a power
-    /// of two of pages, at most this). Default 1 GiB: with 64 MiB the peak stays lower on
-    /// the shipped traces, but a repeated step can creep (BENCHMARKS.md, issue 11).
+    /// of two of pages, at most this). Default 1 GiB: smaller handles can hold a lower
+    /// peak, but a repeated step can creep (BENCHMARKS.md has the figures).
     pub handle_bytes: u64,
     /// Most bytes mapped ahead of a block while below the headroom. Default 1 GiB.
     pub ahead_bytes: u64,
@@ -66,9 +72,8 @@ pub struct LazyConfig {
     /// points (1/10,000) of the bytes the pool already holds, beyond what the request needs
     /// (taken only where the device has room for it). 0 (the default) maps what the request
     /// needs, as PyTorch does. A training run whose peak creeps up step after step grows in
-    /// fewer, larger steps: fewer driver calls for a higher peak (BENCHMARKS.md, issue 11:
-    /// 156 = 1/64 met the call target on all eleven shipped traces and 77 perturbed copies
-    /// of them, for a peak 0.7–2.3 % higher on the eleven).
+    /// fewer, larger steps: fewer driver calls for a higher peak (BENCHMARKS.md has the
+    /// figures).
     pub grow_ahead_bp: u32,
 }
 
@@ -90,7 +95,7 @@ impl Default for AllocatorConfig {
             segment_bytes: 256 << 20,
             min_block_bytes: 256,
             page_cache_pages: 1024,
-            torch: crate::torch::TorchConfig::default(),
+            torch: TorchConfig::default(),
             lazy: LazyConfig::default(),
         }
     }

@@ -1,14 +1,14 @@
-//! [`DirectPool`]: the plug-in's default mode (`mode=direct`), stream-ordered the way PyTorch's
-//! own allocator is: a block freed on the device's main stream goes straight back to the
-//! strategy and is reusable at once, by a request of any size, on that stream.
+//! [`DirectPool`]: a device pool stream-ordered the way PyTorch's own allocator is (the
+//! plug-in's default, `mode=direct`): a block freed on the device's main stream goes straight
+//! back to the strategy and is reusable at once, by a request of any size, on that stream.
 //!
-//! Why not [`DevicePool`](gpumem::cuda::pool::DevicePool) (`mode=pool`): it hands a freed
+//! Why not [`DevicePool`](super::DevicePool) (the plug-in's `mode=pool`): it hands a freed
 //! block back to the strategy only after an event recorded at the free has completed (blocks
 //! of up to `max_cached_block` bytes are reused sooner, but only by requests of their own size
 //! class on their own stream). In PyTorch training the CPU runs a whole step ahead of the GPU,
-//! so those events complete late: on an H200 (BENCHMARKS.md, issue 13) GPT-2 reserved 1.15–1.30 ×
-//! what PyTorch reserves, and recording and polling one event per free of a large block
-//! doubled its step time.
+//! so those events complete late: the pool then reserves more than PyTorch does, and recording
+//! and polling one event per free of a large block costs step time (BENCHMARKS.md has the
+//! figures).
 //!
 //! What makes immediate reuse safe here:
 //! - **Same stream.** Work on one stream runs in order, so a block freed on stream S and
@@ -26,16 +26,13 @@
 //!   main stream, so such an allocation first waits (on the CPU) for the main stream's work
 //!   at that moment, if the main stream freed anything since the last such wait.
 //!   Side streams are rare in single-GPU training; they pay that wait.
-#![forbid(unsafe_code)]
-
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use gpumem::cuda::pool::{PoolError, PoolStats, RawBlock};
-use gpumem::cuda::StreamEvents;
+use gpumem_core::adaptor::Metered;
 use gpumem_core::{forward_device, Allocator, Device, DeviceError, DriverCounters, PhysHandle};
 
-use crate::metered::Metered;
+use super::{PoolError, PoolStats, RawBlock, StreamEvents};
 
 /// An unmap postponed until `event` (recorded on the freeing stream) completes.
 #[derive(Debug, Clone, Copy)]
@@ -505,7 +502,7 @@ impl<D: Device> DirectPool<D> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpumem::cuda::ManualEvents;
+    use crate::pool::ManualEvents;
     use gpumem_core::sim::SimDevice;
 
     fn pool(events: Arc<ManualEvents>) -> DirectPool<SimDevice> {

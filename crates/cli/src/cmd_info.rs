@@ -9,7 +9,7 @@ use gpumem_core::sim::SimDevice;
 use gpumem_core::Device;
 use serde::Serialize;
 
-use super::{ordinals, yes};
+use crate::units::yes;
 
 /// Arguments of `gpumem info`.
 #[derive(Args)]
@@ -69,7 +69,7 @@ pub fn info(a: InfoArgs) -> Result<()> {
             granularity_bytes: d.granularity_bytes(),
         });
     } else {
-        for o in ordinals(device)? {
+        for o in device.ordinals()? {
             out.devices.push(cuda::open(o)?.info());
         }
         let m = cuda::peer_matrix()?;
@@ -116,7 +116,7 @@ pub fn info(a: InfoArgs) -> Result<()> {
         println!("  managed memory  {}", yes(d.managed_supported));
         println!(
             "  pitch alignment {} B (texture alignment {} B, texture pitch alignment {} B)",
-            gpumem::cuda::pitch::pitch_align_for(
+            gpumem::pool::pitch::pitch_align_for(
                 d.texture_alignment_bytes,
                 d.texture_pitch_alignment_bytes
             ),

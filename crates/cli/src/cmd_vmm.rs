@@ -2,10 +2,12 @@
 
 use anyhow::{bail, Result};
 use clap::Args;
-use gpumem::cuda::{self, CudaEvents, DeviceSel, ManualEvents};
+use gpumem::core::adaptor::{PageTable, Tracked};
+use gpumem::cuda::{self, CudaEvents, DeviceSel};
+use gpumem::pool::ManualEvents;
 use gpumem::pool::{DevicePool, PoolConfig};
 use gpumem::units::bytes_compact as human;
-use gpumem::vmm::{self, PageTable, Tracked};
+use gpumem::vmm::{self, Introspect};
 use gpumem_core::config::AllocatorConfig;
 use gpumem_core::registry;
 use gpumem_core::sim::SimDevice;
@@ -13,8 +15,6 @@ use gpumem_core::Device;
 use serde::Serialize;
 
 use gpumem::units::parse_size;
-
-use super::inspect::Introspect;
 
 /// Arguments of `gpumem vmm`.
 #[derive(Args)]

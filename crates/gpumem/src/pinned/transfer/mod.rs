@@ -9,21 +9,14 @@ use super::sysinfo::{numa_node_of_address, numa_node_of_pci};
 use super::{HostAllocFlags, HostRegistration, PinnedBuffer, PinnedError, PinnedPool, Result};
 use super::{PinnedPoolConfig, DEFAULT_REGISTER_CHUNK_BYTES};
 use crate::cuda::{driver, CopyKernel, CudaContext, DeviceBuffer, Event, Stream};
+use crate::measure::median;
 use std::time::Instant;
 
-/// Median of `v` (sorted in place); 0 for an empty slice.
-pub fn median(v: &mut [f64]) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
+mod sweep;
+
+pub use sweep::{
+    host_side, sweep, StagingRate, SweepConfig, SweepProgress, SweepReport, TransferRow,
+};
 
 /// How mapped (zero-copy) memory is read by the device.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -818,13 +811,6 @@ mod tests {
         assert!(sweep_grid()
             .iter()
             .all(|c| c.threads <= cpus.saturating_sub(2).max(1)));
-    }
-
-    #[test]
-    fn medians() {
-        assert_eq!(median(&mut []), 0.0);
-        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), 2.5);
     }
 
     #[test]

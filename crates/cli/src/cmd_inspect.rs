@@ -2,17 +2,18 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use gpumem::cuda::{self, CudaDevice, CudaEvents, DeviceSel, ManualEvents, PointerInfo};
+use gpumem::core::adaptor::Tracked;
+use gpumem::cuda::{self, CudaEvents, DeviceSel, PointerInfo};
+use gpumem::pool::ManualEvents;
 use gpumem::pool::{DevicePool, PoolConfig};
 use gpumem::units::bytes_compact as human;
-use gpumem::vmm::{Tracked, VmmBook};
+use gpumem::vmm::Introspect;
 use gpumem_core::config::AllocatorConfig;
 use gpumem_core::registry;
 use gpumem_core::sim::SimDevice;
-use gpumem_core::Device;
 use serde::Serialize;
 
-use super::{ordinals, yes};
+use crate::units::yes;
 
 /// Arguments of `gpumem inspect`.
 #[derive(Args)]
@@ -29,37 +30,6 @@ pub struct InspectArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
-}
-
-/// What the pool knows of a device's memory.
-pub(super) trait Introspect: Device {
-    fn segment_list(&self) -> Vec<(u64, u64)>;
-    fn book(&self) -> &VmmBook;
-    fn driver_view(&self, addr: u64) -> Option<Result<PointerInfo, String>>;
-}
-
-impl Introspect for CudaDevice {
-    fn segment_list(&self) -> Vec<(u64, u64)> {
-        self.segments()
-    }
-    fn book(&self) -> &VmmBook {
-        self.vmm_book()
-    }
-    fn driver_view(&self, addr: u64) -> Option<Result<PointerInfo, String>> {
-        Some(self.pointer_info(addr).map_err(|e| e.to_string()))
-    }
-}
-
-impl Introspect for Tracked<SimDevice> {
-    fn segment_list(&self) -> Vec<(u64, u64)> {
-        self.segments.iter().map(|(a, b)| (*a, *b)).collect()
-    }
-    fn book(&self) -> &VmmBook {
-        &self.book
-    }
-    fn driver_view(&self, _addr: u64) -> Option<Result<PointerInfo, String>> {
-        None
-    }
 }
 
 #[derive(Serialize)]
@@ -186,7 +156,7 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
             .and_then(|p| inspect_on(&p, &a.sizes, &mut rows))
         } else {
             let mut res = Ok(());
-            for o in ordinals(a.device)? {
+            for o in a.device.ordinals()? {
                 let dev = cuda::open(o)?;
                 let events = CudaEvents::new(&dev)?;
                 let o2 = PoolConfig {
