@@ -26,41 +26,6 @@ fn chromium() -> Option<PathBuf> {
     None
 }
 
-#[test]
-fn the_report_of_gpt2_loads_in_chromium_without_errors() {
-    self_test_in_chromium("gpt2", "traces/gpt2_train.pickle.gz", &[]);
-}
-
-/// A run where every allocation fails (1 MiB of device): every series is flat at 0, and the
-/// page must still draw its axes on sensible ranges (the fragmentation axis went to 10000 %).
-#[test]
-fn the_report_of_a_run_with_no_allocation_served_passes_its_self_test() {
-    self_test_in_chromium(
-        "no-allocation-served",
-        "traces/mixed_sizes.pickle.gz",
-        &["--capacity", "1MiB"],
-    );
-}
-
-/// A trace of two events: the event axes tick at whole events (they showed 0.2, 0.4, ...),
-/// and the driver-call legend says 0 for an allocator that made no call (it was blank).
-#[test]
-fn the_report_of_a_two_event_trace_passes_its_self_test() {
-    let dir = std::env::temp_dir().join(format!(
-        "gpumem-report-chromium-tiny-{}",
-        std::process::id()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let trace = dir.join("two_events.jsonl");
-    std::fs::write(
-        &trace,
-        "{\"action\":\"alloc\",\"addr\":1,\"size\":0}\n{\"action\":\"free\",\"addr\":1}\n",
-    )
-    .unwrap();
-    self_test_in_chromium("two-events", trace.to_str().unwrap(), &[]);
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
 /// Writes the report of `trace` (relative to the repository root, or absolute) with `args`, loads it in
 /// headless Chromium with `#selftest` and asserts PASS and no console error; `name` names
 /// its temporary folder.
@@ -129,4 +94,39 @@ fn self_test_in_chromium(name: &str, trace: &str, args: &[&str]) {
         console_errors.is_empty(),
         "console errors: {console_errors:#?}"
     );
+}
+
+#[test]
+fn the_report_of_gpt2_loads_in_chromium_without_errors() {
+    self_test_in_chromium("gpt2", "traces/gpt2_train.pickle.gz", &[]);
+}
+
+/// A run where every allocation fails (1 MiB of device): every series is flat at 0, and the
+/// page must still draw its axes on sensible ranges (the fragmentation axis went to 10000 %).
+#[test]
+fn the_report_of_a_run_with_no_allocation_served_passes_its_self_test() {
+    self_test_in_chromium(
+        "no-allocation-served",
+        "traces/mixed_sizes.pickle.gz",
+        &["--capacity", "1MiB"],
+    );
+}
+
+/// A trace of two events: the event axes tick at whole events (they showed 0.2, 0.4, ...),
+/// and the driver-call legend says 0 for an allocator that made no call (it was blank).
+#[test]
+fn the_report_of_a_two_event_trace_passes_its_self_test() {
+    let dir = std::env::temp_dir().join(format!(
+        "gpumem-report-chromium-tiny-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("two_events.jsonl");
+    std::fs::write(
+        &trace,
+        "{\"action\":\"alloc\",\"addr\":1,\"size\":0}\n{\"action\":\"free\",\"addr\":1}\n",
+    )
+    .unwrap();
+    self_test_in_chromium("two-events", trace.to_str().unwrap(), &[]);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,9 +1,30 @@
-//! `gpumem map` and `gpumem watch` as a user runs them.
-mod common;
-
-use common::gpumem;
+//! `gpumem map`: the memory map at an event, its size options and the flags it takes.
+use crate::common::{gpumem, one_line_error, repo, scratch};
 use std::path::Path;
 use std::process::Command;
+
+/// The lines of the map itself: between the header and the `one cell = ` legend.
+fn map_lines(out: &str) -> Vec<&str> {
+    out.lines()
+        .skip(1)
+        .take_while(|l| !l.starts_with("one cell = "))
+        .collect()
+}
+
+/// The number of segments in the first line of `gpumem map` ("torch after event 5: 17
+/// segments, ...").
+fn map_segments(out: &str) -> usize {
+    let head = out.lines().next().unwrap_or_default();
+    let before = head
+        .split(" segment")
+        .next()
+        .unwrap_or_else(|| panic!("{out}"));
+    before
+        .rsplit(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{head}"))
+}
 
 const TRACE: &str = r#"{"action":"alloc","addr":1,"size":8388608}
 {"action":"alloc","addr":2,"size":600}
@@ -17,6 +38,126 @@ const TRACE: &str = r#"{"action":"alloc","addr":1,"size":8388608}
 {"action":"free","addr":6}
 {"action":"free","addr":4}
 "#;
+
+#[test]
+fn map_honours_its_size_options_or_says_why_not() {
+    let t = "traces/mixed_sizes.pickle.gz";
+    for w in ["0", "5"] {
+        let (ok, _, err) = gpumem(&["map", t, "--width", w]);
+        assert!(!ok, "--width {w}: {err}");
+        assert!(
+            err.contains(&format!("--width {w}: expected at least 8 cells a line")),
+            "{err}"
+        );
+        one_line_error(&err);
+    }
+    // Room enough: at most --lines lines of --width cells.
+    let (ok, out, err) = gpumem(&["map", t, "--width", "100", "--lines", "3"]);
+    assert!(ok, "{err}");
+    let lines = map_lines(&out);
+    assert!(!lines.is_empty() && lines.len() <= 3, "{out}");
+    assert!(lines.iter().all(|l| l.chars().count() <= 100), "{out}");
+    assert!(!err.contains("note: --lines"), "{err}");
+    // Too many segments for 2 lines of 8: the map says so, and the lines it shows are the
+    // fewest possible (each segment one cell), not cells of 1024 TiB.
+    let (ok, out, err) = gpumem(&["map", t, "--width", "8", "--lines", "2"]);
+    assert!(ok, "{err}");
+    let lines = map_lines(&out);
+    let note = err
+        .lines()
+        .find(|l| l.starts_with("note: --lines 2: the map's "))
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(
+        note.contains(&format!("need at least {} lines of 8 cells", lines.len())),
+        "{note}\n{out}"
+    );
+    let segments = map_segments(&out);
+    assert_eq!(lines.len(), (2 * segments - 1).div_ceil(8), "{out}");
+    assert!(!out.contains("TiB"), "{out}");
+}
+
+/// `map` and the report's maps replay the torch emulation as `replay` does: from the segments
+/// a warm process held before recording began, and emptying the cache where the trace
+/// recorded `empty_cache()`. At the last event the emulation then holds the segments the
+/// snapshot's dump shows (it matches the recorded cudaMalloc calls on both traces).
+#[test]
+fn map_starts_from_the_recorded_state_and_empties_the_cache_as_replay_does() {
+    for t in [
+        "traces/warm_process/seg_train.pickle.gz",
+        "traces/validation/resnet_infer.pickle.gz",
+    ] {
+        let (ok, out, err) = gpumem(&["replay", t, "-a", "torch", "--no-plan", "--json"]);
+        assert!(ok, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let last = v["trace"]["events"].as_u64().unwrap() - 1;
+        let (ok, recorded, err) = gpumem(&["map", t, "-a", "recorded"]);
+        assert!(ok, "{err}");
+        let (ok, emulated, err) = gpumem(&["map", t, "-a", "torch", "--event", &last.to_string()]);
+        assert!(ok, "{err}");
+        assert_eq!(
+            map_segments(&emulated),
+            map_segments(&recorded),
+            "{t}:\n{emulated}\n{recorded}"
+        );
+    }
+}
+
+/// `map` and `report` of a trace of several GPUs say which device they show and that its
+/// event indices are its own (`map` said "torch after event 60" of a 5002-event trace, with
+/// no word of the other device).
+#[test]
+fn map_and_report_say_which_device_of_several() {
+    let t = "traces/multigpu/two_devices.jsonl";
+    let note = "note: device 1 of 2 (devices 0, 1; --trace-device N shows another): event indices count its events only";
+    let (ok, _, err) = gpumem(&["map", t, "--trace-device", "1", "--width", "40"]);
+    assert!(ok && err.contains(note), "{err}");
+    let (ok, _, err) = gpumem(&["map", t, "--width", "40"]);
+    assert!(
+        ok && err.contains("note: device 0 of 2 (devices 0, 1;"),
+        "{err}"
+    );
+    let dir = scratch("two-devices");
+    let html = dir.join("r.html");
+    let (ok, _, err) = gpumem(&[
+        "report",
+        t,
+        "--trace-device",
+        "1",
+        "-a",
+        "torch",
+        "-o",
+        html.to_str().unwrap(),
+    ]);
+    assert!(ok && err.contains(note), "{err}");
+    // One device: no note.
+    let (ok, _, err) = gpumem(&["map", "traces/mixed_sizes.pickle.gz", "--width", "40"]);
+    assert!(ok && !err.contains("note: device"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `map`'s first line says when its event is the allocator's peak of reserved bytes (the
+/// default, or `--peak`), as the report's map does, and not for an `--event` asked for.
+#[test]
+fn map_says_its_default_event_is_the_peak() {
+    let t = repo().join("traces/mixed_sizes.pickle.gz");
+    let t = t.to_str().unwrap();
+    for extra in [&[][..], &["--peak"][..]] {
+        let mut args = vec!["map", t];
+        args.extend_from_slice(extra);
+        let (ok, out, err) = gpumem(&args);
+        assert!(ok, "{err}");
+        let head = out.lines().next().unwrap();
+        assert!(head.starts_with("torch after event "), "{head}");
+        assert!(head.contains(" (peak reserved): "), "{head}");
+    }
+    let (ok, out, err) = gpumem(&["map", t, "--event", "100"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.starts_with("torch after event 100: "),
+        "{}",
+        out.lines().next().unwrap_or_default()
+    );
+}
 
 #[test]
 fn map_prints_the_golden_map_in_a_pipe() {
@@ -76,25 +217,6 @@ fn map_refuses_an_event_past_the_end() {
         err.contains("event 11 is past the end of the trace (11 events)"),
         "{err}"
     );
-}
-
-#[test]
-fn watch_once_samples_or_says_why_not() {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpumem"))
-        .args(["watch", "--once", "--json"])
-        .output()
-        .unwrap();
-    if out.status.success() {
-        // A machine with the NVIDIA driver: one sample with at least one device.
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        let devs = v["devices"].as_array().unwrap();
-        assert!(!devs.is_empty());
-        assert!(devs[0]["total_bytes"].as_u64().unwrap() > 0);
-    } else {
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("NVML") || err.contains("no GPU"), "{err}");
-        assert!(out.stdout.is_empty());
-    }
 }
 
 /// `map` takes one allocator, or `recorded` (the snapshot's segments at dump time, which has

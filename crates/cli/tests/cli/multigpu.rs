@@ -2,12 +2,9 @@
 //! with one and two devices: `replay` puts the trace's device N on cuda:N with canaries,
 //! `bench transfer` measures each device and the pair. Skipped with a message where there is
 //! no C compiler.
+use crate::common::repo;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 /// Builds the fake libcuda.so into a fresh folder; `None` without a C compiler.
 fn fake_driver(tag: &str) -> Option<PathBuf> {
