@@ -1,5 +1,5 @@
 //! `gpumem advise`: its units, directions and tables.
-use crate::common::{gpumem, one_line_error, scratch};
+use crate::common::{gpumem, gpumem_ok, one_line_error, scratch, write_file};
 use std::process::Command;
 
 #[test]
@@ -37,8 +37,7 @@ fn advise_models_a_one_byte_copy_no_faster_than_the_smallest_measured() {
 /// time in the unit that keeps it readable (it said "32055.733 ms", "0.054 ms").
 #[test]
 fn advise_speaks_in_human_units() {
-    let (ok, out, err) = gpumem(&["advise", "--size", "1TiB", "--cap", "1GiB"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["advise", "--size", "1TiB", "--cap", "1GiB"]);
     assert!(
         out.contains("1.00 TiB is more than the pinned cap of 1.00 GiB"),
         "{out}"
@@ -48,8 +47,7 @@ fn advise_speaks_in_human_units() {
         .find(|l| l.starts_with("recommended: "))
         .unwrap_or_else(|| panic!("{out}"));
     assert!(rec.contains(" s per transfer"), "{rec}");
-    let (ok, out, err) = gpumem(&["advise", "--size", "1MiB"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["advise", "--size", "1MiB"]);
     let rec = out
         .lines()
         .find(|l| l.starts_with("recommended: "))
@@ -109,8 +107,7 @@ fn advise_refuses_nonsense_rates_and_directions() {
         );
     }
     // A one-off is said so, not "0/s".
-    let (ok, out, err) = gpumem(&["advise", "--size", "64MiB", "--direction", "d2h"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["advise", "--size", "64MiB", "--direction", "d2h"]);
     assert!(
         out.starts_with("d2h 64.00 MiB per transfer, a one-off, over 60 s;"),
         "{out}"
@@ -123,7 +120,7 @@ fn advise_refuses_nonsense_rates_and_directions() {
 fn advise_table_of_the_wrong_kind_says_what_it_expected() {
     let dir = scratch("advise-table");
     let bad = dir.join("bad.json");
-    std::fs::write(&bad, "{\"a\": 1}").unwrap();
+    write_file(&bad, "{\"a\": 1}");
     let (ok, _, err) = gpumem(&["advise", "--table", bad.to_str().unwrap(), "--size", "1GiB"]);
     assert!(!ok);
     one_line_error(&err);
@@ -151,8 +148,7 @@ fn advise_table_of_the_wrong_kind_says_what_it_expected() {
 /// and the recommendation says how many transfers a second can be sustained.
 #[test]
 fn advise_at_an_impossible_rate_keeps_its_columns() {
-    let (ok, out, err) = gpumem(&["advise", "--size", "64MiB", "--per-second", "1e9"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["advise", "--size", "64MiB", "--per-second", "1e9"]);
     let lines: Vec<&str> = out.lines().collect();
     let head = lines.iter().position(|l| l.starts_with("kind ")).unwrap();
     let note_at = lines[head].find("  note").unwrap();
@@ -185,7 +181,6 @@ fn advise_direction_offers_only_what_it_takes() {
     let (ok, _, err) = gpumem(&["advise", "--size", "64MiB", "--direction", "both"]);
     assert!(!ok);
     assert!(err.contains("`both`: expected one direction, h2d or d2h (both at once is measured by `gpumem bench transfer --directions both`, not advised on)"), "{err}");
-    let (ok, out, err) = gpumem(&["advise", "--size", "64MiB", "--direction", "d2h"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["advise", "--size", "64MiB", "--direction", "d2h"]);
     assert!(out.starts_with("d2h 64.00 MiB per transfer"), "{out}");
 }

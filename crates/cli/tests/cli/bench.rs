@@ -1,5 +1,5 @@
 //! `gpumem bench alloc`, `bench pinned` and `bench transfer` on the simulated device or host only.
-use crate::common::{gpumem, gpumem_no_cuda, one_line_error, scratch};
+use crate::common::{args, gpumem, gpumem_no_cuda, gpumem_ok, one_line_error, scratch};
 use std::process::Command;
 
 /// MemAvailable in bytes (0 if unknown), to keep the "too large" inputs too large.
@@ -104,23 +104,7 @@ fn bench_pinned_gives_advice_that_works() {
 /// 30891552), and its title has one pair of brackets.
 #[test]
 fn bench_alloc_rates_read_like_the_replay() {
-    let (ok, out, err) = gpumem(&[
-        "bench",
-        "alloc",
-        "--device",
-        "sim",
-        "--strategies",
-        "tlsf",
-        "--sizes",
-        "4KiB",
-        "--threads",
-        "1",
-        "--time-ms",
-        "5",
-        "--mixed",
-        "false",
-    ]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&args("bench alloc --device sim --strategies tlsf --sizes 4KiB --threads 1 --time-ms 5 --mixed false"));
     let title = out.lines().next().unwrap();
     assert!(!title.contains(") ("), "{title}");
     let row = out
@@ -157,7 +141,7 @@ fn staging_ring_settings_are_refused_by_flag() {
 #[test]
 fn host_only_staging_names_the_copy_as_its_flag() {
     for (flag, shown) in [("nt", "copy nt:"), ("libc", "copy libc:")] {
-        let (ok, out, err) = gpumem(&[
+        let (out, _) = gpumem_ok(&[
             "bench",
             "transfer",
             "--host-only",
@@ -166,7 +150,6 @@ fn host_only_staging_names_the_copy_as_its_flag() {
             "--stage-copy",
             flag,
         ]);
-        assert!(ok, "{err}");
         assert!(out.contains(shown), "{out}");
         assert!(
             !out.contains("NonTemporal") && !out.contains("Libc"),
@@ -198,19 +181,9 @@ fn bench_alloc_refuses_settings_that_measure_nothing() {
     assert!(!ok);
     assert!(err.contains("`100000`: at most 1024 threads"), "{err}");
     // The smallest run that measures: one size, one thread, one strategy.
-    let (ok, out, err) = run(&[
-        "--sizes",
-        "1MiB",
-        "--mixed",
-        "false",
-        "--threads",
-        "1",
-        "--strategies",
-        "tlsf",
-        "--max-pairs",
-        "1",
-        "--json",
-    ]);
+    let (ok, out, err) = run(&args(
+        "--sizes 1MiB --mixed false --threads 1 --strategies tlsf --max-pairs 1 --json",
+    ));
     assert!(ok, "{err}");
     // One object per device measured.
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -222,40 +195,18 @@ fn bench_alloc_refuses_settings_that_measure_nothing() {
 /// word). Both are refused by name.
 #[test]
 fn bench_pinned_and_transfer_refuse_what_they_would_not_do() {
-    let (ok, out, err) = gpumem(&[
-        "bench",
-        "pinned",
-        "--repeats",
-        "0",
-        "--sizes",
-        "4KiB",
-        "--no-cache",
-    ]);
+    let (ok, out, err) = gpumem(&args("bench pinned --repeats 0 --sizes 4KiB --no-cache"));
     assert!(!ok, "{out}");
     assert!(err.contains("--repeats"), "{err}");
-    let (ok, out, err) = gpumem(&[
-        "bench",
-        "transfer",
-        "--host-only",
-        "--repeats",
-        "0",
-        "--sizes",
-        "4KiB",
-        "--no-cache",
-    ]);
+    let (ok, out, err) = gpumem(&args(
+        "bench transfer --host-only --repeats 0 --sizes 4KiB --no-cache",
+    ));
     assert!(!ok, "{out}");
     assert!(err.contains("--repeats"), "{err}");
     let dir = scratch("host-only-plot");
     let svg = dir.join("bw.svg");
     for extra in [&["--plot", svg.to_str().unwrap()][..], &["--overlap"][..]] {
-        let mut args = vec![
-            "bench",
-            "transfer",
-            "--host-only",
-            "--sizes",
-            "4KiB",
-            "--no-cache",
-        ];
+        let mut args = args("bench transfer --host-only --sizes 4KiB --no-cache");
         args.extend_from_slice(extra);
         let (ok, out, err) = gpumem(&args);
         assert!(!ok, "{extra:?}: {out}");
@@ -267,44 +218,19 @@ fn bench_pinned_and_transfer_refuse_what_they_would_not_do() {
     assert!(!svg.exists());
     let _ = std::fs::remove_dir_all(&dir);
     // Each alone still runs.
-    let (ok, _, err) = gpumem(&[
-        "bench",
-        "pinned",
-        "--repeats",
-        "1",
-        "--sizes",
-        "4KiB",
-        "--no-cache",
-        "--json",
-    ]);
-    assert!(ok, "{err}");
-    let (ok, _, err) = gpumem(&[
-        "bench",
-        "transfer",
-        "--host-only",
-        "--sizes",
-        "4KiB",
-        "--no-cache",
-    ]);
-    assert!(ok, "{err}");
+    gpumem_ok(&args(
+        "bench pinned --repeats 1 --sizes 4KiB --no-cache --json",
+    ));
+    gpumem_ok(&args("bench transfer --host-only --sizes 4KiB --no-cache"));
 }
 
 /// `bench transfer --host-only --stage-threads 100000` printed "threads 100000" for a ring
 /// that started one thread per CPU; it prints the threads it measured with.
 #[test]
 fn host_only_staging_says_the_threads_it_measured_with() {
-    let (ok, out, err) = gpumem(&[
-        "bench",
-        "transfer",
-        "--host-only",
-        "--stage-threads",
-        "100000",
-        "--sizes",
-        "4KiB",
-        "--no-cache",
-        "--json",
-    ]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&args(
+        "bench transfer --host-only --stage-threads 100000 --sizes 4KiB --no-cache --json",
+    ));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let cpus = std::thread::available_parallelism().unwrap().get() as u64;
     assert_eq!(
@@ -320,14 +246,7 @@ fn host_only_staging_says_the_threads_it_measured_with() {
 #[test]
 fn host_only_refuses_kinds_and_directions() {
     for extra in [["--kinds", "pinned"], ["--directions", "d2h"]] {
-        let mut args = vec![
-            "bench",
-            "transfer",
-            "--host-only",
-            "--sizes",
-            "4KiB",
-            "--no-cache",
-        ];
+        let mut args = args("bench transfer --host-only --sizes 4KiB --no-cache");
         args.extend_from_slice(&extra);
         let (ok, out, err) = gpumem(&args);
         assert!(!ok, "{extra:?}: {out}");

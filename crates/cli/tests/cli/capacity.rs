@@ -1,32 +1,21 @@
 //! `--capacity` and `--min-capacity` in every trace command: out-of-memory, verdicts, impossible requests.
-use crate::common::{gpumem, jsonl_trace, one_line_error, scratch, FIXTURES};
+use crate::common::{
+    args, gpumem, gpumem_ok, jsonl_trace, one_line_error, scratch, write_file, FIXTURES,
+};
 use std::process::Command;
 
 #[test]
 fn capacity_limit_reports_ooms_and_min_capacity_is_between_floor_and_peak() {
-    let (ok, out, err) = gpumem(&[
-        "replay",
-        "traces/mixed_sizes.pickle.gz",
-        "-a",
-        "tlsf",
-        "--capacity",
-        "3GiB",
-        "--json",
-    ]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&args(
+        "replay traces/mixed_sizes.pickle.gz -a tlsf --capacity 3GiB --json",
+    ));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert!(v["allocators"][0]["oom_count"].as_u64().unwrap() > 0);
     assert!(v["allocators"][0]["peak_reserved_bytes"].as_u64().unwrap() <= 3 << 30);
 
-    let (ok, out, err) = gpumem(&[
-        "replay",
-        "traces/mixed_sizes.pickle.gz",
-        "-a",
-        "paged",
-        "--min-capacity",
-        "--json",
-    ]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&args(
+        "replay traces/mixed_sizes.pickle.gz -a paged --min-capacity --json",
+    ));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let a = &v["allocators"][0];
     let min = a["min_capacity_bytes"].as_u64().unwrap();
@@ -47,7 +36,7 @@ fn min_capacity_keeps_other_results_and_names_the_real_reason() {
         .collect();
     let path = jsonl_trace("5x30", &lines);
     let p = path.to_str().unwrap();
-    let (ok, out, err) = gpumem(&[
+    let search = [
         "replay",
         p,
         "-a",
@@ -55,9 +44,8 @@ fn min_capacity_keeps_other_results_and_names_the_real_reason() {
         "--capacity",
         "155GiB",
         "--min-capacity",
-        "--json",
-    ]);
-    assert!(ok, "{err}");
+    ];
+    let (out, _) = gpumem_ok(&[&search[..], &["--json"]].concat());
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let buddy = &v["allocators"][0];
     let reason = buddy["min_capacity"][0]["never_completes"]["reason"]
@@ -66,16 +54,7 @@ fn min_capacity_keeps_other_results_and_names_the_real_reason() {
     assert!(reason.contains("rounding"), "{reason}");
     assert!(!reason.contains("single request"), "{reason}");
     assert_eq!(v["allocators"][1]["min_capacity_bytes"], 150 * g);
-    let (ok, out, err) = gpumem(&[
-        "replay",
-        p,
-        "-a",
-        "buddy,tlsf",
-        "--capacity",
-        "155GiB",
-        "--min-capacity",
-    ]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&search);
     assert!(out.contains("does not complete even with"), "{out}");
     // Nothing completes at all: a failure, with every reason printed.
     let (ok, out, err) = gpumem(&[
@@ -111,16 +90,14 @@ fn impossible_requests_do_not_abort_the_replay() {
         r#"{"action":"free","addr":1}"#.into(),
     ];
     let path = jsonl_trace("align", &lines);
-    let (ok, out, err) = gpumem(&["replay", path.to_str().unwrap(), "--json"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["replay", path.to_str().unwrap(), "--json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     for a in v["allocators"].as_array().unwrap() {
         let failed = a["oom_count"].as_u64().unwrap() + a["refused_count"].as_u64().unwrap();
         assert!((1..=3).contains(&failed), "{a}");
         assert!(a["reserved_over_requested"].as_f64().unwrap() >= 1.0, "{a}");
     }
-    let (ok, out, err) = gpumem(&["replay", path.to_str().unwrap(), "-a", "buddy"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["replay", path.to_str().unwrap(), "-a", "buddy"]);
     assert!(out.contains("refused event index 1"), "{out}");
     let _ = std::fs::remove_file(path);
 }
@@ -129,74 +106,44 @@ fn impossible_requests_do_not_abort_the_replay() {
 #[test]
 fn capacity_edges_warn_or_refuse_clearly() {
     // res/req stays a ratio of what was served, the first OOM is named, the row is marked.
-    let (ok, out, err) = gpumem(&[
-        "replay",
-        "traces/mixed_sizes.pickle.gz",
-        "-a",
-        "tlsf",
-        "--capacity",
-        "3GiB",
-        "--json",
-    ]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&args(
+        "replay traces/mixed_sizes.pickle.gz -a tlsf --capacity 3GiB --json",
+    ));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let a = &v["allocators"][0];
     assert!(a["reserved_over_requested"].as_f64().unwrap() >= 1.0, "{a}");
     assert!(a["first_oom_event"].as_u64().is_some(), "{a}");
     assert!(v["semantics"].as_str().unwrap().contains("would raise"));
-    let (ok, out, _) = gpumem(&[
-        "replay",
-        "traces/mixed_sizes.pickle.gz",
-        "-a",
-        "tlsf",
-        "--capacity",
-        "3GiB",
-    ]);
+    let (ok, out, _) = gpumem(&args(
+        "replay traces/mixed_sizes.pickle.gz -a tlsf --capacity 3GiB",
+    ));
     assert!(
         ok && out.contains('†') && out.contains("first OOM"),
         "{out}"
     );
     // A bare number is bytes: warned, not silently failed.
-    let (ok, _, err) = gpumem(&[
-        "replay",
-        "traces/mixed_sizes.pickle.gz",
-        "-a",
-        "tlsf",
-        "--capacity",
-        "1B",
-    ]);
+    let (ok, _, err) = gpumem(&args(
+        "replay traces/mixed_sizes.pickle.gz -a tlsf --capacity 1B",
+    ));
     assert!(
         ok && err.contains("smaller than the trace's largest request"),
         "{err}"
     );
     assert!(err.contains("without a unit is bytes"), "{err}");
-    let (ok, _, err) = gpumem(&[
-        "replay",
-        "traces/mixed_sizes.pickle.gz",
-        "--capacity",
-        "18446744073709551615",
-    ]);
+    let (ok, _, err) = gpumem(&args(
+        "replay traces/mixed_sizes.pickle.gz --capacity 18446744073709551615",
+    ));
     assert!(
         !ok && err.contains("address space") && !err.contains("internal"),
         "{err}"
     );
-    let (ok, _, err) = gpumem(&[
-        "replay",
-        "traces/mixed_sizes.pickle.gz",
-        "-a",
-        "tlsf",
-        "--segment-size",
-        "1B",
-    ]);
+    let (ok, _, err) = gpumem(&args(
+        "replay traces/mixed_sizes.pickle.gz -a tlsf --segment-size 1B",
+    ));
     assert!(ok && err.contains("rounded up"), "{err}");
-    let (ok, out, err) = gpumem(&[
-        "replay",
-        "traces/mixed_sizes.pickle.gz",
-        "-a",
-        "all,tlsf",
-        "--json",
-    ]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&args(
+        "replay traces/mixed_sizes.pickle.gz -a all,tlsf --json",
+    ));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(
         v["allocators"].as_array().unwrap().len(),
@@ -219,7 +166,7 @@ fn multi_device_min_capacity_is_per_device() {
         ),
     ];
     let path = jsonl_trace("2dev-min", &lines);
-    let (ok, out, err) = gpumem(&[
+    let (out, _) = gpumem_ok(&[
         "replay",
         path.to_str().unwrap(),
         "-a",
@@ -227,7 +174,6 @@ fn multi_device_min_capacity_is_per_device() {
         "--min-capacity",
         "--json",
     ]);
-    assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let mc = v["allocators"][0]["min_capacity"].as_array().unwrap();
     assert_eq!(mc.len(), 2);
@@ -243,8 +189,7 @@ fn multi_device_min_capacity_is_per_device() {
 #[test]
 fn recorded_oom_gets_a_verdict_per_allocator() {
     let f = format!("{FIXTURES}/recorded_oom.pickle");
-    let (ok, out, err) = gpumem(&["replay", &f, "-a", "torch,paged", "--json"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["replay", &f, "-a", "torch,paged", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let ooms = v["recorded_ooms"].as_array().unwrap();
     assert_eq!(ooms.len(), 1);
@@ -277,8 +222,7 @@ fn recorded_oom_gets_a_verdict_per_allocator() {
         spare > 100 * mib as i64 && spare <= 232 * mib as i64,
         "{spare}"
     );
-    let (ok, out, err) = gpumem(&["replay", &f, "-a", "torch,paged"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["replay", &f, "-a", "torch,paged"]);
     let first = out.lines().next().unwrap();
     assert!(
         first.starts_with("recorded OOM at event 200 (device 0)"),
@@ -293,13 +237,7 @@ fn recorded_oom_gets_a_verdict_per_allocator() {
         "{out}"
     );
     // No OOM recorded: an empty list.
-    let (_, out, _) = gpumem(&[
-        "replay",
-        "traces/mixed_sizes.pickle.gz",
-        "-a",
-        "tlsf",
-        "--json",
-    ]);
+    let (_, out, _) = gpumem(&args("replay traces/mixed_sizes.pickle.gz -a tlsf --json"));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["recorded_ooms"], serde_json::json!([]));
 }
@@ -319,8 +257,7 @@ fn a_recorded_oom_without_segment_events_is_not_judged_against_zero_reserved() {
         32 * m
     ));
     let path = jsonl_trace("oom-no-segments", &lines);
-    let (ok, out, err) = gpumem(&["replay", path.to_str().unwrap(), "-a", "tlsf,paged"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["replay", path.to_str().unwrap(), "-a", "tlsf,paged"]);
     assert!(
         out.contains("? (no segment events in the trace) reserved"),
         "{out}"
@@ -334,16 +271,14 @@ fn a_recorded_oom_without_segment_events_is_not_judged_against_zero_reserved() {
 fn an_impossible_request_is_dropped_counted_and_said_by_every_command() {
     let dir = scratch("overflow");
     let t = dir.join("t.jsonl");
-    std::fs::write(
+    write_file(
         &t,
         "{\"action\":\"alloc\",\"addr\":1,\"size\":18446744073709551615}\n\
          {\"action\":\"alloc\",\"addr\":2,\"size\":1000}\n\
          {\"action\":\"free\",\"addr\":2}\n",
-    )
-    .unwrap();
+    );
     let tp = t.to_str().unwrap();
-    let (ok, out, err) = gpumem(&["replay", tp, "-a", "torch"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["replay", tp, "-a", "torch"]);
     assert!(out.contains("torch refused event index 0"), "{out}");
     // The trace's line says its largest request leaves the impossible one out (it said
     // "largest request 1000 B" of a trace that asked for 16 EiB).
@@ -352,15 +287,14 @@ fn an_impossible_request_is_dropped_counted_and_said_by_every_command() {
         "{out}"
     );
 
-    let (ok, out, err) = gpumem(&["map", tp, "-a", "torch"]);
-    assert!(ok, "{err}");
+    let (out, err) = gpumem_ok(&["map", tp, "-a", "torch"]);
     assert!(out.starts_with("torch after event"), "{out}");
     assert!(
         err.contains("note: torch refused 1 allocation as impossible and dropped it with its free (first: event index 0:"),
         "{err}"
     );
     let html = dir.join("r.html");
-    let (ok, _, err) = gpumem(&[
+    let (_, err) = gpumem_ok(&[
         "report",
         tp,
         "-a",
@@ -368,28 +302,24 @@ fn an_impossible_request_is_dropped_counted_and_said_by_every_command() {
         "-o",
         html.to_str().unwrap(),
     ]);
-    assert!(ok, "{err}");
     assert!(
         err.contains("note: tlsf refused 1 allocation as impossible"),
         "{err}"
     );
     assert!(std::fs::read_to_string(&html).unwrap().contains("<html"));
 
-    let (ok, out, err) = gpumem(&["tune", tp]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["tune", tp]);
     assert!(
         out.contains("†: 1 allocation refused as impossible and dropped with its free (native, first: event index 0:"),
         "{out}"
     );
-    let (ok, out, err) = gpumem(&["tune", tp, "--json"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["tune", tp, "--json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["rows"][0]["refused_count"], 1, "{out}");
     assert_eq!(v["plugin_rows"][0]["refused_count"], 1, "{out}");
     // The smallest device still exists: the impossible request fails on every one.
     assert_eq!(v["rows"][0]["min_capacity_bytes"], 2 << 20, "{out}");
-    let (ok, out, err) = gpumem(&["replay", tp, "-a", "torch", "--min-capacity", "--json"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["replay", tp, "-a", "torch", "--min-capacity", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(
         v["allocators"][0]["min_capacity"][0]["found"]["smallest_bytes"],
@@ -407,11 +337,10 @@ fn an_impossible_request_is_dropped_counted_and_said_by_every_command() {
     // `map` does not name the report when it fails (a trace with nothing to show is said as
     // `replay` says it).
     let seg = dir.join("segments.jsonl");
-    std::fs::write(
+    write_file(
         &seg,
         "{\"action\":\"segment_alloc\",\"addr\":1,\"size\":100}\n",
-    )
-    .unwrap();
+    );
     let (ok, _, err) = gpumem(&["map", seg.to_str().unwrap()]);
     assert!(!ok, "{err}");
     assert!(
@@ -506,15 +435,7 @@ fn every_command_refuses_a_capacity_past_the_simulated_address_space() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(said.windows(2).all(|w| w[0] == w[1]), "{said:?}");
     // 16 TiB itself is taken.
-    let (ok, _, err) = gpumem(&[
-        "map",
-        t,
-        "--capacity",
-        "16TiB",
-        "--width",
-        "40",
-        "--lines",
-        "2",
-    ]);
-    assert!(ok, "{err}");
+    gpumem_ok(&args(
+        "map traces/mixed_sizes.pickle.gz --capacity 16TiB --width 40 --lines 2",
+    ));
 }

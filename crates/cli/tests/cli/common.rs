@@ -115,3 +115,32 @@ pub fn entries(dir: &Path) -> Vec<String> {
     v.sort();
     v
 }
+
+/// Runs `gpumem ARGS` from the repository root and asserts that it succeeded (the message is
+/// its stderr): its stdout and stderr.
+pub fn gpumem_ok(args: &[&str]) -> (String, String) {
+    let (ok, out, err) = gpumem(args);
+    assert!(ok, "{err}");
+    (out, err)
+}
+
+/// Writes `contents` to `path`, which the test owns.
+pub fn write_file(path: impl AsRef<Path>, contents: impl AsRef<[u8]>) {
+    std::fs::write(path, contents).unwrap();
+}
+
+/// The words of a command line, for `gpumem(&args("replay TRACE -a torch"))`.
+pub fn args(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
+}
+
+/// Asserts that `dir` holds no temporary file of gpumem's (`.gpumem-*`, what an output is
+/// written to before it is renamed).
+pub fn assert_no_temporary_files(dir: &Path) {
+    let left: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with(".gpumem-"))
+        .collect();
+    assert!(left.is_empty(), "temporary files left: {left:?}");
+}

@@ -1,10 +1,9 @@
 //! Help texts, flag values and the README's examples, checked against the binary.
-use crate::common::{gpumem, repo, scratch};
+use crate::common::{args, gpumem, gpumem_ok, repo, scratch, write_file};
 
 /// The line of `gpumem CMD --help` that describes `flag` (empty when there is none).
 fn help_line(cmd: &str, flag: &str) -> String {
-    let (ok, out, err) = gpumem(&[cmd, "--help"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&[cmd, "--help"]);
     out.lines()
         .find(|l| l.trim_start().starts_with(flag))
         .unwrap_or_default()
@@ -44,7 +43,7 @@ fn report_and_map_help_give_the_default_capacity() {
 fn the_readme_lists_every_json_lines_action() {
     let dir = scratch("actions");
     let bad = dir.join("bad.jsonl");
-    std::fs::write(&bad, "{\"action\":\"nonsense\",\"addr\":1}\n").unwrap();
+    write_file(&bad, "{\"action\":\"nonsense\",\"addr\":1}\n");
     let (ok, _, err) = gpumem(&["replay", bad.to_str().unwrap()]);
     let _ = std::fs::remove_dir_all(&dir);
     assert!(!ok);
@@ -65,8 +64,7 @@ fn the_readme_lists_every_json_lines_action() {
         assert!(row.contains(&format!("`{a}`")), "{a} is not in: {row}");
     }
     // The convert that writes it.
-    let (ok, out, err) = gpumem(&["convert", "traces/settings/stream_prefetch.pickle.gz"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["convert", "traces/settings/stream_prefetch.pickle.gz"]);
     assert!(out.contains("\"action\":\"free_requested\""));
 }
 
@@ -139,14 +137,7 @@ fn a_negative_size_where_zero_is_refused_asks_for_more_than_zero() {
     for args in [
         &["advise", "--size", "-1"][..],
         &["bench", "pinned", "--sizes", "-1", "--no-cache"][..],
-        &[
-            "bench",
-            "transfer",
-            "--host-only",
-            "--sizes",
-            "-1",
-            "--no-cache",
-        ][..],
+        &args("bench transfer --host-only --sizes -1 --no-cache"),
     ] {
         let (ok, out, err) = gpumem(args);
         assert!(!ok, "{args:?}: {out}");

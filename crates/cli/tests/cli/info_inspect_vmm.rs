@@ -1,6 +1,6 @@
 //! `gpumem info`, `inspect` and `vmm`, and the CUDA commands without a driver (forced with
 //! GPUMEM_NO_CUDA, so this holds on any machine): a clear error, never a panic.
-use crate::common::{gpumem, gpumem_env, gpumem_no_cuda, one_line_error, repo};
+use crate::common::{args, gpumem, gpumem_env, gpumem_no_cuda, gpumem_ok, one_line_error, repo};
 use std::process::Command;
 
 /// The same, without forcing the driver off (to see what was searched where there is none).
@@ -50,23 +50,7 @@ fn simulated_device_commands_run() {
         "{out}"
     );
     assert_eq!(j["pool_defaults"]["reserve_bytes"], 256 << 20);
-    let (code, out, err) = gpumem_no_cuda(&[
-        "bench",
-        "alloc",
-        "--device",
-        "sim",
-        "--strategies",
-        "tlsf",
-        "--sizes",
-        "4KiB",
-        "--threads",
-        "1,2",
-        "--time-ms",
-        "5",
-        "--mixed",
-        "false",
-        "--json",
-    ]);
+    let (code, out, err) = gpumem_no_cuda(&args("bench alloc --device sim --strategies tlsf --sizes 4KiB --threads 1,2 --time-ms 5 --mixed false --json"));
     assert_eq!(code, 0, "{err}");
     // It says what it measures there (33-38 ns for every strategy said nothing by itself).
     assert!(
@@ -119,8 +103,7 @@ fn info_without_a_driver_shows_the_simulated_device_and_says_so() {
 /// them (they were raw bytes, `300152782848`), exact in --json.
 #[test]
 fn inspect_keeps_its_columns() {
-    let (ok, out, err) = gpumem(&["inspect", "--device", "sim"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["inspect", "--device", "sim"]);
     let lines: Vec<&str> = out.lines().filter(|l| l.contains(" | ")).collect();
     assert!(lines.iter().any(|l| l.starts_with("paged-lazy ")), "{out}");
     let bars = |l: &str| -> Vec<usize> { l.match_indices(" | ").map(|(i, _)| i).collect() };
@@ -149,8 +132,7 @@ fn inspect_keeps_its_columns() {
         "{out}"
     );
     assert_eq!(offsets[5], "256 B", "{out}");
-    let (ok, json, err) = gpumem(&["inspect", "--device", "sim", "--json"]);
-    assert!(ok, "{err}");
+    let (json, _) = gpumem_ok(&["inspect", "--device", "sim", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     let exact: Vec<u64> = v["rows"]
         .as_array()
@@ -224,15 +206,9 @@ fn gpu_commands_without_a_driver_give_advice_that_works() {
 /// larger than the device says so (only the pool's "0 B free" was given).
 #[test]
 fn inspect_errors_say_each_cause_once() {
-    let (ok, out, err) = gpumem(&[
-        "inspect",
-        "--device",
-        "sim",
-        "--sizes",
-        "1TiB",
-        "--strategies",
-        "torch",
-    ]);
+    let (ok, out, err) = gpumem(&args(
+        "inspect --device sim --sizes 1TiB --strategies torch",
+    ));
     assert!(!ok);
     assert!(out.is_empty(), "{out}");
     let first = err.lines().next().unwrap();
@@ -255,8 +231,7 @@ fn inspect_errors_say_each_cause_once() {
 /// considered fewer pages than `--pages` asked (both were silent), in the table and in --json.
 #[test]
 fn vmm_says_what_it_rounded_and_capped() {
-    let (ok, out, err) = gpumem(&["vmm", "--device", "sim", "--pages", "20", "--json"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["vmm", "--device", "sim", "--pages", "20", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(
         v["notes"],
@@ -264,16 +239,14 @@ fn vmm_says_what_it_rounded_and_capped() {
             "--pages 20: considered 16, the pages the reserve holds (--reserve 40 MiB would hold 20)"
         ])
     );
-    let (ok, out, err) = gpumem(&["vmm", "--device", "sim", "--reserve", "1KiB"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["vmm", "--device", "sim", "--reserve", "1KiB"]);
     assert!(
         out.contains("note: --reserve 1 KiB: reserved 2 MiB (whole pages of 2 MiB)"),
         "{out}"
     );
     // The reserve given was 0 (2 MiB, one page): the note read "--reserve 16 MiB holds 8",
     // as if the user had given 16 MiB.
-    let (ok, out, err) = gpumem(&["vmm", "--device", "sim", "--reserve", "0"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["vmm", "--device", "sim", "--reserve", "0"]);
     assert!(
         out.contains("note: --pages 8: considered 1, the pages the reserve holds (--reserve 16 MiB would hold 8)"),
         "{out}"
@@ -286,13 +259,7 @@ fn vmm_says_what_it_rounded_and_capped() {
 /// device said "0 is not a non-zero multiple of the granularity").
 #[test]
 fn vmm_refuses_a_reserve_that_rounds_past_2_64() {
-    let (ok, _, err) = gpumem(&[
-        "vmm",
-        "--device",
-        "sim",
-        "--reserve",
-        "18446744073709551615",
-    ]);
+    let (ok, _, err) = gpumem(&args("vmm --device sim --reserve 18446744073709551615"));
     assert!(!ok);
     one_line_error(&err);
     assert!(
@@ -312,8 +279,7 @@ fn inspect_refuses_an_empty_size_list() {
         assert!(!ok, "{out}");
         assert!(err.contains("expected at least one size"), "{err}");
     }
-    let (ok, out, err) = gpumem(&["inspect", "--device", "sim", "--sizes", "64KiB", "--json"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["inspect", "--device", "sim", "--sizes", "64KiB", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert!(!v["rows"].as_array().unwrap().is_empty(), "{out}");
 }

@@ -1,5 +1,5 @@
 //! `gpumem map`: the memory map at an event, its size options and the flags it takes.
-use crate::common::{gpumem, one_line_error, repo, scratch};
+use crate::common::{args, gpumem, gpumem_ok, one_line_error, repo, scratch, write_file};
 use std::path::Path;
 use std::process::Command;
 
@@ -26,18 +26,8 @@ fn map_segments(out: &str) -> usize {
         .unwrap_or_else(|| panic!("{head}"))
 }
 
-const TRACE: &str = r#"{"action":"alloc","addr":1,"size":8388608}
-{"action":"alloc","addr":2,"size":600}
-{"action":"alloc","addr":3,"size":3000000}
-{"action":"alloc","addr":4,"size":3000000}
-{"action":"alloc","addr":5,"size":70000}
-{"action":"free","addr":3}
-{"action":"alloc","addr":6,"size":25165824}
-{"action":"free","addr":2}
-{"action":"alloc","addr":7,"size":1000}
-{"action":"free","addr":6}
-{"action":"free","addr":4}
-"#;
+/// A small trace of seven blocks (shared with the map golden test of crate gpumem).
+const TRACE: &str = include_str!("../../../gpumem/tests/fixtures/map_small.jsonl");
 
 #[test]
 fn map_honours_its_size_options_or_says_why_not() {
@@ -52,16 +42,14 @@ fn map_honours_its_size_options_or_says_why_not() {
         one_line_error(&err);
     }
     // Room enough: at most --lines lines of --width cells.
-    let (ok, out, err) = gpumem(&["map", t, "--width", "100", "--lines", "3"]);
-    assert!(ok, "{err}");
+    let (out, err) = gpumem_ok(&["map", t, "--width", "100", "--lines", "3"]);
     let lines = map_lines(&out);
     assert!(!lines.is_empty() && lines.len() <= 3, "{out}");
     assert!(lines.iter().all(|l| l.chars().count() <= 100), "{out}");
     assert!(!err.contains("note: --lines"), "{err}");
     // Too many segments for 2 lines of 8: the map says so, and the lines it shows are the
     // fewest possible (each segment one cell), not cells of 1024 TiB.
-    let (ok, out, err) = gpumem(&["map", t, "--width", "8", "--lines", "2"]);
-    assert!(ok, "{err}");
+    let (out, err) = gpumem_ok(&["map", t, "--width", "8", "--lines", "2"]);
     let lines = map_lines(&out);
     let note = err
         .lines()
@@ -86,14 +74,11 @@ fn map_starts_from_the_recorded_state_and_empties_the_cache_as_replay_does() {
         "traces/warm_process/seg_train.pickle.gz",
         "traces/validation/resnet_infer.pickle.gz",
     ] {
-        let (ok, out, err) = gpumem(&["replay", t, "-a", "torch", "--no-plan", "--json"]);
-        assert!(ok, "{err}");
+        let (out, _) = gpumem_ok(&["replay", t, "-a", "torch", "--no-plan", "--json"]);
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         let last = v["trace"]["events"].as_u64().unwrap() - 1;
-        let (ok, recorded, err) = gpumem(&["map", t, "-a", "recorded"]);
-        assert!(ok, "{err}");
-        let (ok, emulated, err) = gpumem(&["map", t, "-a", "torch", "--event", &last.to_string()]);
-        assert!(ok, "{err}");
+        let (recorded, _) = gpumem_ok(&["map", t, "-a", "recorded"]);
+        let (emulated, _) = gpumem_ok(&["map", t, "-a", "torch", "--event", &last.to_string()]);
         assert_eq!(
             map_segments(&emulated),
             map_segments(&recorded),
@@ -150,8 +135,7 @@ fn map_says_its_default_event_is_the_peak() {
         assert!(head.starts_with("torch after event "), "{head}");
         assert!(head.contains(" (peak reserved): "), "{head}");
     }
-    let (ok, out, err) = gpumem(&["map", t, "--event", "100"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["map", t, "--event", "100"]);
     assert!(
         out.starts_with("torch after event 100: "),
         "{}",
@@ -164,7 +148,7 @@ fn map_prints_the_golden_map_in_a_pipe() {
     let dir = std::env::temp_dir().join(format!("gpumem-map-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let trace = dir.join("small.jsonl");
-    std::fs::write(&trace, TRACE).unwrap();
+    write_file(&trace, TRACE);
     let out = Command::new(env!("CARGO_BIN_EXE_gpumem"))
         .args([
             "map",
@@ -204,7 +188,7 @@ fn map_refuses_an_event_past_the_end() {
     let dir = std::env::temp_dir().join(format!("gpumem-map-cli-end-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let trace = dir.join("small.jsonl");
-    std::fs::write(&trace, TRACE).unwrap();
+    write_file(&trace, TRACE);
     let out = Command::new(env!("CARGO_BIN_EXE_gpumem"))
         .args(["map", "--event", "11"])
         .arg(&trace)
@@ -256,7 +240,7 @@ fn map_says_how_many_allocations_ran_out_of_memory() {
     let dir = std::env::temp_dir().join(format!("gpumem-map-cli-oom-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let trace = dir.join("small.jsonl");
-    std::fs::write(&trace, TRACE).unwrap();
+    write_file(&trace, TRACE);
     let run = |capacity: &str| {
         Command::new(env!("CARGO_BIN_EXE_gpumem"))
             .args(["map", "--allocator", "torch", "--capacity", capacity])
@@ -288,19 +272,7 @@ fn map_of_the_recorded_segments_names_the_flags_it_ignores() {
     let t = "traces/mixed_sizes.pickle.gz";
     let (ok, plain, err) = gpumem(&["map", t, "-a", "recorded", "--width", "60"]);
     assert!(ok && !err.contains("warning"), "{err}");
-    let (ok, out, err) = gpumem(&[
-        "map",
-        t,
-        "-a",
-        "recorded",
-        "--width",
-        "60",
-        "--capacity",
-        "1MiB",
-        "--lazy-conf",
-        "grow_ahead=0.01",
-    ]);
-    assert!(ok, "{err}");
+    let (out, err) = gpumem_ok(&args("map traces/mixed_sizes.pickle.gz -a recorded --width 60 --capacity 1MiB --lazy-conf grow_ahead=0.01"));
     assert!(
         err.contains("warning: --capacity, --lazy-conf have no effect with --allocator recorded"),
         "{err}"

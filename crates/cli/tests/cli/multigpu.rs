@@ -2,7 +2,7 @@
 //! with one and two devices: `replay` puts the trace's device N on cuda:N with canaries,
 //! `bench transfer` measures each device and the pair. Skipped with a message where there is
 //! no C compiler.
-use crate::common::repo;
+use crate::common::{args, repo};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -56,13 +56,10 @@ fn replay_device_all_puts_each_trace_device_on_its_gpu() {
     let Some(fake) = fake_driver("replay") else {
         return;
     };
-    let trace = "traces/multigpu/two_devices.jsonl";
     let (ok, out, err) = gpumem_on(
         &fake,
         2,
-        &[
-            "replay", trace, "--device", "all", "--canary", "-a", "best-fit", "--json",
-        ],
+        &args("replay traces/multigpu/two_devices.jsonl --device all --canary -a best-fit --json"),
     );
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -74,9 +71,7 @@ fn replay_device_all_puts_each_trace_device_on_its_gpu() {
     let (ok, _, err) = gpumem_on(
         &fake,
         1,
-        &[
-            "replay", trace, "--device", "all", "--canary", "-a", "best-fit",
-        ],
+        &args("replay traces/multigpu/two_devices.jsonl --device all --canary -a best-fit"),
     );
     assert!(!ok);
     assert!(

@@ -1,5 +1,8 @@
 //! Where the commands write: `-o` and `--timeline` files left alone on failure, links, FIFOs, closed or full standard output.
-use crate::common::{copy_trace, entries, gpumem, gpumem_in, one_line_error, repo, scratch};
+use crate::common::{
+    assert_no_temporary_files, copy_trace, entries, gpumem, gpumem_in, gpumem_ok, one_line_error,
+    repo, scratch, write_file,
+};
 use std::process::Command;
 
 /// A reader that closes the pipe (`gpumem replay T | head -1`) ends gpumem quietly with exit
@@ -54,7 +57,7 @@ fn timeline_never_touches_its_file_before_the_end() {
     let t = copy_trace(&dir, "traces/mixed_sizes.pickle.gz");
     let before = std::fs::read(&t).unwrap();
     let svg = dir.join("x.svg");
-    std::fs::write(&svg, "<svg>old</svg>").unwrap();
+    write_file(&svg, "<svg>old</svg>");
     let old = || std::fs::read_to_string(&svg).unwrap();
     let tp = t.to_str().unwrap();
     let sp = svg.to_str().unwrap();
@@ -79,7 +82,7 @@ fn timeline_never_touches_its_file_before_the_end() {
     assert!(!ok, "{err}");
     assert_eq!(old(), "<svg>old</svg>");
     let bad = dir.join("bad.jsonl");
-    std::fs::write(&bad, "{\"action\":\"alloc\"\n").unwrap();
+    write_file(&bad, "{\"action\":\"alloc\"\n");
     let (ok, _, err) = gpumem(&["replay", bad.to_str().unwrap(), "--timeline", sp]);
     assert!(!ok, "{err}");
     assert_eq!(old(), "<svg>old</svg>");
@@ -97,15 +100,9 @@ fn timeline_never_touches_its_file_before_the_end() {
     assert_eq!(old(), "<svg>old</svg>");
 
     // A good run replaces it, and leaves no temporary file behind.
-    let (ok, _, err) = gpumem(&["replay", tp, "-a", "torch", "--timeline", sp]);
-    assert!(ok, "{err}");
+    gpumem_ok(&["replay", tp, "-a", "torch", "--timeline", sp]);
     assert!(old().starts_with("<svg") && old().contains("torch: peak reserved"));
-    let left: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .filter(|n| n.starts_with(".gpumem-"))
-        .collect();
-    assert!(left.is_empty(), "temporary files left: {left:?}");
+    assert_no_temporary_files(&dir);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -113,7 +110,7 @@ fn timeline_never_touches_its_file_before_the_end() {
 fn report_and_convert_leave_an_old_output_alone_on_failure() {
     let dir = scratch("outputs");
     let out = dir.join("old.html");
-    std::fs::write(&out, "old").unwrap();
+    write_file(&out, "old");
     let missing = dir.join("missing.jsonl");
     for cmd in ["report", "convert"] {
         let (ok, _, err) = gpumem(&[cmd, missing.to_str().unwrap(), "-o", out.to_str().unwrap()]);
@@ -147,15 +144,14 @@ fn outputs_write_through_links_and_into_fifos() {
     // As convert writes it (a free with its size), so that the output is the input.
     let lines =
         "{\"action\":\"alloc\",\"addr\":1,\"size\":512}\n{\"action\":\"free\",\"addr\":1,\"size\":512}\n";
-    std::fs::write(&trace, lines).unwrap();
+    write_file(&trace, lines);
     let trace = trace.to_str().unwrap();
     // A link to a file.
     let real = dir.join("real.jsonl");
-    std::fs::write(&real, "old\n").unwrap();
+    write_file(&real, "old\n");
     let link = dir.join("link.jsonl");
     std::os::unix::fs::symlink(&real, &link).unwrap();
-    let (ok, _, err) = gpumem(&["convert", trace, "-o", link.to_str().unwrap()]);
-    assert!(ok, "{err}");
+    gpumem_ok(&["convert", trace, "-o", link.to_str().unwrap()]);
     assert!(link.is_symlink(), "the link was replaced by a file");
     assert_eq!(std::fs::read_to_string(&real).unwrap(), lines);
     // A FIFO, opened for reading first (without waiting for a writer) so that the command's
@@ -169,8 +165,7 @@ fn outputs_write_through_links_and_into_fifos() {
         .custom_flags(O_NONBLOCK)
         .open(&fifo)
         .unwrap();
-    let (ok, _, err) = gpumem(&["convert", trace, "-o", fifo.to_str().unwrap()]);
-    assert!(ok, "{err}");
+    gpumem_ok(&["convert", trace, "-o", fifo.to_str().unwrap()]);
     let is_fifo = std::fs::symlink_metadata(&fifo)
         .unwrap()
         .file_type()
@@ -218,7 +213,7 @@ fn a_full_standard_output_is_an_error_not_a_panic() {
 fn an_output_under_a_file_names_the_file() {
     let dir = scratch("under-a-file");
     let file = dir.join("notes.txt");
-    std::fs::write(&file, "x").unwrap();
+    write_file(&file, "x");
     let out = file.join("r.html");
     let (ok, _, err) = gpumem(&[
         "report",

@@ -1,5 +1,5 @@
 //! `gpumem replay`: the table and its JSON, timelines, devices, warnings about flags.
-use crate::common::{gpumem, gpumem_no_cuda, jsonl_trace, scratch};
+use crate::common::{args, gpumem, gpumem_no_cuda, gpumem_ok, jsonl_trace, scratch, write_file};
 
 /// The res/req cell of each allocator's row of a replay table (cells are right-aligned under
 /// their header).
@@ -24,8 +24,7 @@ fn res_req_cells(table: &str) -> Vec<(String, String)> {
 
 #[test]
 fn replay_json_has_the_documented_fields_for_every_allocator() {
-    let (ok, out, err) = gpumem(&["replay", "traces/mixed_sizes.pickle.gz", "--json"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["replay", "traces/mixed_sizes.pickle.gz", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     // Python: sum of alloc + free_completed events, and the peak of live requested bytes.
     assert_eq!(v["trace"]["alloc_events"], 3324);
@@ -66,7 +65,7 @@ fn replay_json_has_the_documented_fields_for_every_allocator() {
 #[test]
 fn table_and_timeline() {
     let svg = std::env::temp_dir().join(format!("gpumem-timeline-{}.svg", std::process::id()));
-    let (ok, out, err) = gpumem(&[
+    let (out, _) = gpumem_ok(&[
         "replay",
         "traces/mixed_sizes.pickle.gz",
         "-a",
@@ -74,7 +73,6 @@ fn table_and_timeline() {
         "--timeline",
         svg.to_str().unwrap(),
     ]);
-    assert!(ok, "{err}");
     assert!(out.contains("peak requested 3.66 GiB"), "{out}");
     assert!(
         out.lines().any(|l| l.starts_with("torch")) && out.lines().any(|l| l.starts_with("paged")),
@@ -89,7 +87,7 @@ fn table_and_timeline() {
     // The simulated H200 has what cuMemGetInfo reports on the real one.
     assert!(out.contains("capacity 139.8 GiB"), "{out}");
     // Under --capacity: the capacity as a line, failed allocations as marks.
-    let (ok, _, err) = gpumem(&[
+    gpumem_ok(&[
         "replay",
         "traces/mixed_sizes.pickle.gz",
         "-a",
@@ -99,7 +97,6 @@ fn table_and_timeline() {
         "--timeline",
         svg.to_str().unwrap(),
     ]);
-    assert!(ok, "{err}");
     let s = std::fs::read_to_string(&svg).unwrap();
     assert!(
         s.contains("capacity") && s.contains("failed allocations (black ticks"),
@@ -125,7 +122,7 @@ fn timeline_of_two_devices_uses_the_trace_event_axis() {
     }
     let trace = jsonl_trace("timeline2", &lines);
     let svg = trace.with_extension("svg");
-    let (ok, _, err) = gpumem(&[
+    gpumem_ok(&[
         "replay",
         trace.to_str().unwrap(),
         "-a",
@@ -134,7 +131,6 @@ fn timeline_of_two_devices_uses_the_trace_event_axis() {
         "--timeline",
         svg.to_str().unwrap(),
     ]);
-    assert!(ok, "{err}");
     let s = std::fs::read_to_string(&svg).unwrap();
     assert!(s.contains("reserved, device 0") && s.contains("requested, device 1"));
     assert!(s.contains("event (of the whole trace)"));
@@ -158,14 +154,7 @@ fn timeline_of_two_devices_uses_the_trace_event_axis() {
 
 #[test]
 fn driver_time_is_shown_as_a_share_of_the_trace() {
-    let (ok, out, err) = gpumem(&[
-        "replay",
-        "traces/mixed_sizes.pickle.gz",
-        "-a",
-        "paged",
-        "--json",
-    ]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&args("replay traces/mixed_sizes.pickle.gz -a paged --json"));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let d = v["trace"]["duration_seconds"].as_f64().unwrap();
     assert!(d > 0.0);
@@ -185,28 +174,18 @@ fn driver_time_is_shown_as_a_share_of_the_trace() {
         .sum();
     assert!((by - secs).abs() < 1e-9, "{by} vs {secs}");
     // The external trace without timestamps has no share.
-    let (ok, out, err) = gpumem(&[
-        "replay",
-        "traces/external/finetune_no_timestamps.pickle.gz",
-        "-a",
-        "paged",
-        "--json",
-    ]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&args(
+        "replay traces/external/finetune_no_timestamps.pickle.gz -a paged --json",
+    ));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert!(v["allocators"][0]["driver_share_of_trace"].is_null());
 }
 
 #[test]
 fn external_snapshot_with_blocks_from_before_recording() {
-    let (ok, out, err) = gpumem(&[
-        "replay",
-        "traces/external/finetune_no_timestamps.pickle.gz",
-        "-a",
-        "torch",
-        "--json",
-    ]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&args(
+        "replay traces/external/finetune_no_timestamps.pickle.gz -a torch --json",
+    ));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert!(v["trace"]["preexisting_blocks"].as_u64().unwrap() > 0);
     assert_eq!(v["allocators"][0]["oom_count"], 0);
@@ -235,15 +214,14 @@ fn several_devices_get_one_pool_each_and_summed_figures() {
         r#"{"action":"free","addr":1,"device":1}"#.to_string(),
         r#"{"action":"free","addr":2,"device":0}"#.to_string(),
     ];
-    std::fs::write(&path, lines.join("\n")).unwrap();
-    let (ok, out, err) = gpumem(&[
+    write_file(&path, lines.join("\n"));
+    let (out, _) = gpumem_ok(&[
         "replay",
         path.to_str().unwrap(),
         "-a",
         "paged,torch",
         "--json",
     ]);
-    assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["trace"]["devices"], serde_json::json!([0, 1]));
     assert_eq!(v["trace"]["peak_requested_bytes"], 364 * mib);
@@ -265,51 +243,21 @@ fn several_devices_get_one_pool_each_and_summed_figures() {
 /// garbage-collection threshold without a memory limit.
 #[test]
 fn flags_that_change_nothing_are_warned_about() {
-    let t = "traces/mixed_sizes.pickle.gz";
-    let (ok, _, err) = gpumem(&[
-        "replay",
-        t,
-        "-a",
-        "tlsf",
-        "--torch-conf",
-        "expandable_segments:True",
-    ]);
-    assert!(ok, "{err}");
+    let (_, err) = gpumem_ok(&args(
+        "replay traces/mixed_sizes.pickle.gz -a tlsf --torch-conf expandable_segments:True",
+    ));
     assert!(
         err.contains("--torch-conf configures the torch emulation only"),
         "{err}"
     );
-    let (ok, _, err) = gpumem(&[
-        "replay",
-        t,
-        "-a",
-        "torch",
-        "--torch-conf",
-        "garbage_collection_threshold:0.8",
-    ]);
-    assert!(ok, "{err}");
+    let (_, err) = gpumem_ok(&args("replay traces/mixed_sizes.pickle.gz -a torch --torch-conf garbage_collection_threshold:0.8"));
     assert!(err.contains("acts only under a memory limit"), "{err}");
-    let (ok, _, err) = gpumem(&[
-        "replay",
-        t,
-        "-a",
-        "torch",
-        "--torch-conf",
-        "garbage_collection_threshold:0.8",
-        "--capacity",
-        "8GiB",
-    ]);
-    assert!(ok, "{err}");
+    let (_, err) = gpumem_ok(&args("replay traces/mixed_sizes.pickle.gz -a torch --torch-conf garbage_collection_threshold:0.8 --capacity 8GiB"));
     assert!(!err.contains("acts only under a memory limit"), "{err}");
     // A fraction in the setting itself is a memory limit too (a trace recorded with it).
-    let (ok, _, err) = gpumem(&[
-        "replay",
-        "traces/settings/seg_train-gc.pickle.gz",
-        "-a",
-        "torch",
-        "--no-plan",
-    ]);
-    assert!(ok, "{err}");
+    let (_, err) = gpumem_ok(&args(
+        "replay traces/settings/seg_train-gc.pickle.gz -a torch --no-plan",
+    ));
     assert!(!err.contains("acts only under a memory limit"), "{err}");
 }
 
@@ -319,7 +267,7 @@ fn replay_reports_the_planned_layout_of_the_trace() {
     // hole; with the whole trace known, c goes first at 0, a shares its addresses (they are
     // never live together) and b sits above: 3 KiB, the peak of live bytes (b + c).
     let path = std::env::temp_dir().join(format!("gpumem-plan-{}.jsonl", std::process::id()));
-    std::fs::write(
+    write_file(
         &path,
         [
             r#"{"action":"alloc","addr":1,"size":1000}"#,
@@ -328,11 +276,9 @@ fn replay_reports_the_planned_layout_of_the_trace() {
             r#"{"action":"alloc","addr":3,"size":2000}"#,
         ]
         .join("\n"),
-    )
-    .unwrap();
+    );
     let p = path.to_str().unwrap();
-    let (ok, out, err) = gpumem(&["replay", p, "-a", "tlsf", "--json"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["replay", p, "-a", "tlsf", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let plan = &v["trace"]["planned_layout"][0];
     assert_eq!(plan["device"], 0);
@@ -340,18 +286,15 @@ fn replay_reports_the_planned_layout_of_the_trace() {
     assert_eq!(plan["peak_live_bytes"], 3072);
     assert_eq!(plan["layout_bytes"], 3072);
     assert!((plan["over_requested"].as_f64().unwrap() - 3072.0 / 3000.0).abs() < 1e-9);
-    let (ok, out, err) = gpumem(&["replay", p, "-a", "tlsf"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["replay", p, "-a", "tlsf"]);
     assert!(
         out.contains("planned layout (the whole trace known in advance, no block ever moved): 3.00 KiB (1.024)"),
         "{out}"
     );
     // --no-plan: no layout, the JSON and the table say it was skipped and why, and the
     // allocators' figures are those of the run with the plan.
-    let (ok, with_plan, err) = gpumem(&["replay", p, "-a", "tlsf", "--json"]);
-    assert!(ok, "{err}");
-    let (ok, out, err) = gpumem(&["replay", p, "-a", "tlsf", "--json", "--no-plan"]);
-    assert!(ok, "{err}");
+    let (with_plan, _) = gpumem_ok(&["replay", p, "-a", "tlsf", "--json"]);
+    let (out, _) = gpumem_ok(&["replay", p, "-a", "tlsf", "--json", "--no-plan"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["trace"]["planned_layout"], serde_json::json!([]));
     assert_eq!(
@@ -372,8 +315,7 @@ fn replay_reports_the_planned_layout_of_the_trace() {
     ] {
         assert_eq!(v["allocators"][0][key], w["allocators"][0][key], "{key}");
     }
-    let (ok, out, err) = gpumem(&["replay", p, "-a", "tlsf", "--no-plan"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["replay", p, "-a", "tlsf", "--no-plan"]);
     assert!(
         out.contains("planned layout: skipped (not asked for: --no-plan)"),
         "{out}"
@@ -396,16 +338,14 @@ fn res_req_is_a_dash_when_nothing_was_requested() {
         ],
     );
     let p = path.to_str().unwrap();
-    let (ok, out, err) = gpumem(&["replay", p]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["replay", p]);
     let cells = res_req_cells(&out);
     assert_eq!(cells.len(), 6, "{out}");
     for (name, cell) in &cells {
         assert_eq!(cell, "-", "{name}: {out}");
     }
     assert!(out.contains("no block ever moved): 1.00 KiB (-)"), "{out}");
-    let (ok, out, err) = gpumem(&["replay", p, "--json"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["replay", p, "--json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     for a in v["allocators"].as_array().unwrap() {
         assert_eq!(a["peak_requested_served_bytes"], 0, "{a}");
@@ -414,16 +354,14 @@ fn res_req_is_a_dash_when_nothing_was_requested() {
     let _ = std::fs::remove_file(&path);
     // Every allocation fails: `-†`, not 0.000†.
     let trace = "traces/mixed_sizes.pickle.gz";
-    let (ok, out, err) = gpumem(&["replay", trace, "-a", "torch,paged", "--capacity", "5"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["replay", trace, "-a", "torch,paged", "--capacity", "5"]);
     let cells = res_req_cells(&out);
     assert_eq!(cells.len(), 2, "{out}");
     for (name, cell) in &cells {
         assert_eq!(cell, "-†", "{name}: {out}");
     }
     // Some served: a ratio of at least 1, marked.
-    let (ok, out, err) = gpumem(&["replay", trace, "-a", "torch", "--capacity", "3GiB"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["replay", trace, "-a", "torch", "--capacity", "3GiB"]);
     let (_, cell) = &res_req_cells(&out)[0];
     let r: f64 = cell.trim_end_matches('†').parse().unwrap();
     assert!(r >= 1.0 && cell.ends_with('†'), "{cell}: {out}");
@@ -437,13 +375,11 @@ fn counts_of_one_are_singular() {
         &[r#"{"action":"alloc","addr":1,"size":4096}"#.to_string()],
     );
     let p = path.to_str().unwrap();
-    let (ok, out, err) = gpumem(&["replay", p, "-a", "tlsf"]);
-    assert!(ok, "{err}");
+    let (out, err) = gpumem_ok(&["replay", p, "-a", "tlsf"]);
     assert!(out.contains(": 1 event (1 alloc, 0 frees), peak"), "{out}");
     assert!(err.contains("(JsonLines, 1 event, "), "{err}");
     let jsonl = std::env::temp_dir().join(format!("gpumem-one-out-{}.jsonl", std::process::id()));
-    let (ok, _, err) = gpumem(&["convert", p, "-o", jsonl.to_str().unwrap()]);
-    assert!(ok, "{err}");
+    let (_, err) = gpumem_ok(&["convert", p, "-o", jsonl.to_str().unwrap()]);
     assert!(
         err.contains("wrote 1 event and 0 pre-existing blocks to"),
         "{err}"
@@ -466,10 +402,9 @@ fn replay_on_cuda_checks_the_driver_before_reading_the_trace() {
 fn tables_keep_their_columns_for_any_figure() {
     let dir = scratch("tables");
     let t = dir.join("one.jsonl");
-    std::fs::write(&t, "{\"action\":\"alloc\",\"addr\":1,\"size\":1}\n").unwrap();
+    write_file(&t, "{\"action\":\"alloc\",\"addr\":1,\"size\":1}\n");
     let t = t.to_str().unwrap();
-    let (ok, out, err) = gpumem(&["tune", t]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["tune", t]);
     for header in ["setting ", "gpumem plug-in, GPUMEM_CONF "] {
         let lines: Vec<&str> = out.lines().collect();
         let at = lines.iter().position(|l| l.starts_with(header)).unwrap();
@@ -481,8 +416,7 @@ fn tables_keep_their_columns_for_any_figure() {
             lines[at]
         );
     }
-    let (ok, out, err) = gpumem(&["replay", t, "--min-capacity", "--no-plan"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["replay", t, "--min-capacity", "--no-plan"]);
     assert!(out.lines().all(|l| l.trim_end() == l), "{out:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -494,14 +428,12 @@ fn tables_keep_their_columns_for_any_figure() {
 #[test]
 fn the_traced_runs_own_stats_are_shown() {
     let t = "traces/validation/bert_finetune.pickle.gz";
-    let (ok, out, err) = gpumem(&["replay", t, "-a", "torch", "--no-plan"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["replay", t, "-a", "torch", "--no-plan"]);
     assert!(
         out.contains("PyTorch's own peak reserved for this run (memory_stats beside the trace): traced run 4.05 GiB (1.090)"),
         "{out}"
     );
-    let (ok, out, err) = gpumem(&["replay", t, "-a", "torch", "--no-plan", "--json"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["replay", t, "-a", "torch", "--no-plan", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let rec = &v["pytorch_recorded"];
     assert_eq!(rec.as_array().map(Vec::len), Some(1), "{rec}");
@@ -519,8 +451,7 @@ fn the_traced_runs_own_stats_are_shown() {
 #[test]
 fn replay_json_has_the_read_notes() {
     let notes = |t: &str| {
-        let (ok, out, err) = gpumem(&["replay", t, "-a", "torch", "--no-plan", "--json"]);
-        assert!(ok, "{err}");
+        let (out, _) = gpumem_ok(&["replay", t, "-a", "torch", "--no-plan", "--json"]);
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         v["trace"]["notes"].clone()
     };
@@ -550,30 +481,17 @@ fn replay_json_has_the_read_notes() {
 #[test]
 fn a_segment_larger_than_the_device_is_warned_about() {
     let t = "traces/mixed_sizes.pickle.gz";
-    let (ok, _, err) = gpumem(&[
-        "replay",
-        t,
-        "--segment-size",
-        "1TiB",
-        "-a",
-        "buddy,tlsf,torch",
-        "--no-plan",
-    ]);
-    assert!(ok, "{err}");
+    let (_, err) = gpumem_ok(&args(
+        "replay traces/mixed_sizes.pickle.gz --segment-size 1TiB -a buddy,tlsf,torch --no-plan",
+    ));
     assert!(
         err.contains("warning: segments of 1.00 TiB (--segment-size) are larger than the device (139.8 GiB): buddy, tlsf ask for one, are refused"),
         "{err}"
     );
     // Not for allocators that size their own segments.
-    let (ok, _, err) = gpumem(&[
-        "replay",
-        t,
-        "--segment-size",
-        "1TiB",
-        "-a",
-        "torch",
-        "--no-plan",
-    ]);
+    let (ok, _, err) = gpumem(&args(
+        "replay traces/mixed_sizes.pickle.gz --segment-size 1TiB -a torch --no-plan",
+    ));
     assert!(ok && !err.contains("--segment-size"), "{err}");
     let (ok, _, err) = gpumem(&["replay", t, "-a", "tlsf", "--no-plan"]);
     assert!(ok && !err.contains("warning"), "{err}");

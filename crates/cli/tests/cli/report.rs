@@ -1,5 +1,5 @@
 //! `gpumem report`: the HTML page, its torch figures, what a snapshot with nothing to show says.
-use crate::common::{copy_trace, gpumem, one_line_error, repo, scratch};
+use crate::common::{copy_trace, gpumem, gpumem_ok, one_line_error, repo, scratch, write_file};
 use std::path::Path;
 use std::process::Command;
 
@@ -19,16 +19,14 @@ fn report_takes_the_torch_conf_of_replay() {
     let html = dir.join("report.html");
     let h = html.to_str().unwrap();
     let conf = "expandable_segments:True";
-    let (ok, out, err) = gpumem(&["replay", t, "-a", "torch", "--torch-conf", conf, "--json"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["replay", t, "-a", "torch", "--torch-conf", conf, "--json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let peak = v["allocators"][0]["peak_reserved_bytes"].as_u64().unwrap();
     let native = gpumem(&["replay", t, "-a", "torch", "--json"]);
     let vn: serde_json::Value = serde_json::from_str(&native.1).unwrap();
     let native_peak = vn["allocators"][0]["peak_reserved_bytes"].as_u64().unwrap();
     assert_ne!(native_peak, peak);
-    let (ok, _, err) = gpumem(&["report", t, "-o", h, "-a", "torch", "--torch-conf", conf]);
-    assert!(ok, "{err}");
+    gpumem_ok(&["report", t, "-o", h, "-a", "torch", "--torch-conf", conf]);
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(
         page.contains(&peak.to_string()),
@@ -75,8 +73,7 @@ fn a_report_named_like_a_picture_is_said_to_be_html() {
     let t = "traces/mixed_sizes.pickle.gz";
     for (name, warned) in [("r.svg", true), ("r.HTML", false), ("r.html", false)] {
         let out = dir.join(name);
-        let (ok, _, err) = gpumem(&["report", t, "-a", "tlsf", "-o", out.to_str().unwrap()]);
-        assert!(ok, "{err}");
+        let (_, err) = gpumem_ok(&["report", t, "-a", "tlsf", "-o", out.to_str().unwrap()]);
         assert_eq!(
             err.contains("the report is an HTML page"),
             warned,
@@ -122,8 +119,7 @@ fn report_and_map_say_why_a_snapshot_has_nothing_to_show() {
     assert!(!page.exists());
     let _ = std::fs::remove_dir_all(&dir);
     // The recorded map of the segments alone, as `replay` counts them.
-    let (ok, out, err) = gpumem(&["map", segments, "-a", "recorded", "--width", "40"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["map", segments, "-a", "recorded", "--width", "40"]);
     let (ok, state, err2) = gpumem(&["replay", segments]);
     assert!(ok, "{err2}");
     let n = state
@@ -154,16 +150,13 @@ fn a_lenient_report_says_on_the_page_what_was_left_out() {
     let dir = scratch("lenient-page");
     let gz = std::fs::read(repo().join("traces/mixed_sizes.pickle.gz")).unwrap();
     let cut = dir.join("cut.pickle.gz");
-    std::fs::write(&cut, &gz[..20000]).unwrap();
+    write_file(&cut, &gz[..20000]);
     let bad = dir.join("bad.jsonl");
-    std::fs::write(
-        &bad,
-        "{\"action\":\"alloc\",\"addr\":1,\"size\":100}\n{\"action\":\"alloc\"\n{\"action\":\"free\",\"addr\":1}\n",
-    )
-    .unwrap();
+    write_file(&bad,
+        "{\"action\":\"alloc\",\"addr\":1,\"size\":100}\n{\"action\":\"alloc\"\n{\"action\":\"free\",\"addr\":1}\n");
     let page = dir.join("r.html");
     let run = |trace: &Path| {
-        let (ok, _, err) = gpumem(&[
+        gpumem_ok(&[
             "report",
             trace.to_str().unwrap(),
             "--lenient",
@@ -172,7 +165,6 @@ fn a_lenient_report_says_on_the_page_what_was_left_out() {
             "-o",
             page.to_str().unwrap(),
         ]);
-        assert!(ok, "{err}");
         std::fs::read_to_string(&page).unwrap()
     };
     let html = run(&cut);
@@ -203,13 +195,11 @@ fn the_report_shows_the_torch_figures_of_replay() {
     ] {
         let path = repo().join(trace);
         let path = path.to_str().unwrap();
-        let (ok, out, err) = gpumem(&["replay", path, "-a", "torch", "--json", "--no-plan"]);
-        assert!(ok, "{err}");
+        let (out, _) = gpumem_ok(&["replay", path, "-a", "torch", "--json", "--no-plan"]);
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         let a = &v["allocators"][0];
         let html = dir.join("r.html");
-        let (ok, _, err) = gpumem(&["report", path, "-a", "torch", "-o", html.to_str().unwrap()]);
-        assert!(ok, "{err}");
+        gpumem_ok(&["report", path, "-a", "torch", "-o", html.to_str().unwrap()]);
         let page = std::fs::read_to_string(&html).unwrap();
         let row = page
             .lines()

@@ -7,6 +7,7 @@
 //!
 //! Needs Debian's `chromium` (`.ci/run` installs it). Without it the test is skipped, unless
 //! `CI` is set, where it fails.
+use crate::common::write_file;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -122,11 +123,10 @@ fn the_report_of_a_two_event_trace_passes_its_self_test() {
     ));
     std::fs::create_dir_all(&dir).unwrap();
     let trace = dir.join("two_events.jsonl");
-    std::fs::write(
+    write_file(
         &trace,
         "{\"action\":\"alloc\",\"addr\":1,\"size\":0}\n{\"action\":\"free\",\"addr\":1}\n",
-    )
-    .unwrap();
+    );
     self_test_in_chromium("two-events", trace.to_str().unwrap(), &[]);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,17 +1,10 @@
 //! The torch emulation and its settings: `--torch-conf`, `--lazy-conf`, segments made before recording, private pools.
-use crate::common::{gpumem, one_line_error, scratch};
+use crate::common::{args, gpumem, gpumem_ok, one_line_error, scratch};
 
 #[test]
 fn torch_conf_and_the_emulation_self_check() {
     // The trace's own (native) setting on the recorded addresses: the self-check passes.
-    let (ok, out, err) = gpumem(&[
-        "replay",
-        "traces/mixed_sizes.pickle.gz",
-        "-a",
-        "torch",
-        "--json",
-    ]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&args("replay traces/mixed_sizes.pickle.gz -a torch --json"));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let t = &v["allocators"][0];
     assert_eq!(t["torch_conf"], "native");
@@ -19,8 +12,7 @@ fn torch_conf_and_the_emulation_self_check() {
     assert_eq!(t["emulation_check"]["calls"], 59);
     // PyTorch's figure beside the trace: 6,738,149,376 bytes (native).
     assert_eq!(t["peak_reserved_bytes"], 6_738_149_376u64);
-    let (ok, out, err) = gpumem(&["replay", "traces/mixed_sizes.pickle.gz", "-a", "torch"]);
-    assert!(ok, "{err}");
+    let (out, err) = gpumem_ok(&["replay", "traces/mixed_sizes.pickle.gz", "-a", "torch"]);
     assert!(
         out.contains("torch emulation matches the recorded cudaMalloc sequence (59 calls)"),
         "{out}"
@@ -31,16 +23,9 @@ fn torch_conf_and_the_emulation_self_check() {
     );
     // Another setting: no self-check (the sequence differs by design), PyTorch's figure for
     // expandable segments: 5,429,526,528 bytes.
-    let (ok, out, err) = gpumem(&[
-        "replay",
-        "traces/mixed_sizes.pickle.gz",
-        "-a",
-        "torch",
-        "--torch-conf",
-        "expandable_segments:True",
-        "--json",
-    ]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&args(
+        "replay traces/mixed_sizes.pickle.gz -a torch --torch-conf expandable_segments:True --json",
+    ));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let t = &v["allocators"][0];
     assert_eq!(t["torch_conf"], "expandable_segments:True");
@@ -48,19 +33,7 @@ fn torch_conf_and_the_emulation_self_check() {
     assert_eq!(t["peak_reserved_bytes"], 5_429_526_528u64);
     // garbage_collection_threshold under --capacity (the memory limit): the run completes
     // at 6 GiB, so the smallest capacity found is at most that.
-    let (ok, out, err) = gpumem(&[
-        "replay",
-        "traces/mixed_sizes.pickle.gz",
-        "-a",
-        "torch",
-        "--torch-conf",
-        "garbage_collection_threshold:0.6",
-        "--capacity",
-        "6GiB",
-        "--min-capacity",
-        "--json",
-    ]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&args("replay traces/mixed_sizes.pickle.gz -a torch --torch-conf garbage_collection_threshold:0.6 --capacity 6GiB --min-capacity --json"));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let t = &v["allocators"][0];
     assert_eq!(t["oom_count"], 0);
@@ -68,12 +41,9 @@ fn torch_conf_and_the_emulation_self_check() {
     let min = t["min_capacity_bytes"].as_u64().unwrap();
     assert!(min >= floor && min <= 6 << 30, "{min}");
     // A bad setting names the key.
-    let (ok, _, err) = gpumem(&[
-        "replay",
-        "traces/mixed_sizes.pickle.gz",
-        "--torch-conf",
-        "max_split_size:128",
-    ]);
+    let (ok, _, err) = gpumem(&args(
+        "replay traces/mixed_sizes.pickle.gz --torch-conf max_split_size:128",
+    ));
     assert!(!ok);
     assert!(
         err.contains("--torch-conf") && err.contains("max_split_size"),
@@ -84,7 +54,7 @@ fn torch_conf_and_the_emulation_self_check() {
 #[test]
 fn lazy_conf_notes_page_keys_that_segments_ignore() {
     let run = |conf: &str| {
-        let (ok, out, err) = gpumem(&[
+        let (out, err) = gpumem_ok(&[
             "replay",
             "traces/resnet_train.pickle.gz",
             "-a",
@@ -93,7 +63,6 @@ fn lazy_conf_notes_page_keys_that_segments_ignore() {
             conf,
             "--json",
         ]);
-        assert!(ok, "{err}");
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         (v["allocators"][0].clone(), err)
     };
@@ -205,68 +174,42 @@ fn lazy_conf_sets_the_paged_lazy_trade_and_names_bad_items() {
 /// from, and its figures are PyTorch's own (traces/warm_process/seg_train.stats.json).
 #[test]
 fn warm_process_trace_starts_from_its_segments() {
-    let (ok, out, err) = gpumem(&[
-        "replay",
-        "traces/warm_process/seg_train.pickle.gz",
-        "-a",
-        "torch,tlsf",
-        "--json",
-        "--no-plan",
-    ]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&args(
+        "replay traces/warm_process/seg_train.pickle.gz -a torch,tlsf --json --no-plan",
+    ));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let torch = &v["allocators"][0];
     assert_eq!(torch["name"], "torch");
     assert_eq!(torch["emulation_check"]["result"], "matches", "{out}");
     assert_eq!(torch["peak_reserved_bytes"], 5_630_853_120u64);
     assert_eq!(torch["peak_allocated_bytes"], 5_097_814_528u64);
-    let (ok, _, err) = gpumem(&[
-        "replay",
-        "traces/warm_process/seg_train.pickle.gz",
-        "-a",
-        "torch",
-        "--no-plan",
-    ]);
-    assert!(ok, "{err}");
+    let (_, err) = gpumem_ok(&args(
+        "replay traces/warm_process/seg_train.pickle.gz -a torch --no-plan",
+    ));
     assert!(
         err.contains("2 segments made before recording started (no event of the trace made them); the torch emulation starts from them"),
         "{err}"
     );
     // Without torch in the list the line is not printed.
-    let (ok, _, err) = gpumem(&[
-        "replay",
-        "traces/warm_process/seg_train.pickle.gz",
-        "-a",
-        "tlsf",
-        "--no-plan",
-    ]);
-    assert!(ok, "{err}");
+    let (_, err) = gpumem_ok(&args(
+        "replay traces/warm_process/seg_train.pickle.gz -a tlsf --no-plan",
+    ));
     assert!(!err.contains("segments made before"), "{err}");
 }
 
 /// A snapshot with CUDA-graph private pools: the torch emulation says it does not model them.
 #[test]
 fn private_pools_are_named_as_not_modelled() {
-    let (ok, _, err) = gpumem(&[
-        "replay",
-        "traces/limits/graph_infer.pickle.gz",
-        "-a",
-        "torch",
-        "--no-plan",
-    ]);
-    assert!(ok, "{err}");
+    let (_, err) = gpumem_ok(&args(
+        "replay traces/limits/graph_infer.pickle.gz -a torch --no-plan",
+    ));
     assert!(
         err.contains("3 segments of the snapshot belong to CUDA-graph private pools"),
         "{err}"
     );
-    let (ok, _, err) = gpumem(&[
-        "replay",
-        "traces/limits/graph_infer.pickle.gz",
-        "-a",
-        "tlsf",
-        "--no-plan",
-    ]);
-    assert!(ok, "{err}");
+    let (_, err) = gpumem_ok(&args(
+        "replay traces/limits/graph_infer.pickle.gz -a tlsf --no-plan",
+    ));
     assert!(!err.contains("private pools"), "{err}");
 }
 
@@ -277,38 +220,18 @@ fn private_pools_are_named_as_not_modelled() {
 #[test]
 fn the_setting_given_decides_which_earlier_segments_are_taken_in() {
     let seg = "traces/warm_process/seg_train.pickle.gz";
-    let (ok, _, err) = gpumem(&[
-        "replay",
-        seg,
-        "-a",
-        "torch",
-        "--no-plan",
-        "--torch-conf",
-        "expandable_segments:True",
-    ]);
-    assert!(ok, "{err}");
+    let (_, err) = gpumem_ok(&args("replay traces/warm_process/seg_train.pickle.gz -a torch --no-plan --torch-conf expandable_segments:True"));
     assert!(!err.contains("the torch emulation starts from"), "{err}");
     assert!(
         err.contains("2 cudaMalloc segments made before recording started are not of the kind expandable_segments:True makes"),
         "{err}"
     );
-    let (ok, _, err) = gpumem(&["replay", seg, "-a", "torch", "--no-plan"]);
-    assert!(ok, "{err}");
+    let (_, err) = gpumem_ok(&["replay", seg, "-a", "torch", "--no-plan"]);
     assert!(
         err.contains("2 segments made before recording started (no event of the trace made them); the torch emulation starts from them"),
         "{err}"
     );
-    let gan = "traces/warm_process/gan_train_expandable.pickle.gz";
-    let (ok, _, err) = gpumem(&[
-        "replay",
-        gan,
-        "-a",
-        "torch",
-        "--no-plan",
-        "--torch-conf",
-        "native",
-    ]);
-    assert!(ok, "{err}");
+    let (_, err) = gpumem_ok(&args("replay traces/warm_process/gan_train_expandable.pickle.gz -a torch --no-plan --torch-conf native"));
     assert!(
         err.contains("PYTORCH_CUDA_ALLOC_CONF native (from --torch-conf)"),
         "{err}"
@@ -324,15 +247,9 @@ fn the_setting_given_decides_which_earlier_segments_are_taken_in() {
 /// `["alloc",0,39845888]`, beside the object `{"kind":"alloc","addr":...,"bytes":...}`).
 #[test]
 fn the_emulated_call_of_a_divergence_is_an_object_like_the_recorded_one() {
-    let (ok, out, err) = gpumem(&[
-        "replay",
-        "traces/limits/graph_infer.pickle.gz",
-        "-a",
-        "torch",
-        "--no-plan",
-        "--json",
-    ]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&args(
+        "replay traces/limits/graph_infer.pickle.gz -a torch --no-plan --json",
+    ));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let check = &v["allocators"][0]["emulation_check"];
     assert_eq!(check["result"], "diverges", "{check}");
@@ -352,16 +269,7 @@ fn the_emulated_call_of_a_divergence_is_an_object_like_the_recorded_one() {
 fn report_and_map_take_lazy_conf() {
     let t = "traces/mixed_sizes.pickle.gz";
     let map = |conf: &[&str]| {
-        let mut args = vec![
-            "map",
-            t,
-            "-a",
-            "paged-lazy",
-            "--width",
-            "60",
-            "--lines",
-            "3",
-        ];
+        let mut args = args("map traces/mixed_sizes.pickle.gz -a paged-lazy --width 60 --lines 3");
         args.extend(conf);
         let (ok, out, err) = gpumem(&args);
         assert!(ok, "{err}");
@@ -385,7 +293,7 @@ fn report_and_map_take_lazy_conf() {
     );
     let dir = scratch("lazyconf");
     let page = dir.join("r.html");
-    let (ok, _, err) = gpumem(&[
+    gpumem_ok(&[
         "report",
         t,
         "-a",
@@ -395,7 +303,6 @@ fn report_and_map_take_lazy_conf() {
         "-o",
         page.to_str().unwrap(),
     ]);
-    assert!(ok, "{err}");
     let html = std::fs::read_to_string(&page).unwrap();
     assert!(
         html.contains("paged-lazy: <code>placement=segments,grow_ahead=0.0156</code> (PyTorch's expandable segments"),
@@ -403,7 +310,7 @@ fn report_and_map_take_lazy_conf() {
     );
     assert!(html.contains("torch: <code>PYTORCH_CUDA_ALLOC_CONF native</code>"));
     // The items that take effect, sizes in binary units (it listed every key, in bytes).
-    let (ok, _, err) = gpumem(&[
+    gpumem_ok(&[
         "report",
         t,
         "-a",
@@ -413,7 +320,6 @@ fn report_and_map_take_lazy_conf() {
         "-o",
         page.to_str().unwrap(),
     ]);
-    assert!(ok, "{err}");
     let html = std::fs::read_to_string(&page).unwrap();
     assert!(
         html.contains("paged-lazy: <code>placement=pages,headroom=0,max_handle=64MiB,map_ahead=1GiB</code> (gpumem's page placement"),
@@ -448,12 +354,9 @@ fn lazy_conf_strategy_names_the_allocator_flag() {
         );
     }
     // Another unknown key gets no such hint.
-    let (ok, _, err) = gpumem(&[
-        "replay",
-        "traces/multigpu/two_devices.jsonl",
-        "--lazy-conf",
-        "colour=red",
-    ]);
+    let (ok, _, err) = gpumem(&args(
+        "replay traces/multigpu/two_devices.jsonl --lazy-conf colour=red",
+    ));
     assert!(!ok);
     assert!(!err.contains("--allocator"), "{err}");
 }

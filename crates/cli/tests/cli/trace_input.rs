@@ -1,5 +1,8 @@
 //! Reading a trace in every trace command: bad input, errors naming the line, lenient reads, standard input, gzip.
-use crate::common::{copy_trace, gpumem, gpumem_stdin, one_line_error, repo, scratch, FIXTURES};
+use crate::common::{
+    args, copy_trace, gpumem, gpumem_ok, gpumem_stdin, one_line_error, repo, scratch, write_file,
+    FIXTURES,
+};
 use std::process::Command;
 
 #[test]
@@ -8,12 +11,7 @@ fn bad_inputs_get_clear_errors() {
     assert!(!ok && err.contains("no/such/file.pickle"), "{err}");
     let (ok, _, err) = gpumem(&["replay", "traces/mixed_sizes.pickle.gz", "-a", "firstfit"]);
     assert!(!ok && err.contains("unknown allocator `firstfit`"), "{err}");
-    let (ok, _, err) = gpumem(&[
-        "replay",
-        "traces/mixed_sizes.pickle.gz",
-        "--capacity",
-        "12XB",
-    ]);
+    let (ok, _, err) = gpumem(&args("replay traces/mixed_sizes.pickle.gz --capacity 12XB"));
     assert!(!ok && err.contains("unknown unit"), "{err}");
     let (ok, _, err) = gpumem(&[
         "replay",
@@ -34,12 +32,9 @@ fn bad_inputs_get_clear_errors() {
 
 #[test]
 fn snapshot_without_trace_gets_a_state_analysis() {
-    let (ok, out, err) = gpumem(&[
-        "replay",
-        "crates/gpumem/tests/fixtures/segments_only.pickle",
-        "--json",
-    ]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&args(
+        "replay crates/gpumem/tests/fixtures/segments_only.pickle --json",
+    ));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let t = &v["state"]["totals"];
     assert!(t["segments"].as_u64().unwrap() > 0);
@@ -78,9 +73,8 @@ fn lenient_reads_say_what_they_skipped_and_salvaged() {
         lines.push_str(&format!("{{\"action\":\"free\",\"addr\":{}}}\n", 100 + i));
     }
     let f = dir.join("bad.jsonl");
-    std::fs::write(&f, lines).unwrap();
-    let (ok, _, err) = gpumem(&["replay", f.to_str().unwrap(), "--lenient", "-a", "tlsf"]);
-    assert!(ok, "{err}");
+    write_file(&f, lines);
+    let (_, err) = gpumem_ok(&["replay", f.to_str().unwrap(), "--lenient", "-a", "tlsf"]);
     assert_eq!(err.matches("  skipped: line").count(), 5, "{err}");
     assert!(err.contains("... and 3 more skipped"), "{err}");
     assert!(
@@ -89,11 +83,10 @@ fn lenient_reads_say_what_they_skipped_and_salvaged() {
     );
     let snap = std::fs::read(repo().join(FIXTURES).join("recorded_oom.pickle")).unwrap();
     let cut = dir.join("cut.pickle");
-    std::fs::write(&cut, &snap[..snap.len() / 2]).unwrap();
+    write_file(&cut, &snap[..snap.len() / 2]);
     let (ok, _, err) = gpumem(&["replay", cut.to_str().unwrap(), "-a", "tlsf"]);
     assert!(!ok && err.contains("truncated"), "{err}");
-    let (ok, _, err) = gpumem(&["replay", cut.to_str().unwrap(), "--lenient", "-a", "tlsf"]);
-    assert!(ok, "{err}");
+    let (_, err) = gpumem_ok(&["replay", cut.to_str().unwrap(), "--lenient", "-a", "tlsf"]);
     assert!(
         err.contains("truncated: the file is cut at byte offset") && err.contains("kept the "),
         "{err}"
@@ -156,7 +149,7 @@ fn a_negative_size_is_refused_as_one() {
 fn a_misspelt_required_key_gets_its_hint() {
     let dir = scratch("typo");
     let t = dir.join("t.jsonl");
-    std::fs::write(&t, "{\"action\":\"alloc\",\"addr\":1,\"sise\":100}\n").unwrap();
+    write_file(&t, "{\"action\":\"alloc\",\"addr\":1,\"sise\":100}\n");
     let (ok, _, err) = gpumem(&["replay", t.to_str().unwrap()]);
     assert!(!ok, "{err}");
     assert!(
@@ -173,18 +166,25 @@ fn a_misspelt_required_key_gets_its_hint() {
 #[test]
 fn a_salvaged_snapshot_does_not_take_the_state_after_the_cut_for_its_start() {
     let dir = scratch("cut-warm");
-    let whole = std::fs::read(repo().join("traces/warm_process/seg_train.pickle.gz")).unwrap();
-    let cut = dir.join("seg_train_cut.pickle.gz");
-    std::fs::write(&cut, &whole[..whole.len() * 6 / 10]).unwrap();
-    let (ok, _, err) = gpumem(&[
-        "replay",
-        cut.to_str().unwrap(),
-        "--lenient",
-        "-a",
-        "torch",
-        "--no-plan",
-    ]);
-    assert!(ok, "{err}");
+    // The first 60 % of a shipped trace, replayed with --lenient: stderr.
+    let salvage = |trace: &str, cut: &str| {
+        let whole = std::fs::read(repo().join(trace)).unwrap();
+        let cut = dir.join(cut);
+        write_file(&cut, &whole[..whole.len() * 6 / 10]);
+        let args = [
+            "replay",
+            cut.to_str().unwrap(),
+            "--lenient",
+            "-a",
+            "torch",
+            "--no-plan",
+        ];
+        gpumem_ok(&args).1
+    };
+    let err = salvage(
+        "traces/warm_process/seg_train.pickle.gz",
+        "seg_train_cut.pickle.gz",
+    );
     assert!(err.contains("  truncated: "), "{err}");
     assert!(
         err.contains("not taken for the state before recording began"),
@@ -203,19 +203,10 @@ fn a_salvaged_snapshot_does_not_take_the_state_after_the_cut_for_its_start() {
     );
     // A snapshot cut before its allocator_settings (written after the trace) replays native:
     // said so, with the way out.
-    let whole =
-        std::fs::read(repo().join("traces/warm_process/gan_train_expandable.pickle.gz")).unwrap();
-    let cut = dir.join("gan_cut.pickle.gz");
-    std::fs::write(&cut, &whole[..whole.len() * 6 / 10]).unwrap();
-    let (ok, _, err) = gpumem(&[
-        "replay",
-        cut.to_str().unwrap(),
-        "--lenient",
-        "-a",
-        "torch",
-        "--no-plan",
-    ]);
-    assert!(ok, "{err}");
+    let err = salvage(
+        "traces/warm_process/gan_train_expandable.pickle.gz",
+        "gan_cut.pickle.gz",
+    );
     assert!(
         err.contains(
             "native (native: the snapshot is cut before its allocator_settings; give --torch-conf"
@@ -232,11 +223,8 @@ fn a_salvaged_snapshot_does_not_take_the_state_after_the_cut_for_its_start() {
 fn lenient_commands_say_what_they_skipped() {
     let dir = scratch("lenient");
     let dup = dir.join("dup.jsonl");
-    std::fs::write(
-        &dup,
-        "{\"action\":\"alloc\",\"addr\":1,\"size\":4096}\n{\"action\":\"free\",\"addr\":1}\n{\"action\":\"free\",\"addr\":1}\n",
-    )
-    .unwrap();
+    write_file(&dup,
+        "{\"action\":\"alloc\",\"addr\":1,\"size\":4096}\n{\"action\":\"free\",\"addr\":1}\n{\"action\":\"free\",\"addr\":1}\n");
     let dup = dup.to_str().unwrap();
     let html = dir.join("r.html");
     for args in [
@@ -251,21 +239,19 @@ fn lenient_commands_say_what_they_skipped() {
             "{args:?}: {err}"
         );
     }
-    let (ok, out, err) = gpumem(&["tune", dup, "--lenient", "--json"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["tune", dup, "--lenient", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["skipped_events"], 1);
     // `replay --json` prints no read notes: the reasons are in the JSON (it had the count
     // only, and said nowhere why).
-    let (ok, out, err) = gpumem(&["replay", dup, "--lenient", "--json", "-a", "torch"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["replay", dup, "--lenient", "--json", "-a", "torch"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["trace"]["skipped_events"], 1);
     let why = v["trace"]["skipped"][0].as_str().unwrap_or_default();
     assert!(why.starts_with("line 3: free of address 1"), "{out}");
 
     let bad = dir.join("bad.jsonl");
-    std::fs::write(&bad, "{\"action\":\"alloc\",\"addr\":1,\"size\":-10}\n").unwrap();
+    write_file(&bad, "{\"action\":\"alloc\",\"addr\":1,\"size\":-10}\n");
     let bad = bad.to_str().unwrap();
     for cmd in ["replay", "tune", "convert"] {
         let (ok, out, err) = gpumem(&[cmd, bad, "--lenient"]);
@@ -289,11 +275,10 @@ fn lenient_commands_say_what_they_skipped() {
     assert!(!ok, "{out}");
     assert!(err.contains("segments but no trace entries"), "{err}");
     // Counted nouns in the state analysis.
-    let (ok, out, err) = gpumem(&[
+    let (out, _) = gpumem_ok(&[
         "replay",
         "crates/gpumem/tests/fixtures/segments_only.pickle",
     ]);
-    assert!(ok, "{err}");
     assert!(out.contains("state of the 1 segment the snapshot"), "{out}");
     assert!(out.contains(", 1 inactive split block holding"), "{out}");
     std::fs::remove_dir_all(&dir).unwrap();
@@ -305,11 +290,10 @@ fn lenient_commands_say_what_they_skipped() {
 fn errors_name_what_the_line_wrote() {
     let dir = scratch("what-the-line-wrote");
     let big = dir.join("big.jsonl");
-    std::fs::write(
+    write_file(
         &big,
         "{\"action\":\"alloc\",\"addr\":1,\"size\":18446744073709551616}\n",
-    )
-    .unwrap();
+    );
     let (ok, _, err) = gpumem(&["replay", big.to_str().unwrap()]);
     assert!(!ok);
     assert!(
@@ -319,11 +303,10 @@ fn errors_name_what_the_line_wrote() {
     one_line_error(&err);
     // A device ordinal beyond 32 bits is a whole number ≥ 0: the error says the range.
     let dev = dir.join("dev.jsonl");
-    std::fs::write(
+    write_file(
         &dev,
         "{\"action\":\"alloc\",\"addr\":1,\"size\":1,\"device\":4294967296}\n",
-    )
-    .unwrap();
+    );
     let (ok, _, err) = gpumem(&["replay", dev.to_str().unwrap()]);
     assert!(!ok);
     assert!(
@@ -332,11 +315,10 @@ fn errors_name_what_the_line_wrote() {
     );
     // An oom line without the request it failed on was judged as a 0-byte request.
     let oom = dir.join("oom.jsonl");
-    std::fs::write(
+    write_file(
         &oom,
         "{\"action\":\"oom\"}\n{\"action\":\"alloc\",\"addr\":1,\"size\":10}\n",
-    )
-    .unwrap();
+    );
     let (ok, out, err) = gpumem(&["replay", oom.to_str().unwrap()]);
     assert!(!ok, "{out}");
     assert!(
@@ -345,11 +327,8 @@ fn errors_name_what_the_line_wrote() {
     );
     // The same in a snapshot (PyTorch writes the size of every oom entry).
     let poom = dir.join("oom.pickle");
-    std::fs::write(
-        &poom,
-        b"\x80\x02}(X\x08\x00\x00\x00segments]X\r\x00\x00\x00device_traces]](}(X\x06\x00\x00\x00actionq\x00X\x03\x00\x00\x00oomX\x06\x00\x00\x00streamq\x01K\x00u}(h\x00X\x05\x00\x00\x00allocX\x04\x00\x00\x00addrK\x01X\x04\x00\x00\x00sizeK\nh\x01K\x00ueau.",
-    )
-    .unwrap();
+    write_file(&poom,
+        b"\x80\x02}(X\x08\x00\x00\x00segments]X\r\x00\x00\x00device_traces]](}(X\x06\x00\x00\x00actionq\x00X\x03\x00\x00\x00oomX\x06\x00\x00\x00streamq\x01K\x00u}(h\x00X\x05\x00\x00\x00allocX\x04\x00\x00\x00addrK\x01X\x04\x00\x00\x00sizeK\nh\x01K\x00ueau.");
     let (ok, out, err) = gpumem(&["replay", poom.to_str().unwrap()]);
     assert!(!ok, "{out}");
     assert!(
@@ -357,11 +336,10 @@ fn errors_name_what_the_line_wrote() {
         "{err}"
     );
     let csv = dir.join("short.csv");
-    std::fs::write(
+    write_file(
         &csv,
         "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0x100,256\n",
-    )
-    .unwrap();
+    );
     let (ok, _, err) = gpumem(&["replay", csv.to_str().unwrap()]);
     assert!(!ok);
     assert!(
@@ -396,18 +374,15 @@ fn a_folder_is_not_a_trace() {
 fn a_broken_stats_file_beside_the_trace_is_warned_about() {
     let dir = scratch("stats");
     let t = copy_trace(&dir, "crates/gpumem/tests/fixtures/sample.jsonl");
-    std::fs::write(
+    write_file(
         dir.join("sample-native.stats.json"),
         "{\"reserved_bytes.all.peak\": 1.5e9",
-    )
-    .unwrap();
-    std::fs::write(
+    );
+    write_file(
         dir.join("sample-expandable_segments_True.stats.json"),
         "{\"reserved\": 5}",
-    )
-    .unwrap();
-    let (ok, _, err) = gpumem(&["replay", t.to_str().unwrap(), "-a", "torch", "--no-plan"]);
-    assert!(ok, "{err}");
+    );
+    let (_, err) = gpumem_ok(&["replay", t.to_str().unwrap(), "-a", "torch", "--no-plan"]);
     assert!(
         err.contains("sample-native.stats.json: not JSON (")
             && err.contains("expected torch.cuda.memory_stats() as a JSON object"),
@@ -418,7 +393,7 @@ fn a_broken_stats_file_beside_the_trace_is_warned_about() {
         "{err}"
     );
     let html = dir.join("r.html");
-    let (ok, _, err) = gpumem(&[
+    let (_, err) = gpumem_ok(&[
         "report",
         t.to_str().unwrap(),
         "-a",
@@ -426,7 +401,6 @@ fn a_broken_stats_file_beside_the_trace_is_warned_about() {
         "-o",
         html.to_str().unwrap(),
     ]);
-    assert!(ok, "{err}");
     assert!(
         err.contains("sample-native.stats.json: not JSON ("),
         "{err}"
@@ -443,11 +417,11 @@ fn a_bad_gzip_checksum_note_is_a_whole_sentence() {
     let n = gz.len();
     gz[n - 6] ^= 0xff; // inside the CRC-32 of the trailer
     let t = dir.join("crc.pickle.gz");
-    std::fs::write(&t, &gz).unwrap();
+    write_file(&t, &gz);
     let (ok, _, err) = gpumem(&["replay", t.to_str().unwrap()]);
     assert!(!ok);
     assert!(err.contains("does not have a matching checksum"), "{err}");
-    let (ok, out, err) = gpumem(&[
+    let (out, _) = gpumem_ok(&[
         "replay",
         t.to_str().unwrap(),
         "-a",
@@ -456,7 +430,6 @@ fn a_bad_gzip_checksum_note_is_a_whole_sentence() {
         "--json",
         "--no-plan",
     ]);
-    assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let events = v["trace"]["events"].as_u64().unwrap();
     let note = v["trace"]["truncated"]
@@ -472,7 +445,6 @@ fn a_bad_gzip_checksum_note_is_a_whole_sentence() {
 /// Every command that reads a trace takes `-` for standard input, and its help says so.
 #[test]
 fn every_trace_command_reads_standard_input_and_says_so() {
-    use std::io::Write;
     let sample = std::fs::read(repo().join("crates/gpumem/tests/fixtures/sample.jsonl")).unwrap();
     for cmd in ["replay", "tune", "report", "map", "convert"] {
         let (ok, out, _) = gpumem(&[cmd, "--help"]);
@@ -487,22 +459,9 @@ fn every_trace_command_reads_standard_input_and_says_so() {
         if cmd == "report" {
             args.extend(["-o", "-", "-a", "torch"]);
         }
-        let mut child = Command::new(env!("CARGO_BIN_EXE_gpumem"))
-            .args(&args)
-            .current_dir(repo())
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        child.stdin.take().unwrap().write_all(&sample).unwrap();
-        let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "{cmd}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(!out.stdout.is_empty(), "{cmd}");
+        let (ok, out, err) = gpumem_stdin(&args, &sample);
+        assert!(ok, "{cmd}: {err}");
+        assert!(!out.is_empty(), "{cmd}");
     }
 }
 
@@ -523,7 +482,7 @@ fn an_empty_trace_is_said_empty_whatever_it_came_from() {
     );
     let dir = scratch("empty-trace");
     let f = dir.join("empty.json");
-    std::fs::write(&f, "").unwrap();
+    write_file(&f, "");
     let (ok, _, err) = gpumem(&["replay", f.to_str().unwrap()]);
     assert!(!ok);
     assert!(
@@ -544,11 +503,11 @@ fn a_gzip_snapshot_padded_with_zeros_replays() {
     let padded = dir.join("padded.pickle.gz");
     let mut bytes = gz.clone();
     bytes.extend(std::iter::repeat_n(0u8, 4096 - gz.len() % 4096));
-    std::fs::write(&padded, &bytes).unwrap();
+    write_file(&padded, &bytes);
     let trailing = dir.join("trailing.pickle.gz");
     let mut bytes = gz;
     bytes.extend(b"garbage\n");
-    std::fs::write(&trailing, &bytes).unwrap();
+    write_file(&trailing, &bytes);
     let json = |args: &[&str]| -> serde_json::Value {
         let (ok, out, err) = gpumem(args);
         assert!(ok, "{args:?}: {err}");
@@ -560,14 +519,9 @@ fn a_gzip_snapshot_padded_with_zeros_replays() {
             v["allocators"][0]["peak_reserved_bytes"].clone(),
         )
     };
-    let want = json(&[
-        "replay",
-        "traces/mixed_sizes.pickle.gz",
-        "-a",
-        "torch",
-        "--json",
-        "--no-plan",
-    ]);
+    let want = json(&args(
+        "replay traces/mixed_sizes.pickle.gz -a torch --json --no-plan",
+    ));
     let got = json(&[
         "replay",
         padded.to_str().unwrap(),
@@ -616,7 +570,7 @@ fn an_error_about_an_earlier_line_names_that_line() {
     ];
     for (name, text, said) in cases {
         let f = dir.join(name);
-        std::fs::write(&f, text).unwrap();
+        write_file(&f, text);
         let (ok, _, err) = gpumem(&["replay", f.to_str().unwrap(), "-a", "torch"]);
         assert!(!ok, "{name}");
         one_line_error(&err);

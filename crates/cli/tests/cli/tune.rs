@@ -1,5 +1,5 @@
 //! `gpumem tune`: the ranking, the export line, its JSON, devices and threads.
-use crate::common::{gpumem, one_line_error, scratch};
+use crate::common::{args, gpumem, gpumem_ok, one_line_error, scratch, write_file};
 
 fn cap_of(row: &serde_json::Value) -> u64 {
     row["min_capacity_bytes"].as_u64().unwrap()
@@ -7,8 +7,7 @@ fn cap_of(row: &serde_json::Value) -> u64 {
 
 #[test]
 fn tune_ranks_settings_and_prints_the_export_line() {
-    let (ok, out, err) = gpumem(&["tune", "traces/mixed_sizes.pickle.gz", "--json"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["tune", "traces/mixed_sizes.pickle.gz", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let rows = v["rows"].as_array().unwrap();
     assert!(rows.len() >= 17, "{}", rows.len());
@@ -35,15 +34,9 @@ fn tune_ranks_settings_and_prints_the_export_line() {
     let paged = &plugin[3];
     assert_eq!(paged["strategy"], "paged");
     assert_eq!(paged["min_capacity_bytes"], v["paged_min_capacity_bytes"]);
-    let (ok, rout, err) = gpumem(&[
-        "replay",
-        "traces/mixed_sizes.pickle.gz",
-        "-a",
-        "paged-lazy,paged",
-        "--json",
-        "--no-plan",
-    ]);
-    assert!(ok, "{err}");
+    let (rout, _) = gpumem_ok(&args(
+        "replay traces/mixed_sizes.pickle.gz -a paged-lazy,paged --json --no-plan",
+    ));
     let r: serde_json::Value = serde_json::from_str(&rout).unwrap();
     for (row, a) in [
         (&plugin[0], &r["allocators"][0]),
@@ -75,8 +68,7 @@ fn tune_ranks_settings_and_prints_the_export_line() {
         let cap = row["min_capacity_bytes"].as_u64().unwrap();
         assert!(cap >= floor && cap >= cap_of(paged), "{row}");
     }
-    let (ok, out, err) = gpumem(&["tune", "traces/mixed_sizes.pickle.gz", "--capacity", "6GiB"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["tune", "traces/mixed_sizes.pickle.gz", "--capacity", "6GiB"]);
     assert!(out.contains("garbage_collection_threshold:0.6"), "{out}");
     assert!(out.contains("export PYTORCH_CUDA_ALLOC_CONF="), "{out}");
     assert!(out.contains("gpumem plug-in, GPUMEM_CONF"), "{out}");
@@ -91,8 +83,7 @@ fn tune_ranks_settings_and_prints_the_export_line() {
 /// driver time has an OOM", judging them by those failed runs).
 #[test]
 fn tune_says_why_no_gpumem_setting_is_picked() {
-    let (ok, out, err) = gpumem(&["tune", "traces/gpt2_train.pickle.gz", "--capacity", "24GiB"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["tune", "traces/gpt2_train.pickle.gz", "--capacity", "24GiB"]);
     assert!(
         !out.contains("within 2 × native's driver time has an OOM"),
         "{out}"
@@ -147,21 +138,15 @@ fn tune_names_the_device_and_refuses_one_without_allocations() {
     );
 
     // Several devices: the header says which one is tuned and how to pick another.
-    let (ok, out, err) = gpumem(&["tune", "traces/multigpu/two_devices.jsonl"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["tune", "traces/multigpu/two_devices.jsonl"]);
     let header = out.lines().next().unwrap();
     assert!(
         header.contains("device 0 of 2 (devices 0, 1; --device N tunes another)"),
         "{header}"
     );
-    let (ok, out, err) = gpumem(&[
-        "tune",
-        "traces/multigpu/two_devices.jsonl",
-        "--device",
-        "1",
-        "--json",
-    ]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&args(
+        "tune traces/multigpu/two_devices.jsonl --device 1 --json",
+    ));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["device"], 1);
     assert_eq!(v["trace_devices"], serde_json::json!([0, 1]));
@@ -170,8 +155,7 @@ fn tune_names_the_device_and_refuses_one_without_allocations() {
 /// The README: a zero peak requested shows as `-` in every table, `tune`'s included.
 #[test]
 fn tune_shows_a_dash_where_nothing_was_requested() {
-    let (ok, out, err) = gpumem(&["tune", "traces/mixed_sizes.pickle.gz", "--capacity", "1MiB"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["tune", "traces/mixed_sizes.pickle.gz", "--capacity", "1MiB"]);
     assert!(!out.contains("0.000"), "{out}");
     let native = out
         .lines()
@@ -184,14 +168,9 @@ fn tune_shows_a_dash_where_nothing_was_requested() {
         .unwrap_or_else(|| panic!("{out}"));
     assert!(plugin.contains(" -† "), "{plugin}");
     // --json keeps a number.
-    let (ok, out, err) = gpumem(&[
-        "tune",
-        "traces/mixed_sizes.pickle.gz",
-        "--capacity",
-        "1MiB",
-        "--json",
-    ]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&args(
+        "tune traces/mixed_sizes.pickle.gz --capacity 1MiB --json",
+    ));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["rows"][0]["reserved_over_requested"].as_f64(), Some(0.0));
 }
@@ -200,24 +179,15 @@ fn tune_shows_a_dash_where_nothing_was_requested() {
 /// threads" for 21 replays).
 #[test]
 fn tune_reports_the_threads_it_ran() {
-    let (ok, out, err) = gpumem(&[
-        "tune",
-        "crates/gpumem/tests/fixtures/sample.jsonl",
-        "--threads",
-        "1000",
-        "--json",
-    ]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&args(
+        "tune crates/gpumem/tests/fixtures/sample.jsonl --threads 1000 --json",
+    ));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let settings = v["rows"].as_array().unwrap().len() + v["plugin_rows"].as_array().unwrap().len();
     assert_eq!(v["threads"].as_u64(), Some(settings as u64), "{out}");
-    let (ok, _, err) = gpumem(&[
-        "tune",
-        "crates/gpumem/tests/fixtures/sample.jsonl",
-        "--threads",
-        "1000",
-    ]);
-    assert!(ok, "{err}");
+    let (_, err) = gpumem_ok(&args(
+        "tune crates/gpumem/tests/fixtures/sample.jsonl --threads 1000",
+    ));
     let last = err.lines().last().unwrap_or_default();
     assert!(
         last.ends_with(&format!("on {settings} threads"))
@@ -233,8 +203,7 @@ fn tune_reports_the_threads_it_ran() {
 #[test]
 fn tune_exports_no_setting_that_fails_at_the_capacity_given() {
     let t = "traces/warm_process/seg_train.pickle.gz";
-    let (ok, out, err) = gpumem(&["tune", t, "--capacity", "2GiB"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["tune", t, "--capacity", "2GiB"]);
     assert!(!out.contains("export PYTORCH_CUDA_ALLOC_CONF"), "{out}");
     assert!(
         out.contains("every setting has an OOM at 2.00 GiB (PyTorch stops at the first); the least demanding, expandable_segments:True, needs 4.77 GiB: 292.0 MiB less than the trace's own setting (native) needs"),
@@ -248,8 +217,7 @@ fn tune_exports_no_setting_that_fails_at_the_capacity_given() {
 /// "also completes at 3.15 GiB, but not at every capacity between that and 3.15 GiB").
 #[test]
 fn tune_footnote_capacities_differ() {
-    let (ok, out, err) = gpumem(&["tune", "traces/validation/resnet_infer.pickle.gz"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["tune", "traces/validation/resnet_infer.pickle.gz"]);
     assert!(
         out.contains("*: expandable_segments:True also completes at 3226 MiB, but not at every capacity between that and 3230 MiB"),
         "{out}"
@@ -269,26 +237,19 @@ fn tune_footnote_capacities_differ() {
 /// table exports none, "" for PyTorch's defaults and the plug-in's.
 #[test]
 fn tune_json_has_what_the_table_exports() {
-    let (ok, out, err) = gpumem(&["tune", "traces/gpt2_train.pickle.gz", "--json"]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["tune", "traces/gpt2_train.pickle.gz", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(
         v["recommended_pytorch_cuda_alloc_conf"],
         "expandable_segments:True"
     );
     assert_eq!(v["recommended_gpumem_conf"], "placement=pages");
-    let (ok, table, err) = gpumem(&["tune", "traces/gpt2_train.pickle.gz"]);
-    assert!(ok, "{err}");
+    let (table, _) = gpumem_ok(&["tune", "traces/gpt2_train.pickle.gz"]);
     assert!(table.contains("\nexport PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n"));
     assert!(table.contains("\nexport GPUMEM_CONF=placement=pages\n"));
-    let (ok, out, err) = gpumem(&[
-        "tune",
-        "traces/warm_process/seg_train.pickle.gz",
-        "--capacity",
-        "2GiB",
-        "--json",
-    ]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&args(
+        "tune traces/warm_process/seg_train.pickle.gz --capacity 2GiB --json",
+    ));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert!(v["recommended_pytorch_cuda_alloc_conf"].is_null(), "{out}");
     assert!(v["recommended_gpumem_conf"].is_null(), "{out}");
@@ -301,13 +262,11 @@ fn tune_json_has_what_the_table_exports() {
 fn tune_recommends_a_setting_when_native_makes_no_driver_time() {
     let dir = scratch("tune-zero");
     let trace = dir.join("zero.jsonl");
-    std::fs::write(
+    write_file(
         &trace,
         "{\"action\":\"alloc\",\"addr\":1,\"size\":0}\n{\"action\":\"free\",\"addr\":1}\n",
-    )
-    .unwrap();
-    let (ok, out, err) = gpumem(&["tune", trace.to_str().unwrap()]);
-    assert!(ok, "{err}");
+    );
+    let (out, _) = gpumem_ok(&["tune", trace.to_str().unwrap()]);
     assert!(
         out.contains(
             "unset GPUMEM_CONF  # the plug-in's defaults (paged-lazy)\n  needs 2.00 MiB: the least memory of gpumem's settings within 2 × native's driver time"

@@ -1,5 +1,5 @@
 //! `gpumem watch`: samples, pool-stats files, without a driver.
-use crate::common::{gpumem, one_line_error, scratch};
+use crate::common::{gpumem, gpumem_ok, one_line_error, scratch, write_file};
 use std::process::Command;
 
 /// `watch` without the NVIDIA driver: one clear line, not the loader's wording.
@@ -48,14 +48,12 @@ fn watch_once_samples_or_says_why_not() {
 fn watch_shows_the_pools_without_a_driver() {
     let dir = scratch("watch-pools");
     let d = dir.to_str().unwrap();
-    std::fs::write(
+    write_file(
         dir.join("1234.json"),
         r#"{"device":0,"strategy":"paged","reserved_bytes.all.current":4194304,"reserved_bytes.all.peak":8388608,"allocated_bytes.all.current":1024,"allocated_bytes.all.peak":2048}"#,
-    )
-    .unwrap();
-    std::fs::write(dir.join("junk.json"), "{\"device\": 0,\n oops").unwrap();
-    let (ok, out, err) = gpumem(&["watch", "--once", "--pool-stats", d]);
-    assert!(ok, "{err}");
+    );
+    write_file(dir.join("junk.json"), "{\"device\": 0,\n oops");
+    let (out, err) = gpumem_ok(&["watch", "--once", "--pool-stats", d]);
     let pool_line = "gpumem pool 1234 (device 0, paged): reserved 4.00 MiB (peak 8.00 MiB), allocated 1.00 KiB (peak 2.00 KiB)";
     assert!(out.lines().any(|l| l == pool_line), "{out}");
     let junk = dir.join("junk.json");
@@ -76,8 +74,7 @@ fn watch_shows_the_pools_without_a_driver() {
         );
         assert_eq!(out.lines().count(), 1, "{out}");
     }
-    let (ok, out, err) = gpumem(&["watch", "--once", "--json", "--pool-stats", d]);
-    assert!(ok, "{err}");
+    let (out, _) = gpumem_ok(&["watch", "--once", "--json", "--pool-stats", d]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let pools = v["pools"].as_array().unwrap();
     assert_eq!(pools.len(), 1, "{out}");
