@@ -2,7 +2,7 @@
 // (not the virtual time of --dump-dom): launches Chromium with the DevTools protocol, opens
 // the page, waits until its script has built everything, and prints the page's own figure
 // (performance.now() since navigation start) and the wall time from navigation to that point.
-// Usage: node --experimental-websocket scripts/report-load-time.mjs report.html [runs]
+// Usage: node --experimental-websocket scripts/bench/report-load-time.mjs report.html [runs]
 import { spawn } from 'node:child_process';
 import { resolve } from 'node:path';
 

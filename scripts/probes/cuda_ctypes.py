@@ -1,4 +1,4 @@
-"""The CUDA driver API through ctypes and libcuda, for the probes in scripts/ (no toolkit, no
+"""The CUDA driver API through ctypes and libcuda, for the probes in scripts/probes/ (no toolkit, no
 PyTorch): the allocation-property structures of the VMM calls, and a primary context made
 current on one device. Shared by vmm-offset-probe.py and refused-alloc-probe.py.
 """

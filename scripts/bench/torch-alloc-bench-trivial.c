@@ -1,5 +1,5 @@
 /* A trivial CUDA allocator for torch.cuda.memory.CUDAPluggableAllocator, used by
- * scripts/torch-alloc-bench.py to measure what PyTorch's pluggable-allocator path costs by
+ * scripts/bench/torch-alloc-bench.py to measure what PyTorch's pluggable-allocator path costs by
  * itself (the floor any plug-in pays), apart from gpumem.
  *
  * Size classes of four steps per power of two (at most 25 % waste), one LIFO free list per
@@ -8,7 +8,7 @@
  * was freed on, so use it only for single-stream benchmarks. No CUDA headers are needed: libcuda
  * is opened with dlopen.
  *
- *   cc -O2 -shared -fPIC -o libtrivial_alloc.so scripts/torch-alloc-bench-trivial.c -ldl -lpthread
+ *   cc -O2 -shared -fPIC -o libtrivial_alloc.so scripts/bench/torch-alloc-bench-trivial.c -ldl -lpthread
  */
 #include <dlfcn.h>
 #include <pthread.h>

@@ -2,7 +2,7 @@
 # Pinned host memory measurements on a GPU machine; needs no Rust there, only binaries built
 # elsewhere (cudarc loads libcuda at run time).
 #
-#   scripts/pinned-bench.sh [GPUMEM_BINARY] [OUT_DIR]
+#   scripts/bench/pinned-bench.sh [GPUMEM_BINARY] [OUT_DIR]
 #
 # Optional: PINNED_CUDA_TESTS=path/to/pinned_cuda-<hash> (from
 # `cargo test --release -p gpumem --test pinned_cuda --no-run`) runs the ignored CUDA tests.

@@ -41,8 +41,10 @@ import subprocess
 import sys
 import time
 
-import gpt2_workload  # beside this script (scripts/gpt2_workload.py; gpu-check.sh carries it)
-import heldout_models  # beside this script (scripts/heldout_models.py), as gpt2_workload
+# The workloads live in scripts/record/; gpu-check.sh carries them beside this script.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "record"))
+import gpt2_workload  # scripts/record/gpt2_workload.py
+import heldout_models  # scripts/record/heldout_models.py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKLOADS = ("resnet50", "gpt2", "bert", "churn")
@@ -54,10 +56,10 @@ GIB = float(1 << 30)
 
 
 def find_module_dir():
-    for d in (HERE, os.path.join(HERE, "..", "python")):
+    for d in (HERE, os.path.join(HERE, "..", "..", "python")):
         if os.path.isfile(os.path.join(d, "gpumem_torch.py")):
             return os.path.abspath(d)
-    sys.exit("torch-compare: gpumem_torch.py not found beside this script or in ../python")
+    sys.exit("torch-compare: gpumem_torch.py not found beside this script or in ../../python")
 
 
 # ---------------------------------------------------------------- child side

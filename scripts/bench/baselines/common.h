@@ -1,6 +1,6 @@
 // Shared helpers of gpumem's baseline programs: error checks, timing, medians, JSON lines.
 //
-// Every program prints one JSON object per line on stdout (what scripts/baselines/run.sh
+// Every program prints one JSON object per line on stdout (what scripts/bench/baselines/run.sh
 // collects and turns into a table); errors go to stderr and end the program with status 1.
 #pragma once
 #include <algorithm>

@@ -3,7 +3,7 @@
 # gpumem's benchmarks and the baselines they are compared against are measured in the same
 # run on the same machine (scripts/gpu-check.sh does this in its `baselines` step).
 #
-#   scripts/baselines/run.sh OUT.jsonl [OUT.md]
+#   scripts/bench/baselines/run.sh OUT.jsonl [OUT.md]
 #
 # Programs (sources here; each prints JSON lines, see the comment at the top of each):
 #   alloc_costs.cu     cudaMalloc/cudaFree, cuMemAlloc/cuMemFree, cudaMallocAsync/cudaFreeAsync

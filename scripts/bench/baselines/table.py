@@ -3,7 +3,7 @@
 `bench alloc --json` output from the same run, states every speedup against the faster
 baseline.
 
-    python3 scripts/baselines/table.py baselines.jsonl [bench-alloc.json]
+    python3 scripts/bench/baselines/table.py baselines.jsonl [bench-alloc.json]
 
 Speedups: a DevicePool pair's median against the faster (smaller) of the baselines measured
 in the same run: for the synchronous calls, gpumem's own cuMemAlloc+cuMemFree (Rust) and

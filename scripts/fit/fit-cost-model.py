@@ -30,7 +30,7 @@ import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PAGE_TABLE = ["create", "map", "set_access", "unmap", "release"]
 # `lazy_conf` as a replay report echoes paged-lazy's defaults (before grow_ahead existed).
 DEFAULT_LAZY = "placement=segments,headroom=0,max_handle=1073741824,map_ahead=1073741824"
@@ -187,7 +187,7 @@ def main():
                  "(the counts per kind equal the real ones), per call kind: the number of calls, "
                  "the sum of their isolated costs (h200_isolated_call_seconds) and the sum of "
                  "isolated cost x mappings live at the call (examples/cost_basis.rs). Written by "
-                 "scripts/fit-cost-model.py, which also fitted the cost model's (alpha, beta) per "
+                 "scripts/fit/fit-cost-model.py, which also fitted the cost model's (alpha, beta) per "
                  "kind (sim::mapping_cost_factors); the test cost_model checks the model against "
                  "these figures.")
         with open(args.out, "w") as g:

@@ -50,8 +50,8 @@ import time
 
 import torch
 
-import gpt2_workload  # beside this script (scripts/gpt2_workload.py)
-import heldout_models  # beside this script (scripts/heldout_models.py)
+import gpt2_workload  # beside this script (scripts/record/gpt2_workload.py)
+import heldout_models  # beside this script (scripts/record/heldout_models.py)
 
 dev = torch.device("cuda")
 

@@ -1,7 +1,7 @@
 """Writes a synthetic allocation trace in gpumem JSON lines, for sizing `gpumem report` on large
 traces: N events (default 1,000,000), sizes from 512 B to 600 MiB, at most 800 live blocks,
 frees mostly LIFO with 30 % random. Deterministic (seeded).
-Usage: python3 scripts/synth-trace.py OUT.jsonl [EVENTS]"""
+Usage: python3 scripts/bench/synth-trace.py OUT.jsonl [EVENTS]"""
 import random
 import sys
 

@@ -40,7 +40,7 @@ def default_traces(root):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     ap.add_argument("--gpumem", default=os.path.join(root, "target/release-lto/gpumem"),
                     help="the gpumem binary (default target/release-lto/gpumem)")
     ap.add_argument("--runs", type=int, default=5, help="runs per strategy and trace (default 5)")

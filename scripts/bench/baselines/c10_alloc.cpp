@@ -6,7 +6,7 @@
 // figure is the median batch divided by 1000 (the same batching as gpumem's pools, whose
 // pairs also take tens of nanoseconds). Mixed: bench alloc's 1000 mixed sizes allocated,
 // then freed; one warm-up round, median of 3 rounds divided by 1000.
-// Built by scripts/baselines/run.sh against the installed PyTorch (skipped without one).
+// Built by scripts/bench/baselines/run.sh against the installed PyTorch (skipped without one).
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 

@@ -11,7 +11,7 @@ Each measurement runs in its own process (an allocator is chosen once per proces
           (seeded, log-uniform), two patterns: `pair` (allocate, free at once) and `window`
           (16 live tensors, a random one replaced each operation); microseconds per
           allocation + free, under PyTorch's allocator (native), a trivial pluggable allocator
-          (scripts/torch-alloc-bench-trivial.c: size classes, free lists, no statistics: what
+          (scripts/bench/torch-alloc-bench-trivial.c: size classes, free lists, no statistics: what
           any plug-in pays for PyTorch's pluggable path), and gpumem (strategy=torch, paged).
   ctypes  the same sizes through ctypes straight into gpumem_malloc/gpumem_free and
           trivial_malloc/trivial_free, no PyTorch: gpumem's own cost above the trivial one.
@@ -33,16 +33,18 @@ import subprocess
 import sys
 import time
 
-import gpt2_workload  # beside this script (scripts/gpt2_workload.py)
+# The workloads live in scripts/record/; gpu-check.sh carries them beside this script.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "record"))
+import gpt2_workload  # scripts/record/gpt2_workload.py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def find_module_dir():
-    for d in (HERE, os.path.join(HERE, "..", "python")):
+    for d in (HERE, os.path.join(HERE, "..", "..", "python")):
         if os.path.isfile(os.path.join(d, "gpumem_torch.py")):
             return os.path.abspath(d)
-    sys.exit("torch-alloc-bench: gpumem_torch.py not found beside this script or in ../python")
+    sys.exit("torch-alloc-bench: gpumem_torch.py not found beside this script or in ../../python")
 
 
 def sizes(n, seed=13):
