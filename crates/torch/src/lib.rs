@@ -37,7 +37,7 @@
 //! With the environment variable `GPUMEM_PROFILE` set (to anything but `0`) when the plug-in
 //! starts, the time spent inside `gpumem_malloc` and `gpumem_free` is kept (calls, nanoseconds,
 //! calls over 20 µs) and reported under `profile` in `gpumem_stats_json`: the plug-in's own
-//! share of a training step (`scripts/torch-compare.py` reports it per step).
+//! share of a training step (`scripts/bench/torch-compare.py` reports it per step).
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]

@@ -37,7 +37,7 @@ pub(super) fn interp(points: &[(f64, f64)], bytes: u64) -> f64 {
 /// call costs its isolated figure ([`h200_call_points`]) × (alpha + beta × live mappings).
 /// Other calls cost their measured figure whatever is mapped.
 ///
-/// Fitted by `scripts/fit-cost-model.py` (least squares on relative error, per kind, alpha
+/// Fitted by `scripts/fit/fit-cost-model.py` (least squares on relative error, per kind, alpha
 /// and beta ≥ 0) to the real driver seconds of 33 replays on the H200 (2026-12-01: the
 /// eleven traces of `traces/`, `traces/external/` and `traces/validation/` under `paged`,
 /// which holds hundreds to thousands of mappings, `paged-lazy`, which holds tens, and
@@ -70,7 +70,7 @@ pub fn mapping_cost_factors(call: DriverCall) -> (f64, f64) {
 /// with nothing else mapped (before [`mapping_cost_factors`]). Sources:
 /// `../shared/anchors/H200.md` (cudaMalloc/cudaFree medians at 16 MiB – 1 GiB, the VMM
 /// reserve–create–map–set-access–unmap–release cycle at 2 MiB – 1 GiB), and
-/// `scripts/baselines` on the same GPU (2026-12-01, BENCHMARKS.md "The driver cost model"):
+/// `scripts/bench/baselines` on the same GPU (2026-12-01, BENCHMARKS.md "The driver cost model"):
 /// cuMemAlloc/cuMemFree and the VMM cycle at 4 and 16 GiB, and cuMemAddressReserve /
 /// cuMemAddressFree of address space alone, which cost the same 2–4 µs from 1 GiB to 1 TiB
 /// (hence their last point at 1 TiB: flat above 1 GiB, where a linear extrapolation priced
@@ -151,7 +151,7 @@ pub fn h200_isolated_call_seconds(call: DriverCall, bytes: u64) -> f64 {
 
 /// Isolated H200 cost, in seconds, of a cuMemAlloc or cuMemCreate of `bytes` when `bytes`
 /// exceed the whole device, which the driver refuses; `None` for the other calls. Measured
-/// by `scripts/refused-alloc-probe.py` (driver 580, 2026-12-01, BENCHMARKS.md "Requests
+/// by `scripts/probes/refused-alloc-probe.py` (driver 580, 2026-12-01, BENCHMARKS.md "Requests
 /// larger than the device"): a refused cuMemAlloc of the device's memory + 1 GiB takes 5.5 ms (median of
 /// 21; 1 TiB: 6.4 ms), not the ≈ 45 ms of a granted one of the device's size; a refused
 /// cuMemCreate of 1 TiB 3.2 ms; sizes of 2^48 bytes (256 TiB) and above, far beyond any

@@ -113,7 +113,7 @@ impl SimDevice {
     /// Per call kind (indexed like [`DriverCall::ALL`]), the sums the cost model is linear
     /// in: the modelled seconds of kind `k` are alpha × `isolated_seconds` + beta ×
     /// `isolated_seconds_x_mappings` with `(alpha, beta)` = [`mapping_cost_factors`]. What a
-    /// refit of the model against real replays needs (`scripts/fit-cost-model.py`).
+    /// refit of the model against real replays needs (`scripts/fit/fit-cost-model.py`).
     pub fn cost_basis(&self) -> [CostBasis; CALL_KINDS] {
         self.meter.basis()
     }
