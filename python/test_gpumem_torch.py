@@ -147,7 +147,7 @@ class LibraryOnTheSimulatedDevice(unittest.TestCase):
 
 
 @unittest.skipIf(not HAS_TORCH, "torch is not installed: install() and use_pool() "
-                 "are checked on the GPU machine (scripts/torch-compare.py --smoke)")
+                 "are checked on the GPU machine (scripts/bench/torch-compare.py --smoke)")
 class NeedsTorch(unittest.TestCase):
     def test_install_is_refused_after_cuda_allocations(self):
         import torch

@@ -16,31 +16,31 @@
 #       `run replay` in a second device call when one call's 10 minutes are not enough.
 #       Group `lazy` runs only when named: every shipped single-device trace replayed with
 #       --device cuda --canary --allocator paged-lazy,torch under --lazy-conf placement=pages
-#       and grow_ahead=0.0156, into lazy.jsonl (the input of scripts/fit-cost-model.py, with
+#       and grow_ahead=0.0156, into lazy.jsonl (the input of scripts/fit/fit-cost-model.py, with
 #       replay.jsonl).
 #       Group `tight` runs only when named: every shipped single-device trace replayed with
 #       --device cuda --canary --allocator paged-lazy at the smallest capacity the simulated
 #       replay needs (found here with --min-capacity), so that growths are cut into small
 #       handles and out-of-memory releases run on the real driver; into tight.jsonl, each
 #       line with the simulated replay at the same capacity beside the real one.
-#       Group `heldout` runs only when named: scripts/heldout-check.sh (traces of workloads
+#       Group `heldout` runs only when named: scripts/bench/heldout-check.sh (traces of workloads
 #       no policy was tuned on, recorded, replayed on cuda; the plug-in on two held-out
 #       models), packed into heldout.tar.gz (~4 min).
 #       Group `torch` runs only when named, in a call of its own (`run torch`, ~7 min):
-#       scripts/torch-compare.py with libgpumem_torch.so as PyTorch's allocator (smoke check,
+#       scripts/bench/torch-compare.py with libgpumem_torch.so as PyTorch's allocator (smoke check,
 #       1,000-step soak, native vs expandable_segments vs gpumem paged-lazy on four workloads); its
 #       files are packed into torch.tar.gz.
 #       Runs, each step under its own time limit, continuing after a failing step:
 #         1. gpumem info (table, and --json), gpumem inspect, gpumem vmm, gpumem watch --once
 #            (text and --json, into the log)
-#         1b. scripts/baselines/run.sh: gpumem's C++/CUDA baseline programs, built with nvcc
+#         1b. scripts/bench/baselines/run.sh: gpumem's C++/CUDA baseline programs, built with nvcc
 #            from the repository (cudaMalloc, cuMemAlloc, cudaMallocAsync, VMM calls by size,
 #            host allocation, copies; PyTorch's c10 allocator when torch imports), into
 #            baselines.jsonl and the table baselines.md (with bench alloc's speedups against
 #            the faster baseline once step 3 has run)
 #         2. every GPU test binary with --ignored --test-threads 1
 #         3. gpumem bench alloc --device cuda (strategies vs cuMemAlloc and cuMemAllocAsync)
-#         4. scripts/pinned-bench.sh (pinned host memory: transfers, allocation, advise)
+#         4. scripts/bench/pinned-bench.sh (pinned host memory: transfers, allocation, advise)
 #         5. gpumem replay of every shipped trace with --device cuda --canary, all strategies,
 #            smallest trace first, until the time budget runs out (less GPU_CHECK_MULTIGPU_S,
 #            default 240, kept for step 6 when it will run)
@@ -49,7 +49,7 @@
 #            copies with % of the cuMemcpyPeerAsync baseline and % of link), the 90 % target
 #            and the peer-copy byte checks as lines of their own, and gpumem replay
 #            traces/multigpu/two_devices.jsonl --device all --canary (device N's events on
-#            cuda:N); PyTorch with the plug-in (scripts/torch-multigpu.py: a model on cuda:1, a
+#            cuda:N); PyTorch with the plug-in (scripts/bench/torch-multigpu.py: a model on cuda:1, a
 #            tensor moved between the GPUs, each pool back to its start) and its recorded trace
 #            replayed with --device all; their JSON goes into replay.jsonl, one line each with
 #            a "step" key
@@ -134,8 +134,8 @@ for line in open(sys.argv[1]):
   cargo build --release -p gpumem-torch || die "cargo build -p gpumem-torch failed"
   mkdir -p "$CARRY/torch" || die "cannot create $CARRY/torch"
   strip -o "$CARRY/torch/libgpumem_torch.so" "$target/release/libgpumem_torch.so" || die "strip libgpumem_torch.so failed"
-  cp python/gpumem_torch.py scripts/torch-compare.py scripts/gpt2_workload.py scripts/heldout_models.py "$CARRY/torch/" || die "cannot copy the plug-in's Python files"
-  # The baseline programs (scripts/baselines/) are built by nvcc on the device machine.
+  cp python/gpumem_torch.py scripts/bench/torch-compare.py scripts/record/gpt2_workload.py scripts/record/heldout_models.py "$CARRY/torch/" || die "cannot copy the plug-in's Python files"
+  # The baseline programs (scripts/bench/baselines/) are built by nvcc on the device machine.
   echo "== carry/ holds $(du -sh "$CARRY" | cut -f1):"
   find "$CARRY" -type f | sort | sed 's/^/   /'
 }
@@ -296,10 +296,10 @@ run() {
     step "watch --once --json" 60 "$CARRY/gpumem" watch --once --json
   fi
 
-  # 1b. gpumem's own baseline programs (C++/CUDA, scripts/baselines/), built here with nvcc and
+  # 1b. gpumem's own baseline programs (C++/CUDA, scripts/bench/baselines/), built here with nvcc and
   # run in the same call as gpumem's benchmarks; `anchors` is the group's former name.
   if want baselines || want anchors; then
-    step "baselines (nvcc)" 300 "$ROOT/scripts/baselines/run.sh" "$OUTDIR/baselines.jsonl" "$OUTDIR/baselines.md"
+    step "baselines (nvcc)" 300 "$ROOT/scripts/bench/baselines/run.sh" "$OUTDIR/baselines.jsonl" "$OUTDIR/baselines.md"
   fi
 
   # 2. GPU tests
@@ -331,22 +331,22 @@ PY
   fi
   # Every speedup against the faster baseline of this run (Rust or C++), into baselines.md.
   if [ -s "$OUTDIR/baselines.jsonl" ] && [ -s "$OUTDIR/bench-alloc.json" ] && command -v python3 >/dev/null; then
-    python3 "$ROOT/scripts/baselines/table.py" "$OUTDIR/baselines.jsonl" "$OUTDIR/bench-alloc.json" \
+    python3 "$ROOT/scripts/bench/baselines/table.py" "$OUTDIR/baselines.jsonl" "$OUTDIR/bench-alloc.json" \
       >"$OUTDIR/baselines.md" 2>>"$LOG" && cat "$OUTDIR/baselines.md" >>"$LOG"
   fi
 
-  # 4. pinned host memory: scripts/pinned-bench.sh (transfer, pinned allocation, advise); its
+  # 4. pinned host memory: scripts/bench/pinned-bench.sh (transfer, pinned allocation, advise); its
   #    files are packed into one archive, since the device tool brings back at most 8 files.
   #    (Its ignored CUDA tests already ran in step 2: the pinned test binary is carried like cuda.)
   if ! want pinned; then
     :
-  elif [ -x "$ROOT/scripts/pinned-bench.sh" ]; then
-    step "pinned benchmarks" 200 "$ROOT/scripts/pinned-bench.sh" "$CARRY/gpumem" "$OUTDIR/pinned"
+  elif [ -x "$ROOT/scripts/bench/pinned-bench.sh" ]; then
+    step "pinned benchmarks" 200 "$ROOT/scripts/bench/pinned-bench.sh" "$CARRY/gpumem" "$OUTDIR/pinned"
     if [ -d "$OUTDIR/pinned" ]; then
       tar -C "$OUTDIR" -czf "$OUTDIR/pinned.tar.gz" pinned && rm -rf "$OUTDIR/pinned"
     fi
   else
-    STEPS+=("pinned benchmarks"); STATUS+=("SKIP (no scripts/pinned-bench.sh)"); SECS+=(0)
+    STEPS+=("pinned benchmarks"); STATUS+=("SKIP (no scripts/bench/pinned-bench.sh)"); SECS+=(0)
   fi
 
   # 4b. PyTorch with gpumem as its allocator (only when named: it needs a call of its own)
@@ -388,7 +388,7 @@ PY
   # 5b. `lazy` (only when named): paged-lazy's other settings against torch on every shipped
   #     single-device trace, with canaries, into lazy.jsonl: the page placement (which unmaps
   #     and remaps idle handles with few mappings live: data for the cost model's unmap and
-  #     release factors, scripts/fit-cost-model.py) and grow_ahead=0.0156 (the call-first
+  #     release factors, scripts/fit/fit-cost-model.py) and grow_ahead=0.0156 (the call-first
   #     setting of the default placement).
   if [ "${#GROUPS_WANTED[@]}" -gt 0 ] && want lazy; then
     : >"$OUTDIR/lazy.jsonl"
@@ -410,11 +410,11 @@ PY
       sort -n | cut -d' ' -f2-)
   fi
 
-  # 5d. `heldout` (only when named): scripts/heldout-check.sh (records the held-out
+  # 5d. `heldout` (only when named): scripts/bench/heldout-check.sh (records the held-out
   #     workloads' traces, replays them on cuda, the plug-in on held-out models) into
   #     heldout.tar.gz.
   if [ "${#GROUPS_WANTED[@]}" -gt 0 ] && want heldout; then
-    step "heldout" 560 "$ROOT/scripts/heldout-check.sh" "$OUTDIR"
+    step "heldout" 560 "$ROOT/scripts/bench/heldout-check.sh" "$OUTDIR"
   fi
 
   # 6. two devices: peer copies, peer bandwidth, a multi-device trace on both GPUs. Figures
@@ -448,7 +448,7 @@ PY
       local tt
       tt=$(mktemp --suffix=.jsonl)
       step "multigpu torch: model on cuda:1, tensor moved" 240 multigpu_json "torch two GPUs" "$OUTDIR/replay.jsonl" \
-        python3 "$ROOT/scripts/torch-multigpu.py" --lib "$CARRY/torch/libgpumem_torch.so" --trace "$tt"
+        python3 "$ROOT/scripts/bench/torch-multigpu.py" --lib "$CARRY/torch/libgpumem_torch.so" --trace "$tt"
       if [ -s "$tt" ]; then
         step "multigpu replay torch trace --device all" 200 multigpu_json "replay torch trace --device all" "$OUTDIR/replay.jsonl" \
           "$CARRY/gpumem" replay "$tt" --device all --canary --allocator all --json

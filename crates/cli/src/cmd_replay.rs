@@ -236,8 +236,9 @@ fn parse_device(s: &str) -> Result<Target> {
 fn open_device(target: &Target, capacity: u64, trace_device: u32) -> Result<Box<dyn Device>> {
     match target {
         Target::Sim => Ok(Box::new(SimDevice::new(capacity))),
-        Target::Cuda(n) => crate::cmd_cuda::open_replay_device(*n, capacity),
-        Target::AllCuda => crate::cmd_cuda::open_replay_device(trace_device as usize, capacity)
+        Target::Cuda(n) => Ok(Box::new(gpumem::cuda::open_capped(*n, capacity)?)),
+        Target::AllCuda => gpumem::cuda::open_capped(trace_device as usize, capacity)
+            .map(|d| Box::new(d) as Box<dyn Device>)
             .with_context(|| {
                 format!(
                     "--device all replays the trace's device {trace_device} on cuda:{trace_device}"

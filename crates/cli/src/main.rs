@@ -1,15 +1,17 @@
 //! The `gpumem` command-line tool.
 use clap::{Parser, Subcommand};
 
+mod cmd_advise;
 mod cmd_analyze;
+mod cmd_bench;
 mod cmd_convert;
-mod cmd_cuda;
+mod cmd_info;
+mod cmd_inspect;
 mod cmd_map;
-mod cmd_multigpu;
-mod cmd_pinned;
 mod cmd_replay;
 mod cmd_report;
 mod cmd_tune;
+mod cmd_vmm;
 mod cmd_watch;
 mod output;
 mod progress;
@@ -41,28 +43,28 @@ enum Command {
     /// A live view of each GPU's memory (NVML), or one sample with --once.
     Watch(cmd_watch::WatchArgs),
     /// Devices, memory, granularity and pool figures (the simulated device without a CUDA driver).
-    Info(cmd_cuda::InfoArgs),
+    Info(cmd_info::InfoArgs),
     /// Allocate blocks and show each pointer as the driver and the pool see it (needs CUDA, or --device sim).
-    Inspect(cmd_cuda::InspectArgs),
+    Inspect(cmd_inspect::InspectArgs),
     /// Print the page table of a live VMM arena (needs CUDA, or --device sim).
-    Vmm(cmd_cuda::VmmArgs),
+    Vmm(cmd_vmm::VmmArgs),
     /// Benchmarks: device allocation, host<->device transfers, pinned allocation.
     #[command(subcommand)]
     Bench(BenchCommand),
     /// Convert a trace (PyTorch snapshot, RMM log) to gpumem JSON lines.
     Convert(cmd_convert::ConvertArgs),
     /// Recommend pageable, pinned, staged or mapped memory for a transfer pattern.
-    Advise(cmd_pinned::AdviseArgs),
+    Advise(cmd_advise::AdviseArgs),
 }
 
 #[derive(Subcommand)]
 enum BenchCommand {
     /// Alloc+free latency and throughput of each strategy against cuMemAlloc and cuMemAllocAsync.
-    Alloc(cmd_cuda::BenchAllocArgs),
+    Alloc(cmd_bench::alloc::BenchAllocArgs),
     /// Host<->device bandwidth for pageable, pinned, write-combined, mapped and staged memory.
-    Transfer(cmd_pinned::BenchTransferArgs),
+    Transfer(cmd_bench::transfer::BenchTransferArgs),
     /// Allocation latency of pinned host memory: cuMemHostAlloc, cuMemHostRegister, malloc, pool.
-    Pinned(cmd_pinned::BenchPinnedArgs),
+    Pinned(cmd_bench::pinned::BenchPinnedArgs),
 }
 
 /// A reader that closes the pipe early (`gpumem replay T | head -1`) makes `println!` panic
@@ -100,13 +102,13 @@ fn main() {
         Command::Report(a) => cmd_report::run(a),
         Command::Map(a) => cmd_map::run(a),
         Command::Watch(a) => cmd_watch::run(a),
-        Command::Info(a) => cmd_cuda::info(a),
-        Command::Inspect(a) => cmd_cuda::inspect(a),
-        Command::Vmm(a) => cmd_cuda::vmm(a),
-        Command::Bench(BenchCommand::Alloc(a)) => cmd_cuda::bench_alloc(a),
-        Command::Bench(BenchCommand::Transfer(a)) => cmd_pinned::bench_transfer(a),
-        Command::Bench(BenchCommand::Pinned(a)) => cmd_pinned::bench_pinned(a),
-        Command::Advise(a) => cmd_pinned::advise(a),
+        Command::Info(a) => cmd_info::info(a),
+        Command::Inspect(a) => cmd_inspect::inspect(a),
+        Command::Vmm(a) => cmd_vmm::vmm(a),
+        Command::Bench(BenchCommand::Alloc(a)) => cmd_bench::alloc::bench_alloc(a),
+        Command::Bench(BenchCommand::Transfer(a)) => cmd_bench::transfer::bench_transfer(a),
+        Command::Bench(BenchCommand::Pinned(a)) => cmd_bench::pinned::bench_pinned(a),
+        Command::Advise(a) => cmd_advise::advise(a),
         Command::Convert(a) => cmd_convert::run(a),
     };
     if let Err(e) = result {

@@ -2,6 +2,15 @@
 //! modules that still use them.
 pub use gpumem::units::{bytes as human_bytes, parse_positive_size};
 
+/// "yes" or "no", for tables.
+pub fn yes(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
+}
+
 /// `n` and `noun`, plural unless `n` is 1: `1 event`, `0 frees`, `2 allocs`.
 pub fn counted(n: impl Into<u64>, noun: &str) -> String {
     let n = n.into();

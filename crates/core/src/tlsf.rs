@@ -462,10 +462,22 @@ impl Arena for Tlsf {
         }
     }
 
+    /// Walks the spare chain, the physical chain and every free list (see the checks of
+    /// [`Tlsf::spare_slots`], [`Tlsf::check_physical_chain`] and [`Tlsf::check_free_lists`]).
     fn validate(&self) -> Result<(), AllocError> {
+        let (is_spare, spares) = self.spare_slots()?;
+        let live = self.nodes.len() - spares;
+        let free_nodes = self.check_physical_chain(&is_spare, live)?;
+        self.check_free_lists(&is_spare, free_nodes)
+    }
+}
+
+/// The three walks of [`Arena::validate`].
+impl Tlsf {
+    /// Marks the spare node slots (the chain from `spare`) and counts them.
+    fn spare_slots(&self) -> Result<(Vec<bool>, usize), AllocError> {
         let total = self.nodes.len();
         let err = Self::internal;
-        // Spare slots.
         let mut is_spare = vec![false; total];
         let mut cur = self.spare;
         let mut spares = 0usize;
@@ -484,8 +496,15 @@ impl Arena for Tlsf {
                 self.spare_count
             )));
         }
-        let live = total - spares;
-        // Physical chain from the block at offset 0.
+        Ok((is_spare, spares))
+    }
+
+    /// Walks the blocks by address from offset 0: contiguous, non-empty, linked both ways,
+    /// free neighbours coalesced, used blocks in the offset map, counters right. Returns the
+    /// number of free blocks.
+    fn check_physical_chain(&self, is_spare: &[bool], live: usize) -> Result<usize, AllocError> {
+        let total = self.nodes.len();
+        let err = Self::internal;
         let first = (0..total).find(|&p| !is_spare[p] && self.nodes[p].prev_phys.is_none());
         let mut visited = 0usize;
         let mut free_nodes = 0usize;
@@ -567,7 +586,14 @@ impl Arena for Tlsf {
                 self.free_bytes
             )));
         }
-        // Free lists and bitmaps.
+        Ok(free_nodes)
+    }
+
+    /// Walks every bin's free list: bitmap bits agree with the lists, each block in the bin of
+    /// its size, links both ways, and every free block listed once.
+    fn check_free_lists(&self, is_spare: &[bool], free_nodes: usize) -> Result<(), AllocError> {
+        let total = self.nodes.len();
+        let err = Self::internal;
         let mut listed = 0usize;
         for bin in 0..BIN_COUNT {
             let bit = self.bins.is_set(bin);

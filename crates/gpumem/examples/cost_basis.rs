@@ -1,7 +1,7 @@
 //! Replays a trace on the simulated device and prints, per driver call kind, the sums the
 //! cost model is linear in (`SimDevice::cost_basis`): one JSON line
 //! `{"trace", "allocator", "lazy_conf", "sim": {kind: {calls, isolated_seconds,
-//! isolated_seconds_x_mappings}}}`. `scripts/fit-cost-model.py` joins these lines with real
+//! isolated_seconds_x_mappings}}}`. `scripts/fit/fit-cost-model.py` joins these lines with real
 //! replays on the H200 to refit the model.
 //!
 //! Usage: `cargo run --release --example cost_basis -- TRACE ALLOCATOR [LAZY_CONF]`

@@ -1,8 +1,8 @@
 //! A DevicePool on the simulated device: stream-ordered reuse, record_stream, pitched
 //! blocks, trim. Run: `cargo run -p gpumem --example device_pool`.
 //! On a GPU, build the pool over `gpumem::cuda::open(0)?` with `CudaEvents` instead.
-use gpumem::cuda::pool::{DevicePool, PoolConfig};
-use gpumem::cuda::ManualEvents;
+use gpumem::pool::ManualEvents;
+use gpumem::pool::{DevicePool, PoolConfig};
 use gpumem_core::config::AllocatorConfig;
 use gpumem_core::sim::SimDevice;
 use gpumem_core::strategy::Strategy;

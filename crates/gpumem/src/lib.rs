@@ -7,7 +7,10 @@
 //!   its self-check; [`tune`]: which `PYTORCH_CUDA_ALLOC_CONF` a trace needs least memory with;
 //! - [`cuda`]: the CUDA backend (cudarc, loaded at run time);
 //! - [`pinned`]: page-locked host memory, a capped caching pool and staged copies;
-//! - [`pool`]: the stream-ordered device pool over any device;
+//! - [`pool`]: the stream-ordered device pools over any device ([`pool::DevicePool`],
+//!   [`pool::DirectPool`], one interface [`pool::RawPool`]);
+//! - [`vmm`]: the page-table view of a device's VMM calls;
+//! - [`measure`]: the median and the thread CPU clock the benchmarks share;
 //! - [`units`]: sizes, durations and rates for people; [`plot`]: SVG charts.
 #![warn(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
@@ -15,6 +18,7 @@
 pub mod conf_items;
 pub mod cuda;
 pub mod lazy_conf;
+pub mod measure;
 pub mod pinned;
 pub mod plan;
 pub mod plot;
@@ -30,4 +34,3 @@ pub mod units;
 pub mod vmm;
 
 pub use gpumem_core as core;
-pub use gpumem_core::sim::SimDevice;

@@ -81,16 +81,58 @@ fn trim(v: f64) -> String {
     s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
+/// Width of the whole chart, in SVG user units (pixels).
+const WIDTH: f64 = 960.0;
+/// Height of one panel's plot area.
+const PANEL_H: f64 = 300.0;
+/// Left margin (y ticks and the y label).
+const MARGIN_L: f64 = 90.0;
+/// Right margin (the legend).
+const MARGIN_R: f64 = 200.0;
+/// Top margin (the title).
+const MARGIN_T: f64 = 50.0;
+
+/// Where one panel sits and how it maps data to SVG coordinates.
+struct Frame {
+    /// Top of the plot area.
+    top: f64,
+    /// Width of the plot area.
+    pw: f64,
+    /// The x range after the axis transform (log2 for a logarithmic axis), and the top of the
+    /// y range (the bottom is 0).
+    x0: f64,
+    x1: f64,
+    y1: f64,
+    log_x: bool,
+}
+
+impl Frame {
+    /// The axis transform of x (log2 on a logarithmic axis).
+    fn tx(&self, x: f64) -> f64 {
+        if self.log_x {
+            x.max(f64::MIN_POSITIVE).log2()
+        } else {
+            x
+        }
+    }
+
+    fn sx(&self, x: f64) -> f64 {
+        MARGIN_L + (self.tx(x) - self.x0) / (self.x1 - self.x0) * self.pw
+    }
+
+    fn sy(&self, y: f64) -> f64 {
+        self.top + PANEL_H - y / self.y1 * PANEL_H
+    }
+}
+
 impl Chart {
     /// Renders the chart as an SVG document.
     pub fn to_svg(&self) -> String {
-        let width = 960.0;
-        let panel_h = 300.0;
-        let (ml, mr, mt) = (90.0, 200.0, 50.0);
-        // Panels are `panel_h + 40` apart (the gap holds the x ticks and the next title);
+        let (width, ml, mr, mt) = (WIDTH, MARGIN_L, MARGIN_R, MARGIN_T);
+        // Panels are `PANEL_H + 40` apart (the gap holds the x ticks and the next title);
         // the x label sits under the last panel's ticks.
         let n = self.panels.len().max(1) as f64;
-        let x_label_y = mt + (n - 1.0) * (panel_h + 40.0) + panel_h + 36.0;
+        let x_label_y = mt + (n - 1.0) * (PANEL_H + 40.0) + PANEL_H + 36.0;
         let height = x_label_y + 14.0;
         let mut o = String::new();
         let _ = write!(
@@ -104,172 +146,44 @@ impl Chart {
             width / 2.0,
             esc(&self.title)
         );
-        let tx = |x: f64| {
-            if self.log_x {
-                x.max(f64::MIN_POSITIVE).log2()
-            } else {
-                x
-            }
-        };
         let all_y_max = self
             .panels
             .iter()
             .flat_map(|(_, _, series)| series.iter().flat_map(|s| s.points.iter()))
             .fold(0.0f64, |m, &(_, y)| m.max(y));
         for (pi, (ptitle, ylabel, series)) in self.panels.iter().enumerate() {
-            let top = mt + pi as f64 * (panel_h + 40.0);
-            let pw = width - ml - mr;
-            let pts = series.iter().flat_map(|s| s.points.iter());
-            let (mut x0, mut x1, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, 0.0f64);
-            for &(x, y) in pts {
-                x0 = x0.min(tx(x));
-                x1 = x1.max(tx(x));
-                y1 = y1.max(y);
-            }
-            if self.shared_y {
-                y1 = all_y_max;
-            }
-            if !x0.is_finite() {
-                x0 = 0.0;
-                x1 = 1.0;
-            }
-            if x1 <= x0 {
-                x1 = x0 + 1.0;
-            }
-            if y1 <= 0.0 {
-                y1 = 1.0;
-            }
-            let ystep = nice_step(y1, 5.0);
-            y1 = (y1 / ystep).ceil() * ystep;
-            let sx = |x: f64| ml + (tx(x) - x0) / (x1 - x0) * pw;
-            let sy = |y: f64| top + panel_h - y / y1 * panel_h;
+            let f = self.frame(pi, series, all_y_max);
+            let ystep = nice_step(f.y1, 5.0);
+            let f = Frame {
+                y1: (f.y1 / ystep).ceil() * ystep,
+                ..f
+            };
             let _ = write!(
                 o,
                 r#"<text x="{}" y="{}" font-size="13" text-anchor="middle">{}</text>"#,
-                ml + pw / 2.0,
-                top - 8.0,
+                ml + f.pw / 2.0,
+                f.top - 8.0,
                 esc(ptitle)
             );
+            let (top, pw, panel_h) = (f.top, f.pw, PANEL_H);
             let _ = write!(
                 o,
                 r##"<rect x="{ml}" y="{top}" width="{pw}" height="{panel_h}" fill="none" stroke="#888"/>"##
             );
-            // y grid
-            let mut y = 0.0;
-            while y <= y1 + ystep * 0.01 {
-                let py = sy(y);
-                let _ = write!(
-                    o,
-                    r##"<line x1="{ml}" y1="{py}" x2="{}" y2="{py}" stroke="#eee"/>"##,
-                    ml + pw
-                );
-                let _ = write!(
-                    o,
-                    r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#,
-                    ml - 6.0,
-                    py + 4.0,
-                    fmt_tick(y)
-                );
-                y += ystep;
-            }
-            // x ticks
-            if self.log_x {
-                let mut e = x0.floor();
-                while e <= x1 {
-                    let px = ml + (e - x0) / (x1 - x0) * pw;
-                    if px >= ml - 0.5 {
-                        let v = 2f64.powf(e);
-                        let _ = write!(
-                            o,
-                            r##"<line x1="{px}" y1="{top}" x2="{px}" y2="{}" stroke="#eee"/>"##,
-                            top + panel_h
-                        );
-                        let _ = write!(
-                            o,
-                            r#"<text x="{px}" y="{}" text-anchor="middle">{}</text>"#,
-                            top + panel_h + 16.0,
-                            esc(&crate::plot::human_pow2(v))
-                        );
-                    }
-                    e += 2.0;
-                }
-            } else {
-                let xs = nice_step(x1 - x0, 8.0);
-                let mut x = (x0 / xs).ceil() * xs;
-                while x <= x1 {
-                    let px = ml + (x - x0) / (x1 - x0) * pw;
-                    let _ = write!(
-                        o,
-                        r#"<text x="{px}" y="{}" text-anchor="middle">{}</text>"#,
-                        top + panel_h + 16.0,
-                        fmt_tick(x)
-                    );
-                    x += xs;
-                }
-            }
+            y_grid(&mut o, &f, ystep);
+            x_ticks(&mut o, &f);
             let _ = write!(
                 o,
                 r#"<text transform="translate({},{}) rotate(-90)" text-anchor="middle">{}</text>"#,
                 20.0,
-                top + panel_h / 2.0,
+                f.top + PANEL_H / 2.0,
                 esc(ylabel)
             );
             if let Some(marks) = self.x_marks.get(pi) {
-                let mut d = String::new();
-                for &x in marks {
-                    let px = sx(x);
-                    let _ = write!(
-                        d,
-                        "M{px:.1},{:.1} L{px:.1},{:.1} ",
-                        top + panel_h,
-                        top + panel_h - 10.0
-                    );
-                }
-                if !d.is_empty() {
-                    let _ = write!(
-                        o,
-                        r##"<path d="{}" stroke="#000" stroke-width="1"/>"##,
-                        d.trim_end()
-                    );
-                }
+                x_marks(&mut o, &f, marks);
             }
             for (si, s) in series.iter().enumerate() {
-                let mut d = String::new();
-                for (i, &(x, y)) in s.points.iter().enumerate() {
-                    let _ = write!(
-                        d,
-                        "{}{:.1},{:.1}",
-                        if i == 0 { "M" } else { " L" },
-                        sx(x),
-                        sy(y)
-                    );
-                }
-                let dash = if s.dashed {
-                    r#" stroke-dasharray="6,4""#
-                } else {
-                    ""
-                };
-                let _ = write!(
-                    o,
-                    r#"<path d="{d}" fill="none" stroke="{}" stroke-width="{}"{dash}/>"#,
-                    s.color, s.width
-                );
-                let ly = top + 14.0 + si as f64 * 18.0;
-                let lx = ml + pw + 12.0;
-                let _ = write!(
-                    o,
-                    r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{}" stroke-width="{}"{dash}/>"#,
-                    lx + 24.0,
-                    s.color,
-                    s.width.max(2.0)
-                );
-                let _ = write!(
-                    o,
-                    r#"<text x="{}" y="{}">{}</text>"#,
-                    lx + 30.0,
-                    ly + 4.0,
-                    esc(&s.label)
-                );
+                series_and_legend(&mut o, &f, si, s);
             }
         }
         let _ = write!(
@@ -282,6 +196,162 @@ impl Chart {
         o.push_str("</svg>\n");
         o
     }
+
+    /// Panel `pi`'s frame: its place, and the data range of its series (or of every panel's,
+    /// with a shared y scale), before the y range is rounded up to a tick.
+    fn frame(&self, pi: usize, series: &[Series], all_y_max: f64) -> Frame {
+        let mut f = Frame {
+            top: MARGIN_T + pi as f64 * (PANEL_H + 40.0),
+            pw: WIDTH - MARGIN_L - MARGIN_R,
+            x0: f64::INFINITY,
+            x1: f64::NEG_INFINITY,
+            y1: 0.0,
+            log_x: self.log_x,
+        };
+        for &(x, y) in series.iter().flat_map(|s| s.points.iter()) {
+            f.x0 = f.x0.min(f.tx(x));
+            f.x1 = f.x1.max(f.tx(x));
+            f.y1 = f.y1.max(y);
+        }
+        if self.shared_y {
+            f.y1 = all_y_max;
+        }
+        if !f.x0.is_finite() {
+            f.x0 = 0.0;
+            f.x1 = 1.0;
+        }
+        if f.x1 <= f.x0 {
+            f.x1 = f.x0 + 1.0;
+        }
+        if f.y1 <= 0.0 {
+            f.y1 = 1.0;
+        }
+        f
+    }
+}
+
+/// Horizontal grid lines and y tick labels every `ystep`.
+fn y_grid(o: &mut String, f: &Frame, ystep: f64) {
+    let (ml, pw) = (MARGIN_L, f.pw);
+    let mut y = 0.0;
+    while y <= f.y1 + ystep * 0.01 {
+        let py = f.sy(y);
+        let _ = write!(
+            o,
+            r##"<line x1="{ml}" y1="{py}" x2="{}" y2="{py}" stroke="#eee"/>"##,
+            ml + pw
+        );
+        let _ = write!(
+            o,
+            r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#,
+            ml - 6.0,
+            py + 4.0,
+            fmt_tick(y)
+        );
+        y += ystep;
+    }
+}
+
+/// x tick labels: every second power of two (with grid lines) on a logarithmic axis, round
+/// numbers otherwise.
+fn x_ticks(o: &mut String, f: &Frame) {
+    let (ml, pw, top, panel_h) = (MARGIN_L, f.pw, f.top, PANEL_H);
+    let (x0, x1) = (f.x0, f.x1);
+    if f.log_x {
+        let mut e = x0.floor();
+        while e <= x1 {
+            let px = ml + (e - x0) / (x1 - x0) * pw;
+            if px >= ml - 0.5 {
+                let v = 2f64.powf(e);
+                let _ = write!(
+                    o,
+                    r##"<line x1="{px}" y1="{top}" x2="{px}" y2="{}" stroke="#eee"/>"##,
+                    top + panel_h
+                );
+                let _ = write!(
+                    o,
+                    r#"<text x="{px}" y="{}" text-anchor="middle">{}</text>"#,
+                    top + panel_h + 16.0,
+                    esc(&crate::plot::human_pow2(v))
+                );
+            }
+            e += 2.0;
+        }
+    } else {
+        let xs = nice_step(x1 - x0, 8.0);
+        let mut x = (x0 / xs).ceil() * xs;
+        while x <= x1 {
+            let px = ml + (x - x0) / (x1 - x0) * pw;
+            let _ = write!(
+                o,
+                r#"<text x="{px}" y="{}" text-anchor="middle">{}</text>"#,
+                top + panel_h + 16.0,
+                fmt_tick(x)
+            );
+            x += xs;
+        }
+    }
+}
+
+/// Short black ticks above the x axis at `marks`, as one path.
+fn x_marks(o: &mut String, f: &Frame, marks: &[f64]) {
+    let mut d = String::new();
+    for &x in marks {
+        let px = f.sx(x);
+        let _ = write!(
+            d,
+            "M{px:.1},{:.1} L{px:.1},{:.1} ",
+            f.top + PANEL_H,
+            f.top + PANEL_H - 10.0
+        );
+    }
+    if !d.is_empty() {
+        let _ = write!(
+            o,
+            r##"<path d="{}" stroke="#000" stroke-width="1"/>"##,
+            d.trim_end()
+        );
+    }
+}
+
+/// Series `si` as a path, and its line and label in the legend right of the panel.
+fn series_and_legend(o: &mut String, f: &Frame, si: usize, s: &Series) {
+    let mut d = String::new();
+    for (i, &(x, y)) in s.points.iter().enumerate() {
+        let _ = write!(
+            d,
+            "{}{:.1},{:.1}",
+            if i == 0 { "M" } else { " L" },
+            f.sx(x),
+            f.sy(y)
+        );
+    }
+    let dash = if s.dashed {
+        r#" stroke-dasharray="6,4""#
+    } else {
+        ""
+    };
+    let _ = write!(
+        o,
+        r#"<path d="{d}" fill="none" stroke="{}" stroke-width="{}"{dash}/>"#,
+        s.color, s.width
+    );
+    let ly = f.top + 14.0 + si as f64 * 18.0;
+    let lx = MARGIN_L + f.pw + 12.0;
+    let _ = write!(
+        o,
+        r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{}" stroke-width="{}"{dash}/>"#,
+        lx + 24.0,
+        s.color,
+        s.width.max(2.0)
+    );
+    let _ = write!(
+        o,
+        r#"<text x="{}" y="{}">{}</text>"#,
+        lx + 30.0,
+        ly + 4.0,
+        esc(&s.label)
+    );
 }
 
 /// `4 KiB`, `1 MiB`, `1 GiB` for powers of two; plain numbers otherwise.

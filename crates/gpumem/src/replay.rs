@@ -233,13 +233,5 @@ pub enum ReplayError {
     },
 }
 
-/// CPU seconds of the calling thread, when the platform tells (also `bench alloc`'s
-/// `cpu_share`).
-pub(crate) fn thread_cpu_seconds() -> Option<f64> {
-    cpu_time::ThreadTime::try_now()
-        .ok()
-        .map(|t| t.as_duration().as_secs_f64())
-}
-
 #[cfg(test)]
 mod tests;

@@ -8,8 +8,9 @@
 //! addresses the emulation sees the same ties as PyTorch did; without them (a trace with no
 //! `segment_alloc` events, or another setting than the recorded one) the simulated device
 //! places newer segments below older ones, as the CUDA driver usually does.
+use gpumem_core::config::TorchConfig;
 use gpumem_core::sim::{RecordedCall, RecordedCheck, RecordedKind, SimDevice};
-use gpumem_core::torch::{TorchCachingPool, TorchConfig, TorchStats};
+use gpumem_core::torch::{TorchCachingPool, TorchStats};
 use gpumem_core::Allocator;
 use serde::Serialize;
 

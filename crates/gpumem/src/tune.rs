@@ -19,10 +19,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use gpumem_core::config::AllocatorConfig;
+use gpumem_core::config::{AllocatorConfig, TorchConfig};
 use gpumem_core::sim::{SimDevice, DEFAULT_CAPACITY};
 use gpumem_core::strategy::Strategy;
-use gpumem_core::torch::TorchConfig;
 use gpumem_core::Allocator;
 use serde::Serialize;
 

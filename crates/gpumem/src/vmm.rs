@@ -1,11 +1,52 @@
 //! The page-table view of the VMM calls a device made (`gpumem vmm`), on any [`Device`]:
-//! the book and the recording adaptor live in core ([`VmmBook`], [`Tracked`]); here are the
-//! text rendering and the demonstration arena.
+//! the book and the recording adaptor live in core ([`VmmBook`], [`Tracked`]); here are what
+//! a device tells of its memory ([`Introspect`], `gpumem inspect`), the text rendering and the
+//! demonstration arena.
+use gpumem_core::adaptor::Tracked;
+use gpumem_core::sim::SimDevice;
 use gpumem_core::{Device, DeviceError, PhysHandle};
+
+use crate::cuda::{CudaDevice, PointerInfo};
 
 use crate::units::bytes_compact;
 
-pub use gpumem_core::adaptor::{MappingRecord, PageRow, PageState, PageTable, Tracked, VmmBook};
+use gpumem_core::adaptor::{PageState, PageTable, VmmBook};
+
+/// What a device can tell of its memory beyond the [`Device`] calls: its cuMemAlloc
+/// segments, its book of VMM calls, and the driver's own view of a pointer.
+pub trait Introspect: Device {
+    /// The live cuMemAlloc segments, as (address, bytes).
+    fn segment_list(&self) -> Vec<(u64, u64)>;
+    /// The reservations, physical handles and mappings made so far.
+    fn book(&self) -> &VmmBook;
+    /// What the driver says of `addr` (`cuPointerGetAttributes`), or the error as text;
+    /// `None` where there is no driver (the simulated device).
+    fn driver_view(&self, addr: u64) -> Option<Result<PointerInfo, String>>;
+}
+
+impl Introspect for CudaDevice {
+    fn segment_list(&self) -> Vec<(u64, u64)> {
+        self.segments()
+    }
+    fn book(&self) -> &VmmBook {
+        self.vmm_book()
+    }
+    fn driver_view(&self, addr: u64) -> Option<Result<PointerInfo, String>> {
+        Some(self.pointer_info(addr).map_err(|e| e.to_string()))
+    }
+}
+
+impl Introspect for Tracked<SimDevice> {
+    fn segment_list(&self) -> Vec<(u64, u64)> {
+        self.segments.iter().map(|(a, b)| (*a, *b)).collect()
+    }
+    fn book(&self) -> &VmmBook {
+        &self.book
+    }
+    fn driver_view(&self, _addr: u64) -> Option<Result<PointerInfo, String>> {
+        None
+    }
+}
 
 /// Renders page tables as text, one line per row (mapped runs and holes), for `gpumem vmm`.
 pub fn render(tables: &[PageTable]) -> String {
@@ -133,7 +174,6 @@ pub fn teardown(dev: &mut dyn Device, book: &VmmBook, va: u64) -> Result<(), Dev
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use gpumem_core::sim::SimDevice;
 
     const G: u64 = 2 << 20;
 

@@ -8,7 +8,7 @@
 //! | key | value | default |
 //! |---|---|---|
 //! | `strategy` | `paged-lazy`, `paged`, `torch`, `tlsf`, `buddy`, `best-fit` | `paged-lazy` |
-//! | `mode` | `direct` (PyTorch's stream semantics, see [`crate::direct`]) or `pool` (gpumem's `DevicePool`, size-class caches, events) | `direct` |
+//! | `mode` | `direct` (PyTorch's stream semantics, see [`gpumem::pool::DirectPool`]) or `pool` (gpumem's `DevicePool`, size-class caches, events) | `direct` |
 //! | `reserve` | bytes taken from the device at the pool's creation and kept cached | 256 MiB |
 //! | `release_threshold` | `mode=pool`: reserved bytes above which freed memory goes back to the device (`none`: never) | none |
 //! | `max_cached_block` | `mode=pool`: largest block kept in the stream caches; larger ones go back to the strategy behind an event | 1 GiB |
@@ -32,7 +32,7 @@
 #![forbid(unsafe_code)]
 
 use gpumem::conf_items::{items, ItemError};
-use gpumem::cuda::pool::PoolConfig;
+use gpumem::pool::PoolConfig;
 use gpumem_core::config::AllocatorConfig;
 use gpumem_core::strategy::Strategy;
 
@@ -67,7 +67,7 @@ pub enum Backend {
 /// How blocks go back to the strategy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
-    /// [`crate::direct::DirectPool`]: at once on the main stream (PyTorch's semantics).
+    /// [`gpumem::pool::DirectPool`]: at once on the main stream (PyTorch's semantics).
     Direct,
     /// gpumem's `DevicePool`: size-class caches per stream, events before the strategy.
     Pool,

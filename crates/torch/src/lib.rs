@@ -18,14 +18,14 @@
 //!
 //! One pool per device, created on first use, with the strategy and options of `GPUMEM_CONF`
 //! (see [`conf`]; e.g. `strategy=paged,reserve=256MiB`), or of the string given to
-//! `gpumem_configure` before the first call. By default (`mode=direct`, see [`direct`]) the
+//! `gpumem_configure` before the first call. By default (`mode=direct`, see [`gpumem::pool::DirectPool`]) the
 //! pool has PyTorch's own stream semantics: a block freed on the device's main stream goes
 //! straight back to the strategy and is reusable there at once by a request of any size
 //! (unmapping of its pages waits for the GPU); a block freed on another stream, only after
 //! that stream's work at the time of the free has completed. `mode=pool` uses gpumem's
-//! [`gpumem::cuda::pool::DevicePool`] instead (size-class caches per stream; everything else
+//! [`gpumem::pool::DevicePool`] instead (size-class caches per stream; everything else
 //! reaches the strategy behind an event), which costs memory and time under PyTorch's
-//! run-ahead CPU (BENCHMARKS.md, issue 13).
+//! run-ahead CPU (BENCHMARKS.md has the figures).
 //!
 //! At the C boundary nothing panics or unwinds: every export runs inside `catch_unwind`, and
 //! a caught panic is reported once on stderr and turned into NULL / -1. A failed allocation
@@ -37,14 +37,12 @@
 //! With the environment variable `GPUMEM_PROFILE` set (to anything but `0`) when the plug-in
 //! starts, the time spent inside `gpumem_malloc` and `gpumem_free` is kept (calls, nanoseconds,
 //! calls over 20 µs) and reported under `profile` in `gpumem_stats_json`: the plug-in's own
-//! share of a training step (`scripts/torch-compare.py` reports it per step).
+//! share of a training step (`scripts/bench/torch-compare.py` reports it per step).
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod conf;
-pub mod direct;
-pub mod metered;
 pub mod state;
 
 use std::ffi::{c_char, c_int, c_void, CStr};

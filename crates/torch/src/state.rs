@@ -1,6 +1,7 @@
-//! [`Plugin`]: what the C entry points act on, in safe Rust. One [`DevicePool`] per device,
-//! created on first use from the [`Conf`]; a map of the live blocks (so that `free` learns a
-//! block's size class and stream, and a pointer the pool does not own is caught rather than
+//! [`Plugin`]: what the C entry points act on, in safe Rust. One pool per device (a
+//! [`RawPool`]: [`DirectPool`] or [`DevicePool`]), created on first use from the [`Conf`]; a
+//! map of the live blocks (so that `free` learns a block's size class and stream, and a
+//! pointer the pool does not own is caught rather than
 //! handed to the strategy); PyTorch-named counters; the JSON-lines recorder.
 //!
 //! Failures never panic: a failed allocation returns `None` (NULL at the C boundary, which
@@ -15,80 +16,24 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
-use gpumem::cuda::pool::{DevicePool, PoolError, PoolStats, RawBlock};
-use gpumem::cuda::{CudaEvents, ManualEvents, StreamEvents};
+use gpumem::cuda::CudaEvents;
+use gpumem::pool::{Deferred, ManualEvents, StreamEvents};
+use gpumem::pool::{DevicePool, DirectPool, PoolError, PoolStats, RawBlock, RawPool};
+use gpumem_core::adaptor::{Metered, Reserved};
 use gpumem_core::sim::SimDevice;
 use gpumem_core::{Device, DriverCall, DriverCounters};
-use rustc_hash::FxHashMap;
 use serde_json::{json, Map, Value};
 
 use crate::conf::{Backend, Conf, Mode};
-use crate::direct::{Deferral, Deferred, DirectPool};
-use crate::metered::{Metered, Reserved};
+
+mod live;
+mod profile;
+
+use live::{Live, LiveMap};
+use profile::Profile;
 
 /// Devices a process may use (ordinals `0..MAX_DEVICES`).
 pub const MAX_DEVICES: usize = 64;
-/// Shards of the live-block map (a power of two).
-const LIVE_SHARDS: usize = 64;
-
-/// What the plug-in needs of a [`DevicePool`], whatever its device type.
-trait Pool: Send + Sync {
-    fn alloc_raw(&self, size_bytes: u64, stream: u64) -> Result<RawBlock, PoolError>;
-    fn free_raw(&self, b: RawBlock) -> Result<(), PoolError>;
-    fn empty_cache(&self) -> Result<u64, PoolError>;
-    fn stats(&self) -> Result<PoolStats, PoolError>;
-    fn validate(&self) -> Result<(), PoolError>;
-    fn counters(&self) -> Result<DriverCounters, PoolError>;
-    /// `mode=direct`: the stream ordering's counts.
-    fn deferral(&self) -> Option<Deferral> {
-        None
-    }
-}
-
-impl<D: Device> Pool for DirectPool<D> {
-    fn alloc_raw(&self, size_bytes: u64, stream: u64) -> Result<RawBlock, PoolError> {
-        self.alloc(size_bytes, stream)
-    }
-    fn free_raw(&self, b: RawBlock) -> Result<(), PoolError> {
-        self.free(&b)
-    }
-    fn empty_cache(&self) -> Result<u64, PoolError> {
-        DirectPool::empty_cache(self)
-    }
-    fn stats(&self) -> Result<PoolStats, PoolError> {
-        DirectPool::stats(self)
-    }
-    fn validate(&self) -> Result<(), PoolError> {
-        DirectPool::validate(self)
-    }
-    fn counters(&self) -> Result<DriverCounters, PoolError> {
-        DirectPool::counters(self)
-    }
-    fn deferral(&self) -> Option<Deferral> {
-        self.deferral_counts().ok()
-    }
-}
-
-impl<D: Device> Pool for DevicePool<D> {
-    fn alloc_raw(&self, size_bytes: u64, stream: u64) -> Result<RawBlock, PoolError> {
-        DevicePool::alloc_raw(self, size_bytes, stream)
-    }
-    fn free_raw(&self, b: RawBlock) -> Result<(), PoolError> {
-        DevicePool::free_raw(self, b)
-    }
-    fn empty_cache(&self) -> Result<u64, PoolError> {
-        DevicePool::empty_cache(self)
-    }
-    fn stats(&self) -> Result<PoolStats, PoolError> {
-        DevicePool::stats(self)
-    }
-    fn validate(&self) -> Result<(), PoolError> {
-        DevicePool::validate(self)
-    }
-    fn counters(&self) -> Result<DriverCounters, PoolError> {
-        self.with_device(|d| d.counters())
-    }
-}
 
 /// Kinds of failure, each written to stderr once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,58 +55,6 @@ pub enum Report {
 }
 
 const REPORT_KINDS: usize = 7;
-
-/// Live block: what `free` needs to give it back.
-#[derive(Debug, Clone, Copy)]
-struct Live {
-    requested_bytes: u64,
-    class_bytes: u64,
-    stream: u64,
-}
-
-#[derive(Default)]
-struct LiveMap {
-    shards: Vec<Mutex<FxHashMap<u64, Live>>>,
-}
-
-impl LiveMap {
-    fn new() -> Self {
-        LiveMap {
-            shards: (0..LIVE_SHARDS).map(|_| Mutex::default()).collect(),
-        }
-    }
-    fn shard(&self, addr: u64) -> &Mutex<FxHashMap<u64, Live>> {
-        // Blocks are 256-byte aligned at least; mix the rest so neighbours spread.
-        let h = (addr >> 8).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        &self.shards[(h >> (64 - LIVE_SHARDS.trailing_zeros())) as usize]
-    }
-    /// Inserts; returns false if `addr` was live already.
-    fn insert(&self, addr: u64, l: Live) -> bool {
-        match self.shard(addr).lock() {
-            Ok(mut m) => m.insert(addr, l).is_none(),
-            Err(_) => false,
-        }
-    }
-    fn remove(&self, addr: u64) -> Option<Live> {
-        self.shard(addr).lock().ok()?.remove(&addr)
-    }
-    fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().map(|m| m.len()).unwrap_or(0))
-            .sum()
-    }
-    fn snapshot(&self) -> Vec<(u64, Live)> {
-        let mut v = Vec::new();
-        for s in &self.shards {
-            if let Ok(m) = s.lock() {
-                v.extend(m.iter().map(|(a, l)| (*a, *l)));
-            }
-        }
-        v.sort_unstable_by_key(|x| x.0);
-        v
-    }
-}
 
 /// A current value and its peak (PyTorch's `.current` / `.peak`).
 #[derive(Debug, Default)]
@@ -202,63 +95,9 @@ struct Counters {
     zero_byte_requests: AtomicU64,
 }
 
-/// Calls taking longer than this count as slow in the profile.
-const SLOW_CALL_NS: u64 = 20_000;
-
-/// Time spent inside `malloc` and `free`, kept when the environment variable
-/// `GPUMEM_PROFILE` is set (to anything but `0`) when the plug-in starts: the plug-in's own
-/// share of a training step, apart from PyTorch's. Two clock reads a call.
-#[derive(Debug, Default)]
-struct Profile {
-    malloc_calls: AtomicU64,
-    malloc_ns: AtomicU64,
-    free_calls: AtomicU64,
-    free_ns: AtomicU64,
-    /// Calls over [`SLOW_CALL_NS`], and their time.
-    slow_calls: AtomicU64,
-    slow_ns: AtomicU64,
-    max_ns: AtomicU64,
-}
-
-impl Profile {
-    fn from_env() -> Option<Self> {
-        std::env::var_os("GPUMEM_PROFILE")
-            .filter(|v| !v.is_empty() && v != "0")
-            .map(|_| Profile::default())
-    }
-    fn record(&self, malloc: bool, since: Instant) {
-        let ns = since.elapsed().as_nanos().min(u64::MAX as u128) as u64;
-        let (calls, total) = if malloc {
-            (&self.malloc_calls, &self.malloc_ns)
-        } else {
-            (&self.free_calls, &self.free_ns)
-        };
-        calls.fetch_add(1, Ordering::Relaxed);
-        total.fetch_add(ns, Ordering::Relaxed);
-        if ns > SLOW_CALL_NS {
-            self.slow_calls.fetch_add(1, Ordering::Relaxed);
-            self.slow_ns.fetch_add(ns, Ordering::Relaxed);
-        }
-        self.max_ns.fetch_max(ns, Ordering::Relaxed);
-    }
-    fn json(&self) -> Value {
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        json!({
-            "malloc_calls": l(&self.malloc_calls),
-            "malloc_ns": l(&self.malloc_ns),
-            "free_calls": l(&self.free_calls),
-            "free_ns": l(&self.free_ns),
-            "slow_calls": l(&self.slow_calls),
-            "slow_ns": l(&self.slow_ns),
-            "slow_threshold_ns": SLOW_CALL_NS,
-            "max_ns": l(&self.max_ns),
-        })
-    }
-}
-
 /// One device's pool and figures.
 struct DeviceState {
-    pool: Box<dyn Pool>,
+    pool: Box<dyn RawPool>,
     reserved: Arc<Reserved>,
     live: LiveMap,
     counters: Counters,
@@ -865,7 +704,7 @@ fn open_device(ordinal: usize, conf: &Conf) -> Result<DeviceState, String> {
                 .map_err(|e| format!("cuda:{ordinal}: peer access: {e}"))?;
             let events: Arc<dyn StreamEvents> =
                 Arc::new(CudaEvents::new(&dev).map_err(|e| e.to_string())?);
-            let opts = gpumem::cuda::pool::PoolConfig {
+            let opts = gpumem::pool::PoolConfig {
                 pitch_align_bytes: dev.pitch_align_bytes(),
                 ..conf.pool
             };
@@ -896,11 +735,11 @@ fn make_state<D: Device + 'static>(
     dev: D,
     events: Arc<dyn StreamEvents>,
     conf: &Conf,
-    opts: gpumem::cuda::pool::PoolConfig,
+    opts: gpumem::pool::PoolConfig,
 ) -> Result<DeviceState, String> {
     let alloc = conf.strategy.build(&conf.allocator);
     let fail = |e: PoolError| format!("{} pool: {e}", conf.strategy);
-    let (pool, reserved): (Box<dyn Pool>, _) = match conf.mode {
+    let (pool, reserved): (Box<dyn RawPool>, _) = match conf.mode {
         Mode::Direct => {
             let (dev, reserved) = Metered::new(Deferred::new(dev, Arc::clone(&events)));
             let pool = DirectPool::new(alloc, dev, events, opts.align_bytes, opts.reserve_bytes)
@@ -924,6 +763,7 @@ fn make_state<D: Device + 'static>(
 
 #[cfg(test)]
 mod tests {
+    use super::profile::SLOW_CALL_NS;
     use super::*;
     use crate::conf::parse_strict;
     use proptest::prelude::*;

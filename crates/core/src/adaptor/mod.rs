@@ -1,16 +1,20 @@
 //! Adaptors around a [`crate::Device`], as RMM composes resources: each wraps any device
 //! (the simulated one or CUDA) and forwards every call, adding one thing.
 //! - [`Capped`]: a memory limit below what the device has;
-//! - [`Tracked`]: a record ([`VmmBook`]) of the VMM calls and segments that passed through.
+//! - [`Tracked`]: a record ([`VmmBook`]) of the VMM calls and segments that passed through;
+//! - [`Metered`]: the physical bytes held (current and peak) in atomics that other threads
+//!   read without a lock.
 //!
 //! Each implements [`crate::Device`] with [`crate::forward_device`], which forwards every
 //! method it does not write out; one conformance test (below) checks that each forwards
 //! every `Device` method.
 mod capped;
+mod metered;
 mod tracked;
 mod vmm_book;
 
 pub use capped::Capped;
+pub use metered::{Metered, Reserved};
 pub use tracked::Tracked;
 pub use vmm_book::{MappingRecord, PageRow, PageState, PageTable, VmmBook};
 
@@ -202,6 +206,12 @@ mod conformance {
     #[test]
     fn tracked_forwards_every_method() {
         assert_forwards("Tracked", Tracked::new(Probe::default()), |d| &d.inner);
+    }
+
+    #[test]
+    fn metered_forwards_every_method() {
+        let (d, _) = Metered::new(Probe::default());
+        assert_forwards("Metered", d, |d| &d.inner);
     }
 
     /// An adaptor that writes no method out: [`crate::forward_device`] forwards them all.

@@ -59,14 +59,13 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::config::AllocatorConfig;
+use crate::config::{AllocatorConfig, TorchConfig};
 use crate::device::DeviceError;
 use crate::{
     AllocError, Allocator, Block as UserBlock, Counter, Device, ForeignSegment, Stats, StatsTracker,
 };
 
 mod blocks;
-pub mod conf;
 mod expandable;
 mod live;
 mod release;
@@ -76,7 +75,6 @@ mod tests;
 mod validate;
 
 use blocks::{Block, FreeSet, Slab, UnmappedSet, NIL};
-pub use conf::{ConfError, TorchConfig};
 pub use expandable::SMALL_GROW_AHEAD_BYTES;
 use expandable::{ExpandableSegment, RangeToFree, Unreleased};
 pub use sizes::{

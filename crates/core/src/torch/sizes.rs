@@ -3,7 +3,7 @@
 //! (`should_split`), with PyTorch's constants.
 use serde::Serialize;
 
-use super::conf::TorchConfig;
+use crate::config::TorchConfig;
 
 /// Every block size is a multiple of this, in bytes (`kMinBlockSize`).
 pub const MIN_BLOCK_BYTES: u64 = 512;

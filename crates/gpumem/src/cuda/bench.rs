@@ -13,7 +13,7 @@
 //! device).
 //!
 //! Raw driver baselines ([`AllocBackend::times_each_call`]) are timed the way the C++
-//! baseline program does (`scripts/baselines/alloc_costs.cu`): every cuMemAlloc and every
+//! baseline program does (`scripts/bench/baselines/alloc_costs.cu`): every cuMemAlloc and every
 //! cuMemFree on its own, the pair's figure being the median allocation plus the median free.
 //! Timing 16 pairs of 1 GiB as one batch gave 2.55 ms a pair on the H200 against the C++
 //! program's 0.81 ms, and inflated every speedup quoted against it.
@@ -23,8 +23,8 @@ use gpumem_core::Device;
 use serde::Serialize;
 
 use super::driver::{self, CUcontext, CUstream};
-use super::pool::{DevicePool, RawBlock};
 use super::CudaDevice;
+use crate::pool::{DevicePool, RawBlock};
 
 /// Pairs per timed batch.
 pub const BATCH: usize = 16;
@@ -233,7 +233,7 @@ fn run_thread<B: AllocBackend>(
     let warm = warm_up(b, case, t);
     barrier.wait();
     let (stream, sizes, mut live) = warm?;
-    let cpu_start = crate::replay::thread_cpu_seconds();
+    let cpu_start = crate::measure::thread_cpu_seconds();
     let start = Instant::now();
     let mut samples = Vec::new();
     let mut free_samples = Vec::new();
@@ -287,7 +287,7 @@ fn run_thread<B: AllocBackend>(
         start,
         end,
         cpu_seconds: cpu_start
-            .zip(crate::replay::thread_cpu_seconds())
+            .zip(crate::measure::thread_cpu_seconds())
             .map(|(a, b)| (b - a).max(0.0)),
     })
 }

@@ -7,8 +7,8 @@ use gpumem_core::{Device, DeviceError, DriverCall, DriverCounters, PhysHandle};
 use serde::Serialize;
 
 use super::driver::{self, CUcontext, CUdevice, DeviceAttr, PointerAttr};
-use super::vmm::{PageTable, VmmBook};
 use super::CudaContext;
+use gpumem_core::adaptor::{PageTable, VmmBook};
 
 /// Blocks up to this size are checked whole by [`CudaDevice`]'s `check_pattern`, in bytes.
 pub const FULL_CHECK_BYTES: u64 = 1 << 20;
@@ -257,9 +257,9 @@ impl CudaDevice {
     }
 
     /// The pitch alignment this device's pitched allocations use, in bytes
-    /// ([`super::pitch::pitch_align_for`] of its texture alignments).
+    /// ([`crate::pool::pitch::pitch_align_for`] of its texture alignments).
     pub fn pitch_align_bytes(&self) -> u64 {
-        super::pitch::pitch_align_for(
+        crate::pool::pitch::pitch_align_for(
             self.info.texture_alignment_bytes,
             self.info.texture_pitch_alignment_bytes,
         )

@@ -13,8 +13,7 @@
 //!
 //! The device-independent pieces that run on CUDA and on [`gpumem_core::sim::SimDevice`]
 //! alike live outside: the pool in [`crate::pool`], the page-table view in [`crate::vmm`], the
-//! `Capped` and `Tracked` adaptors in [`gpumem_core::adaptor`] (re-exported here under their
-//! old paths).
+//! `Capped` and `Tracked` adaptors in [`gpumem_core::adaptor`].
 //!
 //! Nothing here links against `libcuda`: the library is opened on first use. When it is missing,
 //! [`init`] (called by every entry point) returns [`CudaError::NoDriver`], which keeps every file searched
@@ -34,22 +33,18 @@ pub mod p2p;
 mod peer;
 pub mod peer_bench;
 
-pub use crate::vmm;
 pub use context::{CopyKernel, CudaContext, DeviceBuffer, Event, Stream, COPY16_PTX};
 pub use device::{
     CudaDevice, DeviceInfo, MemoryType, PointerInfo, FULL_CHECK_BYTES, SAMPLE_WINDOWS,
     SAMPLE_WINDOW_BYTES,
 };
 pub use events::CudaEvents;
-pub use gpumem_core::adaptor::Capped;
+pub use managed::{
+    managed_guard, managed_margin, Advice, Managed, ManagedBuffer, MANAGED_MARGIN_BYTES,
+};
 pub use p2p::{
     enable_peer_access, link_bandwidth, p2p_attributes, peer_copy, verify_peer_copy, LinkEstimate,
     P2pAttributes, PeerCheck, PeerMethod,
-};
-// The device-agnostic pool lived here once; these keep the old paths working.
-pub use crate::pool::{self, pitch, ManualEvents, StreamEvents};
-pub use managed::{
-    managed_guard, managed_margin, Advice, Managed, ManagedBuffer, MANAGED_MARGIN_BYTES,
 };
 
 /// Errors of the CUDA backend outside an allocator call.
@@ -231,6 +226,21 @@ pub fn open(ordinal: usize) -> Result<CudaDevice, CudaError> {
         return Err(CudaError::NoDevice { ordinal, count });
     }
     guarded(|| CudaDevice::open_checked(ordinal).map_err(CudaError::from))
+}
+
+/// Opens device `ordinal` limited to `capacity_bytes` (or the device's own memory if
+/// smaller), so that a replay runs out of memory where the traced device did.
+///
+/// # Errors
+/// As [`open`].
+pub fn open_capped(
+    ordinal: usize,
+    capacity_bytes: u64,
+) -> Result<gpumem_core::adaptor::Capped<CudaDevice>, CudaError> {
+    Ok(gpumem_core::adaptor::Capped::new(
+        open(ordinal)?,
+        capacity_bytes,
+    ))
 }
 
 /// Information on every visible device (name, memory, granularity, VMM support), without

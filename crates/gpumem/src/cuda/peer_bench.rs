@@ -19,6 +19,7 @@ use super::p2p::{
     P2pAttributes, PeerCheck, PeerMethod, GUARD_BYTES,
 };
 use super::{CopyKernel, CudaContext, CudaDevice, CudaError, CudaEvents, DeviceBuffer, Stream};
+use crate::measure::median;
 use crate::pool::{DevicePool, PoolConfig, PoolError};
 
 /// Bytes each stream moves per timed batch (at least one copy).
@@ -345,8 +346,31 @@ fn time_batch(
     Ok(t0.elapsed().as_secs_f64())
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    crate::pinned::transfer::median(v)
+/// Sets each row's percent of the baseline (plain cuMemcpyPeerAsync between cuMemAlloc
+/// buffers, same direction and size); returns the lowest of the pool's cuMemcpyDtoD copies
+/// at the largest size.
+fn set_pct_of_baseline(rows: &mut [PeerRow]) -> Option<f64> {
+    // Percent of the baseline: plain cuMemcpyPeerAsync of the same direction and size.
+    let base: Vec<(String, u64, f64)> = rows
+        .iter()
+        .filter(|r| r.memory == "cuMemAlloc" && r.method == PeerMethod::Peer)
+        .map(|r| (r.direction.clone(), r.bytes, r.gbps))
+        .collect();
+    for r in rows.iter_mut() {
+        if let Some((_, _, g)) = base
+            .iter()
+            .find(|(d, b, _)| *d == r.direction && *b == r.bytes)
+        {
+            if *g > 0.0 {
+                r.pct_of_baseline = Some(100.0 * r.gbps / g);
+            }
+        }
+    }
+    let largest = rows.iter().map(|r| r.bytes).max();
+    rows.iter()
+        .filter(|r| Some(r.bytes) == largest && r.memory == "pool" && r.method == PeerMethod::DtoD)
+        .filter_map(|r| r.pct_of_baseline)
+        .reduce(f64::min)
 }
 
 /// Peer bandwidth between devices `a` and `b`: for each size, direction (`a->b`, `b->a`,
@@ -485,28 +509,7 @@ pub fn peer_bandwidth(
             }
         }
     }
-    // Percent of the baseline: plain cuMemcpyPeerAsync of the same direction and size.
-    let base: Vec<(String, u64, f64)> = rows
-        .iter()
-        .filter(|r| r.memory == "cuMemAlloc" && r.method == PeerMethod::Peer)
-        .map(|r| (r.direction.clone(), r.bytes, r.gbps))
-        .collect();
-    for r in &mut rows {
-        if let Some((_, _, g)) = base
-            .iter()
-            .find(|(d, b, _)| *d == r.direction && *b == r.bytes)
-        {
-            if *g > 0.0 {
-                r.pct_of_baseline = Some(100.0 * r.gbps / g);
-            }
-        }
-    }
-    let largest = rows.iter().map(|r| r.bytes).max();
-    let pool_min_pct_of_baseline = rows
-        .iter()
-        .filter(|r| Some(r.bytes) == largest && r.memory == "pool" && r.method == PeerMethod::DtoD)
-        .filter_map(|r| r.pct_of_baseline)
-        .reduce(f64::min);
+    let pool_min_pct_of_baseline = set_pct_of_baseline(&mut rows);
     drop(pool_a);
     drop(pool_b);
     drop(plain_a);

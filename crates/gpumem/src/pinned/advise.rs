@@ -447,6 +447,28 @@ pub fn store_table(update: TransferTable) -> std::io::Result<std::path::PathBuf>
 pub fn advise(table: &TransferTable, pattern: &Pattern) -> Advice {
     let b = pattern.bytes.max(1);
     let rate = pattern.per_second.max(0.0);
+    let options = kind_options(table, pattern, b, rate);
+    let (recommended, reason) = recommend(table, pattern, &options, b, rate);
+    let unpooled_pinned_s = match (
+        table.alloc_cost("cuMemHostAlloc", b),
+        table.gbps(MemoryKind::Pinned, pattern.direction, b),
+    ) {
+        (Some((a, f)), Some(g)) => Some(a + f + b as f64 / (g * 1e9)),
+        _ => None,
+    };
+    Advice {
+        source: table.source.clone(),
+        options,
+        recommended,
+        reason,
+        unpooled_pinned_s,
+    }
+}
+
+/// Every kind the table has a rate for at `b` bytes, with its costs per transfer at `rate`
+/// transfers a second and why it is ruled out, if it is; the usable ones first, fastest
+/// first.
+fn kind_options(table: &TransferTable, pattern: &Pattern, b: u64, rate: f64) -> Vec<KindOption> {
     let cold = table
         .alloc_cost("pool_cold", b)
         .or_else(|| table.alloc_cost("cuMemHostAlloc", b))
@@ -517,6 +539,17 @@ pub fn advise(table: &TransferTable, pattern: &Pattern) -> Advice {
             .partial_cmp(&(b.excluded.is_some(), b.total_s))
             .unwrap_or(std::cmp::Ordering::Equal)
     });
+    options
+}
+
+/// The kind to take among `options` (sorted as [`kind_options`] leaves them) and why.
+fn recommend(
+    table: &TransferTable,
+    pattern: &Pattern,
+    options: &[KindOption],
+    b: u64,
+    rate: f64,
+) -> (MemoryKind, String) {
     let pageable = options
         .iter()
         .find(|o| o.kind == MemoryKind::Pageable && o.excluded.is_none())
@@ -536,7 +569,7 @@ pub fn advise(table: &TransferTable, pattern: &Pattern) -> Advice {
             }
         }
     }
-    let (recommended, reason) = match (best, pageable) {
+    match (best, pageable) {
         (Some(best), Some(p)) if best.kind != MemoryKind::Pageable && best.total_s > p / 1.1 => (
             MemoryKind::Pageable,
             format!(
@@ -599,20 +632,6 @@ pub fn advise(table: &TransferTable, pattern: &Pattern) -> Advice {
                 }
             ),
         ),
-    };
-    let unpooled_pinned_s = match (
-        table.alloc_cost("cuMemHostAlloc", b),
-        table.gbps(MemoryKind::Pinned, pattern.direction, b),
-    ) {
-        (Some((a, f)), Some(g)) => Some(a + f + b as f64 / (g * 1e9)),
-        _ => None,
-    };
-    Advice {
-        source: table.source.clone(),
-        options,
-        recommended,
-        reason,
-        unpooled_pinned_s,
     }
 }
 

@@ -35,8 +35,6 @@ pub mod sysinfo;
 pub mod advise;
 pub mod transfer;
 
-/// The CUDA types pinned memory works with, from the one CUDA layer ([`crate::cuda`]).
-pub use crate::cuda::{CopyKernel, CudaContext, DeviceBuffer, Event, Stream, COPY16_PTX};
 pub use buffer::{HostRegistration, PinnedBuffer, DEFAULT_REGISTER_CHUNK_BYTES};
 pub use locked::{memlock_limit, MemlockLimit};
 pub use pool::PinnedSource;

@@ -34,7 +34,8 @@
 use super::size_class::class_bytes;
 use super::sysinfo::default_pinned_cap_bytes;
 use super::{HostAllocFlags, PinnedBuffer, PinnedError, Result};
-use crate::cuda::{CudaContext, Event, Stream, StreamEvents};
+use crate::cuda::{CudaContext, Event, Stream};
+use crate::pool::StreamEvents;
 use gpumem_core::stats::Counter;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -569,7 +570,7 @@ impl PooledBuffer {
     /// Adds an event, recorded by `events` after the block's last use, that must complete
     /// ([`StreamEvents::query`]) before the block is reused; it is given back to `events`
     /// ([`StreamEvents::recycle`]) once complete. Any backend's events work: a
-    /// [`crate::cuda::CudaEvents`], or [`crate::cuda::ManualEvents`] in tests.
+    /// [`crate::cuda::CudaEvents`], or [`crate::pool::ManualEvents`] in tests.
     pub fn record_event(&mut self, events: Arc<dyn StreamEvents>, event: u64) {
         self.fences.push(Guard::Stream(events, event));
     }
@@ -617,7 +618,7 @@ impl Drop for PooledBuffer {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use crate::cuda::ManualEvents;
+    use crate::pool::ManualEvents;
 
     fn pool(cap: u64) -> PinnedPool {
         PinnedPool::new(PinnedPoolConfig::locked(cap))

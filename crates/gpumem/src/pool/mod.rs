@@ -1,6 +1,8 @@
-//! The stream-ordered device pool, device-agnostic: [`DevicePool`] runs over any
-//! [`gpumem_core::Device`] (the CUDA device, the simulated one) with any
-//! [`gpumem_core::Allocator`] strategy and any [`StreamEvents`].
+//! The stream-ordered device pools, device-agnostic: [`DevicePool`] (size-class caches per
+//! stream, this note) and [`DirectPool`] (PyTorch's immediate same-stream reuse, in
+//! `direct.rs`) run over any [`gpumem_core::Device`] (the CUDA device, the simulated one)
+//! with any [`gpumem_core::Allocator`] strategy and any [`StreamEvents`]; [`RawPool`] is
+//! their one interface for callers that pick a pool at run time.
 //!
 //! Where things are: the hot path in `device_pool.rs` (`alloc_raw`, `free_raw`), the
 //! magazine in `magazine.rs`, the cache shard in `shard.rs`, thread slots in `slots.rs`,
@@ -50,14 +52,18 @@ use gpumem_core::{AllocError, DeviceError, Stats};
 use serde::Serialize;
 
 mod device_pool;
+mod direct;
 pub(crate) mod events;
 mod magazine;
 pub mod pitch;
+mod raw_pool;
 mod shard;
 mod slots;
 
 pub use device_pool::{DeviceBlock, DevicePool, PitchedBlock, RawBlock, SharedPool};
+pub use direct::{Deferral, Deferred, DirectPool};
 pub use events::{ManualEvents, StreamEvents};
+pub use raw_pool::RawPool;
 
 /// Number of thread slots, each with a magazine and a cache shard (threads beyond this share
 /// slots).

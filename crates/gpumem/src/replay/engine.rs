@@ -7,9 +7,10 @@ use gpumem_core::{AllocError, Allocator, Device, DriverCounters, Stats};
 use rustc_hash::FxHashSet;
 
 use super::{
-    adopt_preexisting, summarize, thread_cpu_seconds, MinMax, PreexistingSegment, ReplayConfig,
-    ReplayError, ReplayReport, Sample, TorchInputs, TraceSummary,
+    adopt_preexisting, summarize, MinMax, PreexistingSegment, ReplayConfig, ReplayError,
+    ReplayReport, Sample, TorchInputs, TraceSummary,
 };
+use crate::measure::thread_cpu_seconds;
 use crate::trace::{Action, Trace};
 
 pub(super) fn canary_pattern(trace_addr: u64) -> u32 {

@@ -1,8 +1,8 @@
 //! The settings a trace is replayed under: the torch emulation's setting and where it came
 //! from, `paged-lazy`'s settings, the allocator configuration.
+use gpumem_core::config::TorchConfig;
 use gpumem_core::config::{AllocatorConfig, LazyConfig};
 use gpumem_core::strategy::Strategy;
-use gpumem_core::torch::TorchConfig;
 
 use super::SessionError;
 use crate::trace::{Format, Trace};

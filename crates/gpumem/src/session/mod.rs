@@ -56,10 +56,10 @@ pub enum SessionError {
     ZeroSegmentSize,
     /// `--torch-conf` does not parse.
     #[error("--torch-conf")]
-    TorchConf(#[source] gpumem_core::torch::ConfError),
+    TorchConf(#[source] gpumem_core::config::ConfError),
     /// The trace's recorded `allocator_settings` do not parse.
     #[error("the trace's allocator_settings")]
-    RecordedConf(#[source] gpumem_core::torch::ConfError),
+    RecordedConf(#[source] gpumem_core::config::ConfError),
     /// `--lazy-conf` does not parse; `hint` is empty or says which flag a misplaced key
     /// belongs to.
     #[error("--lazy-conf: {error}{hint}")]

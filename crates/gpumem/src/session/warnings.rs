@@ -1,8 +1,8 @@
 //! What `--capacity` and `--segment-size` may be, and the warnings a setting earns.
+use gpumem_core::config::TorchConfig;
 use gpumem_core::config::{LazyConfig, LazyPlacement};
 use gpumem_core::sim::DEFAULT_GRANULARITY;
 use gpumem_core::strategy::Strategy;
-use gpumem_core::torch::TorchConfig;
 
 use super::SessionError;
 use crate::replay::TraceSummary;

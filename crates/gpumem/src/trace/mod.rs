@@ -154,16 +154,16 @@ pub struct AllocatorSettings {
 
 impl AllocatorSettings {
     /// The torch emulation's setting for these recorded settings
-    /// ([`TorchConfig::from_recorded`](gpumem_core::torch::TorchConfig::from_recorded): the
+    /// ([`TorchConfig::from_recorded`](gpumem_core::config::TorchConfig::from_recorded): the
     /// `PYTORCH_CUDA_ALLOC_CONF` string when one was recorded, else the individual fields).
     ///
     /// # Errors
-    /// [`ConfError`](gpumem_core::torch::ConfError) when the string does not parse or a field
+    /// [`ConfError`](gpumem_core::config::ConfError) when the string does not parse or a field
     /// is out of PyTorch's range.
     pub fn torch_config(
         &self,
-    ) -> Result<gpumem_core::torch::TorchConfig, gpumem_core::torch::ConfError> {
-        gpumem_core::torch::TorchConfig::from_recorded(
+    ) -> Result<gpumem_core::config::TorchConfig, gpumem_core::config::ConfError> {
+        gpumem_core::config::TorchConfig::from_recorded(
             &self.alloc_conf,
             self.max_split_size_bytes,
             self.garbage_collection_threshold,

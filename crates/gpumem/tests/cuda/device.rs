@@ -1,9 +1,9 @@
 //! GPU tests of the CUDA backend. Run on the device machine through scripts/gpu-check.sh
 //! (`cuda_device-* --ignored --test-threads 1`).
 use gpumem::cuda::bench::{self, AsyncCuda, Budget, Case, ContextBinder, PoolBackend, RawCuda};
-use gpumem::cuda::pitch::pitch_bytes;
-use gpumem::cuda::pool::{DevicePool, PoolConfig};
 use gpumem::cuda::{self, Advice, CudaError, CudaEvents, MemoryType, Stream};
+use gpumem::pool::pitch::pitch_bytes;
+use gpumem::pool::{DevicePool, PoolConfig};
 use gpumem_core::config::AllocatorConfig;
 use gpumem_core::strategy::Strategy;
 use gpumem_core::{Device, DeviceError, DriverCall};
@@ -373,8 +373,6 @@ fn peer_access_per_block_needs_vmm_pages() {
     let b = seg.alloc(MIB, 0).expect("alloc");
     assert!(matches!(
         seg.set_peer_access(&b, 0, true),
-        Err(gpumem::cuda::pool::PoolError::Device(
-            DeviceError::Unsupported(_)
-        ))
+        Err(gpumem::pool::PoolError::Device(DeviceError::Unsupported(_)))
     ));
 }

@@ -5,10 +5,11 @@
 //!
 //! The harness (tests/support/fakecuda.rs) builds the fake and runs the test again in a
 //! child process that loads it.
+use gpumem::core::adaptor::Capped;
 use gpumem::cuda::bench::{self, AsyncCuda, Budget, Case, ContextBinder, PoolBackend, RawCuda};
-use gpumem::cuda::pitch::pitch_bytes;
-use gpumem::cuda::pool::{DevicePool, PoolConfig};
-use gpumem::cuda::{self, Advice, Capped, CudaError, CudaEvents, MemoryType, Stream};
+use gpumem::cuda::{self, Advice, CudaError, CudaEvents, MemoryType, Stream};
+use gpumem::pool::pitch::pitch_bytes;
+use gpumem::pool::{DevicePool, PoolConfig};
 use gpumem_core::config::AllocatorConfig;
 use gpumem_core::strategy::Strategy;
 use gpumem_core::{Device, DeviceError, DriverCall};
@@ -107,7 +108,7 @@ fn info_and_segments() {
 fn vmm_and_page_table() {
     let mut d = cuda::open(0).unwrap();
     let g = d.granularity_bytes();
-    let va = gpumem::cuda::vmm::demo_arena(&mut d, 8 * g, 4).unwrap();
+    let va = gpumem::vmm::demo_arena(&mut d, 8 * g, 4).unwrap();
     let t = d.page_tables();
     assert_eq!((t.len(), t[0].mapped_bytes), (1, 2 * g));
     assert!(d.pointer_info(va + 10).unwrap().vmm_mapped);
@@ -120,7 +121,7 @@ fn vmm_and_page_table() {
         "a hole is not mapped"
     );
     let book = d.vmm_book().clone();
-    gpumem::cuda::vmm::teardown(&mut d, &book, va).unwrap();
+    gpumem::vmm::teardown(&mut d, &book, va).unwrap();
     assert_eq!(d.used_bytes(), 0);
     // Objects left behind are released when the device is dropped (the fake checks the calls).
     let va2 = d.reserve_va(2 * g).unwrap();

@@ -1,8 +1,9 @@
 //! Without a CUDA driver (forced here with GPUMEM_NO_CUDA, so it holds on any machine), the
 //! CUDA and pinned entry points return a clear error, and never panic.
 //! Runs in a child process (the presence check is answered once per process).
+use gpumem::cuda::CudaContext;
 use gpumem::cuda::{self, CudaError};
-use gpumem::pinned::{CudaContext, PinnedPool, PinnedPoolConfig};
+use gpumem::pinned::{PinnedPool, PinnedPoolConfig};
 
 use crate::support::{in_child, run_in_child, test_name};
 

@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use gpumem::cuda::pool::{class_bytes, DevicePool, PoolConfig, PoolError};
-use gpumem::cuda::{ManualEvents, StreamEvents};
+use gpumem::pool::{class_bytes, DevicePool, PoolConfig, PoolError};
+use gpumem::pool::{ManualEvents, StreamEvents};
 use gpumem_core::sim::SimDevice;
 use gpumem_core::Device;
 
@@ -373,7 +373,7 @@ fn trim_reclaims_blocks_cached_in_live_threads_magazines_and_shards() {
             s.spawn(move || {
                 // More blocks of one class than a magazine holds (the rest go to the shard),
                 // and a few other classes.
-                let mut v: Vec<_> = (0..gpumem::cuda::pool::MAGAZINE_BLOCKS + 10)
+                let mut v: Vec<_> = (0..gpumem::pool::MAGAZINE_BLOCKS + 10)
                     .map(|_| p.alloc(4096, t + 1).expect("alloc"))
                     .collect();
                 v.extend((1..20).map(|i| p.alloc(i * 3000, t + 1).expect("alloc")));
@@ -389,7 +389,7 @@ fn trim_reclaims_blocks_cached_in_live_threads_magazines_and_shards() {
         let after = pool.stats().expect("stats");
         let used_after = pool.with_device(|d| d.used_bytes()).expect("dev");
         trimmed.wait(); // release the threads before asserting (a failed assert must not hang)
-        let per_thread = gpumem::cuda::pool::MAGAZINE_BLOCKS as u64 + 10 + 19;
+        let per_thread = gpumem::pool::MAGAZINE_BLOCKS as u64 + 10 + 19;
         assert_eq!(before.cached_blocks, threads as u64 * per_thread);
         assert_eq!(before.live_blocks, 0);
         assert!(used_before > 0);

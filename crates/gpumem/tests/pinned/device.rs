@@ -2,10 +2,11 @@
 //! `cargo test -p gpumem --test pinned_cuda -- --ignored` (or the prebuilt test binary with
 //! `--ignored`). Without a driver, only the check that every entry point fails cleanly runs.
 
+use gpumem::cuda::{CudaContext, DeviceBuffer, Stream};
 use gpumem::pinned::transfer::TransferBench;
 use gpumem::pinned::{
-    advise::MemoryKind, CopyKind, CudaContext, DeviceBuffer, HostAllocFlags, HostRegistration,
-    PinnedBuffer, PinnedPool, PinnedPoolConfig, PinnedSource, StagingConfig, StagingRing, Stream,
+    advise::MemoryKind, CopyKind, HostAllocFlags, HostRegistration, PinnedBuffer, PinnedPool,
+    PinnedPoolConfig, PinnedSource, StagingConfig, StagingRing,
 };
 
 #[test]

@@ -6,11 +6,12 @@
 //! child process that loads it.
 
 use crate::support::{against_fake_driver, live, test_name};
+use gpumem::cuda::{CudaContext, DeviceBuffer, Stream};
 use gpumem::pinned::advise::{Direction, MemoryKind};
 use gpumem::pinned::transfer::{alloc_costs, TransferBench};
 use gpumem::pinned::{
-    CopyKind, CudaContext, DeviceBuffer, HostAllocFlags, HostRegistration, PinnedBuffer,
-    PinnedError, PinnedPool, PinnedPoolConfig, PinnedSource, StagingConfig, StagingRing, Stream,
+    CopyKind, HostAllocFlags, HostRegistration, PinnedBuffer, PinnedError, PinnedPool,
+    PinnedPoolConfig, PinnedSource, StagingConfig, StagingRing,
 };
 
 #[test]

@@ -1,6 +1,6 @@
 //! The simulated device's driver-cost model against the real driver seconds recorded on the
 //! H200 (`tests/data/h200_replay_driver_time_by_mappings.json`, which says where each figure
-//! comes from, written by `scripts/fit-cost-model.py`): 33 replays, the eleven traces of
+//! comes from, written by `scripts/fit/fit-cost-model.py`): 33 replays, the eleven traces of
 //! `traces/` (with `external/` and `validation/`) under `paged`, `paged-lazy` and `torch`;
 //! and out of sample, 44 later replays it was not fitted to (`tests/data/h200_lazy_replays.json`).
 //!
@@ -16,7 +16,7 @@ fn kind(short: &str) -> DriverCall {
         .unwrap_or_else(|| panic!("unknown call kind {short} in the test data"))
 }
 
-/// The replays of a data file of `tests/data/` (written by `scripts/fit-cost-model.py`).
+/// The replays of a data file of `tests/data/` (written by `scripts/fit/fit-cost-model.py`).
 fn replays(file: &str) -> Vec<serde_json::Value> {
     let path = format!("{}/tests/data/{file}", env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(&path).expect("test data");
@@ -94,7 +94,7 @@ fn call_cost_grows_with_size_and_mappings_for_every_kind() {
         assert!(h200_call_seconds(c, 2 << 20, 10_000) >= small, "{c:?}");
     }
     // Isolated cuMemSetAccess: 24 µs for 2 MiB, 51 µs for 64 MiB, 93 µs for 1 GiB (H200.md),
-    // 223 µs for 4 GiB, 689 µs for 16 GiB (scripts/baselines, 2026-12-01), × 0.80 + 1.421
+    // 223 µs for 4 GiB, 689 µs for 16 GiB (scripts/bench/baselines, 2026-12-01), × 0.80 + 1.421
     // per 1,000 mappings live; log-linear between the points, linear in size above the last.
     let sa = |b: u64, m: u64| h200_call_seconds(DriverCall::SetAccess, b, m) * 1e6;
     assert!((sa(2 << 20, 0) - 24.0 * 0.80).abs() < 1e-6);

@@ -1,7 +1,7 @@
 //! `paged-lazy` in a real training loop: the first 200 steps of the plug-in's soak (a small
 //! GPT-2, 2 layers, 256 wide, AdamW, bf16, nine batch × sequence shapes drawn at random each
 //! step), recorded on the H200 through `libgpumem_torch.so` with
-//! `scripts/torch-compare.py --soak --soak-strategy paged-lazy --soak-record` (2026-11-30),
+//! `scripts/bench/torch-compare.py --soak --soak-strategy paged-lazy --soak-record` (2026-11-30),
 //! first 110,000 events: `tests/fixtures/soak_gpt2_200_steps.jsonl.gz`.
 //!
 //! Issue 11's test: a repeated training step makes no driver call once the first steps have

@@ -3,18 +3,8 @@
 use gpumem::report::{self, ReportConfig};
 use gpumem::trace::{read_bytes, ReadConfig};
 
-const TRACE: &str = r#"{"action":"alloc","addr":1,"size":8388608}
-{"action":"alloc","addr":2,"size":600}
-{"action":"alloc","addr":3,"size":3000000}
-{"action":"alloc","addr":4,"size":3000000}
-{"action":"alloc","addr":5,"size":70000}
-{"action":"free","addr":3}
-{"action":"alloc","addr":6,"size":25165824}
-{"action":"free","addr":2}
-{"action":"alloc","addr":7,"size":1000}
-{"action":"free","addr":6}
-{"action":"free","addr":4}
-"#;
+/// A small trace of seven blocks (the CLI's `map` tests replay it too).
+const TRACE: &str = include_str!("../fixtures/map_small.jsonl");
 
 fn check(allocator: &str, event: Option<u64>, golden: &str) {
     let t = read_bytes("small.jsonl", TRACE.as_bytes(), ReadConfig::default()).unwrap();

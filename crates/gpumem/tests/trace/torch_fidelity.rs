@@ -221,7 +221,7 @@ fn first_segment_divergence(
 /// bytes, following the recorded cudaMalloc addresses when `follow_addresses`.
 fn torch_replay(
     trace: &Trace,
-    conf: &gpumem_core::torch::TorchConfig,
+    conf: &gpumem_core::config::TorchConfig,
     capacity: u64,
     follow_addresses: bool,
 ) -> gpumem::torch_replay::TorchReplay {
@@ -331,7 +331,7 @@ const SETTINGS: [(&str, &str); 4] = [
 ];
 
 fn replay_with(trace: &Trace, conf: &str) -> (u64, u64, u64) {
-    use gpumem_core::torch::TorchConfig;
+    use gpumem_core::config::TorchConfig;
     let mut dev = SimDevice::default();
     let mut alloc = TorchCachingPool::with_conf(TorchConfig::parse(conf).expect("conf"));
     let r = gpumem::replay::replay(
@@ -385,7 +385,7 @@ fn every_setting_within_one_percent_of_pytorch() {
 #[test]
 fn recorded_sequence_self_check_on_every_trace() {
     use gpumem::core::sim::RecordedCheck;
-    use gpumem_core::torch::TorchConfig;
+    use gpumem_core::config::TorchConfig;
     let mut paths: Vec<PathBuf> = Vec::new();
     for dir in [
         traces_dir(),
@@ -566,7 +566,7 @@ fn recorded_settings_match_pytorch_to_the_byte() {
 /// PyTorch's reserved peak on this trace (−0.10 %: one 2 MiB segment).
 #[test]
 fn cuda_graph_private_pool_is_a_measured_limit() {
-    use gpumem_core::torch::TorchConfig;
+    use gpumem_core::config::TorchConfig;
     let dir = traces_dir().join("limits");
     let trace =
         read_path(&dir.join("graph_infer.pickle.gz"), ReadConfig::default()).expect("reads");
@@ -633,7 +633,7 @@ fn preexisting_segments_of_a_warm_trace() {
 #[test]
 fn each_option_on_a_hand_made_trace() {
     use gpumem::trace::read_bytes;
-    use gpumem_core::torch::TorchConfig;
+    use gpumem_core::config::TorchConfig;
     const MIB: u64 = 1 << 20;
     let lines = |events: &[(&str, u64, u64)]| -> String {
         events

@@ -3,6 +3,7 @@
 //! containers made inside it, such as `frames`) is recycled, so memory stays proportional to the
 //! events, not to the pickle's object tree.
 
+use super::known::Known;
 use super::vm::{Kind, Value, Vm, MAX_DEPTH};
 use crate::trace::stacks::Frame;
 use crate::trace::{Action, Event, StackId};
@@ -12,48 +13,6 @@ pub(super) struct Converted {
     pub(super) event: Event,
     /// `device_free` of an `oom` entry.
     pub(super) device_free: Option<u64>,
-}
-
-/// Strings the converter looks for, recognised once when the string is created.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Known {
-    Other,
-    KeyAction,
-    KeyAddr,
-    KeySize,
-    KeyStream,
-    KeyTimeUs,
-    KeyFrames,
-    KeyDeviceFree,
-    KeyFilename,
-    KeyLine,
-    KeyName,
-    Act(Option<Action>),
-}
-
-pub(super) fn classify(s: &[u8]) -> Known {
-    match s {
-        b"action" => Known::KeyAction,
-        b"addr" => Known::KeyAddr,
-        b"size" => Known::KeySize,
-        b"stream" => Known::KeyStream,
-        b"time_us" => Known::KeyTimeUs,
-        b"frames" => Known::KeyFrames,
-        b"device_free" => Known::KeyDeviceFree,
-        b"filename" => Known::KeyFilename,
-        b"line" => Known::KeyLine,
-        b"name" => Known::KeyName,
-        b"alloc" => Known::Act(Some(Action::Alloc)),
-        b"free_completed" | b"free" => Known::Act(Some(Action::Free)),
-        b"free_requested" => Known::Act(Some(Action::FreeRequested)),
-        b"segment_alloc" => Known::Act(Some(Action::SegmentAlloc)),
-        b"segment_free" => Known::Act(Some(Action::SegmentFree)),
-        b"segment_map" => Known::Act(Some(Action::SegmentMap)),
-        b"segment_unmap" => Known::Act(Some(Action::SegmentUnmap)),
-        b"oom" => Known::Act(Some(Action::Oom)),
-        b"snapshot" => Known::Act(Some(Action::Snapshot)),
-        _ => Known::Other,
-    }
 }
 
 impl Vm<'_> {

@@ -31,6 +31,7 @@
 //! ([`Trace::truncated`] says where).
 
 mod entry;
+mod known;
 mod vm;
 
 use super::live::{AddrMap, AddrStyle, Liveness, UnknownFree};
@@ -450,6 +451,9 @@ fn entries(n: u64) -> String {
     )
 }
 
+/// The trace of a snapshot's top-level value `root`, from the trace entries `events` the VM
+/// converted while reading: the segments, each device's entries in order (interleaved by time
+/// when there are several devices), each checked for liveness, and the blocks live all along.
 /// `salvaged`: the entries are those read before a cut (a lenient read of a truncated file).
 fn build_trace(
     name: &str,
@@ -463,77 +467,11 @@ fn build_trace(
         format: Some(Format::TorchSnapshot),
         ..Trace::default()
     };
-    let (segments_v, traces_v) = match vm.as_dict(root) {
-        Some(d) => {
-            if let Some(v) = vm.dict_get(d, "allocator_settings") {
-                trace.allocator_settings = vm.allocator_settings(v);
-            }
-            (vm.dict_get(d, "segments"), vm.dict_get(d, "device_traces"))
-        }
-        None if vm.as_seq(root).is_some() => (Some(root), None),
-        None => {
-            return Err(TraceError::NotATrace {
-                path: name.to_string(),
-                what: format!(
-                    "a pickle of {}, not a PyTorch memory snapshot dict",
-                    vm.describe(root)
-                ),
-            })
-        }
-    };
-    if segments_v.is_none() && traces_v.is_none() {
-        return Err(TraceError::NotATrace {
-            path: name.to_string(),
-            what: "a pickled dict without 'segments' or 'device_traces': not a PyTorch memory \
-                   snapshot"
-                .into(),
-        });
-    }
+    let (segments_v, traces_v) = snapshot_parts(name, vm, root, &mut trace)?;
     if let Some(sv) = segments_v {
-        // Copied: reading a segment may intern the stacks of its blocks (a mutable VM).
-        let list: Vec<Value> = vm
-            .as_seq(sv)
-            .ok_or_else(|| {
-                malformed(
-                    name,
-                    0,
-                    format!("'segments' is {}, expected a list", vm.describe(sv)),
-                )
-            })?
-            .to_vec();
-        for (i, s) in list.into_iter().enumerate() {
-            match vm.segment(s) {
-                Ok(seg) => trace.segments.push(seg),
-                Err(e) if options.lenient => trace.skip(format!("segment {i}: {e}")),
-                Err(e) => {
-                    return Err(malformed(
-                        name,
-                        i as u64,
-                        format!("segment {i} (not an event): {e}"),
-                    ))
-                }
-            }
-        }
+        read_segments(name, vm, sv, options, &mut trace)?;
     }
-    let mut devices: Vec<&[Value]> = Vec::new();
-    if let Some(tv) = traces_v {
-        let list = vm.as_seq(tv).ok_or_else(|| {
-            malformed(
-                name,
-                0,
-                format!("'device_traces' is {}, expected a list", vm.describe(tv)),
-            )
-        })?;
-        for (d, &l) in list.iter().enumerate() {
-            devices.push(vm.as_seq(l).ok_or_else(|| {
-                malformed(
-                    name,
-                    0,
-                    format!("device_traces[{d}] is {}, expected a list", vm.describe(l)),
-                )
-            })?);
-        }
-    }
+    let devices = device_lists(name, vm, traces_v)?;
     // Sizes of the recorded blocks, for pre-existing blocks whose free carries no size.
     let mut block_sizes: AddrMap<u64> = AddrMap::default();
     for s in &trace.segments {
@@ -555,84 +493,12 @@ fn build_trace(
     }
     let mut live = Liveness::new(UnknownFree::Preexisting, AddrStyle::Hex);
     let size_hint = |d: u32, a: u64| block_sizes.get(&(d, a)).copied().unwrap_or(0);
-    // A `free_requested` is kept only when other entries of its device come before its own
-    // `free_completed` (the block waited for other streams), or none comes; right before it,
-    // it adds nothing to the free.
     let entry_at = |v: Value| match v {
         Value::Entry(k) => events.get(k as usize),
         _ => None,
     };
-    let mut kept_requests: rustc_hash::FxHashSet<(u32, u32)> = rustc_hash::FxHashSet::default();
-    for (d, l) in devices.iter().enumerate() {
-        // Nearly every `free_requested` is followed by its own completion: only a list with
-        // one that is not needs the walk below (a map insert per free).
-        let completes_next = |j: usize, addr: u64| {
-            l.get(j + 1)
-                .and_then(|&w| entry_at(w))
-                .is_some_and(|c| c.action == Action::Free && c.addr == addr)
-        };
-        let any_waiting = l.iter().enumerate().any(|(j, &v)| {
-            entry_at(v)
-                .is_some_and(|e| e.action == Action::FreeRequested && !completes_next(j, e.addr))
-        });
-        if !any_waiting {
-            continue;
-        }
-        // Walking back: the index of the next free of each address.
-        let mut next_free: AddrMap<usize> = AddrMap::default();
-        for (j, &v) in l.iter().enumerate().rev() {
-            match entry_at(v) {
-                Some(e) if e.action == Action::Free => {
-                    next_free.insert((d as u32, e.addr), j);
-                }
-                Some(e) if e.action == Action::FreeRequested => {
-                    // Never completed in the trace: still waiting at the dump (PyTorch's
-                    // `allocated_bytes` has dropped), unless the file was cut there.
-                    let delayed = match next_free.get(&(d as u32, e.addr)) {
-                        Some(&at) => at > j + 1,
-                        None => !salvaged,
-                    };
-                    if delayed {
-                        kept_requests.insert((d as u32, j as u32));
-                    }
-                }
-                _ => {}
-            }
-        }
-    }
-    // Several devices with timestamps: interleave by time (stable, so ties keep file order).
-    let time_of = |v: Value| match v {
-        Value::Entry(k) => events.get(k as usize).and_then(|e| {
-            if e.action == Action::FreeRequested {
-                // As a skipped entry was: first, unless it has a time.
-                Some(e.time_us.unwrap_or(i64::MIN))
-            } else {
-                e.time_us
-            }
-        }),
-        Value::SkipEntry => Some(i64::MIN),
-        _ => None,
-    };
-    let interleave = devices.iter().filter(|l| !l.is_empty()).count() > 1
-        && devices
-            .iter()
-            .all(|l| l.iter().all(|&v| time_of(v).is_some()));
-    let mut order: Vec<(u32, u32, Value)> = Vec::new();
-    if interleave {
-        for (d, l) in devices.iter().enumerate() {
-            order.extend(l.iter().enumerate().map(|(i, &v)| (d as u32, i as u32, v)));
-        }
-        order.sort_by_key(|&(_, _, v)| time_of(v).unwrap_or(i64::MIN));
-    }
-    let items: Box<dyn Iterator<Item = (u32, u32, Value)>> = if interleave {
-        Box::new(order.into_iter())
-    } else {
-        Box::new(devices.iter().enumerate().flat_map(|(d, l)| {
-            l.iter()
-                .enumerate()
-                .map(move |(i, &v)| (d as u32, i as u32, v))
-        }))
-    };
+    let kept_requests = kept_requests(&devices, &events, salvaged);
+    let items = entry_order(&devices, &events);
     let mut out: Vec<Event> = Vec::with_capacity(events.len());
     let keep_frames = options.keep_frames;
     for (d, i, v) in items {
@@ -694,8 +560,209 @@ fn build_trace(
     }
     drop(events);
     trace.events = out;
-    // Blocks allocated at dump time at addresses no event touches: live all along.
-    // (Only the active blocks are looked up, so this costs a map of those, not of all events.)
+    add_blocks_live_all_along(&mut trace, &live);
+    Ok(trace)
+}
+
+/// The snapshot's `segments` and `device_traces` (a bare list is read as segments), and its
+/// `allocator_settings` into `trace`.
+fn snapshot_parts(
+    name: &str,
+    vm: &mut Vm<'_>,
+    root: Value,
+    trace: &mut Trace,
+) -> Result<(Option<Value>, Option<Value>), TraceError> {
+    let (segments_v, traces_v) = match vm.as_dict(root) {
+        Some(d) => {
+            if let Some(v) = vm.dict_get(d, "allocator_settings") {
+                trace.allocator_settings = vm.allocator_settings(v);
+            }
+            (vm.dict_get(d, "segments"), vm.dict_get(d, "device_traces"))
+        }
+        None if vm.as_seq(root).is_some() => (Some(root), None),
+        None => {
+            return Err(TraceError::NotATrace {
+                path: name.to_string(),
+                what: format!(
+                    "a pickle of {}, not a PyTorch memory snapshot dict",
+                    vm.describe(root)
+                ),
+            })
+        }
+    };
+    if segments_v.is_none() && traces_v.is_none() {
+        return Err(TraceError::NotATrace {
+            path: name.to_string(),
+            what: "a pickled dict without 'segments' or 'device_traces': not a PyTorch memory \
+                   snapshot"
+                .into(),
+        });
+    }
+    Ok((segments_v, traces_v))
+}
+
+/// Reads the snapshot's `segments` list `sv` into `trace` (a segment that does not read is
+/// skipped under `options.lenient`).
+fn read_segments(
+    name: &str,
+    vm: &mut Vm<'_>,
+    sv: Value,
+    options: ReadConfig,
+    trace: &mut Trace,
+) -> Result<(), TraceError> {
+    // Copied: reading a segment may intern the stacks of its blocks (a mutable VM).
+    let list: Vec<Value> = vm
+        .as_seq(sv)
+        .ok_or_else(|| {
+            malformed(
+                name,
+                0,
+                format!("'segments' is {}, expected a list", vm.describe(sv)),
+            )
+        })?
+        .to_vec();
+    for (i, s) in list.into_iter().enumerate() {
+        match vm.segment(s) {
+            Ok(seg) => trace.segments.push(seg),
+            Err(e) if options.lenient => trace.skip(format!("segment {i}: {e}")),
+            Err(e) => {
+                return Err(malformed(
+                    name,
+                    i as u64,
+                    format!("segment {i} (not an event): {e}"),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Each device's list of trace entries in `device_traces` (`traces_v`), if any.
+fn device_lists<'v>(
+    name: &str,
+    vm: &'v Vm<'_>,
+    traces_v: Option<Value>,
+) -> Result<Vec<&'v [Value]>, TraceError> {
+    let mut devices: Vec<&[Value]> = Vec::new();
+    if let Some(tv) = traces_v {
+        let list = vm.as_seq(tv).ok_or_else(|| {
+            malformed(
+                name,
+                0,
+                format!("'device_traces' is {}, expected a list", vm.describe(tv)),
+            )
+        })?;
+        for (d, &l) in list.iter().enumerate() {
+            devices.push(vm.as_seq(l).ok_or_else(|| {
+                malformed(
+                    name,
+                    0,
+                    format!("device_traces[{d}] is {}, expected a list", vm.describe(l)),
+                )
+            })?);
+        }
+    }
+    Ok(devices)
+}
+
+/// The `free_requested` entries kept, as (device, index in its list): those that other
+/// entries of their device come between and their own `free_completed` (the block waited for
+/// other streams), or that never complete (unless the file was cut); right before its
+/// completion, a request adds nothing to the free.
+fn kept_requests(
+    devices: &[&[Value]],
+    events: &[Event],
+    salvaged: bool,
+) -> rustc_hash::FxHashSet<(u32, u32)> {
+    let entry_at = |v: Value| match v {
+        Value::Entry(k) => events.get(k as usize),
+        _ => None,
+    };
+    let mut kept_requests: rustc_hash::FxHashSet<(u32, u32)> = rustc_hash::FxHashSet::default();
+    for (d, l) in devices.iter().enumerate() {
+        // Nearly every `free_requested` is followed by its own completion: only a list with
+        // one that is not needs the walk below (a map insert per free).
+        let completes_next = |j: usize, addr: u64| {
+            l.get(j + 1)
+                .and_then(|&w| entry_at(w))
+                .is_some_and(|c| c.action == Action::Free && c.addr == addr)
+        };
+        let any_waiting = l.iter().enumerate().any(|(j, &v)| {
+            entry_at(v)
+                .is_some_and(|e| e.action == Action::FreeRequested && !completes_next(j, e.addr))
+        });
+        if !any_waiting {
+            continue;
+        }
+        // Walking back: the index of the next free of each address.
+        let mut next_free: AddrMap<usize> = AddrMap::default();
+        for (j, &v) in l.iter().enumerate().rev() {
+            match entry_at(v) {
+                Some(e) if e.action == Action::Free => {
+                    next_free.insert((d as u32, e.addr), j);
+                }
+                Some(e) if e.action == Action::FreeRequested => {
+                    // Never completed in the trace: still waiting at the dump (PyTorch's
+                    // `allocated_bytes` has dropped), unless the file was cut there.
+                    let delayed = match next_free.get(&(d as u32, e.addr)) {
+                        Some(&at) => at > j + 1,
+                        None => !salvaged,
+                    };
+                    if delayed {
+                        kept_requests.insert((d as u32, j as u32));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    kept_requests
+}
+
+/// The entries to read, as (device, index in its list, entry): device by device in file
+/// order, or, with several devices whose every entry has a time, interleaved by time (stable,
+/// so ties keep file order).
+fn entry_order<'a>(
+    devices: &'a [&'a [Value]],
+    events: &'a [Event],
+) -> Box<dyn Iterator<Item = (u32, u32, Value)> + 'a> {
+    let time_of = |v: Value| match v {
+        Value::Entry(k) => events.get(k as usize).and_then(|e| {
+            if e.action == Action::FreeRequested {
+                // As a skipped entry was: first, unless it has a time.
+                Some(e.time_us.unwrap_or(i64::MIN))
+            } else {
+                e.time_us
+            }
+        }),
+        Value::SkipEntry => Some(i64::MIN),
+        _ => None,
+    };
+    let interleave = devices.iter().filter(|l| !l.is_empty()).count() > 1
+        && devices
+            .iter()
+            .all(|l| l.iter().all(|&v| time_of(v).is_some()));
+    let mut order: Vec<(u32, u32, Value)> = Vec::new();
+    if interleave {
+        for (d, l) in devices.iter().enumerate() {
+            order.extend(l.iter().enumerate().map(|(i, &v)| (d as u32, i as u32, v)));
+        }
+        order.sort_by_key(|&(_, _, v)| time_of(v).unwrap_or(i64::MIN));
+    }
+    if interleave {
+        Box::new(order.into_iter())
+    } else {
+        Box::new(devices.iter().enumerate().flat_map(|(d, l)| {
+            l.iter()
+                .enumerate()
+                .map(move |(i, &v)| (d as u32, i as u32, v))
+        }))
+    }
+}
+
+/// Blocks allocated at dump time at addresses no event touches: live all along. (Only the
+/// active blocks are looked up, so this costs a map of those, not of all events.)
+fn add_blocks_live_all_along(trace: &mut Trace, live: &Liveness) {
     let mut active: AddrMap<bool> = AddrMap::default();
     if !trace.events.is_empty() {
         for s in &trace.segments {
@@ -730,7 +797,6 @@ fn build_trace(
             }
         }
     }
-    Ok(trace)
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@
 //!
 //! Speed: values are 16-byte `Copy` enums; strings live in one byte buffer and containers in one
 //! arena, so the memo (`BINGET` of `'alloc'`, `'addr'`, ...) is a copy of an index. Lists hand
-//! the items they receive to the trace-entry converter ([`super::entry`]) before storing them.
+//! the items they receive to the trace-entry converter (`entry.rs`) before storing them.
 //!
 //! Sharing: Python's pickler memoizes every container, so any object can come back through
 //! `BINGET`/`LONG_BINGET` anywhere later in the file. The converter recycles the storage of the
@@ -18,7 +18,7 @@
 //! number (a slot's serial changes when it is reused) and resolved through what the converter
 //! kept of it (the event it became, the stack it held), never read as another container.
 
-use super::entry::{classify, Known};
+use super::known::{classify, Known};
 use crate::trace::{Event, StackId, StackTable};
 use rustc_hash::FxHashMap;
 
@@ -580,6 +580,10 @@ impl<'a> Vm<'a> {
     }
 
     /// Runs the pickle to its `STOP`; returns the root value.
+    ///
+    /// One `match` over the opcode table, one short arm per opcode in the order of
+    /// `pickletools.py`, so that the table reads as one piece against its source; the arms
+    /// that do more call a method of their own.
     pub(super) fn run(&mut self) -> VmResult<Value> {
         loop {
             let offset = self.pos;
