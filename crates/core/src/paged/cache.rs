@@ -230,18 +230,7 @@ impl PagedPool {
     pub(super) fn flush_quick(&mut self, dev: &mut dyn Device) {
         // The list keeps its allocation (a new one would regrow push by push).
         let mut list = std::mem::take(&mut self.quick);
-        let mut kept = 0;
-        for i in list.head..list.v.len() {
-            let q = list.v[i];
-            if self.free_span(dev, q.addr, q.bytes).is_ok() {
-                self.quick_bytes = self.quick_bytes.saturating_sub(q.bytes);
-            } else {
-                list.v[kept] = q;
-                kept += 1;
-            }
-        }
-        list.v.truncate(kept);
-        list.head = 0;
+        list.retain(|q| self.free_span(dev, q.addr, q.bytes).is_err());
         self.quick = list;
     }
 

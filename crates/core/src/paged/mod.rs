@@ -100,6 +100,7 @@ pub(crate) mod view;
 use crate::align::{align_down, align_up, is_pow2};
 use crate::config::AllocatorConfig;
 use crate::device::{DeviceError, PhysHandle};
+use crate::vmm::quick::{QuickBlock, QuickList};
 use crate::{AllocError, Allocator, Block, Device, Stats, StatsTracker, DEFAULT_ALIGN};
 pub use view::{PageState, VaRangeView};
 
@@ -117,84 +118,6 @@ pub(crate) struct LiveBlock {
     pub(crate) bytes: u64,
     /// Bytes the user asked for.
     pub(crate) requested: u64,
-}
-
-/// A freed block held in the quick-reuse list (of `paged` and `paged-lazy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct QuickBlock {
-    pub(crate) addr: u64,
-    /// Allocated bytes (multiple of [`UNIT_BYTES`]).
-    pub(crate) bytes: u64,
-}
-
-/// The quick-reuse list of a [`PagedPool`], oldest first: a vector whose first `head`
-/// entries are gone, so that dropping the oldest block (every free once the list is full)
-/// moves nothing; the gone entries are cut off once they are [`QUICK_GONE_MAX`].
-#[derive(Debug, Clone, Default)]
-struct QuickList {
-    v: Vec<QuickBlock>,
-    head: usize,
-}
-
-/// Gone entries a [`QuickList`] keeps before it shifts its blocks down.
-const QUICK_GONE_MAX: usize = 32;
-
-impl QuickList {
-    /// The blocks, oldest first.
-    #[inline]
-    fn as_slice(&self) -> &[QuickBlock] {
-        self.v.get(self.head..).unwrap_or_default()
-    }
-
-    /// Blocks held.
-    #[inline]
-    fn len(&self) -> usize {
-        self.v.len() - self.head
-    }
-
-    #[inline]
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The blocks, oldest first.
-    fn iter(&self) -> std::slice::Iter<'_, QuickBlock> {
-        self.as_slice().iter()
-    }
-
-    /// The oldest block.
-    #[inline]
-    fn front(&self) -> Option<QuickBlock> {
-        self.v.get(self.head).copied()
-    }
-
-    /// Drops the oldest block.
-    #[inline]
-    fn pop_front(&mut self) {
-        if self.head < self.v.len() {
-            self.head += 1;
-            if self.head == self.v.len() {
-                self.v.clear();
-                self.head = 0;
-            } else if self.head >= QUICK_GONE_MAX {
-                self.v.drain(..self.head);
-                self.head = 0;
-            }
-        }
-    }
-
-    /// Adds the newest block.
-    #[inline]
-    fn push_back(&mut self, q: QuickBlock) {
-        self.v.push(q);
-    }
-
-    /// Takes the block at position `i` (0 = oldest).
-    #[inline]
-    fn remove(&mut self, i: usize) -> Option<QuickBlock> {
-        let k = self.head + i;
-        (k < self.v.len()).then(|| self.v.remove(k))
-    }
 }
 
 /// Freed blocks held for same-size reuse, at most (default of [`PagedPool::with_quick_slots`]
@@ -353,12 +276,9 @@ pub struct PagedPool {
     /// cuMemRelease); the next successful call trims it.
     trim_pending: bool,
     /// Recently freed blocks kept whole for reuse by a request of the same size (the O(1)
-    /// hit path), oldest first; their bytes stay out of the free map.
+    /// hit path), oldest first; their bytes stay out of the free map. Bounded by
+    /// [`QUICK_SLOTS`] blocks and by the page cache's bytes.
     quick: QuickList,
-    /// Bytes of the blocks in `quick`.
-    quick_bytes: u64,
-    /// Most blocks `quick` may hold.
-    quick_slots: usize,
     /// Figures in PyTorch's vocabulary.
     tracker: StatsTracker,
     /// Scratch list of the handles a free unmaps (kept to spare an allocation per free).
@@ -396,9 +316,7 @@ impl PagedPool {
             idle_count: 0,
             lazy_unmap: true,
             trim_pending: false,
-            quick: QuickList::default(),
-            quick_bytes: 0,
-            quick_slots: QUICK_SLOTS,
+            quick: QuickList::new(QUICK_SLOTS),
             tracker: StatsTracker::default(),
             freed_scratch: Vec::new(),
             taken_scratch: Vec::new(),
@@ -420,7 +338,7 @@ impl PagedPool {
     /// Sets how many freed blocks the quick-reuse list may hold (0 disables it: every free
     /// then unmaps at once the pages no live block touches). Default [`QUICK_SLOTS`].
     pub fn with_quick_slots(mut self, slots: usize) -> Self {
-        self.quick_slots = slots;
+        self.quick.set_max_blocks(slots);
         self
     }
 
@@ -454,14 +372,7 @@ impl PagedPool {
             requested_bytes: requested,
             allocated_bytes: bytes,
         };
-        if let Some(q) = self
-            .quick
-            .as_slice()
-            .iter()
-            .rposition(|q| q.bytes == bytes && q.addr & (align - 1) == 0)
-            .and_then(|i| self.quick.remove(i))
-        {
-            self.quick_bytes = self.quick_bytes.saturating_sub(q.bytes);
+        if let Some(q) = self.quick.take(bytes, align) {
             self.live.insert(q.addr, LiveBlock { bytes, requested });
             self.tracker.on_alloc(requested, bytes);
             return Ok(block(q.addr));
@@ -648,6 +559,9 @@ impl Allocator for PagedPool {
         _stream: u64,
     ) -> Result<Block, AllocError> {
         learn_page_size(&mut self.page_bytes, dev)?;
+        // The quick list holds at most the page cache's bytes.
+        self.quick
+            .set_max_bytes(Some(self.cache_limit.saturating_mul(self.page_bytes)));
         let Some((bytes, align)) = page_request(self.page_bytes, dev, size_bytes, align)? else {
             return Err(self.oom(size_bytes));
         };
@@ -663,26 +577,20 @@ impl Allocator for PagedPool {
         let Some(blk) = self.live.remove(&addr) else {
             return Err(AllocError::UnknownBlock { addr });
         };
-        let limit = self.cache_limit.saturating_mul(self.page_bytes);
-        if blk.bytes <= limit && self.quick_slots > 0 {
+        if self.quick.admits(blk.bytes) {
             // Make room in the quick list by truly freeing its oldest blocks.
-            while self.quick.len() >= self.quick_slots || self.quick_bytes + blk.bytes > limit {
-                let Some(old) = self.quick.front() else {
-                    break;
-                };
+            while let Some(old) = self.quick.must_go_for(blk.bytes) {
                 if self.free_span(dev, old.addr, old.bytes).is_err() {
                     break;
                 }
                 self.quick.pop_front();
-                self.quick_bytes = self.quick_bytes.saturating_sub(old.bytes);
             }
-            if self.quick.len() < self.quick_slots && self.quick_bytes + blk.bytes <= limit {
+            if self.quick.has_room(blk.bytes) {
                 self.tracker.on_free(blk.requested, blk.bytes);
                 self.quick.push_back(QuickBlock {
                     addr,
                     bytes: blk.bytes,
                 });
-                self.quick_bytes += blk.bytes;
                 self.trim_cache(dev);
                 return Ok(());
             }
@@ -700,7 +608,6 @@ impl Allocator for PagedPool {
         while let Some(q) = self.quick.front() {
             self.free_span(dev, q.addr, q.bytes)?;
             self.quick.pop_front();
-            self.quick_bytes = self.quick_bytes.saturating_sub(q.bytes);
         }
         while let Some(&(va, bytes)) = self.quarantine.first() {
             self.free_span(dev, va, bytes)?;
@@ -738,7 +645,7 @@ impl Allocator for PagedPool {
         let in_use = self.mapped_pages.saturating_sub(self.idle_count) * self.page_bytes;
         s.free_bytes = in_use
             .saturating_sub(s.allocated_bytes.current)
-            .saturating_sub(self.quick_bytes);
+            .saturating_sub(self.quick.bytes());
         s.largest_free_bytes = u64::from(self.free.max_tag()) * UNIT_BYTES;
         // Free bytes inside mapped pages that hold live blocks (idle pages are excluded above).
         s.inactive_split_bytes.add(s.free_bytes);

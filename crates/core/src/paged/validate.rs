@@ -115,19 +115,7 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
             }
         }
     }
-    if a.quick.len() > a.quick_slots
-        || a.quick.iter().map(|q| q.bytes).sum::<u64>() != a.quick_bytes
-        || a.quick_bytes > a.cache_limit.saturating_mul(p)
-    {
-        return Err(format!(
-            "quick list: {} blocks of {} B (recorded {} B), bound {} blocks / {} pages",
-            a.quick.len(),
-            a.quick.iter().map(|q| q.bytes).sum::<u64>(),
-            a.quick_bytes,
-            a.quick_slots,
-            a.cache_limit
-        ));
-    }
+    a.quick.validate()?;
     // Free ranges, live blocks (and those in the quick list) and quarantined spans tile
     // every reservation exactly.
     let mut spans: Vec<(u64, u64, u8)> = a.free.iter().map(|(&s, &l)| (s, l, 0)).collect();

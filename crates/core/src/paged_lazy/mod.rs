@@ -109,7 +109,8 @@ use cache::HandleCache;
 use pages::Reservation;
 use placement::{FreeSpace, Placement};
 
-use crate::paged::{LiveBlock, QuickBlock};
+use crate::paged::LiveBlock;
+use crate::vmm::quick::{QuickBlock, QuickList};
 /// The allocation unit, the first reservation's size and the quick-reuse bound are
 /// [`crate::paged`]'s; so are the records of live and quick-reuse blocks.
 pub use crate::paged::{QUICK_SLOTS, UNIT_BYTES, VA_CAPACITY_FACTOR};
@@ -181,12 +182,9 @@ pub struct LazyPagedPool {
     /// Set while the cache is above its bound after a failed cuMemRelease.
     trim_pending: bool,
     /// Recently freed blocks kept whole for reuse by a request of the same size (the O(1)
-    /// hit path), oldest first; their bytes stay out of the free space.
-    quick: Vec<QuickBlock>,
-    /// Bytes of the blocks in `quick`.
-    quick_bytes: u64,
-    /// Most blocks `quick` may hold.
-    quick_slots: usize,
+    /// hit path), oldest first; their bytes stay out of the free space. Bounded by
+    /// [`QUICK_SLOTS`] blocks, not by bytes.
+    quick: QuickList,
     /// Figures in PyTorch's vocabulary.
     tracker: StatsTracker,
 }
@@ -210,9 +208,7 @@ impl LazyPagedPool {
             quarantine: Vec::new(),
             mapped_pages: 0,
             trim_pending: false,
-            quick: Vec::new(),
-            quick_bytes: 0,
-            quick_slots: QUICK_SLOTS,
+            quick: QuickList::new(QUICK_SLOTS),
             tracker: StatsTracker::default(),
         }
     }
@@ -261,7 +257,7 @@ impl LazyPagedPool {
     /// Sets how many freed blocks the quick-reuse list may hold (0 disables it). Default
     /// [`QUICK_SLOTS`].
     pub fn with_quick_slots(mut self, slots: usize) -> Self {
-        self.quick_slots = slots;
+        self.quick.set_max_blocks(slots);
         self
     }
 
@@ -353,13 +349,7 @@ impl LazyPagedPool {
         align: u64,
         requested: u64,
     ) -> Result<Block, AllocError> {
-        if let Some(i) = self
-            .quick
-            .iter()
-            .rposition(|q| q.bytes == bytes && q.addr % align == 0)
-        {
-            let q = self.quick.remove(i);
-            self.quick_bytes -= q.bytes;
+        if let Some(q) = self.quick.take(bytes, align) {
             return Ok(self.commit_live(q.addr, bytes, requested));
         }
         if let Some(b) = self.place_mapped(bytes, align, requested) {
@@ -428,8 +418,7 @@ impl LazyPagedPool {
 
     /// Gives every block of the quick list back to the free space.
     fn flush_quick(&mut self) -> Result<(), AllocError> {
-        while let Some(q) = self.quick.pop() {
-            self.quick_bytes -= q.bytes;
+        while let Some(q) = self.quick.pop_back() {
             self.free_span(q.addr, q.bytes)?;
         }
         Ok(())
@@ -490,18 +479,16 @@ impl Allocator for LazyPagedPool {
             return Err(AllocError::UnknownBlock { addr });
         };
         self.tracker.on_free(blk.requested, blk.bytes);
-        if self.quick_slots > 0 {
-            // Make room in the quick list by truly freeing its oldest blocks.
-            if self.quick.len() >= self.quick_slots {
-                let old = self.quick.remove(0);
-                self.quick_bytes -= old.bytes;
+        if self.quick.admits(blk.bytes) {
+            // Make room in the quick list by truly freeing its oldest block.
+            if let Some(old) = self.quick.must_go_for(blk.bytes) {
+                self.quick.pop_front();
                 self.free_span(old.addr, old.bytes)?;
             }
-            self.quick.push(QuickBlock {
+            self.quick.push_back(QuickBlock {
                 addr,
                 bytes: blk.bytes,
             });
-            self.quick_bytes += blk.bytes;
             return Ok(());
         }
         self.free_span(addr, blk.bytes)

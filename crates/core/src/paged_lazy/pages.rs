@@ -271,7 +271,7 @@ impl LazyPagedPool {
         let peak_alloc = s
             .allocated_bytes
             .peak
-            .max(s.allocated_bytes.current + self.quick_bytes + bytes);
+            .max(s.allocated_bytes.current + self.quick.bytes() + bytes);
         let with_headroom = (peak_alloc as f64 * (1.0 + self.headroom)).ceil() as u64;
         (s.reserved_bytes.peak / p).max(with_headroom.div_ceil(p))
     }

@@ -34,16 +34,7 @@ pub(super) fn run(a: &LazyPagedPool) -> Result<(), String> {
             }
         }
     }
-    if a.quick.len() > a.quick_slots
-        || a.quick.iter().map(|q| q.bytes).sum::<u64>() != a.quick_bytes
-    {
-        return Err(format!(
-            "quick list: {} blocks (bound {}), {} B recorded",
-            a.quick.len(),
-            a.quick_slots,
-            a.quick_bytes
-        ));
-    }
+    a.quick.validate()?;
     // Free ranges, blocks and quarantined spans tile every reservation exactly.
     // (start, bytes, kind): 0 free, 1 block, 2 quarantined.
     let mut spans: Vec<(u64, u64, u8)> = a.space.va.iter().map(|(&s, &l)| (s, l, 0)).collect();
