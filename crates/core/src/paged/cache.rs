@@ -1,73 +1,8 @@
-//! The handle cache: freed physical handles kept unmapped (by size), idle mapped pages
-//! stolen for new runs, the quick-reuse list, and the bound that trims them.
+//! The page cache of `paged`: idle mapped pages (stolen for new runs or dropped into the
+//! handle cache), the bound they share with the cached handles, and the quick-reuse flush.
 use super::*;
 
 impl PagedPool {
-    /// Adds a handle to the cache.
-    #[inline]
-    pub(super) fn cache_push(&mut self, h: CachedHandle) {
-        self.cached_pages += h.pages;
-        let at = self.cache.len() as u32;
-        self.cache.push(h);
-        self.cache_sizes.add(h.pages, at);
-    }
-
-    /// Takes the cached handle at `i` (the last handle moves to `i`).
-    pub(super) fn cache_take(&mut self, i: usize) -> CachedHandle {
-        let pages = self.cache.get(i).map_or(0, |h| h.pages);
-        self.cache_take_sized(i, pages)
-    }
-
-    /// [`PagedPool::cache_take`] when the handle's size is known to be `pages` (as listed in
-    /// `cache_sizes`). Inlined: the cache fill of a mapping allocation takes a handle per
-    /// run it fills.
-    #[inline(always)]
-    pub(super) fn cache_take_sized(&mut self, i: usize, pages: u64) -> CachedHandle {
-        let last = self.cache.len() - 1;
-        let h = self.cache.swap_remove(i);
-        self.cached_pages = self.cached_pages.saturating_sub(h.pages);
-        // The handle's size: one fewer, and a new first handle when it was the first.
-        if let Some(e) = self.cache_sizes.get_mut(pages) {
-            e.count -= 1;
-            if e.count == 0 {
-                self.cache_sizes.remove(pages);
-            } else if e.first as usize == i {
-                // The others of this size lie after `i` (the moved handle now at `i` too).
-                let next = self.cache[i..]
-                    .iter()
-                    .position(|c| c.pages == h.pages)
-                    .map_or(last, |d| i + d);
-                e.first = next as u32;
-            }
-        }
-        // The moved handle: at `i` now, before any other of its size that lay after `i`.
-        if let Some(&moved) = self.cache.get(i).filter(|_| i != last) {
-            if moved.pages != h.pages {
-                if let Some(e) = self.cache_sizes.get_mut(moved.pages) {
-                    if e.first as usize == last || (i as u32) < e.first {
-                        e.first = i as u32;
-                    }
-                }
-            }
-        }
-        h
-    }
-
-    /// The cached handle to fill `n` pages with: one of exactly `n` pages, else the
-    /// largest one smaller than `n`; as the index in `cache` of the first handle of that
-    /// size, and the size (for [`PagedPool::cache_take_sized`]).
-    #[inline]
-    pub(super) fn cache_pick(&self, n: u64) -> Option<(usize, u64)> {
-        let e = self.cache_sizes.largest_at_most(n)?;
-        Some((e.first as usize, e.pages))
-    }
-
-    /// Takes the last handle of `cache`.
-    pub(super) fn cache_pop(&mut self) -> Option<CachedHandle> {
-        let i = self.cache.len().checked_sub(1)?;
-        Some(self.cache_take(i))
-    }
-
     /// Moves up to `want` idle pages lying outside `[lo, hi)` into the cache (as single-page
     /// handles), highest addresses first, one cuMemUnmap per run of neighbouring idle pages.
     /// Pages already moved stay moved if a later unmap fails (the error is returned).
@@ -145,7 +80,7 @@ impl PagedPool {
             }
             let mut moved = std::mem::take(&mut self.cached_handle_scratch);
             for h in moved.drain(..) {
-                self.cache_push(h);
+                self.cache.push(h);
             }
             self.cached_handle_scratch = moved;
             i = j;
@@ -157,73 +92,37 @@ impl PagedPool {
     /// Parks a handle freed by an unmap in the cache; [`PagedPool::trim_cache`] releases what
     /// exceeds the bound at the end of the call.
     pub(super) fn return_handle(&mut self, h: CachedHandle) {
-        self.cache_push(h);
-        if self.held_free_pages() > self.cache_limit {
-            self.trim_pending = true;
+        self.cache.push(h);
+        if self.cache.over(self.idle_count) {
+            self.cache.trim_pending = true;
         }
     }
 
     /// Pages held without a block: cached handles plus idle pages.
     pub(super) fn held_free_pages(&self) -> u64 {
-        self.cached_pages + self.idle_count
+        self.cache.pages() + self.idle_count
     }
 
-    /// Releases cached handles, largest first, until the cache is within its bound
-    /// (cuMemRelease each); stops at the first failure, leaving `trim_pending` set.
+    /// Releases cached handles, largest first, until the cache and the idle pages are
+    /// within their bound (cuMemRelease each); stops at the first failure, leaving the trim
+    /// pending. Only runs when one is pending.
     #[inline]
     pub(super) fn trim_cache(&mut self, dev: &mut dyn Device) {
-        if self.trim_pending {
-            self.trim_cache_now(dev);
+        if self.cache.trim_pending {
+            self.cache
+                .trim(dev, self.idle_count, self.page_bytes, &mut self.tracker);
         }
     }
 
-    /// [`PagedPool::trim_cache`] once a trim is pending (out of line: most calls find
-    /// none).
-    #[inline(never)]
-    fn trim_cache_now(&mut self, dev: &mut dyn Device) {
-        while self.held_free_pages() > self.cache_limit {
-            // The last of the largest handles.
-            let Some(size) = self.cache_sizes.largest() else {
-                break;
-            };
-            let Some(i) = self.cache.iter().rposition(|h| h.pages == size) else {
-                break;
-            };
-            let h = self.cache_take(i);
-            if dev.release_physical(h.handle).is_err() {
-                self.cache_push(h);
-                return;
-            }
-            self.tracker.on_release(h.pages * self.page_bytes);
-        }
-        self.trim_pending = self.held_free_pages() > self.cache_limit;
+    /// [`HandleCache::untake`] with this pool's page size and figures.
+    pub(super) fn untake_handle(&mut self, dev: &mut dyn Device, h: CachedHandle, from_cache: bool) {
+        self.cache
+            .untake(dev, h, from_cache, self.page_bytes, &mut self.tracker);
     }
 
-    /// Gives back a handle taken by a failed allocation: to the cache if it came from there,
-    /// else cuMemRelease (so the allocation leaves `reserved_bytes` as it found it).
-    pub(super) fn untake_handle(
-        &mut self,
-        dev: &mut dyn Device,
-        h: CachedHandle,
-        from_cache: bool,
-    ) {
-        if from_cache {
-            self.cache_push(h);
-        } else {
-            self.release_handle(dev, h);
-        }
-    }
-
-    /// cuMemRelease, retried once; on a second failure the handle stays cached, even above
-    /// the bound.
+    /// [`HandleCache::release`] with this pool's page size and figures.
     pub(super) fn release_handle(&mut self, dev: &mut dyn Device, h: CachedHandle) {
-        // Unwinding retries a failed call once before leaving the handle cached.
-        if dev.release_physical(h.handle).is_ok() || dev.release_physical(h.handle).is_ok() {
-            self.tracker.on_release(h.pages * self.page_bytes);
-        } else {
-            self.cache_push(h);
-            self.trim_pending = true;
-        }
+        self.cache.release(dev, h, self.page_bytes, &mut self.tracker);
     }
 
     /// Truly frees every block of the quick list; a block whose unmap fails stays listed.
@@ -264,7 +163,7 @@ impl PagedPool {
                     .get_mut(page)
                     .and_then(Option::take);
                 if let Some(pg) = taken {
-                    self.cache_push(CachedHandle {
+                    self.cache.push(CachedHandle {
                         handle: pg.handle,
                         pages: 1,
                     });

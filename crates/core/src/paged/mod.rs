@@ -93,14 +93,15 @@ mod page_bits;
 mod pages;
 mod placement;
 pub(crate) mod range_map;
-mod sizes;
 pub(crate) mod slots;
 pub(crate) mod view;
 
 use crate::align::{align_down, align_up, is_pow2};
 use crate::config::AllocatorConfig;
 use crate::device::{DeviceError, PhysHandle};
+use crate::vmm::handles::{HandleCache, ReleaseOrder};
 use crate::vmm::quick::{QuickBlock, QuickList};
+use crate::vmm::CachedHandle;
 use crate::{AllocError, Allocator, Block, Device, Stats, StatsTracker, DEFAULT_ALIGN};
 pub use view::{PageState, VaRangeView};
 
@@ -180,26 +181,6 @@ struct Placement {
     addr: u64,
 }
 
-/// A physical handle of `pages` pages (cuMemCreate of `pages × page_bytes`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct CachedHandle {
-    /// The cuMemCreate handle.
-    pub handle: PhysHandle,
-    /// Its size in pages.
-    pub pages: u64,
-}
-
-/// The cached handles of one size ([`PagedPool`]'s `cache_sizes`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct CacheSize {
-    /// The size, in pages.
-    pages: u64,
-    /// Handles of this size in the cache (never 0).
-    count: u32,
-    /// Index in the cache of the first of them.
-    first: u32,
-}
-
 /// A handle mapped for a new block during an allocation, to give back on failure.
 #[derive(Debug, Clone, Copy)]
 struct Taken {
@@ -240,8 +221,6 @@ struct Taken {
 /// ```
 #[derive(Debug, Clone)]
 pub struct PagedPool {
-    /// Bound on idle pages + cached handles, in pages ([`AllocatorConfig::page_cache_pages`](crate::config::AllocatorConfig::page_cache_pages)).
-    cache_limit: u64,
     /// Virtual bytes per reservation; 0 = [`VA_CAPACITY_FACTOR`] × device capacity.
     va_chunk_bytes: u64,
     /// Page size in bytes (the device granularity), known after the first allocation.
@@ -254,14 +233,10 @@ pub struct PagedPool {
     free: range_map::RangeMap<range_map::FitTags>,
     /// Live blocks by address.
     live: live::LiveMap,
-    /// Unmapped physical handles kept for reuse.
-    cache: Vec<CachedHandle>,
-    /// How many handles of each size (in pages) `cache` holds, and where the first of them
-    /// lies, so that a pick finds the handle it wants without walking the cache (a slot per
-    /// size up to 64 pages, a sorted vector above: see [`sizes`]).
-    cache_sizes: sizes::CacheSizes,
-    /// Pages of the handles in `cache`.
-    cached_pages: u64,
+    /// Unmapped physical handles kept for reuse, bounded with the idle pages by
+    /// [`AllocatorConfig::page_cache_pages`](crate::config::AllocatorConfig::page_cache_pages)
+    /// pages.
+    cache: HandleCache,
     /// Spans (address, bytes) of whole pages left mapped without access by an unwind whose
     /// cuMemUnmap failed twice; kept out of the free map until [`Allocator::empty_cache`].
     quarantine: Vec<(u64, u64)>,
@@ -272,9 +247,6 @@ pub struct PagedPool {
     idle_count: u64,
     /// Whether pages no block touches stay mapped (idle) while the page cache has room.
     lazy_unmap: bool,
-    /// Set while the cache is above its bound (handles parked by a flush, or a failed
-    /// cuMemRelease); the next successful call trims it.
-    trim_pending: bool,
     /// Recently freed blocks kept whole for reuse by a request of the same size (the O(1)
     /// hit path), oldest first; their bytes stay out of the free map. Bounded by
     /// [`QUICK_SLOTS`] blocks and by the page cache's bytes.
@@ -302,20 +274,16 @@ impl PagedPool {
     /// Uses `config.page_cache_pages` as the bound of the page cache.
     pub fn new(config: &AllocatorConfig) -> Self {
         PagedPool {
-            cache_limit: config.page_cache_pages,
             va_chunk_bytes: 0,
             page_bytes: 0,
             reservations: Vec::new(),
             free: range_map::RangeMap::default(),
             live: live::LiveMap::default(),
-            cache: Vec::new(),
-            cache_sizes: sizes::CacheSizes::default(),
-            cached_pages: 0,
+            cache: HandleCache::new(config.page_cache_pages),
             quarantine: Vec::new(),
             mapped_pages: 0,
             idle_count: 0,
             lazy_unmap: true,
-            trim_pending: false,
             quick: QuickList::new(QUICK_SLOTS),
             tracker: StatsTracker::default(),
             freed_scratch: Vec::new(),
@@ -561,7 +529,7 @@ impl Allocator for PagedPool {
         learn_page_size(&mut self.page_bytes, dev)?;
         // The quick list holds at most the page cache's bytes.
         self.quick
-            .set_max_bytes(Some(self.cache_limit.saturating_mul(self.page_bytes)));
+            .set_max_bytes(Some(self.cache.limit_pages().saturating_mul(self.page_bytes)));
         let Some((bytes, align)) = page_request(self.page_bytes, dev, size_bytes, align)? else {
             return Err(self.oom(size_bytes));
         };
@@ -604,7 +572,6 @@ impl Allocator for PagedPool {
         Ok(())
     }
     fn empty_cache(&mut self, dev: &mut dyn Device) -> Result<u64, AllocError> {
-        let p = self.page_bytes;
         while let Some(q) = self.quick.front() {
             self.free_span(dev, q.addr, q.bytes)?;
             self.quick.pop_front();
@@ -614,16 +581,12 @@ impl Allocator for PagedPool {
             self.quarantine.remove(0);
         }
         self.drop_idle_pages(dev)?;
-        let mut released = 0;
-        while let Some(h) = self.cache_pop() {
-            if let Err(e) = dev.release_physical(h.handle) {
-                self.cache_push(h);
-                return Err(e.into());
-            }
-            self.tracker.on_release(h.pages * p);
-            released += h.pages * p;
-        }
-        self.trim_pending = false;
+        let released = self.cache.release_all(
+            dev,
+            ReleaseOrder::LastCached,
+            self.page_bytes,
+            &mut self.tracker,
+        )?;
         // Reservations without a live block go back too.
         let mut ri = 0;
         while ri < self.reservations.len() {

@@ -264,10 +264,10 @@ impl PagedPool {
                 }
                 let (mut at, mut rest) = (page, n);
                 while rest > 0 {
-                    let Some((i, k)) = this.cache_pick(rest) else {
+                    let Some((i, k)) = this.cache.pick(rest) else {
                         break;
                     };
-                    let c = this.cache_take_sized(i, k);
+                    let c = this.cache.take_sized(i, k);
                     out.push((at, Some(c), c.pages));
                     at += c.pages as usize;
                     rest -= c.pages;
@@ -286,7 +286,7 @@ impl PagedPool {
         let give_back = |this: &mut Self, plan: &[(usize, Option<CachedHandle>, u64)]| {
             for &(_, h, _) in plan {
                 if let Some(h) = h {
-                    this.cache_push(h);
+                    this.cache.push(h);
                 }
             }
         };
@@ -300,7 +300,7 @@ impl PagedPool {
         self.plan_spare = spare;
         if leftover > 0 {
             // Nothing cached fits what is left: give it back before creating anything.
-            while let Some(h) = self.cache_pop() {
+            while let Some(h) = self.cache.pop_last() {
                 self.release_handle(dev, h);
             }
         }
@@ -498,7 +498,7 @@ impl PagedPool {
                 )));
             }
             let room = if self.lazy_unmap && all_single {
-                self.cache_limit.saturating_sub(self.held_free_pages())
+                self.cache.limit_pages().saturating_sub(self.held_free_pages())
             } else {
                 0
             };

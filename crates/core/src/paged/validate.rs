@@ -226,48 +226,16 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
             a.mapped_pages, a.idle_count
         ));
     }
-    for h in &a.cache {
-        if h.pages == 0 || !handles.insert(h.handle) {
-            return Err(format!("cached handle {} empty or also in use", h.handle.0));
+    for h in a.cache.as_slice() {
+        if !handles.insert(h.handle) {
+            return Err(format!("cached handle {} also in use", h.handle.0));
         }
     }
-    let mut sizes = std::collections::BTreeMap::new();
-    for h in &a.cache {
-        *sizes.entry(h.pages).or_insert(0u32) += 1;
-    }
-    let listed: std::collections::BTreeMap<u64, u32> =
-        a.cache_sizes.iter().map(|e| (e.pages, e.count)).collect();
-    let held: Vec<_> = a.cache_sizes.iter().collect();
-    let ascending = held.windows(2).all(|w| w[0].pages < w[1].pages);
-    if sizes != listed
-        || !ascending
-        || held.iter().any(|e| e.count == 0)
-        || !a.cache_sizes.consistent()
-    {
-        return Err(format!("cache size index {held:?}, cache holds {sizes:?}"));
-    }
-    for e in held {
-        let first = a.cache.iter().position(|h| h.pages == e.pages);
-        if first != Some(e.first as usize) {
-            return Err(format!(
-                "cache size index: first handle of {} pages at {}, the cache has it at {first:?}",
-                e.pages, e.first
-            ));
-        }
-    }
-    if a.cache.iter().map(|h| h.pages).sum::<u64>() != a.cached_pages {
-        return Err(format!("cached pages recorded as {}", a.cached_pages));
-    }
-    if a.held_free_pages() > a.cache_limit && !a.trim_pending {
-        return Err(format!(
-            "{} cached + {} idle pages, bound {}",
-            a.cached_pages, a.idle_count, a.cache_limit
-        ));
-    }
+    a.cache.validate(a.idle_count)?;
     // Byte counters.
     let s = &a.tracker.stats;
     block_counters(s, a.live.values())?;
-    let held_pages = a.mapped_pages + a.cached_pages;
+    let held_pages = a.mapped_pages + a.cache.pages();
     let held_handles = mapped_handles + a.cache.len() as u64;
     if s.reserved_bytes.current != held_pages * p || s.segment_count.current != held_handles {
         return Err(format!(

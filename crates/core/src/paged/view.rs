@@ -109,12 +109,12 @@ impl PagedPool {
 
     /// Unmapped physical handles in the cache.
     pub fn cached_handles(&self) -> &[CachedHandle] {
-        &self.cache
+        self.cache.as_slice()
     }
 
     /// Pages of the unmapped handles in the cache.
     pub fn cached_pages(&self) -> u64 {
-        self.cached_pages
+        self.cache.pages()
     }
 
     /// Reserved virtual ranges as `(start, bytes)`.

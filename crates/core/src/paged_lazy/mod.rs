@@ -93,24 +93,24 @@
 //! quarantined out of the free space (still counted as reserved), and is given back by
 //! [`Allocator::empty_cache`]; if a cuMemRelease fails twice, the handle stays cached, even
 //! above the bound, until a later call trims the cache.
-mod cache;
 pub mod check;
 mod pages;
 mod placement;
 mod validate;
 mod view;
 
-pub use crate::paged::{CachedHandle, PageState, VaRangeView};
+pub use crate::paged::{PageState, VaRangeView};
 
 use crate::config::AllocatorConfig;
 use crate::hash::AddrMap;
 use crate::{AllocError, Allocator, Block, Device, Stats, StatsTracker};
-use cache::HandleCache;
 use pages::Reservation;
 use placement::{FreeSpace, Placement};
 
 use crate::paged::LiveBlock;
+use crate::vmm::handles::{HandleCache, ReleaseOrder};
 use crate::vmm::quick::{QuickBlock, QuickList};
+use crate::vmm::CachedHandle;
 /// The allocation unit, the first reservation's size and the quick-reuse bound are
 /// [`crate::paged`]'s; so are the records of live and quick-reuse blocks.
 pub use crate::paged::{QUICK_SLOTS, UNIT_BYTES, VA_CAPACITY_FACTOR};
@@ -150,9 +150,6 @@ pub use crate::paged::{QUICK_SLOTS, UNIT_BYTES, VA_CAPACITY_FACTOR};
 /// ```
 #[derive(Debug, Clone)]
 pub struct LazyPagedPool {
-    /// Bound on cached (unmapped) handles, in pages
-    /// ([`AllocatorConfig::page_cache_pages`](crate::config::AllocatorConfig::page_cache_pages)).
-    cache_limit: u64,
     /// Fraction above the peak of allocated bytes the pool may hold before moving pages.
     headroom: f64,
     /// Most bytes mapped ahead of need by one allocation.
@@ -172,15 +169,15 @@ pub struct LazyPagedPool {
     space: FreeSpace,
     /// Live blocks by address.
     live: AddrMap<u64, LiveBlock>,
-    /// Unmapped physical handles kept for reuse.
+    /// Unmapped physical handles kept for reuse, at most
+    /// [`AllocatorConfig::page_cache_pages`](crate::config::AllocatorConfig::page_cache_pages)
+    /// pages of them.
     cache: HandleCache,
     /// Spans (address, bytes) of handles left mapped without access by an unwind whose
     /// cuMemUnmap failed twice; kept out of the free space until [`Allocator::empty_cache`].
     quarantine: Vec<(u64, u64)>,
     /// Pages currently mapped (including idle and quarantined ones).
     mapped_pages: u64,
-    /// Set while the cache is above its bound after a failed cuMemRelease.
-    trim_pending: bool,
     /// Recently freed blocks kept whole for reuse by a request of the same size (the O(1)
     /// hit path), oldest first; their bytes stay out of the free space. Bounded by
     /// [`QUICK_SLOTS`] blocks, not by bytes.
@@ -194,7 +191,6 @@ impl LazyPagedPool {
     /// Uses `config.page_cache_pages` as the bound of the handle cache.
     pub fn new(config: &AllocatorConfig) -> Self {
         LazyPagedPool {
-            cache_limit: config.page_cache_pages,
             headroom: f64::from(config.lazy.headroom_bp) / 10_000.0,
             ahead_bytes: config.lazy.ahead_bytes,
             handle_pages: 0,
@@ -204,10 +200,9 @@ impl LazyPagedPool {
             reservations: Vec::new(),
             space: FreeSpace::default(),
             live: AddrMap::default(),
-            cache: HandleCache::default(),
+            cache: HandleCache::new(config.page_cache_pages),
             quarantine: Vec::new(),
             mapped_pages: 0,
-            trim_pending: false,
             quick: QuickList::new(QUICK_SLOTS),
             tracker: StatsTracker::default(),
         }
@@ -468,7 +463,7 @@ impl Allocator for LazyPagedPool {
             return Err(self.oom(size_bytes));
         };
         let result = self.allocate_with_retry(dev, bytes, align, size_bytes);
-        if result.is_ok() && (self.trim_pending || self.cache.pages() > self.cache_limit) {
+        if result.is_ok() && (self.cache.trim_pending || self.cache.over(0)) {
             self.trim_cache(dev);
         }
         result
@@ -502,16 +497,9 @@ impl Allocator for LazyPagedPool {
             self.quarantine.remove(0);
         }
         self.drop_idle(dev)?;
-        let mut released = 0;
-        while let Some(h) = self.cache.take_largest() {
-            if let Err(e) = dev.release_physical(h.handle) {
-                self.cache.push(h);
-                return Err(e.into());
-            }
-            self.tracker.on_release(h.pages * p);
-            released += h.pages * p;
-        }
-        self.trim_pending = false;
+        let released =
+            self.cache
+                .release_all(dev, ReleaseOrder::Largest, p, &mut self.tracker)?;
         // Reservations without a live block go back too.
         let mut ri = 0;
         while ri < self.reservations.len() {

@@ -6,7 +6,7 @@ use super::LazyPagedPool;
 use crate::align::align_up;
 use crate::device::{DeviceError, PhysHandle};
 use crate::paged::slots::SlotTable;
-use crate::paged::CachedHandle;
+use crate::vmm::CachedHandle;
 use crate::{AllocError, Device};
 
 /// A mapped physical page.
@@ -564,42 +564,23 @@ impl LazyPagedPool {
         Ok(base + (last as u64 + 1) * p)
     }
 
-    /// Gives back a handle taken by a failed allocation: to the cache if it came from there,
-    /// else cuMemRelease (so the allocation leaves `reserved_bytes` as it found it).
+    /// [`HandleCache::untake`](crate::vmm::handles::HandleCache::untake) with this pool's
+    /// page size and figures.
     fn untake_handle(&mut self, dev: &mut dyn Device, h: CachedHandle, from_cache: bool) {
-        if from_cache {
-            self.cache.push(h);
-        } else {
-            self.release_handle(dev, h);
-        }
+        self.cache
+            .untake(dev, h, from_cache, self.page_bytes, &mut self.tracker);
     }
 
-    /// cuMemRelease, retried once; on a second failure the handle stays cached, even above
-    /// the bound, until a later call trims the cache.
+    /// [`HandleCache::release`](crate::vmm::handles::HandleCache::release) with this pool's
+    /// page size and figures.
     pub(super) fn release_handle(&mut self, dev: &mut dyn Device, h: CachedHandle) {
-        if dev.release_physical(h.handle).is_ok() || dev.release_physical(h.handle).is_ok() {
-            self.tracker.on_release(h.pages * self.page_bytes);
-        } else {
-            self.cache.push(h);
-            self.trim_pending = true;
-        }
+        self.cache.release(dev, h, self.page_bytes, &mut self.tracker);
     }
 
     /// Releases cached handles, largest first, until the cache is within its bound
-    /// (cuMemRelease each); stops at the first failure, leaving `trim_pending` set.
+    /// (cuMemRelease each); stops at the first failure, leaving the trim pending.
     pub(super) fn trim_cache(&mut self, dev: &mut dyn Device) {
-        while self.cache.pages() > self.cache_limit {
-            let Some(h) = self.cache.take_largest() else {
-                break;
-            };
-            if dev.release_physical(h.handle).is_err() {
-                self.cache.push(h);
-                self.trim_pending = true;
-                return;
-            }
-            self.tracker.on_release(h.pages * self.page_bytes);
-        }
-        self.trim_pending = false;
+        self.cache.trim(dev, 0, self.page_bytes, &mut self.tracker);
     }
 
     /// Unmaps the handles of `taken` (all in reservation `ri`, ascending) and gives them

@@ -144,25 +144,12 @@ pub(super) fn run(a: &LazyPagedPool) -> Result<(), String> {
             a.mapped_pages
         ));
     }
-    let mut sizes = BTreeMap::new();
     for h in a.cache.as_slice() {
-        if h.pages == 0 || !handles.insert(h.handle) {
-            return Err(format!("cached handle {} empty or also in use", h.handle.0));
+        if !handles.insert(h.handle) {
+            return Err(format!("cached handle {} also in use", h.handle.0));
         }
-        *sizes.entry(h.pages).or_insert(0u32) += 1;
     }
-    if &sizes != a.cache.sizes()
-        || a.cache.as_slice().iter().map(|h| h.pages).sum::<u64>() != a.cache.pages()
-    {
-        return Err("cache size index or page count disagrees with the cache".into());
-    }
-    if a.cache.pages() > a.cache_limit && !a.trim_pending {
-        return Err(format!(
-            "{} cached pages, bound {}",
-            a.cache.pages(),
-            a.cache_limit
-        ));
-    }
+    a.cache.validate(0)?;
     // Byte counters.
     let s = &a.tracker.stats;
     crate::paged::validate::block_counters(s, a.live.values())?;

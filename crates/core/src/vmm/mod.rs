@@ -11,10 +11,16 @@
 //! mapped extents with a Fenwick tree. The substrate is the same for both and lives here:
 //! - `quick.rs`: the quick-reuse list (freed blocks kept whole, O(1) to drop the oldest),
 //!   bounded by a block count and optionally by bytes;
+//! - `handles.rs`: physical handles and their cache (an index by size, `sizes.rs`), the
+//!   cuMemRelease of a handle (retried once), the trim to the bound;
 //! - more to come in this module: reserved ranges, physical handles and their cache,
 //!   mapping bookkeeping and unwinding, the retry on out-of-memory.
 //!
 //! Where the two strategies' policies differ (the quick list's byte bound, what counts
 //! against the cache bound, which handle goes first), the difference is a parameter or a
 //! choice of method here, not a second copy.
+pub(crate) mod handles;
 pub(crate) mod quick;
+pub(crate) mod sizes;
+
+pub use handles::CachedHandle;
