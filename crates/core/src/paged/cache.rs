@@ -31,7 +31,7 @@ impl PagedPool {
                 };
                 let mut i = to;
                 while picked.len() < want {
-                    match r.idle.prev_before(i) {
+                    match r.index.prev_before(i) {
                         Some(j) if j >= from => {
                             picked.push(r.va + j as u64 * p);
                             i = j;
@@ -67,7 +67,7 @@ impl PagedPool {
             let r = &mut self.reservations[ri];
             let first_page = ((first - base) >> sh) as usize;
             for page in first_page..first_page + n as usize {
-                if r.idle.remove(page) {
+                if r.index.remove(page) {
                     self.idle_count -= 1;
                 }
                 if let Some(pg) = r.pages.get_mut(page).and_then(Option::take) {
@@ -115,14 +115,20 @@ impl PagedPool {
     }
 
     /// [`HandleCache::untake`] with this pool's page size and figures.
-    pub(super) fn untake_handle(&mut self, dev: &mut dyn Device, h: CachedHandle, from_cache: bool) {
+    pub(super) fn untake_handle(
+        &mut self,
+        dev: &mut dyn Device,
+        h: CachedHandle,
+        from_cache: bool,
+    ) {
         self.cache
             .untake(dev, h, from_cache, self.page_bytes, &mut self.tracker);
     }
 
     /// [`HandleCache::release`] with this pool's page size and figures.
     pub(super) fn release_handle(&mut self, dev: &mut dyn Device, h: CachedHandle) {
-        self.cache.release(dev, h, self.page_bytes, &mut self.tracker);
+        self.cache
+            .release(dev, h, self.page_bytes, &mut self.tracker);
     }
 
     /// Truly frees every block of the quick list; a block whose unmap fails stays listed.
@@ -142,20 +148,20 @@ impl PagedPool {
             this.reservations
                 .iter()
                 .enumerate()
-                .find_map(|(ri, r)| Some((ri, r.va + r.idle.next_at_or_after(0)? as u64 * p)))
+                .find_map(|(ri, r)| Some((ri, r.va + r.index.next_at_or_after(0)? as u64 * p)))
         };
         while let Some((ri, first)) = lowest(self) {
             let r = &self.reservations[ri];
             let end = r.end();
             let mut last = first;
-            while last + p < end && r.idle.contains(((last + p - r.va) / p) as usize) {
+            while last + p < end && r.index.contains(((last + p - r.va) / p) as usize) {
                 last += p;
             }
             dev.unmap(first, last + p - first)?;
             let mut va = first;
             while va <= last {
                 let page = ((va - self.reservations[ri].va) / p) as usize;
-                if self.reservations[ri].idle.remove(page) {
+                if self.reservations[ri].index.remove(page) {
                     self.idle_count -= 1;
                 }
                 let taken = self.reservations[ri]

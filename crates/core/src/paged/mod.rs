@@ -92,78 +92,36 @@ mod live;
 mod page_bits;
 mod pages;
 mod placement;
-pub(crate) mod range_map;
-pub(crate) mod slots;
-pub(crate) mod view;
+mod view;
 
-use crate::align::{align_down, align_up, is_pow2};
+use crate::align::{align_down, align_up};
 use crate::config::AllocatorConfig;
-use crate::device::{DeviceError, PhysHandle};
+use crate::device::DeviceError;
 use crate::vmm::handles::{HandleCache, ReleaseOrder};
+use crate::vmm::map::{self, Page, PlanRun, Taken};
 use crate::vmm::quick::{QuickBlock, QuickList};
-use crate::vmm::CachedHandle;
-use crate::{AllocError, Allocator, Block, Device, Stats, StatsTracker, DEFAULT_ALIGN};
-pub use view::{PageState, VaRangeView};
+use crate::vmm::range_map;
+use crate::vmm::reserve;
+use crate::vmm::retry::{
+    learn_page_size, out_of_memory, page_request, retry_once_after_empty_cache,
+};
+use crate::vmm::{CachedHandle, LiveBlock, QUICK_SLOTS, UNIT_BYTES};
+use crate::{AllocError, Allocator, Block, Device, Stats, StatsTracker};
 
-/// Allocation unit in bytes: every block size and address is a multiple of it.
-pub const UNIT_BYTES: u64 = DEFAULT_ALIGN;
+/// One reserved virtual range of a [`PagedPool`]. Its page table is sparse (see
+/// [`slots`](crate::vmm::slots)): a mapped handle's entry sits in the slots of its extent's first and last
+/// pages (one slot for a single page); the slots inside an extent stay `None`, so that
+/// mapping or unmapping a handle of any size writes two slots. Every page a lookup asks
+/// about is a single page or an extent's end: a handle of several pages lies under the
+/// pages one block covers whole, so a page holding a free byte (where a block starts or
+/// ends, or an idle page) is a single page, and a block's end pages are its extents' ends.
+/// Its index is its idle pages: single-page handles mapped, but touched by no block, kept
+/// mapped for reuse in place (lazy unmapping).
+type Reservation = reserve::Reservation<page_bits::PageBits>;
 
-/// Virtual address space reserved by the first reservation, as a multiple of the device
-/// capacity.
-pub const VA_CAPACITY_FACTOR: u64 = 2;
-
-/// A live block (of `paged` and `paged-lazy`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct LiveBlock {
-    /// Bytes set aside (multiple of [`UNIT_BYTES`]).
-    pub(crate) bytes: u64,
-    /// Bytes the user asked for.
-    pub(crate) requested: u64,
-}
-
-/// Freed blocks held for same-size reuse, at most (default of [`PagedPool::with_quick_slots`]
-/// and [`LazyPagedPool::with_quick_slots`](crate::paged_lazy::LazyPagedPool::with_quick_slots)).
-pub const QUICK_SLOTS: usize = 16;
-
-/// The page-table entry of a mapped handle (see [`Reservation::pages`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Page {
-    /// The handle mapped over the extent.
-    handle: PhysHandle,
-    /// First page (index in the reservation) of the extent the handle covers.
-    ext_first: u32,
-    /// Pages in that extent (1 for a single-page handle).
-    ext_pages: u32,
-    /// Live or quick-reuse blocks touching each page of the extent (0 for an idle page;
-    /// 1 for a handle of several pages, which one block covers whole).
-    refs: u32,
-    /// Whether cuMemSetAccess succeeded over it.
-    access: bool,
-}
-
-/// One reserved virtual range and its pages.
-#[derive(Debug, Clone)]
-struct Reservation {
-    va: u64,
-    bytes: u64,
-    /// Pages in the reservation (`bytes / page size`).
-    npages: usize,
-    /// The page table, one slot per page (sparse: see [`slots`]): a mapped handle's entry
-    /// sits in the slots of its extent's first and last pages (one slot for a single
-    /// page); the slots inside an extent stay `None`, so that mapping or unmapping a
-    /// handle of any size writes two slots. Every page a lookup asks about is a single
-    /// page or an extent's end: a handle of several pages lies under the pages one block
-    /// covers whole, so a page holding a free byte (where a block starts or ends, or an
-    /// idle page) is a single page, and a block's end pages are its extents' ends.
-    pages: slots::SlotTable<Page>,
-    /// Idle pages: single-page handles mapped, but touched by no block, kept mapped for
-    /// reuse in place (lazy unmapping).
-    idle: page_bits::PageBits,
-}
-
-impl Reservation {
-    fn end(&self) -> u64 {
-        self.va + self.bytes
+impl reserve::PageIndex for page_bits::PageBits {
+    fn new(npages: usize) -> Self {
+        page_bits::PageBits::new(npages)
     }
 }
 
@@ -181,19 +139,11 @@ struct Placement {
     addr: u64,
 }
 
-/// A handle mapped for a new block during an allocation, to give back on failure.
-#[derive(Debug, Clone, Copy)]
-struct Taken {
-    /// First page (index in the reservation) it is mapped at.
-    page: usize,
-    handle: CachedHandle,
-    from_cache: bool,
-}
-
 /// The page-mapped allocator (see the module documentation).
 ///
 /// ```
-/// use gpumem_core::paged::{PageState, PagedPool};
+/// use gpumem_core::paged::PagedPool;
+/// use gpumem_core::vmm::PageState;
 /// use gpumem_core::config::AllocatorConfig;
 /// use gpumem_core::sim::SimDevice;
 /// use gpumem_core::{Allocator, Device};
@@ -221,7 +171,7 @@ struct Taken {
 /// ```
 #[derive(Debug, Clone)]
 pub struct PagedPool {
-    /// Virtual bytes per reservation; 0 = [`VA_CAPACITY_FACTOR`] × device capacity.
+    /// Virtual bytes per reservation; 0 = [`VA_CAPACITY_FACTOR`](crate::vmm::VA_CAPACITY_FACTOR) × device capacity.
     va_chunk_bytes: u64,
     /// Page size in bytes (the device granularity), known after the first allocation.
     page_bytes: u64,
@@ -260,9 +210,9 @@ pub struct PagedPool {
     taken_scratch: Vec<Taken>,
     /// Scratch plan of the runs an allocation maps, `(first page, handle, pages)` (kept to
     /// spare an allocation per mapping allocation; an error path may leave it empty).
-    plan_scratch: Vec<(usize, Option<CachedHandle>, u64)>,
+    plan_scratch: Vec<PlanRun>,
     /// The plan's second buffer: the cache fill rewrites the plan into it, then swaps.
-    plan_spare: Vec<(usize, Option<CachedHandle>, u64)>,
+    plan_spare: Vec<PlanRun>,
     /// Scratch list of the idle pages an allocation takes (addresses, descending).
     picked_scratch: Vec<u64>,
     /// Scratch list of the handles of a run of idle pages on their way to the cache.
@@ -297,7 +247,7 @@ impl PagedPool {
 
     /// Sets the virtual bytes reserved per cuMemAddressReserve (rounded up to the page size;
     /// a larger block gets a range of its own size). The default, 0, reserves
-    /// [`VA_CAPACITY_FACTOR`] × the device capacity.
+    /// [`VA_CAPACITY_FACTOR`](crate::vmm::VA_CAPACITY_FACTOR) × the device capacity.
     pub fn with_va_chunk_bytes(mut self, bytes: u64) -> Self {
         self.va_chunk_bytes = bytes;
         self
@@ -321,10 +271,9 @@ impl PagedPool {
     }
 
     /// Index of the reservation holding `addr`.
+    #[inline]
     fn res_of(&self, addr: u64) -> Option<usize> {
-        let i = self.reservations.partition_point(|r| r.va <= addr);
-        let i = i.checked_sub(1)?;
-        (addr < self.reservations[i].end()).then_some(i)
+        reserve::res_of(&self.reservations, addr)
     }
 
     /// One allocation attempt (no OOM retry).
@@ -409,105 +358,6 @@ impl PagedPool {
     }
 }
 
-/// The out-of-memory error of a page-mapped pool: the request and the pool's free bytes as
-/// [`Allocator::stats`] reports them. Shared by [`PagedPool`] and
-/// [`crate::paged_lazy::LazyPagedPool`].
-pub(crate) fn out_of_memory(pool: &dyn Allocator, requested_bytes: u64) -> AllocError {
-    let s = pool.stats();
-    AllocError::OutOfMemory {
-        requested_bytes,
-        free_bytes: s.free_bytes,
-        largest_free_bytes: s.largest_free_bytes,
-    }
-}
-
-/// One allocation attempt, and on out-of-memory [`Allocator::empty_cache`] and one retry
-/// (counted by `count_retry`) when that gave anything back; a second out-of-memory, or one
-/// with nothing to give back, is [`out_of_memory`] of `size_bytes`. Shared by [`PagedPool`]
-/// and [`crate::paged_lazy::LazyPagedPool`].
-pub(crate) fn retry_once_after_empty_cache<A: Allocator>(
-    pool: &mut A,
-    dev: &mut dyn Device,
-    size_bytes: u64,
-    mut attempt: impl FnMut(&mut A, &mut dyn Device) -> Result<Block, AllocError>,
-    count_retry: impl FnOnce(&mut A),
-) -> Result<Block, AllocError> {
-    match attempt(pool, dev) {
-        Err(e) if e.is_oom() => {
-            let released = pool.empty_cache(dev).unwrap_or(0);
-            if released == 0 {
-                return Err(out_of_memory(pool, size_bytes));
-            }
-            count_retry(pool);
-            match attempt(pool, dev) {
-                Err(e) if e.is_oom() => Err(out_of_memory(pool, size_bytes)),
-                r => r,
-            }
-        }
-        r => r,
-    }
-}
-
-/// Learns the page size from the device on first use (`*page_bytes == 0`), else checks that
-/// it has not changed; shared by [`PagedPool`] and
-/// [`LazyPagedPool`](crate::paged_lazy::LazyPagedPool).
-///
-/// # Errors
-/// [`DeviceError::Unsupported`] for a granularity that is not a power of two of 256 B .. 1 TiB;
-/// [`AllocError::Internal`] when it differs from the one learnt (another device).
-pub(crate) fn learn_page_size(page_bytes: &mut u64, dev: &dyn Device) -> Result<(), AllocError> {
-    let g = dev.granularity_bytes();
-    if *page_bytes == 0 {
-        if !is_pow2(g) || !(UNIT_BYTES..=(1 << 40)).contains(&g) {
-            return Err(DeviceError::Unsupported(format!(
-                "page-mapped allocator needs a power-of-two granularity of 256 B .. 1 TiB, got {g} B"
-            ))
-            .into());
-        }
-        *page_bytes = g;
-    } else if g != *page_bytes {
-        return Err(AllocError::Internal(format!(
-            "device granularity changed from {} to {g} bytes (another device?)",
-            *page_bytes
-        )));
-    }
-    Ok(())
-}
-
-/// A request to a page-mapped allocator with pages of `page_bytes`, as `(bytes, align)`: the
-/// size rounded up to [`UNIT_BYTES`] (at least one unit), the alignment at least that. `None`
-/// when the block needs more pages than the device has (it can never be mapped: the caller
-/// refuses it as out of memory before reserving address space).
-///
-/// # Errors
-/// [`AllocError::InvalidAlignment`] for an alignment that is not a power of two or exceeds a
-/// page; [`AllocError::Overflow`] for a size too close to `u64::MAX`.
-pub(crate) fn page_request(
-    page_bytes: u64,
-    dev: &dyn Device,
-    size_bytes: u64,
-    align: u64,
-) -> Result<Option<(u64, u64)>, AllocError> {
-    if !is_pow2(align) || align > page_bytes {
-        return Err(AllocError::InvalidAlignment {
-            align,
-            max: page_bytes,
-        });
-    }
-    let align = align.max(UNIT_BYTES);
-    let bytes = align_up(size_bytes.max(1), UNIT_BYTES)
-        .filter(|b| b.checked_add(2 * page_bytes).is_some())
-        .ok_or(AllocError::Overflow { size_bytes, align })?;
-    // Pages are a power of two once learnt: shifts, not two 64-bit divisions per request.
-    let fits = if is_pow2(page_bytes) {
-        let sh = page_bytes.trailing_zeros();
-        (bytes >> sh) + u64::from(bytes & (page_bytes - 1) != 0) <= dev.capacity_bytes() >> sh
-    } else {
-        bytes.div_ceil(page_bytes) <= dev.capacity_bytes() / page_bytes
-    };
-    Ok(fits.then_some((bytes, align)))
-}
-
 impl Default for PagedPool {
     fn default() -> Self {
         Self::new(&AllocatorConfig::default())
@@ -528,8 +378,9 @@ impl Allocator for PagedPool {
     ) -> Result<Block, AllocError> {
         learn_page_size(&mut self.page_bytes, dev)?;
         // The quick list holds at most the page cache's bytes.
-        self.quick
-            .set_max_bytes(Some(self.cache.limit_pages().saturating_mul(self.page_bytes)));
+        self.quick.set_max_bytes(Some(
+            self.cache.limit_pages().saturating_mul(self.page_bytes),
+        ));
         let Some((bytes, align)) = page_request(self.page_bytes, dev, size_bytes, align)? else {
             return Err(self.oom(size_bytes));
         };
@@ -588,18 +439,7 @@ impl Allocator for PagedPool {
             &mut self.tracker,
         )?;
         // Reservations without a live block go back too.
-        let mut ri = 0;
-        while ri < self.reservations.len() {
-            let r = &self.reservations[ri];
-            if self.free.get(&r.va) == Some(&r.bytes) {
-                let (va, bytes) = (r.va, r.bytes);
-                dev.free_va(va, bytes)?;
-                self.free.remove(&va);
-                self.reservations.remove(ri);
-            } else {
-                ri += 1;
-            }
-        }
+        reserve::release_unused(&mut self.reservations, &mut self.free, dev)?;
         Ok(released)
     }
 

@@ -6,50 +6,23 @@ use super::*;
 impl PagedPool {
     /// Reserves a new virtual range of at least `bytes` and makes it one free range.
     pub(super) fn grow(&mut self, dev: &mut dyn Device, bytes: u64) -> Result<usize, AllocError> {
-        let p = self.page_bytes;
-        let chunk = if self.va_chunk_bytes > 0 {
-            align_up(self.va_chunk_bytes, p)
-        } else {
-            align_up(dev.capacity_bytes(), p).and_then(|c| c.checked_mul(VA_CAPACITY_FACTOR))
-        }
-        .unwrap_or(u64::MAX / 2);
-        let want = align_up(bytes, p)
-            .ok_or(AllocError::Overflow {
-                size_bytes: bytes,
-                align: p,
-            })?
-            .max(chunk);
-        let npages = usize::try_from(want / p).map_err(|_| AllocError::Overflow {
-            size_bytes: bytes,
-            align: p,
-        })?;
-        let va = dev.reserve_va(want)?;
-        let ri = self.reservations.partition_point(|r| r.va < va);
-        self.reservations.insert(
-            ri,
-            Reservation {
-                va,
-                bytes: want,
-                npages,
-                pages: slots::SlotTable::new(npages),
-                idle: page_bits::PageBits::new(npages),
-            },
-        );
-        self.free.insert(va, want);
+        let ri = reserve::reserve(
+            &mut self.reservations,
+            &mut self.free,
+            dev,
+            bytes,
+            self.page_bytes,
+            self.va_chunk_bytes,
+        )?;
+        let r = &self.reservations[ri];
+        let (va, want) = (r.va, r.bytes);
         self.refit(ri, &[(va, want)]);
         Ok(ri)
     }
 
     /// Undoes [`PagedPool::grow`] after a failed allocation.
     pub(super) fn ungrow(&mut self, dev: &mut dyn Device, ri: usize) {
-        let Some(r) = self.reservations.get(ri) else {
-            return;
-        };
-        let (va, bytes) = (r.va, r.bytes);
-        if dev.free_va(va, bytes).is_ok() || dev.free_va(va, bytes).is_ok() {
-            self.free.remove(&va);
-            self.reservations.remove(ri);
-        }
+        reserve::unreserve(&mut self.reservations, &mut self.free, dev, ri);
     }
 
     /// Unmaps the handles of `taken` (all in reservation `ri`, ascending) and gives them
@@ -61,26 +34,17 @@ impl PagedPool {
         let Some(base) = self.reservations.get(ri).map(|r| r.va) else {
             return;
         };
-        let mut i = 0;
-        while i < taken.len() {
-            let mut j = i + 1;
-            while j < taken.len()
-                && taken[j].page as u64 == taken[j - 1].page as u64 + taken[j - 1].handle.pages
-            {
-                j += 1;
-            }
-            let run = &taken[i..j];
+        for run in map::unwind_runs(taken, true) {
             let va = base + run[0].page as u64 * p;
             let pages: u64 = run.iter().map(|t| t.handle.pages).sum();
             let bytes = pages * p;
-            if dev.unmap(va, bytes).is_ok() || dev.unmap(va, bytes).is_ok() {
+            if map::unmap_retried(dev, va, bytes) {
                 for t in run {
                     self.untake_handle(dev, t.handle, t.from_cache);
                 }
             } else {
                 self.quarantine_run(ri, run, va, bytes);
             }
-            i = j;
         }
     }
 
@@ -230,7 +194,7 @@ impl PagedPool {
         }
         if p1 > p0 + 1 && self.idle_count > 0 {
             let mut i = p0 + 1;
-            while let Some(j) = r.idle.next_in(i, p1) {
+            while let Some(j) = r.index.next_in(i, p1) {
                 if let Some(Some(pg)) = r.pages.get(j) {
                     visit(j, pg);
                 }
@@ -252,9 +216,7 @@ impl PagedPool {
         // Rewrites the plan with cached handles where they fit, into the spare vector, which
         // then becomes the plan (no shift of the entries, no allocation once both have grown).
         let mut spare = std::mem::take(&mut self.plan_spare);
-        let fill = |this: &mut Self,
-                    plan: &mut Vec<(usize, Option<CachedHandle>, u64)>,
-                    out: &mut Vec<(usize, Option<CachedHandle>, u64)>| {
+        let fill = |this: &mut Self, plan: &mut Vec<PlanRun>, out: &mut Vec<PlanRun>| {
             let mut left = 0;
             out.clear();
             for &(page, h, n) in plan.iter() {
@@ -283,16 +245,9 @@ impl PagedPool {
         if !plan.is_empty() {
             leftover = fill(self, &mut plan, &mut spare);
         }
-        let give_back = |this: &mut Self, plan: &[(usize, Option<CachedHandle>, u64)]| {
-            for &(_, h, _) in plan {
-                if let Some(h) = h {
-                    this.cache.push(h);
-                }
-            }
-        };
         if leftover > 0 && self.idle_count > 0 {
             if let Err(e) = self.steal_idle(dev, leftover, lo, hi) {
-                give_back(self, &plan);
+                map::give_back(&mut self.cache, &plan);
                 return Err(e);
             }
             leftover = fill(self, &mut plan, &mut spare);
@@ -310,32 +265,17 @@ impl PagedPool {
         debug_assert!(plan.windows(2).all(|w| w[0].0 < w[1].0));
         let mut taken = std::mem::take(&mut self.taken_scratch);
         taken.clear();
-        for (k, &(page, h, n)) in plan.iter().enumerate() {
-            let (h, from_cache) = match h {
-                Some(h) => (h, true),
-                None => match dev.create_physical(n * p) {
-                    Ok(handle) => {
-                        self.tracker.on_reserve(n * p);
-                        (CachedHandle { handle, pages: n }, false)
-                    }
-                    Err(e) => {
-                        give_back(self, &plan[k..]);
-                        self.unwind_maps(dev, ri, &taken);
-                        return Err(e);
-                    }
-                },
-            };
-            if let Err(e) = dev.map(base + page as u64 * p, n * p, h.handle) {
-                self.untake_handle(dev, h, from_cache);
-                give_back(self, &plan[k + 1..]);
-                self.unwind_maps(dev, ri, &taken);
-                return Err(e);
-            }
-            taken.push(Taken {
-                page,
-                handle: h,
-                from_cache,
-            });
+        if let Err(e) = map::map_plan(
+            dev,
+            &mut self.cache,
+            &mut self.tracker,
+            base,
+            p,
+            &plan,
+            &mut taken,
+        ) {
+            self.unwind_maps(dev, ri, &taken);
+            return Err(e);
         }
         // One cuMemSetAccess from the first to the last page without access: every page of
         // the block is mapped by now, so the range may span pages already open.
@@ -498,7 +438,9 @@ impl PagedPool {
                 )));
             }
             let room = if self.lazy_unmap && all_single {
-                self.cache.limit_pages().saturating_sub(self.held_free_pages())
+                self.cache
+                    .limit_pages()
+                    .saturating_sub(self.held_free_pages())
             } else {
                 0
             };
@@ -531,7 +473,7 @@ impl PagedPool {
                 if let Some(Some(pg)) = r.pages.get_mut(page) {
                     pg.refs = 0;
                 }
-                if r.idle.insert(page) {
+                if r.index.insert(page) {
                     self.idle_count += 1;
                 }
             }

@@ -446,7 +446,7 @@ impl PagedPool {
             if let Some(Some(pg)) = r.pages.get_mut(i) {
                 // Idle pages are single-page handles: a page of a longer handle (one this
                 // allocation just mapped) is not looked up.
-                if self.idle_count > 0 && pg.refs == 0 && pg.ext_pages == 1 && r.idle.remove(i) {
+                if self.idle_count > 0 && pg.refs == 0 && pg.ext_pages == 1 && r.index.remove(i) {
                     self.idle_count -= 1;
                 }
                 if raise {
@@ -461,8 +461,8 @@ impl PagedPool {
         if p1 > p0 + 1 {
             if self.idle_count > 0 {
                 let mut i = p0 + 1;
-                while let Some(j) = r.idle.next_in(i, p1) {
-                    if r.idle.remove(j) {
+                while let Some(j) = r.index.next_in(i, p1) {
+                    if r.index.remove(j) {
                         self.idle_count -= 1;
                     }
                     if let (Some(_), Some(Some(pg))) = (mapped, r.pages.get_mut(j)) {

@@ -1,5 +1,6 @@
 use super::*;
 use crate::sim::{SimDevice, DEFAULT_GRANULARITY};
+use crate::vmm::PageState;
 use crate::DriverCall;
 
 const G: u64 = DEFAULT_GRANULARITY;

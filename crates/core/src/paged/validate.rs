@@ -2,93 +2,8 @@
 //! [`PagedPool`]: reservations, the free-range map, the live blocks tiling the VA with it, each
 //! page's reference count against the live blocks (and those held in the quick list), the fit tags, the cache bound and
 //! the byte counters. O(reserved pages + blocks · log blocks).
-use super::{PagedPool, UNIT_BYTES};
-
-/// Spans (start, bytes, kind; kind 0 = free, any other = held) tile every reservation
-/// `(start, end)` exactly, in order: no gap, no overlap, whole [`UNIT_BYTES`] units, free
-/// ranges coalesced, no span outside every reservation. `per_span(reservation index, start,
-/// bytes, kind)` checks what else each span must satisfy. Sorts `spans`; shared by `paged`
-/// and `paged-lazy`.
-pub(crate) fn spans_tile(
-    reservations: impl IntoIterator<Item = (u64, u64)>,
-    spans: &mut [(u64, u64, u8)],
-    mut per_span: impl FnMut(usize, u64, u64, u8) -> Result<(), String>,
-) -> Result<(), String> {
-    spans.sort_unstable();
-    let mut idx = 0;
-    for (ri, (va, end)) in reservations.into_iter().enumerate() {
-        let mut at = va;
-        let mut prev_free = false;
-        while at < end {
-            let Some(&(s, l, kind)) = spans.get(idx) else {
-                return Err(format!(
-                    "{at:#x} in reservation {va:#x} is neither free nor held"
-                ));
-            };
-            if s != at {
-                return Err(format!("gap or overlap at {at:#x} (next span at {s:#x})"));
-            }
-            if l == 0 || l % UNIT_BYTES != 0 || s % UNIT_BYTES != 0 {
-                return Err(format!("span {s:#x}+{l} not in {UNIT_BYTES}-byte units"));
-            }
-            if kind == 0 && prev_free {
-                return Err(format!("free ranges not coalesced at {s:#x}"));
-            }
-            per_span(ri, s, l, kind)?;
-            prev_free = kind == 0;
-            at = s + l;
-            idx += 1;
-        }
-        if at != end {
-            return Err(format!("a span crosses the end of reservation {va:#x}"));
-        }
-    }
-    if idx != spans.len() {
-        return Err(format!(
-            "{} spans lie outside every reservation",
-            spans.len() - idx
-        ));
-    }
-    Ok(())
-}
-
-/// A live block's requested bytes fit in its allocated ones.
-pub(crate) fn block_fits(live: Option<&super::LiveBlock>, s: u64) -> Result<(), String> {
-    match live {
-        Some(blk) if blk.requested > blk.bytes => Err(format!(
-            "block {s:#x}: requested {} > allocated {}",
-            blk.requested, blk.bytes
-        )),
-        _ => Ok(()),
-    }
-}
-
-/// The block counters of `stats` (allocated, requested, count) against the live blocks;
-/// shared by `paged` and `paged-lazy`.
-pub(crate) fn block_counters<'a>(
-    s: &crate::Stats,
-    live: impl Iterator<Item = &'a super::LiveBlock>,
-) -> Result<(), String> {
-    let (mut alloc, mut req, mut n) = (0u64, 0u64, 0usize);
-    for b in live {
-        alloc += b.bytes;
-        req += b.requested;
-        n += 1;
-    }
-    if s.allocated_bytes.current != alloc
-        || s.requested_bytes.current != req
-        || s.allocation_count.current != n as u64
-    {
-        return Err(format!(
-            "counters say {} allocated / {} requested / {} blocks, blocks sum to {alloc} / {req} / {}",
-            s.allocated_bytes.current,
-            s.requested_bytes.current,
-            s.allocation_count.current,
-            n
-        ));
-    }
-    Ok(())
-}
+use super::PagedPool;
+use crate::vmm::validate::{block_counters, block_fits, spans_tile};
 
 pub(super) fn run(a: &PagedPool) -> Result<(), String> {
     let p = a.page_bytes;
@@ -98,23 +13,7 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
         }
         return Ok(());
     }
-    // Reservations.
-    for (i, r) in a.reservations.iter().enumerate() {
-        if r.va % p != 0 || r.bytes % p != 0 || r.bytes == 0 {
-            return Err(format!(
-                "reservation {:#x}+{} not page-aligned",
-                r.va, r.bytes
-            ));
-        }
-        if r.npages as u64 != r.bytes / p || r.pages.len() != r.npages {
-            return Err(format!("reservation {:#x}: page table of wrong size", r.va));
-        }
-        if let Some(n) = a.reservations.get(i + 1) {
-            if n.va < r.end() {
-                return Err(format!("reservations {:#x} and {:#x} overlap", r.va, n.va));
-            }
-        }
-    }
+    crate::vmm::reserve::validate(&a.reservations, p)?;
     a.quick.validate()?;
     // Free ranges, live blocks (and those in the quick list) and quarantined spans tile
     // every reservation exactly.
@@ -207,7 +106,7 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
                 }
                 if pg.refs == 0 {
                     idle += 1;
-                    if !r.idle.contains(j) || n != 1 {
+                    if !r.index.contains(j) || n != 1 {
                         return Err(format!("idle page {va:#x} not a listed single page"));
                     }
                 } else if !pg.access && !quarantined[j] {
@@ -216,10 +115,10 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
             }
             i += n;
         }
-        r.idle.check()?;
+        r.index.check()?;
     }
     check_fit_tags(a)?;
-    let listed: usize = a.reservations.iter().map(|r| r.idle.len()).sum();
+    let listed: usize = a.reservations.iter().map(|r| r.index.len()).sum();
     if mapped != a.mapped_pages || idle != a.idle_count || listed as u64 != idle {
         return Err(format!(
             "counted {mapped} mapped / {idle} idle pages, recorded {} / {} ({listed} listed)",
@@ -272,44 +171,4 @@ fn check_fit_tags(a: &PagedPool) -> Result<(), String> {
         ));
     }
     Ok(())
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod spans_tile_tests {
-    use super::{spans_tile, UNIT_BYTES};
-
-    const U: u64 = UNIT_BYTES;
-
-    fn tile(spans: &[(u64, u64, u8)]) -> Result<Vec<(usize, u64)>, String> {
-        let mut seen = Vec::new();
-        let mut spans = spans.to_vec();
-        spans_tile([(0, 4 * U), (8 * U, 10 * U)], &mut spans, |ri, s, _, _| {
-            seen.push((ri, s));
-            Ok(())
-        })?;
-        Ok(seen)
-    }
-
-    #[test]
-    fn an_exact_tiling_passes_and_every_span_is_checked_in_order() {
-        let seen = tile(&[(8 * U, 2 * U, 0), (2 * U, 2 * U, 1), (0, 2 * U, 0)]).unwrap();
-        assert_eq!(seen, [(0, 0), (0, 2 * U), (1, 8 * U)]);
-    }
-
-    #[test]
-    fn gaps_overlaps_uncoalesced_free_ranges_and_strays_are_refused() {
-        let gap = tile(&[(0, U, 0), (2 * U, 2 * U, 1), (8 * U, 2 * U, 0)]).unwrap_err();
-        assert!(gap.contains("gap or overlap at"), "{gap}");
-        let free = tile(&[(0, U, 0), (U, 3 * U, 0), (8 * U, 2 * U, 1)]).unwrap_err();
-        assert!(free.contains("not coalesced"), "{free}");
-        let cross = tile(&[(0, 5 * U, 1), (8 * U, 2 * U, 1)]).unwrap_err();
-        assert!(cross.contains("crosses the end"), "{cross}");
-        let stray = tile(&[(0, 4 * U, 1), (8 * U, 2 * U, 1), (20 * U, U, 1)]).unwrap_err();
-        assert!(stray.contains("1 spans lie outside"), "{stray}");
-        let short = tile(&[(0, 4 * U, 1)]).unwrap_err();
-        assert!(short.contains("neither free nor held"), "{short}");
-        let unit = tile(&[(0, 4 * U, 1), (8 * U, U + 1, 1)]).unwrap_err();
-        assert!(unit.contains("-byte units"), "{unit}");
-    }
 }

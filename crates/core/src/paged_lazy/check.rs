@@ -1,8 +1,8 @@
 //! Cross-checks of a [`LazyPagedPool`] allocator against the simulated device's own view
-//! (the comparison itself is [`crate::paged::check`]'s, shared with `paged`).
+//! (the comparison itself is [`crate::vmm`]'s, shared with `paged`).
 use super::LazyPagedPool;
-use crate::paged::check::{device_agrees, Held};
 use crate::sim::SimDevice;
+use crate::vmm::check::{device_agrees, Held};
 use crate::{AllocError, Allocator};
 
 impl LazyPagedPool {

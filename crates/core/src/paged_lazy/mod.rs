@@ -99,26 +99,25 @@ mod placement;
 mod validate;
 mod view;
 
-pub use crate::paged::{PageState, VaRangeView};
-
 use crate::config::AllocatorConfig;
 use crate::hash::AddrMap;
 use crate::{AllocError, Allocator, Block, Device, Stats, StatsTracker};
 use pages::Reservation;
 use placement::{FreeSpace, Placement};
 
-use crate::paged::LiveBlock;
 use crate::vmm::handles::{HandleCache, ReleaseOrder};
 use crate::vmm::quick::{QuickBlock, QuickList};
+use crate::vmm::retry::{
+    learn_page_size, out_of_memory, page_request, retry_once_after_empty_cache,
+};
 use crate::vmm::CachedHandle;
-/// The allocation unit, the first reservation's size and the quick-reuse bound are
-/// [`crate::paged`]'s; so are the records of live and quick-reuse blocks.
-pub use crate::paged::{QUICK_SLOTS, UNIT_BYTES, VA_CAPACITY_FACTOR};
+use crate::vmm::{LiveBlock, QUICK_SLOTS};
 
 /// The page-mapped allocator (see the module documentation).
 ///
 /// ```
-/// use gpumem_core::paged_lazy::{PageState, LazyPagedPool};
+/// use gpumem_core::paged_lazy::LazyPagedPool;
+/// use gpumem_core::vmm::PageState;
 /// use gpumem_core::config::AllocatorConfig;
 /// use gpumem_core::sim::SimDevice;
 /// use gpumem_core::{Allocator, Device};
@@ -159,7 +158,7 @@ pub struct LazyPagedPool {
     handle_pages: u64,
     /// Largest handle created, in bytes.
     handle_bytes: u64,
-    /// Virtual bytes per reservation; 0 = [`VA_CAPACITY_FACTOR`] × device capacity.
+    /// Virtual bytes per reservation; 0 = [`VA_CAPACITY_FACTOR`](crate::vmm::VA_CAPACITY_FACTOR) × device capacity.
     va_chunk_bytes: u64,
     /// Page size in bytes (the device granularity), known after the first allocation.
     page_bytes: u64,
@@ -243,7 +242,7 @@ impl LazyPagedPool {
 
     /// Sets the virtual bytes reserved per cuMemAddressReserve (rounded up to the page size;
     /// a larger block gets a range of its own size). The default, 0, reserves
-    /// [`VA_CAPACITY_FACTOR`] × the device capacity.
+    /// [`VA_CAPACITY_FACTOR`](crate::vmm::VA_CAPACITY_FACTOR) × the device capacity.
     pub fn with_va_chunk_bytes(mut self, bytes: u64) -> Self {
         self.va_chunk_bytes = bytes;
         self
@@ -389,12 +388,12 @@ impl LazyPagedPool {
     }
 
     fn oom(&self, requested_bytes: u64) -> AllocError {
-        crate::paged::out_of_memory(self, requested_bytes)
+        out_of_memory(self, requested_bytes)
     }
 
     /// Learns the page size from the device on first use.
     fn learn_page_size(&mut self, dev: &dyn Device) -> Result<(), AllocError> {
-        crate::paged::learn_page_size(&mut self.page_bytes, dev)?;
+        learn_page_size(&mut self.page_bytes, dev)?;
         if self.handle_pages == 0 {
             self.handle_pages = (self.handle_bytes / self.page_bytes).max(1);
         }
@@ -428,7 +427,7 @@ impl LazyPagedPool {
         align: u64,
         size_bytes: u64,
     ) -> Result<Block, AllocError> {
-        crate::paged::retry_once_after_empty_cache(
+        retry_once_after_empty_cache(
             self,
             dev,
             size_bytes,
@@ -457,9 +456,7 @@ impl Allocator for LazyPagedPool {
         _stream: u64,
     ) -> Result<Block, AllocError> {
         self.learn_page_size(dev)?;
-        let Some((bytes, align)) =
-            crate::paged::page_request(self.page_bytes, dev, size_bytes, align)?
-        else {
+        let Some((bytes, align)) = page_request(self.page_bytes, dev, size_bytes, align)? else {
             return Err(self.oom(size_bytes));
         };
         let result = self.allocate_with_retry(dev, bytes, align, size_bytes);
@@ -497,22 +494,11 @@ impl Allocator for LazyPagedPool {
             self.quarantine.remove(0);
         }
         self.drop_idle(dev)?;
-        let released =
-            self.cache
-                .release_all(dev, ReleaseOrder::Largest, p, &mut self.tracker)?;
+        let released = self
+            .cache
+            .release_all(dev, ReleaseOrder::Largest, p, &mut self.tracker)?;
         // Reservations without a live block go back too.
-        let mut ri = 0;
-        while ri < self.reservations.len() {
-            let r = &self.reservations[ri];
-            if self.space.va.get(&r.va) == Some(&r.bytes) {
-                let (va, bytes) = (r.va, r.bytes);
-                dev.free_va(va, bytes)?;
-                self.space.va.remove(&va);
-                self.reservations.remove(ri);
-            } else {
-                ri += 1;
-            }
-        }
+        crate::vmm::reserve::release_unused(&mut self.reservations, &mut self.space.va, dev)?;
         Ok(released)
     }
 

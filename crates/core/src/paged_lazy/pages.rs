@@ -3,39 +3,35 @@
 //! cuMemSetAccess, cuMemUnmap, cuMemRelease, cuMemAddressFree), with the unwinding of a
 //! failed allocation.
 use super::LazyPagedPool;
-use crate::align::align_up;
-use crate::device::{DeviceError, PhysHandle};
-use crate::paged::slots::SlotTable;
+use crate::device::DeviceError;
+use crate::vmm::map::{self, Page, PlanRun, Taken};
+use crate::vmm::reserve;
 use crate::vmm::CachedHandle;
 use crate::{AllocError, Device};
 
-/// A mapped physical page.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Page {
-    /// The handle mapped over this page's extent.
-    pub(super) handle: PhysHandle,
-    /// First page (index in the reservation) of the extent the handle covers.
-    pub(super) ext_first: u32,
-    /// Pages in that extent.
-    pub(super) ext_pages: u32,
-    /// Whether cuMemSetAccess succeeded over it.
-    pub(super) access: bool,
-}
+/// One reserved virtual range of a [`LazyPagedPool`]: its page table has a slot per page,
+/// `Some` on every page of a mapped extent (sparse in chunks, see
+/// [`slots`](crate::vmm::slots), so that a large reservation costs nothing until it is
+/// used); its index counts the mapped pages of any span and lists the mapped extents.
+pub(super) type Reservation = reserve::Reservation<Extents>;
 
-/// One reserved virtual range and its pages.
+/// The mapped pages of a reservation, by count and by extent.
 #[derive(Debug, Clone)]
-pub(super) struct Reservation {
-    pub(super) va: u64,
-    pub(super) bytes: u64,
-    /// One slot per page: `Some` when mapped (sparse: chunks are allocated where pages are
-    /// mapped, see [`crate::paged::slots`]), so that a large reservation costs nothing
-    /// until it is used.
-    pub(super) pages: SlotTable<Page>,
+pub(super) struct Extents {
     /// How many pages of a span are mapped.
     count: MappedCount,
     /// Mapped extents: first page -> pages (what the idle-extent search walks, instead of
     /// every page slot of the range).
     pub(super) extents: std::collections::BTreeMap<usize, u64>,
+}
+
+impl reserve::PageIndex for Extents {
+    fn new(npages: usize) -> Self {
+        Extents {
+            count: MappedCount::new(npages),
+            extents: std::collections::BTreeMap::new(),
+        }
+    }
 }
 
 /// Two Fenwick trees (1-based) over the differences `d[i] = m[i] − m[i − 1]` of the mapped
@@ -95,28 +91,9 @@ impl MappedCount {
 }
 
 impl Reservation {
-    fn new(va: u64, bytes: u64, npages: usize) -> Self {
-        Reservation {
-            va,
-            bytes,
-            pages: SlotTable::new(npages),
-            count: MappedCount::new(npages),
-            extents: std::collections::BTreeMap::new(),
-        }
-    }
-
-    pub(super) fn end(&self) -> u64 {
-        self.va + self.bytes
-    }
-
-    /// Pages in the reservation.
-    pub(super) fn npages(&self) -> usize {
-        self.count.d.len() - 1
-    }
-
     /// Mapped pages in `[a, b)`.
     pub(super) fn mapped_in(&self, a: usize, b: usize) -> u64 {
-        self.count.mapped_before(b) - self.count.mapped_before(a)
+        self.index.count.mapped_before(b) - self.index.count.mapped_before(a)
     }
 
     /// Writes the slots of handle `h` mapped from page `first`.
@@ -124,7 +101,7 @@ impl Reservation {
         let (Ok(ext_first), Ok(ext_pages)) = (u32::try_from(first), u32::try_from(h.pages)) else {
             return;
         };
-        self.extents.insert(first, h.pages);
+        self.index.extents.insert(first, h.pages);
         // Runs of slots that were unmapped are marked mapped, one O(log) update each.
         let mut run: Option<usize> = None;
         let mut end = first;
@@ -135,17 +112,18 @@ impl Reservation {
                 handle: h.handle,
                 ext_first,
                 ext_pages,
+                refs: 0,
                 access,
             });
             if was_unmapped {
                 run.get_or_insert(i);
             } else if let Some(s) = run.take() {
-                self.count.mark_run(s, i - s, true);
+                self.index.count.mark_run(s, i - s, true);
             }
             end = i + 1;
         }
         if let Some(s) = run {
-            self.count.mark_run(s, end - s, true);
+            self.index.count.mark_run(s, end - s, true);
         }
     }
 
@@ -153,7 +131,7 @@ impl Reservation {
     fn clear_extent(&mut self, first: usize) -> Option<CachedHandle> {
         let pg = (*self.pages.get(first)?)?;
         let n = pg.ext_pages as usize;
-        self.extents.remove(&first);
+        self.index.extents.remove(&first);
         // Runs of slots that were mapped are marked unmapped, one O(log) update each.
         let mut run: Option<usize> = None;
         let mut end = first;
@@ -161,12 +139,12 @@ impl Reservation {
             if slot.take().is_some() {
                 run.get_or_insert(i);
             } else if let Some(s) = run.take() {
-                self.count.mark_run(s, i - s, false);
+                self.index.count.mark_run(s, i - s, false);
             }
             end = i + 1;
         }
         if let Some(s) = run {
-            self.count.mark_run(s, end - s, false);
+            self.index.count.mark_run(s, end - s, false);
         }
         Some(CachedHandle {
             handle: pg.handle,
@@ -177,7 +155,7 @@ impl Reservation {
     /// Recount of the Fenwick tree and the extent index against the slots (for the
     /// invariant walk).
     pub(super) fn fenwick_ok(&self) -> bool {
-        let mut f = Reservation::new(self.va, self.bytes, self.npages());
+        let mut f = <Extents as reserve::PageIndex>::new(self.npages);
         let mut extents = std::collections::BTreeMap::new();
         for (i, s) in self.pages.iter().enumerate() {
             if let Some(pg) = s {
@@ -187,18 +165,8 @@ impl Reservation {
                 }
             }
         }
-        f.count == self.count && extents == self.extents
+        f.count == self.index.count && extents == self.index.extents
     }
-}
-
-/// A handle mapped for a new block during an allocation, to give back on failure.
-#[derive(Debug, Clone, Copy)]
-struct Taken {
-    /// First page (index in the reservation) it is mapped at.
-    page: usize,
-    handle: CachedHandle,
-    /// From the cache (or moved from idle pages elsewhere): goes back there on failure.
-    from_cache: bool,
 }
 
 /// An idle extent: a mapped handle no block touches.
@@ -211,10 +179,9 @@ struct Idle {
 
 impl LazyPagedPool {
     /// Index of the reservation holding `addr`.
+    #[inline]
     pub(super) fn res_of(&self, addr: u64) -> Option<usize> {
-        let i = self.reservations.partition_point(|r| r.va <= addr);
-        let i = i.checked_sub(1)?;
-        (addr < self.reservations[i].end()).then_some(i)
+        reserve::res_of(&self.reservations, addr)
     }
 
     /// Reserves a new virtual range of at least `bytes` and makes it one free range.
@@ -223,38 +190,20 @@ impl LazyPagedPool {
         dev: &mut dyn Device,
         bytes: u64,
     ) -> Result<usize, AllocError> {
-        let p = self.page_bytes;
-        let chunk = if self.va_chunk_bytes > 0 {
-            align_up(self.va_chunk_bytes, p)
-        } else {
-            align_up(dev.capacity_bytes(), p).and_then(|c| c.checked_mul(super::VA_CAPACITY_FACTOR))
-        }
-        .unwrap_or(u64::MAX / 2);
-        let overflow = AllocError::Overflow {
-            size_bytes: bytes,
-            align: p,
-        };
-        let want = align_up(bytes, p).ok_or(overflow.clone())?.max(chunk);
-        let npages = usize::try_from(want / p).map_err(|_| overflow)?;
-        let va = dev.reserve_va(want)?;
-        let ri = self.reservations.partition_point(|r| r.va < va);
-        self.reservations
-            .insert(ri, Reservation::new(va, want, npages));
-        self.space.va.insert(va, want);
-        Ok(ri)
+        reserve::reserve(
+            &mut self.reservations,
+            &mut self.space.va,
+            dev,
+            bytes,
+            self.page_bytes,
+            self.va_chunk_bytes,
+        )
     }
 
     /// Undoes [`LazyPagedPool::grow_va`] after a failed allocation (cuMemAddressFree, retried
     /// once; on a second failure the empty range stays).
     pub(super) fn ungrow_va(&mut self, dev: &mut dyn Device, ri: usize) {
-        let Some(r) = self.reservations.get(ri) else {
-            return;
-        };
-        let (va, bytes) = (r.va, r.bytes);
-        if dev.free_va(va, bytes).is_ok() || dev.free_va(va, bytes).is_ok() {
-            self.space.va.remove(&va);
-            self.reservations.remove(ri);
-        }
+        reserve::unreserve(&mut self.reservations, &mut self.space.va, dev, ri);
     }
 
     /// Reserved pages held now: mapped plus cached.
@@ -291,7 +240,7 @@ impl LazyPagedPool {
                 if i1 <= i0 {
                     continue;
                 }
-                for (&i, &n) in r.extents.range(i0..i1) {
+                for (&i, &n) in r.index.extents.range(i0..i1) {
                     let n = n as usize;
                     if i + n > i1 {
                         break;
@@ -442,7 +391,7 @@ impl LazyPagedPool {
             .collect();
         let total: u64 = gaps.iter().map(|g| g.1).sum();
         // Plan: (page, handle or None = create, pages).
-        let mut plan: Vec<(usize, Option<CachedHandle>, u64)> = Vec::new();
+        let mut plan: Vec<PlanRun> = Vec::new();
         let mut missing: Vec<(usize, u64)> = Vec::new();
         for &(page, n) in &gaps {
             let (mut at, mut rest) = (page, n);
@@ -459,13 +408,6 @@ impl LazyPagedPool {
             }
         }
         let mut left: u64 = missing.iter().map(|m| m.1).sum();
-        let give_back = |this: &mut Self, plan: &[(usize, Option<CachedHandle>, u64)]| {
-            for &(_, h, _) in plan {
-                if let Some(h) = h {
-                    this.cache.push(h);
-                }
-            }
-        };
         if left > 0 && self.held_pages() + left > limit {
             // Above the limit: move idle extents here instead of creating.
             let mut idle = self.idle_extents(ri, p0, last + 1);
@@ -485,7 +427,7 @@ impl LazyPagedPool {
                             rest -= h.pages;
                         }
                         Err(err) => {
-                            give_back(self, &plan);
+                            map::give_back(&mut self.cache, &plan);
                             return Err(err);
                         }
                     }
@@ -510,7 +452,7 @@ impl LazyPagedPool {
                 match self.unmap_idle(dev, idle[i]) {
                     Ok(h) => self.release_handle(dev, h),
                     Err(err) => {
-                        give_back(self, &plan);
+                        map::give_back(&mut self.cache, &plan);
                         return Err(err);
                     }
                 }
@@ -520,32 +462,17 @@ impl LazyPagedPool {
         plan.extend(missing.iter().map(|&(at, n)| (at, None, n)));
         plan.sort_unstable_by_key(|&(page, _, _)| page);
         let mut taken: Vec<Taken> = Vec::with_capacity(plan.len());
-        for (k, &(page, h, n)) in plan.iter().enumerate() {
-            let (h, from_cache) = match h {
-                Some(h) => (h, true),
-                None => match dev.create_physical(n * p) {
-                    Ok(handle) => {
-                        self.tracker.on_reserve(n * p);
-                        (CachedHandle { handle, pages: n }, false)
-                    }
-                    Err(e) => {
-                        give_back(self, &plan[k..]);
-                        self.unwind_maps(dev, ri, &taken);
-                        return Err(e);
-                    }
-                },
-            };
-            if let Err(e) = dev.map(base + page as u64 * p, n * p, h.handle) {
-                self.untake_handle(dev, h, from_cache);
-                give_back(self, &plan[k + 1..]);
-                self.unwind_maps(dev, ri, &taken);
-                return Err(e);
-            }
-            taken.push(Taken {
-                page,
-                handle: h,
-                from_cache,
-            });
+        if let Err(e) = map::map_plan(
+            dev,
+            &mut self.cache,
+            &mut self.tracker,
+            base,
+            p,
+            &plan,
+            &mut taken,
+        ) {
+            self.unwind_maps(dev, ri, &taken);
+            return Err(e);
         }
         if let (Some(a), Some(b)) = (taken.first(), taken.last()) {
             // One cuMemSetAccess from the first new page to the last: every page between is
@@ -574,7 +501,8 @@ impl LazyPagedPool {
     /// [`HandleCache::release`](crate::vmm::handles::HandleCache::release) with this pool's
     /// page size and figures.
     pub(super) fn release_handle(&mut self, dev: &mut dyn Device, h: CachedHandle) {
-        self.cache.release(dev, h, self.page_bytes, &mut self.tracker);
+        self.cache
+            .release(dev, h, self.page_bytes, &mut self.tracker);
     }
 
     /// Releases cached handles, largest first, until the cache is within its bound
@@ -592,10 +520,10 @@ impl LazyPagedPool {
         let Some(base) = self.reservations.get(ri).map(|r| r.va) else {
             return;
         };
-        for t in taken {
+        for t in map::unwind_runs(taken, false).flatten() {
             let va = base + t.page as u64 * p;
             let bytes = t.handle.pages * p;
-            if dev.unmap(va, bytes).is_ok() || dev.unmap(va, bytes).is_ok() {
+            if map::unmap_retried(dev, va, bytes) {
                 self.untake_handle(dev, t.handle, t.from_cache);
             } else {
                 self.space.take_va(va, bytes);

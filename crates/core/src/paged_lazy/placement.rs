@@ -12,7 +12,7 @@ mod size_index;
 
 use super::{LazyPagedPool, Reservation};
 use crate::align::{align_down, align_up};
-use crate::paged::range_map::RangeMap;
+use crate::vmm::range_map::RangeMap;
 use size_index::SizeIndex;
 
 /// The free address space of one pool.
@@ -164,9 +164,14 @@ impl FreeSpace {
             // Runs of open pages over `[a, b)`, from the mapped extents (a handle's pages
             // share one access flag): O(extents), not O(pages).
             let (pa, pb) = (((a - r.va) / p) as usize, ((b - 1 - r.va) / p) as usize);
-            let first = r.extents.range(..=pa).next_back().map_or(pa, |(&i, _)| i);
+            let first = r
+                .index
+                .extents
+                .range(..=pa)
+                .next_back()
+                .map_or(pa, |(&i, _)| i);
             let mut run: Option<(usize, usize)> = None; // pages [start, end)
-            for (&i, &n) in r.extents.range(first..=pb) {
+            for (&i, &n) in r.index.extents.range(first..=pb) {
                 let end = i + n as usize;
                 if end <= pa {
                     continue;

@@ -1,6 +1,7 @@
 use super::*;
 use crate::device::{DeviceError, DriverCall};
 use crate::sim::SimDevice;
+use crate::vmm::PageState;
 
 const P: u64 = 2 << 20;
 

@@ -15,23 +15,13 @@ pub(super) fn run(a: &LazyPagedPool) -> Result<(), String> {
         }
         return Ok(());
     }
-    for (i, r) in a.reservations.iter().enumerate() {
-        if r.va % p != 0 || r.bytes % p != 0 || r.bytes == 0 {
+    crate::vmm::reserve::validate(&a.reservations, p)?;
+    for r in &a.reservations {
+        if !r.fenwick_ok() {
             return Err(format!(
-                "reservation {:#x}+{} not page-aligned",
-                r.va, r.bytes
-            ));
-        }
-        if r.npages() as u64 != r.bytes / p || r.pages.len() > r.npages() || !r.fenwick_ok() {
-            return Err(format!(
-                "reservation {:#x}: page table or count tree wrong",
+                "reservation {:#x}: count tree or extents wrong",
                 r.va
             ));
-        }
-        if let Some(n) = a.reservations.get(i + 1) {
-            if n.va < r.end() {
-                return Err(format!("reservations {:#x} and {:#x} overlap", r.va, n.va));
-            }
         }
     }
     a.quick.validate()?;
@@ -40,7 +30,7 @@ pub(super) fn run(a: &LazyPagedPool) -> Result<(), String> {
     let mut spans: Vec<(u64, u64, u8)> = a.space.va.iter().map(|(&s, &l)| (s, l, 0)).collect();
     spans.extend(a.blocks_held().map(|(s, l)| (s, l, 1)));
     spans.extend(a.quarantine.iter().map(|&(s, l)| (s, l, 2)));
-    crate::paged::validate::spans_tile(
+    crate::vmm::validate::spans_tile(
         a.reservations.iter().map(|r| (r.va, r.end())),
         &mut spans,
         |ri, s, l, kind| {
@@ -57,7 +47,7 @@ pub(super) fn run(a: &LazyPagedPool) -> Result<(), String> {
                     }
                 }
             }
-            crate::paged::validate::block_fits(a.live.get(&s), s)
+            crate::vmm::validate::block_fits(a.live.get(&s), s)
         },
     )?;
     // Mapped runs: recomputed from scratch.
@@ -152,7 +142,7 @@ pub(super) fn run(a: &LazyPagedPool) -> Result<(), String> {
     a.cache.validate(0)?;
     // Byte counters.
     let s = &a.tracker.stats;
-    crate::paged::validate::block_counters(s, a.live.values())?;
+    crate::vmm::validate::block_counters(s, a.live.values())?;
     let held_pages = a.mapped_pages + a.cache.pages();
     let held_handles = mapped_handles + a.cache.len() as u64;
     if s.reserved_bytes.current != held_pages * p || s.segment_count.current != held_handles {

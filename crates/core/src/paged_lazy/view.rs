@@ -1,7 +1,8 @@
 //! The page-table view: every reserved range of a [`LazyPagedPool`] as rows of mapped handles
 //! and unmapped stretches, for people (`Display`) and machines (`serde`).
 use super::LazyPagedPool;
-use crate::paged::{PageState, VaRangeView};
+use crate::vmm::view::push_unmapped_page;
+use crate::vmm::{PageState, VaRangeView};
 
 impl LazyPagedPool {
     /// The page table (the address translation table): every reserved range from low to
@@ -38,7 +39,7 @@ impl LazyPagedPool {
                             },
                         })
                     }
-                    None => crate::paged::view::push_unmapped_page(&mut rows, va, p),
+                    None => push_unmapped_page(&mut rows, va, p),
                 }
             }
         }

@@ -277,7 +277,10 @@ impl HandleCache {
         let mut sizes = std::collections::BTreeMap::new();
         for h in &self.handles {
             if h.pages == 0 || !seen.insert(h.handle) {
-                return Err(format!("cached handle {} empty or cached twice", h.handle.0));
+                return Err(format!(
+                    "cached handle {} empty or cached twice",
+                    h.handle.0
+                ));
             }
             *sizes.entry(h.pages).or_insert(0u32) += 1;
         }
