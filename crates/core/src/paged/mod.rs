@@ -102,9 +102,7 @@ use crate::vmm::map::{self, Page, PlanRun, Taken};
 use crate::vmm::quick::{QuickBlock, QuickList};
 use crate::vmm::range_map;
 use crate::vmm::reserve;
-use crate::vmm::retry::{
-    learn_page_size, out_of_memory, page_request, retry_once_after_empty_cache,
-};
+use crate::vmm::retry::{self, VmmPool};
 use crate::vmm::{CachedHandle, LiveBlock, QUICK_SLOTS, UNIT_BYTES};
 use crate::{AllocError, Allocator, Block, Device, Stats, StatsTracker};
 
@@ -334,27 +332,39 @@ impl PagedPool {
         self.commit_block(pl, bytes, requested, Some(ends_mapped));
         Ok(block(pl.addr))
     }
+}
 
-    fn oom(&self, requested_bytes: u64) -> AllocError {
-        out_of_memory(self, requested_bytes)
+impl VmmPool for PagedPool {
+    fn page_bytes_mut(&mut self) -> &mut u64 {
+        &mut self.page_bytes
     }
 
-    /// [`PagedPool::try_allocate`], and on out-of-memory [`Allocator::empty_cache`] and one
-    /// retry.
-    fn allocate_with_retry(
+    /// The quick list holds at most the page cache's bytes.
+    #[inline]
+    fn pages_known(&mut self) {
+        self.quick.set_max_bytes(Some(
+            self.cache.limit_pages().saturating_mul(self.page_bytes),
+        ));
+    }
+
+    #[inline]
+    fn try_allocate(
         &mut self,
         dev: &mut dyn Device,
         bytes: u64,
         align: u64,
-        size_bytes: u64,
+        requested: u64,
     ) -> Result<Block, AllocError> {
-        retry_once_after_empty_cache(
-            self,
-            dev,
-            size_bytes,
-            |a, dev| a.try_allocate(dev, bytes, align, size_bytes),
-            |a| a.tracker.stats.alloc_retries += 1,
-        )
+        PagedPool::try_allocate(self, dev, bytes, align, requested)
+    }
+
+    fn count_retry(&mut self) {
+        self.tracker.stats.alloc_retries += 1;
+    }
+
+    #[inline]
+    fn allocated(&mut self, dev: &mut dyn Device) {
+        self.trim_cache(dev);
     }
 }
 
@@ -376,19 +386,7 @@ impl Allocator for PagedPool {
         align: u64,
         _stream: u64,
     ) -> Result<Block, AllocError> {
-        learn_page_size(&mut self.page_bytes, dev)?;
-        // The quick list holds at most the page cache's bytes.
-        self.quick.set_max_bytes(Some(
-            self.cache.limit_pages().saturating_mul(self.page_bytes),
-        ));
-        let Some((bytes, align)) = page_request(self.page_bytes, dev, size_bytes, align)? else {
-            return Err(self.oom(size_bytes));
-        };
-        let result = self.allocate_with_retry(dev, bytes, align, size_bytes);
-        if result.is_ok() {
-            self.trim_cache(dev);
-        }
-        result
+        retry::allocate(self, dev, size_bytes, align)
     }
 
     fn deallocate(&mut self, dev: &mut dyn Device, addr: u64) -> Result<(), AllocError> {

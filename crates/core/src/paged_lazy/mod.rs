@@ -107,9 +107,7 @@ use placement::{FreeSpace, Placement};
 
 use crate::vmm::handles::{HandleCache, ReleaseOrder};
 use crate::vmm::quick::{QuickBlock, QuickList};
-use crate::vmm::retry::{
-    learn_page_size, out_of_memory, page_request, retry_once_after_empty_cache,
-};
+use crate::vmm::retry::{self, VmmPool};
 use crate::vmm::CachedHandle;
 use crate::vmm::{LiveBlock, QUICK_SLOTS};
 
@@ -387,19 +385,6 @@ impl LazyPagedPool {
         Ok(self.commit_live(pl.addr, bytes, requested))
     }
 
-    fn oom(&self, requested_bytes: u64) -> AllocError {
-        out_of_memory(self, requested_bytes)
-    }
-
-    /// Learns the page size from the device on first use.
-    fn learn_page_size(&mut self, dev: &dyn Device) -> Result<(), AllocError> {
-        learn_page_size(&mut self.page_bytes, dev)?;
-        if self.handle_pages == 0 {
-            self.handle_pages = (self.handle_bytes / self.page_bytes).max(1);
-        }
-        Ok(())
-    }
-
     /// Returns a block's span to the free space; its pages stay mapped. No driver call.
     fn free_span(&mut self, addr: u64, bytes: u64) -> Result<(), AllocError> {
         let ri = self
@@ -417,23 +402,38 @@ impl LazyPagedPool {
         }
         Ok(())
     }
+}
 
-    /// [`LazyPagedPool::try_allocate`], and on out-of-memory [`Allocator::empty_cache`] and one
-    /// retry.
-    fn allocate_with_retry(
+impl VmmPool for LazyPagedPool {
+    fn page_bytes_mut(&mut self) -> &mut u64 {
+        &mut self.page_bytes
+    }
+
+    /// The largest handle in pages, once the page size is known.
+    fn pages_known(&mut self) {
+        if self.handle_pages == 0 {
+            self.handle_pages = (self.handle_bytes / self.page_bytes).max(1);
+        }
+    }
+
+    fn try_allocate(
         &mut self,
         dev: &mut dyn Device,
         bytes: u64,
         align: u64,
-        size_bytes: u64,
+        requested: u64,
     ) -> Result<Block, AllocError> {
-        retry_once_after_empty_cache(
-            self,
-            dev,
-            size_bytes,
-            |a, dev| a.try_allocate(dev, bytes, align, size_bytes),
-            |a| a.tracker.stats.alloc_retries += 1,
-        )
+        LazyPagedPool::try_allocate(self, dev, bytes, align, requested)
+    }
+
+    fn count_retry(&mut self) {
+        self.tracker.stats.alloc_retries += 1;
+    }
+
+    fn allocated(&mut self, dev: &mut dyn Device) {
+        if self.cache.trim_pending || self.cache.over(0) {
+            self.trim_cache(dev);
+        }
     }
 }
 
@@ -455,15 +455,7 @@ impl Allocator for LazyPagedPool {
         align: u64,
         _stream: u64,
     ) -> Result<Block, AllocError> {
-        self.learn_page_size(dev)?;
-        let Some((bytes, align)) = page_request(self.page_bytes, dev, size_bytes, align)? else {
-            return Err(self.oom(size_bytes));
-        };
-        let result = self.allocate_with_retry(dev, bytes, align, size_bytes);
-        if result.is_ok() && (self.cache.trim_pending || self.cache.over(0)) {
-            self.trim_cache(dev);
-        }
-        result
+        retry::allocate(self, dev, size_bytes, align)
     }
 
     fn deallocate(&mut self, _dev: &mut dyn Device, addr: u64) -> Result<(), AllocError> {

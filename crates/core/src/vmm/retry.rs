@@ -6,6 +6,69 @@ use crate::align::{align_up, is_pow2};
 use crate::device::DeviceError;
 use crate::{AllocError, Allocator, Block, Device};
 
+/// What the shared allocation path ([`allocate`]) asks of a placement over the substrate.
+pub(crate) trait VmmPool: Allocator {
+    /// The page size learnt so far (0 before the first allocation).
+    fn page_bytes_mut(&mut self) -> &mut u64;
+
+    /// Called on every allocation once the page size is known, before the request is
+    /// checked: where a placement derives bounds from the page size.
+    fn pages_known(&mut self);
+
+    /// One allocation attempt of `bytes` (rounded) at `align` for a request of `requested`
+    /// bytes, with no retry.
+    ///
+    /// # Errors
+    /// Out of memory, or a device error (after unwinding what the attempt did).
+    fn try_allocate(
+        &mut self,
+        dev: &mut dyn Device,
+        bytes: u64,
+        align: u64,
+        requested: u64,
+    ) -> Result<Block, AllocError>;
+
+    /// Counts a retry after out-of-memory in the figures.
+    fn count_retry(&mut self);
+
+    /// Called after a successful allocation: where a placement trims its cache.
+    fn allocated(&mut self, dev: &mut dyn Device);
+}
+
+/// [`Allocator::allocate`] of a placement: learns the page size, checks and rounds the
+/// request ([`page_request`]: a block larger than the device is out of memory at once), then
+/// [`retry_once_after_empty_cache`] around [`VmmPool::try_allocate`], then
+/// [`VmmPool::allocated`] on success.
+///
+/// # Errors
+/// As [`learn_page_size`] and [`page_request`]; out of memory after the retry; a device
+/// error of the attempt.
+#[inline]
+pub(crate) fn allocate<P: VmmPool>(
+    pool: &mut P,
+    dev: &mut dyn Device,
+    size_bytes: u64,
+    align: u64,
+) -> Result<Block, AllocError> {
+    learn_page_size(pool.page_bytes_mut(), dev)?;
+    pool.pages_known();
+    let page_bytes = *pool.page_bytes_mut();
+    let Some((bytes, align)) = page_request(page_bytes, dev, size_bytes, align)? else {
+        return Err(out_of_memory(pool, size_bytes));
+    };
+    let result = retry_once_after_empty_cache(
+        pool,
+        dev,
+        size_bytes,
+        |a, dev| a.try_allocate(dev, bytes, align, size_bytes),
+        |a| a.count_retry(),
+    );
+    if result.is_ok() {
+        pool.allocated(dev);
+    }
+    result
+}
+
 /// The out-of-memory error of a page-mapped pool: the request and the pool's free bytes as
 /// [`Allocator::stats`] reports them.
 pub(crate) fn out_of_memory(pool: &dyn Allocator, requested_bytes: u64) -> AllocError {
