@@ -13,7 +13,7 @@ impl PagedPool {
         lo: u64,
         hi: u64,
     ) -> Result<(), DeviceError> {
-        let p = self.page_bytes;
+        let p = self.vmm.page_bytes;
         let sh = p.trailing_zeros();
         let want = usize::try_from(want).unwrap_or(usize::MAX);
         // Pages (a power of two) in `bytes`, rounded up: shifts, not a 64-bit division.
@@ -22,7 +22,7 @@ impl PagedPool {
         let mut picked = std::mem::take(&mut self.picked_scratch);
         picked.clear();
         for above in [true, false] {
-            for r in self.reservations.iter().rev() {
+            for r in self.vmm.reservations.iter().rev() {
                 // Page indices `from..to` of `r` lie in the part searched.
                 let (from, to) = if above {
                     (pages_up(hi.saturating_sub(r.va)), r.npages)
@@ -47,14 +47,14 @@ impl PagedPool {
             // `picked` descends: a run is a stretch of addresses one page apart, inside one
             // reservation (neighbouring reservations may touch: the run ends below the
             // start of the reservation of its first page).
-            let Some(ri) = self.res_of(picked[i]) else {
+            let Some(ri) = self.vmm.res_of(picked[i]) else {
                 result = Err(DeviceError::Invalid {
                     call: "paged",
                     detail: format!("idle page {:#x} outside VA", picked[i]),
                 });
                 break;
             };
-            let base = self.reservations[ri].va;
+            let base = self.vmm.reservations[ri].va;
             let mut j = i + 1;
             while j < picked.len() && picked[j] + p == picked[j - 1] && picked[j] >= base {
                 j += 1;
@@ -64,7 +64,7 @@ impl PagedPool {
                 result = Err(e);
                 break;
             }
-            let r = &mut self.reservations[ri];
+            let r = &mut self.vmm.reservations[ri];
             let first_page = ((first - base) >> sh) as usize;
             for page in first_page..first_page + n as usize {
                 if r.index.remove(page) {
@@ -75,12 +75,12 @@ impl PagedPool {
                         handle: pg.handle,
                         pages: 1,
                     });
-                    self.mapped_pages = self.mapped_pages.saturating_sub(1);
+                    self.vmm.mapped_pages = self.vmm.mapped_pages.saturating_sub(1);
                 }
             }
             let mut moved = std::mem::take(&mut self.cached_handle_scratch);
             for h in moved.drain(..) {
-                self.cache.push(h);
+                self.vmm.cache.push(h);
             }
             self.cached_handle_scratch = moved;
             i = j;
@@ -92,15 +92,15 @@ impl PagedPool {
     /// Parks a handle freed by an unmap in the cache; [`PagedPool::trim_cache`] releases what
     /// exceeds the bound at the end of the call.
     pub(super) fn return_handle(&mut self, h: CachedHandle) {
-        self.cache.push(h);
-        if self.cache.over(self.idle_count) {
-            self.cache.trim_pending = true;
+        self.vmm.cache.push(h);
+        if self.vmm.cache.over(self.idle_count) {
+            self.vmm.cache.trim_pending = true;
         }
     }
 
     /// Pages held without a block: cached handles plus idle pages.
     pub(super) fn held_free_pages(&self) -> u64 {
-        self.cache.pages() + self.idle_count
+        self.vmm.cache.pages() + self.idle_count
     }
 
     /// Releases cached handles, largest first, until the cache and the idle pages are
@@ -108,27 +108,9 @@ impl PagedPool {
     /// pending. Only runs when one is pending.
     #[inline]
     pub(super) fn trim_cache(&mut self, dev: &mut dyn Device) {
-        if self.cache.trim_pending {
-            self.cache
-                .trim(dev, self.idle_count, self.page_bytes, &mut self.tracker);
+        if self.vmm.cache.trim_pending {
+            self.vmm.trim_cache(dev, self.idle_count);
         }
-    }
-
-    /// [`HandleCache::untake`] with this pool's page size and figures.
-    pub(super) fn untake_handle(
-        &mut self,
-        dev: &mut dyn Device,
-        h: CachedHandle,
-        from_cache: bool,
-    ) {
-        self.cache
-            .untake(dev, h, from_cache, self.page_bytes, &mut self.tracker);
-    }
-
-    /// [`HandleCache::release`] with this pool's page size and figures.
-    pub(super) fn release_handle(&mut self, dev: &mut dyn Device, h: CachedHandle) {
-        self.cache
-            .release(dev, h, self.page_bytes, &mut self.tracker);
     }
 
     /// Truly frees every block of the quick list; a block whose unmap fails stays listed.
@@ -142,16 +124,17 @@ impl PagedPool {
     /// Unmaps every idle page (one cuMemUnmap per run of neighbouring idle pages) and
     /// caches its handle.
     pub(super) fn drop_idle_pages(&mut self, dev: &mut dyn Device) -> Result<(), AllocError> {
-        let p = self.page_bytes;
+        let p = self.vmm.page_bytes;
         // The lowest idle page, and its reservation.
         let lowest = |this: &Self| {
-            this.reservations
+            this.vmm
+                .reservations
                 .iter()
                 .enumerate()
                 .find_map(|(ri, r)| Some((ri, r.va + r.index.next_at_or_after(0)? as u64 * p)))
         };
         while let Some((ri, first)) = lowest(self) {
-            let r = &self.reservations[ri];
+            let r = &self.vmm.reservations[ri];
             let end = r.end();
             let mut last = first;
             while last + p < end && r.index.contains(((last + p - r.va) / p) as usize) {
@@ -160,21 +143,21 @@ impl PagedPool {
             dev.unmap(first, last + p - first)?;
             let mut va = first;
             while va <= last {
-                let page = ((va - self.reservations[ri].va) / p) as usize;
-                if self.reservations[ri].index.remove(page) {
+                let page = ((va - self.vmm.reservations[ri].va) / p) as usize;
+                if self.vmm.reservations[ri].index.remove(page) {
                     self.idle_count -= 1;
                 }
-                let taken = self.reservations[ri]
+                let taken = self.vmm.reservations[ri]
                     .pages
                     .get_mut(page)
                     .and_then(Option::take);
                 if let Some(pg) = taken {
-                    self.cache.push(CachedHandle {
+                    self.vmm.cache.push(CachedHandle {
                         handle: pg.handle,
                         pages: 1,
                     });
                 }
-                self.mapped_pages = self.mapped_pages.saturating_sub(1);
+                self.vmm.mapped_pages = self.vmm.mapped_pages.saturating_sub(1);
                 va += p;
             }
         }

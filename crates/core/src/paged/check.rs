@@ -15,6 +15,7 @@ impl PagedPool {
     /// [`AllocError::Internal`] naming the first disagreement.
     pub fn check_device(&self, dev: &SimDevice) -> Result<(), AllocError> {
         let mapped_handles = self
+            .vmm
             .reservations
             .iter()
             .flat_map(|r| r.pages.iter().enumerate())
@@ -23,9 +24,9 @@ impl PagedPool {
         device_agrees(
             dev,
             &Held {
-                ranges: self.reservations.len(),
+                ranges: self.vmm.reservations.len(),
                 mapped_handles,
-                cached_handles: self.cache.len(),
+                cached_handles: self.vmm.cache.len(),
                 reserved_bytes: self.stats().reserved_bytes.current,
                 live_blocks: self.live_blocks(),
             },

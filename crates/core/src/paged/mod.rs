@@ -97,25 +97,15 @@ mod view;
 use crate::align::{align_down, align_up};
 use crate::config::AllocatorConfig;
 use crate::device::DeviceError;
-use crate::vmm::handles::{HandleCache, ReleaseOrder};
+use crate::vmm::handles::ReleaseOrder;
 use crate::vmm::map::{self, Page, PlanRun, Taken};
 use crate::vmm::quick::{QuickBlock, QuickList};
 use crate::vmm::range_map;
 use crate::vmm::reserve;
 use crate::vmm::retry::{self, VmmPool};
+use crate::vmm::Vmm;
 use crate::vmm::{CachedHandle, LiveBlock, QUICK_SLOTS, UNIT_BYTES};
-use crate::{AllocError, Allocator, Block, Device, Stats, StatsTracker};
-
-/// One reserved virtual range of a [`PagedPool`]. Its page table is sparse (see
-/// [`slots`](crate::vmm::slots)): a mapped handle's entry sits in the slots of its extent's first and last
-/// pages (one slot for a single page); the slots inside an extent stay `None`, so that
-/// mapping or unmapping a handle of any size writes two slots. Every page a lookup asks
-/// about is a single page or an extent's end: a handle of several pages lies under the
-/// pages one block covers whole, so a page holding a free byte (where a block starts or
-/// ends, or an idle page) is a single page, and a block's end pages are its extents' ends.
-/// Its index is its idle pages: single-page handles mapped, but touched by no block, kept
-/// mapped for reuse in place (lazy unmapping).
-type Reservation = reserve::Reservation<page_bits::PageBits>;
+use crate::{AllocError, Allocator, Block, Device, Stats};
 
 impl reserve::PageIndex for page_bits::PageBits {
     fn new(npages: usize) -> Self {
@@ -169,29 +159,28 @@ struct Placement {
 /// ```
 #[derive(Debug, Clone)]
 pub struct PagedPool {
-    /// Virtual bytes per reservation; 0 = [`VA_CAPACITY_FACTOR`](crate::vmm::VA_CAPACITY_FACTOR) × device capacity.
-    va_chunk_bytes: u64,
-    /// Page size in bytes (the device granularity), known after the first allocation.
-    page_bytes: u64,
-    /// Reserved ranges in address order.
-    reservations: Vec<Reservation>,
+    /// The substrate: page size, reservations and their page tables, the handle cache
+    /// (bounded with the idle pages by
+    /// [`AllocatorConfig::page_cache_pages`](crate::config::AllocatorConfig::page_cache_pages)
+    /// pages), quarantined spans, mapped pages and the figures.
+    ///
+    /// Each reservation's page table is sparse (see
+    /// [`slots`](crate::vmm::slots)): a mapped handle's entry sits in the slots of its extent's first and last
+    /// pages (one slot for a single page); the slots inside an extent stay `None`, so that
+    /// mapping or unmapping a handle of any size writes two slots. Every page a lookup asks
+    /// about is a single page or an extent's end: a handle of several pages lies under the
+    /// pages one block covers whole, so a page holding a free byte (where a block starts or
+    /// ends, or an idle page) is a single page, and a block's end pages are its extents' ends.
+    /// Its index is its idle pages: single-page handles mapped, but touched by no block, kept
+    /// mapped for reuse in place (lazy unmapping).
+    vmm: Vmm<page_bits::PageBits>,
     /// Free virtual ranges: start → length in bytes; coalesced within a reservation. Each
     /// range's tag is its mapped fit ([`placement::fit_of`]): the most bytes a block can take
     /// in it without mapping a page, in [`UNIT_BYTES`] units.
     free: range_map::RangeMap<range_map::FitTags>,
     /// Live blocks by address.
     live: live::LiveMap,
-    /// Unmapped physical handles kept for reuse, bounded with the idle pages by
-    /// [`AllocatorConfig::page_cache_pages`](crate::config::AllocatorConfig::page_cache_pages)
-    /// pages.
-    cache: HandleCache,
-    /// Spans (address, bytes) of whole pages left mapped without access by an unwind whose
-    /// cuMemUnmap failed twice; kept out of the free map until [`Allocator::empty_cache`].
-    quarantine: Vec<(u64, u64)>,
-    /// Pages currently mapped (including idle ones).
-    mapped_pages: u64,
-    /// Idle pages in all reservations (each reservation lists its own in
-    /// [`Reservation::idle`]).
+    /// Idle pages in all reservations (each reservation lists its own in its index).
     idle_count: u64,
     /// Whether pages no block touches stay mapped (idle) while the page cache has room.
     lazy_unmap: bool,
@@ -199,8 +188,6 @@ pub struct PagedPool {
     /// hit path), oldest first; their bytes stay out of the free map. Bounded by
     /// [`QUICK_SLOTS`] blocks and by the page cache's bytes.
     quick: QuickList,
-    /// Figures in PyTorch's vocabulary.
-    tracker: StatsTracker,
     /// Scratch list of the handles a free unmaps (kept to spare an allocation per free).
     freed_scratch: Vec<CachedHandle>,
     /// Scratch list of the handles an allocation maps (kept to spare an allocation per
@@ -222,18 +209,12 @@ impl PagedPool {
     /// Uses `config.page_cache_pages` as the bound of the page cache.
     pub fn new(config: &AllocatorConfig) -> Self {
         PagedPool {
-            va_chunk_bytes: 0,
-            page_bytes: 0,
-            reservations: Vec::new(),
+            vmm: Vmm::new(config.page_cache_pages),
             free: range_map::RangeMap::default(),
             live: live::LiveMap::default(),
-            cache: HandleCache::new(config.page_cache_pages),
-            quarantine: Vec::new(),
-            mapped_pages: 0,
             idle_count: 0,
             lazy_unmap: true,
             quick: QuickList::new(QUICK_SLOTS),
-            tracker: StatsTracker::default(),
             freed_scratch: Vec::new(),
             taken_scratch: Vec::new(),
             plan_scratch: Vec::new(),
@@ -247,7 +228,7 @@ impl PagedPool {
     /// a larger block gets a range of its own size). The default, 0, reserves
     /// [`VA_CAPACITY_FACTOR`](crate::vmm::VA_CAPACITY_FACTOR) × the device capacity.
     pub fn with_va_chunk_bytes(mut self, bytes: u64) -> Self {
-        self.va_chunk_bytes = bytes;
+        self.vmm.va_chunk_bytes = bytes;
         self
     }
 
@@ -268,12 +249,6 @@ impl PagedPool {
         self
     }
 
-    /// Index of the reservation holding `addr`.
-    #[inline]
-    fn res_of(&self, addr: u64) -> Option<usize> {
-        reserve::res_of(&self.reservations, addr)
-    }
-
     /// One allocation attempt (no OOM retry).
     fn try_allocate(
         &mut self,
@@ -289,7 +264,7 @@ impl PagedPool {
         };
         if let Some(q) = self.quick.take(bytes, align) {
             self.live.insert(q.addr, LiveBlock { bytes, requested });
-            self.tracker.on_alloc(requested, bytes);
+            self.vmm.tracker.on_alloc(requested, bytes);
             return Ok(block(q.addr));
         }
         if let Some(pl) = self.find_mapped_fit(bytes, align) {
@@ -311,7 +286,7 @@ impl PagedPool {
             None => {
                 let ri = self.grow(dev, bytes)?;
                 grown = Some(ri);
-                let r = &self.reservations[ri];
+                let r = &self.vmm.reservations[ri];
                 Placement {
                     res: ri,
                     range_start: r.va,
@@ -336,14 +311,17 @@ impl PagedPool {
 
 impl VmmPool for PagedPool {
     fn page_bytes_mut(&mut self) -> &mut u64 {
-        &mut self.page_bytes
+        &mut self.vmm.page_bytes
     }
 
     /// The quick list holds at most the page cache's bytes.
     #[inline]
     fn pages_known(&mut self) {
         self.quick.set_max_bytes(Some(
-            self.cache.limit_pages().saturating_mul(self.page_bytes),
+            self.vmm
+                .cache
+                .limit_pages()
+                .saturating_mul(self.vmm.page_bytes),
         ));
     }
 
@@ -359,7 +337,7 @@ impl VmmPool for PagedPool {
     }
 
     fn count_retry(&mut self) {
-        self.tracker.stats.alloc_retries += 1;
+        self.vmm.tracker.stats.alloc_retries += 1;
     }
 
     #[inline]
@@ -403,7 +381,7 @@ impl Allocator for PagedPool {
                 self.quick.pop_front();
             }
             if self.quick.has_room(blk.bytes) {
-                self.tracker.on_free(blk.requested, blk.bytes);
+                self.vmm.tracker.on_free(blk.requested, blk.bytes);
                 self.quick.push_back(QuickBlock {
                     addr,
                     bytes: blk.bytes,
@@ -416,7 +394,7 @@ impl Allocator for PagedPool {
             self.live.insert(addr, blk);
             return Err(e);
         }
-        self.tracker.on_free(blk.requested, blk.bytes);
+        self.vmm.tracker.on_free(blk.requested, blk.bytes);
         self.trim_cache(dev);
         Ok(())
     }
@@ -425,25 +403,20 @@ impl Allocator for PagedPool {
             self.free_span(dev, q.addr, q.bytes)?;
             self.quick.pop_front();
         }
-        while let Some(&(va, bytes)) = self.quarantine.first() {
+        while let Some(&(va, bytes)) = self.vmm.quarantine.first() {
             self.free_span(dev, va, bytes)?;
-            self.quarantine.remove(0);
+            self.vmm.quarantine.remove(0);
         }
         self.drop_idle_pages(dev)?;
-        let released = self.cache.release_all(
-            dev,
-            ReleaseOrder::LastCached,
-            self.page_bytes,
-            &mut self.tracker,
-        )?;
+        let released = self.vmm.release_cache(dev, ReleaseOrder::LastCached)?;
         // Reservations without a live block go back too.
-        reserve::release_unused(&mut self.reservations, &mut self.free, dev)?;
+        reserve::release_unused(&mut self.vmm.reservations, &mut self.free, dev)?;
         Ok(released)
     }
 
     fn stats(&self) -> Stats {
-        let mut s = self.tracker.stats;
-        let in_use = self.mapped_pages.saturating_sub(self.idle_count) * self.page_bytes;
+        let mut s = self.vmm.tracker.stats;
+        let in_use = self.vmm.mapped_pages.saturating_sub(self.idle_count) * self.vmm.page_bytes;
         s.free_bytes = in_use
             .saturating_sub(s.allocated_bytes.current)
             .saturating_sub(self.quick.bytes());
@@ -454,7 +427,7 @@ impl Allocator for PagedPool {
     }
 
     fn reserved_bytes(&self) -> crate::Counter {
-        self.tracker.stats.reserved_bytes
+        self.vmm.tracker.stats.reserved_bytes
     }
 
     fn validate(&self) -> Result<(), AllocError> {

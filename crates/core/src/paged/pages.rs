@@ -7,14 +7,14 @@ impl PagedPool {
     /// Reserves a new virtual range of at least `bytes` and makes it one free range.
     pub(super) fn grow(&mut self, dev: &mut dyn Device, bytes: u64) -> Result<usize, AllocError> {
         let ri = reserve::reserve(
-            &mut self.reservations,
+            &mut self.vmm.reservations,
             &mut self.free,
             dev,
             bytes,
-            self.page_bytes,
-            self.va_chunk_bytes,
+            self.vmm.page_bytes,
+            self.vmm.va_chunk_bytes,
         )?;
-        let r = &self.reservations[ri];
+        let r = &self.vmm.reservations[ri];
         let (va, want) = (r.va, r.bytes);
         self.refit(ri, &[(va, want)]);
         Ok(ri)
@@ -22,7 +22,7 @@ impl PagedPool {
 
     /// Undoes [`PagedPool::grow`] after a failed allocation.
     pub(super) fn ungrow(&mut self, dev: &mut dyn Device, ri: usize) {
-        reserve::unreserve(&mut self.reservations, &mut self.free, dev, ri);
+        reserve::unreserve(&mut self.vmm.reservations, &mut self.free, dev, ri);
     }
 
     /// Unmaps the handles of `taken` (all in reservation `ri`, ascending) and gives them
@@ -30,8 +30,8 @@ impl PagedPool {
     /// fails twice is quarantined: cut out of the free map, its pages held mapped until
     /// [`Allocator::empty_cache`].
     pub(super) fn unwind_maps(&mut self, dev: &mut dyn Device, ri: usize, taken: &[Taken]) {
-        let p = self.page_bytes;
-        let Some(base) = self.reservations.get(ri).map(|r| r.va) else {
+        let p = self.vmm.page_bytes;
+        let Some(base) = self.vmm.reservations.get(ri).map(|r| r.va) else {
             return;
         };
         for run in map::unwind_runs(taken, true) {
@@ -40,7 +40,7 @@ impl PagedPool {
             let bytes = pages * p;
             if map::unmap_retried(dev, va, bytes) {
                 for t in run {
-                    self.untake_handle(dev, t.handle, t.from_cache);
+                    self.vmm.untake_handle(dev, t.handle, t.from_cache);
                 }
             } else {
                 self.quarantine_run(ri, run, va, bytes);
@@ -73,13 +73,13 @@ impl PagedPool {
         self.refit(ri, &added[..n]);
         for t in run {
             self.set_extent(ri, t.page, t.handle, 1, false);
-            self.mapped_pages += t.handle.pages;
+            self.vmm.mapped_pages += t.handle.pages;
         }
-        self.quarantine.push((va, bytes));
+        self.vmm.quarantine.push((va, bytes));
     }
 
     /// Writes the page-table entry of handle `h` mapped from page `first` (in the extent's
-    /// first and last slots; see [`Reservation::pages`]). Inlined: a mapping allocation
+    /// first and last slots; see [`PagedPool`]'s `vmm`). Inlined: a mapping allocation
     /// writes one extent per handle it maps.
     #[inline(always)]
     pub(super) fn set_extent(
@@ -100,7 +100,7 @@ impl PagedPool {
             refs,
             access,
         });
-        let Some(r) = self.reservations.get_mut(ri) else {
+        let Some(r) = self.vmm.reservations.get_mut(ri) else {
             return;
         };
         // An extent's entry lives in its first and last slots only (one slot for a single
@@ -134,8 +134,8 @@ impl PagedPool {
         addr: u64,
         bytes: u64,
     ) -> Result<[bool; 2], DeviceError> {
-        let p = self.page_bytes;
-        let Some(r) = self.reservations.get(ri) else {
+        let p = self.vmm.page_bytes;
+        let Some(r) = self.vmm.reservations.get(ri) else {
             return Err(DeviceError::Invalid {
                 call: "paged",
                 detail: "reservation vanished".into(),
@@ -226,10 +226,10 @@ impl PagedPool {
                 }
                 let (mut at, mut rest) = (page, n);
                 while rest > 0 {
-                    let Some((i, k)) = this.cache.pick(rest) else {
+                    let Some((i, k)) = this.vmm.cache.pick(rest) else {
                         break;
                     };
-                    let c = this.cache.take_sized(i, k);
+                    let c = this.vmm.cache.take_sized(i, k);
                     out.push((at, Some(c), c.pages));
                     at += c.pages as usize;
                     rest -= c.pages;
@@ -247,7 +247,7 @@ impl PagedPool {
         }
         if leftover > 0 && self.idle_count > 0 {
             if let Err(e) = self.steal_idle(dev, leftover, lo, hi) {
-                map::give_back(&mut self.cache, &plan);
+                map::give_back(&mut self.vmm.cache, &plan);
                 return Err(e);
             }
             leftover = fill(self, &mut plan, &mut spare);
@@ -255,8 +255,8 @@ impl PagedPool {
         self.plan_spare = spare;
         if leftover > 0 {
             // Nothing cached fits what is left: give it back before creating anything.
-            while let Some(h) = self.cache.pop_last() {
-                self.release_handle(dev, h);
+            while let Some(h) = self.vmm.cache.pop_last() {
+                self.vmm.release_handle(dev, h);
             }
         }
         // Create and map, in address order.
@@ -265,15 +265,7 @@ impl PagedPool {
         debug_assert!(plan.windows(2).all(|w| w[0].0 < w[1].0));
         let mut taken = std::mem::take(&mut self.taken_scratch);
         taken.clear();
-        if let Err(e) = map::map_plan(
-            dev,
-            &mut self.cache,
-            &mut self.tracker,
-            base,
-            p,
-            &plan,
-            &mut taken,
-        ) {
+        if let Err(e) = self.vmm.map_plan(dev, ri, &plan, &mut taken) {
             self.unwind_maps(dev, ri, &taken);
             return Err(e);
         }
@@ -282,7 +274,8 @@ impl PagedPool {
         // `taken` ascends and is not in the page table yet; a page already mapped needs it
         // when it is still closed.
         let closed = |pg: usize| {
-            self.reservations
+            self.vmm
+                .reservations
                 .get(ri)
                 .and_then(|r| r.pages.get(pg))
                 .and_then(|s| *s)
@@ -314,10 +307,10 @@ impl PagedPool {
         // the pages that were mapped before).
         for t in &taken {
             self.set_extent(ri, t.page, t.handle, 1, true);
-            self.mapped_pages += t.handle.pages;
+            self.vmm.mapped_pages += t.handle.pages;
         }
         // Pages the block covers are now open (new ones are already).
-        if let (true, Some(r)) = (any_closed, self.reservations.get_mut(ri)) {
+        if let (true, Some(r)) = (any_closed, self.vmm.reservations.get_mut(ri)) {
             for pg in r.pages.range_mut(p0, p1 + 1).flatten() {
                 pg.access = true;
             }
@@ -336,16 +329,17 @@ impl PagedPool {
         addr: u64,
         bytes: u64,
     ) -> Result<(), AllocError> {
-        let p = self.page_bytes;
+        let p = self.vmm.page_bytes;
 
         let ri = self
+            .vmm
             .res_of(addr)
             .ok_or_else(|| AllocError::Internal(format!("block {addr:#x} outside VA")))?;
-        let base = self.reservations[ri].va;
+        let base = self.vmm.reservations[ri].va;
         let sh = p.trailing_zeros();
         let p0 = ((addr - base) >> sh) as usize;
         let p1 = ((addr + bytes - 1 - base) >> sh) as usize;
-        if p1 >= self.reservations[ri].npages {
+        if p1 >= self.vmm.reservations[ri].npages {
             return Err(AllocError::Internal(format!(
                 "block {addr:#x} crosses the end of its reservation"
             )));
@@ -359,7 +353,7 @@ impl PagedPool {
         // Give the range back, coalescing within the reservation.
         // The merged range's ends are the only addresses whose pages can change besides the
         // block's own ends (the old neighbours' far ends are the merged range's ends).
-        let res_end = self.reservations[ri].end();
+        let res_end = self.vmm.reservations[ri].end();
         // One entry grows in place (the range before, else the one after), or one is added.
         let (_, _, at) = self.free.join_at(addr, bytes, base, res_end);
         self.refit_at(base, at);
@@ -378,13 +372,13 @@ impl PagedPool {
         p0: usize,
         p1: usize,
     ) -> Result<(), AllocError> {
-        let p = self.page_bytes;
-        let base = self.reservations[ri].va;
+        let p = self.vmm.page_bytes;
+        let base = self.vmm.reservations[ri].va;
         // Pages only this block touches form one contiguous run: every page it covers
         // whole (no other block can touch one), and each end page that no neighbour shares.
         // In the same walk, extent by extent: the extents of the run's pages (each must lie
         // inside the run), and whether they are all single pages.
-        let pages = &self.reservations[ri].pages;
+        let pages = &self.vmm.reservations[ri].pages;
         let mapped = |page: usize| pages.get(page).copied().flatten();
         let Some(first) = mapped(p0) else {
             return Err(not_mapped(p0, addr));
@@ -438,7 +432,8 @@ impl PagedPool {
                 )));
             }
             let room = if self.lazy_unmap && all_single {
-                self.cache
+                self.vmm
+                    .cache
                     .limit_pages()
                     .saturating_sub(self.held_free_pages())
             } else {
@@ -455,7 +450,7 @@ impl PagedPool {
         let mut freed_handles = std::mem::take(&mut self.freed_scratch);
         freed_handles.clear();
         let mut unmapped = 0u64;
-        let r = &mut self.reservations[ri];
+        let r = &mut self.vmm.reservations[ri];
         // End pages a neighbour shares lose this block's reference.
         for page in [p0, p1] {
             if run.is_none_or(|(a, b)| page < a || page > b) {
@@ -505,7 +500,7 @@ impl PagedPool {
                 unmapped = (b + 1 - keep_until) as u64;
             }
         }
-        self.mapped_pages = self.mapped_pages.saturating_sub(unmapped);
+        self.vmm.mapped_pages = self.vmm.mapped_pages.saturating_sub(unmapped);
         for &h in &freed_handles {
             self.return_handle(h);
         }
@@ -520,7 +515,7 @@ impl PagedPool {
     /// (the free is then a free-map join); else changes nothing and returns `false`.
     #[inline(always)]
     fn free_shared_span(&mut self, ri: usize, p0: usize, p1: usize) -> bool {
-        let Some(r) = self.reservations.get_mut(ri) else {
+        let Some(r) = self.vmm.reservations.get_mut(ri) else {
             return false;
         };
         if p1 == p0 {

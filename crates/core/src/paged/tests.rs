@@ -733,7 +733,7 @@ mod prop {
                 a.check_device(&d).unwrap();
                 prop_assert_eq!(a.stats().reserved_bytes.peak, d.peak_used_bytes());
                 // The column search and the closed-form scan agree with the generic search.
-                if a.page_bytes > 0 {
+                if a.vmm.page_bytes > 0 {
                     for bytes in [UNIT_BYTES, 3 * UNIT_BYTES, G / 2, G - UNIT_BYTES, G, G + 7 * UNIT_BYTES, 2 * G - UNIT_BYTES, 2 * G + G / 2, 3 * G] {
                         let fast = a.find_scored_fit_unit(bytes).map(|(pl, k)| (pl.res, pl.range_start, pl.addr, k));
                         let scan = a.find_scored_fit_scan(bytes).map(|(pl, k)| (pl.res, pl.range_start, pl.addr, k));

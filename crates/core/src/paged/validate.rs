@@ -6,23 +6,25 @@ use super::PagedPool;
 use crate::vmm::validate::{block_counters, block_fits, spans_tile};
 
 pub(super) fn run(a: &PagedPool) -> Result<(), String> {
-    let p = a.page_bytes;
+    // The substrate: reservations, handles, the cache and its bound (shared with the idle
+    // pages), the mapped-page and reserved counters.
+    a.vmm.validate(a.idle_count)?;
+    let p = a.vmm.page_bytes;
     if p == 0 {
-        if !a.reservations.is_empty() || !a.live.is_empty() || !a.cache.is_empty() {
-            return Err("state without a known page size".into());
+        if !a.live.is_empty() || !a.quick.is_empty() {
+            return Err("blocks without a known page size".into());
         }
         return Ok(());
     }
-    crate::vmm::reserve::validate(&a.reservations, p)?;
     a.quick.validate()?;
     // Free ranges, live blocks (and those in the quick list) and quarantined spans tile
     // every reservation exactly.
     let mut spans: Vec<(u64, u64, u8)> = a.free.iter().map(|(&s, &l)| (s, l, 0)).collect();
     spans.extend(a.live.iter().map(|(&s, b)| (s, b.bytes, 1)));
     spans.extend(a.quick.iter().map(|q| (q.addr, q.bytes, 1)));
-    spans.extend(a.quarantine.iter().map(|&(s, l)| (s, l, 1)));
+    spans.extend(a.vmm.quarantine.iter().map(|&(s, l)| (s, l, 1)));
     spans_tile(
-        a.reservations.iter().map(|r| (r.va, r.end())),
+        a.vmm.reservations.iter().map(|r| (r.va, r.end())),
         &mut spans,
         |_, s, _, kind| {
             if kind == 0 {
@@ -35,15 +37,13 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
     // Page reference counts against the live blocks.
     let mut mapped = 0u64;
     let mut idle = 0u64;
-    let mut mapped_handles = 0u64;
-    let mut handles = std::collections::HashSet::new();
-    for r in &a.reservations {
+    for r in &a.vmm.reservations {
         // Blocks (live or quick) and quarantined spans touching each page.
         let mut refs = vec![0u32; r.npages];
         let mut quarantined = vec![false; r.npages];
         let held = a.live.iter().map(|(&s, b)| (s, b.bytes, false));
         let held = held.chain(a.quick.iter().map(|q| (q.addr, q.bytes, false)));
-        let held = held.chain(a.quarantine.iter().map(|&(s, l)| (s, l, true)));
+        let held = held.chain(a.vmm.quarantine.iter().map(|&(s, l)| (s, l, true)));
         for (s, bytes, q) in held.filter(|&(s, _, _)| s >= r.va && s < r.end()) {
             let p0 = ((s - r.va) / p) as usize;
             let p1 = ((s + bytes - 1 - r.va) / p) as usize;
@@ -92,10 +92,6 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
                 }
             }
             mapped += n as u64;
-            mapped_handles += 1;
-            if !handles.insert(pg.handle) {
-                return Err(format!("handle {} mapped twice", pg.handle.0));
-            }
             for j in i..i + n {
                 let (want, va) = (refs[j], r.va + j as u64 * p);
                 if pg.refs != want {
@@ -118,41 +114,24 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
         r.index.check()?;
     }
     check_fit_tags(a)?;
-    let listed: usize = a.reservations.iter().map(|r| r.index.len()).sum();
-    if mapped != a.mapped_pages || idle != a.idle_count || listed as u64 != idle {
+    let listed: usize = a.vmm.reservations.iter().map(|r| r.index.len()).sum();
+    if mapped != a.vmm.mapped_pages || idle != a.idle_count || listed as u64 != idle {
         return Err(format!(
             "counted {mapped} mapped / {idle} idle pages, recorded {} / {} ({listed} listed)",
-            a.mapped_pages, a.idle_count
+            a.vmm.mapped_pages, a.idle_count
         ));
     }
-    for h in a.cache.as_slice() {
-        if !handles.insert(h.handle) {
-            return Err(format!("cached handle {} also in use", h.handle.0));
-        }
-    }
-    a.cache.validate(a.idle_count)?;
-    // Byte counters.
-    let s = &a.tracker.stats;
-    block_counters(s, a.live.values())?;
-    let held_pages = a.mapped_pages + a.cache.pages();
-    let held_handles = mapped_handles + a.cache.len() as u64;
-    if s.reserved_bytes.current != held_pages * p || s.segment_count.current != held_handles {
-        return Err(format!(
-            "reserved counter {} B / {} handles, but {held_pages} pages in {held_handles} \
-             handles are held",
-            s.reserved_bytes.current, s.segment_count.current
-        ));
-    }
+    block_counters(&a.vmm.tracker.stats, a.live.values())?;
     Ok(())
 }
 
 /// Every free range's fit tag against [`super::placement::fit_of`] recomputed from the
 /// range, and the recorded maximum against the tags.
 fn check_fit_tags(a: &PagedPool) -> Result<(), String> {
-    let p = a.page_bytes;
+    let p = a.vmm.page_bytes;
     let mut max = 0;
     for (i, (&st, &len)) in a.free.iter().enumerate() {
-        let Some(r) = a.res_of(st).and_then(|ri| a.reservations.get(ri)) else {
+        let Some(r) = a.vmm.res_of(st).and_then(|ri| a.vmm.reservations.get(ri)) else {
             return Err(format!("free range {st:#x} outside every reservation"));
         };
         let want = super::placement::fit_of(p, r.va, st, len);

@@ -13,27 +13,27 @@ impl PagedPool {
 
     /// Page size in bytes (the device granularity); 0 before the first allocation.
     pub fn page_bytes(&self) -> u64 {
-        self.page_bytes
+        self.vmm.page_bytes
     }
 
     /// Pages mapped now (under live blocks, plus idle pages left by a failed unwind).
     pub fn mapped_pages(&self) -> u64 {
-        self.mapped_pages
+        self.vmm.mapped_pages
     }
 
     /// Unmapped physical handles in the cache.
     pub fn cached_handles(&self) -> &[CachedHandle] {
-        self.cache.as_slice()
+        self.vmm.cache.as_slice()
     }
 
     /// Pages of the unmapped handles in the cache.
     pub fn cached_pages(&self) -> u64 {
-        self.cache.pages()
+        self.vmm.cache.pages()
     }
 
     /// Reserved virtual ranges as `(start, bytes)`.
     pub fn reserved_ranges(&self) -> Vec<(u64, u64)> {
-        self.reservations.iter().map(|r| (r.va, r.bytes)).collect()
+        self.vmm.reserved_ranges()
     }
 
     /// Live blocks as `(addr, allocated_bytes)` in address order.
@@ -47,9 +47,9 @@ impl PagedPool {
     /// addresses, one row per mapped handle (one or more pages, with its physical handle) and
     /// one row per run of unmapped pages. O(reserved pages).
     pub fn page_table(&self) -> Vec<VaRangeView> {
-        let p = self.page_bytes;
+        let p = self.vmm.page_bytes;
         let mut rows: Vec<VaRangeView> = Vec::new();
-        for r in &self.reservations {
+        for r in &self.vmm.reservations {
             // Extent by extent: a mapped handle's entry sits in its first page's slot.
             let mut i = 0;
             while i < r.npages {

@@ -17,14 +17,15 @@ impl LazyPagedPool {
         device_agrees(
             dev,
             &Held {
-                ranges: self.reservations.len(),
+                ranges: self.vmm.reservations.len(),
                 mapped_handles: self
+                    .vmm
                     .reservations
                     .iter()
                     .flat_map(|r| r.pages.iter().enumerate())
                     .filter(|(i, s)| s.is_some_and(|pg| pg.ext_first as usize == *i))
                     .count(),
-                cached_handles: self.cache.len(),
+                cached_handles: self.vmm.cache.len(),
                 reserved_bytes: self.stats().reserved_bytes.current,
                 live_blocks: self.live_blocks(),
             },

@@ -101,14 +101,15 @@ mod view;
 
 use crate::config::AllocatorConfig;
 use crate::hash::AddrMap;
-use crate::{AllocError, Allocator, Block, Device, Stats, StatsTracker};
+use crate::{AllocError, Allocator, Block, Device, Stats};
 use pages::Reservation;
 use placement::{FreeSpace, Placement};
 
-use crate::vmm::handles::{HandleCache, ReleaseOrder};
+use crate::vmm::handles::ReleaseOrder;
 use crate::vmm::quick::{QuickBlock, QuickList};
 use crate::vmm::retry::{self, VmmPool};
 use crate::vmm::CachedHandle;
+use crate::vmm::Vmm;
 use crate::vmm::{LiveBlock, QUICK_SLOTS};
 
 /// The page-mapped allocator (see the module documentation).
@@ -156,31 +157,19 @@ pub struct LazyPagedPool {
     handle_pages: u64,
     /// Largest handle created, in bytes.
     handle_bytes: u64,
-    /// Virtual bytes per reservation; 0 = [`VA_CAPACITY_FACTOR`](crate::vmm::VA_CAPACITY_FACTOR) × device capacity.
-    va_chunk_bytes: u64,
-    /// Page size in bytes (the device granularity), known after the first allocation.
-    page_bytes: u64,
-    /// Reserved ranges in address order.
-    reservations: Vec<Reservation>,
+    /// The substrate: page size, reservations and their page tables, the handle cache
+    /// (at most
+    /// [`AllocatorConfig::page_cache_pages`](crate::config::AllocatorConfig::page_cache_pages)
+    /// pages of them), quarantined spans, mapped pages and the figures.
+    vmm: Vmm<pages::Extents>,
     /// Free ranges and mapped free runs.
     space: FreeSpace,
     /// Live blocks by address.
     live: AddrMap<u64, LiveBlock>,
-    /// Unmapped physical handles kept for reuse, at most
-    /// [`AllocatorConfig::page_cache_pages`](crate::config::AllocatorConfig::page_cache_pages)
-    /// pages of them.
-    cache: HandleCache,
-    /// Spans (address, bytes) of handles left mapped without access by an unwind whose
-    /// cuMemUnmap failed twice; kept out of the free space until [`Allocator::empty_cache`].
-    quarantine: Vec<(u64, u64)>,
-    /// Pages currently mapped (including idle and quarantined ones).
-    mapped_pages: u64,
     /// Recently freed blocks kept whole for reuse by a request of the same size (the O(1)
     /// hit path), oldest first; their bytes stay out of the free space. Bounded by
     /// [`QUICK_SLOTS`] blocks, not by bytes.
     quick: QuickList,
-    /// Figures in PyTorch's vocabulary.
-    tracker: StatsTracker,
 }
 
 impl LazyPagedPool {
@@ -192,16 +181,10 @@ impl LazyPagedPool {
             ahead_bytes: config.lazy.ahead_bytes,
             handle_pages: 0,
             handle_bytes: config.lazy.handle_bytes,
-            va_chunk_bytes: 0,
-            page_bytes: 0,
-            reservations: Vec::new(),
+            vmm: Vmm::new(config.page_cache_pages),
             space: FreeSpace::default(),
             live: AddrMap::default(),
-            cache: HandleCache::new(config.page_cache_pages),
-            quarantine: Vec::new(),
-            mapped_pages: 0,
             quick: QuickList::new(QUICK_SLOTS),
-            tracker: StatsTracker::default(),
         }
     }
 
@@ -242,7 +225,7 @@ impl LazyPagedPool {
     /// a larger block gets a range of its own size). The default, 0, reserves
     /// [`VA_CAPACITY_FACTOR`](crate::vmm::VA_CAPACITY_FACTOR) × the device capacity.
     pub fn with_va_chunk_bytes(mut self, bytes: u64) -> Self {
-        self.va_chunk_bytes = bytes;
+        self.vmm.va_chunk_bytes = bytes;
         self
     }
 
@@ -256,9 +239,9 @@ impl LazyPagedPool {
     /// Idle pages: mapped, open, and under no block (nor a block held for quick reuse).
     /// O(reserved pages).
     pub fn idle_pages(&self) -> u64 {
-        let p = self.page_bytes;
+        let p = self.vmm.page_bytes;
         let mut n = 0;
-        for r in &self.reservations {
+        for r in &self.vmm.reservations {
             for (i, s) in r.pages.iter().enumerate() {
                 if s.is_some_and(|s| s.access) {
                     let a = r.va + i as u64 * p;
@@ -277,27 +260,27 @@ impl LazyPagedPool {
 
     /// Page size in bytes (the device granularity); 0 before the first allocation.
     pub fn page_bytes(&self) -> u64 {
-        self.page_bytes
+        self.vmm.page_bytes
     }
 
     /// Pages mapped now (under blocks, idle, or quarantined).
     pub fn mapped_pages(&self) -> u64 {
-        self.mapped_pages
+        self.vmm.mapped_pages
     }
 
     /// Unmapped physical handles in the cache.
     pub fn cached_handles(&self) -> &[CachedHandle] {
-        self.cache.as_slice()
+        self.vmm.cache.as_slice()
     }
 
     /// Pages of the unmapped handles in the cache.
     pub fn cached_pages(&self) -> u64 {
-        self.cache.pages()
+        self.vmm.cache.pages()
     }
 
     /// Reserved virtual ranges as `(start, bytes)`.
     pub fn reserved_ranges(&self) -> Vec<(u64, u64)> {
-        self.reservations.iter().map(|r| (r.va, r.bytes)).collect()
+        self.vmm.reserved_ranges()
     }
 
     /// Live blocks as `(addr, allocated_bytes)` in address order.
@@ -318,7 +301,7 @@ impl LazyPagedPool {
     /// Records a new live block.
     fn commit_live(&mut self, addr: u64, bytes: u64, requested: u64) -> Block {
         self.live.insert(addr, LiveBlock { bytes, requested });
-        self.tracker.on_alloc(requested, bytes);
+        self.vmm.tracker.on_alloc(requested, bytes);
         Block {
             addr,
             requested_bytes: requested,
@@ -363,7 +346,7 @@ impl LazyPagedPool {
                 grown = Some(ri);
                 Placement {
                     res: ri,
-                    addr: self.reservations[ri].va,
+                    addr: self.vmm.reservations[ri].va,
                 }
             }
         };
@@ -376,9 +359,9 @@ impl LazyPagedPool {
                 return Err(e.into());
             }
         };
-        let p = self.page_bytes;
+        let p = self.vmm.page_bytes;
         self.space.take_va(pl.addr, bytes);
-        let r = &self.reservations[pl.res];
+        let r = &self.vmm.reservations[pl.res];
         // The window: the block's pages and those mapped ahead of it.
         let lo = pl.addr - (pl.addr - r.va) % p;
         self.space.rebuild_mapped(r, p, lo, hi);
@@ -388,9 +371,10 @@ impl LazyPagedPool {
     /// Returns a block's span to the free space; its pages stay mapped. No driver call.
     fn free_span(&mut self, addr: u64, bytes: u64) -> Result<(), AllocError> {
         let ri = self
+            .vmm
             .res_of(addr)
             .ok_or_else(|| AllocError::Internal(format!("block {addr:#x} outside VA")))?;
-        let r = &self.reservations[ri];
+        let r = &self.vmm.reservations[ri];
         self.space.give(addr, bytes, r.va, r.end(), true);
         Ok(())
     }
@@ -406,13 +390,13 @@ impl LazyPagedPool {
 
 impl VmmPool for LazyPagedPool {
     fn page_bytes_mut(&mut self) -> &mut u64 {
-        &mut self.page_bytes
+        &mut self.vmm.page_bytes
     }
 
     /// The largest handle in pages, once the page size is known.
     fn pages_known(&mut self) {
         if self.handle_pages == 0 {
-            self.handle_pages = (self.handle_bytes / self.page_bytes).max(1);
+            self.handle_pages = (self.handle_bytes / self.vmm.page_bytes).max(1);
         }
     }
 
@@ -427,11 +411,11 @@ impl VmmPool for LazyPagedPool {
     }
 
     fn count_retry(&mut self) {
-        self.tracker.stats.alloc_retries += 1;
+        self.vmm.tracker.stats.alloc_retries += 1;
     }
 
     fn allocated(&mut self, dev: &mut dyn Device) {
-        if self.cache.trim_pending || self.cache.over(0) {
+        if self.vmm.cache.trim_pending || self.vmm.cache.over(0) {
             self.trim_cache(dev);
         }
     }
@@ -462,7 +446,7 @@ impl Allocator for LazyPagedPool {
         let Some(blk) = self.live.remove(&addr) else {
             return Err(AllocError::UnknownBlock { addr });
         };
-        self.tracker.on_free(blk.requested, blk.bytes);
+        self.vmm.tracker.on_free(blk.requested, blk.bytes);
         if self.quick.admits(blk.bytes) {
             // Make room in the quick list by truly freeing its oldest block.
             if let Some(old) = self.quick.must_go_for(blk.bytes) {
@@ -479,23 +463,20 @@ impl Allocator for LazyPagedPool {
     }
 
     fn empty_cache(&mut self, dev: &mut dyn Device) -> Result<u64, AllocError> {
-        let p = self.page_bytes;
         self.flush_quick()?;
-        while let Some(&(va, bytes)) = self.quarantine.first() {
+        while let Some(&(va, bytes)) = self.vmm.quarantine.first() {
             self.release_quarantined(dev, va, bytes)?;
-            self.quarantine.remove(0);
+            self.vmm.quarantine.remove(0);
         }
         self.drop_idle(dev)?;
-        let released = self
-            .cache
-            .release_all(dev, ReleaseOrder::Largest, p, &mut self.tracker)?;
+        let released = self.vmm.release_cache(dev, ReleaseOrder::Largest)?;
         // Reservations without a live block go back too.
-        crate::vmm::reserve::release_unused(&mut self.reservations, &mut self.space.va, dev)?;
+        crate::vmm::reserve::release_unused(&mut self.vmm.reservations, &mut self.space.va, dev)?;
         Ok(released)
     }
 
     fn stats(&self) -> Stats {
-        let mut s = self.tracker.stats;
+        let mut s = self.vmm.tracker.stats;
         s.free_bytes = self.space.mapped_bytes;
         s.largest_free_bytes = self.space.by_size.last().map_or(0, |&(l, _)| l);
         // Free bytes on mapped pages while some block is live: what PyTorch counts as
@@ -509,7 +490,7 @@ impl Allocator for LazyPagedPool {
     }
 
     fn reserved_bytes(&self) -> crate::Counter {
-        self.tracker.stats.reserved_bytes
+        self.vmm.tracker.stats.reserved_bytes
     }
 
     fn validate(&self) -> Result<(), AllocError> {

@@ -178,12 +178,6 @@ struct Idle {
 }
 
 impl LazyPagedPool {
-    /// Index of the reservation holding `addr`.
-    #[inline]
-    pub(super) fn res_of(&self, addr: u64) -> Option<usize> {
-        reserve::res_of(&self.reservations, addr)
-    }
-
     /// Reserves a new virtual range of at least `bytes` and makes it one free range.
     pub(super) fn grow_va(
         &mut self,
@@ -191,32 +185,32 @@ impl LazyPagedPool {
         bytes: u64,
     ) -> Result<usize, AllocError> {
         reserve::reserve(
-            &mut self.reservations,
+            &mut self.vmm.reservations,
             &mut self.space.va,
             dev,
             bytes,
-            self.page_bytes,
-            self.va_chunk_bytes,
+            self.vmm.page_bytes,
+            self.vmm.va_chunk_bytes,
         )
     }
 
     /// Undoes [`LazyPagedPool::grow_va`] after a failed allocation (cuMemAddressFree, retried
     /// once; on a second failure the empty range stays).
     pub(super) fn ungrow_va(&mut self, dev: &mut dyn Device, ri: usize) {
-        reserve::unreserve(&mut self.reservations, &mut self.space.va, dev, ri);
+        reserve::unreserve(&mut self.vmm.reservations, &mut self.space.va, dev, ri);
     }
 
     /// Reserved pages held now: mapped plus cached.
     pub(super) fn held_pages(&self) -> u64 {
-        self.mapped_pages + self.cache.pages()
+        self.vmm.mapped_pages + self.vmm.cache.pages()
     }
 
     /// How many pages the pool may hold before it moves idle pages instead of creating new
     /// ones: the peak held so far, or the peak of allocated bytes (counting this request)
     /// plus the headroom, whichever is larger.
     fn page_limit(&self, bytes: u64) -> u64 {
-        let p = self.page_bytes;
-        let s = &self.tracker.stats;
+        let p = self.vmm.page_bytes;
+        let s = &self.vmm.tracker.stats;
         let peak_alloc = s
             .allocated_bytes
             .peak
@@ -230,9 +224,9 @@ impl LazyPagedPool {
     /// extents it holds whole: O(free ranges + extents in them · log extents), not a search
     /// per mapped extent (most of which lie under blocks).
     fn idle_extents(&self, skip: usize, lo: usize, hi: usize) -> Vec<Idle> {
-        let p = self.page_bytes;
+        let p = self.vmm.page_bytes;
         let mut out = Vec::new();
-        for (ri, r) in self.reservations.iter().enumerate() {
+        for (ri, r) in self.vmm.reservations.iter().enumerate() {
             // Free ranges are coalesced within a reservation: each lies inside one.
             for (&s, &l) in self.space.va.range(r.va..r.end()) {
                 let i0 = (s - r.va).div_ceil(p) as usize;
@@ -269,20 +263,20 @@ impl LazyPagedPool {
     /// Unmaps the idle extent `e` (one cuMemUnmap) and returns its handle; its pages leave
     /// the mapped runs.
     fn unmap_idle(&mut self, dev: &mut dyn Device, e: Idle) -> Result<CachedHandle, DeviceError> {
-        let p = self.page_bytes;
-        let r = &self.reservations[e.res];
+        let p = self.vmm.page_bytes;
+        let r = &self.vmm.reservations[e.res];
         let va = r.va + e.first as u64 * p;
         dev.unmap(va, e.pages * p)?;
-        let r = &mut self.reservations[e.res];
+        let r = &mut self.vmm.reservations[e.res];
         let h = r
             .clear_extent(e.first)
             .ok_or_else(|| DeviceError::Invalid {
                 call: "paged",
                 detail: format!("idle extent {va:#x} vanished"),
             })?;
-        self.mapped_pages = self.mapped_pages.saturating_sub(h.pages);
+        self.vmm.mapped_pages = self.vmm.mapped_pages.saturating_sub(h.pages);
         self.space
-            .rebuild_mapped(&self.reservations[e.res], p, va, va + e.pages * p);
+            .rebuild_mapped(&self.vmm.reservations[e.res], p, va, va + e.pages * p);
         Ok(h)
     }
 
@@ -290,7 +284,7 @@ impl LazyPagedPool {
     pub(super) fn drop_idle(&mut self, dev: &mut dyn Device) -> Result<(), AllocError> {
         for e in self.idle_extents(usize::MAX, 0, 0) {
             let h = self.unmap_idle(dev, e)?;
-            self.cache.push(h);
+            self.vmm.cache.push(h);
         }
         Ok(())
     }
@@ -310,8 +304,8 @@ impl LazyPagedPool {
         addr: u64,
         bytes: u64,
     ) -> Result<u64, DeviceError> {
-        let p = self.page_bytes;
-        let Some(r) = self.reservations.get(ri) else {
+        let p = self.vmm.page_bytes;
+        let Some(r) = self.vmm.reservations.get(ri) else {
             return Err(DeviceError::Invalid {
                 call: "paged",
                 detail: "reservation vanished".into(),
@@ -396,7 +390,7 @@ impl LazyPagedPool {
         for &(page, n) in &gaps {
             let (mut at, mut rest) = (page, n);
             while rest > 0 {
-                let Some(c) = self.cache.take_fitting(rest) else {
+                let Some(c) = self.vmm.cache.take_fitting(rest) else {
                     break;
                 };
                 plan.push((at, Some(c), c.pages));
@@ -427,7 +421,7 @@ impl LazyPagedPool {
                             rest -= h.pages;
                         }
                         Err(err) => {
-                            map::give_back(&mut self.cache, &plan);
+                            map::give_back(&mut self.vmm.cache, &plan);
                             return Err(err);
                         }
                     }
@@ -440,8 +434,8 @@ impl LazyPagedPool {
             left = missing.iter().map(|m| m.1).sum();
             if left > 0 && self.held_pages() + left > limit {
                 // Nothing cached fits what is left: give it back before creating anything.
-                while let Some(h) = self.cache.take_largest() {
-                    self.release_handle(dev, h);
+                while let Some(h) = self.vmm.cache.take_largest() {
+                    self.vmm.release_handle(dev, h);
                 }
             }
             // Still above: idle extents too large to move here are unmapped and released
@@ -450,9 +444,9 @@ impl LazyPagedPool {
             let mut i = 0;
             while left > 0 && self.held_pages() + left > limit && i < idle.len() {
                 match self.unmap_idle(dev, idle[i]) {
-                    Ok(h) => self.release_handle(dev, h),
+                    Ok(h) => self.vmm.release_handle(dev, h),
                     Err(err) => {
-                        map::give_back(&mut self.cache, &plan);
+                        map::give_back(&mut self.vmm.cache, &plan);
                         return Err(err);
                     }
                 }
@@ -462,15 +456,7 @@ impl LazyPagedPool {
         plan.extend(missing.iter().map(|&(at, n)| (at, None, n)));
         plan.sort_unstable_by_key(|&(page, _, _)| page);
         let mut taken: Vec<Taken> = Vec::with_capacity(plan.len());
-        if let Err(e) = map::map_plan(
-            dev,
-            &mut self.cache,
-            &mut self.tracker,
-            base,
-            p,
-            &plan,
-            &mut taken,
-        ) {
+        if let Err(e) = self.vmm.map_plan(dev, ri, &plan, &mut taken) {
             self.unwind_maps(dev, ri, &taken);
             return Err(e);
         }
@@ -483,32 +469,18 @@ impl LazyPagedPool {
                 return Err(e);
             }
         }
-        let r = &mut self.reservations[ri];
+        let r = &mut self.vmm.reservations[ri];
         for t in &taken {
             r.set_extent(t.page, t.handle, true);
         }
-        self.mapped_pages += total;
+        self.vmm.mapped_pages += total;
         Ok(base + (last as u64 + 1) * p)
-    }
-
-    /// [`HandleCache::untake`](crate::vmm::handles::HandleCache::untake) with this pool's
-    /// page size and figures.
-    fn untake_handle(&mut self, dev: &mut dyn Device, h: CachedHandle, from_cache: bool) {
-        self.cache
-            .untake(dev, h, from_cache, self.page_bytes, &mut self.tracker);
-    }
-
-    /// [`HandleCache::release`](crate::vmm::handles::HandleCache::release) with this pool's
-    /// page size and figures.
-    pub(super) fn release_handle(&mut self, dev: &mut dyn Device, h: CachedHandle) {
-        self.cache
-            .release(dev, h, self.page_bytes, &mut self.tracker);
     }
 
     /// Releases cached handles, largest first, until the cache is within its bound
     /// (cuMemRelease each); stops at the first failure, leaving the trim pending.
     pub(super) fn trim_cache(&mut self, dev: &mut dyn Device) {
-        self.cache.trim(dev, 0, self.page_bytes, &mut self.tracker);
+        self.vmm.trim_cache(dev, 0);
     }
 
     /// Unmaps the handles of `taken` (all in reservation `ri`, ascending) and gives them
@@ -516,23 +488,23 @@ impl LazyPagedPool {
     /// quarantined: cut out of the free map, its pages held mapped without access until
     /// [`crate::Allocator::empty_cache`].
     fn unwind_maps(&mut self, dev: &mut dyn Device, ri: usize, taken: &[Taken]) {
-        let p = self.page_bytes;
-        let Some(base) = self.reservations.get(ri).map(|r| r.va) else {
+        let p = self.vmm.page_bytes;
+        let Some(base) = self.vmm.reservations.get(ri).map(|r| r.va) else {
             return;
         };
         for t in map::unwind_runs(taken, false).flatten() {
             let va = base + t.page as u64 * p;
             let bytes = t.handle.pages * p;
             if map::unmap_retried(dev, va, bytes) {
-                self.untake_handle(dev, t.handle, t.from_cache);
+                self.vmm.untake_handle(dev, t.handle, t.from_cache);
             } else {
                 self.space.take_va(va, bytes);
-                let r = &mut self.reservations[ri];
+                let r = &mut self.vmm.reservations[ri];
                 r.set_extent(t.page, t.handle, false);
-                self.mapped_pages += t.handle.pages;
+                self.vmm.mapped_pages += t.handle.pages;
                 self.space
-                    .rebuild_mapped(&self.reservations[ri], p, va, va + bytes);
-                self.quarantine.push((va, bytes));
+                    .rebuild_mapped(&self.vmm.reservations[ri], p, va, va + bytes);
+                self.vmm.quarantine.push((va, bytes));
             }
         }
     }
@@ -545,24 +517,28 @@ impl LazyPagedPool {
         va: u64,
         bytes: u64,
     ) -> Result<(), AllocError> {
-        let p = self.page_bytes;
+        let p = self.vmm.page_bytes;
         let ri = self
+            .vmm
             .res_of(va)
             .ok_or_else(|| AllocError::Internal(format!("quarantined {va:#x} outside VA")))?;
-        let (base, end) = (self.reservations[ri].va, self.reservations[ri].end());
+        let (base, end) = (
+            self.vmm.reservations[ri].va,
+            self.vmm.reservations[ri].end(),
+        );
         let mut page = ((va - base) / p) as usize;
         let last = ((va + bytes - base) / p) as usize;
         while page < last {
-            let n = self.reservations[ri].pages.get(page).copied().flatten();
+            let n = self.vmm.reservations[ri].pages.get(page).copied().flatten();
             let Some(pg) = n else {
                 page += 1;
                 continue;
             };
             let n = pg.ext_pages as usize;
             dev.unmap(base + page as u64 * p, n as u64 * p)?;
-            if let Some(h) = self.reservations[ri].clear_extent(page) {
-                self.mapped_pages = self.mapped_pages.saturating_sub(h.pages);
-                self.cache.push(h);
+            if let Some(h) = self.vmm.reservations[ri].clear_extent(page) {
+                self.vmm.mapped_pages = self.vmm.mapped_pages.saturating_sub(h.pages);
+                self.vmm.cache.push(h);
             }
             page += n;
         }

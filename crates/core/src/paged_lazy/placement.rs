@@ -198,8 +198,8 @@ impl LazyPagedPool {
     /// Unmapped pages under `[x, x + bytes)` in reservation `ri`, and the bytes of those new
     /// pages the block would leave free.
     fn growth_cost(&self, ri: usize, x: u64, bytes: u64) -> (u64, u64) {
-        let p = self.page_bytes;
-        let r = &self.reservations[ri];
+        let p = self.vmm.page_bytes;
+        let r = &self.vmm.reservations[ri];
         let (rel, end) = (x - r.va, x - r.va + bytes);
         let p0 = rel / p;
         let p1 = (end - 1) / p;
@@ -241,10 +241,10 @@ impl LazyPagedPool {
             if len < bytes {
                 continue;
             }
-            while ri < self.reservations.len() && self.reservations[ri].end() <= st {
+            while ri < self.vmm.reservations.len() && self.vmm.reservations[ri].end() <= st {
                 ri += 1;
             }
-            self.reservations.get(ri)?;
+            self.vmm.reservations.get(ri)?;
             let b = st + len;
             let mut consider = |x: u64| {
                 let (k, slack) = self.growth_cost(ri, x, bytes);

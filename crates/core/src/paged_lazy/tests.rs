@@ -189,7 +189,7 @@ fn adjacent_reservations_keep_their_mapped_runs_apart() {
         check(&a, &d);
     }
     assert!(
-        a.reservations.len() > 1,
+        a.vmm.reservations.len() > 1,
         "the test needs several reservations"
     );
 }

@@ -10,7 +10,7 @@ impl LazyPagedPool {
     /// handle and the blocks touching it) and one row per run of unmapped pages.
     /// O(reserved pages + blocks · log blocks).
     pub fn page_table(&self) -> Vec<VaRangeView> {
-        let p = self.page_bytes;
+        let p = self.vmm.page_bytes;
         let mut blocks: Vec<(u64, u64)> = self.blocks_held().collect();
         blocks.sort_unstable();
         // Blocks overlapping [a, b): those starting before b whose end is after a.
@@ -21,7 +21,7 @@ impl LazyPagedPool {
                 .unwrap_or(u32::MAX)
         };
         let mut rows: Vec<VaRangeView> = Vec::new();
-        for r in &self.reservations {
+        for r in &self.vmm.reservations {
             for (i, slot) in r.pages.iter().enumerate() {
                 let va = r.va + i as u64 * p;
                 match slot {

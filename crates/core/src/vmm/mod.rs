@@ -56,3 +56,193 @@ pub(crate) struct LiveBlock {
 /// [`PagedPool::with_quick_slots`](crate::paged::PagedPool::with_quick_slots) and
 /// [`LazyPagedPool::with_quick_slots`](crate::paged_lazy::LazyPagedPool::with_quick_slots)).
 pub const QUICK_SLOTS: usize = 16;
+
+/// The substrate's state of one pool: the page size, its reserved ranges with their page
+/// tables, the handle cache, what an unwind left quarantined, the mapped-page count and the
+/// figures. Each placement holds one, with its own index `X` on each reservation, and adds
+/// its free space, its live blocks and its quick list.
+#[derive(Debug, Clone)]
+pub(crate) struct Vmm<X> {
+    /// Page size in bytes (the device granularity), known after the first allocation.
+    pub(crate) page_bytes: u64,
+    /// Virtual bytes per reservation; 0 = [`VA_CAPACITY_FACTOR`] × device capacity.
+    pub(crate) va_chunk_bytes: u64,
+    /// Reserved ranges in address order.
+    pub(crate) reservations: Vec<reserve::Reservation<X>>,
+    /// Unmapped physical handles kept for reuse.
+    pub(crate) cache: handles::HandleCache,
+    /// Spans (address, bytes) of pages left mapped without access by an unwind whose
+    /// cuMemUnmap failed twice; kept out of the free space until
+    /// [`Allocator::empty_cache`](crate::Allocator::empty_cache).
+    pub(crate) quarantine: Vec<(u64, u64)>,
+    /// Pages currently mapped (under blocks, idle, or quarantined).
+    pub(crate) mapped_pages: u64,
+    /// Figures in PyTorch's vocabulary.
+    pub(crate) tracker: crate::StatsTracker,
+}
+
+impl<X> Vmm<X> {
+    /// An empty substrate whose handle cache is bounded by `cache_limit_pages` pages.
+    pub(crate) fn new(cache_limit_pages: u64) -> Self {
+        Vmm {
+            page_bytes: 0,
+            va_chunk_bytes: 0,
+            reservations: Vec::new(),
+            cache: handles::HandleCache::new(cache_limit_pages),
+            quarantine: Vec::new(),
+            mapped_pages: 0,
+            tracker: crate::StatsTracker::default(),
+        }
+    }
+
+    /// Index of the reservation holding `addr`.
+    #[inline]
+    pub(crate) fn res_of(&self, addr: u64) -> Option<usize> {
+        reserve::res_of(&self.reservations, addr)
+    }
+
+    /// Reserved virtual ranges as `(start, bytes)`.
+    pub(crate) fn reserved_ranges(&self) -> Vec<(u64, u64)> {
+        self.reservations.iter().map(|r| (r.va, r.bytes)).collect()
+    }
+
+    /// [`handles::HandleCache::release`] with this substrate's page size and figures.
+    pub(crate) fn release_handle(&mut self, dev: &mut dyn crate::Device, h: CachedHandle) {
+        self.cache
+            .release(dev, h, self.page_bytes, &mut self.tracker);
+    }
+
+    /// [`handles::HandleCache::untake`] with this substrate's page size and figures.
+    pub(crate) fn untake_handle(
+        &mut self,
+        dev: &mut dyn crate::Device,
+        h: CachedHandle,
+        from_cache: bool,
+    ) {
+        self.cache
+            .untake(dev, h, from_cache, self.page_bytes, &mut self.tracker);
+    }
+
+    /// [`handles::HandleCache::trim`] with this substrate's page size and figures.
+    pub(crate) fn trim_cache(&mut self, dev: &mut dyn crate::Device, extra_pages: u64) {
+        self.cache
+            .trim(dev, extra_pages, self.page_bytes, &mut self.tracker);
+    }
+
+    /// [`handles::HandleCache::release_all`] with this substrate's page size and figures.
+    ///
+    /// # Errors
+    /// The first failed cuMemRelease.
+    pub(crate) fn release_cache(
+        &mut self,
+        dev: &mut dyn crate::Device,
+        order: handles::ReleaseOrder,
+    ) -> Result<u64, crate::DeviceError> {
+        self.cache
+            .release_all(dev, order, self.page_bytes, &mut self.tracker)
+    }
+
+    /// [`map::map_plan`] in reservation `ri` with this substrate's cache and figures.
+    ///
+    /// # Errors
+    /// As [`map::map_plan`]; a reservation that is not there.
+    pub(crate) fn map_plan(
+        &mut self,
+        dev: &mut dyn crate::Device,
+        ri: usize,
+        plan: &[map::PlanRun],
+        taken: &mut Vec<map::Taken>,
+    ) -> Result<(), crate::DeviceError> {
+        let Some(base) = self.reservations.get(ri).map(|r| r.va) else {
+            return Err(crate::DeviceError::Invalid {
+                call: "paged",
+                detail: "reservation vanished".into(),
+            });
+        };
+        map::map_plan(
+            dev,
+            &mut self.cache,
+            &mut self.tracker,
+            base,
+            self.page_bytes,
+            plan,
+            taken,
+        )
+    }
+
+    /// Checks the substrate's own invariants: the reservations
+    /// ([`reserve::validate`]), the handle cache ([`handles::HandleCache::validate`], with
+    /// `extra_pages` counted against its bound), every mapped extent inside its reservation,
+    /// no handle mapped twice or both mapped and cached, the mapped-page count, quarantined
+    /// spans inside reservations, and `reserved_bytes` / `segment_count` against the pages
+    /// and handles held. Layout-agnostic: an extent is found by the slot of its first page,
+    /// whichever other slots of it the placement writes.
+    ///
+    /// # Errors
+    /// A description of the first broken invariant.
+    pub(crate) fn validate(&self, extra_pages: u64) -> Result<(), String> {
+        let p = self.page_bytes;
+        if p == 0 {
+            if !self.reservations.is_empty() || !self.cache.is_empty() || self.mapped_pages != 0 {
+                return Err("state without a known page size".into());
+            }
+            return Ok(());
+        }
+        reserve::validate(&self.reservations, p)?;
+        self.cache.validate(extra_pages)?;
+        let mut handles = std::collections::HashSet::new();
+        let (mut mapped, mut mapped_handles) = (0u64, 0u64);
+        for r in &self.reservations {
+            for (i, slot) in r.pages.iter().enumerate() {
+                let Some(pg) = slot else {
+                    continue;
+                };
+                if pg.ext_first as usize != i {
+                    continue;
+                }
+                let n = u64::from(pg.ext_pages);
+                if n == 0 || i as u64 + n > r.npages as u64 {
+                    return Err(format!(
+                        "extent at page {i} of {:#x}: {n} pages past the reservation",
+                        r.va
+                    ));
+                }
+                if !handles.insert(pg.handle) {
+                    return Err(format!("handle {} mapped twice", pg.handle.0));
+                }
+                mapped += n;
+                mapped_handles += 1;
+            }
+        }
+        for h in self.cache.as_slice() {
+            if !handles.insert(h.handle) {
+                return Err(format!("cached handle {} also mapped", h.handle.0));
+            }
+        }
+        if mapped != self.mapped_pages {
+            return Err(format!(
+                "counted {mapped} mapped pages, recorded {}",
+                self.mapped_pages
+            ));
+        }
+        for &(va, bytes) in &self.quarantine {
+            let inside = self
+                .res_of(va)
+                .is_some_and(|ri| va + bytes <= self.reservations[ri].end());
+            if bytes == 0 || !inside || va % p != 0 || bytes % p != 0 {
+                return Err(format!("quarantined span {va:#x}+{bytes} out of place"));
+            }
+        }
+        let s = &self.tracker.stats;
+        let held_pages = self.mapped_pages + self.cache.pages();
+        let held_handles = mapped_handles + self.cache.len() as u64;
+        if s.reserved_bytes.current != held_pages * p || s.segment_count.current != held_handles {
+            return Err(format!(
+                "reserved counter {} B / {} handles, but {held_pages} pages in {held_handles} \
+                 handles are held",
+                s.reserved_bytes.current, s.segment_count.current
+            ));
+        }
+        Ok(())
+    }
+}
