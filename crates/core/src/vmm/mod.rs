@@ -246,3 +246,7 @@ impl<X> Vmm<X> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests;
