@@ -5,7 +5,8 @@ use gpumem_core::{Device, DeviceError, PhysHandle};
 
 use crate::units::bytes_compact;
 
-pub use gpumem_core::adaptor::{MappingRecord, PageRow, PageState, PageTable, Tracked, VmmBook};
+pub use gpumem_core::adaptor::{MappingRecord, PageRow, PageTable, Tracked, VmmBook};
+pub use gpumem_core::vmm::PageState;
 
 /// Renders page tables as text, one line per row (mapped runs and holes), for `gpumem vmm`.
 pub fn render(tables: &[PageTable]) -> String {

@@ -1,19 +1,21 @@
 //! A page-mapped allocator over CUDA virtual memory management (cuMemAddressReserve,
 //! cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease, cuMemAddressFree), the
 //! mechanism behind PyTorch's `expandable_segments` and the address translation table
-//! ("地址翻译表") of GPU memory tutorials: virtual addresses are reserved in large ranges and cost nothing, and physical pages of the
-//! device granularity are mapped only under live blocks.
+//! ("地址翻译表") of GPU memory tutorials: virtual addresses are reserved in large ranges and
+//! cost nothing, and physical pages of the device granularity are mapped only under live
+//! blocks. It is the page placement of `paged`; the driver's objects and their bookkeeping
+//! (reservations, handles and their cache, mapping and unwinding, the quick list, the retry
+//! on out-of-memory) are the substrate in [`crate::vmm`], shared with [`crate::paged_lazy`].
 //!
 //! This one unmaps pages as soon as no block touches them: the least memory of any strategy,
 //! for a driver call on almost every allocation. [`crate::paged_lazy`] keeps them mapped
 //! instead (no driver call in a repeated training step, some more memory).
 //!
 //! Where each idea lives: `placement.rs` (where a block goes), `pages.rs` (mapping and
-//! unmapping runs of pages, unwinding), `cache.rs` (the handle cache and idle pages),
-//! `sizes.rs` (the cached handles' sizes, a slot per small size), `page_bits.rs` (the idle
-//! pages of a reservation as a two-level bitmap), `live.rs` (the
-//! live blocks by address: an open-addressing table, one multiply a look-up), `view.rs` (the
-//! page-table view), `validate.rs` (the invariant checker).
+//! unmapping runs of pages, unwinding), `cache.rs` (idle pages and the bound they share with
+//! the handle cache), `page_bits.rs` (the idle pages of a reservation as a two-level
+//! bitmap), `live.rs` (the live blocks by address: an open-addressing table, one multiply a
+//! look-up), `view.rs` (the page-table view), `validate.rs` (the invariant checker).
 //!
 //! # Strategy
 //! - **Virtual ranges.** The first allocation reserves `2 × capacity` of virtual address space
@@ -30,18 +32,18 @@
 //!   Otherwise every free range is scored by the pages the block would newly map when placed
 //!   flush against its start or its end, then by the bytes of those new pages it would leave
 //!   free (the waste it adds), then by address; this O(free ranges) scan only runs when at
-//!   least one cuMemMap follows (≥ 25 µs on an H200), or when alignment above 256 bytes
-//!   defeats the fast path. On the three shipped PyTorch traces (`traces/`), peak reserved /
-//!   peak requested is 1.0016 (resnet_train), 1.0014 (gpt2_train) and 1.0110 (mixed_sizes),
-//!   against 1.115 / 1.213 / 1.714 for PyTorch's native allocator.
+//!   least one cuMemMap follows (a driver call costs far more than the scan), or when
+//!   alignment above 256 bytes defeats the fast path. BENCHMARKS.md has the peaks it reaches
+//!   on the shipped traces.
 //! - **Handles.** The pages a block covers whole can never be shared, so each run of them
-//!   gets one handle (one cuMemCreate and one cuMemMap for the run: 13 µs for 64 MiB against
-//!   10 µs per 2 MiB page); a page the block covers in part, which a later block may share,
-//!   gets a handle of its own so that it can be unmapped alone.
+//!   gets one handle (one cuMemCreate and one cuMemMap for the whole run, not one per page);
+//!   a page the block covers in part, which a later block may share, gets a handle of its
+//!   own so that it can be unmapped alone.
 //! - **Page cache.** Single pages no block touches any more stay mapped where they are
 //!   ("idle", reused in place without a driver call); other freed handles are unmapped and
 //!   kept whole. Idle pages and cached handles together stay within
-//!   [`AllocatorConfig::page_cache_pages`](crate::config::AllocatorConfig::page_cache_pages) pages (beyond it the largest cached handles are released).
+//!   [`AllocatorConfig::page_cache_pages`](crate::config::AllocatorConfig::page_cache_pages)
+//!   pages (beyond it the largest cached handles are released).
 //!   A run of new pages is filled from the cache (a handle of the same size first, else the
 //!   largest that fits, repeatedly), then from idle pages elsewhere (unmapped in runs, one
 //!   call per run); only what is still missing is created, after the cached handles too
@@ -50,12 +52,11 @@
 //!   `reserved_bytes` (mapped + cached) equals the peak of pages under blocks.
 //! - **Quick reuse.** Up to [`QUICK_SLOTS`] freed blocks (at most
 //!   `page_cache_pages × page` bytes in all) are kept whole and handed out again to a request
-//!   of the same rounded size and a compatible alignment: the O(1) hit path (≈ 30 ns per
-//!   allocate + free pair). They are given back to the free map before any page is mapped,
-//!   so they never raise the peak either.
-//! - **Batching.** One cuMemSetAccess (24–93 µs) opens all the pages an allocation maps,
-//!   spanning any already open page between them; a free unmaps the run of pages only it
-//!   touched with one cuMemUnmap.
+//!   of the same rounded size and a compatible alignment: the O(1) hit path. They are given
+//!   back to the free map before any page is mapped, so they never raise the peak either.
+//! - **Batching.** One cuMemSetAccess opens all the pages an allocation maps, spanning any
+//!   already open page between them; a free unmaps the run of pages only it touched with one
+//!   cuMemUnmap.
 //!
 //! # Streams and devices
 //! The `stream` argument is ignored: a freed block is reusable at once, on any stream, as
@@ -146,7 +147,7 @@ struct Placement {
 /// let mapped: Vec<u64> = pool
 ///     .page_table()
 ///     .iter()
-///     .filter(|row| matches!(row.state, PageState::Mapped { .. }))
+///     .filter(|row| row.state == PageState::Mapped)
 ///     .map(|row| row.bytes)
 ///     .collect();
 /// assert_eq!(mapped, [2 << 20, 4 << 20]);

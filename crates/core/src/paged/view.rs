@@ -3,7 +3,7 @@
 //! read from outside.
 use super::*;
 use crate::vmm::view::push_unmapped_page;
-use crate::vmm::{PageState, VaRangeView};
+use crate::vmm::VaRangeView;
 
 impl PagedPool {
     /// Idle pages: mapped, but touched by no live block.
@@ -56,16 +56,14 @@ impl PagedPool {
                 let va = r.va + i as u64 * p;
                 match r.pages.get(i).copied().flatten() {
                     Some(pg) if pg.ext_first as usize == i => {
-                        rows.push(VaRangeView {
+                        rows.push(VaRangeView::mapped(
                             va,
-                            bytes: u64::from(pg.ext_pages) * p,
-                            page_bytes: p,
-                            state: PageState::Mapped {
-                                handle: pg.handle,
-                                live_blocks: pg.refs,
-                                access: pg.access,
-                            },
-                        });
+                            u64::from(pg.ext_pages) * p,
+                            p,
+                            pg.handle,
+                            pg.refs,
+                            pg.access,
+                        ));
                         i += (pg.ext_pages as usize).max(1);
                     }
                     // An extent's last slot is passed over above; a stray one shows as

@@ -3,28 +3,29 @@
 //! over CUDA virtual memory management (cuMemAddressReserve, cuMemCreate, cuMemMap,
 //! cuMemSetAccess, cuMemUnmap, cuMemRelease, cuMemAddressFree), like [`crate::paged`], but
 //! one that keeps freed pages mapped, as PyTorch's `expandable_segments` does, instead of
-//! unmapping them at once. The strategy's default placement is PyTorch's expandable segments
-//! with one physical handle per growth ([`crate::torch::TorchCachingPool::paged_lazy`]):
-//! measured on eleven real traces and seven perturbations of each (BENCHMARKS.md, issue 11),
-//! that one meets the driver-call and driver-time targets far more often (147 of 154 against
-//! 46 for this one), and this one keeps the peak within 1.02 × requested on more of them (28
-//! of 77 against 21). Use this one where memory is tighter than calls.
+//! unmapping them at once. Like `paged`, it is a placement over the substrate in
+//! [`crate::vmm`] (reservations, handles and their cache, mapping and unwinding, the quick
+//! list, the retry on out-of-memory); what is its own is here: the free space with its
+//! mapped runs (`placement.rs`), the page limit, mapping ahead and moving idle extents
+//! (`pages.rs`, with the Fenwick count of mapped pages).
 //!
-//! Measured on the shipped traces (`gpumem replay T --allocator paged,paged-lazy,torch`,
-//! BENCHMARKS.md, issue 11): peak reserved / peak requested 1.005–1.020 on the training
-//! traces (resnet_train, gpt2_train, the BERT fine-tune) against `paged`'s 1.001–1.004, and
-//! 0–96 driver calls in their second half against 1,783–43,217; on random churn
-//! (mixed_sizes: 1.34) and on a run that empties the cache between growing batches
-//! (inference: 1.15) it holds more than `paged` (1.013, 1.0004).
+//! # Where the strategy's default is
+//! This is *not* `paged-lazy`'s default placement. The default,
+//! [`LazyPlacement::Segments`](crate::config::LazyPlacement::Segments), is PyTorch's
+//! expandable segments with one physical handle per growth: the coarse-handle mode of
+//! `crate::torch::expandable`, built by [`crate::torch::TorchCachingPool::paged_lazy`]
+//! (the registry picks one or the other by `LazyConfig::placement`). The default meets
+//! driver-call and driver-time targets more often; this placement keeps the peak closer to
+//! the bytes requested on more traces (BENCHMARKS.md compares them). Use this one where
+//! memory is tighter than calls.
 //!
 //! # Policy: map once, keep mapped, move pages only to hold the peak
 //! The trade is reserved memory against driver calls. Mapping a page costs a cuMemCreate, a
-//! cuMemMap and a cuMemSetAccess (tens of µs to ms on an H200, by size; see BENCHMARKS.md),
-//! unmapping it a cuMemUnmap and perhaps a cuMemRelease. Unmapping every page as soon as no
+//! cuMemMap and a cuMemSetAccess (their costs by size are in BENCHMARKS.md), unmapping it a
+//! cuMemUnmap and perhaps a cuMemRelease. Unmapping every page as soon as no
 //! block touches it reserves the least memory but makes a call on almost every allocation of
 //! a training loop; a caching allocator makes none after the first step. This one aims at
-//! the calls of the second with close to the memory of the first (how close: the figures
-//! above):
+//! the calls of the second with close to the memory of the first:
 //! - **Pages stay mapped.** A freed block's pages stay mapped and open ("idle" when no block
 //!   touches them) and are reused in place: a free makes no driver call, ever. The pages of
 //!   a training step are mapped during the first steps and reused by the later ones.
@@ -40,24 +41,25 @@
 //!   The headroom is the memory traded for calls: idle pages a later step finds mapped.
 //! - **Mapping ahead.** Below the limit, a block that maps pages also maps up to
 //!   [`LazyPagedPool::with_ahead_bytes`] more free pages after it, in handles of their own
-//!   but the same cuMemSetAccess: a growing pool pays per call and per mapping, and
-//!   cuMemSetAccess of one 1 GiB mapping costs about 4 × one of 2 MiB on an H200, not 512 ×,
-//!   so fewer, larger spans cost less for the same bytes.
+//!   but the same cuMemSetAccess: a growing pool pays per call and per mapping, and the cost
+//!   of cuMemSetAccess grows far more slowly than the bytes it opens, so fewer, larger spans
+//!   cost less for the same bytes.
 //! - **Handles.** Each run of new pages is cut into handles of a power of two of pages,
 //!   largest first, at most [`LazyConfig::handle_bytes`](crate::config::LazyConfig::handle_bytes)
 //!   (one cuMemCreate and one cuMemMap each; at most log2 of the run's pages handles): a
 //!   few sizes of pieces that fit later runs. An idle extent moves whole, and one that a
 //!   live block still touches in part cannot move at all: that is where this policy loses
-//!   memory against `paged`. Smaller handles move more easily (64 MiB: 1.21 on mixed_sizes
-//!   instead of 1.34) but a repeated step can then drift, placing a block one page lower
-//!   each time and creating that page (+2 MiB a step in this module's repeated-step test);
-//!   with 1 GiB handles (the default) it settles after the second step. Unmapped handles
+//!   memory against `paged`. Smaller handles move more easily but a repeated step can then
+//!   drift, placing a block one page lower each time and creating that page (this module's
+//!   repeated-step test shows it); with 1 GiB handles (the default) it settles after the
+//!   second step. Unmapped handles
 //!   wait in a cache (at most
 //!   [`AllocatorConfig::page_cache_pages`](crate::config::AllocatorConfig::page_cache_pages)
 //!   pages, the largest released first) and fill later runs before anything is created.
-//! - **Quick reuse.** Up to [`QUICK_SLOTS`] freed blocks are kept whole and handed out again
-//!   to a request of the same rounded size (the O(1) hit path). They go back to the free
-//!   space before any page is mapped, so they never raise the peak.
+//! - **Quick reuse.** Up to [`QUICK_SLOTS`] freed blocks (no bound on their bytes, unlike
+//!   `paged`'s) are kept whole and handed out again to a request of the same rounded size
+//!   (the O(1) hit path). They go back to the free space before any page is mapped, so they
+//!   never raise the peak.
 //!
 //! Idle pages are given back only by [`Allocator::empty_cache`] (and on out-of-memory, which
 //! calls it and retries), as PyTorch's expandable segments do.
@@ -131,7 +133,7 @@ use crate::vmm::{LiveBlock, QUICK_SLOTS};
 /// let mapped: Vec<u64> = pool
 ///     .page_table()
 ///     .iter()
-///     .filter(|row| matches!(row.state, PageState::Mapped { .. }))
+///     .filter(|row| row.state == PageState::Mapped)
 ///     .map(|row| row.bytes)
 ///     .collect();
 /// assert_eq!(mapped, [2 << 20, 4 << 20]);

@@ -2,7 +2,7 @@
 //! and unmapped stretches, for people (`Display`) and machines (`serde`).
 use super::LazyPagedPool;
 use crate::vmm::view::push_unmapped_page;
-use crate::vmm::{PageState, VaRangeView};
+use crate::vmm::VaRangeView;
 
 impl LazyPagedPool {
     /// The page table (the address translation table): every reserved range from low to
@@ -28,16 +28,14 @@ impl LazyPagedPool {
                     Some(pg) if pg.ext_first as usize != i => {}
                     Some(pg) => {
                         let bytes = u64::from(pg.ext_pages) * p;
-                        rows.push(VaRangeView {
+                        rows.push(VaRangeView::mapped(
                             va,
                             bytes,
-                            page_bytes: p,
-                            state: PageState::Mapped {
-                                handle: pg.handle,
-                                live_blocks: touching(va, va + bytes),
-                                access: pg.access,
-                            },
-                        })
+                            p,
+                            pg.handle,
+                            touching(va, va + bytes),
+                            pg.access,
+                        ))
                     }
                     None => push_unmapped_page(&mut rows, va, p),
                 }

@@ -3,27 +3,20 @@
 //! people (`Display`) and machines (`serde`).
 use crate::device::PhysHandle;
 
-/// State of one row of the page-table view.
+/// State of one row of a page table: a pool's ([`VaRangeView`]) or a device's
+/// ([`PageRow`](crate::adaptor::PageRow)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PageState {
-    /// Pages mapped to one physical handle.
-    Mapped {
-        /// The cuMemCreate handle mapped there.
-        handle: PhysHandle,
-        /// Blocks touching the row's pages, live or held for quick reuse (0: idle pages,
-        /// mapped and kept for reuse in place).
-        live_blocks: u32,
-        /// Whether cuMemSetAccess opened it to the device.
-        access: bool,
-    },
+    /// Physical memory mapped here (one handle).
+    Mapped,
     /// Reserved virtual addresses with no physical memory behind them.
     ReservedUnmapped,
 }
 
 /// One row of a page table ([`PagedPool::page_table`](crate::paged::PagedPool::page_table),
 /// [`LazyPagedPool::page_table`](crate::paged_lazy::LazyPagedPool::page_table)): a stretch of
-/// one reserved range.
+/// one reserved range, mapped to one physical handle or unmapped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct VaRangeView {
     /// First virtual address of the row.
@@ -33,8 +26,37 @@ pub struct VaRangeView {
     pub bytes: u64,
     /// Physical page size (the device granularity), in bytes.
     pub page_bytes: u64,
-    /// Mapped (with its handle) or reserved-unmapped.
+    /// Mapped or reserved-unmapped.
     pub state: PageState,
+    /// The cuMemCreate handle mapped there (`None` when unmapped).
+    pub handle: Option<PhysHandle>,
+    /// Blocks touching the row's pages, live or held for quick reuse (0: idle pages, mapped
+    /// and kept for reuse in place; 0 when unmapped).
+    pub live_blocks: u32,
+    /// Whether cuMemSetAccess opened it to the device (`false` when unmapped).
+    pub access: bool,
+}
+
+impl VaRangeView {
+    /// The row of `handle` mapped over `[va, va + bytes)`.
+    pub fn mapped(
+        va: u64,
+        bytes: u64,
+        page_bytes: u64,
+        handle: PhysHandle,
+        live_blocks: u32,
+        access: bool,
+    ) -> Self {
+        VaRangeView {
+            va,
+            bytes,
+            page_bytes,
+            state: PageState::Mapped,
+            handle: Some(handle),
+            live_blocks,
+            access,
+        }
+    }
 }
 
 impl std::fmt::Display for VaRangeView {
@@ -47,13 +69,9 @@ impl std::fmt::Display for VaRangeView {
         } else {
             format!("{} KiB", self.page_bytes >> 10)
         };
-        match self.state {
-            PageState::Mapped {
-                handle,
-                live_blocks,
-                access,
-            } => {
-                let what = match (live_blocks, access) {
+        match (self.state, self.handle) {
+            (PageState::Mapped, Some(handle)) => {
+                let what = match (self.live_blocks, self.access) {
                     (0, _) => "mapped, idle".to_string(),
                     (n, true) => format!("mapped, {n} block{}", if n == 1 { "" } else { "s" }),
                     (n, false) => format!("mapped without access, {n} blocks"),
@@ -64,7 +82,7 @@ impl std::fmt::Display for VaRangeView {
                     self.va, handle.0
                 )
             }
-            PageState::ReservedUnmapped => write!(
+            _ => write!(
                 f,
                 "{:#x} - {end:#x} | unmapped | {page} | reserved, {} pages",
                 self.va,
@@ -86,6 +104,9 @@ pub(crate) fn push_unmapped_page(rows: &mut Vec<VaRangeView>, va: u64, p: u64) {
             bytes: p,
             page_bytes: p,
             state: PageState::ReservedUnmapped,
+            handle: None,
+            live_blocks: 0,
+            access: false,
         }),
     }
 }
