@@ -249,6 +249,23 @@ impl PagedPool {
         self.lazy_unmap = lazy;
         self
     }
+}
+
+impl VmmPool for PagedPool {
+    fn page_bytes_mut(&mut self) -> &mut u64 {
+        &mut self.vmm.page_bytes
+    }
+
+    /// The quick list holds at most the page cache's bytes.
+    #[inline]
+    fn pages_known(&mut self) {
+        self.quick.set_max_bytes(Some(
+            self.vmm
+                .cache
+                .limit_pages()
+                .saturating_mul(self.vmm.page_bytes),
+        ));
+    }
 
     /// One allocation attempt (no OOM retry).
     fn try_allocate(
@@ -307,34 +324,6 @@ impl PagedPool {
         };
         self.commit_block(pl, bytes, requested, Some(ends_mapped));
         Ok(block(pl.addr))
-    }
-}
-
-impl VmmPool for PagedPool {
-    fn page_bytes_mut(&mut self) -> &mut u64 {
-        &mut self.vmm.page_bytes
-    }
-
-    /// The quick list holds at most the page cache's bytes.
-    #[inline]
-    fn pages_known(&mut self) {
-        self.quick.set_max_bytes(Some(
-            self.vmm
-                .cache
-                .limit_pages()
-                .saturating_mul(self.vmm.page_bytes),
-        ));
-    }
-
-    #[inline]
-    fn try_allocate(
-        &mut self,
-        dev: &mut dyn Device,
-        bytes: u64,
-        align: u64,
-        requested: u64,
-    ) -> Result<Block, AllocError> {
-        PagedPool::try_allocate(self, dev, bytes, align, requested)
     }
 
     fn count_retry(&mut self) {

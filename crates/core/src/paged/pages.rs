@@ -216,41 +216,15 @@ impl PagedPool {
         // Rewrites the plan with cached handles where they fit, into the spare vector, which
         // then becomes the plan (no shift of the entries, no allocation once both have grown).
         let mut spare = std::mem::take(&mut self.plan_spare);
-        let fill = |this: &mut Self, plan: &mut Vec<PlanRun>, out: &mut Vec<PlanRun>| {
-            let mut left = 0;
-            out.clear();
-            for &(page, h, n) in plan.iter() {
-                if h.is_some() {
-                    out.push((page, h, n));
-                    continue;
-                }
-                let (mut at, mut rest) = (page, n);
-                while rest > 0 {
-                    let Some((i, k)) = this.vmm.cache.pick(rest) else {
-                        break;
-                    };
-                    let c = this.vmm.cache.take_sized(i, k);
-                    out.push((at, Some(c), c.pages));
-                    at += c.pages as usize;
-                    rest -= c.pages;
-                }
-                if rest > 0 {
-                    out.push((at, None, rest));
-                    left += rest;
-                }
-            }
-            std::mem::swap(plan, out);
-            left
-        };
         if !plan.is_empty() {
-            leftover = fill(self, &mut plan, &mut spare);
+            leftover = map::fill_from_cache(&mut self.vmm.cache, &mut plan, &mut spare);
         }
         if leftover > 0 && self.idle_count > 0 {
             if let Err(e) = self.steal_idle(dev, leftover, lo, hi) {
                 map::give_back(&mut self.vmm.cache, &plan);
                 return Err(e);
             }
-            leftover = fill(self, &mut plan, &mut spare);
+            leftover = map::fill_from_cache(&mut self.vmm.cache, &mut plan, &mut spare);
         }
         self.plan_spare = spare;
         if leftover > 0 {
@@ -269,10 +243,33 @@ impl PagedPool {
             self.unwind_maps(dev, ri, &taken);
             return Err(e);
         }
-        // One cuMemSetAccess from the first to the last page without access: every page of
-        // the block is mapped by now, so the range may span pages already open.
-        // `taken` ascends and is not in the page table yet; a page already mapped needs it
-        // when it is still closed.
+        let (first, last) = self.access_range(ri, p0, p1, any_closed, &taken);
+        if let (Some(a), Some(b)) = (first, last) {
+            if let Err(e) = dev.set_access(base + a as u64 * p, (b - a + 1) as u64 * p) {
+                self.unwind_maps(dev, ri, &taken);
+                return Err(e);
+            }
+        }
+        self.commit_maps(ri, p0, p1, any_closed, &taken);
+        self.taken_scratch = taken;
+        self.plan_scratch = plan;
+        Ok(ends_mapped)
+    }
+
+    /// The pages one cuMemSetAccess must open after [`PagedPool::map_block_pages`] mapped
+    /// `taken` (ascending, not in the page table yet) for a block on pages `p0..=p1`: from
+    /// the first page without access to the last (every page of the block is mapped by
+    /// then, so the range may span pages already open). A page mapped before needs it only
+    /// when it is still closed (`any_closed`: a quarantined one).
+    #[inline(always)]
+    fn access_range(
+        &self,
+        ri: usize,
+        p0: usize,
+        p1: usize,
+        any_closed: bool,
+        taken: &[Taken],
+    ) -> (Option<usize>, Option<usize>) {
         let closed = |pg: usize| {
             self.vmm
                 .reservations
@@ -285,7 +282,7 @@ impl PagedPool {
         let last_new = taken
             .last()
             .map(|t| t.page + (t.handle.pages as usize).saturating_sub(1));
-        let (first, last) = if any_closed {
+        if any_closed {
             let first = (p0..first_new.unwrap_or(p1 + 1))
                 .find(|&pg| closed(pg))
                 .or(first_new);
@@ -296,28 +293,24 @@ impl PagedPool {
             (first, last)
         } else {
             (first_new, last_new)
-        };
-        if let (Some(a), Some(b)) = (first, last) {
-            if let Err(e) = dev.set_access(base + a as u64 * p, (b - a + 1) as u64 * p) {
-                self.unwind_maps(dev, ri, &taken);
-                return Err(e);
-            }
         }
-        // Commit the new pages, with the block's reference (the caller raises the refs of
-        // the pages that were mapped before).
-        for t in &taken {
+    }
+
+    /// Commits the mappings `taken` of a block on pages `p0..=p1` of reservation `ri`, with
+    /// the block's reference (the caller raises the refs of the pages that were mapped
+    /// before), and marks the block's pages open (new ones are already; `any_closed`: some
+    /// page mapped before was not).
+    #[inline(always)]
+    fn commit_maps(&mut self, ri: usize, p0: usize, p1: usize, any_closed: bool, taken: &[Taken]) {
+        for t in taken {
             self.set_extent(ri, t.page, t.handle, 1, true);
             self.vmm.mapped_pages += t.handle.pages;
         }
-        // Pages the block covers are now open (new ones are already).
         if let (true, Some(r)) = (any_closed, self.vmm.reservations.get_mut(ri)) {
             for pg in r.pages.range_mut(p0, p1 + 1).flatten() {
                 pg.access = true;
             }
         }
-        self.taken_scratch = taken;
-        self.plan_scratch = plan;
-        Ok(ends_mapped)
     }
 
     /// Returns the span of a block (live or quick) to the free map: one cuMemUnmap over
@@ -331,10 +324,7 @@ impl PagedPool {
     ) -> Result<(), AllocError> {
         let p = self.vmm.page_bytes;
 
-        let ri = self
-            .vmm
-            .res_of(addr)
-            .ok_or_else(|| AllocError::Internal(format!("block {addr:#x} outside VA")))?;
+        let ri = self.vmm.res_holding(addr, "block")?;
         let base = self.vmm.reservations[ri].va;
         let sh = p.trailing_zeros();
         let p0 = ((addr - base) >> sh) as usize;

@@ -11,37 +11,7 @@ impl PagedPool {
         self.idle_count
     }
 
-    /// Page size in bytes (the device granularity); 0 before the first allocation.
-    pub fn page_bytes(&self) -> u64 {
-        self.vmm.page_bytes
-    }
-
-    /// Pages mapped now (under live blocks, plus idle pages left by a failed unwind).
-    pub fn mapped_pages(&self) -> u64 {
-        self.vmm.mapped_pages
-    }
-
-    /// Unmapped physical handles in the cache.
-    pub fn cached_handles(&self) -> &[CachedHandle] {
-        self.vmm.cache.as_slice()
-    }
-
-    /// Pages of the unmapped handles in the cache.
-    pub fn cached_pages(&self) -> u64 {
-        self.vmm.cache.pages()
-    }
-
-    /// Reserved virtual ranges as `(start, bytes)`.
-    pub fn reserved_ranges(&self) -> Vec<(u64, u64)> {
-        self.vmm.reserved_ranges()
-    }
-
-    /// Live blocks as `(addr, allocated_bytes)` in address order.
-    pub fn live_blocks(&self) -> Vec<(u64, u64)> {
-        let mut v: Vec<_> = self.live.iter().map(|(&a, b)| (a, b.bytes)).collect();
-        v.sort_unstable();
-        v
-    }
+    crate::vmm::vmm_accessors!();
 
     /// The page table (the address translation table, "地址翻译表"): every reserved range from low to high
     /// addresses, one row per mapped handle (one or more pages, with its physical handle) and

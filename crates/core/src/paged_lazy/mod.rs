@@ -110,7 +110,6 @@ use placement::{FreeSpace, Placement};
 use crate::vmm::handles::ReleaseOrder;
 use crate::vmm::quick::{QuickBlock, QuickList};
 use crate::vmm::retry::{self, VmmPool};
-use crate::vmm::CachedHandle;
 use crate::vmm::Vmm;
 use crate::vmm::{LiveBlock, QUICK_SLOTS};
 
@@ -260,37 +259,7 @@ impl LazyPagedPool {
         n
     }
 
-    /// Page size in bytes (the device granularity); 0 before the first allocation.
-    pub fn page_bytes(&self) -> u64 {
-        self.vmm.page_bytes
-    }
-
-    /// Pages mapped now (under blocks, idle, or quarantined).
-    pub fn mapped_pages(&self) -> u64 {
-        self.vmm.mapped_pages
-    }
-
-    /// Unmapped physical handles in the cache.
-    pub fn cached_handles(&self) -> &[CachedHandle] {
-        self.vmm.cache.as_slice()
-    }
-
-    /// Pages of the unmapped handles in the cache.
-    pub fn cached_pages(&self) -> u64 {
-        self.vmm.cache.pages()
-    }
-
-    /// Reserved virtual ranges as `(start, bytes)`.
-    pub fn reserved_ranges(&self) -> Vec<(u64, u64)> {
-        self.vmm.reserved_ranges()
-    }
-
-    /// Live blocks as `(addr, allocated_bytes)` in address order.
-    pub fn live_blocks(&self) -> Vec<(u64, u64)> {
-        let mut v: Vec<_> = self.live.iter().map(|(&a, b)| (a, b.bytes)).collect();
-        v.sort_unstable();
-        v
-    }
+    crate::vmm::vmm_accessors!();
 
     /// Blocks holding address space: live ones and those kept for quick reuse.
     fn blocks_held(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
@@ -316,6 +285,35 @@ impl LazyPagedPool {
         let (run, addr) = self.space.best_fit(bytes, align)?;
         self.space.take_mapped(run, addr, bytes);
         Some(self.commit_live(addr, bytes, requested))
+    }
+
+    /// Returns a block's span to the free space; its pages stay mapped. No driver call.
+    fn free_span(&mut self, addr: u64, bytes: u64) -> Result<(), AllocError> {
+        let ri = self.vmm.res_holding(addr, "block")?;
+        let r = &self.vmm.reservations[ri];
+        self.space.give(addr, bytes, r.va, r.end(), true);
+        Ok(())
+    }
+
+    /// Gives every block of the quick list back to the free space.
+    fn flush_quick(&mut self) -> Result<(), AllocError> {
+        while let Some(q) = self.quick.pop_back() {
+            self.free_span(q.addr, q.bytes)?;
+        }
+        Ok(())
+    }
+}
+
+impl VmmPool for LazyPagedPool {
+    fn page_bytes_mut(&mut self) -> &mut u64 {
+        &mut self.vmm.page_bytes
+    }
+
+    /// The largest handle in pages, once the page size is known.
+    fn pages_known(&mut self) {
+        if self.handle_pages == 0 {
+            self.handle_pages = (self.handle_bytes / self.vmm.page_bytes).max(1);
+        }
     }
 
     /// One allocation attempt (no OOM retry).
@@ -368,48 +366,6 @@ impl LazyPagedPool {
         let lo = pl.addr - (pl.addr - r.va) % p;
         self.space.rebuild_mapped(r, p, lo, hi);
         Ok(self.commit_live(pl.addr, bytes, requested))
-    }
-
-    /// Returns a block's span to the free space; its pages stay mapped. No driver call.
-    fn free_span(&mut self, addr: u64, bytes: u64) -> Result<(), AllocError> {
-        let ri = self
-            .vmm
-            .res_of(addr)
-            .ok_or_else(|| AllocError::Internal(format!("block {addr:#x} outside VA")))?;
-        let r = &self.vmm.reservations[ri];
-        self.space.give(addr, bytes, r.va, r.end(), true);
-        Ok(())
-    }
-
-    /// Gives every block of the quick list back to the free space.
-    fn flush_quick(&mut self) -> Result<(), AllocError> {
-        while let Some(q) = self.quick.pop_back() {
-            self.free_span(q.addr, q.bytes)?;
-        }
-        Ok(())
-    }
-}
-
-impl VmmPool for LazyPagedPool {
-    fn page_bytes_mut(&mut self) -> &mut u64 {
-        &mut self.vmm.page_bytes
-    }
-
-    /// The largest handle in pages, once the page size is known.
-    fn pages_known(&mut self) {
-        if self.handle_pages == 0 {
-            self.handle_pages = (self.handle_bytes / self.vmm.page_bytes).max(1);
-        }
-    }
-
-    fn try_allocate(
-        &mut self,
-        dev: &mut dyn Device,
-        bytes: u64,
-        align: u64,
-        requested: u64,
-    ) -> Result<Block, AllocError> {
-        LazyPagedPool::try_allocate(self, dev, bytes, align, requested)
     }
 
     fn count_retry(&mut self) {

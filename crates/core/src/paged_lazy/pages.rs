@@ -289,6 +289,65 @@ impl LazyPagedPool {
         Ok(())
     }
 
+    /// The runs of pages [`LazyPagedPool::map_for_block`] maps for a block on pages
+    /// `p0..=p1` of reservation `ri` (`need` of them unmapped) and `ahead` pages after it, as
+    /// `(first page, pages)` in page order: each run of unmapped pages under the block, then
+    /// the pages ahead, each cut into handles of a power of two of pages, largest first.
+    fn runs_to_map(
+        &self,
+        ri: usize,
+        p0: usize,
+        p1: usize,
+        need: u64,
+        ahead: usize,
+    ) -> Vec<(usize, u64)> {
+        // Runs of unmapped pages to fill; the pages mapped ahead get a handle of their own,
+        // so that either can move once idle without the other.
+        let Some(r) = self.vmm.reservations.get(ri) else {
+            return Vec::new();
+        };
+        let mut gaps: Vec<(usize, u64)> = Vec::new();
+        if need > 0 {
+            let mut start = None;
+            for (page, s) in (p0..=p1).zip(r.pages.range(p0, p1 + 1)) {
+                match (s, start) {
+                    (None, None) => start = Some(page),
+                    (Some(_), Some(st)) => {
+                        gaps.push((st, (page - st) as u64));
+                        start = None;
+                    }
+                    _ => {}
+                }
+            }
+            if let Some(st) = start {
+                gaps.push((st, (p1 + 1 - st) as u64));
+            }
+        }
+        if ahead > 0 {
+            gaps.push((p1 + 1, ahead as u64));
+        }
+        // Handles of a power of two of pages, at most `handle_pages`: a handle moves only
+        // whole and only once no block touches it, so smaller handles let the pool take back
+        // idle pages between live blocks, at one cuMemCreate and one cuMemMap each; powers
+        // of two keep the cached pieces few in sizes, so that they fit later runs.
+        let cap = self.handle_pages.max(1);
+        gaps.into_iter()
+            .flat_map(|(at, n)| {
+                let mut out = Vec::new();
+                let (mut at, mut rest) = (at, n);
+                while rest > 0 {
+                    // Largest power of two of pages first: movable pieces of a few sizes
+                    // that fit any later run, at most log2(run) handles per run.
+                    let k = (1u64 << (63 - rest.leading_zeros())).min(cap);
+                    out.push((at, k));
+                    at += k as usize;
+                    rest -= k;
+                }
+                out
+            })
+            .collect()
+    }
+
     /// Maps and opens every page a block at `addr` of `bytes` in reservation `ri` needs,
     /// and, while the pool is below its page limit, up to `ahead_bytes` more pages after it
     /// (one handle per run of new pages, one cuMemSetAccess over all of them). Handles come
@@ -340,49 +399,7 @@ impl LazyPagedPool {
             }
         }
         let last = p1 + ahead;
-        // Runs of unmapped pages to fill; the pages mapped ahead get a handle of their own,
-        // so that either can move once idle without the other.
-        let mut gaps: Vec<(usize, u64)> = Vec::new();
-        if need > 0 {
-            let mut start = None;
-            for (page, s) in (p0..=p1).zip(r.pages.range(p0, p1 + 1)) {
-                match (s, start) {
-                    (None, None) => start = Some(page),
-                    (Some(_), Some(st)) => {
-                        gaps.push((st, (page - st) as u64));
-                        start = None;
-                    }
-                    _ => {}
-                }
-            }
-            if let Some(st) = start {
-                gaps.push((st, (p1 + 1 - st) as u64));
-            }
-        }
-        if ahead > 0 {
-            gaps.push((p1 + 1, ahead as u64));
-        }
-        // Handles of a power of two of pages, at most `handle_pages`: a handle moves only
-        // whole and only once no block touches it, so smaller handles let the pool take back
-        // idle pages between live blocks, at one cuMemCreate and one cuMemMap each; powers
-        // of two keep the cached pieces few in sizes, so that they fit later runs.
-        let cap = self.handle_pages.max(1);
-        let gaps: Vec<(usize, u64)> = gaps
-            .into_iter()
-            .flat_map(|(at, n)| {
-                let mut out = Vec::new();
-                let (mut at, mut rest) = (at, n);
-                while rest > 0 {
-                    // Largest power of two of pages first: movable pieces of a few sizes
-                    // that fit any later run, at most log2(run) handles per run.
-                    let k = (1u64 << (63 - rest.leading_zeros())).min(cap);
-                    out.push((at, k));
-                    at += k as usize;
-                    rest -= k;
-                }
-                out
-            })
-            .collect();
+        let gaps = self.runs_to_map(ri, p0, p1, need, ahead);
         let total: u64 = gaps.iter().map(|g| g.1).sum();
         // Plan: (page, handle or None = create, pages).
         let mut plan: Vec<PlanRun> = Vec::new();
@@ -518,10 +535,7 @@ impl LazyPagedPool {
         bytes: u64,
     ) -> Result<(), AllocError> {
         let p = self.vmm.page_bytes;
-        let ri = self
-            .vmm
-            .res_of(va)
-            .ok_or_else(|| AllocError::Internal(format!("quarantined {va:#x} outside VA")))?;
+        let ri = self.vmm.res_holding(va, "quarantined")?;
         let (base, end) = (
             self.vmm.reservations[ri].va,
             self.vmm.reservations[ri].end(),

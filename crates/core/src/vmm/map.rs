@@ -46,6 +46,43 @@ pub(crate) fn give_back(cache: &mut HandleCache, plan: &[PlanRun]) {
     }
 }
 
+/// Rewrites `plan` with cached handles where they fit, into `out`, which then becomes the
+/// plan (no shift of the entries, no allocation once both have grown): each run without a
+/// handle is filled, from its first page, with the handle [`HandleCache::pick`] names for
+/// what is left of it (one of that size, else the largest smaller), repeatedly; what no
+/// cached handle fits stays a run to create. Returns the pages still to create.
+#[inline(always)]
+pub(crate) fn fill_from_cache(
+    cache: &mut HandleCache,
+    plan: &mut Vec<PlanRun>,
+    out: &mut Vec<PlanRun>,
+) -> u64 {
+    let mut left = 0;
+    out.clear();
+    for &(page, h, n) in plan.iter() {
+        if h.is_some() {
+            out.push((page, h, n));
+            continue;
+        }
+        let (mut at, mut rest) = (page, n);
+        while rest > 0 {
+            let Some((i, k)) = cache.pick(rest) else {
+                break;
+            };
+            let c = cache.take_sized(i, k);
+            out.push((at, Some(c), c.pages));
+            at += c.pages as usize;
+            rest -= c.pages;
+        }
+        if rest > 0 {
+            out.push((at, None, rest));
+            left += rest;
+        }
+    }
+    std::mem::swap(plan, out);
+    left
+}
+
 /// Carries out `plan` (runs in ascending page order) in the reservation at `base`: for each
 /// run, cuMemCreate of its pages where it has no handle (counted in `tracker`'s reserved
 /// bytes), then cuMemMap at its page; each mapping is pushed on `taken`. Opens nothing

@@ -57,6 +57,45 @@ pub(crate) struct LiveBlock {
 /// [`LazyPagedPool::with_quick_slots`](crate::paged_lazy::LazyPagedPool::with_quick_slots)).
 pub const QUICK_SLOTS: usize = 16;
 
+/// The read-only accessors every page-mapped pool offers, over its `vmm` (a [`Vmm`]) and
+/// `live` (live blocks by address) fields: one definition for both placements' public API.
+macro_rules! vmm_accessors {
+    () => {
+        /// Page size in bytes (the device granularity); 0 before the first allocation.
+        pub fn page_bytes(&self) -> u64 {
+            self.vmm.page_bytes
+        }
+
+        /// Pages mapped now (under blocks, idle, or quarantined by a failed unwind).
+        pub fn mapped_pages(&self) -> u64 {
+            self.vmm.mapped_pages
+        }
+
+        /// Unmapped physical handles in the cache.
+        pub fn cached_handles(&self) -> &[$crate::vmm::CachedHandle] {
+            self.vmm.cache.as_slice()
+        }
+
+        /// Pages of the unmapped handles in the cache.
+        pub fn cached_pages(&self) -> u64 {
+            self.vmm.cache.pages()
+        }
+
+        /// Reserved virtual ranges as `(start, bytes)`.
+        pub fn reserved_ranges(&self) -> Vec<(u64, u64)> {
+            self.vmm.reserved_ranges()
+        }
+
+        /// Live blocks as `(addr, allocated_bytes)` in address order.
+        pub fn live_blocks(&self) -> Vec<(u64, u64)> {
+            let mut v: Vec<_> = self.live.iter().map(|(&a, b)| (a, b.bytes)).collect();
+            v.sort_unstable();
+            v
+        }
+    };
+}
+pub(crate) use vmm_accessors;
+
 /// The substrate's state of one pool: the page size, its reserved ranges with their page
 /// tables, the handle cache, what an unwind left quarantined, the mapped-page count and the
 /// figures. Each placement holds one, with its own index `X` on each reservation, and adds
@@ -99,6 +138,16 @@ impl<X> Vmm<X> {
     #[inline]
     pub(crate) fn res_of(&self, addr: u64) -> Option<usize> {
         reserve::res_of(&self.reservations, addr)
+    }
+
+    /// Index of the reservation holding the `what` at `addr` (a block, a quarantined span).
+    ///
+    /// # Errors
+    /// [`AllocError::Internal`](crate::AllocError::Internal) when no reservation holds it.
+    #[inline]
+    pub(crate) fn res_holding(&self, addr: u64, what: &str) -> Result<usize, crate::AllocError> {
+        self.res_of(addr)
+            .ok_or_else(|| crate::AllocError::Internal(format!("{what} {addr:#x} outside VA")))
     }
 
     /// Reserved virtual ranges as `(start, bytes)`.
