@@ -7,18 +7,30 @@
 //! A page-mapped allocator is a *placement* (where a block goes, which pages it maps, when
 //! pages are unmapped) over a *substrate* (the driver's objects and their bookkeeping). The
 //! placements differ and stay in their own modules: `paged` places blocks by the pages they
-//! map and counts the blocks on each page; `paged-lazy` keeps pages mapped and indexes
-//! mapped extents with a Fenwick tree. The substrate is the same for both and lives here:
-//! - `quick.rs`: the quick-reuse list (freed blocks kept whole, O(1) to drop the oldest),
-//!   bounded by a block count and optionally by bytes;
+//! map and counts the blocks on each page; `paged-lazy` (`placement=pages`) keeps pages
+//! mapped and indexes mapped extents with a Fenwick tree. The substrate is the same for both
+//! and lives here; each pool holds one `Vmm` and calls into it:
+//! - `reserve.rs`: reserved virtual ranges (cuMemAddressReserve / cuMemAddressFree), each
+//!   with its page table (`slots.rs`, sparse) and the placement's own index over its pages;
 //! - `handles.rs`: physical handles and their cache (an index by size, `sizes.rs`), the
 //!   cuMemRelease of a handle (retried once), the trim to the bound;
-//! - more to come in this module: reserved ranges, physical handles and their cache,
-//!   mapping bookkeeping and unwinding, the retry on out-of-memory.
+//! - `map.rs`: the page-table entry, an allocation's plan of new mappings filled from the
+//!   cache, cuMemCreate and cuMemMap in address order, and what unwinding needs;
+//! - `quick.rs`: the quick-reuse list (freed blocks kept whole, O(1) to drop the oldest),
+//!   bounded by a block count and optionally by bytes;
+//! - `retry.rs`: the page size, the request check and one retry after giving the cache back
+//!   on out-of-memory, for any placement (the crate-private `VmmPool` trait);
+//! - `range_map.rs` (free ranges as one sorted vector), `view.rs` (the page-table rows and
+//!   the one [`PageState`]), `validate.rs` and `check.rs` (invariant walks and the cross-check
+//!   against the simulated device), and `Vmm::validate`, the substrate's own invariants.
 //!
-//! Where the two strategies' policies differ (the quick list's byte bound, what counts
-//! against the cache bound, which handle goes first), the difference is a parameter or a
-//! choice of method here, not a second copy.
+//! Where the two strategies' policies differ, the difference is a parameter or a choice of
+//! method here, not a second copy: the quick list's byte bound (`paged`: the page cache's
+//! bytes; `paged-lazy`: none), what counts against the cache bound (`paged` adds its idle
+//! pages), which handle `empty_cache` releases first (`paged`: the last cached;
+//! `paged-lazy`: the largest), whether neighbouring mappings are unwound with one
+//! cuMemUnmap (`paged`) or one per handle (`paged-lazy`), and which slots of an extent the
+//! page table writes (`paged`: its ends; `paged-lazy`: every page).
 pub(crate) mod check;
 pub(crate) mod handles;
 pub(crate) mod map;
