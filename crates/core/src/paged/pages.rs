@@ -135,12 +135,7 @@ impl PagedPool {
         bytes: u64,
     ) -> Result<[bool; 2], DeviceError> {
         let p = self.vmm.page_bytes;
-        let Some(r) = self.vmm.reservations.get(ri) else {
-            return Err(DeviceError::Invalid {
-                call: "paged",
-                detail: "reservation vanished".into(),
-            });
-        };
+        let r = self.vmm.reservation(ri)?;
         let base = r.va;
         // Pages are a power of two: shifts and masks, not divisions.
         let sh = p.trailing_zeros();

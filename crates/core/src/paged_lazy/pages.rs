@@ -364,12 +364,7 @@ impl LazyPagedPool {
         bytes: u64,
     ) -> Result<u64, DeviceError> {
         let p = self.vmm.page_bytes;
-        let Some(r) = self.vmm.reservations.get(ri) else {
-            return Err(DeviceError::Invalid {
-                call: "paged",
-                detail: "reservation vanished".into(),
-            });
-        };
+        let r = self.vmm.reservation(ri)?;
         let base = r.va;
         let p0 = ((addr - base) / p) as usize;
         let p1 = ((addr + bytes - 1 - base) / p) as usize;

@@ -162,6 +162,24 @@ impl<X> Vmm<X> {
             .ok_or_else(|| crate::AllocError::Internal(format!("{what} {addr:#x} outside VA")))
     }
 
+    /// Reservation `ri`, which an allocation found and is about to map pages in.
+    ///
+    /// # Errors
+    /// [`DeviceError::Invalid`](crate::DeviceError::Invalid) when it is not there (a caller's
+    /// bug).
+    #[inline]
+    pub(crate) fn reservation(
+        &self,
+        ri: usize,
+    ) -> Result<&reserve::Reservation<X>, crate::DeviceError> {
+        self.reservations
+            .get(ri)
+            .ok_or_else(|| crate::DeviceError::Invalid {
+                call: "paged",
+                detail: "reservation vanished".into(),
+            })
+    }
+
     /// Reserved virtual ranges as `(start, bytes)`.
     pub(crate) fn reserved_ranges(&self) -> Vec<(u64, u64)> {
         self.reservations.iter().map(|r| (r.va, r.bytes)).collect()
@@ -214,12 +232,7 @@ impl<X> Vmm<X> {
         plan: &[map::PlanRun],
         taken: &mut Vec<map::Taken>,
     ) -> Result<(), crate::DeviceError> {
-        let Some(base) = self.reservations.get(ri).map(|r| r.va) else {
-            return Err(crate::DeviceError::Invalid {
-                call: "paged",
-                detail: "reservation vanished".into(),
-            });
-        };
+        let base = self.reservation(ri)?.va;
         map::map_plan(
             dev,
             &mut self.cache,
