@@ -425,7 +425,6 @@ impl Allocator for PagedPool {
     }
 }
 
-pub mod check;
 pub(crate) mod validate;
 
 #[cfg(test)]

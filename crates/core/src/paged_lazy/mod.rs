@@ -95,7 +95,6 @@
 //! quarantined out of the free space (still counted as reserved), and is given back by
 //! [`Allocator::empty_cache`]; if a cuMemRelease fails twice, the handle stays cached, even
 //! above the bound, until a later call trims the cache.
-pub mod check;
 mod pages;
 mod placement;
 mod validate;

@@ -104,6 +104,19 @@ macro_rules! vmm_accessors {
             v.sort_unstable();
             v
         }
+
+        /// Checks the allocator against `dev`, the [`SimDevice`]($crate::sim::SimDevice) it
+        /// runs on: the device holds exactly this allocator's reserved ranges, one mapping per
+        /// mapped handle, one live handle per held handle (mapped or cached), `used_bytes`
+        /// equal to `reserved_bytes`, and every live block is mapped with access. Assumes
+        /// nothing else uses `dev`.
+        ///
+        /// # Errors
+        /// [`AllocError::Internal`]($crate::AllocError::Internal) naming the first
+        /// disagreement.
+        pub fn check_device(&self, dev: &$crate::sim::SimDevice) -> Result<(), $crate::AllocError> {
+            $crate::vmm::check::device_agrees(dev, &self.vmm.held(self.live_blocks()))
+        }
     };
 }
 pub(crate) use vmm_accessors;
@@ -178,6 +191,24 @@ impl<X> Vmm<X> {
                 call: "paged",
                 detail: "reservation vanished".into(),
             })
+    }
+
+    /// What this substrate holds, with the pool's `live_blocks`, for
+    /// [`check::device_agrees`].
+    pub(crate) fn held(&self, live_blocks: Vec<(u64, u64)>) -> check::Held {
+        let mapped_handles = self
+            .reservations
+            .iter()
+            .flat_map(|r| r.pages.iter().enumerate())
+            .filter(|(i, s)| s.is_some_and(|pg| pg.ext_first as usize == *i))
+            .count();
+        check::Held {
+            ranges: self.reservations.len(),
+            mapped_handles,
+            cached_handles: self.cache.len(),
+            reserved_bytes: self.tracker.stats.reserved_bytes.current,
+            live_blocks,
+        }
     }
 
     /// Reserved virtual ranges as `(start, bytes)`.
