@@ -35,6 +35,7 @@ pub mod strategy;
 pub mod tlsf;
 pub mod torch;
 pub mod units;
+pub mod vmm;
 
 pub use adaptor::{Capped, Tracked, VmmBook};
 pub use arena::Arena;

@@ -1,8 +1,9 @@
-//! Replays a [`Trace`] through an [`Allocator`] on a [`Device`] and measures what it would
-//! reserve, how fragmented it gets and how many driver calls it makes.
+//! Replays a [`Trace`](crate::trace::Trace) through an
+//! [`Allocator`](gpumem_core::Allocator) on a [`Device`](gpumem_core::Device) and measures
+//! what it would reserve, how fragmented it gets and how many driver calls it makes.
 //!
 //! Semantics:
-//! - blocks live before recording started ([`Trace::preexisting`]) are allocated first;
+//! - blocks live before recording started ([`Trace::preexisting`](crate::trace::Trace::preexisting)) are allocated first;
 //! - `Alloc` asks the allocator for `size_bytes` with the event's alignment (or
 //!   [`ReplayConfig::default_align`]); `Free` returns the block;
 //! - an allocation that fails is counted and dropped together with its later free, and the

@@ -10,7 +10,8 @@ use crate::cuda::{CudaDevice, PointerInfo};
 
 use crate::units::bytes_compact;
 
-use gpumem_core::adaptor::{PageState, PageTable, VmmBook};
+use gpumem_core::adaptor::{PageTable, VmmBook};
+use gpumem_core::vmm::PageState;
 
 /// What a device can tell of its memory beyond the [`Device`] calls: its cuMemAlloc
 /// segments, its book of VMM calls, and the driver's own view of a pointer.

@@ -16,7 +16,7 @@ mod vmm_book;
 pub use capped::Capped;
 pub use metered::{Metered, Reserved};
 pub use tracked::Tracked;
-pub use vmm_book::{MappingRecord, PageRow, PageState, PageTable, VmmBook};
+pub use vmm_book::{MappingRecord, PageRow, PageTable, VmmBook};
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]

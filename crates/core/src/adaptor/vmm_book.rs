@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::vmm::PageState;
+
 /// One physical mapping inside a reservation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct MappingRecord {
@@ -26,16 +28,6 @@ pub struct VmmBook {
     pub handles: BTreeMap<u64, u64>,
     /// Mappings: va -> record.
     pub mappings: BTreeMap<u64, MappingRecord>,
-}
-
-/// State of one row of the page table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PageState {
-    /// Physical memory mapped here.
-    Mapped,
-    /// Reserved virtual space with nothing mapped.
-    ReservedUnmapped,
 }
 
 /// One row of a page table: a mapped page (or run of pages from one handle) or a hole.

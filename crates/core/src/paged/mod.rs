@@ -1,19 +1,21 @@
 //! A page-mapped allocator over CUDA virtual memory management (cuMemAddressReserve,
 //! cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease, cuMemAddressFree), the
 //! mechanism behind PyTorch's `expandable_segments` and the address translation table
-//! ("地址翻译表") of GPU memory tutorials: virtual addresses are reserved in large ranges and cost nothing, and physical pages of the
-//! device granularity are mapped only under live blocks.
+//! ("地址翻译表") of GPU memory tutorials: virtual addresses are reserved in large ranges and
+//! cost nothing, and physical pages of the device granularity are mapped only under live
+//! blocks. It is the page placement of `paged`; the driver's objects and their bookkeeping
+//! (reservations, handles and their cache, mapping and unwinding, the quick list, the retry
+//! on out-of-memory) are the substrate in [`crate::vmm`], shared with [`crate::paged_lazy`].
 //!
 //! This one unmaps pages as soon as no block touches them: the least memory of any strategy,
 //! for a driver call on almost every allocation. [`crate::paged_lazy`] keeps them mapped
 //! instead (no driver call in a repeated training step, some more memory).
 //!
 //! Where each idea lives: `placement.rs` (where a block goes), `pages.rs` (mapping and
-//! unmapping runs of pages, unwinding), `cache.rs` (the handle cache and idle pages),
-//! `sizes.rs` (the cached handles' sizes, a slot per small size), `page_bits.rs` (the idle
-//! pages of a reservation as a two-level bitmap), `live.rs` (the
-//! live blocks by address: an open-addressing table, one multiply a look-up), `view.rs` (the
-//! page-table view), `validate.rs` (the invariant checker).
+//! unmapping runs of pages, unwinding), `cache.rs` (idle pages and the bound they share with
+//! the handle cache), `page_bits.rs` (the idle pages of a reservation as a two-level
+//! bitmap), `live.rs` (the live blocks by address: an open-addressing table, one multiply a
+//! look-up), `view.rs` (the page-table view), `validate.rs` (the invariant checker).
 //!
 //! # Strategy
 //! - **Virtual ranges.** The first allocation reserves `2 × capacity` of virtual address space
@@ -30,18 +32,18 @@
 //!   Otherwise every free range is scored by the pages the block would newly map when placed
 //!   flush against its start or its end, then by the bytes of those new pages it would leave
 //!   free (the waste it adds), then by address; this O(free ranges) scan only runs when at
-//!   least one cuMemMap follows (≥ 25 µs on an H200), or when alignment above 256 bytes
-//!   defeats the fast path. On the three shipped PyTorch traces (`traces/`), peak reserved /
-//!   peak requested is 1.0016 (resnet_train), 1.0014 (gpt2_train) and 1.0110 (mixed_sizes),
-//!   against 1.115 / 1.213 / 1.714 for PyTorch's native allocator.
+//!   least one cuMemMap follows (a driver call costs far more than the scan), or when
+//!   alignment above 256 bytes defeats the fast path. BENCHMARKS.md has the peaks it reaches
+//!   on the shipped traces.
 //! - **Handles.** The pages a block covers whole can never be shared, so each run of them
-//!   gets one handle (one cuMemCreate and one cuMemMap for the run: 13 µs for 64 MiB against
-//!   10 µs per 2 MiB page); a page the block covers in part, which a later block may share,
-//!   gets a handle of its own so that it can be unmapped alone.
+//!   gets one handle (one cuMemCreate and one cuMemMap for the whole run, not one per page);
+//!   a page the block covers in part, which a later block may share, gets a handle of its
+//!   own so that it can be unmapped alone.
 //! - **Page cache.** Single pages no block touches any more stay mapped where they are
 //!   ("idle", reused in place without a driver call); other freed handles are unmapped and
 //!   kept whole. Idle pages and cached handles together stay within
-//!   [`AllocatorConfig::page_cache_pages`](crate::config::AllocatorConfig::page_cache_pages) pages (beyond it the largest cached handles are released).
+//!   [`AllocatorConfig::page_cache_pages`](crate::config::AllocatorConfig::page_cache_pages)
+//!   pages (beyond it the largest cached handles are released).
 //!   A run of new pages is filled from the cache (a handle of the same size first, else the
 //!   largest that fits, repeatedly), then from idle pages elsewhere (unmapped in runs, one
 //!   call per run); only what is still missing is created, after the cached handles too
@@ -50,12 +52,11 @@
 //!   `reserved_bytes` (mapped + cached) equals the peak of pages under blocks.
 //! - **Quick reuse.** Up to [`QUICK_SLOTS`] freed blocks (at most
 //!   `page_cache_pages × page` bytes in all) are kept whole and handed out again to a request
-//!   of the same rounded size and a compatible alignment: the O(1) hit path (≈ 30 ns per
-//!   allocate + free pair). They are given back to the free map before any page is mapped,
-//!   so they never raise the peak either.
-//! - **Batching.** One cuMemSetAccess (24–93 µs) opens all the pages an allocation maps,
-//!   spanning any already open page between them; a free unmaps the run of pages only it
-//!   touched with one cuMemUnmap.
+//!   of the same rounded size and a compatible alignment: the O(1) hit path. They are given
+//!   back to the free map before any page is mapped, so they never raise the peak either.
+//! - **Batching.** One cuMemSetAccess opens all the pages an allocation maps, spanning any
+//!   already open page between them; a free unmaps the run of pages only it touched with one
+//!   cuMemUnmap.
 //!
 //! # Streams and devices
 //! The `stream` argument is ignored: a freed block is reusable at once, on any stream, as
@@ -92,154 +93,24 @@ mod live;
 mod page_bits;
 mod pages;
 mod placement;
-pub(crate) mod range_map;
-mod sizes;
-pub(crate) mod slots;
-pub(crate) mod view;
+mod view;
 
-use crate::align::{align_down, align_up, is_pow2};
+use crate::align::{align_down, align_up};
 use crate::config::AllocatorConfig;
-use crate::device::{DeviceError, PhysHandle};
-use crate::{AllocError, Allocator, Block, Device, Stats, StatsTracker, DEFAULT_ALIGN};
-pub use view::{PageState, VaRangeView};
+use crate::device::DeviceError;
+use crate::vmm::handles::ReleaseOrder;
+use crate::vmm::map::{self, Page, PlanRun, Taken};
+use crate::vmm::quick::{QuickBlock, QuickList};
+use crate::vmm::range_map;
+use crate::vmm::reserve;
+use crate::vmm::retry::{self, VmmPool};
+use crate::vmm::Vmm;
+use crate::vmm::{CachedHandle, LiveBlock, QUICK_SLOTS, UNIT_BYTES};
+use crate::{AllocError, Allocator, Block, Device, Stats};
 
-/// Allocation unit in bytes: every block size and address is a multiple of it.
-pub const UNIT_BYTES: u64 = DEFAULT_ALIGN;
-
-/// Virtual address space reserved by the first reservation, as a multiple of the device
-/// capacity.
-pub const VA_CAPACITY_FACTOR: u64 = 2;
-
-/// A live block (of `paged` and `paged-lazy`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct LiveBlock {
-    /// Bytes set aside (multiple of [`UNIT_BYTES`]).
-    pub(crate) bytes: u64,
-    /// Bytes the user asked for.
-    pub(crate) requested: u64,
-}
-
-/// A freed block held in the quick-reuse list (of `paged` and `paged-lazy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct QuickBlock {
-    pub(crate) addr: u64,
-    /// Allocated bytes (multiple of [`UNIT_BYTES`]).
-    pub(crate) bytes: u64,
-}
-
-/// The quick-reuse list of a [`PagedPool`], oldest first: a vector whose first `head`
-/// entries are gone, so that dropping the oldest block (every free once the list is full)
-/// moves nothing; the gone entries are cut off once they are [`QUICK_GONE_MAX`].
-#[derive(Debug, Clone, Default)]
-struct QuickList {
-    v: Vec<QuickBlock>,
-    head: usize,
-}
-
-/// Gone entries a [`QuickList`] keeps before it shifts its blocks down.
-const QUICK_GONE_MAX: usize = 32;
-
-impl QuickList {
-    /// The blocks, oldest first.
-    #[inline]
-    fn as_slice(&self) -> &[QuickBlock] {
-        self.v.get(self.head..).unwrap_or_default()
-    }
-
-    /// Blocks held.
-    #[inline]
-    fn len(&self) -> usize {
-        self.v.len() - self.head
-    }
-
-    #[inline]
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The blocks, oldest first.
-    fn iter(&self) -> std::slice::Iter<'_, QuickBlock> {
-        self.as_slice().iter()
-    }
-
-    /// The oldest block.
-    #[inline]
-    fn front(&self) -> Option<QuickBlock> {
-        self.v.get(self.head).copied()
-    }
-
-    /// Drops the oldest block.
-    #[inline]
-    fn pop_front(&mut self) {
-        if self.head < self.v.len() {
-            self.head += 1;
-            if self.head == self.v.len() {
-                self.v.clear();
-                self.head = 0;
-            } else if self.head >= QUICK_GONE_MAX {
-                self.v.drain(..self.head);
-                self.head = 0;
-            }
-        }
-    }
-
-    /// Adds the newest block.
-    #[inline]
-    fn push_back(&mut self, q: QuickBlock) {
-        self.v.push(q);
-    }
-
-    /// Takes the block at position `i` (0 = oldest).
-    #[inline]
-    fn remove(&mut self, i: usize) -> Option<QuickBlock> {
-        let k = self.head + i;
-        (k < self.v.len()).then(|| self.v.remove(k))
-    }
-}
-
-/// Freed blocks held for same-size reuse, at most (default of [`PagedPool::with_quick_slots`]
-/// and [`LazyPagedPool::with_quick_slots`](crate::paged_lazy::LazyPagedPool::with_quick_slots)).
-pub const QUICK_SLOTS: usize = 16;
-
-/// The page-table entry of a mapped handle (see [`Reservation::pages`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Page {
-    /// The handle mapped over the extent.
-    handle: PhysHandle,
-    /// First page (index in the reservation) of the extent the handle covers.
-    ext_first: u32,
-    /// Pages in that extent (1 for a single-page handle).
-    ext_pages: u32,
-    /// Live or quick-reuse blocks touching each page of the extent (0 for an idle page;
-    /// 1 for a handle of several pages, which one block covers whole).
-    refs: u32,
-    /// Whether cuMemSetAccess succeeded over it.
-    access: bool,
-}
-
-/// One reserved virtual range and its pages.
-#[derive(Debug, Clone)]
-struct Reservation {
-    va: u64,
-    bytes: u64,
-    /// Pages in the reservation (`bytes / page size`).
-    npages: usize,
-    /// The page table, one slot per page (sparse: see [`slots`]): a mapped handle's entry
-    /// sits in the slots of its extent's first and last pages (one slot for a single
-    /// page); the slots inside an extent stay `None`, so that mapping or unmapping a
-    /// handle of any size writes two slots. Every page a lookup asks about is a single
-    /// page or an extent's end: a handle of several pages lies under the pages one block
-    /// covers whole, so a page holding a free byte (where a block starts or ends, or an
-    /// idle page) is a single page, and a block's end pages are its extents' ends.
-    pages: slots::SlotTable<Page>,
-    /// Idle pages: single-page handles mapped, but touched by no block, kept mapped for
-    /// reuse in place (lazy unmapping).
-    idle: page_bits::PageBits,
-}
-
-impl Reservation {
-    fn end(&self) -> u64 {
-        self.va + self.bytes
+impl reserve::PageIndex for page_bits::PageBits {
+    fn new(npages: usize) -> Self {
+        page_bits::PageBits::new(npages)
     }
 }
 
@@ -257,39 +128,11 @@ struct Placement {
     addr: u64,
 }
 
-/// A physical handle of `pages` pages (cuMemCreate of `pages × page_bytes`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct CachedHandle {
-    /// The cuMemCreate handle.
-    pub handle: PhysHandle,
-    /// Its size in pages.
-    pub pages: u64,
-}
-
-/// The cached handles of one size ([`PagedPool`]'s `cache_sizes`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct CacheSize {
-    /// The size, in pages.
-    pages: u64,
-    /// Handles of this size in the cache (never 0).
-    count: u32,
-    /// Index in the cache of the first of them.
-    first: u32,
-}
-
-/// A handle mapped for a new block during an allocation, to give back on failure.
-#[derive(Debug, Clone, Copy)]
-struct Taken {
-    /// First page (index in the reservation) it is mapped at.
-    page: usize,
-    handle: CachedHandle,
-    from_cache: bool,
-}
-
 /// The page-mapped allocator (see the module documentation).
 ///
 /// ```
-/// use gpumem_core::paged::{PageState, PagedPool};
+/// use gpumem_core::paged::PagedPool;
+/// use gpumem_core::vmm::PageState;
 /// use gpumem_core::config::AllocatorConfig;
 /// use gpumem_core::sim::SimDevice;
 /// use gpumem_core::{Allocator, Device};
@@ -304,7 +147,7 @@ struct Taken {
 /// let mapped: Vec<u64> = pool
 ///     .page_table()
 ///     .iter()
-///     .filter(|row| matches!(row.state, PageState::Mapped { .. }))
+///     .filter(|row| row.state == PageState::Mapped)
 ///     .map(|row| row.bytes)
 ///     .collect();
 /// assert_eq!(mapped, [2 << 20, 4 << 20]);
@@ -317,50 +160,35 @@ struct Taken {
 /// ```
 #[derive(Debug, Clone)]
 pub struct PagedPool {
-    /// Bound on idle pages + cached handles, in pages ([`AllocatorConfig::page_cache_pages`](crate::config::AllocatorConfig::page_cache_pages)).
-    cache_limit: u64,
-    /// Virtual bytes per reservation; 0 = [`VA_CAPACITY_FACTOR`] × device capacity.
-    va_chunk_bytes: u64,
-    /// Page size in bytes (the device granularity), known after the first allocation.
-    page_bytes: u64,
-    /// Reserved ranges in address order.
-    reservations: Vec<Reservation>,
+    /// The substrate: page size, reservations and their page tables, the handle cache
+    /// (bounded with the idle pages by
+    /// [`AllocatorConfig::page_cache_pages`](crate::config::AllocatorConfig::page_cache_pages)
+    /// pages), quarantined spans, mapped pages and the figures.
+    ///
+    /// Each reservation's page table is sparse (see
+    /// [`slots`](crate::vmm::slots)): a mapped handle's entry sits in the slots of its extent's first and last
+    /// pages (one slot for a single page); the slots inside an extent stay `None`, so that
+    /// mapping or unmapping a handle of any size writes two slots. Every page a lookup asks
+    /// about is a single page or an extent's end: a handle of several pages lies under the
+    /// pages one block covers whole, so a page holding a free byte (where a block starts or
+    /// ends, or an idle page) is a single page, and a block's end pages are its extents' ends.
+    /// Its index is its idle pages: single-page handles mapped, but touched by no block, kept
+    /// mapped for reuse in place (lazy unmapping).
+    vmm: Vmm<page_bits::PageBits>,
     /// Free virtual ranges: start → length in bytes; coalesced within a reservation. Each
     /// range's tag is its mapped fit ([`placement::fit_of`]): the most bytes a block can take
     /// in it without mapping a page, in [`UNIT_BYTES`] units.
     free: range_map::RangeMap<range_map::FitTags>,
     /// Live blocks by address.
     live: live::LiveMap,
-    /// Unmapped physical handles kept for reuse.
-    cache: Vec<CachedHandle>,
-    /// How many handles of each size (in pages) `cache` holds, and where the first of them
-    /// lies, so that a pick finds the handle it wants without walking the cache (a slot per
-    /// size up to 64 pages, a sorted vector above: see [`sizes`]).
-    cache_sizes: sizes::CacheSizes,
-    /// Pages of the handles in `cache`.
-    cached_pages: u64,
-    /// Spans (address, bytes) of whole pages left mapped without access by an unwind whose
-    /// cuMemUnmap failed twice; kept out of the free map until [`Allocator::empty_cache`].
-    quarantine: Vec<(u64, u64)>,
-    /// Pages currently mapped (including idle ones).
-    mapped_pages: u64,
-    /// Idle pages in all reservations (each reservation lists its own in
-    /// [`Reservation::idle`]).
+    /// Idle pages in all reservations (each reservation lists its own in its index).
     idle_count: u64,
     /// Whether pages no block touches stay mapped (idle) while the page cache has room.
     lazy_unmap: bool,
-    /// Set while the cache is above its bound (handles parked by a flush, or a failed
-    /// cuMemRelease); the next successful call trims it.
-    trim_pending: bool,
     /// Recently freed blocks kept whole for reuse by a request of the same size (the O(1)
-    /// hit path), oldest first; their bytes stay out of the free map.
+    /// hit path), oldest first; their bytes stay out of the free map. Bounded by
+    /// [`QUICK_SLOTS`] blocks and by the page cache's bytes.
     quick: QuickList,
-    /// Bytes of the blocks in `quick`.
-    quick_bytes: u64,
-    /// Most blocks `quick` may hold.
-    quick_slots: usize,
-    /// Figures in PyTorch's vocabulary.
-    tracker: StatsTracker,
     /// Scratch list of the handles a free unmaps (kept to spare an allocation per free).
     freed_scratch: Vec<CachedHandle>,
     /// Scratch list of the handles an allocation maps (kept to spare an allocation per
@@ -368,9 +196,9 @@ pub struct PagedPool {
     taken_scratch: Vec<Taken>,
     /// Scratch plan of the runs an allocation maps, `(first page, handle, pages)` (kept to
     /// spare an allocation per mapping allocation; an error path may leave it empty).
-    plan_scratch: Vec<(usize, Option<CachedHandle>, u64)>,
+    plan_scratch: Vec<PlanRun>,
     /// The plan's second buffer: the cache fill rewrites the plan into it, then swaps.
-    plan_spare: Vec<(usize, Option<CachedHandle>, u64)>,
+    plan_spare: Vec<PlanRun>,
     /// Scratch list of the idle pages an allocation takes (addresses, descending).
     picked_scratch: Vec<u64>,
     /// Scratch list of the handles of a run of idle pages on their way to the cache.
@@ -382,24 +210,12 @@ impl PagedPool {
     /// Uses `config.page_cache_pages` as the bound of the page cache.
     pub fn new(config: &AllocatorConfig) -> Self {
         PagedPool {
-            cache_limit: config.page_cache_pages,
-            va_chunk_bytes: 0,
-            page_bytes: 0,
-            reservations: Vec::new(),
+            vmm: Vmm::new(config.page_cache_pages),
             free: range_map::RangeMap::default(),
             live: live::LiveMap::default(),
-            cache: Vec::new(),
-            cache_sizes: sizes::CacheSizes::default(),
-            cached_pages: 0,
-            quarantine: Vec::new(),
-            mapped_pages: 0,
             idle_count: 0,
             lazy_unmap: true,
-            trim_pending: false,
-            quick: QuickList::default(),
-            quick_bytes: 0,
-            quick_slots: QUICK_SLOTS,
-            tracker: StatsTracker::default(),
+            quick: QuickList::new(QUICK_SLOTS),
             freed_scratch: Vec::new(),
             taken_scratch: Vec::new(),
             plan_scratch: Vec::new(),
@@ -411,16 +227,16 @@ impl PagedPool {
 
     /// Sets the virtual bytes reserved per cuMemAddressReserve (rounded up to the page size;
     /// a larger block gets a range of its own size). The default, 0, reserves
-    /// [`VA_CAPACITY_FACTOR`] × the device capacity.
+    /// [`VA_CAPACITY_FACTOR`](crate::vmm::VA_CAPACITY_FACTOR) × the device capacity.
     pub fn with_va_chunk_bytes(mut self, bytes: u64) -> Self {
-        self.va_chunk_bytes = bytes;
+        self.vmm.va_chunk_bytes = bytes;
         self
     }
 
     /// Sets how many freed blocks the quick-reuse list may hold (0 disables it: every free
     /// then unmaps at once the pages no live block touches). Default [`QUICK_SLOTS`].
     pub fn with_quick_slots(mut self, slots: usize) -> Self {
-        self.quick_slots = slots;
+        self.quick.set_max_blocks(slots);
         self
     }
 
@@ -433,12 +249,22 @@ impl PagedPool {
         self.lazy_unmap = lazy;
         self
     }
+}
 
-    /// Index of the reservation holding `addr`.
-    fn res_of(&self, addr: u64) -> Option<usize> {
-        let i = self.reservations.partition_point(|r| r.va <= addr);
-        let i = i.checked_sub(1)?;
-        (addr < self.reservations[i].end()).then_some(i)
+impl VmmPool for PagedPool {
+    fn page_bytes_mut(&mut self) -> &mut u64 {
+        &mut self.vmm.page_bytes
+    }
+
+    /// The quick list holds at most the page cache's bytes.
+    #[inline]
+    fn pages_known(&mut self) {
+        self.quick.set_max_bytes(Some(
+            self.vmm
+                .cache
+                .limit_pages()
+                .saturating_mul(self.vmm.page_bytes),
+        ));
     }
 
     /// One allocation attempt (no OOM retry).
@@ -454,16 +280,9 @@ impl PagedPool {
             requested_bytes: requested,
             allocated_bytes: bytes,
         };
-        if let Some(q) = self
-            .quick
-            .as_slice()
-            .iter()
-            .rposition(|q| q.bytes == bytes && q.addr & (align - 1) == 0)
-            .and_then(|i| self.quick.remove(i))
-        {
-            self.quick_bytes = self.quick_bytes.saturating_sub(q.bytes);
+        if let Some(q) = self.quick.take(bytes, align) {
             self.live.insert(q.addr, LiveBlock { bytes, requested });
-            self.tracker.on_alloc(requested, bytes);
+            self.vmm.tracker.on_alloc(requested, bytes);
             return Ok(block(q.addr));
         }
         if let Some(pl) = self.find_mapped_fit(bytes, align) {
@@ -485,7 +304,7 @@ impl PagedPool {
             None => {
                 let ri = self.grow(dev, bytes)?;
                 grown = Some(ri);
-                let r = &self.reservations[ri];
+                let r = &self.vmm.reservations[ri];
                 Placement {
                     res: ri,
                     range_start: r.va,
@@ -507,126 +326,14 @@ impl PagedPool {
         Ok(block(pl.addr))
     }
 
-    fn oom(&self, requested_bytes: u64) -> AllocError {
-        out_of_memory(self, requested_bytes)
+    fn count_retry(&mut self) {
+        self.vmm.tracker.stats.alloc_retries += 1;
     }
 
-    /// [`PagedPool::try_allocate`], and on out-of-memory [`Allocator::empty_cache`] and one
-    /// retry.
-    fn allocate_with_retry(
-        &mut self,
-        dev: &mut dyn Device,
-        bytes: u64,
-        align: u64,
-        size_bytes: u64,
-    ) -> Result<Block, AllocError> {
-        retry_once_after_empty_cache(
-            self,
-            dev,
-            size_bytes,
-            |a, dev| a.try_allocate(dev, bytes, align, size_bytes),
-            |a| a.tracker.stats.alloc_retries += 1,
-        )
+    #[inline]
+    fn allocated(&mut self, dev: &mut dyn Device) {
+        self.trim_cache(dev);
     }
-}
-
-/// The out-of-memory error of a page-mapped pool: the request and the pool's free bytes as
-/// [`Allocator::stats`] reports them. Shared by [`PagedPool`] and
-/// [`crate::paged_lazy::LazyPagedPool`].
-pub(crate) fn out_of_memory(pool: &dyn Allocator, requested_bytes: u64) -> AllocError {
-    let s = pool.stats();
-    AllocError::OutOfMemory {
-        requested_bytes,
-        free_bytes: s.free_bytes,
-        largest_free_bytes: s.largest_free_bytes,
-    }
-}
-
-/// One allocation attempt, and on out-of-memory [`Allocator::empty_cache`] and one retry
-/// (counted by `count_retry`) when that gave anything back; a second out-of-memory, or one
-/// with nothing to give back, is [`out_of_memory`] of `size_bytes`. Shared by [`PagedPool`]
-/// and [`crate::paged_lazy::LazyPagedPool`].
-pub(crate) fn retry_once_after_empty_cache<A: Allocator>(
-    pool: &mut A,
-    dev: &mut dyn Device,
-    size_bytes: u64,
-    mut attempt: impl FnMut(&mut A, &mut dyn Device) -> Result<Block, AllocError>,
-    count_retry: impl FnOnce(&mut A),
-) -> Result<Block, AllocError> {
-    match attempt(pool, dev) {
-        Err(e) if e.is_oom() => {
-            let released = pool.empty_cache(dev).unwrap_or(0);
-            if released == 0 {
-                return Err(out_of_memory(pool, size_bytes));
-            }
-            count_retry(pool);
-            match attempt(pool, dev) {
-                Err(e) if e.is_oom() => Err(out_of_memory(pool, size_bytes)),
-                r => r,
-            }
-        }
-        r => r,
-    }
-}
-
-/// Learns the page size from the device on first use (`*page_bytes == 0`), else checks that
-/// it has not changed; shared by [`PagedPool`] and
-/// [`LazyPagedPool`](crate::paged_lazy::LazyPagedPool).
-///
-/// # Errors
-/// [`DeviceError::Unsupported`] for a granularity that is not a power of two of 256 B .. 1 TiB;
-/// [`AllocError::Internal`] when it differs from the one learnt (another device).
-pub(crate) fn learn_page_size(page_bytes: &mut u64, dev: &dyn Device) -> Result<(), AllocError> {
-    let g = dev.granularity_bytes();
-    if *page_bytes == 0 {
-        if !is_pow2(g) || !(UNIT_BYTES..=(1 << 40)).contains(&g) {
-            return Err(DeviceError::Unsupported(format!(
-                "page-mapped allocator needs a power-of-two granularity of 256 B .. 1 TiB, got {g} B"
-            ))
-            .into());
-        }
-        *page_bytes = g;
-    } else if g != *page_bytes {
-        return Err(AllocError::Internal(format!(
-            "device granularity changed from {} to {g} bytes (another device?)",
-            *page_bytes
-        )));
-    }
-    Ok(())
-}
-
-/// A request to a page-mapped allocator with pages of `page_bytes`, as `(bytes, align)`: the
-/// size rounded up to [`UNIT_BYTES`] (at least one unit), the alignment at least that. `None`
-/// when the block needs more pages than the device has (it can never be mapped: the caller
-/// refuses it as out of memory before reserving address space).
-///
-/// # Errors
-/// [`AllocError::InvalidAlignment`] for an alignment that is not a power of two or exceeds a
-/// page; [`AllocError::Overflow`] for a size too close to `u64::MAX`.
-pub(crate) fn page_request(
-    page_bytes: u64,
-    dev: &dyn Device,
-    size_bytes: u64,
-    align: u64,
-) -> Result<Option<(u64, u64)>, AllocError> {
-    if !is_pow2(align) || align > page_bytes {
-        return Err(AllocError::InvalidAlignment {
-            align,
-            max: page_bytes,
-        });
-    }
-    let align = align.max(UNIT_BYTES);
-    let bytes = align_up(size_bytes.max(1), UNIT_BYTES)
-        .filter(|b| b.checked_add(2 * page_bytes).is_some())
-        .ok_or(AllocError::Overflow { size_bytes, align })?;
-    // Pages are a power of two once learnt: shifts, not two 64-bit divisions per request.
-    let fits = if is_pow2(page_bytes) {
-        let sh = page_bytes.trailing_zeros();
-        (bytes >> sh) + u64::from(bytes & (page_bytes - 1) != 0) <= dev.capacity_bytes() >> sh
-    } else {
-        bytes.div_ceil(page_bytes) <= dev.capacity_bytes() / page_bytes
-    };
-    Ok(fits.then_some((bytes, align)))
 }
 
 impl Default for PagedPool {
@@ -647,15 +354,7 @@ impl Allocator for PagedPool {
         align: u64,
         _stream: u64,
     ) -> Result<Block, AllocError> {
-        learn_page_size(&mut self.page_bytes, dev)?;
-        let Some((bytes, align)) = page_request(self.page_bytes, dev, size_bytes, align)? else {
-            return Err(self.oom(size_bytes));
-        };
-        let result = self.allocate_with_retry(dev, bytes, align, size_bytes);
-        if result.is_ok() {
-            self.trim_cache(dev);
-        }
-        result
+        retry::allocate(self, dev, size_bytes, align)
     }
 
     fn deallocate(&mut self, dev: &mut dyn Device, addr: u64) -> Result<(), AllocError> {
@@ -663,26 +362,20 @@ impl Allocator for PagedPool {
         let Some(blk) = self.live.remove(&addr) else {
             return Err(AllocError::UnknownBlock { addr });
         };
-        let limit = self.cache_limit.saturating_mul(self.page_bytes);
-        if blk.bytes <= limit && self.quick_slots > 0 {
+        if self.quick.admits(blk.bytes) {
             // Make room in the quick list by truly freeing its oldest blocks.
-            while self.quick.len() >= self.quick_slots || self.quick_bytes + blk.bytes > limit {
-                let Some(old) = self.quick.front() else {
-                    break;
-                };
+            while let Some(old) = self.quick.must_go_for(blk.bytes) {
                 if self.free_span(dev, old.addr, old.bytes).is_err() {
                     break;
                 }
                 self.quick.pop_front();
-                self.quick_bytes = self.quick_bytes.saturating_sub(old.bytes);
             }
-            if self.quick.len() < self.quick_slots && self.quick_bytes + blk.bytes <= limit {
-                self.tracker.on_free(blk.requested, blk.bytes);
+            if self.quick.has_room(blk.bytes) {
+                self.vmm.tracker.on_free(blk.requested, blk.bytes);
                 self.quick.push_back(QuickBlock {
                     addr,
                     bytes: blk.bytes,
                 });
-                self.quick_bytes += blk.bytes;
                 self.trim_cache(dev);
                 return Ok(());
             }
@@ -691,54 +384,32 @@ impl Allocator for PagedPool {
             self.live.insert(addr, blk);
             return Err(e);
         }
-        self.tracker.on_free(blk.requested, blk.bytes);
+        self.vmm.tracker.on_free(blk.requested, blk.bytes);
         self.trim_cache(dev);
         Ok(())
     }
     fn empty_cache(&mut self, dev: &mut dyn Device) -> Result<u64, AllocError> {
-        let p = self.page_bytes;
         while let Some(q) = self.quick.front() {
             self.free_span(dev, q.addr, q.bytes)?;
             self.quick.pop_front();
-            self.quick_bytes = self.quick_bytes.saturating_sub(q.bytes);
         }
-        while let Some(&(va, bytes)) = self.quarantine.first() {
+        while let Some(&(va, bytes)) = self.vmm.quarantine.first() {
             self.free_span(dev, va, bytes)?;
-            self.quarantine.remove(0);
+            self.vmm.quarantine.remove(0);
         }
         self.drop_idle_pages(dev)?;
-        let mut released = 0;
-        while let Some(h) = self.cache_pop() {
-            if let Err(e) = dev.release_physical(h.handle) {
-                self.cache_push(h);
-                return Err(e.into());
-            }
-            self.tracker.on_release(h.pages * p);
-            released += h.pages * p;
-        }
-        self.trim_pending = false;
+        let released = self.vmm.release_cache(dev, ReleaseOrder::LastCached)?;
         // Reservations without a live block go back too.
-        let mut ri = 0;
-        while ri < self.reservations.len() {
-            let r = &self.reservations[ri];
-            if self.free.get(&r.va) == Some(&r.bytes) {
-                let (va, bytes) = (r.va, r.bytes);
-                dev.free_va(va, bytes)?;
-                self.free.remove(&va);
-                self.reservations.remove(ri);
-            } else {
-                ri += 1;
-            }
-        }
+        reserve::release_unused(&mut self.vmm.reservations, &mut self.free, dev)?;
         Ok(released)
     }
 
     fn stats(&self) -> Stats {
-        let mut s = self.tracker.stats;
-        let in_use = self.mapped_pages.saturating_sub(self.idle_count) * self.page_bytes;
+        let mut s = self.vmm.tracker.stats;
+        let in_use = self.vmm.mapped_pages.saturating_sub(self.idle_count) * self.vmm.page_bytes;
         s.free_bytes = in_use
             .saturating_sub(s.allocated_bytes.current)
-            .saturating_sub(self.quick_bytes);
+            .saturating_sub(self.quick.bytes());
         s.largest_free_bytes = u64::from(self.free.max_tag()) * UNIT_BYTES;
         // Free bytes inside mapped pages that hold live blocks (idle pages are excluded above).
         s.inactive_split_bytes.add(s.free_bytes);
@@ -746,7 +417,7 @@ impl Allocator for PagedPool {
     }
 
     fn reserved_bytes(&self) -> crate::Counter {
-        self.tracker.stats.reserved_bytes
+        self.vmm.tracker.stats.reserved_bytes
     }
 
     fn validate(&self) -> Result<(), AllocError> {
@@ -754,7 +425,6 @@ impl Allocator for PagedPool {
     }
 }
 
-pub mod check;
 pub(crate) mod validate;
 
 #[cfg(test)]

@@ -6,50 +6,23 @@ use super::*;
 impl PagedPool {
     /// Reserves a new virtual range of at least `bytes` and makes it one free range.
     pub(super) fn grow(&mut self, dev: &mut dyn Device, bytes: u64) -> Result<usize, AllocError> {
-        let p = self.page_bytes;
-        let chunk = if self.va_chunk_bytes > 0 {
-            align_up(self.va_chunk_bytes, p)
-        } else {
-            align_up(dev.capacity_bytes(), p).and_then(|c| c.checked_mul(VA_CAPACITY_FACTOR))
-        }
-        .unwrap_or(u64::MAX / 2);
-        let want = align_up(bytes, p)
-            .ok_or(AllocError::Overflow {
-                size_bytes: bytes,
-                align: p,
-            })?
-            .max(chunk);
-        let npages = usize::try_from(want / p).map_err(|_| AllocError::Overflow {
-            size_bytes: bytes,
-            align: p,
-        })?;
-        let va = dev.reserve_va(want)?;
-        let ri = self.reservations.partition_point(|r| r.va < va);
-        self.reservations.insert(
-            ri,
-            Reservation {
-                va,
-                bytes: want,
-                npages,
-                pages: slots::SlotTable::new(npages),
-                idle: page_bits::PageBits::new(npages),
-            },
-        );
-        self.free.insert(va, want);
+        let ri = reserve::reserve(
+            &mut self.vmm.reservations,
+            &mut self.free,
+            dev,
+            bytes,
+            self.vmm.page_bytes,
+            self.vmm.va_chunk_bytes,
+        )?;
+        let r = &self.vmm.reservations[ri];
+        let (va, want) = (r.va, r.bytes);
         self.refit(ri, &[(va, want)]);
         Ok(ri)
     }
 
     /// Undoes [`PagedPool::grow`] after a failed allocation.
     pub(super) fn ungrow(&mut self, dev: &mut dyn Device, ri: usize) {
-        let Some(r) = self.reservations.get(ri) else {
-            return;
-        };
-        let (va, bytes) = (r.va, r.bytes);
-        if dev.free_va(va, bytes).is_ok() || dev.free_va(va, bytes).is_ok() {
-            self.free.remove(&va);
-            self.reservations.remove(ri);
-        }
+        reserve::unreserve(&mut self.vmm.reservations, &mut self.free, dev, ri);
     }
 
     /// Unmaps the handles of `taken` (all in reservation `ri`, ascending) and gives them
@@ -57,30 +30,21 @@ impl PagedPool {
     /// fails twice is quarantined: cut out of the free map, its pages held mapped until
     /// [`Allocator::empty_cache`].
     pub(super) fn unwind_maps(&mut self, dev: &mut dyn Device, ri: usize, taken: &[Taken]) {
-        let p = self.page_bytes;
-        let Some(base) = self.reservations.get(ri).map(|r| r.va) else {
+        let p = self.vmm.page_bytes;
+        let Some(base) = self.vmm.reservations.get(ri).map(|r| r.va) else {
             return;
         };
-        let mut i = 0;
-        while i < taken.len() {
-            let mut j = i + 1;
-            while j < taken.len()
-                && taken[j].page as u64 == taken[j - 1].page as u64 + taken[j - 1].handle.pages
-            {
-                j += 1;
-            }
-            let run = &taken[i..j];
+        for run in map::unwind_runs(taken, true) {
             let va = base + run[0].page as u64 * p;
             let pages: u64 = run.iter().map(|t| t.handle.pages).sum();
             let bytes = pages * p;
-            if dev.unmap(va, bytes).is_ok() || dev.unmap(va, bytes).is_ok() {
+            if map::unmap_retried(dev, va, bytes) {
                 for t in run {
-                    self.untake_handle(dev, t.handle, t.from_cache);
+                    self.vmm.untake_handle(dev, t.handle, t.from_cache);
                 }
             } else {
                 self.quarantine_run(ri, run, va, bytes);
             }
-            i = j;
         }
     }
 
@@ -109,13 +73,13 @@ impl PagedPool {
         self.refit(ri, &added[..n]);
         for t in run {
             self.set_extent(ri, t.page, t.handle, 1, false);
-            self.mapped_pages += t.handle.pages;
+            self.vmm.mapped_pages += t.handle.pages;
         }
-        self.quarantine.push((va, bytes));
+        self.vmm.quarantine.push((va, bytes));
     }
 
     /// Writes the page-table entry of handle `h` mapped from page `first` (in the extent's
-    /// first and last slots; see [`Reservation::pages`]). Inlined: a mapping allocation
+    /// first and last slots; see [`PagedPool`]'s `vmm`). Inlined: a mapping allocation
     /// writes one extent per handle it maps.
     #[inline(always)]
     pub(super) fn set_extent(
@@ -136,7 +100,7 @@ impl PagedPool {
             refs,
             access,
         });
-        let Some(r) = self.reservations.get_mut(ri) else {
+        let Some(r) = self.vmm.reservations.get_mut(ri) else {
             return;
         };
         // An extent's entry lives in its first and last slots only (one slot for a single
@@ -170,13 +134,8 @@ impl PagedPool {
         addr: u64,
         bytes: u64,
     ) -> Result<[bool; 2], DeviceError> {
-        let p = self.page_bytes;
-        let Some(r) = self.reservations.get(ri) else {
-            return Err(DeviceError::Invalid {
-                call: "paged",
-                detail: "reservation vanished".into(),
-            });
-        };
+        let p = self.vmm.page_bytes;
+        let r = self.vmm.reservation(ri)?;
         let base = r.va;
         // Pages are a power of two: shifts and masks, not divisions.
         let sh = p.trailing_zeros();
@@ -230,7 +189,7 @@ impl PagedPool {
         }
         if p1 > p0 + 1 && self.idle_count > 0 {
             let mut i = p0 + 1;
-            while let Some(j) = r.idle.next_in(i, p1) {
+            while let Some(j) = r.index.next_in(i, p1) {
                 if let Some(Some(pg)) = r.pages.get(j) {
                     visit(j, pg);
                 }
@@ -252,56 +211,21 @@ impl PagedPool {
         // Rewrites the plan with cached handles where they fit, into the spare vector, which
         // then becomes the plan (no shift of the entries, no allocation once both have grown).
         let mut spare = std::mem::take(&mut self.plan_spare);
-        let fill = |this: &mut Self,
-                    plan: &mut Vec<(usize, Option<CachedHandle>, u64)>,
-                    out: &mut Vec<(usize, Option<CachedHandle>, u64)>| {
-            let mut left = 0;
-            out.clear();
-            for &(page, h, n) in plan.iter() {
-                if h.is_some() {
-                    out.push((page, h, n));
-                    continue;
-                }
-                let (mut at, mut rest) = (page, n);
-                while rest > 0 {
-                    let Some((i, k)) = this.cache_pick(rest) else {
-                        break;
-                    };
-                    let c = this.cache_take_sized(i, k);
-                    out.push((at, Some(c), c.pages));
-                    at += c.pages as usize;
-                    rest -= c.pages;
-                }
-                if rest > 0 {
-                    out.push((at, None, rest));
-                    left += rest;
-                }
-            }
-            std::mem::swap(plan, out);
-            left
-        };
         if !plan.is_empty() {
-            leftover = fill(self, &mut plan, &mut spare);
+            leftover = map::fill_from_cache(&mut self.vmm.cache, &mut plan, &mut spare);
         }
-        let give_back = |this: &mut Self, plan: &[(usize, Option<CachedHandle>, u64)]| {
-            for &(_, h, _) in plan {
-                if let Some(h) = h {
-                    this.cache_push(h);
-                }
-            }
-        };
         if leftover > 0 && self.idle_count > 0 {
             if let Err(e) = self.steal_idle(dev, leftover, lo, hi) {
-                give_back(self, &plan);
+                map::give_back(&mut self.vmm.cache, &plan);
                 return Err(e);
             }
-            leftover = fill(self, &mut plan, &mut spare);
+            leftover = map::fill_from_cache(&mut self.vmm.cache, &mut plan, &mut spare);
         }
         self.plan_spare = spare;
         if leftover > 0 {
             // Nothing cached fits what is left: give it back before creating anything.
-            while let Some(h) = self.cache_pop() {
-                self.release_handle(dev, h);
+            while let Some(h) = self.vmm.cache.pop_last() {
+                self.vmm.release_handle(dev, h);
             }
         }
         // Create and map, in address order.
@@ -310,39 +234,40 @@ impl PagedPool {
         debug_assert!(plan.windows(2).all(|w| w[0].0 < w[1].0));
         let mut taken = std::mem::take(&mut self.taken_scratch);
         taken.clear();
-        for (k, &(page, h, n)) in plan.iter().enumerate() {
-            let (h, from_cache) = match h {
-                Some(h) => (h, true),
-                None => match dev.create_physical(n * p) {
-                    Ok(handle) => {
-                        self.tracker.on_reserve(n * p);
-                        (CachedHandle { handle, pages: n }, false)
-                    }
-                    Err(e) => {
-                        give_back(self, &plan[k..]);
-                        self.unwind_maps(dev, ri, &taken);
-                        return Err(e);
-                    }
-                },
-            };
-            if let Err(e) = dev.map(base + page as u64 * p, n * p, h.handle) {
-                self.untake_handle(dev, h, from_cache);
-                give_back(self, &plan[k + 1..]);
+        if let Err(e) = self.vmm.map_plan(dev, ri, &plan, &mut taken) {
+            self.unwind_maps(dev, ri, &taken);
+            return Err(e);
+        }
+        let (first, last) = self.access_range(ri, p0, p1, any_closed, &taken);
+        if let (Some(a), Some(b)) = (first, last) {
+            if let Err(e) = dev.set_access(base + a as u64 * p, (b - a + 1) as u64 * p) {
                 self.unwind_maps(dev, ri, &taken);
                 return Err(e);
             }
-            taken.push(Taken {
-                page,
-                handle: h,
-                from_cache,
-            });
         }
-        // One cuMemSetAccess from the first to the last page without access: every page of
-        // the block is mapped by now, so the range may span pages already open.
-        // `taken` ascends and is not in the page table yet; a page already mapped needs it
-        // when it is still closed.
+        self.commit_maps(ri, p0, p1, any_closed, &taken);
+        self.taken_scratch = taken;
+        self.plan_scratch = plan;
+        Ok(ends_mapped)
+    }
+
+    /// The pages one cuMemSetAccess must open after [`PagedPool::map_block_pages`] mapped
+    /// `taken` (ascending, not in the page table yet) for a block on pages `p0..=p1`: from
+    /// the first page without access to the last (every page of the block is mapped by
+    /// then, so the range may span pages already open). A page mapped before needs it only
+    /// when it is still closed (`any_closed`: a quarantined one).
+    #[inline(always)]
+    fn access_range(
+        &self,
+        ri: usize,
+        p0: usize,
+        p1: usize,
+        any_closed: bool,
+        taken: &[Taken],
+    ) -> (Option<usize>, Option<usize>) {
         let closed = |pg: usize| {
-            self.reservations
+            self.vmm
+                .reservations
                 .get(ri)
                 .and_then(|r| r.pages.get(pg))
                 .and_then(|s| *s)
@@ -352,7 +277,7 @@ impl PagedPool {
         let last_new = taken
             .last()
             .map(|t| t.page + (t.handle.pages as usize).saturating_sub(1));
-        let (first, last) = if any_closed {
+        if any_closed {
             let first = (p0..first_new.unwrap_or(p1 + 1))
                 .find(|&pg| closed(pg))
                 .or(first_new);
@@ -363,28 +288,24 @@ impl PagedPool {
             (first, last)
         } else {
             (first_new, last_new)
-        };
-        if let (Some(a), Some(b)) = (first, last) {
-            if let Err(e) = dev.set_access(base + a as u64 * p, (b - a + 1) as u64 * p) {
-                self.unwind_maps(dev, ri, &taken);
-                return Err(e);
-            }
         }
-        // Commit the new pages, with the block's reference (the caller raises the refs of
-        // the pages that were mapped before).
-        for t in &taken {
+    }
+
+    /// Commits the mappings `taken` of a block on pages `p0..=p1` of reservation `ri`, with
+    /// the block's reference (the caller raises the refs of the pages that were mapped
+    /// before), and marks the block's pages open (new ones are already; `any_closed`: some
+    /// page mapped before was not).
+    #[inline(always)]
+    fn commit_maps(&mut self, ri: usize, p0: usize, p1: usize, any_closed: bool, taken: &[Taken]) {
+        for t in taken {
             self.set_extent(ri, t.page, t.handle, 1, true);
-            self.mapped_pages += t.handle.pages;
+            self.vmm.mapped_pages += t.handle.pages;
         }
-        // Pages the block covers are now open (new ones are already).
-        if let (true, Some(r)) = (any_closed, self.reservations.get_mut(ri)) {
+        if let (true, Some(r)) = (any_closed, self.vmm.reservations.get_mut(ri)) {
             for pg in r.pages.range_mut(p0, p1 + 1).flatten() {
                 pg.access = true;
             }
         }
-        self.taken_scratch = taken;
-        self.plan_scratch = plan;
-        Ok(ends_mapped)
     }
 
     /// Returns the span of a block (live or quick) to the free map: one cuMemUnmap over
@@ -396,16 +317,14 @@ impl PagedPool {
         addr: u64,
         bytes: u64,
     ) -> Result<(), AllocError> {
-        let p = self.page_bytes;
+        let p = self.vmm.page_bytes;
 
-        let ri = self
-            .res_of(addr)
-            .ok_or_else(|| AllocError::Internal(format!("block {addr:#x} outside VA")))?;
-        let base = self.reservations[ri].va;
+        let ri = self.vmm.res_holding(addr, "block")?;
+        let base = self.vmm.reservations[ri].va;
         let sh = p.trailing_zeros();
         let p0 = ((addr - base) >> sh) as usize;
         let p1 = ((addr + bytes - 1 - base) >> sh) as usize;
-        if p1 >= self.reservations[ri].npages {
+        if p1 >= self.vmm.reservations[ri].npages {
             return Err(AllocError::Internal(format!(
                 "block {addr:#x} crosses the end of its reservation"
             )));
@@ -419,7 +338,7 @@ impl PagedPool {
         // Give the range back, coalescing within the reservation.
         // The merged range's ends are the only addresses whose pages can change besides the
         // block's own ends (the old neighbours' far ends are the merged range's ends).
-        let res_end = self.reservations[ri].end();
+        let res_end = self.vmm.reservations[ri].end();
         // One entry grows in place (the range before, else the one after), or one is added.
         let (_, _, at) = self.free.join_at(addr, bytes, base, res_end);
         self.refit_at(base, at);
@@ -438,13 +357,13 @@ impl PagedPool {
         p0: usize,
         p1: usize,
     ) -> Result<(), AllocError> {
-        let p = self.page_bytes;
-        let base = self.reservations[ri].va;
+        let p = self.vmm.page_bytes;
+        let base = self.vmm.reservations[ri].va;
         // Pages only this block touches form one contiguous run: every page it covers
         // whole (no other block can touch one), and each end page that no neighbour shares.
         // In the same walk, extent by extent: the extents of the run's pages (each must lie
         // inside the run), and whether they are all single pages.
-        let pages = &self.reservations[ri].pages;
+        let pages = &self.vmm.reservations[ri].pages;
         let mapped = |page: usize| pages.get(page).copied().flatten();
         let Some(first) = mapped(p0) else {
             return Err(not_mapped(p0, addr));
@@ -498,7 +417,10 @@ impl PagedPool {
                 )));
             }
             let room = if self.lazy_unmap && all_single {
-                self.cache_limit.saturating_sub(self.held_free_pages())
+                self.vmm
+                    .cache
+                    .limit_pages()
+                    .saturating_sub(self.held_free_pages())
             } else {
                 0
             };
@@ -513,7 +435,7 @@ impl PagedPool {
         let mut freed_handles = std::mem::take(&mut self.freed_scratch);
         freed_handles.clear();
         let mut unmapped = 0u64;
-        let r = &mut self.reservations[ri];
+        let r = &mut self.vmm.reservations[ri];
         // End pages a neighbour shares lose this block's reference.
         for page in [p0, p1] {
             if run.is_none_or(|(a, b)| page < a || page > b) {
@@ -531,7 +453,7 @@ impl PagedPool {
                 if let Some(Some(pg)) = r.pages.get_mut(page) {
                     pg.refs = 0;
                 }
-                if r.idle.insert(page) {
+                if r.index.insert(page) {
                     self.idle_count += 1;
                 }
             }
@@ -563,7 +485,7 @@ impl PagedPool {
                 unmapped = (b + 1 - keep_until) as u64;
             }
         }
-        self.mapped_pages = self.mapped_pages.saturating_sub(unmapped);
+        self.vmm.mapped_pages = self.vmm.mapped_pages.saturating_sub(unmapped);
         for &h in &freed_handles {
             self.return_handle(h);
         }
@@ -578,7 +500,7 @@ impl PagedPool {
     /// (the free is then a free-map join); else changes nothing and returns `false`.
     #[inline(always)]
     fn free_shared_span(&mut self, ri: usize, p0: usize, p1: usize) -> bool {
-        let Some(r) = self.reservations.get_mut(ri) else {
+        let Some(r) = self.vmm.reservations.get_mut(ri) else {
             return false;
         };
         if p1 == p0 {

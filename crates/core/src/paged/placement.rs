@@ -120,8 +120,8 @@ impl PagedPool {
     /// reservation `ri`) after the free map gained or rewrote them; a removed range took its
     /// tag with it.
     pub(super) fn refit(&mut self, ri: usize, added: &[(u64, u64)]) {
-        let p = self.page_bytes;
-        let Some(base) = self.reservations.get(ri).map(|r| r.va) else {
+        let p = self.vmm.page_bytes;
+        let Some(base) = self.vmm.reservations.get(ri).map(|r| r.va) else {
             return;
         };
         for &(st, len) in added {
@@ -137,7 +137,7 @@ impl PagedPool {
     pub(super) fn refit_at(&mut self, base: u64, i: usize) {
         if let Some((st, len)) = self.free.entry(i) {
             self.free
-                .set_tag(i, fit_fast(self.page_bytes, base, st, len));
+                .set_tag(i, fit_fast(self.vmm.page_bytes, base, st, len));
         }
     }
 
@@ -153,13 +153,13 @@ impl PagedPool {
     /// the scored search decides instead.
     #[inline(always)]
     pub(super) fn find_mapped_fit(&self, bytes: u64, align: u64) -> Option<Placement> {
-        let p = self.page_bytes;
+        let p = self.vmm.page_bytes;
         let need = bytes + align.saturating_sub(UNIT_BYTES);
         let need = u32::try_from(need / UNIT_BYTES).ok()?;
         let i = self.free.first_tag_at_least(need)?;
         let (st, len) = self.free.entry(i)?;
-        let res = self.res_of(st)?;
-        let base = self.reservations.get(res)?.va;
+        let res = self.vmm.res_of(st)?;
+        let base = self.vmm.reservations.get(res)?.va;
         let sh = p.trailing_zeros();
         if units(usable_head_at(p, base, st, len)) >= need {
             // The ranges starting in the page of `st`, in order (those before `st` reach
@@ -218,7 +218,7 @@ impl PagedPool {
     /// per end. Ties go to the lower address, as in a scan in address order that keeps the
     /// first best.
     pub(super) fn find_scored_fit_unit(&self, bytes: u64) -> Option<(Placement, u64)> {
-        let p = self.page_bytes;
+        let p = self.vmm.page_bytes;
         let sh = p.trailing_zeros();
         let mask = p - 1;
         let q = bytes >> sh;
@@ -253,7 +253,7 @@ impl PagedPool {
                     (least, at) = (vt, (st, len, true, i));
                 }
             } else if len >= bytes {
-                let r_va = self.reservations.get(self.res_of(st)?)?.va;
+                let r_va = self.vmm.reservations.get(self.vmm.res_of(st)?)?.va;
                 for score in scored_ends(p, r_va, st, len, bytes) {
                     if near.is_none_or(|(b, _, _)| score < b) {
                         near = Some((score, st, i));
@@ -279,7 +279,7 @@ impl PagedPool {
         };
         Some((
             Placement {
-                res: self.res_of(st)?,
+                res: self.vmm.res_of(st)?,
                 range_start: st,
                 pos,
                 addr,
@@ -291,7 +291,7 @@ impl PagedPool {
     /// [`PagedPool::find_scored_fit_unit`] by a scan of every free range, each scored in
     /// closed form ([`scored_ends`]).
     pub(super) fn find_scored_fit_scan(&self, bytes: u64) -> Option<(Placement, u64)> {
-        let p = self.page_bytes;
+        let p = self.vmm.page_bytes;
         // The best `(pages, slack, address)` so far and its placement.
         let mut best: Option<((u64, u64, u64), Placement)> = None;
         let mut ri = 0usize;
@@ -302,10 +302,10 @@ impl PagedPool {
                 continue;
             }
             if st >= r_end {
-                while ri < self.reservations.len() && self.reservations[ri].end() <= st {
+                while ri < self.vmm.reservations.len() && self.vmm.reservations[ri].end() <= st {
                     ri += 1;
                 }
-                let r = self.reservations.get(ri)?;
+                let r = self.vmm.reservations.get(ri)?;
                 (r_va, r_end) = (r.va, r.end());
             }
             for score in scored_ends(p, r_va, st, len, bytes) {
@@ -326,7 +326,7 @@ impl PagedPool {
     /// [`PagedPool::find_scored_fit`] for any alignment: each end of each range, scored as
     /// described there.
     pub(super) fn find_scored_fit_any(&self, bytes: u64, align: u64) -> Option<(Placement, u64)> {
-        let p = self.page_bytes;
+        let p = self.vmm.page_bytes;
         // Pages are a power of two (checked when learnt): shifts instead of divisions.
         let sh = p.trailing_zeros();
         // The best score so far, `(pages newly mapped, bytes of them left free, address)`,
@@ -343,10 +343,10 @@ impl PagedPool {
                 continue;
             }
             if st >= r_end {
-                while ri < self.reservations.len() && self.reservations[ri].end() <= st {
+                while ri < self.vmm.reservations.len() && self.vmm.reservations[ri].end() <= st {
                     ri += 1;
                 }
-                let r = self.reservations.get(ri)?;
+                let r = self.vmm.reservations.get(ri)?;
                 (r_va, r_end) = (r.va, r.end());
             }
             let b = st + len;
@@ -405,7 +405,7 @@ impl PagedPool {
         requested: u64,
         mapped: Option<[bool; 2]>,
     ) {
-        let p = self.page_bytes;
+        let p = self.vmm.page_bytes;
         let st = pl.range_start;
         let found = self.free.entry(pl.pos).filter(|&(s, _)| s == st);
         let Some((i, len)) = found.map(|(_, len)| (pl.pos, len)).or_else(|| {
@@ -420,7 +420,7 @@ impl PagedPool {
         let (head, tail) = (pl.addr - st, end.saturating_sub(bend));
         // Cut in place: the head keeps the range's slot, or else the tail does.
         self.free.cut(i, st, head, bend, tail);
-        let Some(base) = self.reservations.get(pl.res).map(|r| r.va) else {
+        let Some(base) = self.vmm.reservations.get(pl.res).map(|r| r.va) else {
             return;
         };
         // The head keeps the range's position, the tail follows it (or takes it).
@@ -432,7 +432,7 @@ impl PagedPool {
             (false, false) => {}
             _ => self.refit_at(base, i),
         }
-        let Some(r) = self.reservations.get_mut(pl.res) else {
+        let Some(r) = self.vmm.reservations.get_mut(pl.res) else {
             return;
         };
         let sh = p.trailing_zeros();
@@ -446,7 +446,7 @@ impl PagedPool {
             if let Some(Some(pg)) = r.pages.get_mut(i) {
                 // Idle pages are single-page handles: a page of a longer handle (one this
                 // allocation just mapped) is not looked up.
-                if self.idle_count > 0 && pg.refs == 0 && pg.ext_pages == 1 && r.idle.remove(i) {
+                if self.idle_count > 0 && pg.refs == 0 && pg.ext_pages == 1 && r.index.remove(i) {
                     self.idle_count -= 1;
                 }
                 if raise {
@@ -461,8 +461,8 @@ impl PagedPool {
         if p1 > p0 + 1 {
             if self.idle_count > 0 {
                 let mut i = p0 + 1;
-                while let Some(j) = r.idle.next_in(i, p1) {
-                    if r.idle.remove(j) {
+                while let Some(j) = r.index.next_in(i, p1) {
+                    if r.index.remove(j) {
                         self.idle_count -= 1;
                     }
                     if let (Some(_), Some(Some(pg))) = (mapped, r.pages.get_mut(j)) {
@@ -478,6 +478,6 @@ impl PagedPool {
             }
         }
         self.live.insert(pl.addr, LiveBlock { bytes, requested });
-        self.tracker.on_alloc(requested, bytes);
+        self.vmm.tracker.on_alloc(requested, bytes);
     }
 }

@@ -2,140 +2,29 @@
 //! [`PagedPool`]: reservations, the free-range map, the live blocks tiling the VA with it, each
 //! page's reference count against the live blocks (and those held in the quick list), the fit tags, the cache bound and
 //! the byte counters. O(reserved pages + blocks · log blocks).
-use super::{PagedPool, UNIT_BYTES};
-
-/// Spans (start, bytes, kind; kind 0 = free, any other = held) tile every reservation
-/// `(start, end)` exactly, in order: no gap, no overlap, whole [`UNIT_BYTES`] units, free
-/// ranges coalesced, no span outside every reservation. `per_span(reservation index, start,
-/// bytes, kind)` checks what else each span must satisfy. Sorts `spans`; shared by `paged`
-/// and `paged-lazy`.
-pub(crate) fn spans_tile(
-    reservations: impl IntoIterator<Item = (u64, u64)>,
-    spans: &mut [(u64, u64, u8)],
-    mut per_span: impl FnMut(usize, u64, u64, u8) -> Result<(), String>,
-) -> Result<(), String> {
-    spans.sort_unstable();
-    let mut idx = 0;
-    for (ri, (va, end)) in reservations.into_iter().enumerate() {
-        let mut at = va;
-        let mut prev_free = false;
-        while at < end {
-            let Some(&(s, l, kind)) = spans.get(idx) else {
-                return Err(format!(
-                    "{at:#x} in reservation {va:#x} is neither free nor held"
-                ));
-            };
-            if s != at {
-                return Err(format!("gap or overlap at {at:#x} (next span at {s:#x})"));
-            }
-            if l == 0 || l % UNIT_BYTES != 0 || s % UNIT_BYTES != 0 {
-                return Err(format!("span {s:#x}+{l} not in {UNIT_BYTES}-byte units"));
-            }
-            if kind == 0 && prev_free {
-                return Err(format!("free ranges not coalesced at {s:#x}"));
-            }
-            per_span(ri, s, l, kind)?;
-            prev_free = kind == 0;
-            at = s + l;
-            idx += 1;
-        }
-        if at != end {
-            return Err(format!("a span crosses the end of reservation {va:#x}"));
-        }
-    }
-    if idx != spans.len() {
-        return Err(format!(
-            "{} spans lie outside every reservation",
-            spans.len() - idx
-        ));
-    }
-    Ok(())
-}
-
-/// A live block's requested bytes fit in its allocated ones.
-pub(crate) fn block_fits(live: Option<&super::LiveBlock>, s: u64) -> Result<(), String> {
-    match live {
-        Some(blk) if blk.requested > blk.bytes => Err(format!(
-            "block {s:#x}: requested {} > allocated {}",
-            blk.requested, blk.bytes
-        )),
-        _ => Ok(()),
-    }
-}
-
-/// The block counters of `stats` (allocated, requested, count) against the live blocks;
-/// shared by `paged` and `paged-lazy`.
-pub(crate) fn block_counters<'a>(
-    s: &crate::Stats,
-    live: impl Iterator<Item = &'a super::LiveBlock>,
-) -> Result<(), String> {
-    let (mut alloc, mut req, mut n) = (0u64, 0u64, 0usize);
-    for b in live {
-        alloc += b.bytes;
-        req += b.requested;
-        n += 1;
-    }
-    if s.allocated_bytes.current != alloc
-        || s.requested_bytes.current != req
-        || s.allocation_count.current != n as u64
-    {
-        return Err(format!(
-            "counters say {} allocated / {} requested / {} blocks, blocks sum to {alloc} / {req} / {}",
-            s.allocated_bytes.current,
-            s.requested_bytes.current,
-            s.allocation_count.current,
-            n
-        ));
-    }
-    Ok(())
-}
+use super::PagedPool;
+use crate::vmm::validate::{block_counters, block_fits, spans_tile};
 
 pub(super) fn run(a: &PagedPool) -> Result<(), String> {
-    let p = a.page_bytes;
+    // The substrate: reservations, handles, the cache and its bound (shared with the idle
+    // pages), the mapped-page and reserved counters.
+    a.vmm.validate(a.idle_count)?;
+    let p = a.vmm.page_bytes;
     if p == 0 {
-        if !a.reservations.is_empty() || !a.live.is_empty() || !a.cache.is_empty() {
-            return Err("state without a known page size".into());
+        if !a.live.is_empty() || !a.quick.is_empty() {
+            return Err("blocks without a known page size".into());
         }
         return Ok(());
     }
-    // Reservations.
-    for (i, r) in a.reservations.iter().enumerate() {
-        if r.va % p != 0 || r.bytes % p != 0 || r.bytes == 0 {
-            return Err(format!(
-                "reservation {:#x}+{} not page-aligned",
-                r.va, r.bytes
-            ));
-        }
-        if r.npages as u64 != r.bytes / p || r.pages.len() != r.npages {
-            return Err(format!("reservation {:#x}: page table of wrong size", r.va));
-        }
-        if let Some(n) = a.reservations.get(i + 1) {
-            if n.va < r.end() {
-                return Err(format!("reservations {:#x} and {:#x} overlap", r.va, n.va));
-            }
-        }
-    }
-    if a.quick.len() > a.quick_slots
-        || a.quick.iter().map(|q| q.bytes).sum::<u64>() != a.quick_bytes
-        || a.quick_bytes > a.cache_limit.saturating_mul(p)
-    {
-        return Err(format!(
-            "quick list: {} blocks of {} B (recorded {} B), bound {} blocks / {} pages",
-            a.quick.len(),
-            a.quick.iter().map(|q| q.bytes).sum::<u64>(),
-            a.quick_bytes,
-            a.quick_slots,
-            a.cache_limit
-        ));
-    }
+    a.quick.validate()?;
     // Free ranges, live blocks (and those in the quick list) and quarantined spans tile
     // every reservation exactly.
     let mut spans: Vec<(u64, u64, u8)> = a.free.iter().map(|(&s, &l)| (s, l, 0)).collect();
     spans.extend(a.live.iter().map(|(&s, b)| (s, b.bytes, 1)));
     spans.extend(a.quick.iter().map(|q| (q.addr, q.bytes, 1)));
-    spans.extend(a.quarantine.iter().map(|&(s, l)| (s, l, 1)));
+    spans.extend(a.vmm.quarantine.iter().map(|&(s, l)| (s, l, 1)));
     spans_tile(
-        a.reservations.iter().map(|r| (r.va, r.end())),
+        a.vmm.reservations.iter().map(|r| (r.va, r.end())),
         &mut spans,
         |_, s, _, kind| {
             if kind == 0 {
@@ -148,15 +37,13 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
     // Page reference counts against the live blocks.
     let mut mapped = 0u64;
     let mut idle = 0u64;
-    let mut mapped_handles = 0u64;
-    let mut handles = std::collections::HashSet::new();
-    for r in &a.reservations {
+    for r in &a.vmm.reservations {
         // Blocks (live or quick) and quarantined spans touching each page.
         let mut refs = vec![0u32; r.npages];
         let mut quarantined = vec![false; r.npages];
         let held = a.live.iter().map(|(&s, b)| (s, b.bytes, false));
         let held = held.chain(a.quick.iter().map(|q| (q.addr, q.bytes, false)));
-        let held = held.chain(a.quarantine.iter().map(|&(s, l)| (s, l, true)));
+        let held = held.chain(a.vmm.quarantine.iter().map(|&(s, l)| (s, l, true)));
         for (s, bytes, q) in held.filter(|&(s, _, _)| s >= r.va && s < r.end()) {
             let p0 = ((s - r.va) / p) as usize;
             let p1 = ((s + bytes - 1 - r.va) / p) as usize;
@@ -205,10 +92,6 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
                 }
             }
             mapped += n as u64;
-            mapped_handles += 1;
-            if !handles.insert(pg.handle) {
-                return Err(format!("handle {} mapped twice", pg.handle.0));
-            }
             for j in i..i + n {
                 let (want, va) = (refs[j], r.va + j as u64 * p);
                 if pg.refs != want {
@@ -219,7 +102,7 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
                 }
                 if pg.refs == 0 {
                     idle += 1;
-                    if !r.idle.contains(j) || n != 1 {
+                    if !r.index.contains(j) || n != 1 {
                         return Err(format!("idle page {va:#x} not a listed single page"));
                     }
                 } else if !pg.access && !quarantined[j] {
@@ -228,76 +111,27 @@ pub(super) fn run(a: &PagedPool) -> Result<(), String> {
             }
             i += n;
         }
-        r.idle.check()?;
+        r.index.check()?;
     }
     check_fit_tags(a)?;
-    let listed: usize = a.reservations.iter().map(|r| r.idle.len()).sum();
-    if mapped != a.mapped_pages || idle != a.idle_count || listed as u64 != idle {
+    let listed: usize = a.vmm.reservations.iter().map(|r| r.index.len()).sum();
+    if mapped != a.vmm.mapped_pages || idle != a.idle_count || listed as u64 != idle {
         return Err(format!(
             "counted {mapped} mapped / {idle} idle pages, recorded {} / {} ({listed} listed)",
-            a.mapped_pages, a.idle_count
+            a.vmm.mapped_pages, a.idle_count
         ));
     }
-    for h in &a.cache {
-        if h.pages == 0 || !handles.insert(h.handle) {
-            return Err(format!("cached handle {} empty or also in use", h.handle.0));
-        }
-    }
-    let mut sizes = std::collections::BTreeMap::new();
-    for h in &a.cache {
-        *sizes.entry(h.pages).or_insert(0u32) += 1;
-    }
-    let listed: std::collections::BTreeMap<u64, u32> =
-        a.cache_sizes.iter().map(|e| (e.pages, e.count)).collect();
-    let held: Vec<_> = a.cache_sizes.iter().collect();
-    let ascending = held.windows(2).all(|w| w[0].pages < w[1].pages);
-    if sizes != listed
-        || !ascending
-        || held.iter().any(|e| e.count == 0)
-        || !a.cache_sizes.consistent()
-    {
-        return Err(format!("cache size index {held:?}, cache holds {sizes:?}"));
-    }
-    for e in held {
-        let first = a.cache.iter().position(|h| h.pages == e.pages);
-        if first != Some(e.first as usize) {
-            return Err(format!(
-                "cache size index: first handle of {} pages at {}, the cache has it at {first:?}",
-                e.pages, e.first
-            ));
-        }
-    }
-    if a.cache.iter().map(|h| h.pages).sum::<u64>() != a.cached_pages {
-        return Err(format!("cached pages recorded as {}", a.cached_pages));
-    }
-    if a.held_free_pages() > a.cache_limit && !a.trim_pending {
-        return Err(format!(
-            "{} cached + {} idle pages, bound {}",
-            a.cached_pages, a.idle_count, a.cache_limit
-        ));
-    }
-    // Byte counters.
-    let s = &a.tracker.stats;
-    block_counters(s, a.live.values())?;
-    let held_pages = a.mapped_pages + a.cached_pages;
-    let held_handles = mapped_handles + a.cache.len() as u64;
-    if s.reserved_bytes.current != held_pages * p || s.segment_count.current != held_handles {
-        return Err(format!(
-            "reserved counter {} B / {} handles, but {held_pages} pages in {held_handles} \
-             handles are held",
-            s.reserved_bytes.current, s.segment_count.current
-        ));
-    }
+    block_counters(&a.vmm.tracker.stats, a.live.values())?;
     Ok(())
 }
 
 /// Every free range's fit tag against [`super::placement::fit_of`] recomputed from the
 /// range, and the recorded maximum against the tags.
 fn check_fit_tags(a: &PagedPool) -> Result<(), String> {
-    let p = a.page_bytes;
+    let p = a.vmm.page_bytes;
     let mut max = 0;
     for (i, (&st, &len)) in a.free.iter().enumerate() {
-        let Some(r) = a.res_of(st).and_then(|ri| a.reservations.get(ri)) else {
+        let Some(r) = a.vmm.res_of(st).and_then(|ri| a.vmm.reservations.get(ri)) else {
             return Err(format!("free range {st:#x} outside every reservation"));
         };
         let want = super::placement::fit_of(p, r.va, st, len);
@@ -316,44 +150,4 @@ fn check_fit_tags(a: &PagedPool) -> Result<(), String> {
         ));
     }
     Ok(())
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod spans_tile_tests {
-    use super::{spans_tile, UNIT_BYTES};
-
-    const U: u64 = UNIT_BYTES;
-
-    fn tile(spans: &[(u64, u64, u8)]) -> Result<Vec<(usize, u64)>, String> {
-        let mut seen = Vec::new();
-        let mut spans = spans.to_vec();
-        spans_tile([(0, 4 * U), (8 * U, 10 * U)], &mut spans, |ri, s, _, _| {
-            seen.push((ri, s));
-            Ok(())
-        })?;
-        Ok(seen)
-    }
-
-    #[test]
-    fn an_exact_tiling_passes_and_every_span_is_checked_in_order() {
-        let seen = tile(&[(8 * U, 2 * U, 0), (2 * U, 2 * U, 1), (0, 2 * U, 0)]).unwrap();
-        assert_eq!(seen, [(0, 0), (0, 2 * U), (1, 8 * U)]);
-    }
-
-    #[test]
-    fn gaps_overlaps_uncoalesced_free_ranges_and_strays_are_refused() {
-        let gap = tile(&[(0, U, 0), (2 * U, 2 * U, 1), (8 * U, 2 * U, 0)]).unwrap_err();
-        assert!(gap.contains("gap or overlap at"), "{gap}");
-        let free = tile(&[(0, U, 0), (U, 3 * U, 0), (8 * U, 2 * U, 1)]).unwrap_err();
-        assert!(free.contains("not coalesced"), "{free}");
-        let cross = tile(&[(0, 5 * U, 1), (8 * U, 2 * U, 1)]).unwrap_err();
-        assert!(cross.contains("crosses the end"), "{cross}");
-        let stray = tile(&[(0, 4 * U, 1), (8 * U, 2 * U, 1), (20 * U, U, 1)]).unwrap_err();
-        assert!(stray.contains("1 spans lie outside"), "{stray}");
-        let short = tile(&[(0, 4 * U, 1)]).unwrap_err();
-        assert!(short.contains("neither free nor held"), "{short}");
-        let unit = tile(&[(0, 4 * U, 1), (8 * U, U + 1, 1)]).unwrap_err();
-        assert!(unit.contains("-byte units"), "{unit}");
-    }
 }

@@ -3,28 +3,29 @@
 //! over CUDA virtual memory management (cuMemAddressReserve, cuMemCreate, cuMemMap,
 //! cuMemSetAccess, cuMemUnmap, cuMemRelease, cuMemAddressFree), like [`crate::paged`], but
 //! one that keeps freed pages mapped, as PyTorch's `expandable_segments` does, instead of
-//! unmapping them at once. The strategy's default placement is PyTorch's expandable segments
-//! with one physical handle per growth ([`crate::torch::TorchCachingPool::paged_lazy`]):
-//! measured on eleven real traces and seven perturbations of each (BENCHMARKS.md, issue 11),
-//! that one meets the driver-call and driver-time targets far more often (147 of 154 against
-//! 46 for this one), and this one keeps the peak within 1.02 × requested on more of them (28
-//! of 77 against 21). Use this one where memory is tighter than calls.
+//! unmapping them at once. Like `paged`, it is a placement over the substrate in
+//! [`crate::vmm`] (reservations, handles and their cache, mapping and unwinding, the quick
+//! list, the retry on out-of-memory); what is its own is here: the free space with its
+//! mapped runs (`placement.rs`), the page limit, mapping ahead and moving idle extents
+//! (`pages.rs`, with the Fenwick count of mapped pages).
 //!
-//! Measured on the shipped traces (`gpumem replay T --allocator paged,paged-lazy,torch`,
-//! BENCHMARKS.md, issue 11): peak reserved / peak requested 1.005–1.020 on the training
-//! traces (resnet_train, gpt2_train, the BERT fine-tune) against `paged`'s 1.001–1.004, and
-//! 0–96 driver calls in their second half against 1,783–43,217; on random churn
-//! (mixed_sizes: 1.34) and on a run that empties the cache between growing batches
-//! (inference: 1.15) it holds more than `paged` (1.013, 1.0004).
+//! # Where the strategy's default is
+//! This is *not* `paged-lazy`'s default placement. The default,
+//! [`LazyPlacement::Segments`](crate::config::LazyPlacement::Segments), is PyTorch's
+//! expandable segments with one physical handle per growth: the coarse-handle mode of
+//! `crate::torch::expandable`, built by [`crate::torch::TorchCachingPool::paged_lazy`]
+//! ([`crate::strategy::Strategy::build`] picks one or the other by
+//! `LazyConfig::placement`). The default meets driver-call and driver-time targets more
+//! often; this placement keeps the peak closer to the bytes requested on more traces
+//! (BENCHMARKS.md compares them). Use this one where memory is tighter than calls.
 //!
 //! # Policy: map once, keep mapped, move pages only to hold the peak
 //! The trade is reserved memory against driver calls. Mapping a page costs a cuMemCreate, a
-//! cuMemMap and a cuMemSetAccess (tens of µs to ms on an H200, by size; see BENCHMARKS.md),
-//! unmapping it a cuMemUnmap and perhaps a cuMemRelease. Unmapping every page as soon as no
+//! cuMemMap and a cuMemSetAccess (their costs by size are in BENCHMARKS.md), unmapping it a
+//! cuMemUnmap and perhaps a cuMemRelease. Unmapping every page as soon as no
 //! block touches it reserves the least memory but makes a call on almost every allocation of
 //! a training loop; a caching allocator makes none after the first step. This one aims at
-//! the calls of the second with close to the memory of the first (how close: the figures
-//! above):
+//! the calls of the second with close to the memory of the first:
 //! - **Pages stay mapped.** A freed block's pages stay mapped and open ("idle" when no block
 //!   touches them) and are reused in place: a free makes no driver call, ever. The pages of
 //!   a training step are mapped during the first steps and reused by the later ones.
@@ -40,24 +41,25 @@
 //!   The headroom is the memory traded for calls: idle pages a later step finds mapped.
 //! - **Mapping ahead.** Below the limit, a block that maps pages also maps up to
 //!   [`LazyPagedPool::with_ahead_bytes`] more free pages after it, in handles of their own
-//!   but the same cuMemSetAccess: a growing pool pays per call and per mapping, and
-//!   cuMemSetAccess of one 1 GiB mapping costs about 4 × one of 2 MiB on an H200, not 512 ×,
-//!   so fewer, larger spans cost less for the same bytes.
+//!   but the same cuMemSetAccess: a growing pool pays per call and per mapping, and the cost
+//!   of cuMemSetAccess grows far more slowly than the bytes it opens, so fewer, larger spans
+//!   cost less for the same bytes.
 //! - **Handles.** Each run of new pages is cut into handles of a power of two of pages,
 //!   largest first, at most [`LazyConfig::handle_bytes`](crate::config::LazyConfig::handle_bytes)
 //!   (one cuMemCreate and one cuMemMap each; at most log2 of the run's pages handles): a
 //!   few sizes of pieces that fit later runs. An idle extent moves whole, and one that a
 //!   live block still touches in part cannot move at all: that is where this policy loses
-//!   memory against `paged`. Smaller handles move more easily (64 MiB: 1.21 on mixed_sizes
-//!   instead of 1.34) but a repeated step can then drift, placing a block one page lower
-//!   each time and creating that page (+2 MiB a step in this module's repeated-step test);
-//!   with 1 GiB handles (the default) it settles after the second step. Unmapped handles
+//!   memory against `paged`. Smaller handles move more easily but a repeated step can then
+//!   drift, placing a block one page lower each time and creating that page (this module's
+//!   repeated-step test shows it); with 1 GiB handles (the default) it settles after the
+//!   second step. Unmapped handles
 //!   wait in a cache (at most
 //!   [`AllocatorConfig::page_cache_pages`](crate::config::AllocatorConfig::page_cache_pages)
 //!   pages, the largest released first) and fill later runs before anything is created.
-//! - **Quick reuse.** Up to [`QUICK_SLOTS`] freed blocks are kept whole and handed out again
-//!   to a request of the same rounded size (the O(1) hit path). They go back to the free
-//!   space before any page is mapped, so they never raise the peak.
+//! - **Quick reuse.** Up to [`QUICK_SLOTS`] freed blocks (no bound on their bytes, unlike
+//!   `paged`'s) are kept whole and handed out again to a request of the same rounded size
+//!   (the O(1) hit path). They go back to the free space before any page is mapped, so they
+//!   never raise the peak.
 //!
 //! Idle pages are given back only by [`Allocator::empty_cache`] (and on out-of-memory, which
 //! calls it and retries), as PyTorch's expandable segments do.
@@ -93,31 +95,28 @@
 //! quarantined out of the free space (still counted as reserved), and is given back by
 //! [`Allocator::empty_cache`]; if a cuMemRelease fails twice, the handle stays cached, even
 //! above the bound, until a later call trims the cache.
-mod cache;
-pub mod check;
 mod pages;
 mod placement;
 mod validate;
 mod view;
 
-pub use crate::paged::{CachedHandle, PageState, VaRangeView};
-
 use crate::config::AllocatorConfig;
 use crate::hash::AddrMap;
-use crate::{AllocError, Allocator, Block, Device, Stats, StatsTracker};
-use cache::HandleCache;
+use crate::{AllocError, Allocator, Block, Device, Stats};
 use pages::Reservation;
 use placement::{FreeSpace, Placement};
 
-use crate::paged::{LiveBlock, QuickBlock};
-/// The allocation unit, the first reservation's size and the quick-reuse bound are
-/// [`crate::paged`]'s; so are the records of live and quick-reuse blocks.
-pub use crate::paged::{QUICK_SLOTS, UNIT_BYTES, VA_CAPACITY_FACTOR};
+use crate::vmm::handles::ReleaseOrder;
+use crate::vmm::quick::{QuickBlock, QuickList};
+use crate::vmm::retry::{self, VmmPool};
+use crate::vmm::Vmm;
+use crate::vmm::{LiveBlock, QUICK_SLOTS};
 
 /// The page-mapped allocator (see the module documentation).
 ///
 /// ```
-/// use gpumem_core::paged_lazy::{PageState, LazyPagedPool};
+/// use gpumem_core::paged_lazy::LazyPagedPool;
+/// use gpumem_core::vmm::PageState;
 /// use gpumem_core::config::AllocatorConfig;
 /// use gpumem_core::sim::SimDevice;
 /// use gpumem_core::{Allocator, Device};
@@ -132,7 +131,7 @@ pub use crate::paged::{QUICK_SLOTS, UNIT_BYTES, VA_CAPACITY_FACTOR};
 /// let mapped: Vec<u64> = pool
 ///     .page_table()
 ///     .iter()
-///     .filter(|row| matches!(row.state, PageState::Mapped { .. }))
+///     .filter(|row| row.state == PageState::Mapped)
 ///     .map(|row| row.bytes)
 ///     .collect();
 /// assert_eq!(mapped, [2 << 20, 4 << 20]);
@@ -149,9 +148,6 @@ pub use crate::paged::{QUICK_SLOTS, UNIT_BYTES, VA_CAPACITY_FACTOR};
 /// ```
 #[derive(Debug, Clone)]
 pub struct LazyPagedPool {
-    /// Bound on cached (unmapped) handles, in pages
-    /// ([`AllocatorConfig::page_cache_pages`](crate::config::AllocatorConfig::page_cache_pages)).
-    cache_limit: u64,
     /// Fraction above the peak of allocated bytes the pool may hold before moving pages.
     headroom: f64,
     /// Most bytes mapped ahead of need by one allocation.
@@ -161,34 +157,19 @@ pub struct LazyPagedPool {
     handle_pages: u64,
     /// Largest handle created, in bytes.
     handle_bytes: u64,
-    /// Virtual bytes per reservation; 0 = [`VA_CAPACITY_FACTOR`] × device capacity.
-    va_chunk_bytes: u64,
-    /// Page size in bytes (the device granularity), known after the first allocation.
-    page_bytes: u64,
-    /// Reserved ranges in address order.
-    reservations: Vec<Reservation>,
+    /// The substrate: page size, reservations and their page tables, the handle cache
+    /// (at most
+    /// [`AllocatorConfig::page_cache_pages`](crate::config::AllocatorConfig::page_cache_pages)
+    /// pages of them), quarantined spans, mapped pages and the figures.
+    vmm: Vmm<pages::Extents>,
     /// Free ranges and mapped free runs.
     space: FreeSpace,
     /// Live blocks by address.
     live: AddrMap<u64, LiveBlock>,
-    /// Unmapped physical handles kept for reuse.
-    cache: HandleCache,
-    /// Spans (address, bytes) of handles left mapped without access by an unwind whose
-    /// cuMemUnmap failed twice; kept out of the free space until [`Allocator::empty_cache`].
-    quarantine: Vec<(u64, u64)>,
-    /// Pages currently mapped (including idle and quarantined ones).
-    mapped_pages: u64,
-    /// Set while the cache is above its bound after a failed cuMemRelease.
-    trim_pending: bool,
     /// Recently freed blocks kept whole for reuse by a request of the same size (the O(1)
-    /// hit path), oldest first; their bytes stay out of the free space.
-    quick: Vec<QuickBlock>,
-    /// Bytes of the blocks in `quick`.
-    quick_bytes: u64,
-    /// Most blocks `quick` may hold.
-    quick_slots: usize,
-    /// Figures in PyTorch's vocabulary.
-    tracker: StatsTracker,
+    /// hit path), oldest first; their bytes stay out of the free space. Bounded by
+    /// [`QUICK_SLOTS`] blocks, not by bytes.
+    quick: QuickList,
 }
 
 impl LazyPagedPool {
@@ -196,24 +177,14 @@ impl LazyPagedPool {
     /// Uses `config.page_cache_pages` as the bound of the handle cache.
     pub fn new(config: &AllocatorConfig) -> Self {
         LazyPagedPool {
-            cache_limit: config.page_cache_pages,
             headroom: f64::from(config.lazy.headroom_bp) / 10_000.0,
             ahead_bytes: config.lazy.ahead_bytes,
             handle_pages: 0,
             handle_bytes: config.lazy.handle_bytes,
-            va_chunk_bytes: 0,
-            page_bytes: 0,
-            reservations: Vec::new(),
+            vmm: Vmm::new(config.page_cache_pages),
             space: FreeSpace::default(),
             live: AddrMap::default(),
-            cache: HandleCache::default(),
-            quarantine: Vec::new(),
-            mapped_pages: 0,
-            trim_pending: false,
-            quick: Vec::new(),
-            quick_bytes: 0,
-            quick_slots: QUICK_SLOTS,
-            tracker: StatsTracker::default(),
+            quick: QuickList::new(QUICK_SLOTS),
         }
     }
 
@@ -252,25 +223,25 @@ impl LazyPagedPool {
 
     /// Sets the virtual bytes reserved per cuMemAddressReserve (rounded up to the page size;
     /// a larger block gets a range of its own size). The default, 0, reserves
-    /// [`VA_CAPACITY_FACTOR`] × the device capacity.
+    /// [`VA_CAPACITY_FACTOR`](crate::vmm::VA_CAPACITY_FACTOR) × the device capacity.
     pub fn with_va_chunk_bytes(mut self, bytes: u64) -> Self {
-        self.va_chunk_bytes = bytes;
+        self.vmm.va_chunk_bytes = bytes;
         self
     }
 
     /// Sets how many freed blocks the quick-reuse list may hold (0 disables it). Default
     /// [`QUICK_SLOTS`].
     pub fn with_quick_slots(mut self, slots: usize) -> Self {
-        self.quick_slots = slots;
+        self.quick.set_max_blocks(slots);
         self
     }
 
     /// Idle pages: mapped, open, and under no block (nor a block held for quick reuse).
     /// O(reserved pages).
     pub fn idle_pages(&self) -> u64 {
-        let p = self.page_bytes;
+        let p = self.vmm.page_bytes;
         let mut n = 0;
-        for r in &self.reservations {
+        for r in &self.vmm.reservations {
             for (i, s) in r.pages.iter().enumerate() {
                 if s.is_some_and(|s| s.access) {
                     let a = r.va + i as u64 * p;
@@ -287,37 +258,7 @@ impl LazyPagedPool {
         n
     }
 
-    /// Page size in bytes (the device granularity); 0 before the first allocation.
-    pub fn page_bytes(&self) -> u64 {
-        self.page_bytes
-    }
-
-    /// Pages mapped now (under blocks, idle, or quarantined).
-    pub fn mapped_pages(&self) -> u64 {
-        self.mapped_pages
-    }
-
-    /// Unmapped physical handles in the cache.
-    pub fn cached_handles(&self) -> &[CachedHandle] {
-        self.cache.as_slice()
-    }
-
-    /// Pages of the unmapped handles in the cache.
-    pub fn cached_pages(&self) -> u64 {
-        self.cache.pages()
-    }
-
-    /// Reserved virtual ranges as `(start, bytes)`.
-    pub fn reserved_ranges(&self) -> Vec<(u64, u64)> {
-        self.reservations.iter().map(|r| (r.va, r.bytes)).collect()
-    }
-
-    /// Live blocks as `(addr, allocated_bytes)` in address order.
-    pub fn live_blocks(&self) -> Vec<(u64, u64)> {
-        let mut v: Vec<_> = self.live.iter().map(|(&a, b)| (a, b.bytes)).collect();
-        v.sort_unstable();
-        v
-    }
+    crate::vmm::vmm_accessors!();
 
     /// Blocks holding address space: live ones and those kept for quick reuse.
     fn blocks_held(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
@@ -330,7 +271,7 @@ impl LazyPagedPool {
     /// Records a new live block.
     fn commit_live(&mut self, addr: u64, bytes: u64, requested: u64) -> Block {
         self.live.insert(addr, LiveBlock { bytes, requested });
-        self.tracker.on_alloc(requested, bytes);
+        self.vmm.tracker.on_alloc(requested, bytes);
         Block {
             addr,
             requested_bytes: requested,
@@ -345,6 +286,35 @@ impl LazyPagedPool {
         Some(self.commit_live(addr, bytes, requested))
     }
 
+    /// Returns a block's span to the free space; its pages stay mapped. No driver call.
+    fn free_span(&mut self, addr: u64, bytes: u64) -> Result<(), AllocError> {
+        let ri = self.vmm.res_holding(addr, "block")?;
+        let r = &self.vmm.reservations[ri];
+        self.space.give(addr, bytes, r.va, r.end(), true);
+        Ok(())
+    }
+
+    /// Gives every block of the quick list back to the free space.
+    fn flush_quick(&mut self) -> Result<(), AllocError> {
+        while let Some(q) = self.quick.pop_back() {
+            self.free_span(q.addr, q.bytes)?;
+        }
+        Ok(())
+    }
+}
+
+impl VmmPool for LazyPagedPool {
+    fn page_bytes_mut(&mut self) -> &mut u64 {
+        &mut self.vmm.page_bytes
+    }
+
+    /// The largest handle in pages, once the page size is known.
+    fn pages_known(&mut self) {
+        if self.handle_pages == 0 {
+            self.handle_pages = (self.handle_bytes / self.vmm.page_bytes).max(1);
+        }
+    }
+
     /// One allocation attempt (no OOM retry).
     fn try_allocate(
         &mut self,
@@ -353,13 +323,7 @@ impl LazyPagedPool {
         align: u64,
         requested: u64,
     ) -> Result<Block, AllocError> {
-        if let Some(i) = self
-            .quick
-            .iter()
-            .rposition(|q| q.bytes == bytes && q.addr % align == 0)
-        {
-            let q = self.quick.remove(i);
-            self.quick_bytes -= q.bytes;
+        if let Some(q) = self.quick.take(bytes, align) {
             return Ok(self.commit_live(q.addr, bytes, requested));
         }
         if let Some(b) = self.place_mapped(bytes, align, requested) {
@@ -381,7 +345,7 @@ impl LazyPagedPool {
                 grown = Some(ri);
                 Placement {
                     res: ri,
-                    addr: self.reservations[ri].va,
+                    addr: self.vmm.reservations[ri].va,
                 }
             }
         };
@@ -394,63 +358,23 @@ impl LazyPagedPool {
                 return Err(e.into());
             }
         };
-        let p = self.page_bytes;
+        let p = self.vmm.page_bytes;
         self.space.take_va(pl.addr, bytes);
-        let r = &self.reservations[pl.res];
+        let r = &self.vmm.reservations[pl.res];
         // The window: the block's pages and those mapped ahead of it.
         let lo = pl.addr - (pl.addr - r.va) % p;
         self.space.rebuild_mapped(r, p, lo, hi);
         Ok(self.commit_live(pl.addr, bytes, requested))
     }
 
-    fn oom(&self, requested_bytes: u64) -> AllocError {
-        crate::paged::out_of_memory(self, requested_bytes)
+    fn count_retry(&mut self) {
+        self.vmm.tracker.stats.alloc_retries += 1;
     }
 
-    /// Learns the page size from the device on first use.
-    fn learn_page_size(&mut self, dev: &dyn Device) -> Result<(), AllocError> {
-        crate::paged::learn_page_size(&mut self.page_bytes, dev)?;
-        if self.handle_pages == 0 {
-            self.handle_pages = (self.handle_bytes / self.page_bytes).max(1);
+    fn allocated(&mut self, dev: &mut dyn Device) {
+        if self.vmm.cache.trim_pending || self.vmm.cache.over(0) {
+            self.trim_cache(dev);
         }
-        Ok(())
-    }
-
-    /// Returns a block's span to the free space; its pages stay mapped. No driver call.
-    fn free_span(&mut self, addr: u64, bytes: u64) -> Result<(), AllocError> {
-        let ri = self
-            .res_of(addr)
-            .ok_or_else(|| AllocError::Internal(format!("block {addr:#x} outside VA")))?;
-        let r = &self.reservations[ri];
-        self.space.give(addr, bytes, r.va, r.end(), true);
-        Ok(())
-    }
-
-    /// Gives every block of the quick list back to the free space.
-    fn flush_quick(&mut self) -> Result<(), AllocError> {
-        while let Some(q) = self.quick.pop() {
-            self.quick_bytes -= q.bytes;
-            self.free_span(q.addr, q.bytes)?;
-        }
-        Ok(())
-    }
-
-    /// [`LazyPagedPool::try_allocate`], and on out-of-memory [`Allocator::empty_cache`] and one
-    /// retry.
-    fn allocate_with_retry(
-        &mut self,
-        dev: &mut dyn Device,
-        bytes: u64,
-        align: u64,
-        size_bytes: u64,
-    ) -> Result<Block, AllocError> {
-        crate::paged::retry_once_after_empty_cache(
-            self,
-            dev,
-            size_bytes,
-            |a, dev| a.try_allocate(dev, bytes, align, size_bytes),
-            |a| a.tracker.stats.alloc_retries += 1,
-        )
     }
 }
 
@@ -472,77 +396,44 @@ impl Allocator for LazyPagedPool {
         align: u64,
         _stream: u64,
     ) -> Result<Block, AllocError> {
-        self.learn_page_size(dev)?;
-        let Some((bytes, align)) =
-            crate::paged::page_request(self.page_bytes, dev, size_bytes, align)?
-        else {
-            return Err(self.oom(size_bytes));
-        };
-        let result = self.allocate_with_retry(dev, bytes, align, size_bytes);
-        if result.is_ok() && (self.trim_pending || self.cache.pages() > self.cache_limit) {
-            self.trim_cache(dev);
-        }
-        result
+        retry::allocate(self, dev, size_bytes, align)
     }
 
     fn deallocate(&mut self, _dev: &mut dyn Device, addr: u64) -> Result<(), AllocError> {
         let Some(blk) = self.live.remove(&addr) else {
             return Err(AllocError::UnknownBlock { addr });
         };
-        self.tracker.on_free(blk.requested, blk.bytes);
-        if self.quick_slots > 0 {
-            // Make room in the quick list by truly freeing its oldest blocks.
-            if self.quick.len() >= self.quick_slots {
-                let old = self.quick.remove(0);
-                self.quick_bytes -= old.bytes;
+        self.vmm.tracker.on_free(blk.requested, blk.bytes);
+        if self.quick.admits(blk.bytes) {
+            // Make room in the quick list by truly freeing its oldest block.
+            if let Some(old) = self.quick.must_go_for(blk.bytes) {
+                self.quick.pop_front();
                 self.free_span(old.addr, old.bytes)?;
             }
-            self.quick.push(QuickBlock {
+            self.quick.push_back(QuickBlock {
                 addr,
                 bytes: blk.bytes,
             });
-            self.quick_bytes += blk.bytes;
             return Ok(());
         }
         self.free_span(addr, blk.bytes)
     }
 
     fn empty_cache(&mut self, dev: &mut dyn Device) -> Result<u64, AllocError> {
-        let p = self.page_bytes;
         self.flush_quick()?;
-        while let Some(&(va, bytes)) = self.quarantine.first() {
+        while let Some(&(va, bytes)) = self.vmm.quarantine.first() {
             self.release_quarantined(dev, va, bytes)?;
-            self.quarantine.remove(0);
+            self.vmm.quarantine.remove(0);
         }
         self.drop_idle(dev)?;
-        let mut released = 0;
-        while let Some(h) = self.cache.take_largest() {
-            if let Err(e) = dev.release_physical(h.handle) {
-                self.cache.push(h);
-                return Err(e.into());
-            }
-            self.tracker.on_release(h.pages * p);
-            released += h.pages * p;
-        }
-        self.trim_pending = false;
+        let released = self.vmm.release_cache(dev, ReleaseOrder::Largest)?;
         // Reservations without a live block go back too.
-        let mut ri = 0;
-        while ri < self.reservations.len() {
-            let r = &self.reservations[ri];
-            if self.space.va.get(&r.va) == Some(&r.bytes) {
-                let (va, bytes) = (r.va, r.bytes);
-                dev.free_va(va, bytes)?;
-                self.space.va.remove(&va);
-                self.reservations.remove(ri);
-            } else {
-                ri += 1;
-            }
-        }
+        crate::vmm::reserve::release_unused(&mut self.vmm.reservations, &mut self.space.va, dev)?;
         Ok(released)
     }
 
     fn stats(&self) -> Stats {
-        let mut s = self.tracker.stats;
+        let mut s = self.vmm.tracker.stats;
         s.free_bytes = self.space.mapped_bytes;
         s.largest_free_bytes = self.space.by_size.last().map_or(0, |&(l, _)| l);
         // Free bytes on mapped pages while some block is live: what PyTorch counts as
@@ -556,7 +447,7 @@ impl Allocator for LazyPagedPool {
     }
 
     fn reserved_bytes(&self) -> crate::Counter {
-        self.tracker.stats.reserved_bytes
+        self.vmm.tracker.stats.reserved_bytes
     }
 
     fn validate(&self) -> Result<(), AllocError> {

@@ -3,39 +3,35 @@
 //! cuMemSetAccess, cuMemUnmap, cuMemRelease, cuMemAddressFree), with the unwinding of a
 //! failed allocation.
 use super::LazyPagedPool;
-use crate::align::align_up;
-use crate::device::{DeviceError, PhysHandle};
-use crate::paged::slots::SlotTable;
-use crate::paged::CachedHandle;
+use crate::device::DeviceError;
+use crate::vmm::map::{self, Page, PlanRun, Taken};
+use crate::vmm::reserve;
+use crate::vmm::CachedHandle;
 use crate::{AllocError, Device};
 
-/// A mapped physical page.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Page {
-    /// The handle mapped over this page's extent.
-    pub(super) handle: PhysHandle,
-    /// First page (index in the reservation) of the extent the handle covers.
-    pub(super) ext_first: u32,
-    /// Pages in that extent.
-    pub(super) ext_pages: u32,
-    /// Whether cuMemSetAccess succeeded over it.
-    pub(super) access: bool,
-}
+/// One reserved virtual range of a [`LazyPagedPool`]: its page table has a slot per page,
+/// `Some` on every page of a mapped extent (sparse in chunks, see
+/// [`slots`](crate::vmm::slots), so that a large reservation costs nothing until it is
+/// used); its index counts the mapped pages of any span and lists the mapped extents.
+pub(super) type Reservation = reserve::Reservation<Extents>;
 
-/// One reserved virtual range and its pages.
+/// The mapped pages of a reservation, by count and by extent.
 #[derive(Debug, Clone)]
-pub(super) struct Reservation {
-    pub(super) va: u64,
-    pub(super) bytes: u64,
-    /// One slot per page: `Some` when mapped (sparse: chunks are allocated where pages are
-    /// mapped, see [`crate::paged::slots`]), so that a large reservation costs nothing
-    /// until it is used.
-    pub(super) pages: SlotTable<Page>,
+pub(super) struct Extents {
     /// How many pages of a span are mapped.
     count: MappedCount,
     /// Mapped extents: first page -> pages (what the idle-extent search walks, instead of
     /// every page slot of the range).
     pub(super) extents: std::collections::BTreeMap<usize, u64>,
+}
+
+impl reserve::PageIndex for Extents {
+    fn new(npages: usize) -> Self {
+        Extents {
+            count: MappedCount::new(npages),
+            extents: std::collections::BTreeMap::new(),
+        }
+    }
 }
 
 /// Two Fenwick trees (1-based) over the differences `d[i] = m[i] − m[i − 1]` of the mapped
@@ -95,28 +91,9 @@ impl MappedCount {
 }
 
 impl Reservation {
-    fn new(va: u64, bytes: u64, npages: usize) -> Self {
-        Reservation {
-            va,
-            bytes,
-            pages: SlotTable::new(npages),
-            count: MappedCount::new(npages),
-            extents: std::collections::BTreeMap::new(),
-        }
-    }
-
-    pub(super) fn end(&self) -> u64 {
-        self.va + self.bytes
-    }
-
-    /// Pages in the reservation.
-    pub(super) fn npages(&self) -> usize {
-        self.count.d.len() - 1
-    }
-
     /// Mapped pages in `[a, b)`.
     pub(super) fn mapped_in(&self, a: usize, b: usize) -> u64 {
-        self.count.mapped_before(b) - self.count.mapped_before(a)
+        self.index.count.mapped_before(b) - self.index.count.mapped_before(a)
     }
 
     /// Writes the slots of handle `h` mapped from page `first`.
@@ -124,7 +101,7 @@ impl Reservation {
         let (Ok(ext_first), Ok(ext_pages)) = (u32::try_from(first), u32::try_from(h.pages)) else {
             return;
         };
-        self.extents.insert(first, h.pages);
+        self.index.extents.insert(first, h.pages);
         // Runs of slots that were unmapped are marked mapped, one O(log) update each.
         let mut run: Option<usize> = None;
         let mut end = first;
@@ -135,17 +112,18 @@ impl Reservation {
                 handle: h.handle,
                 ext_first,
                 ext_pages,
+                refs: 0,
                 access,
             });
             if was_unmapped {
                 run.get_or_insert(i);
             } else if let Some(s) = run.take() {
-                self.count.mark_run(s, i - s, true);
+                self.index.count.mark_run(s, i - s, true);
             }
             end = i + 1;
         }
         if let Some(s) = run {
-            self.count.mark_run(s, end - s, true);
+            self.index.count.mark_run(s, end - s, true);
         }
     }
 
@@ -153,7 +131,7 @@ impl Reservation {
     fn clear_extent(&mut self, first: usize) -> Option<CachedHandle> {
         let pg = (*self.pages.get(first)?)?;
         let n = pg.ext_pages as usize;
-        self.extents.remove(&first);
+        self.index.extents.remove(&first);
         // Runs of slots that were mapped are marked unmapped, one O(log) update each.
         let mut run: Option<usize> = None;
         let mut end = first;
@@ -161,12 +139,12 @@ impl Reservation {
             if slot.take().is_some() {
                 run.get_or_insert(i);
             } else if let Some(s) = run.take() {
-                self.count.mark_run(s, i - s, false);
+                self.index.count.mark_run(s, i - s, false);
             }
             end = i + 1;
         }
         if let Some(s) = run {
-            self.count.mark_run(s, end - s, false);
+            self.index.count.mark_run(s, end - s, false);
         }
         Some(CachedHandle {
             handle: pg.handle,
@@ -177,7 +155,7 @@ impl Reservation {
     /// Recount of the Fenwick tree and the extent index against the slots (for the
     /// invariant walk).
     pub(super) fn fenwick_ok(&self) -> bool {
-        let mut f = Reservation::new(self.va, self.bytes, self.npages());
+        let mut f = <Extents as reserve::PageIndex>::new(self.npages);
         let mut extents = std::collections::BTreeMap::new();
         for (i, s) in self.pages.iter().enumerate() {
             if let Some(pg) = s {
@@ -187,18 +165,8 @@ impl Reservation {
                 }
             }
         }
-        f.count == self.count && extents == self.extents
+        f.count == self.index.count && extents == self.index.extents
     }
-}
-
-/// A handle mapped for a new block during an allocation, to give back on failure.
-#[derive(Debug, Clone, Copy)]
-struct Taken {
-    /// First page (index in the reservation) it is mapped at.
-    page: usize,
-    handle: CachedHandle,
-    /// From the cache (or moved from idle pages elsewhere): goes back there on failure.
-    from_cache: bool,
 }
 
 /// An idle extent: a mapped handle no block touches.
@@ -210,68 +178,43 @@ struct Idle {
 }
 
 impl LazyPagedPool {
-    /// Index of the reservation holding `addr`.
-    pub(super) fn res_of(&self, addr: u64) -> Option<usize> {
-        let i = self.reservations.partition_point(|r| r.va <= addr);
-        let i = i.checked_sub(1)?;
-        (addr < self.reservations[i].end()).then_some(i)
-    }
-
     /// Reserves a new virtual range of at least `bytes` and makes it one free range.
     pub(super) fn grow_va(
         &mut self,
         dev: &mut dyn Device,
         bytes: u64,
     ) -> Result<usize, AllocError> {
-        let p = self.page_bytes;
-        let chunk = if self.va_chunk_bytes > 0 {
-            align_up(self.va_chunk_bytes, p)
-        } else {
-            align_up(dev.capacity_bytes(), p).and_then(|c| c.checked_mul(super::VA_CAPACITY_FACTOR))
-        }
-        .unwrap_or(u64::MAX / 2);
-        let overflow = AllocError::Overflow {
-            size_bytes: bytes,
-            align: p,
-        };
-        let want = align_up(bytes, p).ok_or(overflow.clone())?.max(chunk);
-        let npages = usize::try_from(want / p).map_err(|_| overflow)?;
-        let va = dev.reserve_va(want)?;
-        let ri = self.reservations.partition_point(|r| r.va < va);
-        self.reservations
-            .insert(ri, Reservation::new(va, want, npages));
-        self.space.va.insert(va, want);
-        Ok(ri)
+        reserve::reserve(
+            &mut self.vmm.reservations,
+            &mut self.space.va,
+            dev,
+            bytes,
+            self.vmm.page_bytes,
+            self.vmm.va_chunk_bytes,
+        )
     }
 
     /// Undoes [`LazyPagedPool::grow_va`] after a failed allocation (cuMemAddressFree, retried
     /// once; on a second failure the empty range stays).
     pub(super) fn ungrow_va(&mut self, dev: &mut dyn Device, ri: usize) {
-        let Some(r) = self.reservations.get(ri) else {
-            return;
-        };
-        let (va, bytes) = (r.va, r.bytes);
-        if dev.free_va(va, bytes).is_ok() || dev.free_va(va, bytes).is_ok() {
-            self.space.va.remove(&va);
-            self.reservations.remove(ri);
-        }
+        reserve::unreserve(&mut self.vmm.reservations, &mut self.space.va, dev, ri);
     }
 
     /// Reserved pages held now: mapped plus cached.
     pub(super) fn held_pages(&self) -> u64 {
-        self.mapped_pages + self.cache.pages()
+        self.vmm.mapped_pages + self.vmm.cache.pages()
     }
 
     /// How many pages the pool may hold before it moves idle pages instead of creating new
     /// ones: the peak held so far, or the peak of allocated bytes (counting this request)
     /// plus the headroom, whichever is larger.
     fn page_limit(&self, bytes: u64) -> u64 {
-        let p = self.page_bytes;
-        let s = &self.tracker.stats;
+        let p = self.vmm.page_bytes;
+        let s = &self.vmm.tracker.stats;
         let peak_alloc = s
             .allocated_bytes
             .peak
-            .max(s.allocated_bytes.current + self.quick_bytes + bytes);
+            .max(s.allocated_bytes.current + self.quick.bytes() + bytes);
         let with_headroom = (peak_alloc as f64 * (1.0 + self.headroom)).ceil() as u64;
         (s.reserved_bytes.peak / p).max(with_headroom.div_ceil(p))
     }
@@ -281,9 +224,9 @@ impl LazyPagedPool {
     /// extents it holds whole: O(free ranges + extents in them · log extents), not a search
     /// per mapped extent (most of which lie under blocks).
     fn idle_extents(&self, skip: usize, lo: usize, hi: usize) -> Vec<Idle> {
-        let p = self.page_bytes;
+        let p = self.vmm.page_bytes;
         let mut out = Vec::new();
-        for (ri, r) in self.reservations.iter().enumerate() {
+        for (ri, r) in self.vmm.reservations.iter().enumerate() {
             // Free ranges are coalesced within a reservation: each lies inside one.
             for (&s, &l) in self.space.va.range(r.va..r.end()) {
                 let i0 = (s - r.va).div_ceil(p) as usize;
@@ -291,7 +234,7 @@ impl LazyPagedPool {
                 if i1 <= i0 {
                     continue;
                 }
-                for (&i, &n) in r.extents.range(i0..i1) {
+                for (&i, &n) in r.index.extents.range(i0..i1) {
                     let n = n as usize;
                     if i + n > i1 {
                         break;
@@ -320,20 +263,20 @@ impl LazyPagedPool {
     /// Unmaps the idle extent `e` (one cuMemUnmap) and returns its handle; its pages leave
     /// the mapped runs.
     fn unmap_idle(&mut self, dev: &mut dyn Device, e: Idle) -> Result<CachedHandle, DeviceError> {
-        let p = self.page_bytes;
-        let r = &self.reservations[e.res];
+        let p = self.vmm.page_bytes;
+        let r = &self.vmm.reservations[e.res];
         let va = r.va + e.first as u64 * p;
         dev.unmap(va, e.pages * p)?;
-        let r = &mut self.reservations[e.res];
+        let r = &mut self.vmm.reservations[e.res];
         let h = r
             .clear_extent(e.first)
             .ok_or_else(|| DeviceError::Invalid {
                 call: "paged",
                 detail: format!("idle extent {va:#x} vanished"),
             })?;
-        self.mapped_pages = self.mapped_pages.saturating_sub(h.pages);
+        self.vmm.mapped_pages = self.vmm.mapped_pages.saturating_sub(h.pages);
         self.space
-            .rebuild_mapped(&self.reservations[e.res], p, va, va + e.pages * p);
+            .rebuild_mapped(&self.vmm.reservations[e.res], p, va, va + e.pages * p);
         Ok(h)
     }
 
@@ -341,9 +284,68 @@ impl LazyPagedPool {
     pub(super) fn drop_idle(&mut self, dev: &mut dyn Device) -> Result<(), AllocError> {
         for e in self.idle_extents(usize::MAX, 0, 0) {
             let h = self.unmap_idle(dev, e)?;
-            self.cache.push(h);
+            self.vmm.cache.push(h);
         }
         Ok(())
+    }
+
+    /// The runs of pages [`LazyPagedPool::map_for_block`] maps for a block on pages
+    /// `p0..=p1` of reservation `ri` (`need` of them unmapped) and `ahead` pages after it, as
+    /// `(first page, pages)` in page order: each run of unmapped pages under the block, then
+    /// the pages ahead, each cut into handles of a power of two of pages, largest first.
+    fn runs_to_map(
+        &self,
+        ri: usize,
+        p0: usize,
+        p1: usize,
+        need: u64,
+        ahead: usize,
+    ) -> Vec<(usize, u64)> {
+        // Runs of unmapped pages to fill; the pages mapped ahead get a handle of their own,
+        // so that either can move once idle without the other.
+        let Some(r) = self.vmm.reservations.get(ri) else {
+            return Vec::new();
+        };
+        let mut gaps: Vec<(usize, u64)> = Vec::new();
+        if need > 0 {
+            let mut start = None;
+            for (page, s) in (p0..=p1).zip(r.pages.range(p0, p1 + 1)) {
+                match (s, start) {
+                    (None, None) => start = Some(page),
+                    (Some(_), Some(st)) => {
+                        gaps.push((st, (page - st) as u64));
+                        start = None;
+                    }
+                    _ => {}
+                }
+            }
+            if let Some(st) = start {
+                gaps.push((st, (p1 + 1 - st) as u64));
+            }
+        }
+        if ahead > 0 {
+            gaps.push((p1 + 1, ahead as u64));
+        }
+        // Handles of a power of two of pages, at most `handle_pages`: a handle moves only
+        // whole and only once no block touches it, so smaller handles let the pool take back
+        // idle pages between live blocks, at one cuMemCreate and one cuMemMap each; powers
+        // of two keep the cached pieces few in sizes, so that they fit later runs.
+        let cap = self.handle_pages.max(1);
+        gaps.into_iter()
+            .flat_map(|(at, n)| {
+                let mut out = Vec::new();
+                let (mut at, mut rest) = (at, n);
+                while rest > 0 {
+                    // Largest power of two of pages first: movable pieces of a few sizes
+                    // that fit any later run, at most log2(run) handles per run.
+                    let k = (1u64 << (63 - rest.leading_zeros())).min(cap);
+                    out.push((at, k));
+                    at += k as usize;
+                    rest -= k;
+                }
+                out
+            })
+            .collect()
     }
 
     /// Maps and opens every page a block at `addr` of `bytes` in reservation `ri` needs,
@@ -361,13 +363,8 @@ impl LazyPagedPool {
         addr: u64,
         bytes: u64,
     ) -> Result<u64, DeviceError> {
-        let p = self.page_bytes;
-        let Some(r) = self.reservations.get(ri) else {
-            return Err(DeviceError::Invalid {
-                call: "paged",
-                detail: "reservation vanished".into(),
-            });
-        };
+        let p = self.vmm.page_bytes;
+        let r = self.vmm.reservation(ri)?;
         let base = r.va;
         let p0 = ((addr - base) / p) as usize;
         let p1 = ((addr + bytes - 1 - base) / p) as usize;
@@ -397,57 +394,15 @@ impl LazyPagedPool {
             }
         }
         let last = p1 + ahead;
-        // Runs of unmapped pages to fill; the pages mapped ahead get a handle of their own,
-        // so that either can move once idle without the other.
-        let mut gaps: Vec<(usize, u64)> = Vec::new();
-        if need > 0 {
-            let mut start = None;
-            for (page, s) in (p0..=p1).zip(r.pages.range(p0, p1 + 1)) {
-                match (s, start) {
-                    (None, None) => start = Some(page),
-                    (Some(_), Some(st)) => {
-                        gaps.push((st, (page - st) as u64));
-                        start = None;
-                    }
-                    _ => {}
-                }
-            }
-            if let Some(st) = start {
-                gaps.push((st, (p1 + 1 - st) as u64));
-            }
-        }
-        if ahead > 0 {
-            gaps.push((p1 + 1, ahead as u64));
-        }
-        // Handles of a power of two of pages, at most `handle_pages`: a handle moves only
-        // whole and only once no block touches it, so smaller handles let the pool take back
-        // idle pages between live blocks, at one cuMemCreate and one cuMemMap each; powers
-        // of two keep the cached pieces few in sizes, so that they fit later runs.
-        let cap = self.handle_pages.max(1);
-        let gaps: Vec<(usize, u64)> = gaps
-            .into_iter()
-            .flat_map(|(at, n)| {
-                let mut out = Vec::new();
-                let (mut at, mut rest) = (at, n);
-                while rest > 0 {
-                    // Largest power of two of pages first: movable pieces of a few sizes
-                    // that fit any later run, at most log2(run) handles per run.
-                    let k = (1u64 << (63 - rest.leading_zeros())).min(cap);
-                    out.push((at, k));
-                    at += k as usize;
-                    rest -= k;
-                }
-                out
-            })
-            .collect();
+        let gaps = self.runs_to_map(ri, p0, p1, need, ahead);
         let total: u64 = gaps.iter().map(|g| g.1).sum();
         // Plan: (page, handle or None = create, pages).
-        let mut plan: Vec<(usize, Option<CachedHandle>, u64)> = Vec::new();
+        let mut plan: Vec<PlanRun> = Vec::new();
         let mut missing: Vec<(usize, u64)> = Vec::new();
         for &(page, n) in &gaps {
             let (mut at, mut rest) = (page, n);
             while rest > 0 {
-                let Some(c) = self.cache.take_fitting(rest) else {
+                let Some(c) = self.vmm.cache.take_fitting(rest) else {
                     break;
                 };
                 plan.push((at, Some(c), c.pages));
@@ -459,13 +414,6 @@ impl LazyPagedPool {
             }
         }
         let mut left: u64 = missing.iter().map(|m| m.1).sum();
-        let give_back = |this: &mut Self, plan: &[(usize, Option<CachedHandle>, u64)]| {
-            for &(_, h, _) in plan {
-                if let Some(h) = h {
-                    this.cache.push(h);
-                }
-            }
-        };
         if left > 0 && self.held_pages() + left > limit {
             // Above the limit: move idle extents here instead of creating.
             let mut idle = self.idle_extents(ri, p0, last + 1);
@@ -485,7 +433,7 @@ impl LazyPagedPool {
                             rest -= h.pages;
                         }
                         Err(err) => {
-                            give_back(self, &plan);
+                            map::give_back(&mut self.vmm.cache, &plan);
                             return Err(err);
                         }
                     }
@@ -498,8 +446,8 @@ impl LazyPagedPool {
             left = missing.iter().map(|m| m.1).sum();
             if left > 0 && self.held_pages() + left > limit {
                 // Nothing cached fits what is left: give it back before creating anything.
-                while let Some(h) = self.cache.take_largest() {
-                    self.release_handle(dev, h);
+                while let Some(h) = self.vmm.cache.take_largest() {
+                    self.vmm.release_handle(dev, h);
                 }
             }
             // Still above: idle extents too large to move here are unmapped and released
@@ -508,9 +456,9 @@ impl LazyPagedPool {
             let mut i = 0;
             while left > 0 && self.held_pages() + left > limit && i < idle.len() {
                 match self.unmap_idle(dev, idle[i]) {
-                    Ok(h) => self.release_handle(dev, h),
+                    Ok(h) => self.vmm.release_handle(dev, h),
                     Err(err) => {
-                        give_back(self, &plan);
+                        map::give_back(&mut self.vmm.cache, &plan);
                         return Err(err);
                     }
                 }
@@ -520,32 +468,9 @@ impl LazyPagedPool {
         plan.extend(missing.iter().map(|&(at, n)| (at, None, n)));
         plan.sort_unstable_by_key(|&(page, _, _)| page);
         let mut taken: Vec<Taken> = Vec::with_capacity(plan.len());
-        for (k, &(page, h, n)) in plan.iter().enumerate() {
-            let (h, from_cache) = match h {
-                Some(h) => (h, true),
-                None => match dev.create_physical(n * p) {
-                    Ok(handle) => {
-                        self.tracker.on_reserve(n * p);
-                        (CachedHandle { handle, pages: n }, false)
-                    }
-                    Err(e) => {
-                        give_back(self, &plan[k..]);
-                        self.unwind_maps(dev, ri, &taken);
-                        return Err(e);
-                    }
-                },
-            };
-            if let Err(e) = dev.map(base + page as u64 * p, n * p, h.handle) {
-                self.untake_handle(dev, h, from_cache);
-                give_back(self, &plan[k + 1..]);
-                self.unwind_maps(dev, ri, &taken);
-                return Err(e);
-            }
-            taken.push(Taken {
-                page,
-                handle: h,
-                from_cache,
-            });
+        if let Err(e) = self.vmm.map_plan(dev, ri, &plan, &mut taken) {
+            self.unwind_maps(dev, ri, &taken);
+            return Err(e);
         }
         if let (Some(a), Some(b)) = (taken.first(), taken.last()) {
             // One cuMemSetAccess from the first new page to the last: every page between is
@@ -556,50 +481,18 @@ impl LazyPagedPool {
                 return Err(e);
             }
         }
-        let r = &mut self.reservations[ri];
+        let r = &mut self.vmm.reservations[ri];
         for t in &taken {
             r.set_extent(t.page, t.handle, true);
         }
-        self.mapped_pages += total;
+        self.vmm.mapped_pages += total;
         Ok(base + (last as u64 + 1) * p)
     }
 
-    /// Gives back a handle taken by a failed allocation: to the cache if it came from there,
-    /// else cuMemRelease (so the allocation leaves `reserved_bytes` as it found it).
-    fn untake_handle(&mut self, dev: &mut dyn Device, h: CachedHandle, from_cache: bool) {
-        if from_cache {
-            self.cache.push(h);
-        } else {
-            self.release_handle(dev, h);
-        }
-    }
-
-    /// cuMemRelease, retried once; on a second failure the handle stays cached, even above
-    /// the bound, until a later call trims the cache.
-    pub(super) fn release_handle(&mut self, dev: &mut dyn Device, h: CachedHandle) {
-        if dev.release_physical(h.handle).is_ok() || dev.release_physical(h.handle).is_ok() {
-            self.tracker.on_release(h.pages * self.page_bytes);
-        } else {
-            self.cache.push(h);
-            self.trim_pending = true;
-        }
-    }
-
     /// Releases cached handles, largest first, until the cache is within its bound
-    /// (cuMemRelease each); stops at the first failure, leaving `trim_pending` set.
+    /// (cuMemRelease each); stops at the first failure, leaving the trim pending.
     pub(super) fn trim_cache(&mut self, dev: &mut dyn Device) {
-        while self.cache.pages() > self.cache_limit {
-            let Some(h) = self.cache.take_largest() else {
-                break;
-            };
-            if dev.release_physical(h.handle).is_err() {
-                self.cache.push(h);
-                self.trim_pending = true;
-                return;
-            }
-            self.tracker.on_release(h.pages * self.page_bytes);
-        }
-        self.trim_pending = false;
+        self.vmm.trim_cache(dev, 0);
     }
 
     /// Unmaps the handles of `taken` (all in reservation `ri`, ascending) and gives them
@@ -607,23 +500,23 @@ impl LazyPagedPool {
     /// quarantined: cut out of the free map, its pages held mapped without access until
     /// [`crate::Allocator::empty_cache`].
     fn unwind_maps(&mut self, dev: &mut dyn Device, ri: usize, taken: &[Taken]) {
-        let p = self.page_bytes;
-        let Some(base) = self.reservations.get(ri).map(|r| r.va) else {
+        let p = self.vmm.page_bytes;
+        let Some(base) = self.vmm.reservations.get(ri).map(|r| r.va) else {
             return;
         };
-        for t in taken {
+        for t in map::unwind_runs(taken, false).flatten() {
             let va = base + t.page as u64 * p;
             let bytes = t.handle.pages * p;
-            if dev.unmap(va, bytes).is_ok() || dev.unmap(va, bytes).is_ok() {
-                self.untake_handle(dev, t.handle, t.from_cache);
+            if map::unmap_retried(dev, va, bytes) {
+                self.vmm.untake_handle(dev, t.handle, t.from_cache);
             } else {
                 self.space.take_va(va, bytes);
-                let r = &mut self.reservations[ri];
+                let r = &mut self.vmm.reservations[ri];
                 r.set_extent(t.page, t.handle, false);
-                self.mapped_pages += t.handle.pages;
+                self.vmm.mapped_pages += t.handle.pages;
                 self.space
-                    .rebuild_mapped(&self.reservations[ri], p, va, va + bytes);
-                self.quarantine.push((va, bytes));
+                    .rebuild_mapped(&self.vmm.reservations[ri], p, va, va + bytes);
+                self.vmm.quarantine.push((va, bytes));
             }
         }
     }
@@ -636,24 +529,25 @@ impl LazyPagedPool {
         va: u64,
         bytes: u64,
     ) -> Result<(), AllocError> {
-        let p = self.page_bytes;
-        let ri = self
-            .res_of(va)
-            .ok_or_else(|| AllocError::Internal(format!("quarantined {va:#x} outside VA")))?;
-        let (base, end) = (self.reservations[ri].va, self.reservations[ri].end());
+        let p = self.vmm.page_bytes;
+        let ri = self.vmm.res_holding(va, "quarantined")?;
+        let (base, end) = (
+            self.vmm.reservations[ri].va,
+            self.vmm.reservations[ri].end(),
+        );
         let mut page = ((va - base) / p) as usize;
         let last = ((va + bytes - base) / p) as usize;
         while page < last {
-            let n = self.reservations[ri].pages.get(page).copied().flatten();
+            let n = self.vmm.reservations[ri].pages.get(page).copied().flatten();
             let Some(pg) = n else {
                 page += 1;
                 continue;
             };
             let n = pg.ext_pages as usize;
             dev.unmap(base + page as u64 * p, n as u64 * p)?;
-            if let Some(h) = self.reservations[ri].clear_extent(page) {
-                self.mapped_pages = self.mapped_pages.saturating_sub(h.pages);
-                self.cache.push(h);
+            if let Some(h) = self.vmm.reservations[ri].clear_extent(page) {
+                self.vmm.mapped_pages = self.vmm.mapped_pages.saturating_sub(h.pages);
+                self.vmm.cache.push(h);
             }
             page += n;
         }

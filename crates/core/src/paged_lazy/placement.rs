@@ -12,7 +12,7 @@ mod size_index;
 
 use super::{LazyPagedPool, Reservation};
 use crate::align::{align_down, align_up};
-use crate::paged::range_map::RangeMap;
+use crate::vmm::range_map::RangeMap;
 use size_index::SizeIndex;
 
 /// The free address space of one pool.
@@ -164,9 +164,14 @@ impl FreeSpace {
             // Runs of open pages over `[a, b)`, from the mapped extents (a handle's pages
             // share one access flag): O(extents), not O(pages).
             let (pa, pb) = (((a - r.va) / p) as usize, ((b - 1 - r.va) / p) as usize);
-            let first = r.extents.range(..=pa).next_back().map_or(pa, |(&i, _)| i);
+            let first = r
+                .index
+                .extents
+                .range(..=pa)
+                .next_back()
+                .map_or(pa, |(&i, _)| i);
             let mut run: Option<(usize, usize)> = None; // pages [start, end)
-            for (&i, &n) in r.extents.range(first..=pb) {
+            for (&i, &n) in r.index.extents.range(first..=pb) {
                 let end = i + n as usize;
                 if end <= pa {
                     continue;
@@ -193,8 +198,8 @@ impl LazyPagedPool {
     /// Unmapped pages under `[x, x + bytes)` in reservation `ri`, and the bytes of those new
     /// pages the block would leave free.
     fn growth_cost(&self, ri: usize, x: u64, bytes: u64) -> (u64, u64) {
-        let p = self.page_bytes;
-        let r = &self.reservations[ri];
+        let p = self.vmm.page_bytes;
+        let r = &self.vmm.reservations[ri];
         let (rel, end) = (x - r.va, x - r.va + bytes);
         let p0 = rel / p;
         let p1 = (end - 1) / p;
@@ -236,10 +241,10 @@ impl LazyPagedPool {
             if len < bytes {
                 continue;
             }
-            while ri < self.reservations.len() && self.reservations[ri].end() <= st {
+            while ri < self.vmm.reservations.len() && self.vmm.reservations[ri].end() <= st {
                 ri += 1;
             }
-            self.reservations.get(ri)?;
+            self.vmm.reservations.get(ri)?;
             let b = st + len;
             let mut consider = |x: u64| {
                 let (k, slack) = self.growth_cost(ri, x, bytes);

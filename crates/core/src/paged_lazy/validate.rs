@@ -3,59 +3,42 @@
 //! under a block mapped and open, the mapped free runs recomputed from the free ranges and
 //! the page table, the extents and handles, the handle cache and the byte counters.
 //! O(reserved pages + blocks · log blocks).
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 
 use super::LazyPagedPool;
 
 pub(super) fn run(a: &LazyPagedPool) -> Result<(), String> {
-    let p = a.page_bytes;
+    // The substrate: reservations, handles, the cache and its bound, the mapped-page and
+    // reserved counters.
+    a.vmm.validate(0)?;
+    let p = a.vmm.page_bytes;
     if p == 0 {
-        if !a.reservations.is_empty() || !a.live.is_empty() || !a.cache.is_empty() {
-            return Err("state without a known page size".into());
+        if !a.live.is_empty() || !a.quick.is_empty() {
+            return Err("blocks without a known page size".into());
         }
         return Ok(());
     }
-    for (i, r) in a.reservations.iter().enumerate() {
-        if r.va % p != 0 || r.bytes % p != 0 || r.bytes == 0 {
+    for r in &a.vmm.reservations {
+        if !r.fenwick_ok() {
             return Err(format!(
-                "reservation {:#x}+{} not page-aligned",
-                r.va, r.bytes
-            ));
-        }
-        if r.npages() as u64 != r.bytes / p || r.pages.len() > r.npages() || !r.fenwick_ok() {
-            return Err(format!(
-                "reservation {:#x}: page table or count tree wrong",
+                "reservation {:#x}: count tree or extents wrong",
                 r.va
             ));
         }
-        if let Some(n) = a.reservations.get(i + 1) {
-            if n.va < r.end() {
-                return Err(format!("reservations {:#x} and {:#x} overlap", r.va, n.va));
-            }
-        }
     }
-    if a.quick.len() > a.quick_slots
-        || a.quick.iter().map(|q| q.bytes).sum::<u64>() != a.quick_bytes
-    {
-        return Err(format!(
-            "quick list: {} blocks (bound {}), {} B recorded",
-            a.quick.len(),
-            a.quick_slots,
-            a.quick_bytes
-        ));
-    }
+    a.quick.validate()?;
     // Free ranges, blocks and quarantined spans tile every reservation exactly.
     // (start, bytes, kind): 0 free, 1 block, 2 quarantined.
     let mut spans: Vec<(u64, u64, u8)> = a.space.va.iter().map(|(&s, &l)| (s, l, 0)).collect();
     spans.extend(a.blocks_held().map(|(s, l)| (s, l, 1)));
-    spans.extend(a.quarantine.iter().map(|&(s, l)| (s, l, 2)));
-    crate::paged::validate::spans_tile(
-        a.reservations.iter().map(|r| (r.va, r.end())),
+    spans.extend(a.vmm.quarantine.iter().map(|&(s, l)| (s, l, 2)));
+    crate::vmm::validate::spans_tile(
+        a.vmm.reservations.iter().map(|r| (r.va, r.end())),
         &mut spans,
         |ri, s, l, kind| {
             // Pages under a block (or quarantined) are mapped; open unless quarantined.
             if kind != 0 {
-                let r = &a.reservations[ri];
+                let r = &a.vmm.reservations[ri];
                 let p0 = ((s - r.va) / p) as usize;
                 let p1 = ((s + l - 1 - r.va) / p) as usize;
                 for i in p0..=p1 {
@@ -66,12 +49,12 @@ pub(super) fn run(a: &LazyPagedPool) -> Result<(), String> {
                     }
                 }
             }
-            crate::paged::validate::block_fits(a.live.get(&s), s)
+            crate::vmm::validate::block_fits(a.live.get(&s), s)
         },
     )?;
     // Mapped runs: recomputed from scratch.
     let mut want: BTreeMap<u64, u64> = BTreeMap::new();
-    for r in &a.reservations {
+    for r in &a.vmm.reservations {
         for (&st, &len) in a.space.va.range(r.va..r.end()) {
             let mut run: Option<u64> = None;
             let mut cur = st;
@@ -120,11 +103,9 @@ pub(super) fn run(a: &LazyPagedPool) -> Result<(), String> {
     if by_size != from_map || want.values().sum::<u64>() != a.space.mapped_bytes {
         return Err("mapped runs by size or their byte total disagree".into());
     }
-    // Extents and handles.
+    // Extents: every page of one is mapped to its handle.
     let mut mapped = 0u64;
-    let mut mapped_handles = 0u64;
-    let mut handles = HashSet::new();
-    for r in &a.reservations {
+    for r in &a.vmm.reservations {
         for (i, slot) in r.pages.iter().enumerate() {
             let Some(pg) = slot else { continue };
             let va = r.va + i as u64 * p;
@@ -139,50 +120,14 @@ pub(super) fn run(a: &LazyPagedPool) -> Result<(), String> {
             }) {
                 return Err(format!("page {va:#x}: extent {f}+{n} is not one mapping"));
             }
-            if f == i {
-                mapped_handles += 1;
-                if !handles.insert(pg.handle) {
-                    return Err(format!("handle {} mapped twice", pg.handle.0));
-                }
-            }
         }
     }
-    if mapped != a.mapped_pages {
+    if mapped != a.vmm.mapped_pages {
         return Err(format!(
             "counted {mapped} mapped pages, recorded {}",
-            a.mapped_pages
+            a.vmm.mapped_pages
         ));
     }
-    let mut sizes = BTreeMap::new();
-    for h in a.cache.as_slice() {
-        if h.pages == 0 || !handles.insert(h.handle) {
-            return Err(format!("cached handle {} empty or also in use", h.handle.0));
-        }
-        *sizes.entry(h.pages).or_insert(0u32) += 1;
-    }
-    if &sizes != a.cache.sizes()
-        || a.cache.as_slice().iter().map(|h| h.pages).sum::<u64>() != a.cache.pages()
-    {
-        return Err("cache size index or page count disagrees with the cache".into());
-    }
-    if a.cache.pages() > a.cache_limit && !a.trim_pending {
-        return Err(format!(
-            "{} cached pages, bound {}",
-            a.cache.pages(),
-            a.cache_limit
-        ));
-    }
-    // Byte counters.
-    let s = &a.tracker.stats;
-    crate::paged::validate::block_counters(s, a.live.values())?;
-    let held_pages = a.mapped_pages + a.cache.pages();
-    let held_handles = mapped_handles + a.cache.len() as u64;
-    if s.reserved_bytes.current != held_pages * p || s.segment_count.current != held_handles {
-        return Err(format!(
-            "reserved counter {} B / {} handles, but {held_pages} pages in {held_handles} \
-             handles are held",
-            s.reserved_bytes.current, s.segment_count.current
-        ));
-    }
+    crate::vmm::validate::block_counters(&a.vmm.tracker.stats, a.live.values())?;
     Ok(())
 }

@@ -1,7 +1,8 @@
 //! The page-table view: every reserved range of a [`LazyPagedPool`] as rows of mapped handles
 //! and unmapped stretches, for people (`Display`) and machines (`serde`).
 use super::LazyPagedPool;
-use crate::paged::{PageState, VaRangeView};
+use crate::vmm::view::push_unmapped_page;
+use crate::vmm::VaRangeView;
 
 impl LazyPagedPool {
     /// The page table (the address translation table): every reserved range from low to
@@ -9,7 +10,7 @@ impl LazyPagedPool {
     /// handle and the blocks touching it) and one row per run of unmapped pages.
     /// O(reserved pages + blocks · log blocks).
     pub fn page_table(&self) -> Vec<VaRangeView> {
-        let p = self.page_bytes;
+        let p = self.vmm.page_bytes;
         let mut blocks: Vec<(u64, u64)> = self.blocks_held().collect();
         blocks.sort_unstable();
         // Blocks overlapping [a, b): those starting before b whose end is after a.
@@ -20,25 +21,23 @@ impl LazyPagedPool {
                 .unwrap_or(u32::MAX)
         };
         let mut rows: Vec<VaRangeView> = Vec::new();
-        for r in &self.reservations {
+        for r in &self.vmm.reservations {
             for (i, slot) in r.pages.iter().enumerate() {
                 let va = r.va + i as u64 * p;
                 match slot {
                     Some(pg) if pg.ext_first as usize != i => {}
                     Some(pg) => {
                         let bytes = u64::from(pg.ext_pages) * p;
-                        rows.push(VaRangeView {
+                        rows.push(VaRangeView::mapped(
                             va,
                             bytes,
-                            page_bytes: p,
-                            state: PageState::Mapped {
-                                handle: pg.handle,
-                                live_blocks: touching(va, va + bytes),
-                                access: pg.access,
-                            },
-                        })
+                            p,
+                            pg.handle,
+                            touching(va, va + bytes),
+                            pg.access,
+                        ))
                     }
-                    None => crate::paged::view::push_unmapped_page(&mut rows, va, p),
+                    None => push_unmapped_page(&mut rows, va, p),
                 }
             }
         }

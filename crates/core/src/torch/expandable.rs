@@ -23,8 +23,10 @@
 //! nothing mapped (`ranges_to_free`). None of this runs without a failed call, so the calls
 //! and figures of a replay are PyTorch's.
 //!
-//! *Coarse handles* (not PyTorch: the `paged-lazy` strategy,
-//! [`TorchCachingPool::paged_lazy`]): a growth creates one handle for all its pages and maps
+//! *Coarse handles* (not PyTorch: the `paged-lazy` strategy's default placement,
+//! [`LazyPlacement::Segments`](crate::config::LazyPlacement::Segments), built by
+//! [`TorchCachingPool::paged_lazy`]; the other placement, `placement=pages`, is
+//! [`crate::paged_lazy::LazyPagedPool`]): a growth creates one handle for all its pages and maps
 //! and opens it once (3 driver calls however many pages), and a release of the cache
 //! unmaps and releases only the handles that lie whole inside a free block (`first_whole_run`, one per
 //! `unmap_block`):

@@ -297,8 +297,7 @@ fn record_peaks(report: &mut ReplayReport, s: &Stats, sample_fragmentation: bool
 /// It is long on purpose: the event loop is the replay's hot path, kept in one function so
 /// that its per-event state (the live table, the counters, the reserved-peak and sampling
 /// countdowns) stays in locals across the match on the event's action. What runs once
-/// before and after it is in [`empty_report`], [`take_in_preexisting`] and
-/// [`record_peaks`].
+/// before and after it is in `empty_report`, `take_in_preexisting` and `record_peaks`.
 ///
 /// # Errors
 /// As [`replay`].

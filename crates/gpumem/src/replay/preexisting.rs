@@ -158,7 +158,7 @@ fn preexisting_expandable(trace: &Trace, device: u32) -> Vec<PreexistingSegment>
     out
 }
 
-/// The event indices of `device` (counted as [`replay`] counts them, from 0) where a run of
+/// The event indices of `device` (counted as [`replay`](super::replay) counts them, from 0) where a run of
 /// recorded `segment_free` / `segment_unmap` events starts that released the recorded run's
 /// cache: `torch.cuda.empty_cache()`, or the release before an out-of-memory retry. Both
 /// free every wholly free cudaMalloc segment, so a run of `segment_free` events after which
@@ -409,7 +409,7 @@ pub fn preexisting_segments(trace: &Trace, device: u32) -> Vec<PreexistingSegmen
 /// segments the recorded run already held ([`preexisting_segments`]) and the events where it
 /// released its cache ([`cache_releases`]). Each is a scan of the events; a caller that
 /// replays one trace through the emulation many times (a capacity search, `tune`) finds them
-/// once ([`TorchInputs::of`]) and passes them to [`replay_prepared`].
+/// once ([`TorchInputs::of`]) and passes them to [`replay_prepared`](super::replay_prepared).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TorchInputs {
     /// The segments held before the first event, in address order.

@@ -1,8 +1,7 @@
-//! Cross-checks of the page-mapped allocators ([`PagedPool`],
-//! [`LazyPagedPool`](crate::paged_lazy::LazyPagedPool)) against the simulated device's own view.
-use super::PagedPool;
+//! Cross-check of a page-mapped pool against the simulated device's own view: what the
+//! pool holds against what the device holds.
 use crate::sim::SimDevice;
-use crate::{AllocError, Allocator, Device};
+use crate::{AllocError, Device};
 
 /// What a page-mapped allocator holds, as [`device_agrees`] compares it with the device.
 pub(crate) struct Held {
@@ -55,32 +54,4 @@ pub(crate) fn device_agrees(dev: &SimDevice, held: &Held) -> Result<(), AllocErr
         }
     }
     Ok(())
-}
-
-impl PagedPool {
-    /// Checks the allocator against `dev`, the [`SimDevice`] it runs on: the device holds
-    /// exactly this allocator's reserved ranges, one mapping per mapped handle, one live
-    /// handle per held handle (mapped or cached), `used_bytes` equal to `reserved_bytes`, and every
-    /// live block is mapped with access. Assumes nothing else uses `dev`.
-    ///
-    /// # Errors
-    /// [`AllocError::Internal`] naming the first disagreement.
-    pub fn check_device(&self, dev: &SimDevice) -> Result<(), AllocError> {
-        let mapped_handles = self
-            .reservations
-            .iter()
-            .flat_map(|r| r.pages.iter().enumerate())
-            .filter(|(i, s)| s.is_some_and(|pg| pg.ext_first as usize == *i))
-            .count();
-        device_agrees(
-            dev,
-            &Held {
-                ranges: self.reservations.len(),
-                mapped_handles,
-                cached_handles: self.cache.len(),
-                reserved_bytes: self.stats().reserved_bytes.current,
-                live_blocks: self.live_blocks(),
-            },
-        )
-    }
 }

@@ -1,5 +1,6 @@
-//! The sizes of the cached handles ([`PagedPool`]'s `cache_sizes`): for each size in pages,
-//! how many handles of it the cache holds and where the first of them lies.
+//! The sizes of the cached handles (a [`HandleCache`](super::handles::HandleCache)'s index):
+//! for each size in pages, how many handles of it the cache holds and where the first of
+//! them lies.
 //!
 //! Sizes of at most [`SMALL_SIZES`] pages (the end pages of blocks and the runs of most
 //! blocks under 128 MiB with 2 MiB pages) sit in a slot of their own, indexed by the size,
@@ -9,14 +10,24 @@
 //! cached handle and every handle a free caches looks a size up two or three times; a sorted
 //! vector of all sizes cost a bisection each time. The trade: 64 slots (1 KiB) a pool,
 //! and two places to look for the largest size.
-use super::CacheSize;
+
+/// The cached handles of one size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CacheSize {
+    /// The size, in pages.
+    pub(crate) pages: u64,
+    /// Handles of this size in the cache (never 0 for a size listed).
+    pub(crate) count: u32,
+    /// Index in the cache of the first of them.
+    pub(crate) first: u32,
+}
 
 /// Sizes, in pages, with a slot of their own (at most 64: one bit each in a `u64`).
-pub(super) const SMALL_SIZES: u64 = 64;
+pub(crate) const SMALL_SIZES: u64 = 64;
 
 /// The handle sizes of a cache (see the module documentation).
 #[derive(Debug, Clone)]
-pub(super) struct CacheSizes {
+pub(crate) struct CacheSizes {
     /// `small[s - 1]`: the handles of `s` pages (`count` 0: none; `pages` is always `s`).
     small: [CacheSize; SMALL_SIZES as usize],
     /// Bit `s - 1` set exactly when `small[s - 1].count > 0`.
@@ -46,7 +57,7 @@ impl Default for CacheSizes {
 impl CacheSizes {
     /// The entry of the handles of `pages` pages, if the cache holds any.
     #[inline(always)]
-    pub(super) fn get_mut(&mut self, pages: u64) -> Option<&mut CacheSize> {
+    pub(crate) fn get_mut(&mut self, pages: u64) -> Option<&mut CacheSize> {
         if pages.wrapping_sub(1) < SMALL_SIZES {
             let e = self.small.get_mut(pages as usize - 1)?;
             return (e.count > 0).then_some(e);
@@ -58,7 +69,7 @@ impl CacheSizes {
     /// One more handle of `pages` pages, at index `at` of the cache (its first when it is
     /// the only one).
     #[inline(always)]
-    pub(super) fn add(&mut self, pages: u64, at: u32) {
+    pub(crate) fn add(&mut self, pages: u64, at: u32) {
         if pages.wrapping_sub(1) < SMALL_SIZES {
             let Some(e) = self.small.get_mut(pages as usize - 1) else {
                 return;
@@ -85,7 +96,7 @@ impl CacheSizes {
 
     /// Forgets the size `pages` (its count has dropped to 0).
     #[inline(always)]
-    pub(super) fn remove(&mut self, pages: u64) {
+    pub(crate) fn remove(&mut self, pages: u64) {
         if pages.wrapping_sub(1) < SMALL_SIZES {
             self.mask &= !(1 << (pages - 1));
             if let Some(e) = self.small.get_mut(pages as usize - 1) {
@@ -98,7 +109,7 @@ impl CacheSizes {
 
     /// The entry of the largest size of at most `n` pages in the cache.
     #[inline(always)]
-    pub(super) fn largest_at_most(&self, n: u64) -> Option<&CacheSize> {
+    pub(crate) fn largest_at_most(&self, n: u64) -> Option<&CacheSize> {
         if n > SMALL_SIZES {
             let below = self.large.partition_point(|e| e.pages <= n);
             if let Some(k) = below.checked_sub(1) {
@@ -116,14 +127,14 @@ impl CacheSizes {
     }
 
     /// The largest size in the cache, in pages.
-    pub(super) fn largest(&self) -> Option<u64> {
+    pub(crate) fn largest(&self) -> Option<u64> {
         self.largest_at_most(u64::MAX).map(|e| e.pages)
     }
 
     /// Whether the mask has a bit exactly for the small sizes held, each small slot names
     /// its own size, and the large sizes are above [`SMALL_SIZES`] (for the invariant
     /// checker; the counts and firsts are checked against the cache by the caller).
-    pub(super) fn consistent(&self) -> bool {
+    pub(crate) fn consistent(&self) -> bool {
         (1..)
             .zip(&self.small)
             .all(|(s, e)| e.pages == s && (self.mask >> (s - 1) & 1 == 1) == (e.count > 0))
@@ -131,7 +142,7 @@ impl CacheSizes {
     }
 
     /// Every size held, ascending.
-    pub(super) fn iter(&self) -> impl Iterator<Item = &CacheSize> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &CacheSize> + '_ {
         self.small
             .iter()
             .filter(|e| e.count > 0)
