@@ -2,9 +2,9 @@
 //! probing, for maps that take an insert and a removal on every allocate/free pair (`paged`'s
 //! live blocks, the replay's live trace addresses).
 //!
-//! A general hash map (`hashbrown` through [`crate::hash::AddrMap`]) costs ≈ 140 instructions
-//! a pair there (the SIMD group probe, control bytes, growth checks and an out-of-line
-//! insert), and under steady insert/remove churn the tombstones its removals leave make an
+//! A general hash map (`hashbrown` through [`crate::hash::AddrMap`]) costs several times this
+//! table's instructions a pair there (the SIMD group probe, control bytes, growth checks and
+//! an out-of-line insert), and under steady insert/remove churn the tombstones its removals leave make an
 //! insert rehash the whole table in place now and then. This one hashes the key with one
 //! multiply (Fibonacci hashing: the top bits of `key × 2^64/φ` pick the slot, and they depend
 //! on every bit of the key, so aligned addresses and small ids both spread), probes slots in
