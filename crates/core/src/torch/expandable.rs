@@ -45,8 +45,8 @@ use super::blocks::{Block, NIL};
 use super::{PoolKind, TorchCachingPool};
 
 /// With coarse handles (`paged-lazy`), the most a growth of the small pool's expandable
-/// segment maps beyond what it needs ([`TorchCachingPool::small_ahead_bytes`]): 4 MiB, two
-/// of its pages.
+/// segment maps beyond what it needs (see [`TorchCachingPool::paged_lazy`]): 4 MiB, two of
+/// its pages.
 pub const SMALL_GROW_AHEAD_BYTES: u64 = 4 << 20;
 
 /// One expandable segment.
