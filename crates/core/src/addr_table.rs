@@ -10,8 +10,8 @@
 //! they depend on every bit of the key, so aligned addresses and small ids both spread),
 //! probes slots in a line, keeps the load at most one quarter (short probes, short runs to
 //! shift), and deletes by shifting the entries after the hole back: no tombstones, so
-//! look-ups never slow down as a replay goes on. The key `u64::MAX` marks an empty slot; an entry under that key
-//! is held beside the slots.
+//! look-ups never slow down as a replay goes on. The key `u64::MAX` marks an empty slot; an
+//! entry under that key is held beside the slots.
 //!
 //! What it trades: it iterates in slot order (no order a caller may rely on), and takes 4–8
 //! slots an entry.
