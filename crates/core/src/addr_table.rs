@@ -2,16 +2,16 @@
 //! probing, for maps that take an insert and a removal on every allocate/free pair (`paged`'s
 //! live blocks, the replay's live trace addresses).
 //!
-//! A general hash map (`hashbrown` through [`crate::hash::AddrMap`]) costs ≈ 140 instructions
-//! a pair there (the SIMD group probe, control bytes, growth checks and an out-of-line
-//! insert), and under steady insert/remove churn the tombstones its removals leave make an
-//! insert rehash the whole table in place now and then. This one hashes the key with one
-//! multiply (Fibonacci hashing: the top bits of `key × 2^64/φ` pick the slot, and they depend
-//! on every bit of the key, so aligned addresses and small ids both spread), probes slots in
-//! a line, keeps the load at most one quarter (short probes, short runs to shift), and
-//! deletes by shifting the entries after the hole back: no tombstones, so look-ups never slow
-//! down as a replay goes on. The key `u64::MAX` marks an empty slot; an entry under that key
-//! is held beside the slots.
+//! A general hash map (`hashbrown` through [`crate::hash::AddrMap`]) costs several times this
+//! table's instructions a pair there (the SIMD group probe, control bytes, growth checks and
+//! an out-of-line insert), and under steady insert/remove churn the tombstones its removals
+//! leave make an insert rehash the whole table in place now and then. This one hashes the key
+//! with one multiply (Fibonacci hashing: the top bits of `key × 2^64/φ` pick the slot, and
+//! they depend on every bit of the key, so aligned addresses and small ids both spread),
+//! probes slots in a line, keeps the load at most one quarter (short probes, short runs to
+//! shift), and deletes by shifting the entries after the hole back: no tombstones, so
+//! look-ups never slow down as a replay goes on. The key `u64::MAX` marks an empty slot; an
+//! entry under that key is held beside the slots.
 //!
 //! What it trades: it iterates in slot order (no order a caller may rely on), and takes 4–8
 //! slots an entry.

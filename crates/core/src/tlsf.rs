@@ -463,7 +463,7 @@ impl Arena for Tlsf {
     }
 
     /// Walks the spare chain, the physical chain and every free list (see the checks of
-    /// [`Tlsf::spare_slots`], [`Tlsf::check_physical_chain`] and [`Tlsf::check_free_lists`]).
+    /// `Tlsf::spare_slots`, `Tlsf::check_physical_chain` and `Tlsf::check_free_lists`).
     fn validate(&self) -> Result<(), AllocError> {
         let (is_spare, spares) = self.spare_slots()?;
         let live = self.nodes.len() - spares;

@@ -9,10 +9,11 @@
 //! decreasing size, each at the smallest gap between the blocks already placed that overlap it
 //! in time, else above them; and the same placement with the longest-lived blocks first
 //! ([`PlanOrder`]); the smaller of the two layouts is kept. Neither is optimal, but on DNN
-//! training traces the better lands within a few per mille of the peak of live bytes, the
-//! floor for any placement (BENCHMARKS.md, issue 11): by size on most, longest-lived first
-//! where a few small blocks live long (the fine-tune trace: 1.0016 against 1.0218). Set beside an allocator's peak, it says how much of that allocator's overhead a better
-//! placement could save and how much comes from not knowing the future.
+//! training traces the better lands close to the peak of live bytes, the floor for any
+//! placement: by size on most, longest-lived first where a few small blocks live long
+//! (BENCHMARKS.md, "Allocators on traces", the planned layout column). Set beside an
+//! allocator's peak, it says how much of that allocator's overhead a better placement could
+//! save and how much comes from not knowing the future.
 //!
 //! Blocks are sized as allocated by PyTorch's caching allocator: the request rounded up to
 //! [`PLAN_ROUND_BYTES`]. Time is the event index: a block lives from its allocation event to
@@ -26,8 +27,9 @@ use crate::trace::{Action, Trace};
 pub const PLAN_ROUND_BYTES: u64 = 512;
 
 /// Most blocks [`planned_layout`] plans: the planner's time grows with the number of blocks
-/// times the blocks live beside each, up to quadratically (BENCHMARKS.md: 0.6 s for the
-/// 48,000 blocks of the T5 trace); above it `gpumem replay` says the layout was skipped.
+/// times the blocks live beside each, up to quadratically (its time on the shipped traces:
+/// BENCHMARKS.md, "Allocators on traces"); above it `gpumem replay` says the layout was
+/// skipped.
 pub const PLAN_MAX_BLOCKS: usize = 250_000;
 
 /// The order in which [`plan_ordered`] places blocks.

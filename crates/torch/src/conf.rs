@@ -19,7 +19,7 @@
 //! | `headroom` | `paged-lazy` with `placement=pages` (no effect with `segments`): fraction of the peak of allocated bytes it may hold above that peak in idle pages before it moves pages instead of creating them (`0.02` = 2 %) | 0 |
 //! | `max_handle` | `paged-lazy` with `placement=pages` (no effect with `segments`): largest physical handle (runs of new pages are cut into powers of two of pages) | 1 GiB |
 //! | `map_ahead` | `paged-lazy` with `placement=pages` (no effect with `segments`): most bytes mapped ahead of a block while below the headroom | 1 GiB |
-//! | `grow_ahead` | `paged-lazy` with `placement=segments` (no effect with `pages`): fraction of the bytes held that each growth maps beyond the request, 0 to 1 (fewer driver calls for a higher peak; `0.0156` met issue 11's call target on every trace tried) | 0 |
+//! | `grow_ahead` | `paged-lazy` with `placement=segments` (no effect with `pages`): fraction of the bytes held that each growth maps beyond the request, 0 to 1 (fewer driver calls for a higher peak; `0.0156` removes most steady-state growths, BENCHMARKS.md "Open targets: the default placement's peak and calls") | 0 |
 //! | `backend` | `cuda`, or `sim` (the simulated device: tests without a GPU) | `cuda` |
 //! | `sim_capacity` | capacity of the simulated device | 80 GiB |
 //!

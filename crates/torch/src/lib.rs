@@ -25,7 +25,7 @@
 //! that stream's work at the time of the free has completed. `mode=pool` uses gpumem's
 //! [`gpumem::pool::DevicePool`] instead (size-class caches per stream; everything else
 //! reaches the strategy behind an event), which costs memory and time under PyTorch's
-//! run-ahead CPU (BENCHMARKS.md has the figures).
+//! run-ahead CPU (BENCHMARKS.md, "Plug-in in training", has the figures).
 //!
 //! At the C boundary nothing panics or unwinds: every export runs inside `catch_unwind`, and
 //! a caught panic is reported once on stderr and turned into NULL / -1. A failed allocation

@@ -49,9 +49,9 @@ pub const BEST_FIT_MAX_ALIGN: u64 = 1 << 63;
 type Bins = LogLinear<4>;
 
 /// Ranges at which a bin's sorted list becomes a B-tree. A sorted insertion walks the list,
-/// which grows with the bin (10,000 same-size holes in one bin made an allocate/free pair
-/// 50 times slower in a sorted `Vec` than in a B-tree); at 32 ranges the walk costs about
-/// what the B-tree's search costs (measured on this 2-core machine, 2026-11-30).
+/// which grows with the bin (many same-size holes in one bin make a sorted `Vec` far slower
+/// than a B-tree); 32 is about where the walk costs what the B-tree's search costs
+/// (`docs/decisions.md`, "best-fit in log-linear bins").
 const BIN_TO_TREE: usize = 32;
 /// Ranges at which a B-tree bin goes back to a list (well below [`BIN_TO_TREE`], so that a
 /// bin does not switch back and forth).

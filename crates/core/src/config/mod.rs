@@ -64,7 +64,8 @@ pub struct LazyConfig {
     pub headroom_bp: u32,
     /// Largest physical handle in bytes (a run of new pages is cut into handles of a power
     /// of two of pages, at most this). Default 1 GiB: smaller handles can hold a lower
-    /// peak, but a repeated step can creep (BENCHMARKS.md has the figures).
+    /// peak, but a repeated step can creep (`docs/decisions.md`, "Keeping freed pages mapped
+    /// is a strategy of its own").
     pub handle_bytes: u64,
     /// Most bytes mapped ahead of a block while below the headroom. Default 1 GiB.
     pub ahead_bytes: u64,
@@ -72,8 +73,8 @@ pub struct LazyConfig {
     /// points (1/10,000) of the bytes the pool already holds, beyond what the request needs
     /// (taken only where the device has room for it). 0 (the default) maps what the request
     /// needs, as PyTorch does. A training run whose peak creeps up step after step grows in
-    /// fewer, larger steps: fewer driver calls for a higher peak (BENCHMARKS.md has the
-    /// figures).
+    /// fewer, larger steps: fewer driver calls for a higher peak (BENCHMARKS.md, "Open
+    /// targets: the default placement's peak and calls", has the figures).
     pub grow_ahead_bp: u32,
 }
 

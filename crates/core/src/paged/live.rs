@@ -2,7 +2,8 @@
 //! [`AddrTable`](crate::addr_table::AddrTable) (open addressing, one multiply a look-up).
 //!
 //! Every allocation inserts one entry and every free removes one, so the table's cost is paid
-//! twice an event: a general hash map costs ≈ 140 instructions a pair there, this one ≈ 50.
+//! twice an event: a general hash map costs several times this one's instructions a pair
+//! there (`docs/decisions.md`, "`paged`'s replay").
 //! It iterates in slot order; the callers that need address order sort.
 use super::LiveBlock;
 

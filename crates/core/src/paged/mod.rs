@@ -33,8 +33,8 @@
 //!   flush against its start or its end, then by the bytes of those new pages it would leave
 //!   free (the waste it adds), then by address; this O(free ranges) scan only runs when at
 //!   least one cuMemMap follows (a driver call costs far more than the scan), or when
-//!   alignment above 256 bytes defeats the fast path. BENCHMARKS.md has the peaks it reaches
-//!   on the shipped traces.
+//!   alignment above 256 bytes defeats the fast path. BENCHMARKS.md, "Allocators on traces",
+//!   has the peaks it reaches on the shipped traces.
 //! - **Handles.** The pages a block covers whole can never be shared, so each run of them
 //!   gets one handle (one cuMemCreate and one cuMemMap for the whole run, not one per page);
 //!   a page the block covers in part, which a later block may share, gets a handle of its

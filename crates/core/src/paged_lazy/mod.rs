@@ -17,12 +17,13 @@
 //! ([`crate::strategy::Strategy::build`] picks one or the other by
 //! `LazyConfig::placement`). The default meets driver-call and driver-time targets more
 //! often; this placement keeps the peak closer to the bytes requested on more traces
-//! (BENCHMARKS.md compares them). Use this one where memory is tighter than calls.
+//! (BENCHMARKS.md, "Open targets: the default placement's peak and calls", compares them).
+//! Use this one where memory is tighter than calls.
 //!
 //! # Policy: map once, keep mapped, move pages only to hold the peak
 //! The trade is reserved memory against driver calls. Mapping a page costs a cuMemCreate, a
-//! cuMemMap and a cuMemSetAccess (their costs by size are in BENCHMARKS.md), unmapping it a
-//! cuMemUnmap and perhaps a cuMemRelease. Unmapping every page as soon as no
+//! cuMemMap and a cuMemSetAccess (their costs by size: BENCHMARKS.md, "Driver call costs"),
+//! unmapping it a cuMemUnmap and perhaps a cuMemRelease. Unmapping every page as soon as no
 //! block touches it reserves the least memory but makes a call on almost every allocation of
 //! a training loop; a caching allocator makes none after the first step. This one aims at
 //! the calls of the second with close to the memory of the first:

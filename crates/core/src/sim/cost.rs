@@ -38,23 +38,20 @@ pub(super) fn interp(points: &[(f64, f64)], bytes: u64) -> f64 {
 /// Other calls cost their measured figure whatever is mapped.
 ///
 /// Fitted by `scripts/fit/fit-cost-model.py` (least squares on relative error, per kind, alpha
-/// and beta ≥ 0) to the real driver seconds of 33 replays on the H200 (2026-12-01: the
-/// eleven traces of `traces/`, `traces/external/` and `traces/validation/` under `paged`,
-/// which holds hundreds to thousands of mappings, `paged-lazy`, which holds tens, and
-/// `torch`, which makes cuMemAlloc/cuMemFree only), against the sums Σ isolated and
+/// and beta ≥ 0) to the real driver seconds of replays of the shipped traces on the H200
+/// under `paged`, which holds hundreds to thousands of mappings, `paged-lazy`, which holds
+/// tens, and `torch`, which makes cuMemAlloc/cuMemFree only, against the sums Σ isolated and
 /// Σ isolated × live mappings of the same calls on the simulated device (same counts per
 /// kind). The data and the check are in
-/// `crates/gpumem/tests/data/h200_replay_driver_time_by_mappings.json` and the
-/// `cost_model` test: mean |ln(modelled / real)| 0.31 (a factor 1.37), every replay within
-/// a factor 2.9; real seconds of the same replay move by ±40 % from run to run. Only `paged`
-/// unmaps or releases in these replays, always with hundreds of mappings live, so for
-/// cuMemUnmap and cuMemRelease alpha and beta cannot be told apart and the fit put the whole
-/// cost in one of them. Checked out of sample on 44 later replays (`paged-lazy` under
-/// `placement=pages`, which unmaps and releases with tens of mappings, and `grow_ahead`,
-/// beside torch; `tests/data/h200_lazy_replays.json`): mean factor 1.38, the page
-/// placement's 1.26. Refitting on all 110 replays moves part of cuMemUnmap's cost into beta
-/// (alpha 1.52, beta 1.26 per 1,000 mappings) but predicts the 110 worse (mean factor 1.41
-/// against 1.37), so the factors stay.
+/// `crates/gpumem/tests/data/h200_replay_driver_time_by_mappings.json` and the `cost_model`
+/// test; how close the model comes, on these replays and on later ones it was not fitted to
+/// (`tests/data/h200_lazy_replays.json`): BENCHMARKS.md, "The driver cost model". Only
+/// `paged` unmaps or releases in the fitted replays, always with hundreds of mappings live,
+/// so for cuMemUnmap and cuMemRelease alpha and beta cannot be told apart and the fit put the
+/// whole cost in one of them. A refit that adds the later replays (the page placement unmaps
+/// and releases with tens of mappings) predicts them all worse, so the factors stay
+/// (`docs/decisions.md`, "Measured points up to 16 GiB, address space flat, factors by
+/// mappings live").
 pub fn mapping_cost_factors(call: DriverCall) -> (f64, f64) {
     match call {
         DriverCall::Create => (0.87, 0.316e-3),
@@ -70,11 +67,11 @@ pub fn mapping_cost_factors(call: DriverCall) -> (f64, f64) {
 /// with nothing else mapped (before [`mapping_cost_factors`]). Sources:
 /// `../shared/anchors/H200.md` (cudaMalloc/cudaFree medians at 16 MiB – 1 GiB, the VMM
 /// reserve–create–map–set-access–unmap–release cycle at 2 MiB – 1 GiB), and
-/// `scripts/bench/baselines` on the same GPU (2026-12-01, BENCHMARKS.md "The driver cost model"):
+/// `scripts/bench/baselines` on the same GPU (BENCHMARKS.md, "The driver cost model"):
 /// cuMemAlloc/cuMemFree and the VMM cycle at 4 and 16 GiB, and cuMemAddressReserve /
-/// cuMemAddressFree of address space alone, which cost the same 2–4 µs from 1 GiB to 1 TiB
-/// (hence their last point at 1 TiB: flat above 1 GiB, where a linear extrapolation priced
-/// the ≥ 64 GiB range of an expandable segment at ~1 ms).
+/// cuMemAddressFree of address space alone, which cost the same from 1 GiB to 1 TiB (hence
+/// their last point at 1 TiB: flat above 1 GiB, where a linear extrapolation priced the
+/// ≥ 64 GiB range of an expandable segment far above what the driver takes).
 pub fn h200_call_points(call: DriverCall) -> &'static [(f64, f64)] {
     const GIB: f64 = 1024.0 * MIB;
     match call {
@@ -150,14 +147,14 @@ pub fn h200_isolated_call_seconds(call: DriverCall, bytes: u64) -> f64 {
 }
 
 /// Isolated H200 cost, in seconds, of a cuMemAlloc or cuMemCreate of `bytes` when `bytes`
-/// exceed the whole device, which the driver refuses; `None` for the other calls. Measured
-/// by `scripts/probes/refused-alloc-probe.py` (driver 580, 2026-12-01, BENCHMARKS.md "Requests
-/// larger than the device"): a refused cuMemAlloc of the device's memory + 1 GiB takes 5.5 ms (median of
-/// 21; 1 TiB: 6.4 ms), not the ≈ 45 ms of a granted one of the device's size; a refused
-/// cuMemCreate of 1 TiB 3.2 ms; sizes of 2^48 bytes (256 TiB) and above, far beyond any
-/// device, are taken as refused by an argument check: 3.7 µs (cuMemAlloc) and 13 µs (cuMemCreate)
-/// at 2^63. (A cuMemCreate of the device's memory + 1 GiB was refused as an invalid value in
-/// 3 µs; the 1 TiB figure is charged from just above the device up, the dearer of the two.)
+/// exceed the whole device, which the driver refuses; `None` for the other calls. Below
+/// 2^48 bytes (256 TiB) the driver tries before it refuses, which costs milliseconds (though
+/// far less than a granted call of the device's size): 5.5 ms (cuMemAlloc) and 3.2 ms
+/// (cuMemCreate); from 2^48 bytes up, far beyond any device, it refuses on an argument check:
+/// 3.7 µs (cuMemAlloc) and 13 µs (cuMemCreate). cuMemCreate is charged its dearer figure from
+/// just above the device up, though there the driver refuses it sooner, as an invalid value.
+/// Measured by `scripts/probes/refused-alloc-probe.py` (BENCHMARKS.md, "Requests larger than
+/// the device").
 pub fn h200_refused_call_seconds(call: DriverCall, bytes: u64) -> Option<f64> {
     let absurd = bytes >= 1 << 48;
     match call {

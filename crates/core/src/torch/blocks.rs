@@ -149,8 +149,8 @@ pub(crate) struct Pos(u32, u32);
 /// One stream's free blocks in `(size, address)` order: log-linear size classes, each a
 /// sorted vector of keys, and a bitmap of the non-empty classes. A search looks in the class
 /// of the size, then jumps to the next non-empty class; inserts and removals touch one
-/// short vector. (A B-tree over the same `u128` keys costs about three times the
-/// instructions per operation on the shipped traces.)
+/// short vector. (A B-tree over the same `u128` keys costs several times the instructions
+/// per operation on the shipped traces.)
 #[derive(Debug)]
 pub(crate) struct SizeIndex {
     classes: Vec<Vec<(u128, u32)>>,

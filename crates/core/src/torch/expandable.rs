@@ -45,8 +45,8 @@ use super::blocks::{Block, NIL};
 use super::{PoolKind, TorchCachingPool};
 
 /// With coarse handles (`paged-lazy`), the most a growth of the small pool's expandable
-/// segment maps beyond what it needs ([`TorchCachingPool::small_ahead_bytes`]): 4 MiB, two
-/// of its pages.
+/// segment maps beyond what it needs (see [`TorchCachingPool::paged_lazy`]): 4 MiB, two of
+/// its pages.
 pub const SMALL_GROW_AHEAD_BYTES: u64 = 4 << 20;
 
 /// One expandable segment.
@@ -372,15 +372,12 @@ pub(crate) const COARSE_PIECE_DIVISOR: u64 = 8;
 ///
 /// A handle is given back whole or not at all, so on an out-of-memory the free part of a
 /// handle that a live block touches stays held. Pieces that shrink as the device fills keep
-/// that part small where it matters: on an H200 with a 25 GiB job a growth is cut only above
-/// ≈ 14 GiB (no shipped trace's growth is), near the device's limit handles come down to
-/// PyTorch's one page. The divisor trades the smallest device a run fits in against calls
-/// in a job that fills much of the device (BENCHMARKS.md, issue 11, eighth session): with 8
-/// the smallest device that runs gpt2_train falls from 25.33 to 24.66 GiB and
-/// inference_with_empty_cache from 25.78 to 19.04 GiB (PyTorch's expandable segments: 23.75
-/// and 17.31), with the same driver calls on the H200's capacity; 16 gives 24.16 and
-/// 18.05 GiB but 2.5 × the second-half calls of gpt2_train with its sizes × 4 (a 101 GiB
-/// peak on the H200), 8 gives 1.5 ×.
+/// that part small where it matters: while the device has room a growth is one handle (with
+/// 140 GiB and a 25 GiB job, a growth is cut only above ≈ 14 GiB), and near the device's
+/// limit handles come down to PyTorch's one page. The divisor trades the smallest device a
+/// run fits in (a larger divisor gives back more on an OOM) against driver calls in a job
+/// that fills much of the device (a larger divisor cuts its growths sooner); why 8:
+/// `docs/decisions.md`, "Coarse handles shrink as the device fills".
 pub(crate) fn coarse_piece_pages(dev: &dyn Device, page: u64, pages: u64) -> u64 {
     let free_after = dev
         .capacity_bytes()
@@ -676,9 +673,8 @@ impl TorchCachingPool {
     /// Bytes a growth maps beyond what it needs: [`TorchCachingPool::grow_ahead_bp`] of the
     /// bytes taken from the device (0 without coarse handles: PyTorch maps what it needs).
     /// Of all bytes held, not of the growing segment's: the small pool's segment then grows
-    /// in steps as large as the large pool's, which is what took gpt2_train and mixed_sizes
-    /// under the call target (a share of the segment's own bytes: 69 and 45 second-half
-    /// calls against limits of 46 and 30, BENCHMARKS.md, issue 11, sixth session).
+    /// in steps as large as the large pool's, where a share of its own few bytes would leave
+    /// its many small growths as they are (`docs/decisions.md`, "`grow_ahead`, default 0").
     fn grow_ahead_bytes(&self) -> u64 {
         if !self.coarse_handles {
             return 0;
@@ -695,12 +691,10 @@ impl TorchCachingPool {
     /// PyTorch's small pool grows one 2 MiB page at a time, and where small blocks creep up
     /// over a run (new shapes, fragmentation among them) every growth is three driver calls
     /// for 2 MiB, in the steady state too. Mapping two pages more (6 MiB a growth once the
-    /// segment holds 4 MiB, for requests of at most 1 MiB) cut the second-half calls of
-    /// gpt2_train from 69 to 33 and of mixed_sizes from 45 to 21, and met the call target on
-    /// 70 of 77 copies of the shipped traces instead of 56, with the same 21 copies within
-    /// 1.02 × peak requested (a 2 MiB cap: 65 of 77; 8 MiB: 70, with the held-out gan_train's
-    /// peak 1.067 → 1.077 × requested; BENCHMARKS.md, issue 11, thirteenth session). It
-    /// holds at most 4 MiB more than PyTorch's growth at the peak.
+    /// segment holds 4 MiB, for requests of at most 1 MiB) removes most of those growths and
+    /// holds at most 4 MiB more than PyTorch's growth at the peak; a smaller cap saves fewer
+    /// calls, a larger one raises peaks without saving more (`docs/decisions.md`, "The small
+    /// pool grows by what it holds, at most 4 MiB").
     fn small_ahead_bytes(&self, i: u32) -> u64 {
         let b = self.slab.get(i);
         if !self.coarse_handles || b.pool != PoolKind::Small {

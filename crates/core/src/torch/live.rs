@@ -2,7 +2,8 @@
 //! backward-shift deletion (no tombstones), keyed by addresses that are never 0.
 //!
 //! Every allocation inserts and every free removes one entry, so this table is on the hot path
-//! of a replay; a general hash map costs about three times the instructions per operation.
+//! of a replay; a general hash map costs several times the instructions per operation
+//! (`docs/decisions.md`, "A slab of blocks and log-linear free sets").
 
 /// User address → slab index of its block.
 #[derive(Debug, Clone, Default)]

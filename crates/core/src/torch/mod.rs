@@ -216,29 +216,27 @@ impl TorchCachingPool {
     /// handles that lie whole inside free blocks (a handle cannot be unmapped in part). As
     /// the device fills, growths are cut into smaller handles (at most 1/8 of the memory a
     /// growth leaves free), so that an OOM can give back most of what PyTorch's pages give
-    /// back: the smallest device that runs a shipped trace is 0.995–1.100 ×
-    /// `expandable_segments:True`'s (1.155 × on random churn; was up to 1.49 ×; BENCHMARKS.md,
-    /// issue 11, eighth session), with the same driver calls on an H200.
-    /// Reports itself as `paged-lazy`.
+    /// back, and the smallest device a run fits in stays close to `expandable_segments:True`'s
+    /// while the calls on a device with room stay the same (BENCHMARKS.md, "Allocators on
+    /// traces", **Smallest device**). Reports itself as `paged-lazy`.
     ///
     /// One more difference: a growth of the small pool's segment maps as many bytes as it
     /// holds beyond the pages the request needs, at most [`SMALL_GROW_AHEAD_BYTES`] (4 MiB,
     /// two pages), where PyTorch grows it one 2 MiB page at a time (three calls each, all
     /// through a run whose small blocks creep up).
     ///
-    /// Measured (BENCHMARKS.md, issue 11): 1.007–1.016 × peak requested and at most 9 driver
-    /// calls in the second half on the BERT, fine-tune and ResNet training traces; real driver
-    /// time on an H200 0.30–0.94 × PyTorch's native allocator's on every trace tried.
+    /// Its peak, steady-state driver calls and driver time on every shipped trace, against
+    /// PyTorch's native allocator: BENCHMARKS.md, "Allocators on traces" and "Open targets: the
+    /// default placement's peak and calls".
     ///
     /// Of `config`, only [`LazyConfig::grow_ahead_bp`](crate::config::LazyConfig::grow_ahead_bp)
     /// applies (0 by default: a growth maps what the request needs, as PyTorch does). It is
     /// this placement's trade: a growth that maps more than the request leaves the rest free
     /// at the end of the segment for the next requests, so a run whose peak creeps up step
     /// after step makes fewer growths (three calls each) and holds up to that share more at
-    /// its peak. Measured on 77 copies of the eleven shipped traces (BENCHMARKS.md, issue
-    /// 11, thirteenth session): 0 meets the call target on 70 and the peak target on 21;
-    /// 0.0156 (156 bp) the call target on all 77 and the peak target on 4; the driver-time
-    /// target on all 77 either way.
+    /// its peak: the default 0 holds the least memory, a small share such as 0.0156 (156 bp)
+    /// removes most steady-state growths for a slightly higher peak (BENCHMARKS.md, "Open
+    /// targets: the default placement's peak and calls").
     pub fn paged_lazy(config: &AllocatorConfig) -> Self {
         TorchCachingPool {
             conf: TorchConfig {

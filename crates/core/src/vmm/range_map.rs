@@ -9,8 +9,8 @@
 //! in place: taking the head of a range, or growing a range down to a freed block before it,
 //! changes its start without moving any entry, which a B-tree cannot do (its keys are fixed:
 //! a removal and an insertion). A look-up is a binary search; only a split or a join shifts
-//! the entries after it (16 bytes each). A pool holds one entry per hole between blocks (at
-//! most about 200 on the shipped traces), so the shift costs less than a B-tree's
+//! the entries after it (16 bytes each). A pool holds one entry per hole between blocks (a
+//! few hundred at most on the shipped traces), so the shift costs less than a B-tree's
 //! rebalancing; on a pool of many thousands of holes it grows with them.
 use std::borrow::Borrow;
 use std::collections::BTreeMap;

@@ -15,8 +15,8 @@
 //! Raw driver baselines ([`AllocBackend::times_each_call`]) are timed the way the C++
 //! baseline program does (`scripts/bench/baselines/alloc_costs.cu`): every cuMemAlloc and every
 //! cuMemFree on its own, the pair's figure being the median allocation plus the median free.
-//! Timing 16 pairs of 1 GiB as one batch gave 2.55 ms a pair on the H200 against the C++
-//! program's 0.81 ms, and inflated every speedup quoted against it.
+//! Timing large pairs as one batch instead made the driver look several times slower than
+//! the C++ program does, and inflated every speedup quoted against it.
 use std::time::{Duration, Instant};
 
 use gpumem_core::Device;

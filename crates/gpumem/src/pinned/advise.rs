@@ -124,10 +124,10 @@ pub struct TransferTable {
 }
 
 impl TransferTable {
-    /// The figures measured on the lent H200 (PCIe gen 5 x16, driver 580, 2026-11-29):
-    /// cudaMemcpyAsync bandwidths, host allocation costs, and the staging prototype at 1 GiB
-    /// (12 threads, 34.3 GB/s); staged figures below 64 MiB are an estimate (fill, then DMA,
-    /// without overlap).
+    /// The built-in table: figures measured on the lent H200 (PCIe gen 5 x16, driver 580; its
+    /// `source` line gives the date): cudaMemcpyAsync bandwidths, host allocation costs, and
+    /// the staging ring's rate at 1 GiB with 12 copy threads (34.3 GB/s); staged figures below
+    /// 64 MiB are an estimate (fill, then DMA, without overlap).
     pub fn h200() -> Self {
         const KIB: u64 = 1 << 10;
         const MIB: u64 = 1 << 20;

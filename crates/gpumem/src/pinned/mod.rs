@@ -3,11 +3,11 @@
 //! Pageable memory (`malloc`, `Vec`) cannot be read by the GPU's copy engines directly: the
 //! driver first copies it into a pinned bounce buffer of its own, then DMAs from there, and
 //! an "async" copy from it is synchronous for the host. Page-locked memory is DMA'd directly,
-//! at the link's rate (several times the pageable path; BENCHMARKS.md has the H200's figures),
-//! and lets copies overlap host work and kernels. It costs: allocation is slow
-//! (`cuMemHostAlloc` takes milliseconds per MiB-sized buffer and scales with the size), and
-//! pinned pages cannot be swapped, so pinning too much starves the rest of the machine (keep
-//! it under half of RAM).
+//! at the link's rate (several times the pageable path; BENCHMARKS.md, "Pinned host memory
+//! and transfers", has the figures), and lets copies overlap host work and kernels. It costs:
+//! allocation is slow (`cuMemHostAlloc` takes milliseconds per MiB-sized buffer and scales
+//! with the size), and pinned pages cannot be swapped, so pinning too much starves the rest
+//! of the machine (keep it under half of RAM).
 //!
 //! This module offers:
 //! - [`PinnedBuffer`]: one `cuMemHostAlloc` allocation (flags: default, portable, mapped,

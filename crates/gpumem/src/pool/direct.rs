@@ -7,8 +7,8 @@
 //! of up to `max_cached_block` bytes are reused sooner, but only by requests of their own size
 //! class on their own stream). In PyTorch training the CPU runs a whole step ahead of the GPU,
 //! so those events complete late: the pool then reserves more than PyTorch does, and recording
-//! and polling one event per free of a large block costs step time (BENCHMARKS.md has the
-//! figures).
+//! and polling one event per free of a large block costs step time (BENCHMARKS.md, "Plug-in in
+//! training", has the figures).
 //!
 //! What makes immediate reuse safe here:
 //! - **Same stream.** Work on one stream runs in order, so a block freed on stream S and

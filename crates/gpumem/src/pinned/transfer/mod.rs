@@ -37,8 +37,8 @@ pub fn default_copy_threads() -> usize {
 
 /// The staging settings a sweep tries: chunk × buffers × threads × copy kind. Copy threads
 /// stay at least two below the CPU count: the caller's thread and the driver's need cores too,
-/// and a ring whose copy threads have to share cores collapses (seen on the H200 host: a
-/// 16-thread ring on 16 cores collapsed minutes after the sweep measured it; see BENCHMARKS.md).
+/// and a ring whose copy threads have to share cores collapses, even minutes after a sweep
+/// measured it fast (`docs/decisions.md`, "Staging copy threads two below the CPU count").
 pub fn sweep_grid() -> Vec<StagingConfig> {
     let cpus = std::thread::available_parallelism().map_or(4, std::num::NonZeroUsize::get);
     let max_threads = cpus.saturating_sub(2).max(1);
