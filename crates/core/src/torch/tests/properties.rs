@@ -1,5 +1,6 @@
 //! The property test: random operations under every setting, `validate()` after each.
 use super::*;
+use proptest::test_runner::TestCaseError;
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -98,14 +99,7 @@ proptest::proptest! {
                         Ok(b) => {
                             proptest::prop_assert_eq!(b.addr % align, 0);
                             proptest::prop_assert!(b.allocated_bytes >= size);
-                            let end = b.addr + size;
-                            if let Some((_, &pe)) = live.range(..=b.addr).next_back() {
-                                proptest::prop_assert!(pe <= b.addr, "overlap below");
-                            }
-                            if let Some((&na, _)) = live.range(b.addr..).next() {
-                                proptest::prop_assert!(na >= end, "overlap above");
-                            }
-                            live.insert(b.addr, end);
+                            insert_live(&mut live, b.addr, b.addr + size)?;
                         }
                         Err(e) => {
                             proptest::prop_assert!(e.is_oom(), "{}", e);
@@ -141,90 +135,132 @@ proptest::proptest! {
                     }
                 }
                 Op::Adopt { bytes, small, stream, blocks } => {
-                    let mut at = 0u64;
-                    let blocks: Vec<crate::ForeignBlock> = blocks
-                        .iter()
-                        .map(|&(gap, size)| {
-                            let offset = at + gap * 512;
-                            at = offset + size * 512;
-                            crate::ForeignBlock {
-                                offset,
-                                requested_bytes: size * 512 - size % 300,
-                                allocated_bytes: None,
-                            }
-                        })
-                        .collect();
-                    // Half of them as expandable segments (their pages all mapped).
-                    let page = if small { 2 * MIB } else { 20 * MIB };
-                    let mapped = (bytes / (2 * MIB)).is_multiple_of(2)
-                        .then(|| vec![(0, bytes.div_ceil(page) * page)]);
-                    let seg = crate::ForeignSegment { bytes, small_pool: small, stream, blocks, mapped };
-                    let before = t.stats();
-                    let used = d.used_bytes();
-                    match t.adopt_segment(&mut d, &seg) {
-                        Ok(Some(got)) => {
-                            proptest::prop_assert!(!coarse);
-                            proptest::prop_assert_eq!(t.conf().expandable_segments, seg.mapped.is_some());
-                            proptest::prop_assert_eq!(got.len(), seg.blocks.len());
-                            let taken = seg.mapped.as_ref().map_or(bytes, |r| r[0].1);
-                            proptest::prop_assert_eq!(d.used_bytes(), used + taken);
-                            for (b, f) in got.iter().zip(&seg.blocks) {
-                                proptest::prop_assert_eq!(b.requested_bytes, f.requested_bytes);
-                                let end = b.addr + b.requested_bytes;
-                                if let Some((_, &pe)) = live.range(..=b.addr).next_back() {
-                                    proptest::prop_assert!(pe <= b.addr, "overlap below");
-                                }
-                                if let Some((&na, _)) = live.range(b.addr..).next() {
-                                    proptest::prop_assert!(na >= end, "overlap above");
-                                }
-                                live.insert(b.addr, end);
-                            }
-                        }
-                        // Not adopted (a layout past the end, a small-pool block over 1 MiB,
-                        // expandable segments) or out of memory: nothing changed.
-                        Ok(None) | Err(AllocError::OutOfMemory { .. }) => {
-                            proptest::prop_assert_eq!(t.stats(), before);
-                            proptest::prop_assert_eq!(d.used_bytes(), used);
-                        }
-                        Err(e) => proptest::prop_assert!(false, "{}", e),
-                    }
+                    adopt_checked(&mut t, &mut d, &mut live, coarse, (bytes, small, stream), &blocks)?;
                 }
             }
             t.validate().unwrap();
             proptest::prop_assert_eq!(t.stats().reserved_bytes.current, d.used_bytes());
         }
-        for k in live.keys() {
-            t.deallocate(&mut d, *k).unwrap();
-        }
-        for _ in 0..nulls {
-            t.deallocate(&mut d, 0).unwrap();
-        }
-        proptest::prop_assert!(t.deallocate(&mut d, 0).is_err());
-        t.validate().unwrap();
-        t.empty_cache(&mut d).unwrap();
-        t.validate().unwrap();
-        let (segs, reserved, maps, handles) = d.live_objects();
-        proptest::prop_assert_eq!((segs, maps, handles), (0, 0, 0));
-        if !t.conf().expandable_segments || coarse {
-            // (An expandable segment whose first mapping ran out of memory keeps its range
-            // with nothing mapped, as in PyTorch: release_blocks only visits mapped blocks.
-            // With coarse handles it gives the range back at once.)
-            proptest::prop_assert_eq!(reserved, 0);
-        }
-        proptest::prop_assert_eq!(t.stats().reserved_bytes.current, 0);
-        proptest::prop_assert_eq!(t.stats().free_bytes, 0);
-        if !t.conf().expandable_segments {
-            // (Expandable segments count map and unmap steps, which need not pair up.)
-            proptest::prop_assert_eq!(t.torch_stats().num_device_alloc, t.torch_stats().num_device_free);
-        }
-        // Everything came back: the whole device (to a whole number of 20 MiB pages, within
-        // the memory limit) can be taken again.
-        let limit = t.conf().allowed_bytes(128 * MIB).unwrap_or(128 * MIB);
-        let mut whole = limit / (20 * MIB) * (20 * MIB);
-        while round_size_with(whole, t.conf()).unwrap().div_ceil(20 * MIB) * (20 * MIB) > limit {
-            whole -= 20 * MIB;
-        }
-        let all = t.allocate(&mut d, whole, 512, 0);
-        proptest::prop_assert!(all.is_ok(), "{:?}", all);
+        free_all_and_take_whole(&mut t, &mut d, &live, nulls, coarse)?;
     }
+}
+
+/// Records a new live block `[addr, end)`, failing the test if it overlaps one already live.
+fn insert_live(live: &mut BTreeMap<u64, u64>, addr: u64, end: u64) -> Result<(), TestCaseError> {
+    if let Some((_, &pe)) = live.range(..=addr).next_back() {
+        proptest::prop_assert!(pe <= addr, "overlap below");
+    }
+    if let Some((&na, _)) = live.range(addr..).next() {
+        proptest::prop_assert!(na >= end, "overlap above");
+    }
+    live.insert(addr, end);
+    Ok(())
+}
+
+/// [`Op::Adopt`]: adopts a segment of `bytes` (small pool or not, on `stream`) holding
+/// `blocks`, and checks what was adopted, or that nothing changed.
+fn adopt_checked(
+    t: &mut TorchCachingPool,
+    d: &mut SimDevice,
+    live: &mut BTreeMap<u64, u64>,
+    coarse: bool,
+    (bytes, small, stream): (u64, bool, u64),
+    blocks: &[(u64, u64)],
+) -> Result<(), TestCaseError> {
+    let mut at = 0u64;
+    let blocks: Vec<crate::ForeignBlock> = blocks
+        .iter()
+        .map(|&(gap, size)| {
+            let offset = at + gap * 512;
+            at = offset + size * 512;
+            crate::ForeignBlock {
+                offset,
+                requested_bytes: size * 512 - size % 300,
+                allocated_bytes: None,
+            }
+        })
+        .collect();
+    // Half of them as expandable segments (their pages all mapped).
+    let page = if small { 2 * MIB } else { 20 * MIB };
+    let mapped = (bytes / (2 * MIB))
+        .is_multiple_of(2)
+        .then(|| vec![(0, bytes.div_ceil(page) * page)]);
+    let seg = crate::ForeignSegment {
+        bytes,
+        small_pool: small,
+        stream,
+        blocks,
+        mapped,
+    };
+    let before = t.stats();
+    let used = d.used_bytes();
+    match t.adopt_segment(d, &seg) {
+        Ok(Some(got)) => {
+            proptest::prop_assert!(!coarse);
+            proptest::prop_assert_eq!(t.conf().expandable_segments, seg.mapped.is_some());
+            proptest::prop_assert_eq!(got.len(), seg.blocks.len());
+            let taken = seg.mapped.as_ref().map_or(bytes, |r| r[0].1);
+            proptest::prop_assert_eq!(d.used_bytes(), used + taken);
+            for (b, f) in got.iter().zip(&seg.blocks) {
+                proptest::prop_assert_eq!(b.requested_bytes, f.requested_bytes);
+                insert_live(live, b.addr, b.addr + b.requested_bytes)?;
+            }
+        }
+        // Not adopted (a layout past the end, a small-pool block over 1 MiB,
+        // expandable segments) or out of memory: nothing changed.
+        Ok(None) | Err(AllocError::OutOfMemory { .. }) => {
+            proptest::prop_assert_eq!(t.stats(), before);
+            proptest::prop_assert_eq!(d.used_bytes(), used);
+        }
+        Err(e) => proptest::prop_assert!(false, "{}", e),
+    }
+    Ok(())
+}
+
+/// The end of a case: frees every live block (and the null ones), empties the cache, checks
+/// that the device holds nothing, then that the whole device can be taken again.
+fn free_all_and_take_whole(
+    t: &mut TorchCachingPool,
+    d: &mut SimDevice,
+    live: &BTreeMap<u64, u64>,
+    nulls: u64,
+    coarse: bool,
+) -> Result<(), TestCaseError> {
+    for k in live.keys() {
+        t.deallocate(d, *k).unwrap();
+    }
+    for _ in 0..nulls {
+        t.deallocate(d, 0).unwrap();
+    }
+    proptest::prop_assert!(t.deallocate(d, 0).is_err());
+    t.validate().unwrap();
+    t.empty_cache(d).unwrap();
+    t.validate().unwrap();
+    let (segs, reserved, maps, handles) = d.live_objects();
+    proptest::prop_assert_eq!((segs, maps, handles), (0, 0, 0));
+    if !t.conf().expandable_segments || coarse {
+        // (An expandable segment whose first mapping ran out of memory keeps its range
+        // with nothing mapped, as in PyTorch: release_blocks only visits mapped blocks.
+        // With coarse handles it gives the range back at once.)
+        proptest::prop_assert_eq!(reserved, 0);
+    }
+    proptest::prop_assert_eq!(t.stats().reserved_bytes.current, 0);
+    proptest::prop_assert_eq!(t.stats().free_bytes, 0);
+    if !t.conf().expandable_segments {
+        // (Expandable segments count map and unmap steps, which need not pair up.)
+        proptest::prop_assert_eq!(
+            t.torch_stats().num_device_alloc,
+            t.torch_stats().num_device_free
+        );
+    }
+    // Everything came back: the whole device (to a whole number of 20 MiB pages, within
+    // the memory limit) can be taken again.
+    let limit = t.conf().allowed_bytes(128 * MIB).unwrap_or(128 * MIB);
+    let mut whole = limit / (20 * MIB) * (20 * MIB);
+    while round_size_with(whole, t.conf()).unwrap().div_ceil(20 * MIB) * (20 * MIB) > limit {
+        whole -= 20 * MIB;
+    }
+    let all = t.allocate(d, whole, 512, 0);
+    proptest::prop_assert!(all.is_ok(), "{:?}", all);
+    Ok(())
 }
