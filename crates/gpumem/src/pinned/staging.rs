@@ -288,6 +288,18 @@ impl Drop for CopyPool {
     }
 }
 
+/// Waits for the DMA of every slot below `nbuf`, also after an error, so that no DMA reads or
+/// writes a buffer the ring uses again; returns `result`, or else the first wait's error.
+fn drain(dma: &mut dyn StagingDma, nbuf: usize, mut result: Result<()>) -> Result<()> {
+    for slot in 0..nbuf {
+        let w = dma.wait(slot);
+        if result.is_ok() {
+            result = w;
+        }
+    }
+    result
+}
+
 /// The DMA side of a staged copy: starts copies between a staging buffer and the device and
 /// says when the last one through a buffer has finished.
 pub trait StagingDma {
@@ -444,35 +456,25 @@ impl StagingRing {
     /// # Errors
     /// The DMA backend's or the copy pool's error; the ring stays usable.
     pub fn stage_h2d(&mut self, src: &[u8], dma: &mut dyn StagingDma) -> Result<()> {
+        let result = self.queue_h2d(src, dma);
+        drain(dma, self.bufs.len(), result)
+    }
+
+    /// The chunks of [`StagingRing::stage_h2d`], up to the first error; leaves the DMAs in
+    /// flight.
+    fn queue_h2d(&mut self, src: &[u8], dma: &mut dyn StagingDma) -> Result<()> {
         let chunk = self.config.chunk_bytes;
         let nbuf = self.bufs.len();
-        let mut result = Ok(());
         for (i, piece) in src.chunks(chunk).enumerate() {
             let slot = i % nbuf;
-            if let Err(e) = dma.wait(slot) {
-                result = Err(e);
-                break;
-            }
+            dma.wait(slot)?;
             let buf = &mut self.bufs[slot][..piece.len()];
-            if let Err(e) = self.pool.copy(buf, piece, self.config.copy) {
-                result = Err(e);
-                break;
-            }
+            self.pool.copy(buf, piece, self.config.copy)?;
             // SAFETY: the buffer is owned by the ring and not written again before
-            // `dma.wait(slot)` returns (next round, or the drain below).
-            if let Err(e) = unsafe { dma.start_h2d(slot, buf.as_ptr(), i * chunk, piece.len()) } {
-                result = Err(e);
-                break;
-            }
+            // `dma.wait(slot)` returns (next round, or the drain in `stage_h2d`).
+            unsafe { dma.start_h2d(slot, buf.as_ptr(), i * chunk, piece.len()) }?;
         }
-        // Drain every slot, also after an error, so no DMA reads a buffer we refill later.
-        for slot in 0..nbuf {
-            let w = dma.wait(slot);
-            if result.is_ok() {
-                result = w;
-            }
-        }
-        result
+        Ok(())
     }
 
     /// Streams device memory into `dst` (pageable) through the ring: queues the DMAs of the
@@ -482,53 +484,36 @@ impl StagingRing {
     /// # Errors
     /// As [`StagingRing::stage_h2d`].
     pub fn stage_d2h(&mut self, dst: &mut [u8], dma: &mut dyn StagingDma) -> Result<()> {
+        let result = self.queue_d2h(dst, dma);
+        drain(dma, self.bufs.len(), result)
+    }
+
+    /// The chunks of [`StagingRing::stage_d2h`], up to the first error; leaves the DMAs in
+    /// flight.
+    fn queue_d2h(&mut self, dst: &mut [u8], dma: &mut dyn StagingDma) -> Result<()> {
         let chunk = self.config.chunk_bytes;
         let nbuf = self.bufs.len();
         let total = dst.len();
         let nchunks = total.div_ceil(chunk);
         let piece_len = |i: usize| chunk.min(total - i * chunk);
-        let mut result = Ok(());
         for i in 0..nchunks.min(nbuf) {
             let p = self.bufs[i].as_mut_ptr();
             // SAFETY: the buffer is not touched before `dma.wait(i)`.
-            if let Err(e) = unsafe { dma.start_d2h(i, i * chunk, p, piece_len(i)) } {
-                result = Err(e);
-                break;
+            unsafe { dma.start_d2h(i, i * chunk, p, piece_len(i)) }?;
+        }
+        for (i, out) in dst.chunks_mut(chunk).enumerate() {
+            let slot = i % nbuf;
+            dma.wait(slot)?;
+            self.pool
+                .copy(out, &self.bufs[slot][..out.len()], self.config.copy)?;
+            let next = i + nbuf;
+            if next < nchunks {
+                let p = self.bufs[slot].as_mut_ptr();
+                // SAFETY: as above.
+                unsafe { dma.start_d2h(slot, next * chunk, p, piece_len(next)) }?;
             }
         }
-        if result.is_ok() {
-            for (i, out) in dst.chunks_mut(chunk).enumerate() {
-                let slot = i % nbuf;
-                if let Err(e) = dma.wait(slot) {
-                    result = Err(e);
-                    break;
-                }
-                if let Err(e) = self
-                    .pool
-                    .copy(out, &self.bufs[slot][..out.len()], self.config.copy)
-                {
-                    result = Err(e);
-                    break;
-                }
-                let next = i + nbuf;
-                if next < nchunks {
-                    let p = self.bufs[slot].as_mut_ptr();
-                    // SAFETY: as above.
-                    if let Err(e) = unsafe { dma.start_d2h(slot, next * chunk, p, piece_len(next)) }
-                    {
-                        result = Err(e);
-                        break;
-                    }
-                }
-            }
-        }
-        for slot in 0..nbuf {
-            let w = dma.wait(slot);
-            if result.is_ok() {
-                result = w;
-            }
-        }
-        result
+        Ok(())
     }
 
     /// Copies pageable `src` into `dst` at `dst_offset` on `stream` through the ring, and

@@ -173,15 +173,7 @@ impl<D: Device> DevicePool<D> {
     pub fn alloc_raw(&self, size_bytes: u64, stream: u64) -> Result<RawBlock, PoolError> {
         let si = my_shard();
         if size_bytes > self.shared.opts.max_cached_block_bytes {
-            let addr = self.alloc_slow(size_bytes, stream)?;
-            self.count_miss(si, size_bytes)?;
-            return Ok(RawBlock {
-                addr,
-                requested_bytes: size_bytes,
-                class_bytes: size_bytes,
-                stream,
-                other_streams: Vec::new(),
-            });
+            return self.alloc_miss(si, size_bytes, size_bytes, stream);
         }
         let class = class_bytes(size_bytes);
         let idx = index_of_class(class);
@@ -222,15 +214,7 @@ impl<D: Device> DevicePool<D> {
         let (addr, stolen) = match hit.or_else(|| self.steal(si, stream, idx, class)) {
             Some(c) => (c.addr, hit.is_none()),
             None => {
-                let addr = self.alloc_slow(class, stream)?;
-                self.count_miss(si, size_bytes)?;
-                return Ok(RawBlock {
-                    addr,
-                    requested_bytes: size_bytes,
-                    class_bytes: class,
-                    stream,
-                    other_streams: Vec::new(),
-                });
+                return self.alloc_miss(si, size_bytes, class, stream);
             }
         };
         if stolen {
@@ -239,6 +223,26 @@ impl<D: Device> DevicePool<D> {
             sh.live_blocks += 1;
             sh.live_requested += size_bytes as i64;
         }
+        Ok(RawBlock {
+            addr,
+            requested_bytes: size_bytes,
+            class_bytes: class,
+            stream,
+            other_streams: Vec::new(),
+        })
+    }
+
+    /// A block of `class` bytes for `size_bytes` requested on `stream` from the driver, when
+    /// no cached block serves it; counted as a miss of shard `si`.
+    fn alloc_miss(
+        &self,
+        si: usize,
+        size_bytes: u64,
+        class: u64,
+        stream: u64,
+    ) -> Result<RawBlock, PoolError> {
+        let addr = self.alloc_slow(class, stream)?;
+        self.count_miss(si, size_bytes)?;
         Ok(RawBlock {
             addr,
             requested_bytes: size_bytes,

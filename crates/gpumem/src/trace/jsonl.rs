@@ -482,6 +482,11 @@ mod tests {
         read_jsonl("t.jsonl", s.as_bytes(), ReadConfig::default())
     }
 
+    /// The message of the error reading `s` gives.
+    fn read_err(s: &str) -> String {
+        read(s).unwrap_err().to_string()
+    }
+
     #[test]
     fn reads_and_fills_free_size() {
         let t = read(
@@ -554,26 +559,20 @@ mod tests {
     /// A value of the wrong type names its key, its line and its column.
     #[test]
     fn a_value_of_the_wrong_type_names_its_key() {
-        let e = read(
+        let e = read_err(
             "{\"action\":\"alloc\",\"addr\":1,\"size\":100}\n\
              {\"action\":\"alloc\",\"addr\":2,\"size\":\"big\"}\n",
-        )
-        .unwrap_err()
-        .to_string();
+        );
         assert!(e.contains("line 2"), "{e}");
         assert!(e.contains("expected a whole number ≥ 0"), "{e}");
         assert!(e.contains("key \"size\""), "{e}");
         // A negative size, in words; a line cut short names no key (serde's `?`).
-        let e = read("{\"action\":\"alloc\",\"addr\":1,\"size\":-512}\n")
-            .unwrap_err()
-            .to_string();
+        let e = read_err("{\"action\":\"alloc\",\"addr\":1,\"size\":-512}\n");
         assert!(
             e.contains("integer `-512`, expected a whole number ≥ 0"),
             "{e}"
         );
-        let e = read("{\"action\":\"alloc\",\"addr\":2,\n")
-            .unwrap_err()
-            .to_string();
+        let e = read_err("{\"action\":\"alloc\",\"addr\":2,\n");
         assert!(e.contains("line 1") && !e.contains("key \"?\""), "{e}");
     }
 
@@ -596,12 +595,10 @@ mod tests {
                 "line 3: unknown key \"strem\" ignored; did you mean \"stream\"?"
             ]
         );
-        let e = read(
+        let e = read_err(
             "{\"action\":\"alloc\",\"addr\":1,\"size\":1}\n\n\
              {\"action\":\"alloc\",\"addr\":2,\"size\":-64}\n",
-        )
-        .unwrap_err()
-        .to_string();
+        );
         assert!(e.contains("line 3: invalid value: integer `-64`"), "{e}");
         assert!(!e.contains("line 1"), "two different lines named: {e}");
         assert!(e.contains("(column "), "{e}");
@@ -610,24 +607,18 @@ mod tests {
     /// A line that is not JSON says so, with the column (it said only "expected ident").
     #[test]
     fn a_line_that_is_not_json_says_so() {
-        let e = read("{\"action\":\"alloc\",\"addr\":1,\"size\":1}\nnot json\n")
-            .unwrap_err()
-            .to_string();
+        let e = read_err("{\"action\":\"alloc\",\"addr\":1,\"size\":1}\nnot json\n");
         assert!(
             e.contains("line 2: not valid JSON: expected ident (column 2)"),
             "{e}"
         );
-        let e = read("{\"action\":\"alloc\",\"addr\":1,\"si\n")
-            .unwrap_err()
-            .to_string();
+        let e = read_err("{\"action\":\"alloc\",\"addr\":1,\"si\n");
         assert!(
             e.contains("line 1: not valid JSON: EOF while parsing"),
             "{e}"
         );
         // A well-formed line with a wrong value is JSON: no such prefix.
-        let e = read("{\"action\":\"alloc\",\"addr\":1,\"size\":\"big\"}\n")
-            .unwrap_err()
-            .to_string();
+        let e = read_err("{\"action\":\"alloc\",\"addr\":1,\"size\":\"big\"}\n");
         assert!(!e.contains("not valid JSON"), "{e}");
     }
 
