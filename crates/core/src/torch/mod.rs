@@ -468,21 +468,11 @@ impl TorchCachingPool {
         let plain = !b.is_expandable();
         let mut size = b.size;
         if split {
-            let rest = self.slab.insert(Block {
-                addr: b.addr + rounded,
-                size: b.size - rounded,
-                requested: 0,
-                prev: i,
-                allocated: false,
-                mapped: true,
-                ..b
-            });
-            if b.next != NIL {
-                self.slab.get_mut(b.next).prev = rest;
-            }
-            let bm = self.slab.get_mut(i);
-            bm.next = rest;
-            bm.size = rounded;
+            let rest = self.split_at(i, b.addr + rounded);
+            let r = self.slab.get_mut(rest);
+            r.requested = 0;
+            r.allocated = false;
+            r.mapped = true;
             size = rounded;
             self.insert_free(rest);
             if plain {
@@ -498,6 +488,13 @@ impl TorchCachingPool {
             self.torch.inactive_split_bytes.sub(b.size);
             self.torch.inactive_split.sub(1);
         }
+        self.mark_allocated(i, requested, size);
+        size
+    }
+
+    /// Marks block `i` of `size` bytes allocated for `requested` bytes and counts it as
+    /// PyTorch does (active, active bytes, oversize).
+    fn mark_allocated(&mut self, i: u32, requested: u64, size: u64) {
         let bm = self.slab.get_mut(i);
         bm.allocated = true;
         bm.requested = requested;
@@ -507,7 +504,6 @@ impl TorchCachingPool {
         if size >= self.conf.max_split_size_bytes {
             self.torch.oversize_allocations.add(1);
         }
-        size
     }
 
     /// Splits block `i` at address `at` (inside it): the part from `at` on becomes a new
@@ -603,15 +599,7 @@ impl TorchCachingPool {
                 let rest = self.split_at(live, want + bytes);
                 self.insert_free(rest);
             }
-            let lm = self.slab.get_mut(live);
-            lm.allocated = true;
-            lm.requested = requested;
-            self.tracker.on_alloc(requested, bytes);
-            self.torch.active.add(1);
-            self.torch.active_bytes.add(bytes);
-            if bytes >= self.conf.max_split_size_bytes {
-                self.torch.oversize_allocations.add(1);
-            }
+            self.mark_allocated(live, requested, bytes);
             self.live.insert(want, live);
             out.push(UserBlock {
                 addr: want,

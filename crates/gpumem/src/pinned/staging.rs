@@ -407,18 +407,7 @@ impl StagingRing {
             )?);
             events.push(Event::new(host, false)?);
         }
-        let pool = CopyPool::new(config.threads)?;
-        // The threads started, which the CPUs available bound: what the ring measures with.
-        let config = StagingConfig {
-            threads: pool.threads(),
-            ..config
-        };
-        Ok(Self {
-            bufs,
-            events,
-            pool,
-            config,
-        })
+        Self::with_buffers(bufs, events, config)
     }
 
     /// A ring of mlock'ed buffers, for use with a host-side [`StagingDma`] (tests, no CUDA).
@@ -430,14 +419,24 @@ impl StagingRing {
         let bufs = (0..config.buffers)
             .map(|_| PinnedBuffer::new_locked(config.chunk_bytes))
             .collect::<Result<Vec<_>>>()?;
+        Self::with_buffers(bufs, Vec::new(), config)
+    }
+
+    /// The ring of `bufs` (and their `events`, if any) with its copy threads started.
+    fn with_buffers(
+        bufs: Vec<PinnedBuffer>,
+        events: Vec<Event>,
+        config: StagingConfig,
+    ) -> Result<Self> {
         let pool = CopyPool::new(config.threads)?;
+        // The threads started, which the CPUs available bound: what the ring measures with.
         let config = StagingConfig {
             threads: pool.threads(),
             ..config
         };
         Ok(Self {
             bufs,
-            events: Vec::new(),
+            events,
             pool,
             config,
         })
@@ -529,13 +528,14 @@ impl StagingRing {
         dst_offset: usize,
         stream: &Stream,
     ) -> Result<()> {
-        dst.check_range("cuMemcpyHtoDAsync", dst_offset, src.len())
-            .map_err(|e| PinnedError::InvalidArgument(e.to_string()))?;
-        let events = std::mem::take(&mut self.events);
-        let mut dma = CudaDma::new(events, stream, dst.device_ptr() + dst_offset as u64)?;
-        let r = self.stage_h2d(src, &mut dma);
-        self.events = dma.events;
-        r
+        self.through_cuda(
+            "cuMemcpyHtoDAsync",
+            dst,
+            dst_offset,
+            src.len(),
+            stream,
+            |ring, dma| ring.stage_h2d(src, dma),
+        )
     }
 
     /// Copies `src` at `src_offset` on the device into pageable `dst` through the ring, and
@@ -550,11 +550,33 @@ impl StagingRing {
         dst: &mut [u8],
         stream: &Stream,
     ) -> Result<()> {
-        src.check_range("cuMemcpyDtoHAsync", src_offset, dst.len())
+        self.through_cuda(
+            "cuMemcpyDtoHAsync",
+            src,
+            src_offset,
+            dst.len(),
+            stream,
+            |ring, dma| ring.stage_d2h(dst, dma),
+        )
+    }
+
+    /// Runs `stage` with the ring's events as a [`CudaDma`] on `stream` to or from
+    /// `len` bytes at `offset` of a device buffer (`call` names the copy in the error of a
+    /// range that passes the buffer's end), and takes the events back.
+    fn through_cuda(
+        &mut self,
+        call: &'static str,
+        buf: &DeviceBuffer,
+        offset: usize,
+        len: usize,
+        stream: &Stream,
+        stage: impl FnOnce(&mut Self, &mut CudaDma<'_>) -> Result<()>,
+    ) -> Result<()> {
+        buf.check_range(call, offset, len)
             .map_err(|e| PinnedError::InvalidArgument(e.to_string()))?;
         let events = std::mem::take(&mut self.events);
-        let mut dma = CudaDma::new(events, stream, src.device_ptr() + src_offset as u64)?;
-        let r = self.stage_d2h(dst, &mut dma);
+        let mut dma = CudaDma::new(events, stream, buf.device_ptr() + offset as u64)?;
+        let r = stage(self, &mut dma);
         self.events = dma.events;
         r
     }

@@ -64,6 +64,20 @@ pub struct RawBlock {
     pub other_streams: Vec<u64>,
 }
 
+impl RawBlock {
+    /// A block at `addr` of `class_bytes` for `requested_bytes` asked for on `stream`, used on
+    /// no other stream yet.
+    pub(crate) fn new(addr: u64, requested_bytes: u64, class_bytes: u64, stream: u64) -> Self {
+        Self {
+            addr,
+            requested_bytes,
+            class_bytes,
+            stream,
+            other_streams: Vec::new(),
+        }
+    }
+}
+
 /// A pitched 2-D or 3-D block: rows of `pitch_bytes`, `height` rows per slice, `depth` slices.
 pub struct PitchedBlock<'p, D: Device> {
     /// The underlying block (`pitch_bytes * height * depth` bytes).
@@ -185,13 +199,7 @@ impl<D: Device> DevicePool<D> {
                         m.hits += 1;
                         m.live_blocks += 1;
                         m.live_requested += size_bytes as i64;
-                        return Ok(RawBlock {
-                            addr,
-                            requested_bytes: size_bytes,
-                            class_bytes: class,
-                            stream,
-                            other_streams: Vec::new(),
-                        });
+                        return Ok(RawBlock::new(addr, size_bytes, class, stream));
                     }
                 }
             }
@@ -223,13 +231,7 @@ impl<D: Device> DevicePool<D> {
             sh.live_blocks += 1;
             sh.live_requested += size_bytes as i64;
         }
-        Ok(RawBlock {
-            addr,
-            requested_bytes: size_bytes,
-            class_bytes: class,
-            stream,
-            other_streams: Vec::new(),
-        })
+        Ok(RawBlock::new(addr, size_bytes, class, stream))
     }
 
     /// A block of `class` bytes for `size_bytes` requested on `stream` from the driver, when
@@ -243,13 +245,7 @@ impl<D: Device> DevicePool<D> {
     ) -> Result<RawBlock, PoolError> {
         let addr = self.alloc_slow(class, stream)?;
         self.count_miss(si, size_bytes)?;
-        Ok(RawBlock {
-            addr,
-            requested_bytes: size_bytes,
-            class_bytes: class,
-            stream,
-            other_streams: Vec::new(),
-        })
+        Ok(RawBlock::new(addr, size_bytes, class, stream))
     }
 
     fn count_miss(&self, si: usize, size_bytes: u64) -> Result<(), PoolError> {

@@ -36,58 +36,46 @@ use super::{Action, Event, Format, PreexistingBlock, ReadConfig, RecordedOom, Tr
 use serde::Deserialize;
 use std::io::Write;
 
-/// One line as deserialised (types checked by serde, meaning checked by [`read_jsonl`]).
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StrictLine {
-    action: String,
-    addr: Option<u64>,
-    size: Option<u64>,
-    stream: Option<u64>,
-    device: Option<u32>,
-    time_us: Option<i64>,
-    align: Option<u64>,
-    device_free: Option<u64>,
-}
-
-/// The keys of a line, as [`StrictLine`] has them.
-const KEYS: [&str; 8] = [
-    "action",
-    "addr",
-    "size",
-    "stream",
-    "device",
-    "time_us",
-    "align",
-    "device_free",
-];
-
-/// [`StrictLine`] that ignores unknown keys (tried after the strict one refused one).
-#[derive(Deserialize)]
-struct Line {
-    action: String,
-    addr: Option<u64>,
-    size: Option<u64>,
-    stream: Option<u64>,
-    device: Option<u32>,
-    time_us: Option<i64>,
-    align: Option<u64>,
-    device_free: Option<u64>,
-}
-
-impl From<StrictLine> for Line {
-    fn from(l: StrictLine) -> Line {
-        Line {
-            action: l.action,
-            addr: l.addr,
-            size: l.size,
-            stream: l.stream,
-            device: l.device,
-            time_us: l.time_us,
-            align: l.align,
-            device_free: l.device_free,
+/// Declares, from one list of keys, [`StrictLine`] (unknown keys refused), [`Line`] (unknown
+/// keys ignored), the conversion between them and [`KEYS`]: a macro, because a function
+/// cannot declare the two structs.
+macro_rules! line_structs {
+    ($($key:ident: $ty:ty,)*) => {
+        /// One line as deserialised (types checked by serde, meaning checked by [`read_jsonl`]).
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct StrictLine {
+            $($key: $ty,)*
         }
-    }
+
+        /// The keys of a line, as [`StrictLine`] has them.
+        const KEYS: [&str; 8] = [$(stringify!($key),)*];
+
+        /// [`StrictLine`] that ignores unknown keys (tried after the strict one refused one).
+        #[derive(Deserialize)]
+        struct Line {
+            $($key: $ty,)*
+        }
+
+        impl From<StrictLine> for Line {
+            fn from(l: StrictLine) -> Line {
+                Line {
+                    $($key: l.$key,)*
+                }
+            }
+        }
+    };
+}
+
+line_structs! {
+    action: String,
+    addr: Option<u64>,
+    size: Option<u64>,
+    stream: Option<u64>,
+    device: Option<u32>,
+    time_us: Option<i64>,
+    align: Option<u64>,
+    device_free: Option<u64>,
 }
 
 /// serde_json's message without its "at line 1 column C" (each line is parsed alone, so that
