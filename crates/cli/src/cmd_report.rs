@@ -220,8 +220,12 @@ pub fn build_read(
                 "note: {} refused {} as impossible and dropped {} with {} free{}",
                 rep.name,
                 crate::units::counted(rep.refused_count, "allocation"),
-                crate::units::agree(rep.refused_count, "it", "them"),
-                crate::units::agree(rep.refused_count, "its", "their"),
+                if rep.refused_count == 1 { "it" } else { "them" },
+                if rep.refused_count == 1 {
+                    "its"
+                } else {
+                    "their"
+                },
                 rep.first_refusal
                     .as_deref()
                     .map(|f| format!(" (first: {f})"))
@@ -241,9 +245,9 @@ pub fn build_read(
                 rep.first_oom_event
                     .map(|e| format!("; the first at event {e}"))
                     .unwrap_or_default(),
-                crate::units::agree(rep.oom_count, "was", "were"),
-                crate::units::agree(rep.oom_count, "its", "their"),
-                crate::units::agree(rep.oom_count, "", "s"),
+                if rep.oom_count == 1 { "was" } else { "were" },
+                if rep.oom_count == 1 { "its" } else { "their" },
+                if rep.oom_count == 1 { "" } else { "s" },
             );
         }
     }

@@ -17,15 +17,6 @@ pub fn counted(n: impl Into<u64>, noun: &str) -> String {
     format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
 }
 
-/// `one` when `n` is 1, else `many`: the word that agrees with a count (`was`/`were`).
-pub fn agree(n: u64, one: &'static str, many: &'static str) -> &'static str {
-    if n == 1 {
-        one
-    } else {
-        many
-    }
-}
-
 /// A comma-separated list of sizes with at least one ([`gpumem::units::parse_size_list`]),
 /// for a flag whose empty list would leave the command nothing to do.
 ///
