@@ -189,6 +189,16 @@ pub struct TorchCachingPool {
 /// What `alloc_block` came back with: a block, or `cudaErrorMemoryAllocation`.
 type Found = Option<u32>;
 
+/// A rounded request, as PyTorch's `AllocParams` carries it: the pool and stream it is for,
+/// its `rounded` bytes and the `alloc_size` of a new segment for it.
+#[derive(Debug, Clone, Copy)]
+struct AllocParams {
+    pool: PoolKind,
+    stream: u64,
+    rounded: u64,
+    alloc_size: u64,
+}
+
 impl TorchCachingPool {
     /// A new, empty allocator under the settings of
     /// [`AllocatorConfig::torch`](crate::config::AllocatorConfig::torch) (native by default);
@@ -390,12 +400,15 @@ impl TorchCachingPool {
     fn alloc_block(
         &mut self,
         dev: &mut dyn Device,
-        pool: PoolKind,
-        stream: u64,
-        rounded: u64,
-        alloc_size: u64,
+        params: AllocParams,
         is_retry: bool,
     ) -> Result<Found, DeviceError> {
+        let AllocParams {
+            pool,
+            stream,
+            rounded,
+            alloc_size,
+        } = params;
         if is_retry {
             self.torch.num_alloc_retries += 1;
             self.tracker.stats.alloc_retries += 1;
@@ -707,11 +720,14 @@ impl TorchCachingPool {
     fn find_or_alloc(
         &mut self,
         dev: &mut dyn Device,
-        pool: PoolKind,
-        stream: u64,
-        rounded: u64,
-        alloc_size: u64,
+        params: AllocParams,
     ) -> Result<Found, AllocError> {
+        let AllocParams {
+            pool,
+            stream,
+            rounded,
+            ..
+        } = params;
         let gc = self.gc_active(dev);
         if let Some(i) = self.get_free_block(gc, pool, stream, rounded) {
             return Ok(Some(i));
@@ -726,16 +742,16 @@ impl TorchCachingPool {
         if gc {
             self.garbage_collect_cached_blocks(dev)?;
         }
-        if let Some(i) = self.alloc_block(dev, pool, stream, rounded, alloc_size, false)? {
+        if let Some(i) = self.alloc_block(dev, params, false)? {
             return Ok(Some(i));
         }
         if self.release_available_cached_blocks(dev, pool, stream, rounded)? {
-            if let Some(i) = self.alloc_block(dev, pool, stream, rounded, alloc_size, false)? {
+            if let Some(i) = self.alloc_block(dev, params, false)? {
                 return Ok(Some(i));
             }
         }
         self.release_cached_blocks(dev)?;
-        Ok(self.alloc_block(dev, pool, stream, rounded, alloc_size, true)?)
+        Ok(self.alloc_block(dev, params, true)?)
     }
 }
 
@@ -796,7 +812,13 @@ impl Allocator for TorchCachingPool {
         let rounded = round_size_with(padded, &self.conf).ok_or(overflow.clone())?;
         let pool = PoolKind::for_size(rounded);
         let alloc_size = allocation_size(rounded).ok_or(overflow)?;
-        let Some(i) = self.find_or_alloc(dev, pool, stream, rounded, alloc_size)? else {
+        let params = AllocParams {
+            pool,
+            stream,
+            rounded,
+            alloc_size,
+        };
+        let Some(i) = self.find_or_alloc(dev, params)? else {
             self.torch.num_ooms += 1;
             return Err(self.oom(size_bytes));
         };
@@ -916,8 +938,13 @@ impl Allocator for TorchCachingPool {
         let Some(live) = self.foreign_blocks(seg, |_, end| end <= seg.bytes) else {
             return Ok(None);
         };
-        let Some(first) = self.alloc_block(dev, pool, seg.stream, seg.bytes, seg.bytes, false)?
-        else {
+        let params = AllocParams {
+            pool,
+            stream: seg.stream,
+            rounded: seg.bytes,
+            alloc_size: seg.bytes,
+        };
+        let Some(first) = self.alloc_block(dev, params, false)? else {
             return Err(self.oom(seg.bytes));
         };
         self.insert_free(first);
