@@ -124,16 +124,7 @@ fn state_as_preexisting(trace: &Trace) -> Vec<PreexistingBlock> {
             s.blocks
                 .iter()
                 .filter(|b| b.state.starts_with("active"))
-                .map(move |b| PreexistingBlock {
-                    addr: b.address,
-                    size_bytes: if b.requested_bytes > 0 {
-                        b.requested_bytes
-                    } else {
-                        b.size_bytes
-                    },
-                    device: s.device,
-                    freed_at_event: None,
-                })
+                .map(move |b| b.as_preexisting(s.device))
         })
         .collect()
 }

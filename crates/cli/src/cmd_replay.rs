@@ -15,7 +15,7 @@ use gpumem::session::{
     self, CompareSettings, Comparison, DeviceMinCapacity, PlannedLayout, RecordedRatio,
     ReplaySettings, StrategyRun, TraceSetup,
 };
-use gpumem::trace::{self, ReadConfig};
+use gpumem::trace;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
@@ -299,13 +299,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         // Before reading a trace that may take a while: a missing driver is known at once.
         gpumem::cuda::init()?;
     }
-    let trace = trace::read_path(
-        &a.trace,
-        ReadConfig {
-            lenient: a.input.lenient,
-            ..ReadConfig::default()
-        },
-    )?;
+    let trace = a.input.read(&a.trace)?;
     let read_seconds = read_started.elapsed().as_secs_f64();
     let devices = replay::devices(&trace);
     let has_blocks = trace

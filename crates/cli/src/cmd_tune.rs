@@ -4,7 +4,6 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 use gpumem::session;
-use gpumem::trace::{self, ReadConfig};
 use gpumem::tune::{self, TuneReport};
 
 use gpumem::units::bytes as human_bytes;
@@ -41,13 +40,7 @@ pub fn run(a: TuneArgs) -> Result<()> {
         );
     }
     session::check_capacity(a.input.capacity)?;
-    let trace = trace::read_path(
-        &a.trace,
-        ReadConfig {
-            lenient: a.input.lenient,
-            ..ReadConfig::default()
-        },
-    )?;
+    let trace = a.input.read(&a.trace)?;
     crate::output::print_read_notes(&trace);
     let devices = session::alloc_devices(&trace);
     if devices.is_empty() {

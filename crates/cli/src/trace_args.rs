@@ -1,6 +1,7 @@
 //! The flags the trace commands (`replay`, `tune`, `report`, `map`) share, with one meaning
 //! each.
 use clap::Args;
+use gpumem::trace::{ReadConfig, Trace, TraceError};
 
 /// Flags of every trace command.
 #[derive(Args, Clone, Copy, Debug)]
@@ -18,4 +19,21 @@ pub struct TraceArgs {
     /// snapshot (the events read before the cut are kept).
     #[arg(long)]
     pub lenient: bool,
+}
+
+impl TraceArgs {
+    /// Reads the trace at `path` (`-`: stdin) as these flags ask: `--lenient` or not, no
+    /// frames kept.
+    ///
+    /// # Errors
+    /// As [`gpumem::trace::read_path`].
+    pub fn read(&self, path: &std::path::Path) -> Result<Trace, TraceError> {
+        gpumem::trace::read_path(
+            path,
+            ReadConfig {
+                lenient: self.lenient,
+                ..ReadConfig::default()
+            },
+        )
+    }
 }

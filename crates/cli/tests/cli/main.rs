@@ -2,6 +2,8 @@
 //! that every trace command shares: reading a trace, `--capacity`, where outputs go), all in one
 //! test target so that they link once. Each test runs the binary as a user would and checks the
 //! exit status, the message and what was left on disk.
+#[path = "../../../gpumem/tests/support/build_fake.rs"]
+mod build_fake;
 mod common;
 
 mod advise;

@@ -8,26 +8,7 @@ use std::process::Command;
 
 /// Builds the fake libcuda.so into a fresh folder; `None` without a C compiler.
 fn fake_driver(tag: &str) -> Option<PathBuf> {
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    if Command::new(&cc).arg("--version").output().is_err() {
-        eprintln!("skipped: no C compiler `{cc}` to build the fake libcuda.so");
-        return None;
-    }
-    let dir = std::env::temp_dir().join(format!("gpumem-cli-fake-{}-{tag}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let out = Command::new(&cc)
-        .args(["-O1", "-shared", "-fPIC", "-o"])
-        .arg(dir.join("libcuda.so"))
-        .arg(repo().join("crates/gpumem/tests/support/libcuda.c"))
-        .arg("-lpthread")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some(dir)
+    crate::build_fake::build_fake_libcuda("gpumem-cli-fake", tag)
 }
 
 fn gpumem_on(fake: &Path, devices: u32, args: &[&str]) -> (bool, String, String) {

@@ -115,6 +115,36 @@ pub(super) fn scored_ends(
     [(k0, slack0, st), (k1, slack1, r_va + xr)]
 }
 
+/// The reservation of free ranges met in address order, followed along the reservations.
+#[derive(Default)]
+struct ResCursor {
+    /// Index of the reservation.
+    ri: usize,
+    /// Its base address.
+    va: u64,
+    /// Its end address.
+    end: u64,
+}
+
+impl ResCursor {
+    /// Moves on to the reservation of the free range starting at `st` (at or after the last
+    /// one met) and returns its `(index, base address)`; `None` if no reservation holds it.
+    fn reach<X>(
+        &mut self,
+        reservations: &[crate::vmm::reserve::Reservation<X>],
+        st: u64,
+    ) -> Option<(usize, u64)> {
+        if st >= self.end {
+            while self.ri < reservations.len() && reservations[self.ri].end() <= st {
+                self.ri += 1;
+            }
+            let r = reservations.get(self.ri)?;
+            (self.va, self.end) = (r.va, r.end());
+        }
+        Some((self.ri, self.va))
+    }
+}
+
 impl PagedPool {
     /// Sets the fit tags ([`fit_of`]) of the free ranges `added` (`(start, bytes)` each, in
     /// reservation `ri`) after the free map gained or rewrote them; a removed range took its
@@ -294,20 +324,12 @@ impl PagedPool {
         let p = self.vmm.page_bytes;
         // The best `(pages, slack, address)` so far and its placement.
         let mut best: Option<((u64, u64, u64), Placement)> = None;
-        let mut ri = 0usize;
-        let mut r_va = 0u64;
-        let mut r_end = 0u64;
+        let mut cur = ResCursor::default();
         for (&st, &len) in &self.free {
             if len < bytes {
                 continue;
             }
-            if st >= r_end {
-                while ri < self.vmm.reservations.len() && self.vmm.reservations[ri].end() <= st {
-                    ri += 1;
-                }
-                let r = self.vmm.reservations.get(ri)?;
-                (r_va, r_end) = (r.va, r.end());
-            }
+            let (ri, r_va) = cur.reach(&self.vmm.reservations, st)?;
             for score in scored_ends(p, r_va, st, len, bytes) {
                 if best.is_none_or(|(b, _)| score < b) {
                     let pl = Placement {
@@ -334,21 +356,13 @@ impl PagedPool {
         // does not matter), and its placement.
         let (mut bk, mut bs, mut bx) = (u64::MAX, u64::MAX, u64::MAX);
         let mut best: Option<Placement> = None;
-        let mut ri = 0usize;
-        let mut r_va = 0u64;
-        let mut r_end = 0u64;
+        let mut cur = ResCursor::default();
         for (&st, &len) in &self.free {
             // A range shorter than the block holds it at neither end.
             if len < bytes {
                 continue;
             }
-            if st >= r_end {
-                while ri < self.vmm.reservations.len() && self.vmm.reservations[ri].end() <= st {
-                    ri += 1;
-                }
-                let r = self.vmm.reservations.get(ri)?;
-                (r_va, r_end) = (r.va, r.end());
-            }
+            let (ri, r_va) = cur.reach(&self.vmm.reservations, st)?;
             let b = st + len;
             let i0 = (st - r_va + p - 1) >> sh;
             let i1 = (b - r_va) >> sh;

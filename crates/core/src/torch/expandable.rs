@@ -389,6 +389,16 @@ pub(crate) fn coarse_piece_pages(dev: &dyn Device, page: u64, pages: u64) -> u64
 /// Least address space a segment with coarse handles reserves (64 GiB).
 const COARSE_MIN_RANGE_BYTES: u64 = 64 << 30;
 
+/// Expandable segment `segment` of `expandable`, unless released.
+fn live_segment(
+    expandable: &mut [Option<ExpandableSegment>],
+    segment: u32,
+) -> Option<&mut ExpandableSegment> {
+    expandable
+        .get_mut(segment as usize)
+        .and_then(Option::as_mut)
+}
+
 impl TorchCachingPool {
     /// Whether block `i` exists and is not allocated (`allocatable`).
     fn allocatable(&self, i: u32) -> bool {
@@ -567,11 +577,7 @@ impl TorchCachingPool {
     /// free set. `Ok(false)` when the device has no memory for the pages.
     fn map_block(&mut self, dev: &mut dyn Device, i: u32, size: u64) -> Result<bool, DeviceError> {
         let b = *self.slab.get(i);
-        let Some(es) = self
-            .expandable
-            .get_mut(b.segment as usize)
-            .and_then(Option::as_mut)
-        else {
+        let Some(es) = live_segment(&mut self.expandable, b.segment) else {
             return Err(DeviceError::Invalid {
                 call: "cuMemMap",
                 detail: format!("block {:#x} has no expandable segment", b.addr),
@@ -722,11 +728,7 @@ impl TorchCachingPool {
         i: u32,
     ) -> Result<(u64, u32), DeviceError> {
         let b = *self.slab.get(i);
-        let Some(es) = self
-            .expandable
-            .get_mut(b.segment as usize)
-            .and_then(Option::as_mut)
-        else {
+        let Some(es) = live_segment(&mut self.expandable, b.segment) else {
             return Ok((0, i));
         };
         let mut begin = (b.addr - es.va).div_ceil(es.page);

@@ -189,6 +189,16 @@ pub struct TorchCachingPool {
 /// What `alloc_block` came back with: a block, or `cudaErrorMemoryAllocation`.
 type Found = Option<u32>;
 
+/// A rounded request, as PyTorch's `AllocParams` carries it: the pool and stream it is for,
+/// its `rounded` bytes and the `alloc_size` of a new segment for it.
+#[derive(Debug, Clone, Copy)]
+struct AllocParams {
+    pool: PoolKind,
+    stream: u64,
+    rounded: u64,
+    alloc_size: u64,
+}
+
 impl TorchCachingPool {
     /// A new, empty allocator under the settings of
     /// [`AllocatorConfig::torch`](crate::config::AllocatorConfig::torch) (native by default);
@@ -388,12 +398,15 @@ impl TorchCachingPool {
     fn alloc_block(
         &mut self,
         dev: &mut dyn Device,
-        pool: PoolKind,
-        stream: u64,
-        rounded: u64,
-        alloc_size: u64,
+        params: AllocParams,
         is_retry: bool,
     ) -> Result<Found, DeviceError> {
+        let AllocParams {
+            pool,
+            stream,
+            rounded,
+            alloc_size,
+        } = params;
         if is_retry {
             self.torch.num_alloc_retries += 1;
             self.tracker.stats.alloc_retries += 1;
@@ -466,21 +479,11 @@ impl TorchCachingPool {
         let plain = !b.is_expandable();
         let mut size = b.size;
         if split {
-            let rest = self.slab.insert(Block {
-                addr: b.addr + rounded,
-                size: b.size - rounded,
-                requested: 0,
-                prev: i,
-                allocated: false,
-                mapped: true,
-                ..b
-            });
-            if b.next != NIL {
-                self.slab.get_mut(b.next).prev = rest;
-            }
-            let bm = self.slab.get_mut(i);
-            bm.next = rest;
-            bm.size = rounded;
+            let rest = self.split_at(i, b.addr + rounded);
+            let r = self.slab.get_mut(rest);
+            r.requested = 0;
+            r.allocated = false;
+            r.mapped = true;
             size = rounded;
             self.insert_free(rest);
             if plain {
@@ -496,6 +499,13 @@ impl TorchCachingPool {
             self.torch.inactive_split_bytes.sub(b.size);
             self.torch.inactive_split.sub(1);
         }
+        self.mark_allocated(i, requested, size);
+        size
+    }
+
+    /// Marks block `i` of `size` bytes allocated for `requested` bytes and counts it as
+    /// PyTorch does (active, active bytes, oversize).
+    fn mark_allocated(&mut self, i: u32, requested: u64, size: u64) {
         let bm = self.slab.get_mut(i);
         bm.allocated = true;
         bm.requested = requested;
@@ -505,7 +515,6 @@ impl TorchCachingPool {
         if size >= self.conf.max_split_size_bytes {
             self.torch.oversize_allocations.add(1);
         }
-        size
     }
 
     /// Splits block `i` at address `at` (inside it): the part from `at` on becomes a new
@@ -601,15 +610,7 @@ impl TorchCachingPool {
                 let rest = self.split_at(live, want + bytes);
                 self.insert_free(rest);
             }
-            let lm = self.slab.get_mut(live);
-            lm.allocated = true;
-            lm.requested = requested;
-            self.tracker.on_alloc(requested, bytes);
-            self.torch.active.add(1);
-            self.torch.active_bytes.add(bytes);
-            if bytes >= self.conf.max_split_size_bytes {
-                self.torch.oversize_allocations.add(1);
-            }
+            self.mark_allocated(live, requested, bytes);
             self.live.insert(want, live);
             out.push(UserBlock {
                 addr: want,
@@ -717,11 +718,14 @@ impl TorchCachingPool {
     fn find_or_alloc(
         &mut self,
         dev: &mut dyn Device,
-        pool: PoolKind,
-        stream: u64,
-        rounded: u64,
-        alloc_size: u64,
+        params: AllocParams,
     ) -> Result<Found, AllocError> {
+        let AllocParams {
+            pool,
+            stream,
+            rounded,
+            ..
+        } = params;
         let gc = self.gc_active(dev);
         if let Some(i) = self.get_free_block(gc, pool, stream, rounded) {
             return Ok(Some(i));
@@ -736,16 +740,16 @@ impl TorchCachingPool {
         if gc {
             self.garbage_collect_cached_blocks(dev)?;
         }
-        if let Some(i) = self.alloc_block(dev, pool, stream, rounded, alloc_size, false)? {
+        if let Some(i) = self.alloc_block(dev, params, false)? {
             return Ok(Some(i));
         }
         if self.release_available_cached_blocks(dev, pool, stream, rounded)? {
-            if let Some(i) = self.alloc_block(dev, pool, stream, rounded, alloc_size, false)? {
+            if let Some(i) = self.alloc_block(dev, params, false)? {
                 return Ok(Some(i));
             }
         }
         self.release_cached_blocks(dev)?;
-        Ok(self.alloc_block(dev, pool, stream, rounded, alloc_size, true)?)
+        Ok(self.alloc_block(dev, params, true)?)
     }
 }
 
@@ -806,7 +810,13 @@ impl Allocator for TorchCachingPool {
         let rounded = round_size_with(padded, &self.conf).ok_or(overflow.clone())?;
         let pool = PoolKind::for_size(rounded);
         let alloc_size = allocation_size(rounded).ok_or(overflow)?;
-        let Some(i) = self.find_or_alloc(dev, pool, stream, rounded, alloc_size)? else {
+        let params = AllocParams {
+            pool,
+            stream,
+            rounded,
+            alloc_size,
+        };
+        let Some(i) = self.find_or_alloc(dev, params)? else {
             self.torch.num_ooms += 1;
             return Err(self.oom(size_bytes));
         };
@@ -926,8 +936,13 @@ impl Allocator for TorchCachingPool {
         let Some(live) = self.foreign_blocks(seg, |_, end| end <= seg.bytes) else {
             return Ok(None);
         };
-        let Some(first) = self.alloc_block(dev, pool, seg.stream, seg.bytes, seg.bytes, false)?
-        else {
+        let params = AllocParams {
+            pool,
+            stream: seg.stream,
+            rounded: seg.bytes,
+            alloc_size: seg.bytes,
+        };
+        let Some(first) = self.alloc_block(dev, params, false)? else {
             return Err(self.oom(seg.bytes));
         };
         self.insert_free(first);

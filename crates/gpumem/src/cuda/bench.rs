@@ -432,16 +432,25 @@ impl AsyncCuda {
     }
 }
 
+/// Synchronises then destroys each of `streams`, ignoring errors (for `Drop`).
+///
+/// # Safety
+/// Each stream is live, belongs to the bound context and is not used again.
+unsafe fn destroy_streams(streams: &[usize]) {
+    for &s in streams {
+        // SAFETY: as the caller promises.
+        unsafe {
+            let _ = driver::stream_synchronize(s as CUstream);
+            let _ = driver::stream_destroy(s as CUstream);
+        }
+    }
+}
+
 impl Drop for AsyncCuda {
     fn drop(&mut self) {
         if self.ctx.bind().is_ok() {
-            for &s in &self.streams {
-                // SAFETY: our streams, synchronised then destroyed once.
-                unsafe {
-                    let _ = driver::stream_synchronize(s as CUstream);
-                    let _ = driver::stream_destroy(s as CUstream);
-                }
-            }
+            // SAFETY: our streams, destroyed only here.
+            unsafe { destroy_streams(&self.streams) };
             // SAFETY: the default pool is live; give its cached memory back.
             unsafe {
                 let _ = driver::mem_pool_trim(self.pool as driver::MemPool);
@@ -501,13 +510,8 @@ impl BenchStreams {
 impl Drop for BenchStreams {
     fn drop(&mut self) {
         if self.ctx.bind().is_ok() {
-            for &s in &self.streams {
-                // SAFETY: our streams, synchronised then destroyed once.
-                unsafe {
-                    let _ = driver::stream_synchronize(s as CUstream);
-                    let _ = driver::stream_destroy(s as CUstream);
-                }
-            }
+            // SAFETY: our streams, destroyed only here.
+            unsafe { destroy_streams(&self.streams) };
         }
     }
 }

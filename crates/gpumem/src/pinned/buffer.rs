@@ -229,13 +229,11 @@ impl<'a> HostRegistration<'a> {
         if mapped {
             flags |= driver::HOST_REGISTER_DEVICEMAP;
         }
-        let base = memory.as_mut_ptr();
-        let len = memory.len();
-        let chunks = register_chunks(
-            base as usize,
-            len,
+        let mut reg = Self::register_with(
+            memory,
             chunk_bytes,
-            page_size(),
+            "cuMemHostRegister",
+            Some(host),
             |addr, n| {
                 // SAFETY: [addr, addr + n) lies inside `memory`, borrowed for 'a; registering
                 // does not change its contents.
@@ -250,19 +248,12 @@ impl<'a> HostRegistration<'a> {
                 // SAFETY: `addr` starts a chunk registered just before.
                 let _ = unsafe { driver::mem_host_unregister(addr as *mut c_void) };
             },
-        )
-        .map_err(|f| f.into_error("cuMemHostRegister", len))?;
-        let mut reg = Self {
-            chunks,
-            base,
-            len,
-            host: Some(host.clone()),
-            device_ptr: None,
-            _memory: std::marker::PhantomData,
-        };
+        )?;
         if mapped {
             // SAFETY: `base` lies in memory registered with CU_MEMHOSTREGISTER_DEVICEMAP.
-            let dptr = unsafe { driver::mem_host_get_device_pointer(base.cast::<c_void>()) }?;
+            let dptr = unsafe {
+                driver::mem_host_get_device_pointer(reg.base.cast_mut().cast::<c_void>())
+            }?;
             reg.device_ptr = Some(dptr);
         }
         Ok(reg)
@@ -277,13 +268,11 @@ impl<'a> HostRegistration<'a> {
     /// [`PinnedError::Register`] for the first chunk `mlock` refused (earlier chunks unlocked;
     /// the message carries the OS error and `RLIMIT_MEMLOCK`).
     pub fn new_locked(memory: &'a mut [u8], chunk_bytes: usize) -> Result<Self> {
-        let base = memory.as_mut_ptr();
-        let len = memory.len();
-        let chunks = register_chunks(
-            base as usize,
-            len,
+        Self::register_with(
+            memory,
             chunk_bytes,
-            page_size(),
+            "mlock",
+            None,
             |addr, n| {
                 // SAFETY: [addr, addr + n) lies inside `memory`; mlock does not change it.
                 if unsafe { libc::mlock(addr as *const c_void, n) } == 0 {
@@ -297,12 +286,38 @@ impl<'a> HostRegistration<'a> {
                 unsafe { libc::munlock(addr as *const c_void, n) };
             },
         )
-        .map_err(|f| f.into_error("mlock", len))?;
+    }
+
+    /// Registers `memory` in chunks of at most `chunk_bytes` with `register` (`unregister`
+    /// rolls back the chunks done when one fails), `call` naming it in the error; the
+    /// registration keeps `host`'s context, with no device address yet.
+    ///
+    /// # Errors
+    /// As [`register_chunks`], as [`PinnedError`]s.
+    fn register_with(
+        memory: &'a mut [u8],
+        chunk_bytes: usize,
+        call: &'static str,
+        host: Option<&CudaContext>,
+        register: impl FnMut(usize, usize) -> std::result::Result<(), String>,
+        unregister: impl FnMut(usize, usize),
+    ) -> Result<Self> {
+        let base = memory.as_mut_ptr();
+        let len = memory.len();
+        let chunks = register_chunks(
+            base as usize,
+            len,
+            chunk_bytes,
+            page_size(),
+            register,
+            unregister,
+        )
+        .map_err(|f| f.into_error(call, len))?;
         Ok(Self {
             chunks,
             base,
             len,
-            host: None,
+            host: host.cloned(),
             device_ptr: None,
             _memory: std::marker::PhantomData,
         })

@@ -288,6 +288,18 @@ impl Drop for CopyPool {
     }
 }
 
+/// Waits for the DMA of every slot below `nbuf`, also after an error, so that no DMA reads or
+/// writes a buffer the ring uses again; returns `result`, or else the first wait's error.
+fn drain(dma: &mut dyn StagingDma, nbuf: usize, mut result: Result<()>) -> Result<()> {
+    for slot in 0..nbuf {
+        let w = dma.wait(slot);
+        if result.is_ok() {
+            result = w;
+        }
+    }
+    result
+}
+
 /// The DMA side of a staged copy: starts copies between a staging buffer and the device and
 /// says when the last one through a buffer has finished.
 pub trait StagingDma {
@@ -395,18 +407,7 @@ impl StagingRing {
             )?);
             events.push(Event::new(host, false)?);
         }
-        let pool = CopyPool::new(config.threads)?;
-        // The threads started, which the CPUs available bound: what the ring measures with.
-        let config = StagingConfig {
-            threads: pool.threads(),
-            ..config
-        };
-        Ok(Self {
-            bufs,
-            events,
-            pool,
-            config,
-        })
+        Self::with_buffers(bufs, events, config)
     }
 
     /// A ring of mlock'ed buffers, for use with a host-side [`StagingDma`] (tests, no CUDA).
@@ -418,14 +419,24 @@ impl StagingRing {
         let bufs = (0..config.buffers)
             .map(|_| PinnedBuffer::new_locked(config.chunk_bytes))
             .collect::<Result<Vec<_>>>()?;
+        Self::with_buffers(bufs, Vec::new(), config)
+    }
+
+    /// The ring of `bufs` (and their `events`, if any) with its copy threads started.
+    fn with_buffers(
+        bufs: Vec<PinnedBuffer>,
+        events: Vec<Event>,
+        config: StagingConfig,
+    ) -> Result<Self> {
         let pool = CopyPool::new(config.threads)?;
+        // The threads started, which the CPUs available bound: what the ring measures with.
         let config = StagingConfig {
             threads: pool.threads(),
             ..config
         };
         Ok(Self {
             bufs,
-            events: Vec::new(),
+            events,
             pool,
             config,
         })
@@ -444,35 +455,25 @@ impl StagingRing {
     /// # Errors
     /// The DMA backend's or the copy pool's error; the ring stays usable.
     pub fn stage_h2d(&mut self, src: &[u8], dma: &mut dyn StagingDma) -> Result<()> {
+        let result = self.queue_h2d(src, dma);
+        drain(dma, self.bufs.len(), result)
+    }
+
+    /// The chunks of [`StagingRing::stage_h2d`], up to the first error; leaves the DMAs in
+    /// flight.
+    fn queue_h2d(&mut self, src: &[u8], dma: &mut dyn StagingDma) -> Result<()> {
         let chunk = self.config.chunk_bytes;
         let nbuf = self.bufs.len();
-        let mut result = Ok(());
         for (i, piece) in src.chunks(chunk).enumerate() {
             let slot = i % nbuf;
-            if let Err(e) = dma.wait(slot) {
-                result = Err(e);
-                break;
-            }
+            dma.wait(slot)?;
             let buf = &mut self.bufs[slot][..piece.len()];
-            if let Err(e) = self.pool.copy(buf, piece, self.config.copy) {
-                result = Err(e);
-                break;
-            }
+            self.pool.copy(buf, piece, self.config.copy)?;
             // SAFETY: the buffer is owned by the ring and not written again before
-            // `dma.wait(slot)` returns (next round, or the drain below).
-            if let Err(e) = unsafe { dma.start_h2d(slot, buf.as_ptr(), i * chunk, piece.len()) } {
-                result = Err(e);
-                break;
-            }
+            // `dma.wait(slot)` returns (next round, or the drain in `stage_h2d`).
+            unsafe { dma.start_h2d(slot, buf.as_ptr(), i * chunk, piece.len()) }?;
         }
-        // Drain every slot, also after an error, so no DMA reads a buffer we refill later.
-        for slot in 0..nbuf {
-            let w = dma.wait(slot);
-            if result.is_ok() {
-                result = w;
-            }
-        }
-        result
+        Ok(())
     }
 
     /// Streams device memory into `dst` (pageable) through the ring: queues the DMAs of the
@@ -482,53 +483,36 @@ impl StagingRing {
     /// # Errors
     /// As [`StagingRing::stage_h2d`].
     pub fn stage_d2h(&mut self, dst: &mut [u8], dma: &mut dyn StagingDma) -> Result<()> {
+        let result = self.queue_d2h(dst, dma);
+        drain(dma, self.bufs.len(), result)
+    }
+
+    /// The chunks of [`StagingRing::stage_d2h`], up to the first error; leaves the DMAs in
+    /// flight.
+    fn queue_d2h(&mut self, dst: &mut [u8], dma: &mut dyn StagingDma) -> Result<()> {
         let chunk = self.config.chunk_bytes;
         let nbuf = self.bufs.len();
         let total = dst.len();
         let nchunks = total.div_ceil(chunk);
         let piece_len = |i: usize| chunk.min(total - i * chunk);
-        let mut result = Ok(());
         for i in 0..nchunks.min(nbuf) {
             let p = self.bufs[i].as_mut_ptr();
             // SAFETY: the buffer is not touched before `dma.wait(i)`.
-            if let Err(e) = unsafe { dma.start_d2h(i, i * chunk, p, piece_len(i)) } {
-                result = Err(e);
-                break;
+            unsafe { dma.start_d2h(i, i * chunk, p, piece_len(i)) }?;
+        }
+        for (i, out) in dst.chunks_mut(chunk).enumerate() {
+            let slot = i % nbuf;
+            dma.wait(slot)?;
+            self.pool
+                .copy(out, &self.bufs[slot][..out.len()], self.config.copy)?;
+            let next = i + nbuf;
+            if next < nchunks {
+                let p = self.bufs[slot].as_mut_ptr();
+                // SAFETY: as above.
+                unsafe { dma.start_d2h(slot, next * chunk, p, piece_len(next)) }?;
             }
         }
-        if result.is_ok() {
-            for (i, out) in dst.chunks_mut(chunk).enumerate() {
-                let slot = i % nbuf;
-                if let Err(e) = dma.wait(slot) {
-                    result = Err(e);
-                    break;
-                }
-                if let Err(e) = self
-                    .pool
-                    .copy(out, &self.bufs[slot][..out.len()], self.config.copy)
-                {
-                    result = Err(e);
-                    break;
-                }
-                let next = i + nbuf;
-                if next < nchunks {
-                    let p = self.bufs[slot].as_mut_ptr();
-                    // SAFETY: as above.
-                    if let Err(e) = unsafe { dma.start_d2h(slot, next * chunk, p, piece_len(next)) }
-                    {
-                        result = Err(e);
-                        break;
-                    }
-                }
-            }
-        }
-        for slot in 0..nbuf {
-            let w = dma.wait(slot);
-            if result.is_ok() {
-                result = w;
-            }
-        }
-        result
+        Ok(())
     }
 
     /// Copies pageable `src` into `dst` at `dst_offset` on `stream` through the ring, and
@@ -544,13 +528,14 @@ impl StagingRing {
         dst_offset: usize,
         stream: &Stream,
     ) -> Result<()> {
-        dst.check_range("cuMemcpyHtoDAsync", dst_offset, src.len())
-            .map_err(|e| PinnedError::InvalidArgument(e.to_string()))?;
-        let events = std::mem::take(&mut self.events);
-        let mut dma = CudaDma::new(events, stream, dst.device_ptr() + dst_offset as u64)?;
-        let r = self.stage_h2d(src, &mut dma);
-        self.events = dma.events;
-        r
+        self.through_cuda(
+            "cuMemcpyHtoDAsync",
+            dst,
+            dst_offset,
+            src.len(),
+            stream,
+            |ring, dma| ring.stage_h2d(src, dma),
+        )
     }
 
     /// Copies `src` at `src_offset` on the device into pageable `dst` through the ring, and
@@ -565,11 +550,33 @@ impl StagingRing {
         dst: &mut [u8],
         stream: &Stream,
     ) -> Result<()> {
-        src.check_range("cuMemcpyDtoHAsync", src_offset, dst.len())
+        self.through_cuda(
+            "cuMemcpyDtoHAsync",
+            src,
+            src_offset,
+            dst.len(),
+            stream,
+            |ring, dma| ring.stage_d2h(dst, dma),
+        )
+    }
+
+    /// Runs `stage` with the ring's events as a [`CudaDma`] on `stream` to or from
+    /// `len` bytes at `offset` of a device buffer (`call` names the copy in the error of a
+    /// range that passes the buffer's end), and takes the events back.
+    fn through_cuda(
+        &mut self,
+        call: &'static str,
+        buf: &DeviceBuffer,
+        offset: usize,
+        len: usize,
+        stream: &Stream,
+        stage: impl FnOnce(&mut Self, &mut CudaDma<'_>) -> Result<()>,
+    ) -> Result<()> {
+        buf.check_range(call, offset, len)
             .map_err(|e| PinnedError::InvalidArgument(e.to_string()))?;
         let events = std::mem::take(&mut self.events);
-        let mut dma = CudaDma::new(events, stream, src.device_ptr() + src_offset as u64)?;
-        let r = self.stage_d2h(dst, &mut dma);
+        let mut dma = CudaDma::new(events, stream, buf.device_ptr() + offset as u64)?;
+        let r = stage(self, &mut dma);
         self.events = dma.events;
         r
     }

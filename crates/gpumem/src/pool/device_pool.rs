@@ -64,6 +64,20 @@ pub struct RawBlock {
     pub other_streams: Vec<u64>,
 }
 
+impl RawBlock {
+    /// A block at `addr` of `class_bytes` for `requested_bytes` asked for on `stream`, used on
+    /// no other stream yet.
+    pub(crate) fn new(addr: u64, requested_bytes: u64, class_bytes: u64, stream: u64) -> Self {
+        Self {
+            addr,
+            requested_bytes,
+            class_bytes,
+            stream,
+            other_streams: Vec::new(),
+        }
+    }
+}
+
 /// A pitched 2-D or 3-D block: rows of `pitch_bytes`, `height` rows per slice, `depth` slices.
 pub struct PitchedBlock<'p, D: Device> {
     /// The underlying block (`pitch_bytes * height * depth` bytes).
@@ -173,15 +187,7 @@ impl<D: Device> DevicePool<D> {
     pub fn alloc_raw(&self, size_bytes: u64, stream: u64) -> Result<RawBlock, PoolError> {
         let si = my_shard();
         if size_bytes > self.shared.opts.max_cached_block_bytes {
-            let addr = self.alloc_slow(size_bytes, stream)?;
-            self.count_miss(si, size_bytes)?;
-            return Ok(RawBlock {
-                addr,
-                requested_bytes: size_bytes,
-                class_bytes: size_bytes,
-                stream,
-                other_streams: Vec::new(),
-            });
+            return self.alloc_miss(si, size_bytes, size_bytes, stream);
         }
         let class = class_bytes(size_bytes);
         let idx = index_of_class(class);
@@ -193,13 +199,7 @@ impl<D: Device> DevicePool<D> {
                         m.hits += 1;
                         m.live_blocks += 1;
                         m.live_requested += size_bytes as i64;
-                        return Ok(RawBlock {
-                            addr,
-                            requested_bytes: size_bytes,
-                            class_bytes: class,
-                            stream,
-                            other_streams: Vec::new(),
-                        });
+                        return Ok(RawBlock::new(addr, size_bytes, class, stream));
                     }
                 }
             }
@@ -222,15 +222,7 @@ impl<D: Device> DevicePool<D> {
         let (addr, stolen) = match hit.or_else(|| self.steal(si, stream, idx, class)) {
             Some(c) => (c.addr, hit.is_none()),
             None => {
-                let addr = self.alloc_slow(class, stream)?;
-                self.count_miss(si, size_bytes)?;
-                return Ok(RawBlock {
-                    addr,
-                    requested_bytes: size_bytes,
-                    class_bytes: class,
-                    stream,
-                    other_streams: Vec::new(),
-                });
+                return self.alloc_miss(si, size_bytes, class, stream);
             }
         };
         if stolen {
@@ -239,13 +231,21 @@ impl<D: Device> DevicePool<D> {
             sh.live_blocks += 1;
             sh.live_requested += size_bytes as i64;
         }
-        Ok(RawBlock {
-            addr,
-            requested_bytes: size_bytes,
-            class_bytes: class,
-            stream,
-            other_streams: Vec::new(),
-        })
+        Ok(RawBlock::new(addr, size_bytes, class, stream))
+    }
+
+    /// A block of `class` bytes for `size_bytes` requested on `stream` from the driver, when
+    /// no cached block serves it; counted as a miss of shard `si`.
+    fn alloc_miss(
+        &self,
+        si: usize,
+        size_bytes: u64,
+        class: u64,
+        stream: u64,
+    ) -> Result<RawBlock, PoolError> {
+        let addr = self.alloc_slow(class, stream)?;
+        self.count_miss(si, size_bytes)?;
+        Ok(RawBlock::new(addr, size_bytes, class, stream))
     }
 
     fn count_miss(&self, si: usize, size_bytes: u64) -> Result<(), PoolError> {

@@ -392,13 +392,12 @@ impl<D: Device> DirectPool<D> {
         }
         g.live_blocks += 1;
         g.live_requested += size_bytes as i64;
-        Ok(RawBlock {
-            addr: block.addr,
-            requested_bytes: size_bytes,
-            class_bytes: block.allocated_bytes,
+        Ok(RawBlock::new(
+            block.addr,
+            size_bytes,
+            block.allocated_bytes,
             stream,
-            other_streams: Vec::new(),
-        })
+        ))
     }
 
     /// Gives back a block from [`DirectPool::alloc`]: at once on the main stream, behind an

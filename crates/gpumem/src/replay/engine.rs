@@ -281,13 +281,19 @@ fn record_peaks(report: &mut ReplayReport, s: &Stats, sample_fragmentation: bool
             / s.allocated_bytes.peak as f64
     };
     if sample_fragmentation {
-        report.peak_external_fragmentation = report
-            .peak_external_fragmentation
-            .max(s.external_fragmentation());
-        report.peak_inactive_split_bytes = report
-            .peak_inactive_split_bytes
-            .max(s.inactive_split_bytes.peak);
+        record_fragmentation(report, s);
     }
+}
+
+/// Raises the report's highest external fragmentation and inactive split bytes to those of
+/// the allocator's statistics `s`.
+fn record_fragmentation(report: &mut ReplayReport, s: &Stats) {
+    report.peak_external_fragmentation = report
+        .peak_external_fragmentation
+        .max(s.external_fragmentation());
+    report.peak_inactive_split_bytes = report
+        .peak_inactive_split_bytes
+        .max(s.inactive_split_bytes.peak);
 }
 
 /// [`replay_summarized`] with the emulation's inputs found beforehand: `torch` must be
@@ -474,12 +480,7 @@ pub fn replay_prepared(
         if sample_frag || index.is_multiple_of(4096) {
             let s = alloc.stats();
             if sample_frag {
-                report.peak_external_fragmentation = report
-                    .peak_external_fragmentation
-                    .max(s.external_fragmentation());
-                report.peak_inactive_split_bytes = report
-                    .peak_inactive_split_bytes
-                    .max(s.inactive_split_bytes.peak);
+                record_fragmentation(&mut report, &s);
             }
             if index.is_multiple_of(4096) {
                 progress(index);

@@ -36,58 +36,46 @@ use super::{Action, Event, Format, PreexistingBlock, ReadConfig, RecordedOom, Tr
 use serde::Deserialize;
 use std::io::Write;
 
-/// One line as deserialised (types checked by serde, meaning checked by [`read_jsonl`]).
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StrictLine {
-    action: String,
-    addr: Option<u64>,
-    size: Option<u64>,
-    stream: Option<u64>,
-    device: Option<u32>,
-    time_us: Option<i64>,
-    align: Option<u64>,
-    device_free: Option<u64>,
-}
-
-/// The keys of a line, as [`StrictLine`] has them.
-const KEYS: [&str; 8] = [
-    "action",
-    "addr",
-    "size",
-    "stream",
-    "device",
-    "time_us",
-    "align",
-    "device_free",
-];
-
-/// [`StrictLine`] that ignores unknown keys (tried after the strict one refused one).
-#[derive(Deserialize)]
-struct Line {
-    action: String,
-    addr: Option<u64>,
-    size: Option<u64>,
-    stream: Option<u64>,
-    device: Option<u32>,
-    time_us: Option<i64>,
-    align: Option<u64>,
-    device_free: Option<u64>,
-}
-
-impl From<StrictLine> for Line {
-    fn from(l: StrictLine) -> Line {
-        Line {
-            action: l.action,
-            addr: l.addr,
-            size: l.size,
-            stream: l.stream,
-            device: l.device,
-            time_us: l.time_us,
-            align: l.align,
-            device_free: l.device_free,
+/// Declares, from one list of keys, [`StrictLine`] (unknown keys refused), [`Line`] (unknown
+/// keys ignored), the conversion between them and [`KEYS`]: a macro, because a function
+/// cannot declare the two structs.
+macro_rules! line_structs {
+    ($($key:ident: $ty:ty,)*) => {
+        /// One line as deserialised (types checked by serde, meaning checked by [`read_jsonl`]).
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct StrictLine {
+            $($key: $ty,)*
         }
-    }
+
+        /// The keys of a line, as [`StrictLine`] has them.
+        const KEYS: [&str; 8] = [$(stringify!($key),)*];
+
+        /// [`StrictLine`] that ignores unknown keys (tried after the strict one refused one).
+        #[derive(Deserialize)]
+        struct Line {
+            $($key: $ty,)*
+        }
+
+        impl From<StrictLine> for Line {
+            fn from(l: StrictLine) -> Line {
+                Line {
+                    $($key: l.$key,)*
+                }
+            }
+        }
+    };
+}
+
+line_structs! {
+    action: String,
+    addr: Option<u64>,
+    size: Option<u64>,
+    stream: Option<u64>,
+    device: Option<u32>,
+    time_us: Option<i64>,
+    align: Option<u64>,
+    device_free: Option<u64>,
 }
 
 /// serde_json's message without its "at line 1 column C" (each line is parsed alone, so that
@@ -482,6 +470,11 @@ mod tests {
         read_jsonl("t.jsonl", s.as_bytes(), ReadConfig::default())
     }
 
+    /// The message of the error reading `s` gives.
+    fn read_err(s: &str) -> String {
+        read(s).unwrap_err().to_string()
+    }
+
     #[test]
     fn reads_and_fills_free_size() {
         let t = read(
@@ -554,26 +547,20 @@ mod tests {
     /// A value of the wrong type names its key, its line and its column.
     #[test]
     fn a_value_of_the_wrong_type_names_its_key() {
-        let e = read(
+        let e = read_err(
             "{\"action\":\"alloc\",\"addr\":1,\"size\":100}\n\
              {\"action\":\"alloc\",\"addr\":2,\"size\":\"big\"}\n",
-        )
-        .unwrap_err()
-        .to_string();
+        );
         assert!(e.contains("line 2"), "{e}");
         assert!(e.contains("expected a whole number ≥ 0"), "{e}");
         assert!(e.contains("key \"size\""), "{e}");
         // A negative size, in words; a line cut short names no key (serde's `?`).
-        let e = read("{\"action\":\"alloc\",\"addr\":1,\"size\":-512}\n")
-            .unwrap_err()
-            .to_string();
+        let e = read_err("{\"action\":\"alloc\",\"addr\":1,\"size\":-512}\n");
         assert!(
             e.contains("integer `-512`, expected a whole number ≥ 0"),
             "{e}"
         );
-        let e = read("{\"action\":\"alloc\",\"addr\":2,\n")
-            .unwrap_err()
-            .to_string();
+        let e = read_err("{\"action\":\"alloc\",\"addr\":2,\n");
         assert!(e.contains("line 1") && !e.contains("key \"?\""), "{e}");
     }
 
@@ -596,12 +583,10 @@ mod tests {
                 "line 3: unknown key \"strem\" ignored; did you mean \"stream\"?"
             ]
         );
-        let e = read(
+        let e = read_err(
             "{\"action\":\"alloc\",\"addr\":1,\"size\":1}\n\n\
              {\"action\":\"alloc\",\"addr\":2,\"size\":-64}\n",
-        )
-        .unwrap_err()
-        .to_string();
+        );
         assert!(e.contains("line 3: invalid value: integer `-64`"), "{e}");
         assert!(!e.contains("line 1"), "two different lines named: {e}");
         assert!(e.contains("(column "), "{e}");
@@ -610,24 +595,18 @@ mod tests {
     /// A line that is not JSON says so, with the column (it said only "expected ident").
     #[test]
     fn a_line_that_is_not_json_says_so() {
-        let e = read("{\"action\":\"alloc\",\"addr\":1,\"size\":1}\nnot json\n")
-            .unwrap_err()
-            .to_string();
+        let e = read_err("{\"action\":\"alloc\",\"addr\":1,\"size\":1}\nnot json\n");
         assert!(
             e.contains("line 2: not valid JSON: expected ident (column 2)"),
             "{e}"
         );
-        let e = read("{\"action\":\"alloc\",\"addr\":1,\"si\n")
-            .unwrap_err()
-            .to_string();
+        let e = read_err("{\"action\":\"alloc\",\"addr\":1,\"si\n");
         assert!(
             e.contains("line 1: not valid JSON: EOF while parsing"),
             "{e}"
         );
         // A well-formed line with a wrong value is JSON: no such prefix.
-        let e = read("{\"action\":\"alloc\",\"addr\":1,\"size\":\"big\"}\n")
-            .unwrap_err()
-            .to_string();
+        let e = read_err("{\"action\":\"alloc\",\"addr\":1,\"size\":\"big\"}\n");
         assert!(!e.contains("not valid JSON"), "{e}");
     }
 

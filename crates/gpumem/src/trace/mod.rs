@@ -217,6 +217,23 @@ pub struct SnapshotBlock {
     pub stack: StackId,
 }
 
+impl SnapshotBlock {
+    /// The block as a pre-existing block of `device` that no trace event frees: its requested
+    /// bytes when recorded, else its size.
+    pub fn as_preexisting(&self, device: u32) -> PreexistingBlock {
+        PreexistingBlock {
+            addr: self.address,
+            size_bytes: if self.requested_bytes > 0 {
+                self.requested_bytes
+            } else {
+                self.size_bytes
+            },
+            device,
+            freed_at_event: None,
+        }
+    }
+}
+
 /// A segment recorded in a snapshot's `segments`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SnapshotSegment {

@@ -201,13 +201,9 @@ fn record_event(rec: &csv::ByteRecord, cols: &Columns) -> Result<Event, String> 
         None => None,
     };
     Ok(Event {
-        action,
-        addr,
-        size_bytes,
         stream,
-        device: 0,
         time_us,
-        align: None,
+        ..Event::new(action, addr, size_bytes)
     })
 }
 

@@ -5,8 +5,10 @@
 //! (e.g. `GPUMEM_NO_CUDA`).
 #![allow(dead_code)]
 use std::ffi::OsString;
-use std::path::PathBuf;
 use std::process::Command;
+
+#[path = "build_fake.rs"]
+mod build_fake;
 
 const CHILD: &str = "GPUMEM_TEST_CHILD";
 
@@ -69,27 +71,10 @@ pub fn against_fake_driver_with(name: &str, env: &[(&str, OsString)], child: imp
     if in_child() {
         return child();
     }
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    if Command::new(&cc).arg("--version").output().is_err() {
-        eprintln!("skipped: no C compiler `{cc}` to build the fake libcuda.so");
-        return;
-    }
     let tag = name.replace("::", "-");
-    let dir = std::env::temp_dir().join(format!("gpumem-fakecuda-{}-{tag}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/support/libcuda.c");
-    let out = Command::new(&cc)
-        .args(["-O1", "-shared", "-fPIC", "-o"])
-        .arg(dir.join("libcuda.so"))
-        .arg(&src)
-        .arg("-lpthread")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let Some(dir) = build_fake::build_fake_libcuda("gpumem-fakecuda", &tag) else {
+        return;
+    };
     let mut all = vec![("LD_LIBRARY_PATH", dir.clone().into_os_string())];
     all.extend(env.iter().cloned());
     run_in_child(name, &all, &["GPUMEM_NO_CUDA"]);

@@ -8,6 +8,22 @@ use proptest::prelude::*;
 
 const MIB: u64 = 1 << 20;
 
+/// The allocator `name` builds under the default configuration.
+fn build(name: &str) -> Box<dyn Allocator> {
+    name.parse::<Strategy>()
+        .unwrap()
+        .build(&AllocatorConfig::default())
+}
+
+/// `t` replayed under the default replay configuration, with no progress callback.
+fn replay_default(
+    t: &Trace,
+    a: &mut dyn Allocator,
+    d: &mut SimDevice,
+) -> Result<replay::ReplayReport, replay::ReplayError> {
+    replay::replay(t, a, d, &ReplayConfig::default(), &mut |_| {})
+}
+
 /// A small deterministic workload: a sawtooth of mixed sizes with frees in another order.
 fn workload() -> Trace {
     let mut t = Trace::default();
@@ -41,19 +57,9 @@ fn every_allocator_replays_without_oom_and_reserves_at_least_the_peak() {
     let t = workload();
     let s = replay::summarize(&t, 0);
     for name in Strategy::ALL.map(Strategy::name) {
-        let mut a = name
-            .parse::<Strategy>()
-            .unwrap()
-            .build(&AllocatorConfig::default());
+        let mut a = build(name);
         let mut d = SimDevice::new(64 << 30);
-        let r = replay::replay(
-            &t,
-            a.as_mut(),
-            &mut d,
-            &ReplayConfig::default(),
-            &mut |_| {},
-        )
-        .unwrap();
+        let r = replay_default(&t, a.as_mut(), &mut d).unwrap();
         assert_eq!(r.oom_count, 0, "{name}");
         assert!(
             r.peak_reserved_bytes >= s.peak_requested_bytes,
@@ -81,20 +87,10 @@ fn capacity_limit_counts_ooms_and_goes_on() {
     let t = workload();
     let s = replay::summarize(&t, 0);
     for name in Strategy::ALL.map(Strategy::name) {
-        let mut a = name
-            .parse::<Strategy>()
-            .unwrap()
-            .build(&AllocatorConfig::default());
+        let mut a = build(name);
         // Half the peak cannot hold the workload.
         let mut d = SimDevice::new(s.peak_requested_bytes / 2);
-        let r = replay::replay(
-            &t,
-            a.as_mut(),
-            &mut d,
-            &ReplayConfig::default(),
-            &mut |_| {},
-        )
-        .unwrap();
+        let r = replay_default(&t, a.as_mut(), &mut d).unwrap();
         assert!(r.oom_count > 0, "{name}: no OOM at half the peak");
         assert!(r.first_oom_request_bytes.is_some());
         let first = r.first_oom_event.expect("first OOM event");
@@ -120,22 +116,15 @@ fn capacity_limit_counts_ooms_and_goes_on() {
 }
 
 fn run_at(t: &Trace, name: &str, cap: u64) -> u64 {
-    let mut a = name
-        .parse::<Strategy>()
-        .unwrap()
-        .build(&AllocatorConfig::default());
+    let mut a = build(name);
     let mut d = SimDevice::new(cap);
-    replay::replay(t, a.as_mut(), &mut d, &ReplayConfig::default(), &mut |_| {})
+    replay_default(t, a.as_mut(), &mut d)
         .unwrap()
         .failed_count()
 }
 
 fn search(t: &Trace, name: &str, upper: u64, max_replays: u64) -> MinCapacityOutcome {
-    let make = || -> Box<dyn Allocator> {
-        name.parse::<Strategy>()
-            .unwrap()
-            .build(&AllocatorConfig::default())
-    };
+    let make = || -> Box<dyn Allocator> { build(name) };
     let make_dev = |c: u64| SimDevice::new(c);
     let cfg = MinCapacityConfig {
         upper_bytes: upper,
@@ -304,14 +293,7 @@ fn preexisting_blocks_are_live_from_the_start() {
     ];
     let mut a = Strategy::Tlsf.build(&AllocatorConfig::default());
     let mut d = SimDevice::new(1 << 40);
-    let r = replay::replay(
-        &t,
-        a.as_mut(),
-        &mut d,
-        &ReplayConfig::default(),
-        &mut |_| {},
-    )
-    .unwrap();
+    let r = replay_default(&t, a.as_mut(), &mut d).unwrap();
     assert_eq!(r.peak_requested_bytes, 150 * MIB);
     assert_eq!(a.stats().allocation_count.current, 0);
 }
@@ -378,19 +360,9 @@ fn impossible_requests_are_counted_and_the_replay_goes_on() {
         Event::free(1, 0),
     ];
     for name in Strategy::ALL.map(Strategy::name) {
-        let mut a = name
-            .parse::<Strategy>()
-            .unwrap()
-            .build(&AllocatorConfig::default());
+        let mut a = build(name);
         let mut d = SimDevice::default();
-        let r = replay::replay(
-            &t,
-            a.as_mut(),
-            &mut d,
-            &ReplayConfig::default(),
-            &mut |_| {},
-        )
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let r = replay_default(&t, a.as_mut(), &mut d).unwrap_or_else(|e| panic!("{name}: {e}"));
         // 2^63 bytes is more than the device: an OOM, as for any allocator.
         assert!(r.oom_count >= 1, "{name}: {r:?}");
         assert_eq!(r.failed_count(), r.failed_events.len() as u64);
@@ -423,14 +395,7 @@ fn pytorch_metrics_match_the_recorded_stats() {
         let rec: serde_json::Value = serde_json::from_str(&text).unwrap();
         let mut a = Strategy::Torch.build(&AllocatorConfig::default());
         let mut d = SimDevice::default();
-        let r = replay::replay(
-            &trace,
-            a.as_mut(),
-            &mut d,
-            &ReplayConfig::default(),
-            &mut |_| {},
-        )
-        .unwrap();
+        let r = replay_default(&trace, a.as_mut(), &mut d).unwrap();
         let want = rec["inactive_split_bytes.all.peak"].as_u64().unwrap() as f64;
         let got = r.peak_inactive_split_bytes as f64;
         assert!(

@@ -37,6 +37,11 @@ fn sel(s: &str) -> Selector {
     Selector::parse(s).unwrap()
 }
 
+/// The text of the `n`th element of `doc` that `css` selects.
+fn text_of(doc: &Html, css: &str, n: usize) -> String {
+    doc.select(&sel(css)).nth(n).unwrap().text().collect()
+}
+
 #[test]
 fn the_page_parses_and_holds_the_replay_figures() {
     let (r, html) = page();
@@ -76,28 +81,13 @@ fn the_page_parses_and_holds_the_replay_figures() {
         Some(peak.to_string().as_str())
     );
     assert_eq!(r.peak_requested_event, 6);
-    let text: String = doc
-        .select(&sel("#peak-section"))
-        .next()
-        .unwrap()
-        .text()
-        .collect();
+    let text = text_of(&doc, "#peak-section", 0);
     assert!(text.contains("5 live blocks"), "{text}");
     // Largest live block at the peak first.
-    let first: String = doc
-        .select(&sel("#largest tbody tr td"))
-        .next()
-        .unwrap()
-        .text()
-        .collect();
+    let first = text_of(&doc, "#largest tbody tr td", 0);
     assert_eq!(first, "12.00 MiB");
     // The data the script reads is JSON with the right shape.
-    let data: String = doc
-        .select(&sel("#gpumem-data"))
-        .next()
-        .unwrap()
-        .text()
-        .collect();
+    let data = text_of(&doc, "#gpumem-data", 0);
     let v: serde_json::Value = serde_json::from_str(&data).unwrap();
     assert_eq!(v["events"], 12);
     assert_eq!(
@@ -220,30 +210,15 @@ fn stacks_of_a_snapshot_with_frames_show_where_the_memory_comes_from() {
     );
     let html = report::html::render(&r);
     let doc = Html::parse_document(&html);
-    let first_site: String = doc
-        .select(&sel("#sites tbody tr td"))
-        .next()
-        .unwrap()
-        .text()
-        .collect();
+    let first_site = text_of(&doc, "#sites tbody tr td", 0);
     assert_eq!(first_site, "model.py:12 __init__");
-    let stack: String = doc
-        .select(&sel("#largest td.stack"))
-        .nth(2)
-        .unwrap()
-        .text()
-        .collect();
+    let stack = text_of(&doc, "#largest td.stack", 2);
     // Frames one per line (`<br>`), innermost first.
     assert_eq!(
         stack,
         "torch/nn/functional.py:2380 linearmodel.py:40 forwardtrain.py:51 step"
     );
-    let data: String = doc
-        .select(&sel("#gpumem-data"))
-        .next()
-        .unwrap()
-        .text()
-        .collect();
+    let data = text_of(&doc, "#gpumem-data", 0);
     let v: serde_json::Value = serde_json::from_str(&data).unwrap();
     assert_eq!(v["stacks"]["stacks"].as_array().unwrap().len(), 3);
 }

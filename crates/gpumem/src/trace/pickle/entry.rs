@@ -294,13 +294,9 @@ impl Vm<'_> {
         };
         Ok(Some(Converted {
             event: Event {
-                action,
-                addr,
-                size_bytes,
                 stream,
-                device: 0,
                 time_us,
-                align: None,
+                ..Event::new(action, addr, size_bytes)
             },
             device_free,
         }))

@@ -35,10 +35,7 @@ mod known;
 mod vm;
 
 use super::live::{AddrMap, AddrStyle, Liveness, UnknownFree};
-use super::{
-    Action, Event, Format, PreexistingBlock, ReadConfig, SnapshotBlock, SnapshotSegment, Trace,
-    TraceError,
-};
+use super::{Action, Event, Format, ReadConfig, SnapshotBlock, SnapshotSegment, Trace, TraceError};
 use super::{AllocatorSettings, RecordedOom, StackId};
 use vm::{Kind, Value, Vm, VmError};
 
@@ -783,16 +780,7 @@ fn add_blocks_live_all_along(trace: &mut Trace, live: &Liveness) {
             for b in &s.blocks {
                 let key = (s.device, b.address);
                 if active.get(&key) == Some(&false) && !live.is_live(s.device, b.address) {
-                    trace.preexisting.push(PreexistingBlock {
-                        addr: b.address,
-                        size_bytes: if b.requested_bytes > 0 {
-                            b.requested_bytes
-                        } else {
-                            b.size_bytes
-                        },
-                        device: s.device,
-                        freed_at_event: None,
-                    });
+                    trace.preexisting.push(b.as_preexisting(s.device));
                 }
             }
         }
