@@ -65,6 +65,17 @@ def steps(torch, n, body):
     return first
 
 
+def train_step(torch, m, opt, autocast, **inputs):
+    """One step of a Hugging Face model: the forward (bf16 autocast when `autocast`), the
+    backward, the optimizer step, gradients set to None; returns the loss, detached."""
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+        loss = m(**inputs).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
 def lm_ckpt(torch, dev):
     cfg, m = gpt2(torch, dev, 6, 768, 12, 1024)
     m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -73,12 +84,7 @@ def lm_ckpt(torch, dev):
 
     def body(i):
         ids = torch.randint(0, cfg.vocab_size, (8, 1024), device=dev)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = m(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.detach()
+        return train_step(torch, m, opt, True, input_ids=ids, labels=ids)
     return steps(torch, 40, body)
 
 
@@ -129,12 +135,7 @@ def t5_fixed(torch, dev):
     def body(i):
         src = torch.randint(0, cfg.vocab_size, (16, 256), device=dev)
         tgt = torch.randint(0, cfg.vocab_size, (16, 64), device=dev)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = m(input_ids=src, labels=tgt).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.detach()
+        return train_step(torch, m, opt, True, input_ids=src, labels=tgt)
     return steps(torch, 40, body)
 
 
@@ -178,12 +179,7 @@ def lm_bucketed(torch, dev):
     def body(i):
         seq = bucket(random.randint(1, 1024))
         ids = torch.randint(0, cfg.vocab_size, (8, seq), device=dev)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = m(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.detach()
+        return train_step(torch, m, opt, True, input_ids=ids, labels=ids)
     return steps(torch, 240, body)
 
 
@@ -195,11 +191,8 @@ def bert_bucketed(torch, dev):
     def body(i):
         seq = bucket(random.randint(16, 512))
         ids = torch.randint(0, 30522, (16, seq), device=dev)
-        loss = m(input_ids=ids, labels=torch.randint(0, 2, (16,), device=dev)).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.detach()
+        labels = torch.randint(0, 2, (16,), device=dev)
+        return train_step(torch, m, opt, False, input_ids=ids, labels=labels)
     return steps(torch, 200, body)
 
 
