@@ -99,10 +99,12 @@ struct Frame {
     /// Width of the plot area.
     pw: f64,
     /// The x range after the axis transform (log2 for a logarithmic axis), and the top of the
-    /// y range (the bottom is 0).
+    /// y range (the bottom is 0), rounded up to a whole number of y ticks.
     x0: f64,
     x1: f64,
     y1: f64,
+    /// The y tick step.
+    ystep: f64,
     log_x: bool,
 }
 
@@ -153,11 +155,6 @@ impl Chart {
             .fold(0.0f64, |m, &(_, y)| m.max(y));
         for (pi, (ptitle, ylabel, series)) in self.panels.iter().enumerate() {
             let f = self.frame(pi, series, all_y_max);
-            let ystep = nice_step(f.y1, 5.0);
-            let f = Frame {
-                y1: (f.y1 / ystep).ceil() * ystep,
-                ..f
-            };
             let _ = write!(
                 o,
                 r#"<text x="{}" y="{}" font-size="13" text-anchor="middle">{}</text>"#,
@@ -170,7 +167,7 @@ impl Chart {
                 o,
                 r##"<rect x="{ml}" y="{top}" width="{pw}" height="{panel_h}" fill="none" stroke="#888"/>"##
             );
-            y_grid(&mut o, &f, ystep);
+            y_grid(&mut o, &f);
             x_ticks(&mut o, &f);
             let _ = write!(
                 o,
@@ -198,7 +195,7 @@ impl Chart {
     }
 
     /// Panel `pi`'s frame: its place, and the data range of its series (or of every panel's,
-    /// with a shared y scale), before the y range is rounded up to a tick.
+    /// with a shared y scale), its y range rounded up to a whole number of ticks.
     fn frame(&self, pi: usize, series: &[Series], all_y_max: f64) -> Frame {
         let mut f = Frame {
             top: MARGIN_T + pi as f64 * (PANEL_H + 40.0),
@@ -206,6 +203,7 @@ impl Chart {
             x0: f64::INFINITY,
             x1: f64::NEG_INFINITY,
             y1: 0.0,
+            ystep: 1.0,
             log_x: self.log_x,
         };
         for &(x, y) in series.iter().flat_map(|s| s.points.iter()) {
@@ -226,13 +224,15 @@ impl Chart {
         if f.y1 <= 0.0 {
             f.y1 = 1.0;
         }
+        f.ystep = nice_step(f.y1, 5.0);
+        f.y1 = (f.y1 / f.ystep).ceil() * f.ystep;
         f
     }
 }
 
-/// Horizontal grid lines and y tick labels every `ystep`.
-fn y_grid(o: &mut String, f: &Frame, ystep: f64) {
-    let (ml, pw) = (MARGIN_L, f.pw);
+/// Horizontal grid lines and y tick labels every `f.ystep`.
+fn y_grid(o: &mut String, f: &Frame) {
+    let (ml, pw, ystep) = (MARGIN_L, f.pw, f.ystep);
     let mut y = 0.0;
     while y <= f.y1 + ystep * 0.01 {
         let py = f.sy(y);
@@ -272,7 +272,7 @@ fn x_ticks(o: &mut String, f: &Frame) {
                     o,
                     r#"<text x="{px}" y="{}" text-anchor="middle">{}</text>"#,
                     top + panel_h + 16.0,
-                    esc(&crate::plot::human_pow2(v))
+                    esc(&human_pow2(v))
                 );
             }
             e += 2.0;
